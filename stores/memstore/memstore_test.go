@@ -1,0 +1,92 @@
+package memstore_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/watermill-dedup/dedup/stores"
+	"github.com/watermill-dedup/dedup/stores/memstore"
+	"github.com/watermill-dedup/dedup/stores/storetest"
+)
+
+func newStore(t *testing.T, clock stores.Clock) stores.Store {
+	s, err := memstore.New(memstore.Config{Clock: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close(context.Background()) })
+	return s
+}
+
+func TestConformance(t *testing.T) {
+	storetest.Run(t, newStore)
+}
+
+func TestConformanceOneShard(t *testing.T) {
+	storetest.Run(t, func(t *testing.T, clock stores.Clock) stores.Store {
+		s, err := memstore.New(memstore.Config{Clock: clock, Shards: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = s.Close(context.Background()) })
+		return s
+	})
+}
+
+func TestConfigValidate(t *testing.T) {
+	for _, cfg := range []memstore.Config{{Shards: 3}, {Shards: -1}, {Shards: 1 << 17}, {SweepInterval: -time.Second}} {
+		if _, err := memstore.New(cfg); err == nil {
+			t.Errorf("New(%+v) accepted an invalid config", cfg)
+		}
+	}
+}
+
+func TestSweepRemovesExpired(t *testing.T) {
+	ctx := context.Background()
+	clock := storetest.NewFakeClock(time.Unix(1_000_000, 0))
+	s, err := memstore.New(memstore.Config{Clock: clock, SweepInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close(ctx)
+	for _, k := range []string{"a", "b", "c"} {
+		c, err := s.Claim(ctx, "scope", []string{k}, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if k != "c" {
+			if err := s.Complete(ctx, c, time.Minute, nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if n := s.Sweep(); n != 0 {
+		t.Fatalf("Sweep removed %d live records", n)
+	}
+	clock.Advance(2 * time.Minute)
+	// The done records are gone; the expired lease is kept for one more
+	// sweep interval so a takeover is still seen as one.
+	if n := s.Sweep(); n != 2 {
+		t.Fatalf("Sweep removed %d records, want 2", n)
+	}
+	clock.Advance(2 * time.Hour)
+	if n := s.Sweep(); n != 1 {
+		t.Fatalf("second Sweep removed %d records, want 1", n)
+	}
+	if n := s.Len(); n != 0 {
+		t.Fatalf("Len = %d after sweeping everything", n)
+	}
+}
+
+func TestCloseStopsSweeper(t *testing.T) {
+	s, err := memstore.New(memstore.Config{SweepInterval: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := s.Close(ctx); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+}

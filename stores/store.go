@@ -1,0 +1,227 @@
+// Package stores defines the contract between the dedup middleware and the
+// backends that keep dedup records, and the sentinel errors every backend
+// returns.
+//
+// A backend lives in its own package (memstore, redisstore, sqlstore) and is
+// checked by the conformance suite in [github.com/watermill-dedup/dedup/stores/storetest].
+//
+// # The record
+//
+// A store keeps one record per (scope, key):
+//
+//	(scope, key) -> { state: processing|done, token, lease_until, expires_at, data? }
+//
+// Scope is usually the Watermill handler name, so two handlers consuming the
+// same message each do their work once. Key is built by a keyfuncs.KeyFunc.
+// Every (scope, key) pair is distinct: a store must never let two different
+// pairs share a record, whatever bytes the scope and the key contain.
+//
+// # State machine
+//
+//	Claim     none / expired            -> processing(token, lease)  Claimed
+//	          processing, lease valid   -> unchanged                 InProgress
+//	          processing, lease expired -> processing(new token)     Claimed, Takeover
+//	          done, not expired         -> unchanged                 Duplicate
+//	Complete  processing(token)         -> done(expires_at, data)
+//	Release   processing(token)         -> none
+//	Extend    processing(token)         -> processing(new lease_until)
+//
+// Complete, Release and Extend are fenced: they act only while the record is
+// still processing under the caller's token, and otherwise fail with
+// [ErrLostClaim] and change nothing.
+package stores
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// Sentinel errors shared by every store. Stores wrap them with context
+// (%w); callers test them with [errors.Is].
+var (
+	// ErrClosed is returned by every method called after Close.
+	ErrClosed = errors.New("dedup store: closed")
+
+	// ErrLostClaim is returned by Complete, Release and Extend when the
+	// claim's token no longer owns the record: its lease expired and another
+	// consumer took the record over, or the record was already completed or
+	// released. Nothing was changed.
+	ErrLostClaim = errors.New("dedup store: claim lost (lease expired and record taken over, or already completed/released)")
+
+	// ErrInvalidKey is returned by Claim for an empty key list or an empty
+	// key. Keys are built by keyfuncs, which never produce either; a store
+	// sees one only through a bug, and must not touch its backend for it.
+	ErrInvalidKey = errors.New("dedup store: invalid key")
+
+	// ErrInvalidArgument is returned for a non-positive lease or retention,
+	// or a claim that is not a Claimed result of this store.
+	ErrInvalidArgument = errors.New("dedup store: invalid argument")
+
+	// ErrFingerprintMismatch reports a duplicate key whose stored payload
+	// fingerprint differs from the delivered message's: the same key was
+	// reused for different content. It is returned instead of silently
+	// acking the message, so it can go to a poison queue for a human.
+	ErrFingerprintMismatch = errors.New("dedup: key reused with a different payload fingerprint")
+)
+
+// Result is the outcome of a Claim.
+type Result uint8
+
+const (
+	// Claimed: the caller now owns every key of the claim and must run the
+	// handler, then Complete or Release.
+	Claimed Result = iota + 1
+	// Duplicate: at least one key has a live done record. The message was
+	// already handled; ack it without running the handler.
+	Duplicate
+	// InProgress: no key is done, but at least one is processing under a
+	// valid lease held by someone else. Do not ack; retry later.
+	InProgress
+)
+
+// String returns "claimed", "duplicate" or "in_progress".
+func (r Result) String() string {
+	switch r {
+	case Claimed:
+		return "claimed"
+	case Duplicate:
+		return "duplicate"
+	case InProgress:
+		return "in_progress"
+	default:
+		return "unknown"
+	}
+}
+
+// Claim is what Claim returns. For a Claimed result it is the handle that
+// Complete, Release and Extend take; callers must not modify it.
+type Claim struct {
+	// Scope and Keys are the arguments of the Claim call.
+	Scope string
+	Keys  []string
+
+	// Result says what happened.
+	Result Result
+
+	// Token is the fencing token of a Claimed result: a fresh random or
+	// otherwise unique value for each successful claim. Empty otherwise.
+	Token string
+
+	// Takeover is true when a Claimed result took over at least one record
+	// whose previous owner's lease had expired (the previous owner may have
+	// crashed after its side effect: this is the bounded duplicate of lease
+	// mode, worth counting). A store must keep an expired processing record
+	// for at least one more lease length, so a takeover soon after expiry is
+	// reported; one much later may look like a fresh claim.
+	Takeover bool
+
+	// Data holds, for a Duplicate result, the bytes stored by Complete on the
+	// done record (the first done key's, in key order). The middleware keeps
+	// the handler's produced messages and the payload fingerprint there.
+	// Empty when nothing was stored.
+	Data []byte
+}
+
+// Store is the dedup record store. Implementations must be safe for
+// concurrent use by many goroutines and, unless documented otherwise, by many
+// processes sharing the same backend.
+//
+// Errors are for backend failures and contract violations only: a Duplicate
+// or InProgress result is not an error. Every method returns an error
+// wrapping [ErrClosed] after Close.
+type Store interface {
+	// Claim atomically checks and claims every key of keys in scope for
+	// lease, following the state machine in the package doc:
+	//
+	//   - if any key has a live done record, the result is Duplicate (and
+	//     Data holds that record's data);
+	//   - else if any key is processing under a valid lease, InProgress;
+	//   - else every key is claimed with one fresh token: Claimed.
+	//
+	// It is all-or-nothing: a Duplicate or InProgress result leaves no key
+	// claimed or changed. Keys may repeat; a repeated key counts once. An
+	// empty keys slice or an empty key fails with [ErrInvalidKey] and a
+	// non-positive lease with [ErrInvalidArgument], before any I/O.
+	Claim(ctx context.Context, scope string, keys []string, lease time.Duration) (*Claim, error)
+
+	// Complete marks every key of a Claimed claim done until now+retention
+	// and stores data (which may be nil) with it. It fails with
+	// [ErrLostClaim] and changes nothing if any key is no longer processing
+	// under the claim's token.
+	Complete(ctx context.Context, c *Claim, retention time.Duration, data []byte) error
+
+	// Release deletes the processing records of a Claimed claim so a
+	// redelivery can claim them again. It fails with [ErrLostClaim] and
+	// changes nothing if any key is no longer processing under the claim's
+	// token.
+	Release(ctx context.Context, c *Claim) error
+
+	// Extend sets the lease of a Claimed claim to now+lease (a heartbeat for
+	// handlers that outlive their lease). It fails with [ErrLostClaim] and
+	// changes nothing if any key is no longer processing under the claim's
+	// token.
+	Extend(ctx context.Context, c *Claim, lease time.Duration) error
+
+	// Close stops the store's background work and releases what the store
+	// itself opened. It never closes a client the caller handed in. It is
+	// idempotent; calls after the first return nil.
+	Close(ctx context.Context) error
+}
+
+// Clock tells stores the time. Stores that compute leases and expiry in
+// the process take one in their Config so tests can move time without
+// sleeping; nil means [SystemClock].
+type Clock interface {
+	Now() time.Time
+}
+
+// SystemClock is the wall clock.
+type SystemClock struct{}
+
+// Now returns time.Now().
+func (SystemClock) Now() time.Time { return time.Now() }
+
+// ClockOrSystem returns c, or SystemClock when c is nil.
+func ClockOrSystem(c Clock) Clock {
+	if c == nil {
+		return SystemClock{}
+	}
+	return c
+}
+
+// Inbox is implemented by stores that can write the dedup record in the same
+// database transaction as the handler's own writes (the transactional inbox
+// of DESIGN.md): commit writes effect and record together, rollback neither,
+// so there is no duplicate effect even when a consumer crashes.
+//
+// The middleware uses it instead of Claim/Complete when its Config asks for
+// transactional mode.
+type Inbox interface {
+	// Begin opens a transaction (or a savepoint inside a transaction already
+	// carried by ctx) and inserts a done record for every key, valid until
+	// now+retention. Concurrent Begins for the same key serialise on the
+	// record's primary key: the second sees the first's outcome once it
+	// commits or rolls back.
+	//
+	// When any key already has a live done record the transaction is rolled
+	// back before Begin returns and the InboxTx reports Duplicate with the
+	// record's Data; Commit and Rollback are then no-ops.
+	Begin(ctx context.Context, scope string, keys []string, retention time.Duration) (InboxTx, error)
+}
+
+// InboxTx is one message's transaction in an [Inbox].
+type InboxTx interface {
+	// Result is Claimed or Duplicate.
+	Result() Result
+	// Data is the stored data of a Duplicate result.
+	Data() []byte
+	// Context returns parent carrying the transaction, for the handler to
+	// find with the store's TxFromContext.
+	Context(parent context.Context) context.Context
+	// Commit stores data on the records and commits the transaction.
+	Commit(ctx context.Context, data []byte) error
+	// Rollback undoes the records and everything the handler wrote in the
+	// transaction. It is safe to call after Commit or Rollback (a no-op).
+	Rollback(ctx context.Context) error
+}
