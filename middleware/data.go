@@ -1,0 +1,133 @@
+package middleware
+
+import (
+	"encoding/binary"
+	"fmt"
+	"slices"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// The data a done record keeps (stores.Claim.Data): the payload fingerprint
+// and the handler's produced messages, so that a redelivery after a failed
+// publish re-emits them (they keep their UUIDs, so downstream dedup by
+// message id makes them once). A record with neither keeps no data at all.
+//
+//	version byte (1)
+//	uvarint len(fingerprint), fingerprint
+//	uvarint number of messages, then per message:
+//	  string uuid, uvarint number of metadata pairs, (string key, string value)..., bytes payload
+//
+// where string and bytes are a uvarint length and the bytes.
+const dataVersion = 1
+
+func encodeData(fingerprint []byte, msgs []*message.Message) []byte {
+	if len(fingerprint) == 0 && len(msgs) == 0 {
+		return nil
+	}
+	size := 1 + binary.MaxVarintLen64*2 + len(fingerprint)
+	for _, m := range msgs {
+		size += 3*binary.MaxVarintLen64 + len(m.UUID) + len(m.Payload)
+		for k, v := range m.Metadata {
+			size += 2*binary.MaxVarintLen64 + len(k) + len(v)
+		}
+	}
+	b := make([]byte, 0, size)
+	b = append(b, dataVersion)
+	b = appendBytes(b, fingerprint)
+	b = binary.AppendUvarint(b, uint64(len(msgs)))
+	for _, m := range msgs {
+		b = appendBytes(b, []byte(m.UUID))
+		keys := make([]string, 0, len(m.Metadata))
+		for k := range m.Metadata {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		b = binary.AppendUvarint(b, uint64(len(keys)))
+		for _, k := range keys {
+			b = appendBytes(b, []byte(k))
+			b = appendBytes(b, []byte(m.Metadata[k]))
+		}
+		b = appendBytes(b, m.Payload)
+	}
+	return b
+}
+
+func appendBytes(b, v []byte) []byte {
+	b = binary.AppendUvarint(b, uint64(len(v)))
+	return append(b, v...)
+}
+
+type decoder struct {
+	b   []byte
+	err error
+}
+
+func (d *decoder) uvarint() uint64 {
+	if d.err != nil {
+		return 0
+	}
+	v, n := binary.Uvarint(d.b)
+	if n <= 0 {
+		d.err = fmt.Errorf("%w: bad length", ErrCorruptRecord)
+		return 0
+	}
+	d.b = d.b[n:]
+	return v
+}
+
+func (d *decoder) bytes() []byte {
+	n := d.uvarint()
+	if d.err != nil {
+		return nil
+	}
+	if n > uint64(len(d.b)) {
+		d.err = fmt.Errorf("%w: field of %d bytes in %d", ErrCorruptRecord, n, len(d.b))
+		return nil
+	}
+	v := d.b[:n:n]
+	d.b = d.b[n:]
+	return v
+}
+
+// decodeData is the inverse of encodeData. Empty data decodes to nothing.
+func decodeData(data []byte) (fingerprint []byte, msgs []*message.Message, err error) {
+	if len(data) == 0 {
+		return nil, nil, nil
+	}
+	if data[0] != dataVersion {
+		return nil, nil, fmt.Errorf("%w: unknown version %d", ErrCorruptRecord, data[0])
+	}
+	d := &decoder{b: data[1:]}
+	fingerprint = d.bytes()
+	n := d.uvarint()
+	if d.err == nil && n > uint64(len(d.b)) {
+		return nil, nil, fmt.Errorf("%w: %d messages in %d bytes", ErrCorruptRecord, n, len(d.b))
+	}
+	for i := uint64(0); i < n && d.err == nil; i++ {
+		uuid := string(d.bytes())
+		pairs := d.uvarint()
+		if d.err == nil && pairs > uint64(len(d.b)) {
+			return nil, nil, fmt.Errorf("%w: %d metadata pairs in %d bytes", ErrCorruptRecord, pairs, len(d.b))
+		}
+		md := make(message.Metadata, pairs)
+		for j := uint64(0); j < pairs && d.err == nil; j++ {
+			k := string(d.bytes())
+			md[k] = string(d.bytes())
+		}
+		payload := d.bytes()
+		if d.err != nil {
+			break
+		}
+		m := message.NewMessage(uuid, slices.Clone(payload))
+		m.Metadata = md
+		msgs = append(msgs, m)
+	}
+	if d.err != nil {
+		return nil, nil, d.err
+	}
+	if len(d.b) != 0 {
+		return nil, nil, fmt.Errorf("%w: %d trailing bytes", ErrCorruptRecord, len(d.b))
+	}
+	return slices.Clone(fingerprint), msgs, nil
+}

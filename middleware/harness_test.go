@@ -1,0 +1,225 @@
+package middleware_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+	"go.uber.org/goleak"
+
+	"github.com/watermill-dedup/dedup/middleware"
+	"github.com/watermill-dedup/dedup/stores"
+	"github.com/watermill-dedup/dedup/stores/memstore"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		// Watermill's built-in Deduplicator, used for comparison, starts a
+		// cleanup loop on context.Background() that nothing can stop.
+		goleak.IgnoreTopFunction("github.com/ThreeDotsLabs/watermill/message/router/middleware.(*mapExpiringKeyRepository).cleanOutLoop"),
+	)
+}
+
+// newMemstore returns a memstore closed at the end of the test.
+func newMemstore(t testing.TB) *memstore.Store {
+	t.Helper()
+	s, err := memstore.New(memstore.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close(context.Background()) })
+	return s
+}
+
+// newPubSub returns a gochannel pub/sub closed at the end of the test.
+func newPubSub(t testing.TB) *gochannel.GoChannel {
+	t.Helper()
+	ps := gochannel.NewGoChannel(gochannel.Config{OutputChannelBuffer: 1024}, watermill.NopLogger{})
+	t.Cleanup(func() { _ = ps.Close() })
+	return ps
+}
+
+// runRouter starts r and stops it at the end of the test.
+func runRouter(t testing.TB, r *message.Router) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := r.Run(context.Background()); err != nil {
+			t.Errorf("router: %v", err)
+		}
+	}()
+	<-r.Running()
+	t.Cleanup(func() {
+		_ = r.Close()
+		<-done
+	})
+}
+
+func newRouter(t testing.TB) *message.Router {
+	t.Helper()
+	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 5 * time.Second}, watermill.NopLogger{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func dedupMiddleware(t testing.TB, cfg middleware.Config) message.HandlerMiddleware {
+	t.Helper()
+	mw, err := middleware.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return mw
+}
+
+// eventually polls cond every 5ms until it holds or 10s pass.
+func eventually(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for: %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// ledger counts effects per logical event.
+type ledger struct {
+	mu      sync.Mutex
+	effects map[string]int
+}
+
+func newLedger() *ledger { return &ledger{effects: map[string]int{}} }
+
+func (l *ledger) apply(id string) {
+	l.mu.Lock()
+	l.effects[id]++
+	l.mu.Unlock()
+}
+
+func (l *ledger) count(id string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.effects[id]
+}
+
+func (l *ledger) distinct() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.effects)
+}
+
+// assertExactlyOnce checks that each id has exactly one effect.
+func (l *ledger) assertExactlyOnce(t testing.TB, ids []string) {
+	t.Helper()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, id := range ids {
+		if n := l.effects[id]; n != 1 {
+			t.Errorf("event %s applied %d times, want exactly 1", id, n)
+		}
+	}
+	if len(l.effects) != len(ids) {
+		t.Errorf("%d distinct events applied, want %d", len(l.effects), len(ids))
+	}
+}
+
+// countingMetrics records outcomes.
+type countingMetrics struct {
+	mu       sync.Mutex
+	outcomes map[middleware.Outcome]int
+	ops      map[string]int
+}
+
+func newCountingMetrics() *countingMetrics {
+	return &countingMetrics{outcomes: map[middleware.Outcome]int{}, ops: map[string]int{}}
+}
+
+func (m *countingMetrics) Observe(_ string, o middleware.Outcome) {
+	m.mu.Lock()
+	m.outcomes[o]++
+	m.mu.Unlock()
+}
+
+func (m *countingMetrics) ObserveStore(_, op string, _ time.Duration, _ error) {
+	m.mu.Lock()
+	m.ops[op]++
+	m.mu.Unlock()
+}
+
+func (m *countingMetrics) get(o middleware.Outcome) int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.outcomes[o]
+}
+
+// flakyStore wraps a store; while down, every call fails with errDown.
+// It counts the calls that reach it.
+type flakyStore struct {
+	stores.Store
+	down  atomic.Bool
+	calls atomic.Int64
+}
+
+var errDown = errors.New("store is down (simulated)")
+
+func (f *flakyStore) Claim(ctx context.Context, scope string, keys []string, lease time.Duration) (*stores.Claim, error) {
+	f.calls.Add(1)
+	if f.down.Load() {
+		return nil, errDown
+	}
+	return f.Store.Claim(ctx, scope, keys, lease)
+}
+
+func (f *flakyStore) Complete(ctx context.Context, c *stores.Claim, retention time.Duration, data []byte) error {
+	f.calls.Add(1)
+	if f.down.Load() {
+		return errDown
+	}
+	return f.Store.Complete(ctx, c, retention, data)
+}
+
+func (f *flakyStore) Release(ctx context.Context, c *stores.Claim) error {
+	f.calls.Add(1)
+	if f.down.Load() {
+		return errDown
+	}
+	return f.Store.Release(ctx, c)
+}
+
+func (f *flakyStore) Extend(ctx context.Context, c *stores.Claim, lease time.Duration) error {
+	f.calls.Add(1)
+	if f.down.Load() {
+		return errDown
+	}
+	return f.Store.Extend(ctx, c, lease)
+}
+
+// publish publishes one message per (uuid, payload) pair.
+func publish(t testing.TB, pub message.Publisher, topic string, msgs ...*message.Message) {
+	t.Helper()
+	for _, m := range msgs {
+		if err := pub.Publish(topic, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func newMemstoreClock(t testing.TB, clock stores.Clock) *memstore.Store {
+	t.Helper()
+	s, err := memstore.New(memstore.Config{Clock: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close(context.Background()) })
+	return s
+}

@@ -1,0 +1,99 @@
+package middleware
+
+import "time"
+
+// Outcome is one thing the middleware did with a message, reported to
+// [Metrics].
+type Outcome uint8
+
+// Outcomes. One message can produce several (claimed and takeover, say).
+const (
+	// OutcomeClaimed: the keys were claimed and the handler ran.
+	OutcomeClaimed Outcome = iota + 1
+	// OutcomeDuplicate: the message was already done; acked without running
+	// the handler (stored outputs, if any, were re-emitted).
+	OutcomeDuplicate
+	// OutcomeInProgress: another consumer holds the keys; nacked.
+	OutcomeInProgress
+	// OutcomeTakeover: the claim took over an expired lease — the previous
+	// holder probably crashed, possibly after its side effect.
+	OutcomeTakeover
+	// OutcomeStoreError: a store call failed.
+	OutcomeStoreError
+	// OutcomeBypassed: under FailOpen the handler ran without protection.
+	OutcomeBypassed
+	// OutcomeLostClaim: the claim was lost while the handler ran (lease
+	// expired and someone took over); its Complete was refused.
+	OutcomeLostClaim
+	// OutcomeTTLMiss: a claimed message was older than the retention
+	// window, so an earlier run's record may have expired already.
+	OutcomeTTLMiss
+	// OutcomeNoKey: the key function could not key the message.
+	OutcomeNoKey
+	// OutcomeFingerprintMismatch: a duplicate key with a different payload.
+	OutcomeFingerprintMismatch
+	// OutcomeReleased: the handler failed or panicked and the claim was
+	// released for a retry.
+	OutcomeReleased
+)
+
+var outcomeNames = [...]string{
+	OutcomeClaimed:             "claimed",
+	OutcomeDuplicate:           "duplicate",
+	OutcomeInProgress:          "in_progress",
+	OutcomeTakeover:            "takeover",
+	OutcomeStoreError:          "store_error",
+	OutcomeBypassed:            "bypassed",
+	OutcomeLostClaim:           "lost_claim",
+	OutcomeTTLMiss:             "ttl_miss",
+	OutcomeNoKey:               "no_key",
+	OutcomeFingerprintMismatch: "fingerprint_mismatch",
+	OutcomeReleased:            "released",
+}
+
+// String returns the outcome's snake_case name, used as a metric label.
+func (o Outcome) String() string {
+	if int(o) < len(outcomeNames) && outcomeNames[o] != "" {
+		return outcomeNames[o]
+	}
+	return "unknown"
+}
+
+// Outcomes lists every outcome, for adapters that pre-create series.
+func Outcomes() []Outcome {
+	out := make([]Outcome, 0, len(outcomeNames)-1)
+	for o := OutcomeClaimed; int(o) < len(outcomeNames); o++ {
+		out = append(out, o)
+	}
+	return out
+}
+
+// Store operations reported to Metrics.ObserveStore.
+const (
+	OpClaim    = "claim"
+	OpComplete = "complete"
+	OpRelease  = "release"
+	OpExtend   = "extend"
+	OpBegin    = "begin"
+	OpCommit   = "commit"
+	OpRollback = "rollback"
+)
+
+// Metrics receives what the middleware does. Implementations must be safe
+// for concurrent use and fast: they are called on every message.
+type Metrics interface {
+	// Observe is called with each outcome for a message in scope.
+	Observe(scope string, o Outcome)
+	// ObserveStore is called after each store call with its duration and
+	// error (nil on success).
+	ObserveStore(scope, op string, d time.Duration, err error)
+}
+
+// NopMetrics discards everything.
+type NopMetrics struct{}
+
+// Observe does nothing.
+func (NopMetrics) Observe(string, Outcome) {}
+
+// ObserveStore does nothing.
+func (NopMetrics) ObserveStore(string, string, time.Duration, error) {}

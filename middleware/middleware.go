@@ -1,0 +1,479 @@
+// Package middleware is the Watermill handler middleware that gives a
+// router exactly-once effects on top of at-least-once brokers.
+//
+// For every message it runs the flow of DESIGN.md:
+//
+//  1. keys := Config.Key(msg). A message that cannot be keyed fails with an
+//     error wrapping keyfuncs.ErrNoKey; the store is not touched. Route it to
+//     a poison queue (see IsPermanent).
+//  2. Claim the keys in the store, bounded by StoreTimeout. A store error
+//     follows OnStoreError: FailClosed nacks, FailOpen runs unprotected.
+//  3. Duplicate: ack without running the handler, re-emitting the outputs
+//     stored with the record. InProgress: return ErrInProgress (nack),
+//     after waiting up to InProgressWait for the other run.
+//  4. Claimed: run the handler with the claim in its context, extending the
+//     lease every Heartbeat.
+//  5. Handler error or panic: Release the claim, then return the error (or
+//     re-panic) so the message is nacked and can be retried.
+//  6. Success: Complete the record, storing the handler's produced messages
+//     with it, then return them for the router to publish.
+//
+// # Produced messages
+//
+// Watermill publishes a handler's produced messages after the middleware
+// chain returns, and nacks the message if that publish fails. The record is
+// already done by then, so the redelivery is a duplicate — and its outputs
+// would be lost. This middleware keeps the outputs in the record and returns
+// them again on every duplicate delivery, with the same UUIDs: outputs are
+// published at least once, and a downstream consumer deduplicating by
+// message id (this middleware's default key) sees them once. This is the
+// outbox idea of NServiceBus, without a second table.
+//
+// # Guarantees
+//
+// No message is acked without its effect having happened: a handler error,
+// a panic, a store outage (FailClosed) or a failed publish of outputs all
+// nack. In lease mode an effect runs twice only when a consumer dies
+// between its side effect and Complete (the next delivery takes the lease
+// over after it expires: OutcomeTakeover), or when a redelivery arrives
+// after Retention (OutcomeTTLMiss). In transactional mode (Config.Transactional)
+// effects written in the store's database are never doubled.
+package middleware
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/watermill-dedup/dedup/keyfuncs"
+	"github.com/watermill-dedup/dedup/stores"
+)
+
+// New returns the dedup middleware for cfg. Use it with
+// router.AddMiddleware or handler.AddMiddleware; place it after
+// Watermill's Recoverer and PoisonQueue middlewares (inner to them) so a
+// panic is seen, and a permanent error is routed, after the claim was
+// released.
+func New(cfg Config) (message.HandlerMiddleware, error) {
+	d, err := newDedup(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return d.middleware, nil
+}
+
+type dedup struct {
+	cfg   Config
+	inbox stores.Inbox // set in transactional mode
+}
+
+func newDedup(cfg Config) (*dedup, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg.setDefaults()
+	d := &dedup{cfg: cfg}
+	if cfg.Transactional {
+		d.inbox = cfg.Store.(stores.Inbox)
+	}
+	if h := cfg.RedeliveryHorizon; h > 0 {
+		minimum := time.Duration(float64(h) * RetentionSafetyFactor)
+		if cfg.Retention < minimum {
+			if cfg.StrictRetention {
+				return nil, fmt.Errorf("%w: Retention %s < %.1f x RedeliveryHorizon %s = %s", ErrRetentionTooShort, cfg.Retention, RetentionSafetyFactor, h, minimum)
+			}
+			cfg.Logger.Error("Dedup retention window is shorter than the broker's redelivery horizon allows: redeliveries after the window will be processed again (counted as ttl_miss)", ErrRetentionTooShort, watermill.LogFields{
+				"retention": cfg.Retention.String(), "redelivery_horizon": h.String(), "minimum": minimum.String(),
+			})
+		}
+	}
+	return d, nil
+}
+
+type claimCtxKey struct{}
+
+// ClaimFromContext returns the claim the middleware holds for the message
+// whose context ctx is, in lease mode.
+func ClaimFromContext(ctx context.Context) (*stores.Claim, bool) {
+	c, ok := ctx.Value(claimCtxKey{}).(*stores.Claim)
+	return c, ok
+}
+
+// IsPermanent reports whether err, returned by the middleware, marks bad
+// input that no retry will fix: a message without a key
+// (keyfuncs.ErrNoKey), a key reused with a different payload
+// (stores.ErrFingerprintMismatch) or corrupt stored data. Use it as the
+// filter of Watermill's PoisonQueueWithFilter.
+func IsPermanent(err error) bool {
+	return errors.Is(err, keyfuncs.ErrNoKey) ||
+		errors.Is(err, stores.ErrFingerprintMismatch) ||
+		errors.Is(err, ErrCorruptRecord)
+}
+
+func (d *dedup) scope(msg *message.Message) string {
+	if d.cfg.Scope != "" {
+		return d.cfg.Scope
+	}
+	if name := message.HandlerNameFromCtx(msg.Context()); name != "" {
+		return name
+	}
+	return DefaultScope
+}
+
+func (d *dedup) middleware(h message.HandlerFunc) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		keys, err := d.cfg.Key(msg)
+		scope := d.scope(msg)
+		if err != nil {
+			d.cfg.Metrics.Observe(scope, OutcomeNoKey)
+			return nil, fmt.Errorf("dedup %s: %w", scope, err)
+		}
+		if len(keys) == 0 {
+			d.cfg.Metrics.Observe(scope, OutcomeNoKey)
+			return nil, fmt.Errorf("dedup %s: %w: message %s: the key function returned no keys", scope, keyfuncs.ErrNoKey, msg.UUID)
+		}
+		if d.inbox != nil {
+			return d.handleTx(h, msg, scope, keys)
+		}
+		return d.handleLease(h, msg, scope, keys)
+	}
+}
+
+func (d *dedup) fields(msg *message.Message, scope string, keys []string) watermill.LogFields {
+	return watermill.LogFields{"message_uuid": msg.UUID, "scope": scope, "keys": keys}
+}
+
+// storeCtx bounds a store call by StoreTimeout. Calls that must happen
+// after the handler (Complete, Release) detach from the message's
+// cancellation first, so a cancelled message still releases its claim.
+func (d *dedup) storeCtx(parent context.Context, detach bool) (context.Context, context.CancelFunc) {
+	if detach {
+		parent = context.WithoutCancel(parent)
+	}
+	return context.WithTimeout(parent, d.cfg.StoreTimeout)
+}
+
+func (d *dedup) claim(msg *message.Message, scope string, keys []string) (*stores.Claim, error) {
+	ctx, cancel := d.storeCtx(msg.Context(), false)
+	defer cancel()
+	start := time.Now()
+	c, err := d.cfg.Store.Claim(ctx, scope, keys, d.cfg.Lease)
+	d.cfg.Metrics.ObserveStore(scope, OpClaim, time.Since(start), err)
+	return c, err
+}
+
+func (d *dedup) handleLease(h message.HandlerFunc, msg *message.Message, scope string, keys []string) ([]*message.Message, error) {
+	c, err := d.claim(msg, scope, keys)
+	if err == nil && c.Result == stores.InProgress && d.cfg.InProgressWait > 0 {
+		c, err = d.waitInProgress(msg, scope, keys)
+	}
+	if err != nil {
+		return d.storeFailed(h, msg, scope, keys, err)
+	}
+	switch c.Result {
+	case stores.Duplicate:
+		return d.duplicate(msg, scope, keys, c.Data)
+	case stores.InProgress:
+		d.cfg.Metrics.Observe(scope, OutcomeInProgress)
+		return nil, fmt.Errorf("%w: message %s, scope %q, keys %q", ErrInProgress, msg.UUID, scope, keys)
+	case stores.Claimed:
+	default:
+		return nil, fmt.Errorf("dedup %s: store %T returned result %d", scope, d.cfg.Store, c.Result)
+	}
+
+	d.cfg.Metrics.Observe(scope, OutcomeClaimed)
+	if c.Takeover {
+		d.cfg.Metrics.Observe(scope, OutcomeTakeover)
+		d.cfg.Logger.Info("Took over an expired dedup lease: the previous consumer may have crashed after its side effect", d.fields(msg, scope, keys))
+	}
+	d.checkTTL(msg, scope, keys)
+
+	outputs, err := d.runClaimed(h, msg, c)
+	if err != nil {
+		return nil, err
+	}
+	return d.complete(msg, c, outputs)
+}
+
+// waitInProgress re-claims every InProgressPoll until the keys are no
+// longer in progress or InProgressWait has passed.
+func (d *dedup) waitInProgress(msg *message.Message, scope string, keys []string) (*stores.Claim, error) {
+	deadline := time.NewTimer(d.cfg.InProgressWait)
+	defer deadline.Stop()
+	poll := time.NewTicker(d.cfg.InProgressPoll)
+	defer poll.Stop()
+	for {
+		select {
+		case <-deadline.C:
+			return &stores.Claim{Scope: scope, Keys: keys, Result: stores.InProgress}, nil
+		case <-msg.Context().Done():
+			return &stores.Claim{Scope: scope, Keys: keys, Result: stores.InProgress}, nil
+		case <-poll.C:
+			c, err := d.claim(msg, scope, keys)
+			if err != nil || c.Result != stores.InProgress {
+				return c, err
+			}
+		}
+	}
+}
+
+func (d *dedup) storeFailed(h message.HandlerFunc, msg *message.Message, scope string, keys []string, err error) ([]*message.Message, error) {
+	d.cfg.Metrics.Observe(scope, OutcomeStoreError)
+	if errors.Is(err, stores.ErrInvalidKey) {
+		// A key function returned something the store rejects: bad input,
+		// not an outage.
+		d.cfg.Metrics.Observe(scope, OutcomeNoKey)
+		return nil, fmt.Errorf("dedup %s: %w: message %s: %w", scope, keyfuncs.ErrNoKey, msg.UUID, err)
+	}
+	if d.cfg.OnStoreError == FailOpen {
+		d.cfg.Metrics.Observe(scope, OutcomeBypassed)
+		f := d.fields(msg, scope, keys)
+		f["error"] = err.Error()
+		d.cfg.Logger.Error("Dedup store unavailable: running the handler UNPROTECTED (fail-open); reconcile these keys", err, f)
+		return h(msg)
+	}
+	return nil, fmt.Errorf("%w: message %s, scope %q: %w", ErrStore, msg.UUID, scope, err)
+}
+
+// duplicate acks a message that was already done, re-emitting its stored
+// outputs.
+func (d *dedup) duplicate(msg *message.Message, scope string, keys []string, data []byte) ([]*message.Message, error) {
+	fp, outputs, err := decodeData(data)
+	if err != nil {
+		return nil, fmt.Errorf("dedup %s: message %s: %w", scope, msg.UUID, err)
+	}
+	if d.cfg.Fingerprint != nil && len(fp) > 0 {
+		if got := d.cfg.Fingerprint(msg); string(got) != string(fp) {
+			d.cfg.Metrics.Observe(scope, OutcomeFingerprintMismatch)
+			return nil, fmt.Errorf("dedup %s: message %s, keys %q: %w", scope, msg.UUID, keys, stores.ErrFingerprintMismatch)
+		}
+	}
+	d.cfg.Metrics.Observe(scope, OutcomeDuplicate)
+	return outputs, nil
+}
+
+func (d *dedup) checkTTL(msg *message.Message, scope string, keys []string) {
+	if d.cfg.PublishedAt == nil {
+		return
+	}
+	at, ok := d.cfg.PublishedAt(msg)
+	if !ok {
+		return
+	}
+	if age := time.Since(at); age > d.cfg.Retention {
+		d.cfg.Metrics.Observe(scope, OutcomeTTLMiss)
+		f := d.fields(msg, scope, keys)
+		f["age"] = age.String()
+		f["retention"] = d.cfg.Retention.String()
+		d.cfg.Logger.Error("Message is older than the dedup retention window: if it was handled before, its record has expired and it runs again (ttl_miss)", nil, f)
+	}
+}
+
+// runClaimed runs the handler under a heartbeat, releasing the claim when
+// the handler fails or panics.
+func (d *dedup) runClaimed(h message.HandlerFunc, msg *message.Message, c *stores.Claim) (outputs []*message.Message, err error) {
+	parent := msg.Context()
+	ctx, cancel := context.WithCancelCause(context.WithValue(parent, claimCtxKey{}, c))
+	msg.SetContext(ctx)
+	hb := d.startHeartbeat(parent, c, cancel)
+
+	finished := false
+	defer func() {
+		hb.stop()
+		cancel(nil)
+		msg.SetContext(parent)
+		if finished && err == nil {
+			return
+		}
+		d.release(parent, c)
+		// A panic goes on up to the router's Recoverer, after the release.
+	}()
+	outputs, err = h(msg)
+	finished = true
+	return outputs, err
+}
+
+func (d *dedup) release(parent context.Context, c *stores.Claim) {
+	ctx, cancel := d.storeCtx(parent, true)
+	defer cancel()
+	start := time.Now()
+	err := d.cfg.Store.Release(ctx, c)
+	d.cfg.Metrics.ObserveStore(c.Scope, OpRelease, time.Since(start), err)
+	switch {
+	case err == nil:
+		d.cfg.Metrics.Observe(c.Scope, OutcomeReleased)
+	case errors.Is(err, stores.ErrLostClaim):
+		d.cfg.Metrics.Observe(c.Scope, OutcomeLostClaim)
+	default:
+		// The record stays processing until its lease runs out; then a
+		// redelivery takes it over. Nothing is lost, only delayed.
+		d.cfg.Metrics.Observe(c.Scope, OutcomeStoreError)
+		d.cfg.Logger.Error("Dedup release failed: the message will be retried after the lease expires", err, watermill.LogFields{"scope": c.Scope, "keys": c.Keys})
+	}
+}
+
+// complete records the message done with its outputs, retrying store
+// errors briefly.
+func (d *dedup) complete(msg *message.Message, c *stores.Claim, outputs []*message.Message) ([]*message.Message, error) {
+	var fp []byte
+	if d.cfg.Fingerprint != nil {
+		fp = d.cfg.Fingerprint(msg)
+	}
+	data := encodeData(fp, outputs)
+	backoff := 20 * time.Millisecond
+	var err error
+	for attempt := 0; ; attempt++ {
+		ctx, cancel := d.storeCtx(msg.Context(), true)
+		start := time.Now()
+		err = d.cfg.Store.Complete(ctx, c, d.cfg.Retention, data)
+		cancel()
+		d.cfg.Metrics.ObserveStore(c.Scope, OpComplete, time.Since(start), err)
+		if err == nil {
+			return outputs, nil
+		}
+		if errors.Is(err, stores.ErrLostClaim) {
+			// Our lease expired and another consumer took the message
+			// over: its run will complete (or release) the record. Nack,
+			// so the redelivery finds its outcome — acking here could
+			// publish a second, different set of outputs.
+			d.cfg.Metrics.Observe(c.Scope, OutcomeLostClaim)
+			d.cfg.Logger.Error("Dedup claim lost before Complete: the lease expired while the handler ran and another consumer took over (its effect may be doubled)", err, d.fields(msg, c.Scope, c.Keys))
+			return nil, fmt.Errorf("dedup %s: message %s: %w", c.Scope, msg.UUID, err)
+		}
+		if attempt >= d.cfg.CompleteRetries || errors.Is(err, stores.ErrClosed) {
+			break
+		}
+		time.Sleep(backoff)
+		backoff *= 2
+	}
+	// The effect happened; nacking now would run it again once the lease
+	// expires. Ack instead: the record stays processing until its lease
+	// runs out, so only a further duplicate arriving after that runs again.
+	d.cfg.Metrics.Observe(c.Scope, OutcomeStoreError)
+	d.cfg.Logger.Error("Dedup Complete failed after retries: acking anyway (the effect happened); a duplicate arriving after the lease expires would run again", err, d.fields(msg, c.Scope, c.Keys))
+	return outputs, nil
+}
+
+// heartbeat extends a claim's lease while its handler runs. It uses a
+// timer rather than a goroutine, so a handler shorter than the heartbeat
+// interval costs one timer and nothing else.
+type heartbeat struct {
+	d      *dedup
+	parent context.Context
+	c      *stores.Claim
+	cancel context.CancelCauseFunc
+
+	mu      sync.Mutex
+	stopped bool
+	timer   *time.Timer
+}
+
+func (d *dedup) startHeartbeat(parent context.Context, c *stores.Claim, cancel context.CancelCauseFunc) *heartbeat {
+	hb := &heartbeat{d: d, parent: parent, c: c, cancel: cancel}
+	if d.cfg.Heartbeat > 0 {
+		hb.mu.Lock()
+		hb.timer = time.AfterFunc(d.cfg.Heartbeat, hb.beat)
+		hb.mu.Unlock()
+	}
+	return hb
+}
+
+func (hb *heartbeat) beat() {
+	hb.mu.Lock()
+	defer hb.mu.Unlock()
+	if hb.stopped {
+		return
+	}
+	d := hb.d
+	ctx, cancel := d.storeCtx(hb.parent, true)
+	start := time.Now()
+	err := d.cfg.Store.Extend(ctx, hb.c, d.cfg.Lease)
+	cancel()
+	d.cfg.Metrics.ObserveStore(hb.c.Scope, OpExtend, time.Since(start), err)
+	switch {
+	case errors.Is(err, stores.ErrLostClaim):
+		// Someone took the message over: tell the handler to stop.
+		d.cfg.Metrics.Observe(hb.c.Scope, OutcomeLostClaim)
+		d.cfg.Logger.Error("Dedup lease lost while the handler runs: cancelling its context", err, watermill.LogFields{"scope": hb.c.Scope, "keys": hb.c.Keys})
+		hb.cancel(err)
+		return
+	case err != nil:
+		d.cfg.Metrics.Observe(hb.c.Scope, OutcomeStoreError)
+		d.cfg.Logger.Error("Dedup lease extension failed; retrying at the next heartbeat", err, watermill.LogFields{"scope": hb.c.Scope, "keys": hb.c.Keys})
+	}
+	hb.timer.Reset(d.cfg.Heartbeat)
+}
+
+// stop stops the heartbeat, waiting for an extension in flight so that no
+// Extend can race with Complete or Release.
+func (hb *heartbeat) stop() {
+	hb.mu.Lock()
+	hb.stopped = true
+	if hb.timer != nil {
+		hb.timer.Stop()
+	}
+	hb.mu.Unlock()
+}
+
+// handleTx is the transactional inbox flow: the record is inserted in a
+// database transaction that the handler writes its effects in.
+func (d *dedup) handleTx(h message.HandlerFunc, msg *message.Message, scope string, keys []string) (outputs []*message.Message, err error) {
+	parent := msg.Context()
+	start := time.Now()
+	tx, err := d.inbox.Begin(parent, scope, keys, d.cfg.Retention)
+	d.cfg.Metrics.ObserveStore(scope, OpBegin, time.Since(start), err)
+	if err != nil {
+		return d.storeFailed(h, msg, scope, keys, err)
+	}
+	switch tx.Result() {
+	case stores.Duplicate:
+		return d.duplicate(msg, scope, keys, tx.Data())
+	case stores.Claimed:
+	default:
+		_ = tx.Rollback(context.WithoutCancel(parent))
+		return nil, fmt.Errorf("dedup %s: inbox %T returned result %s", scope, d.inbox, tx.Result())
+	}
+	d.cfg.Metrics.Observe(scope, OutcomeClaimed)
+	d.checkTTL(msg, scope, keys)
+
+	msg.SetContext(tx.Context(parent))
+	committed := false
+	defer func() {
+		msg.SetContext(parent)
+		if committed {
+			return
+		}
+		ctx, cancel := d.storeCtx(parent, true)
+		defer cancel()
+		start := time.Now()
+		rerr := tx.Rollback(ctx)
+		d.cfg.Metrics.ObserveStore(scope, OpRollback, time.Since(start), rerr)
+		d.cfg.Metrics.Observe(scope, OutcomeReleased)
+		if rerr != nil {
+			d.cfg.Logger.Error("Dedup inbox rollback failed", rerr, d.fields(msg, scope, keys))
+		}
+	}()
+	outputs, err = h(msg)
+	if err != nil {
+		return nil, err
+	}
+	var fp []byte
+	if d.cfg.Fingerprint != nil {
+		fp = d.cfg.Fingerprint(msg)
+	}
+	start = time.Now()
+	err = tx.Commit(context.WithoutCancel(parent), encodeData(fp, outputs))
+	d.cfg.Metrics.ObserveStore(scope, OpCommit, time.Since(start), err)
+	if err != nil {
+		// Not committed: neither the effect nor the record exists. Nack.
+		d.cfg.Metrics.Observe(scope, OutcomeStoreError)
+		return nil, fmt.Errorf("%w: commit of message %s, scope %q: %w", ErrStore, msg.UUID, scope, err)
+	}
+	committed = true
+	return outputs, nil
+}

@@ -1,0 +1,616 @@
+package middleware_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	wmw "github.com/ThreeDotsLabs/watermill/message/router/middleware"
+
+	"github.com/watermill-dedup/dedup/keyfuncs"
+	"github.com/watermill-dedup/dedup/middleware"
+	"github.com/watermill-dedup/dedup/stores"
+	"github.com/watermill-dedup/dedup/stores/storetest"
+)
+
+const topic = "events"
+
+func eventIDs(n int) []string {
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("evt-%03d", i)
+	}
+	return ids
+}
+
+// firstAttemptFails returns a handler whose first attempt at each event
+// fails after recording nothing, and whose later attempts apply the effect.
+func firstAttemptFails(l *ledger) message.NoPublishHandlerFunc {
+	var seen sync.Map
+	return func(msg *message.Message) error {
+		id := string(msg.Payload)
+		if _, loaded := seen.LoadOrStore(id, true); !loaded {
+			return errors.New("transient failure")
+		}
+		l.apply(id)
+		return nil
+	}
+}
+
+func TestFirstAttemptFailsEveryEffectOnce(t *testing.T) {
+	const n = 100
+	l := newLedger()
+	ps := newPubSub(t)
+	r := newRouter(t)
+	h := r.AddNoPublisherHandler("loyalty", topic, ps, firstAttemptFails(l))
+	h.AddMiddleware(dedupMiddleware(t, middleware.Config{Store: newMemstore(t)}))
+	runRouter(t, r)
+
+	ids := eventIDs(n)
+	for _, id := range ids {
+		publish(t, ps, topic, message.NewMessage(watermill.NewUUID(), []byte(id)))
+	}
+	eventually(t, "every event applied", func() bool { return l.distinct() == n })
+	l.assertExactlyOnce(t, ids)
+}
+
+// TestBuiltinDeduplicatorLosesFailedFirstAttempts documents the bar we are
+// above: Watermill's Deduplicator records the key before the handler runs
+// and never releases it, so the redelivery of a failed first attempt is
+// dropped as a "duplicate" and the effect never happens.
+func TestBuiltinDeduplicatorLosesFailedFirstAttempts(t *testing.T) {
+	const n = 100
+	l := newLedger()
+	ps := newPubSub(t)
+	r := newRouter(t)
+	acked := atomic.Int64{}
+	h := r.AddNoPublisherHandler("loyalty", topic, ps, firstAttemptFails(l))
+	h.AddMiddleware(func(next message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			out, err := next(msg)
+			if err == nil {
+				acked.Add(1)
+			}
+			return out, err
+		}
+	})
+	h.AddMiddleware((&wmw.Deduplicator{KeyFactory: func(m *message.Message) (string, error) { return m.UUID, nil }}).Middleware)
+	runRouter(t, r)
+	for _, id := range eventIDs(n) {
+		publish(t, ps, topic, message.NewMessage(watermill.NewUUID(), []byte(id)))
+	}
+	eventually(t, "every message acked", func() bool { return acked.Load() == n })
+	if got := l.distinct(); got != 0 {
+		t.Fatalf("the built-in Deduplicator applied %d of %d events; this test documents that it applies none", got, n)
+	}
+}
+
+func TestPanicFirstAttemptReleasedAndAppliedOnce(t *testing.T) {
+	l := newLedger()
+	metrics := newCountingMetrics()
+	ps := newPubSub(t)
+	r := newRouter(t)
+	var attempts atomic.Int32
+	h := r.AddNoPublisherHandler("loyalty", topic, ps, func(msg *message.Message) error {
+		if attempts.Add(1) == 1 {
+			panic("handler bug on first attempt")
+		}
+		l.apply(string(msg.Payload))
+		return nil
+	})
+	h.AddMiddleware(wmw.Recoverer)
+	h.AddMiddleware(dedupMiddleware(t, middleware.Config{Store: newMemstore(t), Metrics: metrics}))
+	runRouter(t, r)
+	publish(t, ps, topic, message.NewMessage(watermill.NewUUID(), []byte("evt-1")))
+	eventually(t, "the event applied", func() bool { return l.count("evt-1") == 1 })
+	if got := metrics.get(middleware.OutcomeReleased); got != 1 {
+		t.Fatalf("released %d claims, want 1 (the panicking attempt)", got)
+	}
+	l.assertExactlyOnce(t, []string{"evt-1"})
+}
+
+func TestSameMessage64TimesConcurrentlyRunsOnce(t *testing.T) {
+	const n = 64
+	ps := newPubSub(t)
+	r := newRouter(t)
+	var (
+		runs       atomic.Int32
+		winnerDone atomic.Bool
+		started    = make(chan struct{})
+		finish     = make(chan struct{})
+		acked      atomic.Int32
+		earlyAcks  atomic.Int32
+	)
+	h := r.AddNoPublisherHandler("loyalty", topic, ps, func(msg *message.Message) error {
+		if runs.Add(1) == 1 {
+			close(started)
+		}
+		<-finish
+		winnerDone.Store(true)
+		return nil
+	})
+	// Outermost: watch what gets acked, and when.
+	h.AddMiddleware(func(next message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			out, err := next(msg)
+			if err == nil {
+				if !winnerDone.Load() {
+					earlyAcks.Add(1)
+				}
+				acked.Add(1)
+			} else if !errors.Is(err, middleware.ErrInProgress) {
+				t.Errorf("unexpected error: %v", err)
+			}
+			return out, err
+		}
+	})
+	h.AddMiddleware(dedupMiddleware(t, middleware.Config{
+		Store:          newMemstore(t),
+		InProgressWait: 20 * time.Millisecond,
+		InProgressPoll: 2 * time.Millisecond,
+	}))
+	runRouter(t, r)
+
+	uuid := watermill.NewUUID()
+	for range n {
+		publish(t, ps, topic, message.NewMessage(uuid, []byte("evt-1")))
+	}
+	<-started
+	// Let the 63 others collide with the running winner for a while.
+	eventually(t, "the others retried while the winner runs", func() bool { return acked.Load() == 0 && runs.Load() == 1 })
+	time.Sleep(50 * time.Millisecond) // the window in which an early ack would show
+	close(finish)
+	eventually(t, "all 64 deliveries acked", func() bool { return acked.Load() == n })
+	if got := runs.Load(); got != 1 {
+		t.Fatalf("handler ran %d times for one message delivered %d times concurrently", got, n)
+	}
+	if got := earlyAcks.Load(); got != 0 {
+		t.Fatalf("%d deliveries were acked before the winner finished", got)
+	}
+}
+
+func TestProducerRepublishUnderNewIDOneEffect(t *testing.T) {
+	const n = 50
+	l := newLedger()
+	ps := newPubSub(t)
+	r := newRouter(t)
+	h := r.AddNoPublisherHandler("loyalty", topic, ps, func(msg *message.Message) error {
+		l.apply(string(msg.Metadata.Get("payment")))
+		return nil
+	})
+	h.AddMiddleware(dedupMiddleware(t, middleware.Config{
+		Store: newMemstore(t),
+		Key: keyfuncs.All(
+			keyfuncs.Prefix("msg:", keyfuncs.MessageID()),
+			keyfuncs.Prefix("payment:", keyfuncs.JSON("payment_id")),
+		),
+	}))
+	runRouter(t, r)
+	var ids []string
+	for i := range n {
+		pay := fmt.Sprintf("PAY-%d", i)
+		ids = append(ids, pay)
+		for range 2 { // the producer retries under a new message id
+			m := message.NewMessage(watermill.NewUUID(), fmt.Appendf(nil, `{"payment_id":%q,"amount":10}`, pay))
+			m.Metadata.Set("payment", pay)
+			publish(t, ps, topic, m)
+		}
+	}
+	eventually(t, "every payment applied", func() bool { return l.distinct() == n })
+	time.Sleep(50 * time.Millisecond) // let any second effect land before asserting
+	l.assertExactlyOnce(t, ids)
+}
+
+// failFirstPublish fails the first Publish of each message UUID.
+type failFirstPublish struct {
+	message.Publisher
+	seen sync.Map
+}
+
+func (p *failFirstPublish) Publish(topic string, msgs ...*message.Message) error {
+	for _, m := range msgs {
+		if _, loaded := p.seen.LoadOrStore(m.UUID, true); !loaded {
+			return fmt.Errorf("publish of %s failed (simulated)", m.UUID)
+		}
+	}
+	return p.Publisher.Publish(topic, msgs...)
+}
+
+func TestOutputsSurviveFailedPublish(t *testing.T) {
+	const n = 20
+	ps := newPubSub(t)
+	r := newRouter(t)
+	var runs atomic.Int32
+	r.AddHandler("loyalty", topic, ps, "points", &failFirstPublish{Publisher: ps}, func(msg *message.Message) ([]*message.Message, error) {
+		runs.Add(1)
+		out := message.NewMessage(watermill.NewUUID(), append([]byte("points-for-"), msg.Payload...))
+		out.Metadata.Set("source", msg.UUID)
+		return []*message.Message{out}, nil
+	}).AddMiddleware(dedupMiddleware(t, middleware.Config{Store: newMemstore(t)}))
+
+	// Downstream: count the outputs by UUID and by source.
+	var mu sync.Mutex
+	byUUID := map[string]int{}
+	bySource := map[string]map[string]bool{}
+	sub, err := ps.Subscribe(context.Background(), "points")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		for m := range sub {
+			mu.Lock()
+			byUUID[m.UUID]++
+			src := m.Metadata.Get("source")
+			if bySource[src] == nil {
+				bySource[src] = map[string]bool{}
+			}
+			bySource[src][m.UUID] = true
+			mu.Unlock()
+			m.Ack()
+		}
+	}()
+	runRouter(t, r)
+	for _, id := range eventIDs(n) {
+		publish(t, ps, topic, message.NewMessage(watermill.NewUUID(), []byte(id)))
+	}
+	eventually(t, "an output per event", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(bySource) == n
+	})
+	if got := runs.Load(); got != n {
+		t.Fatalf("handler ran %d times for %d events; a failed publish must not rerun it", got, n)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for src, uuids := range bySource {
+		if len(uuids) != 1 {
+			t.Errorf("event %s produced %d distinct outputs, want 1 re-emitted with a stable UUID", src, len(uuids))
+		}
+	}
+}
+
+func TestMissingKeyIsPoisonStoreUntouched(t *testing.T) {
+	ps := newPubSub(t)
+	r := newRouter(t)
+	store := &flakyStore{Store: newMemstore(t)}
+	l := newLedger()
+	poison, err := wmw.PoisonQueueWithFilter(ps, "poison", middleware.IsPermanent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var keyErr atomic.Value
+	h := r.AddNoPublisherHandler("loyalty", topic, ps, func(msg *message.Message) error {
+		l.apply(msg.UUID)
+		return nil
+	})
+	h.AddMiddleware(poison)
+	h.AddMiddleware(func(next message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			out, err := next(msg)
+			if err != nil {
+				keyErr.Store(err)
+			}
+			return out, err
+		}
+	})
+	h.AddMiddleware(dedupMiddleware(t, middleware.Config{Store: store, Key: keyfuncs.JSON("payment_id")}))
+	poisoned, err := ps.Subscribe(context.Background(), "poison")
+	if err != nil {
+		t.Fatal(err)
+	}
+	runRouter(t, r)
+
+	bad := message.NewMessage("bad-1", []byte(`{"amount":1}`))
+	publish(t, ps, topic, bad)
+	select {
+	case p := <-poisoned:
+		p.Ack()
+		if p.UUID != "bad-1" {
+			t.Fatalf("poisoned %s, want bad-1", p.UUID)
+		}
+		if !strings.Contains(p.Metadata.Get(wmw.ReasonForPoisonedKey), `"payment_id" is missing`) {
+			t.Fatalf("poison reason %q does not say what was missing", p.Metadata.Get(wmw.ReasonForPoisonedKey))
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the unkeyable message did not reach the poison queue")
+	}
+	if err, _ := keyErr.Load().(error); !errors.Is(err, keyfuncs.ErrNoKey) {
+		t.Fatalf("middleware error %v does not wrap keyfuncs.ErrNoKey", err)
+	}
+	if n := store.calls.Load(); n != 0 {
+		t.Fatalf("the store was called %d times for an unkeyable message", n)
+	}
+	// The stream continues.
+	publish(t, ps, topic, message.NewMessage("good-1", []byte(`{"payment_id":"P1"}`)))
+	eventually(t, "the next message applied", func() bool { return l.count("good-1") == 1 })
+	if l.count("bad-1") != 0 {
+		t.Fatal("the unkeyable message ran the handler")
+	}
+}
+
+func TestStoreDownFailClosed(t *testing.T) {
+	const n = 30
+	l := newLedger()
+	metrics := newCountingMetrics()
+	store := &flakyStore{Store: newMemstore(t)}
+	store.down.Store(true)
+	ps := newPubSub(t)
+	r := newRouter(t)
+	var nacks atomic.Int64
+	h := r.AddNoPublisherHandler("loyalty", topic, ps, func(msg *message.Message) error {
+		l.apply(string(msg.Payload))
+		return nil
+	})
+	h.AddMiddleware(func(next message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			out, err := next(msg)
+			if err != nil {
+				if !errors.Is(err, middleware.ErrStore) || !errors.Is(err, errDown) {
+					t.Errorf("fail-closed error %v should wrap ErrStore and the store's error", err)
+				}
+				nacks.Add(1)
+				time.Sleep(time.Millisecond) // a broker's redelivery delay
+			}
+			return out, err
+		}
+	})
+	h.AddMiddleware(dedupMiddleware(t, middleware.Config{Store: store, Metrics: metrics}))
+	runRouter(t, r)
+	ids := eventIDs(n)
+	for _, id := range ids {
+		publish(t, ps, topic, message.NewMessage(watermill.NewUUID(), []byte(id)))
+	}
+	eventually(t, "every message nacked at least twice while down", func() bool { return nacks.Load() >= 2*n })
+	if got := l.distinct(); got != 0 {
+		t.Fatalf("fail-closed ran the handler %d times while the store was down", got)
+	}
+	store.down.Store(false)
+	eventually(t, "every event applied after the store returned", func() bool { return l.distinct() == n })
+	l.assertExactlyOnce(t, ids)
+	if metrics.get(middleware.OutcomeStoreError) == 0 || metrics.get(middleware.OutcomeBypassed) != 0 {
+		t.Fatalf("metrics: %d store errors, %d bypasses; want some and none", metrics.get(middleware.OutcomeStoreError), metrics.get(middleware.OutcomeBypassed))
+	}
+}
+
+func TestStoreDownFailOpen(t *testing.T) {
+	const n = 10
+	l := newLedger()
+	metrics := newCountingMetrics()
+	store := &flakyStore{Store: newMemstore(t)}
+	store.down.Store(true)
+	ps := newPubSub(t)
+	r := newRouter(t)
+	h := r.AddNoPublisherHandler("loyalty", topic, ps, func(msg *message.Message) error {
+		l.apply(string(msg.Payload))
+		return nil
+	})
+	h.AddMiddleware(dedupMiddleware(t, middleware.Config{Store: store, Metrics: metrics, OnStoreError: middleware.FailOpen}))
+	runRouter(t, r)
+	ids := eventIDs(n)
+	for _, id := range ids {
+		publish(t, ps, topic, message.NewMessage(watermill.NewUUID(), []byte(id)))
+	}
+	eventually(t, "every event applied unprotected", func() bool { return l.distinct() == n })
+	l.assertExactlyOnce(t, ids)
+	if got := metrics.get(middleware.OutcomeBypassed); got != n {
+		t.Fatalf("%d bypasses counted, want %d", got, n)
+	}
+}
+
+func TestHeartbeatKeepsLongHandlerClaimed(t *testing.T) {
+	ctx := context.Background()
+	store := newMemstore(t)
+	lease := 150 * time.Millisecond
+	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Lease: lease, Heartbeat: lease / 5})
+	var (
+		rivals  []stores.Result
+		handler = func(msg *message.Message) ([]*message.Message, error) {
+			// Run for 4 leases, checking that nobody can take the message.
+			for range 8 {
+				time.Sleep(lease / 2)
+				c, err := store.Claim(ctx, "s", []string{msg.UUID}, lease)
+				if err != nil {
+					return nil, err
+				}
+				rivals = append(rivals, c.Result)
+			}
+			return nil, msg.Context().Err()
+		}
+	)
+	if _, err := mw(handler)(message.NewMessage("long-1", nil)); err != nil {
+		t.Fatalf("long handler: %v", err)
+	}
+	for i, r := range rivals {
+		if r != stores.InProgress {
+			t.Fatalf("rival claim %d at %s = %s, want in_progress: the running handler lost its claim", i, time.Duration(i+1)*lease/2, r)
+		}
+	}
+	c, err := store.Claim(ctx, "s", []string{"long-1"}, lease)
+	if err != nil || c.Result != stores.Duplicate {
+		t.Fatalf("after the handler: %v %v, want duplicate", c.Result, err)
+	}
+}
+
+func TestLostClaimCancelsHandlerAndNacks(t *testing.T) {
+	clock := storetest.NewFakeClock(time.Now())
+	store := newMemstoreClock(t, clock)
+	metrics := newCountingMetrics()
+	lease := time.Second
+	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Lease: lease, Heartbeat: 20 * time.Millisecond, Metrics: metrics})
+	var handlerCtxErr error
+	_, err := mw(func(msg *message.Message) ([]*message.Message, error) {
+		// The lease runs out (as if this process stalled) and a rival takes over.
+		clock.Advance(2 * lease)
+		c, err := store.Claim(context.Background(), "s", []string{msg.UUID}, lease)
+		if err != nil || c.Result != stores.Claimed || !c.Takeover {
+			t.Errorf("rival takeover: %+v %v", c, err)
+		}
+		select {
+		case <-msg.Context().Done():
+			handlerCtxErr = context.Cause(msg.Context())
+		case <-time.After(5 * time.Second):
+		}
+		return nil, nil
+	})(message.NewMessage("m-1", nil))
+	if !errors.Is(err, stores.ErrLostClaim) {
+		t.Fatalf("error = %v, want one wrapping stores.ErrLostClaim (nack)", err)
+	}
+	if !errors.Is(handlerCtxErr, stores.ErrLostClaim) {
+		t.Fatalf("handler context cause = %v, want ErrLostClaim", handlerCtxErr)
+	}
+	if metrics.get(middleware.OutcomeLostClaim) == 0 {
+		t.Fatal("lost claim not counted")
+	}
+}
+
+func TestInProgressReturnsRetryableError(t *testing.T) {
+	store := newMemstore(t)
+	c, err := store.Claim(context.Background(), "s", []string{"m-1"}, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s"})
+	ran := false
+	_, err = mw(func(*message.Message) ([]*message.Message, error) { ran = true; return nil, nil })(message.NewMessage("m-1", nil))
+	if !errors.Is(err, middleware.ErrInProgress) || ran {
+		t.Fatalf("err = %v, ran = %v; want ErrInProgress without running", err, ran)
+	}
+	// With a wait, a delivery that collides with a run that then completes
+	// is acked as a duplicate.
+	mw = dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", InProgressWait: 5 * time.Second, InProgressPoll: time.Millisecond})
+	go func() {
+		time.Sleep(20 * time.Millisecond)
+		_ = store.Complete(context.Background(), c, time.Hour, nil)
+	}()
+	_, err = mw(func(*message.Message) ([]*message.Message, error) { ran = true; return nil, nil })(message.NewMessage("m-1", nil))
+	if err != nil || ran {
+		t.Fatalf("after waiting: err = %v, ran = %v; want a duplicate ack", err, ran)
+	}
+}
+
+func TestFingerprintMismatch(t *testing.T) {
+	mw := dedupMiddleware(t, middleware.Config{Store: newMemstore(t), Scope: "s", Key: keyfuncs.JSON("id"), Fingerprint: middleware.PayloadFingerprint})
+	h := func(*message.Message) ([]*message.Message, error) { return nil, nil }
+	if _, err := mw(h)(message.NewMessage("1", []byte(`{"id":"A","amount":1}`))); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := mw(h)(message.NewMessage("2", []byte(`{"id":"A","amount":1}`))); err != nil {
+		t.Fatalf("same key, same payload: %v, want a duplicate ack", err)
+	}
+	_, err := mw(h)(message.NewMessage("3", []byte(`{"id":"A","amount":999}`)))
+	if !errors.Is(err, stores.ErrFingerprintMismatch) || !middleware.IsPermanent(err) {
+		t.Fatalf("same key, different payload: %v, want ErrFingerprintMismatch", err)
+	}
+}
+
+func TestTTLMissCounted(t *testing.T) {
+	metrics := newCountingMetrics()
+	mw := dedupMiddleware(t, middleware.Config{
+		Store: newMemstore(t), Retention: time.Hour, Metrics: metrics,
+		PublishedAt: middleware.MetadataTime("published_at"),
+	})
+	h := func(*message.Message) ([]*message.Message, error) { return nil, nil }
+	old := message.NewMessage("old", nil)
+	old.Metadata.Set("published_at", time.Now().Add(-2*time.Hour).Format(time.RFC3339Nano))
+	fresh := message.NewMessage("fresh", nil)
+	fresh.Metadata.Set("published_at", time.Now().Format(time.RFC3339Nano))
+	for _, m := range []*message.Message{old, fresh, message.NewMessage("unknown", nil)} {
+		if _, err := mw(h)(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := metrics.get(middleware.OutcomeTTLMiss); got != 1 {
+		t.Fatalf("%d ttl misses, want 1", got)
+	}
+}
+
+func TestRetentionShorterThanHorizon(t *testing.T) {
+	logger := watermill.NewCaptureLogger()
+	_, err := middleware.New(middleware.Config{Store: newMemstore(t), Retention: time.Hour, RedeliveryHorizon: time.Hour, Logger: logger})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !logger.HasError(middleware.ErrRetentionTooShort) {
+		t.Fatal("a too-short retention was not logged")
+	}
+	_, err = middleware.New(middleware.Config{Store: newMemstore(t), Retention: time.Hour, RedeliveryHorizon: time.Hour, StrictRetention: true})
+	if !errors.Is(err, middleware.ErrRetentionTooShort) {
+		t.Fatalf("strict: %v, want ErrRetentionTooShort", err)
+	}
+	if _, err := middleware.New(middleware.Config{Store: newMemstore(t), Retention: 2 * time.Hour, RedeliveryHorizon: time.Hour, StrictRetention: true}); err != nil {
+		t.Fatalf("2h retention over a 1h horizon: %v", err)
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	s := newMemstore(t)
+	cases := map[string]middleware.Config{
+		"no store":                 {},
+		"negative lease":           {Store: s, Lease: -1},
+		"negative retention":       {Store: s, Retention: -1},
+		"heartbeat >= lease":       {Store: s, Lease: time.Second, Heartbeat: time.Second},
+		"transactional memstore":   {Store: s, Transactional: true},
+		"unknown store err policy": {Store: s, OnStoreError: 7},
+	}
+	for name, cfg := range cases {
+		if _, err := middleware.New(cfg); !errors.Is(err, middleware.ErrInvalidConfig) {
+			t.Errorf("%s: New = %v, want ErrInvalidConfig", name, err)
+		}
+	}
+	if err := (middleware.Config{Store: s}).Validate(); err != nil {
+		t.Fatalf("a config with only a Store: %v", err)
+	}
+}
+
+func TestScopeDefaultsToHandlerName(t *testing.T) {
+	store := newMemstore(t)
+	ps := newPubSub(t)
+	r := newRouter(t)
+	l := newLedger()
+	mw := dedupMiddleware(t, middleware.Config{Store: store})
+	for _, name := range []string{"loyalty", "analytics"} {
+		r.AddNoPublisherHandler(name, topic, ps, func(msg *message.Message) error {
+			l.apply(name)
+			return nil
+		}).AddMiddleware(mw)
+	}
+	runRouter(t, r)
+	publish(t, ps, topic, message.NewMessage("m-1", nil))
+	eventually(t, "both handlers ran", func() bool { return l.count("loyalty") == 1 && l.count("analytics") == 1 })
+	for _, scope := range []string{"loyalty", "analytics"} {
+		c, err := store.Claim(context.Background(), scope, []string{"m-1"}, time.Minute)
+		if err != nil || c.Result != stores.Duplicate {
+			t.Fatalf("scope %s: %v %v, want duplicate", scope, c.Result, err)
+		}
+	}
+	// Outside a router there is no handler name.
+	if _, err := mw(func(*message.Message) ([]*message.Message, error) { return nil, nil })(message.NewMessage("m-2", nil)); err != nil {
+		t.Fatal(err)
+	}
+	c, _ := store.Claim(context.Background(), middleware.DefaultScope, []string{"m-2"}, time.Minute)
+	if c.Result != stores.Duplicate {
+		t.Fatalf("outside a router the scope is not %q", middleware.DefaultScope)
+	}
+}
+
+func TestHandlerSeesClaim(t *testing.T) {
+	mw := dedupMiddleware(t, middleware.Config{Store: newMemstore(t), Scope: "s"})
+	_, err := mw(func(msg *message.Message) ([]*message.Message, error) {
+		c, ok := middleware.ClaimFromContext(msg.Context())
+		if !ok || c.Token == "" || c.Keys[0] != "m-1" {
+			return nil, fmt.Errorf("claim in context: %+v %v", c, ok)
+		}
+		return nil, nil
+	})(message.NewMessage("m-1", nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+}
