@@ -1,0 +1,69 @@
+package middleware
+
+import (
+	"bytes"
+	"errors"
+	"testing"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+func TestDataRoundTrip(t *testing.T) {
+	if encodeData(nil, nil) != nil {
+		t.Fatal("no fingerprint and no outputs must store nothing")
+	}
+	a := message.NewMessage("out-1", []byte{0, 1, 2, 0xff})
+	a.Metadata.Set("k", "v")
+	a.Metadata.Set("empty", "")
+	b := message.NewMessage("out-2", nil)
+	data := encodeData([]byte("fp"), []*message.Message{a, b})
+	fp, msgs, err := decodeData(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(fp) != "fp" || len(msgs) != 2 {
+		t.Fatalf("decoded fp %q and %d messages", fp, len(msgs))
+	}
+	for i, want := range []*message.Message{a, b} {
+		got := msgs[i]
+		if got.UUID != want.UUID || !bytes.Equal(got.Payload, want.Payload) || len(got.Metadata) != len(want.Metadata) {
+			t.Fatalf("message %d: got %+v, want %+v", i, got, want)
+		}
+		for k, v := range want.Metadata {
+			if got.Metadata[k] != v {
+				t.Fatalf("message %d metadata %q = %q, want %q", i, k, got.Metadata[k], v)
+			}
+		}
+	}
+	// Deterministic: metadata order does not change the bytes.
+	if !bytes.Equal(data, encodeData([]byte("fp"), []*message.Message{a, b})) {
+		t.Fatal("encoding is not deterministic")
+	}
+}
+
+func TestDataCorrupt(t *testing.T) {
+	good := encodeData([]byte("fp"), []*message.Message{message.NewMessage("x", []byte("payload"))})
+	for i := 1; i < len(good); i++ {
+		if _, _, err := decodeData(good[:i]); !errors.Is(err, ErrCorruptRecord) {
+			t.Fatalf("truncated to %d bytes: %v, want ErrCorruptRecord", i, err)
+		}
+	}
+	if _, _, err := decodeData([]byte{9}); !errors.Is(err, ErrCorruptRecord) {
+		t.Fatalf("unknown version: %v", err)
+	}
+	if _, _, err := decodeData(append(good, 0)); !errors.Is(err, ErrCorruptRecord) {
+		t.Fatalf("trailing bytes: %v", err)
+	}
+	huge := []byte{dataVersion, 0, 0xff, 0xff, 0xff, 0xff, 0x0f}
+	if _, _, err := decodeData(huge); !errors.Is(err, ErrCorruptRecord) {
+		t.Fatalf("huge count: %v", err)
+	}
+}
+
+func FuzzDecodeData(f *testing.F) {
+	f.Add(encodeData([]byte("fp"), []*message.Message{message.NewMessage("x", []byte("p"))}))
+	f.Add([]byte{dataVersion})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		_, _, _ = decodeData(data) // must not panic or allocate without bound
+	})
+}

@@ -1,0 +1,58 @@
+package middleware_test
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/watermill-dedup/dedup/keyfuncs"
+	"github.com/watermill-dedup/dedup/middleware"
+	"github.com/watermill-dedup/dedup/stores/memstore"
+)
+
+// A message delivered twice runs its handler once; a failed first attempt
+// is released, so its redelivery runs.
+func ExampleNew() {
+	store, err := memstore.New(memstore.Config{})
+	if err != nil {
+		panic(err)
+	}
+	defer store.Close(context.Background())
+
+	dedup, err := middleware.New(middleware.Config{
+		Store: store,
+		Key: keyfuncs.All(
+			keyfuncs.Prefix("msg:", keyfuncs.MessageID()),
+			keyfuncs.Prefix("payment:", keyfuncs.JSON("payment_id")),
+		),
+	})
+	if err != nil {
+		panic(err)
+	}
+
+	attempts := 0
+	handler := dedup(func(msg *message.Message) ([]*message.Message, error) {
+		attempts++
+		if attempts == 1 {
+			return nil, fmt.Errorf("transient failure")
+		}
+		fmt.Println("awarding points for", msg.UUID)
+		return nil, nil
+	})
+
+	msg := message.NewMessage("evt-1", []byte(`{"payment_id":"PAY-1842","amount":120}`))
+	for range 3 { // a failed attempt, its redelivery, and a duplicate
+		_, err := handler(msg)
+		fmt.Println("error:", err)
+	}
+	// A producer retry: same payment, new message id.
+	_, err = handler(message.NewMessage("evt-1-retry", []byte(`{"payment_id":"PAY-1842","amount":120}`)))
+	fmt.Println("error:", err)
+	// Output:
+	// error: transient failure
+	// awarding points for evt-1
+	// error: <nil>
+	// error: <nil>
+	// error: <nil>
+}
