@@ -70,6 +70,10 @@ func New(cfg Config) (message.HandlerMiddleware, error) {
 type dedup struct {
 	cfg   Config
 	inbox stores.Inbox // set in transactional mode
+	// noTimeout: the store never blocks, so per-call timeouts are skipped.
+	noTimeout bool
+	// timed: Metrics wants store latencies (it is not NopMetrics).
+	timed bool
 }
 
 func newDedup(cfg Config) (*dedup, error) {
@@ -78,6 +82,12 @@ func newDedup(cfg Config) (*dedup, error) {
 	}
 	cfg.setDefaults()
 	d := &dedup{cfg: cfg}
+	if nb, ok := cfg.Store.(stores.NonBlocking); ok && nb.NonBlocking() {
+		d.noTimeout = true
+	}
+	if _, nop := cfg.Metrics.(NopMetrics); !nop {
+		d.timed = true
+	}
 	if cfg.Transactional {
 		d.inbox = cfg.Store.(stores.Inbox)
 	}
@@ -155,15 +165,33 @@ func (d *dedup) storeCtx(parent context.Context, detach bool) (context.Context, 
 	if detach {
 		parent = context.WithoutCancel(parent)
 	}
+	if d.noTimeout {
+		return parent, func() {}
+	}
 	return context.WithTimeout(parent, d.cfg.StoreTimeout)
+}
+
+// now returns the time for a store latency measurement, or the zero time
+// when nobody observes latencies (time.Now is not free on a hot path).
+func (d *dedup) now() time.Time {
+	if !d.timed {
+		return time.Time{}
+	}
+	return time.Now()
+}
+
+func (d *dedup) observeStore(scope, op string, start time.Time, err error) {
+	if d.timed {
+		d.cfg.Metrics.ObserveStore(scope, op, time.Since(start), err)
+	}
 }
 
 func (d *dedup) claim(msg *message.Message, scope string, keys []string) (*stores.Claim, error) {
 	ctx, cancel := d.storeCtx(msg.Context(), false)
 	defer cancel()
-	start := time.Now()
+	start := d.now()
 	c, err := d.cfg.Store.Claim(ctx, scope, keys, d.cfg.Lease)
-	d.cfg.Metrics.ObserveStore(scope, OpClaim, time.Since(start), err)
+	d.observeStore(scope, OpClaim, start, err)
 	return c, err
 }
 
@@ -301,9 +329,9 @@ func (d *dedup) runClaimed(h message.HandlerFunc, msg *message.Message, c *store
 func (d *dedup) release(parent context.Context, c *stores.Claim) {
 	ctx, cancel := d.storeCtx(parent, true)
 	defer cancel()
-	start := time.Now()
+	start := d.now()
 	err := d.cfg.Store.Release(ctx, c)
-	d.cfg.Metrics.ObserveStore(c.Scope, OpRelease, time.Since(start), err)
+	d.observeStore(c.Scope, OpRelease, start, err)
 	switch {
 	case err == nil:
 		d.cfg.Metrics.Observe(c.Scope, OutcomeReleased)
@@ -329,10 +357,10 @@ func (d *dedup) complete(msg *message.Message, c *stores.Claim, outputs []*messa
 	var err error
 	for attempt := 0; ; attempt++ {
 		ctx, cancel := d.storeCtx(msg.Context(), true)
-		start := time.Now()
+		start := d.now()
 		err = d.cfg.Store.Complete(ctx, c, d.cfg.Retention, data)
 		cancel()
-		d.cfg.Metrics.ObserveStore(c.Scope, OpComplete, time.Since(start), err)
+		d.observeStore(c.Scope, OpComplete, start, err)
 		if err == nil {
 			return outputs, nil
 		}
@@ -391,10 +419,10 @@ func (hb *heartbeat) beat() {
 	}
 	d := hb.d
 	ctx, cancel := d.storeCtx(hb.parent, true)
-	start := time.Now()
+	start := d.now()
 	err := d.cfg.Store.Extend(ctx, hb.c, d.cfg.Lease)
 	cancel()
-	d.cfg.Metrics.ObserveStore(hb.c.Scope, OpExtend, time.Since(start), err)
+	d.observeStore(hb.c.Scope, OpExtend, start, err)
 	switch {
 	case errors.Is(err, stores.ErrLostClaim):
 		// Someone took the message over: tell the handler to stop.
@@ -424,9 +452,9 @@ func (hb *heartbeat) stop() {
 // database transaction that the handler writes its effects in.
 func (d *dedup) handleTx(h message.HandlerFunc, msg *message.Message, scope string, keys []string) (outputs []*message.Message, err error) {
 	parent := msg.Context()
-	start := time.Now()
+	start := d.now()
 	tx, err := d.inbox.Begin(parent, scope, keys, d.cfg.Retention)
-	d.cfg.Metrics.ObserveStore(scope, OpBegin, time.Since(start), err)
+	d.observeStore(scope, OpBegin, start, err)
 	if err != nil {
 		return d.storeFailed(h, msg, scope, keys, err)
 	}
@@ -450,9 +478,9 @@ func (d *dedup) handleTx(h message.HandlerFunc, msg *message.Message, scope stri
 		}
 		ctx, cancel := d.storeCtx(parent, true)
 		defer cancel()
-		start := time.Now()
+		start := d.now()
 		rerr := tx.Rollback(ctx)
-		d.cfg.Metrics.ObserveStore(scope, OpRollback, time.Since(start), rerr)
+		d.observeStore(scope, OpRollback, start, rerr)
 		d.cfg.Metrics.Observe(scope, OutcomeReleased)
 		if rerr != nil {
 			d.cfg.Logger.Error("Dedup inbox rollback failed", rerr, d.fields(msg, scope, keys))
@@ -466,9 +494,9 @@ func (d *dedup) handleTx(h message.HandlerFunc, msg *message.Message, scope stri
 	if d.cfg.Fingerprint != nil {
 		fp = d.cfg.Fingerprint(msg)
 	}
-	start = time.Now()
+	start = d.now()
 	err = tx.Commit(context.WithoutCancel(parent), encodeData(fp, outputs))
-	d.cfg.Metrics.ObserveStore(scope, OpCommit, time.Since(start), err)
+	d.observeStore(scope, OpCommit, start, err)
 	if err != nil {
 		// Not committed: neither the effect nor the record exists. Nack.
 		d.cfg.Metrics.Observe(scope, OutcomeStoreError)

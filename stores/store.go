@@ -169,6 +169,13 @@ type Store interface {
 	Close(ctx context.Context) error
 }
 
+// NonBlocking is implemented by stores whose calls never wait on I/O or on
+// other processes (memstore). The middleware skips its per-call timeout
+// contexts for them, which are pure overhead there.
+type NonBlocking interface {
+	NonBlocking() bool
+}
+
 // Clock tells stores the time. Stores that compute leases and expiry in
 // the process take one in their Config so tests can move time without
 // sleeping; nil means [SystemClock].

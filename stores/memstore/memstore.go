@@ -103,7 +103,13 @@ type Store struct {
 	once   sync.Once
 }
 
-var _ stores.Store = (*Store)(nil)
+var (
+	_ stores.Store       = (*Store)(nil)
+	_ stores.NonBlocking = (*Store)(nil)
+)
+
+// NonBlocking reports true: every call is a map operation under a mutex.
+func (s *Store) NonBlocking() bool { return true }
 
 // New returns a Store and starts its sweeper; Close stops it.
 func New(cfg Config) (*Store, error) {
