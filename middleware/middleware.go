@@ -44,7 +44,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -74,6 +73,7 @@ type dedup struct {
 	noTimeout bool
 	// timed: Metrics wants store latencies (it is not NopMetrics).
 	timed bool
+	beats beats
 }
 
 func newDedup(cfg Config) (*dedup, error) {
@@ -82,6 +82,7 @@ func newDedup(cfg Config) (*dedup, error) {
 	}
 	cfg.setDefaults()
 	d := &dedup{cfg: cfg}
+	d.beats.d = d
 	if nb, ok := cfg.Store.(stores.NonBlocking); ok && nb.NonBlocking() {
 		d.noTimeout = true
 	}
@@ -308,11 +309,12 @@ func (d *dedup) runClaimed(h message.HandlerFunc, msg *message.Message, c *store
 	parent := msg.Context()
 	ctx, cancel := context.WithCancelCause(context.WithValue(parent, claimCtxKey{}, c))
 	msg.SetContext(ctx)
-	hb := d.startHeartbeat(parent, c, cancel)
+	hb := &beat{c: c, parent: parent, cancel: cancel}
+	d.beats.add(hb)
 
 	finished := false
 	defer func() {
-		hb.stop()
+		d.beats.remove(hb)
 		cancel(nil)
 		msg.SetContext(parent)
 		if finished && err == nil {
@@ -385,67 +387,6 @@ func (d *dedup) complete(msg *message.Message, c *stores.Claim, outputs []*messa
 	d.cfg.Metrics.Observe(c.Scope, OutcomeStoreError)
 	d.cfg.Logger.Error("Dedup Complete failed after retries: acking anyway (the effect happened); a duplicate arriving after the lease expires would run again", err, d.fields(msg, c.Scope, c.Keys))
 	return outputs, nil
-}
-
-// heartbeat extends a claim's lease while its handler runs. It uses a
-// timer rather than a goroutine, so a handler shorter than the heartbeat
-// interval costs one timer and nothing else.
-type heartbeat struct {
-	d      *dedup
-	parent context.Context
-	c      *stores.Claim
-	cancel context.CancelCauseFunc
-
-	mu      sync.Mutex
-	stopped bool
-	timer   *time.Timer
-}
-
-func (d *dedup) startHeartbeat(parent context.Context, c *stores.Claim, cancel context.CancelCauseFunc) *heartbeat {
-	hb := &heartbeat{d: d, parent: parent, c: c, cancel: cancel}
-	if d.cfg.Heartbeat > 0 {
-		hb.mu.Lock()
-		hb.timer = time.AfterFunc(d.cfg.Heartbeat, hb.beat)
-		hb.mu.Unlock()
-	}
-	return hb
-}
-
-func (hb *heartbeat) beat() {
-	hb.mu.Lock()
-	defer hb.mu.Unlock()
-	if hb.stopped {
-		return
-	}
-	d := hb.d
-	ctx, cancel := d.storeCtx(hb.parent, true)
-	start := d.now()
-	err := d.cfg.Store.Extend(ctx, hb.c, d.cfg.Lease)
-	cancel()
-	d.observeStore(hb.c.Scope, OpExtend, start, err)
-	switch {
-	case errors.Is(err, stores.ErrLostClaim):
-		// Someone took the message over: tell the handler to stop.
-		d.cfg.Metrics.Observe(hb.c.Scope, OutcomeLostClaim)
-		d.cfg.Logger.Error("Dedup lease lost while the handler runs: cancelling its context", err, watermill.LogFields{"scope": hb.c.Scope, "keys": hb.c.Keys})
-		hb.cancel(err)
-		return
-	case err != nil:
-		d.cfg.Metrics.Observe(hb.c.Scope, OutcomeStoreError)
-		d.cfg.Logger.Error("Dedup lease extension failed; retrying at the next heartbeat", err, watermill.LogFields{"scope": hb.c.Scope, "keys": hb.c.Keys})
-	}
-	hb.timer.Reset(d.cfg.Heartbeat)
-}
-
-// stop stops the heartbeat, waiting for an extension in flight so that no
-// Extend can race with Complete or Release.
-func (hb *heartbeat) stop() {
-	hb.mu.Lock()
-	hb.stopped = true
-	if hb.timer != nil {
-		hb.timer.Stop()
-	}
-	hb.mu.Unlock()
 }
 
 // handleTx is the transactional inbox flow: the record is inserted in a

@@ -9,9 +9,11 @@
 //
 // # Memory
 //
-// A done record costs its key (rounded up to a Go size class), a 40-byte
-// entry and the map's slot overhead: about 100 bytes for a 36-byte key,
-// plus any data (produced messages) kept with it. The background sweeper
+// A done record costs its key (rounded up to a Go size class: 48 bytes for
+// a 36-byte key), a 16-byte entry and its 16-byte string header in a map
+// slot, plus the map's control bytes and load-factor slack: about 100 bytes
+// for a 36-byte key (measured by BenchmarkMemoryPerRecord), plus any data
+// (produced messages) kept with it. The background sweeper
 // removes expired records every SweepInterval, so the heap holds at most
 // (messages per second) x (retention + SweepInterval) records.
 package memstore
@@ -24,6 +26,7 @@ import (
 	"hash/maphash"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -73,21 +76,66 @@ func (c *Config) setDefaults() {
 	c.Clock = stores.ClockOrSystem(c.Clock)
 }
 
-// record is one (scope, key). For a processing record until is the lease
-// end, for a done record its expiry. token is 0 for done records.
+// record is one (scope, key): 16 bytes. For a processing record until is
+// the lease end and token its owner's; for a done record until is its
+// expiry and token is 0. Data kept with a done record lives in a side map,
+// so the common record without data pays nothing for it.
 type record struct {
 	until int64 // unix nanoseconds
 	token uint64
-	data  string
-	done  bool
+}
+
+func (r record) done() bool { return r.token == 0 }
+
+// table holds one scope's records in one shard.
+type table struct {
+	recs map[string]record
+	data map[string]string // done records' data, when not empty
+}
+
+func (t *table) setDone(k string, until int64, data string) {
+	t.recs[k] = record{until: until}
+	if data != "" {
+		if t.data == nil {
+			t.data = make(map[string]string)
+		}
+		t.data[k] = data
+	} else if t.data != nil {
+		delete(t.data, k)
+	}
+}
+
+func (t *table) delete(k string) {
+	delete(t.recs, k)
+	if t.data != nil {
+		delete(t.data, k)
+	}
 }
 
 type shard struct {
 	mu sync.Mutex
-	// scopes maps scope -> key -> record. Two levels keep lookups
-	// allocation-free and make (scope, key) pairs collision-free whatever
-	// bytes they contain.
-	scopes map[string]map[string]record
+	// scopes maps scope -> table. Two levels keep lookups allocation-free
+	// and make (scope, key) pairs collision-free whatever bytes they hold.
+	scopes map[string]*table
+}
+
+// lookup returns the record of (scope, k) in the shard, if any.
+func (sh *shard) lookup(scope, k string) (record, *table, bool) {
+	t := sh.scopes[scope]
+	if t == nil {
+		return record{}, nil, false
+	}
+	r, ok := t.recs[k]
+	return r, t, ok
+}
+
+func (sh *shard) table(scope string) *table {
+	t := sh.scopes[scope]
+	if t == nil {
+		t = &table{recs: make(map[string]record)}
+		sh.scopes[strings.Clone(scope)] = t
+	}
+	return t
 }
 
 // Store is the in-memory store. Create it with New.
@@ -126,7 +174,7 @@ func New(cfg Config) (*Store, error) {
 		done:   make(chan struct{}),
 	}
 	for i := range s.shards {
-		s.shards[i].scopes = make(map[string]map[string]record)
+		s.shards[i].scopes = make(map[string]*table)
 	}
 	// Tokens start at a random point so two stores in one process (or one
 	// store before and after a restart) do not hand out the same sequence.
@@ -134,7 +182,7 @@ func New(cfg Config) (*Store, error) {
 	if _, err := rand.Read(b[:]); err != nil {
 		return nil, fmt.Errorf("memstore: seeding tokens: %w", err)
 	}
-	s.tokens.Store(binary.LittleEndian.Uint64(b[:]) >> 1)
+	s.tokens.Store(binary.LittleEndian.Uint64(b[:]) >> 2)
 	go s.sweepLoop()
 	return s, nil
 }
@@ -166,20 +214,21 @@ func (s *Store) Claim(ctx context.Context, scope string, keys []string, lease ti
 	if len(keys) == 1 {
 		sh := &s.shards[s.shardIndex(keys[0])]
 		sh.mu.Lock()
-		m := sh.scopes[scope]
-		r, ok := m[keys[0]]
+		r, t, ok := sh.lookup(scope, keys[0])
 		switch {
-		case ok && r.until > now && r.done:
-			c.Result, c.Data = stores.Duplicate, []byte(r.data)
+		case ok && r.until > now && r.done():
+			c.Result, c.Data = stores.Duplicate, []byte(t.data[keys[0]])
 		case ok && r.until > now:
 			c.Result = stores.InProgress
 		default:
-			if m == nil {
-				m = make(map[string]record)
-				sh.scopes[scope] = m
+			if t == nil {
+				t = sh.table(scope)
 			}
-			c.Takeover = ok && !r.done
-			m[cloneIfNew(keys[0], ok)] = record{until: now + int64(lease), token: token}
+			c.Takeover = ok && !r.done()
+			if ok {
+				t.delete(keys[0])
+			}
+			t.recs[cloneIfNew(keys[0], ok)] = record{until: now + int64(lease), token: token}
 			c.Result = stores.Claimed
 		}
 		sh.mu.Unlock()
@@ -199,12 +248,12 @@ func (s *Store) claimMulti(c *stores.Claim, now int64, token uint64, lease time.
 	defer s.unlockShards(idx)
 	inProgress := false
 	for _, k := range c.Keys {
-		r, ok := s.shards[s.shardIndex(k)].scopes[c.Scope][k]
+		r, t, ok := s.shards[s.shardIndex(k)].lookup(c.Scope, k)
 		if !ok || r.until <= now {
 			continue
 		}
-		if r.done {
-			c.Result, c.Data = stores.Duplicate, []byte(r.data)
+		if r.done() {
+			c.Result, c.Data = stores.Duplicate, []byte(t.data[k])
 			return
 		}
 		inProgress = true
@@ -214,20 +263,18 @@ func (s *Store) claimMulti(c *stores.Claim, now int64, token uint64, lease time.
 		return
 	}
 	for _, k := range c.Keys {
-		sh := &s.shards[s.shardIndex(k)]
-		m := sh.scopes[c.Scope]
-		if m == nil {
-			m = make(map[string]record)
-			sh.scopes[c.Scope] = m
-		}
-		r, ok := m[k]
+		t := s.shards[s.shardIndex(k)].table(c.Scope)
+		r, ok := t.recs[k]
 		if ok && r.token == token {
 			continue // a repeated key
 		}
-		if ok && !r.done {
+		if ok && !r.done() {
 			c.Takeover = true
 		}
-		m[cloneIfNew(k, ok)] = record{until: now + int64(lease), token: token}
+		if ok {
+			t.delete(k)
+		}
+		t.recs[cloneIfNew(k, ok)] = record{until: now + int64(lease), token: token}
 	}
 	c.Result = stores.Claimed
 }
@@ -263,7 +310,7 @@ func cloneIfNew(k string, exists bool) string {
 
 // update applies fn to every record of a Claimed claim after checking that
 // each is still processing under the claim's token.
-func (s *Store) update(ctx context.Context, c *stores.Claim, fn func(m map[string]record, k string, now int64)) error {
+func (s *Store) update(ctx context.Context, c *stores.Claim, fn func(t *table, k string, now int64)) error {
 	if s.closed.Load() {
 		return stores.ErrClosed
 	}
@@ -271,26 +318,32 @@ func (s *Store) update(ctx context.Context, c *stores.Claim, fn func(m map[strin
 		return fmt.Errorf("%w: not a Claimed claim", stores.ErrInvalidArgument)
 	}
 	token, err := strconv.ParseUint(c.Token, 36, 64)
-	if err != nil {
+	if err != nil || token == 0 {
 		return fmt.Errorf("%w: token %q is not a memstore token", stores.ErrInvalidArgument, c.Token)
 	}
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	idx := s.lockShards(c.Keys)
-	defer s.unlockShards(idx)
+	if len(c.Keys) == 1 {
+		sh := &s.shards[s.shardIndex(c.Keys[0])]
+		sh.mu.Lock()
+		defer sh.mu.Unlock()
+	} else {
+		idx := s.lockShards(c.Keys)
+		defer s.unlockShards(idx)
+	}
 	now := s.now()
 	for _, k := range c.Keys {
-		r, ok := s.shards[s.shardIndex(k)].scopes[c.Scope][k]
 		// A processing record whose lease ran out still belongs to its
 		// owner until someone takes it over: a slow handler finishing
 		// just after its lease, with nobody else waiting, completes fine.
-		if !ok || r.done || r.token != token {
+		if r, _, ok := s.shards[s.shardIndex(k)].lookup(c.Scope, k); !ok || r.token != token {
 			return fmt.Errorf("%w: scope %q key %q", stores.ErrLostClaim, c.Scope, k)
 		}
 	}
 	for _, k := range c.Keys {
-		fn(s.shards[s.shardIndex(k)].scopes[c.Scope], k, now)
+		t, _ := s.shards[s.shardIndex(k)].scopes[c.Scope]
+		fn(t, k, now)
 	}
 	return nil
 }
@@ -301,15 +354,15 @@ func (s *Store) Complete(ctx context.Context, c *stores.Claim, retention time.Du
 		return fmt.Errorf("%w: retention must be positive, got %s", stores.ErrInvalidArgument, retention)
 	}
 	d := string(data)
-	return s.update(ctx, c, func(m map[string]record, k string, now int64) {
-		m[k] = record{until: now + int64(retention), data: d, done: true}
+	return s.update(ctx, c, func(t *table, k string, now int64) {
+		t.setDone(k, now+int64(retention), d)
 	})
 }
 
 // Release implements [stores.Store].
 func (s *Store) Release(ctx context.Context, c *stores.Claim) error {
-	return s.update(ctx, c, func(m map[string]record, k string, _ int64) {
-		delete(m, k)
+	return s.update(ctx, c, func(t *table, k string, _ int64) {
+		t.delete(k)
 	})
 }
 
@@ -318,10 +371,10 @@ func (s *Store) Extend(ctx context.Context, c *stores.Claim, lease time.Duration
 	if lease <= 0 {
 		return fmt.Errorf("%w: lease must be positive, got %s", stores.ErrInvalidArgument, lease)
 	}
-	return s.update(ctx, c, func(m map[string]record, k string, now int64) {
-		r := m[k]
+	return s.update(ctx, c, func(t *table, k string, now int64) {
+		r := t.recs[k]
 		r.until = now + int64(lease)
-		m[k] = r
+		t.recs[k] = r
 	})
 }
 
@@ -332,8 +385,8 @@ func (s *Store) Len() int {
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
-		for _, m := range sh.scopes {
-			n += len(m)
+		for _, t := range sh.scopes {
+			n += len(t.recs)
 		}
 		sh.mu.Unlock()
 	}
@@ -351,14 +404,14 @@ func (s *Store) Sweep() int {
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
-		for scope, m := range sh.scopes {
-			for k, r := range m {
-				if r.until <= now && (r.done || r.until+grace <= now) {
-					delete(m, k)
+		for scope, t := range sh.scopes {
+			for k, r := range t.recs {
+				if r.until <= now && (r.done() || r.until+grace <= now) {
+					t.delete(k)
 					removed++
 				}
 			}
-			if len(m) == 0 {
+			if len(t.recs) == 0 {
 				delete(sh.scopes, scope)
 			}
 		}
