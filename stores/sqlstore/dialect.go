@@ -1,0 +1,371 @@
+package sqlstore
+
+import (
+	"database/sql"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"reflect"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+)
+
+// Dialect names the SQL flavour of the database behind a Store.
+type Dialect string
+
+// The supported dialects.
+const (
+	// Postgres is PostgreSQL 11 or later, through
+	// github.com/jackc/pgx/v5/stdlib (or any driver returning errors with a
+	// SQLState() method, such as lib/pq).
+	Postgres Dialect = "postgres"
+	// MySQL is MySQL 8 or MariaDB 10.5 or later, through
+	// github.com/go-sql-driver/mysql.
+	MySQL Dialect = "mysql"
+	// SQLite is SQLite 3.35 or later, through modernc.org/sqlite (no cgo)
+	// or github.com/mattn/go-sqlite3.
+	SQLite Dialect = "sqlite"
+)
+
+// Record states, as stored in the state column.
+const (
+	stateProcessing = 1
+	stateDone       = 2
+)
+
+// DetectDialect returns the dialect of db's driver: pgx or lib/pq are
+// Postgres, go-sql-driver/mysql is MySQL, modernc.org/sqlite or
+// mattn/go-sqlite3 are SQLite. It fails for any other driver; set
+// Config.Dialect then.
+func DetectDialect(db *sql.DB) (Dialect, error) {
+	t := reflect.TypeOf(db.Driver())
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	switch pkg := t.PkgPath(); {
+	case strings.Contains(pkg, "jackc/pgx"), strings.Contains(pkg, "lib/pq"):
+		return Postgres, nil
+	case strings.Contains(pkg, "go-sql-driver/mysql"):
+		return MySQL, nil
+	case strings.Contains(pkg, "sqlite"):
+		return SQLite, nil
+	default:
+		return "", fmt.Errorf("sqlstore: cannot tell the dialect of driver %s.%s: set Config.Dialect", pkg, t.Name())
+	}
+}
+
+// identPart is the strict pattern of a table name (and of its optional
+// schema prefix): lowercase ASCII letters, digits and underscores, not
+// starting with a digit. Lowercase only, so the name means the same table
+// quoted or not, on every dialect and file system.
+var identPart = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
+
+// maxTableLen bounds the table part of the name, leaving room for the
+// suffixes of index and partition names within PostgreSQL's 63 bytes.
+const maxTableLen = 48
+
+// checkTable validates a table name, "table" or "schema.table" (the schema
+// form is not available on SQLite).
+func checkTable(name string, d Dialect) error {
+	parts := strings.Split(name, ".")
+	if len(parts) > 2 || (len(parts) == 2 && d == SQLite) {
+		return fmt.Errorf("%w: Table %q: want table or schema.table (schema not on SQLite)", ErrInvalidTable, name)
+	}
+	for _, p := range parts {
+		if !identPart.MatchString(p) {
+			return fmt.Errorf("%w: Table %q must match %s (lowercase letters, digits, underscores)", ErrInvalidTable, name, identPart)
+		}
+		if len(p) > 63 {
+			return fmt.Errorf("%w: Table %q: %q is longer than 63 bytes", ErrInvalidTable, name, p)
+		}
+	}
+	if t := parts[len(parts)-1]; len(t) > maxTableLen {
+		return fmt.Errorf("%w: Table %q: table part must be at most %d bytes, got %d", ErrInvalidTable, name, maxTableLen, len(t))
+	}
+	return nil
+}
+
+// queries builds every SQL statement the store runs, for one dialect and
+// one table. All SQL text lives here, so that a later batched (group
+// commit) claim only has to add builders.
+type queries struct {
+	d      Dialect
+	schema string // unquoted schema, "" when none
+	name   string // unquoted table name
+	table  string // quoted, possibly schema-qualified table
+
+	insertProcessing string // id, token, expires
+	insertDone       string // id, expires
+}
+
+func newQueries(d Dialect, table string) *queries {
+	q := &queries{d: d, name: table}
+	if i := strings.IndexByte(table, '.'); i >= 0 {
+		q.schema, q.name = table[:i], table[i+1:]
+		q.table = q.quote(q.schema) + "." + q.quote(q.name)
+	} else {
+		q.table = q.quote(table)
+	}
+	ins := "INSERT INTO " + q.table + " (id, state, token, expires_at) VALUES (%s, %d, %s, %s)"
+	q.insertProcessing = fmt.Sprintf(ins, q.ph(1), stateProcessing, q.ph(2), q.ph(3)) + q.onConflictDoNothing()
+	q.insertDone = fmt.Sprintf(ins, q.ph(1), stateDone, "NULL", q.ph(2)) + q.onConflictDoNothing()
+	return q
+}
+
+func (q *queries) quote(ident string) string {
+	if q.d == MySQL {
+		return "`" + ident + "`"
+	}
+	return `"` + ident + `"`
+}
+
+// ph is the i-th (1-based) placeholder.
+func (q *queries) ph(i int) string {
+	if q.d == Postgres {
+		return "$" + strconv.Itoa(i)
+	}
+	return "?"
+}
+
+// list is "(p_from, ..., p_from+n-1)".
+func (q *queries) list(from, n int) string {
+	var b strings.Builder
+	b.WriteByte('(')
+	for i := range n {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(q.ph(from + i))
+	}
+	b.WriteByte(')')
+	return b.String()
+}
+
+// onConflictDoNothing makes an INSERT a no-op (0 rows affected) when the id
+// exists. MySQL's ON DUPLICATE KEY UPDATE id = id changes nothing and
+// reports 0 rows; unlike INSERT IGNORE it does not turn other errors into
+// warnings.
+func (q *queries) onConflictDoNothing() string {
+	if q.d == MySQL {
+		return " ON DUPLICATE KEY UPDATE id = id"
+	}
+	return " ON CONFLICT (id) DO NOTHING"
+}
+
+func (q *queries) forUpdate() string {
+	if q.d == SQLite {
+		return "" // the write lock taken by the first INSERT already serialises
+	}
+	return " FOR UPDATE"
+}
+
+// selectRows reads the records of n ids: id, state, live (1 or 0) and
+// data. Args: now, ids...
+func (q *queries) selectRows(n int, lock bool) string {
+	idExpr := "id"
+	if q.d == Postgres {
+		idExpr = "id::text"
+	}
+	s := "SELECT " + idExpr + ", state, CASE WHEN expires_at > " + q.ph(1) + " THEN 1 ELSE 0 END, data FROM " +
+		q.table + " WHERE id IN " + q.list(2, n)
+	if lock {
+		s += q.forUpdate()
+	}
+	return s
+}
+
+// takeover turns n expired records into processing records of a new
+// claim. Args: token, expires, ids...
+func (q *queries) takeover(n int) string {
+	return fmt.Sprintf("UPDATE %s SET state = %d, token = %s, expires_at = %s, data = NULL WHERE id IN %s",
+		q.table, stateProcessing, q.ph(1), q.ph(2), q.list(3, n))
+}
+
+// replaceDone turns n expired records into done records of an inbox
+// transaction. Args: expires, ids...
+func (q *queries) replaceDone(n int) string {
+	return fmt.Sprintf("UPDATE %s SET state = %d, token = NULL, expires_at = %s, data = NULL WHERE id IN %s",
+		q.table, stateDone, q.ph(1), q.list(2, n))
+}
+
+// setData stores data on n records. Args: data, ids...
+func (q *queries) setData(n int) string {
+	return fmt.Sprintf("UPDATE %s SET data = %s WHERE id IN %s", q.table, q.ph(1), q.list(2, n))
+}
+
+// The fenced statements end in "WHERE token = ? AND id IN (...)": their
+// args are the SET args, then the token, then the ids. Done records have a
+// NULL token, so they never match.
+
+// complete: args expires, data, token, ids...
+func (q *queries) complete(n int) string {
+	return fmt.Sprintf("UPDATE %s SET state = %d, token = NULL, expires_at = %s, data = %s WHERE token = %s AND id IN %s",
+		q.table, stateDone, q.ph(1), q.ph(2), q.ph(3), q.list(4, n))
+}
+
+// extend: args expires, token, ids...
+func (q *queries) extend(n int) string {
+	return fmt.Sprintf("UPDATE %s SET expires_at = %s WHERE token = %s AND id IN %s",
+		q.table, q.ph(1), q.ph(2), q.list(3, n))
+}
+
+// release: args token, ids...
+func (q *queries) release(n int) string {
+	return fmt.Sprintf("DELETE FROM %s WHERE token = %s AND id IN %s", q.table, q.ph(1), q.list(2, n))
+}
+
+// owned counts the records of n ids still owned by a token, locking them.
+// Args: token, ids...
+func (q *queries) owned(n int, lock bool) string {
+	s := fmt.Sprintf("SELECT id FROM %s WHERE token = %s AND id IN %s", q.table, q.ph(1), q.list(2, n))
+	if lock {
+		s += q.forUpdate()
+	}
+	return s
+}
+
+// purge deletes at most limit expired records: done records whose
+// retention ended before now, and processing records whose lease ended
+// before graceCutoff. Args: now, graceCutoff, limit.
+func (q *queries) purge() string {
+	pred := fmt.Sprintf("expires_at < %s AND (state = %d OR expires_at < %s)", q.ph(1), stateDone, q.ph(2))
+	switch q.d {
+	case Postgres:
+		// A TID scan over a bounded, locked batch: no long row-by-row
+		// statement, and SKIP LOCKED never waits on a row a claim holds.
+		return fmt.Sprintf("DELETE FROM %s WHERE ctid = ANY(ARRAY(SELECT ctid FROM %s WHERE %s LIMIT %s FOR UPDATE SKIP LOCKED)) AND %s",
+			q.table, q.table, pred, q.ph(3), pred)
+	case MySQL:
+		return fmt.Sprintf("DELETE FROM %s WHERE %s ORDER BY expires_at LIMIT %s", q.table, pred, q.ph(3))
+	default:
+		return fmt.Sprintf("DELETE FROM %s WHERE id IN (SELECT id FROM %s WHERE %s LIMIT %s)", q.table, q.table, pred, q.ph(3))
+	}
+}
+
+// schema is the DDL that CreateSchema runs, one statement per element.
+// Every statement is idempotent. README.md shows the same text for the
+// default table name (a test keeps them in sync).
+func (q *queries) schemaStatements() []string {
+	idx := q.name + "_expires_idx"
+	switch q.d {
+	case Postgres:
+		return []string{
+			`CREATE TABLE IF NOT EXISTS ` + q.table + ` (
+    id         uuid        NOT NULL,
+    state      smallint    NOT NULL CHECK (state IN (1, 2)),
+    token      bigint,
+    expires_at timestamptz NOT NULL,
+    data       bytea,
+    PRIMARY KEY (id)
+)`,
+			`CREATE INDEX IF NOT EXISTS ` + q.quote(idx) + ` ON ` + q.table + `
+    USING brin (expires_at) WITH (autosummarize = on)`,
+		}
+	case MySQL:
+		return []string{
+			"CREATE TABLE IF NOT EXISTS " + q.table + " (\n" +
+				"    id         BINARY(16) NOT NULL,\n" +
+				"    state      TINYINT    NOT NULL,\n" +
+				"    token      BIGINT     NULL,\n" +
+				"    expires_at BIGINT     NOT NULL,\n" +
+				"    data       MEDIUMBLOB NULL,\n" +
+				"    PRIMARY KEY (id),\n" +
+				"    KEY " + q.quote(idx) + " (expires_at)\n" +
+				") ENGINE = InnoDB",
+		}
+	default:
+		return []string{
+			`CREATE TABLE IF NOT EXISTS ` + q.table + ` (
+    id         BLOB    NOT NULL PRIMARY KEY,
+    state      INTEGER NOT NULL,
+    token      INTEGER,
+    expires_at INTEGER NOT NULL,
+    data       BLOB
+) WITHOUT ROWID`,
+			`CREATE INDEX IF NOT EXISTS ` + q.quote(idx) + ` ON ` + q.table + ` (expires_at)`,
+		}
+	}
+}
+
+// idArg is the query argument for a record id: a uuid literal on
+// PostgreSQL (valid in every pgx query mode), the 16 bytes elsewhere.
+func (q *queries) idArg(id recordID) any {
+	if q.d == Postgres {
+		return id.uuid()
+	}
+	return id[:]
+}
+
+// idKey is what selectRows returns in its id column for id, as a string.
+func (q *queries) idKey(id recordID) string {
+	if q.d == Postgres {
+		return id.uuid()
+	}
+	return string(id[:])
+}
+
+// timeArg is the query argument for an instant: a timestamptz on
+// PostgreSQL, unix microseconds elsewhere (time zone free).
+func (q *queries) timeArg(t time.Time) any {
+	if q.d == Postgres {
+		return t.UTC()
+	}
+	return t.UnixMicro()
+}
+
+// recordID is the 128-bit digest of (scope, key) that keys the table.
+type recordID [16]byte
+
+func (id recordID) uuid() string {
+	var b [36]byte
+	hex.Encode(b[0:8], id[0:4])
+	b[8] = '-'
+	hex.Encode(b[9:13], id[4:6])
+	b[13] = '-'
+	hex.Encode(b[14:18], id[6:8])
+	b[18] = '-'
+	hex.Encode(b[19:23], id[8:10])
+	b[23] = '-'
+	hex.Encode(b[24:], id[10:])
+	return string(b[:])
+}
+
+// isRetryable reports a transient conflict that a fresh attempt of the
+// whole operation resolves: a serialization failure or deadlock, a lock
+// wait timeout, a busy SQLite database, or errRetry.
+func isRetryable(err error) bool {
+	if err == nil {
+		return false
+	}
+	if errors.Is(err, errRetry) {
+		return true
+	}
+	var pg interface{ SQLState() string }
+	if errors.As(err, &pg) {
+		switch pg.SQLState() {
+		case "40001", "40P01": // serialization_failure, deadlock_detected
+			return true
+		}
+		return false
+	}
+	var my *mysql.MySQLError
+	if errors.As(err, &my) {
+		switch my.Number {
+		case 1213, 1205, 1020: // deadlock, lock wait timeout, record changed (MariaDB snapshot isolation)
+			return true
+		}
+		return false
+	}
+	var lite interface{ Code() int }
+	if errors.As(err, &lite) {
+		switch lite.Code() & 0xff {
+		case 5, 6: // SQLITE_BUSY, SQLITE_LOCKED
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,139 @@
+package sqlstore_test
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	_ "github.com/go-sql-driver/mysql"
+	_ "github.com/jackc/pgx/v5/stdlib"
+	_ "modernc.org/sqlite"
+
+	"github.com/watermill-dedup/dedup/internal/testenv"
+	"github.com/watermill-dedup/dedup/stores/sqlstore"
+	"github.com/watermill-dedup/dedup/stores/storetest"
+)
+
+// backend is one database the tests run against.
+type backend struct {
+	dialect sqlstore.Dialect
+	// open returns a database for t: shared by the package's tests for
+	// the servers (few connections on a shared server), a fresh file in
+	// t.TempDir() for SQLite.
+	open func(t testing.TB) *sql.DB
+}
+
+var backends = []backend{
+	{sqlstore.Postgres, openPostgres},
+	{sqlstore.MySQL, openMySQL},
+	{sqlstore.SQLite, openSQLite},
+}
+
+// serverBackends are the backends behind a network connection.
+var serverBackends = backends[:2]
+
+var (
+	sharedMu  sync.Mutex
+	sharedDBs = map[string]*sql.DB{}
+)
+
+func sharedDB(t testing.TB, driver, dsn string) *sql.DB {
+	t.Helper()
+	sharedMu.Lock()
+	defer sharedMu.Unlock()
+	if db, ok := sharedDBs[dsn]; ok {
+		return db
+	}
+	db, err := sql.Open(driver, dsn)
+	if err != nil {
+		t.Fatalf("open %s: %v", driver, err)
+	}
+	// The servers are shared with other developers' tests: stay well
+	// below max_connections.
+	db.SetMaxOpenConns(24)
+	db.SetMaxIdleConns(24)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := db.PingContext(ctx); err != nil {
+		testenv.Unavailable(t, driver, dsn, err)
+	}
+	sharedDBs[dsn] = db
+	return db
+}
+
+func openPostgres(t testing.TB) *sql.DB {
+	t.Helper()
+	return sharedDB(t, "pgx", testenv.RequirePostgres(t))
+}
+
+func openMySQL(t testing.TB) *sql.DB {
+	t.Helper()
+	return sharedDB(t, "mysql", testenv.RequireMySQL(t))
+}
+
+func openSQLite(t testing.TB) *sql.DB {
+	t.Helper()
+	db, err := sql.Open("sqlite", sqlstore.SQLiteDSN(filepath.Join(t.TempDir(), "dedup.db")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	return db
+}
+
+// newStore creates a store over db on a table of its own, which
+// t.Cleanup drops.
+func newStore(t testing.TB, db *sql.DB, d sqlstore.Dialect, cfg sqlstore.Config) *sqlstore.Store {
+	t.Helper()
+	cfg.Dialect = d
+	if cfg.Table == "" {
+		cfg.Table = "dedup_test_" + storetest.NewID()
+	}
+	s, err := sqlstore.New(db, cfg)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	ctx := context.Background()
+	if err := s.CreateSchema(ctx); err != nil {
+		t.Fatalf("CreateSchema: %v", err)
+	}
+	t.Cleanup(func() {
+		_ = s.Close(ctx)
+		dropTable(t, db, d, cfg.Table)
+	})
+	return s
+}
+
+func dropTable(t testing.TB, db *sql.DB, d sqlstore.Dialect, table string) {
+	t.Helper()
+	q := `"` + table + `"`
+	if d == sqlstore.MySQL {
+		q = "`" + table + "`"
+	}
+	if _, err := db.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+q); err != nil {
+		t.Errorf("dropping %s: %v", table, err)
+	}
+}
+
+func countRows(t testing.TB, db *sql.DB, d sqlstore.Dialect, table string) int {
+	t.Helper()
+	var n int
+	q := fmt.Sprintf(`SELECT COUNT(*) FROM "%s"`, table)
+	if d == sqlstore.MySQL {
+		q = fmt.Sprintf("SELECT COUNT(*) FROM `%s`", table)
+	}
+	if err := db.QueryRowContext(context.Background(), q).Scan(&n); err != nil {
+		t.Fatalf("count %s: %v", table, err)
+	}
+	return n
+}
+
+func forEachBackend(t *testing.T, bs []backend, fn func(t *testing.T, b backend)) {
+	for _, b := range bs {
+		t.Run(string(b.dialect), func(t *testing.T) { fn(t, b) })
+	}
+}

@@ -1,0 +1,289 @@
+package sqlstore
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
+
+	"github.com/watermill-dedup/dedup/stores"
+)
+
+type txKey struct{}
+
+// TxFromContext returns the transaction of the inbox record, for the
+// handler to write its business rows in: they commit or roll back with the
+// record. It is set on the context given by [stores.InboxTx.Context] (the
+// middleware hands it to the handler as the message's context), or by
+// [WithTx].
+func TxFromContext(ctx context.Context) (*sql.Tx, bool) {
+	tx, ok := ctx.Value(txKey{}).(*sql.Tx)
+	return tx, ok && tx != nil
+}
+
+// WithTx returns ctx carrying tx, for Begin to join: Begin then works inside
+// tx with a SAVEPOINT instead of opening a transaction, and the caller
+// commits tx. tx must be on the database that holds the table.
+func WithTx(ctx context.Context, tx *sql.Tx) context.Context {
+	return context.WithValue(ctx, txKey{}, tx)
+}
+
+// outerTx is the transaction Begin must join, if any: one given with
+// WithTx (or by an enclosing inbox transaction), else a watermill-sql
+// subscriber's.
+func (s *Store) outerTx(ctx context.Context) (*sql.Tx, bool) {
+	if tx, ok := TxFromContext(ctx); ok {
+		return tx, true
+	}
+	if s.cfg.IgnoreWatermillTx {
+		return nil, false
+	}
+	tx, ok := wsql.TxFromContext(ctx)
+	return tx, ok && tx != nil
+}
+
+// Begin implements [stores.Inbox].
+//
+// Without a transaction in ctx it opens one (READ COMMITTED; on SQLite the
+// INSERT takes the database's write lock) that outlives ctx: it ends with
+// Commit or Rollback, which the caller must call. It inserts a done record
+// for every key (INSERT ... ON CONFLICT DO NOTHING): an uncommitted record
+// of a concurrent Begin makes it wait for that transaction, so concurrent
+// duplicates serialise on the primary key. Existing records are locked and
+// read: a live done one makes the result Duplicate (everything is rolled
+// back), an expired one is replaced, a live processing one (a lease-mode
+// claim sharing the table) fails with [ErrInProgress].
+//
+// When ctx carries a transaction (watermill-sql's subscriber transaction,
+// or one given with WithTx) Begin works inside it under a SAVEPOINT:
+// Commit releases it, Rollback and a Duplicate roll back to it. Each
+// attempt of a message gets its own savepoint, which matters with
+// watermill-sql, whose subscriber redelivers a nacked message inside the
+// same transaction without rolling it back: the failed attempt's writes
+// are undone by the rollback to its savepoint.
+func (s *Store) Begin(ctx context.Context, scope string, keys []string, retention time.Duration) (stores.InboxTx, error) {
+	if s.closed.Load() {
+		return nil, fmt.Errorf("sqlstore: Begin: %w", stores.ErrClosed)
+	}
+	if err := checkKeys(keys); err != nil {
+		return nil, err
+	}
+	if retention <= 0 {
+		return nil, fmt.Errorf("%w: retention must be positive, got %s", stores.ErrInvalidArgument, retention)
+	}
+	ks := newKeySet(scope, keys)
+	if tx, ok := s.outerTx(ctx); ok {
+		itx, err := s.beginSavepoint(ctx, tx, ks, retention)
+		if err != nil {
+			return nil, fmt.Errorf("sqlstore: begin in scope %q: %w", scope, err)
+		}
+		return itx, nil
+	}
+	var itx *inboxTx
+	err := s.retry(ctx, func() error {
+		// The transaction must outlive ctx, which the caller may cancel
+		// as soon as Begin returns (a per-call timeout): database/sql rolls
+		// a transaction back when its BeginTx context ends.
+		tx, err := s.db.BeginTx(context.WithoutCancel(ctx), s.txOpts)
+		if err != nil {
+			return err
+		}
+		res, data, err := s.insertDone(ctx, tx, ks, retention)
+		if err != nil || res == stores.Duplicate {
+			_ = tx.Rollback()
+			if err != nil {
+				return err
+			}
+			itx = &inboxTx{result: stores.Duplicate, data: data}
+			return nil
+		}
+		itx = &inboxTx{s: s, tx: tx, ks: ks, result: stores.Claimed}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("sqlstore: begin in scope %q: %w", scope, err)
+	}
+	return itx, nil
+}
+
+// maxSavepointAttempts bounds the retries inside an outer transaction,
+// which can only retry what errRetry reports: a deadlock or serialization
+// failure leaves the outer transaction unusable (MySQL rolls all of it
+// back), so it is returned for the caller to nack.
+const maxSavepointAttempts = 3
+
+func (s *Store) beginSavepoint(ctx context.Context, tx *sql.Tx, ks keySet, retention time.Duration) (*inboxTx, error) {
+	sp := fmt.Sprintf("sqlstore_%d", s.savepoints.Add(1))
+	if _, err := tx.ExecContext(ctx, "SAVEPOINT "+sp); err != nil {
+		return nil, err
+	}
+	for attempt := 1; ; attempt++ {
+		res, data, err := s.insertDone(ctx, tx, ks, retention)
+		if err == nil && res == stores.Claimed {
+			return &inboxTx{s: s, tx: tx, ks: ks, savepoint: sp, result: stores.Claimed}, nil
+		}
+		if rerr := rollbackTo(ctx, tx, sp, err == nil || (errors.Is(err, errRetry) && attempt < maxSavepointAttempts)); rerr != nil {
+			return nil, errors.Join(err, rerr)
+		}
+		if err == nil {
+			return &inboxTx{result: stores.Duplicate, data: data}, nil
+		}
+		if !errors.Is(err, errRetry) || attempt == maxSavepointAttempts {
+			return nil, err
+		}
+	}
+}
+
+// rollbackTo undoes everything since savepoint sp, and releases it unless
+// keep (to try again under it).
+func rollbackTo(ctx context.Context, tx *sql.Tx, sp string, keep bool) error {
+	if _, err := tx.ExecContext(context.WithoutCancel(ctx), "ROLLBACK TO SAVEPOINT "+sp); err != nil {
+		return fmt.Errorf("rolling back to savepoint %s: %w", sp, err)
+	}
+	if keep {
+		return nil
+	}
+	if _, err := tx.ExecContext(context.WithoutCancel(ctx), "RELEASE SAVEPOINT "+sp); err != nil {
+		return fmt.Errorf("releasing savepoint %s: %w", sp, err)
+	}
+	return nil
+}
+
+// insertDone inserts done records for ks in tx and reports Claimed or
+// Duplicate (with its data); the caller rolls back on Duplicate or error.
+func (s *Store) insertDone(ctx context.Context, tx *sql.Tx, ks keySet, retention time.Duration) (stores.Result, []byte, error) {
+	now := s.now()
+	exp := s.q.timeArg(now.Add(retention))
+	var rest []recordID
+	for _, id := range ks.ids {
+		res, err := tx.ExecContext(ctx, s.q.insertDone, s.q.idArg(id), exp)
+		if err != nil {
+			return 0, nil, err
+		}
+		if n, err := res.RowsAffected(); err != nil {
+			return 0, nil, err
+		} else if n == 0 {
+			rest = append(rest, id)
+		}
+	}
+	if len(rest) == 0 {
+		return stores.Claimed, nil, nil
+	}
+	recs, err := s.fetch(ctx, tx, rest, now, true)
+	if err != nil {
+		return 0, nil, err
+	}
+	if len(recs) != len(rest) {
+		return 0, nil, errRetry
+	}
+	var c stores.Claim
+	if s.decide(&c, ks, recs) {
+		if c.Result == stores.InProgress {
+			return 0, nil, ErrInProgress
+		}
+		return stores.Duplicate, c.Data, nil
+	}
+	if _, err := tx.ExecContext(ctx, s.q.replaceDone(len(rest)), s.idArgs([]any{exp}, rest)...); err != nil {
+		return 0, nil, err
+	}
+	return stores.Claimed, nil, nil
+}
+
+// inboxTx is one message's inbox transaction.
+type inboxTx struct {
+	s         *Store
+	tx        *sql.Tx
+	ks        keySet
+	savepoint string // "" when the store owns tx
+	result    stores.Result
+	data      []byte
+
+	mu       sync.Mutex
+	finished bool
+}
+
+var _ stores.InboxTx = (*inboxTx)(nil)
+
+// Result implements [stores.InboxTx].
+func (t *inboxTx) Result() stores.Result { return t.result }
+
+// Data implements [stores.InboxTx].
+func (t *inboxTx) Data() []byte { return t.data }
+
+// Context implements [stores.InboxTx]: the returned context carries the
+// transaction for [TxFromContext]. A Duplicate has none: parent is
+// returned.
+func (t *inboxTx) Context(parent context.Context) context.Context {
+	if t.result != stores.Claimed {
+		return parent
+	}
+	return WithTx(parent, t.tx)
+}
+
+// Commit implements [stores.InboxTx]. It stores data on every record (one
+// UPDATE, skipped when data is empty), then commits the transaction, or
+// releases the savepoint (the outer transaction's owner commits it). A
+// second Commit, or one after Rollback, fails with sql.ErrTxDone.
+func (t *inboxTx) Commit(ctx context.Context, data []byte) error {
+	if t.result != stores.Claimed {
+		return nil
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.finished {
+		return fmt.Errorf("sqlstore: commit: %w", sql.ErrTxDone)
+	}
+	t.finished = true
+	if len(data) > 0 {
+		q := t.s.q
+		if _, err := t.tx.ExecContext(ctx, q.setData(len(t.ks.ids)), t.s.idArgs([]any{data}, t.ks.ids)...); err != nil {
+			return errors.Join(fmt.Errorf("sqlstore: commit: storing data: %w", err), t.abort(ctx))
+		}
+	}
+	if t.savepoint != "" {
+		if _, err := t.tx.ExecContext(ctx, "RELEASE SAVEPOINT "+t.savepoint); err != nil {
+			return errors.Join(fmt.Errorf("sqlstore: commit: releasing savepoint: %w", err), t.abort(ctx))
+		}
+		return nil
+	}
+	if err := t.tx.Commit(); err != nil {
+		// The outcome is unknown when the connection broke during COMMIT:
+		// a redelivery finds the record (Duplicate) or not (runs again).
+		return fmt.Errorf("sqlstore: commit: %w", err)
+	}
+	return nil
+}
+
+// Rollback implements [stores.InboxTx]. It undoes the records and the
+// handler's writes: it rolls the transaction back, or rolls back to the
+// savepoint (leaving the outer transaction usable). It is a no-op after
+// Commit or Rollback.
+func (t *inboxTx) Rollback(ctx context.Context) error {
+	if t.result != stores.Claimed {
+		return nil
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.finished {
+		return nil
+	}
+	t.finished = true
+	if err := t.abort(ctx); err != nil {
+		return fmt.Errorf("sqlstore: rollback: %w", err)
+	}
+	return nil
+}
+
+func (t *inboxTx) abort(ctx context.Context) error {
+	if t.savepoint != "" {
+		return rollbackTo(ctx, t.tx, t.savepoint, false)
+	}
+	if err := t.tx.Rollback(); err != nil && !errors.Is(err, sql.ErrTxDone) {
+		return err
+	}
+	return nil
+}

@@ -1,0 +1,695 @@
+// Package sqlstore keeps dedup records in a SQL table, over database/sql,
+// on PostgreSQL, MySQL/MariaDB or SQLite.
+//
+// It offers both modes of DESIGN.md:
+//
+//   - lease mode ([stores.Store]): Claim inserts a processing record,
+//     Complete turns it into a done record. Records survive restarts and are
+//     shared by every process using the table.
+//   - transactional inbox mode ([stores.Inbox]): Begin inserts a done record
+//     inside a transaction that the handler's own writes join (through
+//     [TxFromContext]); commit writes effect and record together, rollback
+//     neither. Inside a watermill-sql subscriber's transaction it uses a
+//     SAVEPOINT, so offset ack, dedup record and business write commit
+//     together.
+//
+// # Schema
+//
+// One table, keyed by a 128-bit digest of (scope, key) ([RecordID]), with
+// state, fencing token, one expiry column (lease end while processing,
+// retention end once done) and the opaque data. The exact DDL per dialect
+// is in README.md; [Store.CreateSchema] runs it. A PostgreSQL done record
+// without data takes about 90 bytes including its primary-key index.
+//
+// # Time
+//
+// Leases and expiry are computed in Go with Config.Clock and passed to the
+// database as parameters; the database clock is never read. Consumers
+// sharing a table must keep their clocks roughly in sync (NTP): a consumer
+// whose clock runs ahead by d sees other consumers' leases expire d early,
+// so clock skew eats into the lease.
+//
+// # Retention
+//
+// Expired records are never treated as live, whether or not they have been
+// deleted. [Store.Purge] deletes them in bounded batches; set
+// Config.PurgeInterval to run it in the background.
+package sqlstore
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"database/sql"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	mrand "math/rand/v2"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+
+	"github.com/watermill-dedup/dedup/stores"
+)
+
+// ErrInvalidTable is returned by Config.Validate and New for a table name
+// that is not a plain identifier. No SQL is ever built from such a name.
+var ErrInvalidTable = errors.New("sqlstore: invalid table name")
+
+// ErrInProgress is returned by Begin when a key is held by a lease-mode
+// claim (a processing record) of another consumer sharing the table: the
+// message must not be acked; retry it later. It only happens when lease
+// and transactional consumers share a scope.
+var ErrInProgress = errors.New("sqlstore: key is being processed by a lease-mode claim")
+
+// errRetry makes an operation start again: a record it saw vanished
+// between two statements.
+var errRetry = errors.New("sqlstore: record changed concurrently")
+
+// errRollback rolls a transaction back without failing the operation.
+var errRollback = errors.New("sqlstore: roll back")
+
+// Default values of Config fields.
+const (
+	DefaultTable      = "dedup_inbox"
+	DefaultPurgeBatch = 1000
+	DefaultPurgeGrace = 15 * time.Minute
+
+	// MaxPurgeBatch bounds Config.PurgeBatch.
+	MaxPurgeBatch = 100_000
+)
+
+// maxAttempts bounds the retries of an operation that hit a transient
+// conflict (deadlock, serialization failure, busy SQLite).
+const maxAttempts = 10
+
+// Config configures a Store. The zero value is ready to use with a
+// database whose driver DetectDialect recognises.
+type Config struct {
+	// Dialect is the database's SQL flavour. The default is detected from
+	// the *sql.DB's driver (see DetectDialect).
+	Dialect Dialect
+
+	// Table is the table name, "table" or "schema.table" (not on SQLite):
+	// lowercase ASCII letters, digits and underscores, at most 48 bytes for
+	// the table part. Anything else fails with ErrInvalidTable before any
+	// SQL runs. The default is "dedup_inbox".
+	Table string
+
+	// Clock tells the time; nil means the system clock. Tests inject a fake.
+	Clock stores.Clock
+
+	// PurgeInterval is how often New's background job deletes expired
+	// records. Zero (the default) starts no job: call Purge yourself (from
+	// a cron job, say) or the table grows without bound. Several processes
+	// may purge the same table at once.
+	PurgeInterval time.Duration
+
+	// PurgeBatch is the most records one purge statement deletes; Purge
+	// runs statements until a batch comes back short. The default is 1000;
+	// it must be at most MaxPurgeBatch.
+	PurgeBatch int
+
+	// PurgeGrace is how long a processing record whose lease ran out (an
+	// abandoned claim) is kept before the purge deletes it, so a late
+	// takeover is still reported as one (stores.Claim.Takeover). It should
+	// exceed your longest lease. Done records are deleted as soon as their
+	// retention ends. The default is 15 minutes.
+	PurgeGrace time.Duration
+
+	// IgnoreWatermillTx makes Begin open its own transaction even when ctx
+	// carries a watermill-sql subscriber's transaction. By default Begin
+	// joins that transaction with a SAVEPOINT; the subscriber's database
+	// must then be the one holding the table. A transaction given with
+	// WithTx is always joined.
+	IgnoreWatermillTx bool
+
+	// Logger receives purge failures. nil means watermill.NopLogger.
+	Logger watermill.LoggerAdapter
+}
+
+// Validate reports the first invalid field.
+func (c Config) Validate() error {
+	switch c.Dialect {
+	case "", Postgres, MySQL, SQLite:
+	default:
+		return fmt.Errorf("sqlstore: Dialect must be %q, %q or %q, got %q", Postgres, MySQL, SQLite, c.Dialect)
+	}
+	if c.Table != "" {
+		if err := checkTable(c.Table, c.Dialect); err != nil {
+			return err
+		}
+	}
+	if c.PurgeInterval < 0 {
+		return fmt.Errorf("sqlstore: PurgeInterval must not be negative, got %s", c.PurgeInterval)
+	}
+	if c.PurgeBatch < 0 || c.PurgeBatch > MaxPurgeBatch {
+		return fmt.Errorf("sqlstore: PurgeBatch must be between 1 and %d (0 for the default), got %d", MaxPurgeBatch, c.PurgeBatch)
+	}
+	if c.PurgeGrace < 0 {
+		return fmt.Errorf("sqlstore: PurgeGrace must not be negative, got %s", c.PurgeGrace)
+	}
+	return nil
+}
+
+func (c *Config) setDefaults() {
+	if c.Table == "" {
+		c.Table = DefaultTable
+	}
+	if c.PurgeBatch == 0 {
+		c.PurgeBatch = DefaultPurgeBatch
+	}
+	if c.PurgeGrace == 0 {
+		c.PurgeGrace = DefaultPurgeGrace
+	}
+	c.Clock = stores.ClockOrSystem(c.Clock)
+	if c.Logger == nil {
+		c.Logger = watermill.NopLogger{}
+	}
+}
+
+// Store is the SQL store. Create it with New. It is safe for concurrent
+// use, and any number of processes may share its table.
+type Store struct {
+	db     *sql.DB
+	cfg    Config
+	q      *queries
+	txOpts *sql.TxOptions
+
+	closed    atomic.Bool
+	closeOnce sync.Once
+	cancel    context.CancelFunc
+	done      chan struct{}
+
+	savepoints atomic.Uint64
+
+	// onPurgeBatch, when set (by tests), sees the size of every batch.
+	onPurgeBatch func(n int64)
+}
+
+var (
+	_ stores.Store = (*Store)(nil)
+	_ stores.Inbox = (*Store)(nil)
+)
+
+// New returns a Store over db, which it uses but never closes. It does no
+// I/O: create the table with CreateSchema or the DDL in README.md. When
+// cfg.PurgeInterval is positive it starts the purge job; Close stops it.
+func New(db *sql.DB, cfg Config) (*Store, error) {
+	if db == nil {
+		return nil, errors.New("sqlstore: db is nil")
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Dialect == "" {
+		d, err := DetectDialect(db)
+		if err != nil {
+			return nil, err
+		}
+		cfg.Dialect = d
+		if cfg.Table != "" {
+			if err := checkTable(cfg.Table, d); err != nil {
+				return nil, err
+			}
+		}
+	}
+	cfg.setDefaults()
+	s := &Store{
+		db:   db,
+		cfg:  cfg,
+		q:    newQueries(cfg.Dialect, cfg.Table),
+		done: make(chan struct{}),
+	}
+	if cfg.Dialect != SQLite {
+		// READ COMMITTED: locking reads see the latest committed row, and
+		// MySQL takes no gap locks (fewer deadlocks between claims).
+		s.txOpts = &sql.TxOptions{Isolation: sql.LevelReadCommitted}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s.cancel = cancel
+	if cfg.PurgeInterval > 0 {
+		go s.purgeLoop(ctx)
+	} else {
+		close(s.done)
+	}
+	return s, nil
+}
+
+// Dialect returns the store's dialect.
+func (s *Store) Dialect() Dialect { return s.cfg.Dialect }
+
+// Table returns the store's table name.
+func (s *Store) Table() string { return s.cfg.Table }
+
+// SchemaStatements returns the DDL that CreateSchema runs, one statement
+// per element, for DBAs who apply it themselves.
+func (s *Store) SchemaStatements() []string { return s.q.schemaStatements() }
+
+// CreateSchema creates the table and its index if they do not exist. It is
+// idempotent and safe to run at every start; it needs CREATE privileges,
+// which the store does not need otherwise.
+func (s *Store) CreateSchema(ctx context.Context) error {
+	if s.closed.Load() {
+		return fmt.Errorf("sqlstore: CreateSchema: %w", stores.ErrClosed)
+	}
+	for _, stmt := range s.q.schemaStatements() {
+		if _, err := s.db.ExecContext(ctx, stmt); err != nil {
+			return fmt.Errorf("sqlstore: creating schema for table %s: %w", s.cfg.Table, err)
+		}
+	}
+	return nil
+}
+
+// RecordID returns the primary key of (scope, key): the first 16 bytes of
+// SHA-256 over a length-prefixed encoding of both, so no two pairs share an
+// encoding. On PostgreSQL the id column shows it as a uuid. Use it to find
+// a key's record by hand.
+//
+// A 128-bit digest keeps rows small and index entries fixed-size whatever
+// the key length. Two distinct pairs collide with probability about
+// n²/2^129 for n live records (below 10^-14 for a trillion records); a
+// collision would make one key a false duplicate of the other.
+func RecordID(scope, key string) [16]byte {
+	return digest(scope, key)
+}
+
+func digest(scope, key string) recordID {
+	h := sha256.New()
+	var n [binary.MaxVarintLen64]byte
+	h.Write([]byte("watermill-dedup/sqlstore/v1\x00"))
+	h.Write(n[:binary.PutUvarint(n[:], uint64(len(scope)))])
+	h.Write([]byte(scope))
+	h.Write([]byte(key))
+	var id recordID
+	copy(id[:], h.Sum(nil))
+	return id
+}
+
+// keySet is the keys of one operation as record ids: ids is sorted and
+// without repeats (lock order, so concurrent multi-key operations cannot
+// deadlock), order maps each key, in the caller's order, to its id.
+type keySet struct {
+	ids   []recordID
+	order []recordID
+}
+
+func newKeySet(scope string, keys []string) keySet {
+	ks := keySet{order: make([]recordID, len(keys))}
+	for i, k := range keys {
+		ks.order[i] = digest(scope, k)
+	}
+	ks.ids = slices.Clone(ks.order)
+	slices.SortFunc(ks.ids, func(a, b recordID) int { return bytesCompare(a[:], b[:]) })
+	ks.ids = slices.Compact(ks.ids)
+	return ks
+}
+
+func bytesCompare(a, b []byte) int {
+	for i := range a {
+		if a[i] != b[i] {
+			if a[i] < b[i] {
+				return -1
+			}
+			return 1
+		}
+	}
+	return 0
+}
+
+func (s *Store) idArgs(prefix []any, ids []recordID) []any {
+	args := make([]any, 0, len(prefix)+len(ids))
+	args = append(args, prefix...)
+	for _, id := range ids {
+		args = append(args, s.q.idArg(id))
+	}
+	return args
+}
+
+// now is the clock's time at the database's (microsecond) precision.
+func (s *Store) now() time.Time { return s.cfg.Clock.Now().Truncate(time.Microsecond) }
+
+// newToken returns a random positive 63-bit fencing token.
+func newToken() int64 {
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(err) // crypto/rand never fails on supported platforms
+	}
+	t := int64(binary.LittleEndian.Uint64(b[:]) >> 1)
+	if t == 0 {
+		t = 1
+	}
+	return t
+}
+
+type querier interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+}
+
+// record is one row as selectRows reads it.
+type record struct {
+	state int
+	live  bool
+	data  []byte
+}
+
+// fetch reads the records of ids, keyed by idKey.
+func (s *Store) fetch(ctx context.Context, db querier, ids []recordID, now time.Time, lock bool) (map[string]record, error) {
+	rows, err := db.QueryContext(ctx, s.q.selectRows(len(ids), lock), s.idArgs([]any{s.q.timeArg(now)}, ids)...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := make(map[string]record, len(ids))
+	for rows.Next() {
+		var (
+			id   []byte
+			r    record
+			live int
+		)
+		if err := rows.Scan(&id, &r.state, &live, &r.data); err != nil {
+			return nil, err
+		}
+		r.live = live == 1
+		out[string(id)] = r
+	}
+	return out, rows.Err()
+}
+
+// decide applies the state machine to the records of the keys that are
+// not ours: a live done record makes a Duplicate (with the data of the
+// first such key in the caller's order), else a live processing record
+// makes InProgress. It reports whether one of them applied.
+func (s *Store) decide(c *stores.Claim, ks keySet, recs map[string]record) bool {
+	for _, id := range ks.order {
+		if r, ok := recs[s.q.idKey(id)]; ok && r.live && r.state == stateDone {
+			c.Result, c.Data = stores.Duplicate, r.data
+			return true
+		}
+	}
+	for _, id := range ks.order {
+		if r, ok := recs[s.q.idKey(id)]; ok && r.live {
+			c.Result = stores.InProgress
+			return true
+		}
+	}
+	return false
+}
+
+// inTx runs fn in a short transaction of the store's own: commit when fn
+// returns nil, rollback otherwise (errRollback: rollback, no error).
+func (s *Store) inTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
+	tx, err := s.db.BeginTx(ctx, s.txOpts)
+	if err != nil {
+		return err
+	}
+	if err := fn(tx); err != nil {
+		_ = tx.Rollback()
+		if errors.Is(err, errRollback) {
+			return nil
+		}
+		return err
+	}
+	return tx.Commit()
+}
+
+// retry runs op until it succeeds, fails with a non-transient error, or
+// maxAttempts is reached, with jittered exponential backoff.
+func (s *Store) retry(ctx context.Context, op func() error) error {
+	for attempt := 1; ; attempt++ {
+		err := op()
+		if err == nil || !isRetryable(err) || attempt == maxAttempts {
+			return err
+		}
+		d := time.Duration(1<<min(attempt, 6)) * time.Millisecond
+		d = d/2 + mrand.N(d)
+		t := time.NewTimer(d)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return errors.Join(err, ctx.Err())
+		case <-t.C:
+		}
+	}
+}
+
+func checkKeys(keys []string) error {
+	if len(keys) == 0 {
+		return fmt.Errorf("%w: no keys", stores.ErrInvalidKey)
+	}
+	for i, k := range keys {
+		if k == "" {
+			return fmt.Errorf("%w: key %d is empty", stores.ErrInvalidKey, i)
+		}
+	}
+	return nil
+}
+
+// Claim implements [stores.Store].
+//
+// A single key takes one INSERT ... ON CONFLICT DO NOTHING (INSERT ... ON
+// DUPLICATE KEY UPDATE id = id on MySQL) in the common case, and a SELECT
+// more for a duplicate. Taking over an expired record, and every multi-key
+// claim, run in a short transaction: insert the missing records, lock the
+// existing ones (SELECT ... FOR UPDATE), decide, update the expired ones,
+// commit, or roll back when any key is live, so the claim is
+// all-or-nothing.
+func (s *Store) Claim(ctx context.Context, scope string, keys []string, lease time.Duration) (*stores.Claim, error) {
+	if s.closed.Load() {
+		return nil, fmt.Errorf("sqlstore: Claim: %w", stores.ErrClosed)
+	}
+	if err := checkKeys(keys); err != nil {
+		return nil, err
+	}
+	if lease <= 0 {
+		return nil, fmt.Errorf("%w: lease must be positive, got %s", stores.ErrInvalidArgument, lease)
+	}
+	ks := newKeySet(scope, keys)
+	token := newToken()
+	c := &stores.Claim{Scope: scope, Keys: keys}
+	err := s.retry(ctx, func() error { return s.claimOnce(ctx, ks, token, lease, c) })
+	if err != nil {
+		return nil, fmt.Errorf("sqlstore: claim in scope %q: %w", scope, err)
+	}
+	if c.Result == stores.Claimed {
+		c.Token = strconv.FormatInt(token, 36)
+	}
+	return c, nil
+}
+
+func (s *Store) claimOnce(ctx context.Context, ks keySet, token int64, lease time.Duration, c *stores.Claim) error {
+	now := s.now()
+	exp := s.q.timeArg(now.Add(lease))
+	c.Result, c.Takeover, c.Data = 0, false, nil
+	if len(ks.ids) == 1 {
+		res, err := s.db.ExecContext(ctx, s.q.insertProcessing, s.q.idArg(ks.ids[0]), token, exp)
+		if err != nil {
+			return err
+		}
+		if n, err := res.RowsAffected(); err != nil {
+			return err
+		} else if n == 1 {
+			c.Result = stores.Claimed
+			return nil
+		}
+		recs, err := s.fetch(ctx, s.db, ks.ids, now, false)
+		if err != nil {
+			return err
+		}
+		if s.decide(c, ks, recs) {
+			return nil
+		}
+		// Expired (or gone since the INSERT): take over under a lock.
+	}
+	return s.inTx(ctx, func(tx *sql.Tx) error {
+		var rest []recordID
+		for _, id := range ks.ids {
+			res, err := tx.ExecContext(ctx, s.q.insertProcessing, s.q.idArg(id), token, exp)
+			if err != nil {
+				return err
+			}
+			if n, err := res.RowsAffected(); err != nil {
+				return err
+			} else if n == 0 {
+				rest = append(rest, id)
+			}
+		}
+		if len(rest) == 0 {
+			c.Result = stores.Claimed
+			return nil
+		}
+		recs, err := s.fetch(ctx, tx, rest, now, true)
+		if err != nil {
+			return err
+		}
+		if len(recs) != len(rest) {
+			return errRetry // deleted between our INSERT and SELECT
+		}
+		if s.decide(c, ks, recs) {
+			return errRollback // undo the records we inserted
+		}
+		for _, r := range recs {
+			if r.state == stateProcessing {
+				c.Takeover = true
+			}
+		}
+		if _, err := tx.ExecContext(ctx, s.q.takeover(len(rest)), s.idArgs([]any{token, exp}, rest)...); err != nil {
+			return err
+		}
+		c.Result = stores.Claimed
+		return nil
+	})
+}
+
+// claimArgs checks a claim handed to Complete, Release or Extend.
+func (s *Store) claimArgs(c *stores.Claim) (keySet, int64, error) {
+	if s.closed.Load() {
+		return keySet{}, 0, stores.ErrClosed
+	}
+	if c == nil || c.Result != stores.Claimed || c.Token == "" || len(c.Keys) == 0 {
+		return keySet{}, 0, fmt.Errorf("%w: not a Claimed claim", stores.ErrInvalidArgument)
+	}
+	token, err := strconv.ParseInt(c.Token, 36, 64)
+	if err != nil || token <= 0 {
+		return keySet{}, 0, fmt.Errorf("%w: token %q is not a sqlstore token", stores.ErrInvalidArgument, c.Token)
+	}
+	return newKeySet(c.Scope, c.Keys), token, nil
+}
+
+// fenced runs a token-checked statement over every record of a claim. One
+// key is one autocommit statement; several keys lock and count their
+// records first, in a transaction, so a partly lost claim changes nothing.
+// mayBeNoop marks a statement that can leave a row unchanged (Extend to
+// the same instant), which MySQL reports as 0 rows affected.
+func (s *Store) fenced(ctx context.Context, c *stores.Claim, ks keySet, token int64, stmt string, set []any, mayBeNoop bool) error {
+	args := s.idArgs(append(set, token), ks.ids)
+	lost := fmt.Errorf("%w: scope %q keys %q", stores.ErrLostClaim, c.Scope, c.Keys)
+	return s.retry(ctx, func() error {
+		if len(ks.ids) == 1 {
+			res, err := s.db.ExecContext(ctx, stmt, args...)
+			if err != nil {
+				return err
+			}
+			n, err := res.RowsAffected()
+			if err != nil {
+				return err
+			}
+			if n == 0 && mayBeNoop && s.cfg.Dialect == MySQL {
+				n, err = s.countOwned(ctx, s.db, ks, token, false)
+				if err != nil {
+					return err
+				}
+			}
+			if n != 1 {
+				return lost
+			}
+			return nil
+		}
+		return s.inTx(ctx, func(tx *sql.Tx) error {
+			n, err := s.countOwned(ctx, tx, ks, token, true)
+			if err != nil {
+				return err
+			}
+			if n != int64(len(ks.ids)) {
+				return lost
+			}
+			_, err = tx.ExecContext(ctx, stmt, args...)
+			return err
+		})
+	})
+}
+
+func (s *Store) countOwned(ctx context.Context, db querier, ks keySet, token int64, lock bool) (int64, error) {
+	rows, err := db.QueryContext(ctx, s.q.owned(len(ks.ids), lock), s.idArgs([]any{token}, ks.ids)...)
+	if err != nil {
+		return 0, err
+	}
+	defer rows.Close()
+	var n int64
+	for rows.Next() {
+		n++
+	}
+	return n, rows.Err()
+}
+
+func opError(op string, err error) error {
+	if err == nil || errors.Is(err, stores.ErrLostClaim) || errors.Is(err, stores.ErrInvalidArgument) {
+		return err
+	}
+	return fmt.Errorf("sqlstore: %s: %w", op, err)
+}
+
+// Complete implements [stores.Store].
+func (s *Store) Complete(ctx context.Context, c *stores.Claim, retention time.Duration, data []byte) error {
+	ks, token, err := s.claimArgs(c)
+	if err != nil {
+		return opError("Complete", err)
+	}
+	if retention <= 0 {
+		return fmt.Errorf("%w: retention must be positive, got %s", stores.ErrInvalidArgument, retention)
+	}
+	exp := s.q.timeArg(s.now().Add(retention))
+	return opError("complete", s.fenced(ctx, c, ks, token, s.q.complete(len(ks.ids)), []any{exp, dataArg(data)}, false))
+}
+
+// Release implements [stores.Store].
+func (s *Store) Release(ctx context.Context, c *stores.Claim) error {
+	ks, token, err := s.claimArgs(c)
+	if err != nil {
+		return opError("Release", err)
+	}
+	return opError("release", s.fenced(ctx, c, ks, token, s.q.release(len(ks.ids)), nil, false))
+}
+
+// Extend implements [stores.Store].
+func (s *Store) Extend(ctx context.Context, c *stores.Claim, lease time.Duration) error {
+	ks, token, err := s.claimArgs(c)
+	if err != nil {
+		return opError("Extend", err)
+	}
+	if lease <= 0 {
+		return fmt.Errorf("%w: lease must be positive, got %s", stores.ErrInvalidArgument, lease)
+	}
+	exp := s.q.timeArg(s.now().Add(lease))
+	return opError("extend", s.fenced(ctx, c, ks, token, s.q.extend(len(ks.ids)), []any{exp}, true))
+}
+
+// dataArg stores empty data as NULL.
+func dataArg(data []byte) any {
+	if len(data) == 0 {
+		return nil
+	}
+	return data
+}
+
+// Close stops the purge job and waits for it. The *sql.DB is not closed.
+// Every later call returns [stores.ErrClosed]; transactions already begun
+// can still be committed or rolled back. It is idempotent.
+func (s *Store) Close(ctx context.Context) error {
+	s.closeOnce.Do(func() {
+		s.closed.Store(true)
+		s.cancel()
+	})
+	select {
+	case <-s.done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// SQLiteDSN returns a modernc.org/sqlite data source name for the database
+// file at path with the settings the store needs under concurrency: a busy
+// timeout (writers wait for the database lock instead of failing with
+// SQLITE_BUSY), WAL journaling (readers do not block the writer) and
+// BEGIN IMMEDIATE transactions (a handler that reads before it writes
+// cannot fail to upgrade its lock). synchronous stays FULL: a commit the
+// broker was acked for must survive a power cut.
+func SQLiteDSN(path string) string {
+	return "file:" + path + "?_busy_timeout=10000&_journal_mode=WAL&_txlock=immediate"
+}
