@@ -163,11 +163,16 @@ func (d *dedup) fields(msg *message.Message, scope string, keys []string) waterm
 // after the handler (Complete, Release) detach from the message's
 // cancellation first, so a cancelled message still releases its claim.
 func (d *dedup) storeCtx(parent context.Context, detach bool) (context.Context, context.CancelFunc) {
+	if d.noTimeout {
+		// A non-blocking store needs neither a deadline nor the message's
+		// cancellation; detaching is then just dropping the latter.
+		if detach {
+			return context.Background(), func() {}
+		}
+		return parent, func() {}
+	}
 	if detach {
 		parent = context.WithoutCancel(parent)
-	}
-	if d.noTimeout {
-		return parent, func() {}
 	}
 	return context.WithTimeout(parent, d.cfg.StoreTimeout)
 }
@@ -307,9 +312,11 @@ func (d *dedup) checkTTL(msg *message.Message, scope string, keys []string) {
 // the handler fails or panics.
 func (d *dedup) runClaimed(h message.HandlerFunc, msg *message.Message, c *stores.Claim) (outputs []*message.Message, err error) {
 	parent := msg.Context()
-	ctx, cancel := context.WithCancelCause(context.WithValue(parent, claimCtxKey{}, c))
-	msg.SetContext(ctx)
-	hb := &beat{c: c, parent: parent, cancel: cancel}
+	ctx, cancel := context.WithCancelCause(parent)
+	// The beat is also the handler's context: one allocation carries the
+	// claim (Value) and the heartbeat state.
+	hb := &beat{Context: ctx, c: c, parent: parent, cancel: cancel}
+	msg.SetContext(hb)
 	d.beats.add(hb)
 
 	finished := false

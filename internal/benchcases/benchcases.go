@@ -1,0 +1,78 @@
+// Package benchcases holds the benchmark cases shared by the middleware's
+// go test benchmarks and the ./bench harness, so both measure the same
+// thing.
+package benchcases
+
+import (
+	"context"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	wmw "github.com/ThreeDotsLabs/watermill/message/router/middleware"
+
+	"github.com/watermill-dedup/dedup/middleware"
+	"github.com/watermill-dedup/dedup/stores/memstore"
+)
+
+// MiddlewareCase is one way of running a handler.
+type MiddlewareCase struct {
+	Name string
+	// New wraps a no-op handler; the returned function releases what New
+	// started.
+	New func() (message.HandlerFunc, func(), error)
+}
+
+func nop(*message.Message) ([]*message.Message, error) { return nil, nil }
+
+// MiddlewareCases compares a bare handler, this middleware on memstore and
+// Watermill's built-in Deduplicator, all on the message-id key.
+func MiddlewareCases() []MiddlewareCase {
+	return []MiddlewareCase{
+		{"bare", func() (message.HandlerFunc, func(), error) { return nop, func() {}, nil }},
+		{"dedup-memstore", func() (message.HandlerFunc, func(), error) {
+			s, err := memstore.New(memstore.Config{})
+			if err != nil {
+				return nil, nil, err
+			}
+			mw, err := middleware.New(middleware.Config{Store: s, Scope: "bench", Retention: time.Hour})
+			if err != nil {
+				return nil, nil, err
+			}
+			return mw(nop), func() { _ = s.Close(context.Background()) }, nil
+		}},
+		{"watermill-deduplicator", func() (message.HandlerFunc, func(), error) {
+			// Its cleanup goroutine cannot be stopped (it runs on
+			// context.Background()); nothing to release.
+			d := &wmw.Deduplicator{KeyFactory: func(m *message.Message) (string, error) { return m.UUID, nil }}
+			return d.Middleware(nop), func() {}, nil
+		}},
+	}
+}
+
+// Messages returns n messages with distinct UUID-shaped ids.
+func Messages(n int) []*message.Message {
+	msgs := make([]*message.Message, n)
+	for i := range msgs {
+		msgs[i] = message.NewMessage("b0e6c1e4-5f2a-4c0d-9a51-"+strconv.Itoa(100000000000+i), nil)
+	}
+	return msgs
+}
+
+// RunMiddleware runs c for b.N new messages.
+func RunMiddleware(b *testing.B, c MiddlewareCase) {
+	h, release, err := c.New()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer release()
+	msgs := Messages(b.N)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range b.N {
+		if _, err := h(msgs[i]); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
