@@ -1,0 +1,156 @@
+package middleware
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+
+	"github.com/watermill-dedup/dedup/stores"
+)
+
+// beats extends the leases of running handlers. One goroutine per
+// middleware does it for every claim in flight: registering a claim is a
+// list insert, so a short handler pays no timer and no goroutine of its own.
+// The goroutine starts with the first claim and exits once no claim has
+// been in flight for a tick, so an idle middleware runs nothing and needs
+// no Close.
+type beats struct {
+	d *dedup
+
+	mu      sync.Mutex
+	head    beat // sentinel of a circular list of the claims in flight
+	n       int
+	running bool
+	due     []*beat // reused by the loop
+}
+
+// beat is one claim in flight. It is also the handler's context: the
+// message context, cancellable with ErrLostClaim, carrying the claim.
+type beat struct {
+	context.Context
+	prev, next *beat
+	c          *stores.Claim
+	parent     context.Context
+	cancel     context.CancelCauseFunc
+	extendedAt time.Time // guarded by beats.mu
+
+	mu      sync.Mutex // held while an Extend is in flight
+	stopped bool
+	lost    bool
+}
+
+// maxTick bounds the loop's period, so an idle loop exits soon and due
+// claims are found with little delay.
+const maxTick = 50 * time.Millisecond
+
+// Value returns the claim for ClaimFromContext.
+func (e *beat) Value(key any) any {
+	if key == (claimCtxKey{}) {
+		return e.c
+	}
+	return e.Context.Value(key)
+}
+
+func (b *beats) tick() time.Duration {
+	return min(b.d.cfg.Heartbeat/2, maxTick)
+}
+
+func (b *beats) add(e *beat) {
+	if b.d.cfg.Heartbeat <= 0 {
+		return
+	}
+	b.mu.Lock()
+	if b.head.next == nil {
+		b.head.next, b.head.prev = &b.head, &b.head
+	}
+	e.extendedAt = time.Now()
+	e.prev, e.next = b.head.prev, &b.head
+	b.head.prev.next = e
+	b.head.prev = e
+	b.n++
+	if !b.running {
+		b.running = true
+		go b.loop()
+	}
+	b.mu.Unlock()
+}
+
+// remove unregisters e, waiting for an Extend in flight so that no Extend
+// can race with the Complete or Release that follows.
+func (b *beats) remove(e *beat) {
+	if b.d.cfg.Heartbeat <= 0 {
+		return
+	}
+	e.mu.Lock()
+	e.stopped = true
+	e.mu.Unlock()
+	b.mu.Lock()
+	e.prev.next = e.next
+	e.next.prev = e.prev
+	e.prev, e.next = nil, nil
+	b.n--
+	b.mu.Unlock()
+}
+
+func (b *beats) loop() {
+	t := time.NewTicker(b.tick())
+	defer t.Stop()
+	idle := false
+	for range t.C {
+		b.mu.Lock()
+		if b.n == 0 {
+			if idle {
+				b.running = false
+				b.mu.Unlock()
+				return
+			}
+			idle = true
+			b.mu.Unlock()
+			continue
+		}
+		idle = false
+		now := time.Now()
+		b.due = b.due[:0]
+		for e := b.head.next; e != &b.head; e = e.next {
+			if now.Sub(e.extendedAt) >= b.d.cfg.Heartbeat {
+				e.extendedAt = now
+				b.due = append(b.due, e)
+			}
+		}
+		due := b.due
+		b.mu.Unlock()
+		for _, e := range due {
+			// Concurrently: one slow Extend must not delay the others past
+			// their leases.
+			go b.extend(e)
+		}
+	}
+}
+
+func (b *beats) extend(e *beat) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.stopped || e.lost {
+		return
+	}
+	d := b.d
+	ctx, cancel := d.storeCtx(e.parent, true)
+	start := d.now()
+	err := d.cfg.Store.Extend(ctx, e.c, d.cfg.Lease)
+	cancel()
+	d.observeStore(e.c.Scope, OpExtend, start, err)
+	switch {
+	case errors.Is(err, stores.ErrLostClaim):
+		// Someone took the message over: tell the handler to stop.
+		e.lost = true
+		d.cfg.Metrics.Observe(e.c.Scope, OutcomeLostClaim)
+		d.cfg.Logger.Error("Dedup lease lost while the handler runs: cancelling its context", err, watermill.LogFields{"scope": e.c.Scope, "keys": e.c.Keys})
+		e.cancel(err)
+	case err != nil:
+		d.cfg.Metrics.Observe(e.c.Scope, OutcomeStoreError)
+		d.cfg.Logger.Error("Dedup lease extension failed; retrying at the next heartbeat", err, watermill.LogFields{"scope": e.c.Scope, "keys": e.c.Keys})
+	}
+}
