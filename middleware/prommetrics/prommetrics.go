@@ -1,0 +1,209 @@
+// Package prommetrics exports what the dedup middleware does to Prometheus:
+// it implements [middleware.Metrics] with two collectors.
+//
+//	<namespace>_outcomes_total{scope, outcome}                 counter
+//	<namespace>_store_duration_seconds{scope, op, result}      histogram
+//
+// outcome is one of the [middleware.Outcome] names (claimed, duplicate,
+// in_progress, takeover, store_error, bypassed, lost_claim, ttl_miss, no_key,
+// fingerprint_mismatch, released); op is a store operation (claim, complete,
+// release, extend, begin, commit, rollback); result is ok, error (a backend
+// failure: the numerator of a store error rate), lost_claim (a fenced call
+// refused because the lease was taken over) or invalid (a key or argument the
+// store rejected before any I/O).
+//
+// The first time a scope is seen, every outcome series of that scope is
+// created at zero, so that increase() and rate() see the first ttl_miss or
+// bypass instead of a series appearing out of nowhere. Create one Metrics per
+// registry and share it between middlewares: scope tells them apart.
+//
+//	reg := prometheus.NewRegistry()
+//	metrics, err := prommetrics.New(prommetrics.Config{Registerer: reg})
+//	if err != nil { ... }
+//	dedup, err := middleware.New(middleware.Config{Store: store, Metrics: metrics})
+package prommetrics
+
+import (
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/watermill-dedup/dedup/middleware"
+	"github.com/watermill-dedup/dedup/stores"
+)
+
+// Default values of Config fields.
+const DefaultNamespace = "dedup"
+
+// DefaultBuckets are the store latency histogram's upper bounds in seconds:
+// from 100µs (an in-memory store) to 5s (middleware.DefaultStoreTimeout).
+var DefaultBuckets = []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5}
+
+// Metric and label names, without the namespace.
+const (
+	OutcomesName      = "outcomes_total"
+	StoreDurationName = "store_duration_seconds"
+
+	LabelScope   = "scope"
+	LabelOutcome = "outcome"
+	LabelOp      = "op"
+	LabelResult  = "result"
+)
+
+// Values of the result label of the store latency histogram.
+const (
+	ResultOK        = "ok"
+	ResultError     = "error"
+	ResultLostClaim = "lost_claim"
+	ResultInvalid   = "invalid"
+)
+
+// Config configures Metrics. The zero value registers with
+// prometheus.DefaultRegisterer under the "dedup" namespace.
+type Config struct {
+	// Registerer receives the collectors. The default is
+	// prometheus.DefaultRegisterer.
+	Registerer prometheus.Registerer
+
+	// Namespace and Subsystem prefix the metric names
+	// (namespace_subsystem_outcomes_total). The default Namespace is
+	// "dedup"; Subsystem is empty by default.
+	Namespace string
+	Subsystem string
+
+	// ConstLabels are added to every series, such as {"service": "loyalty"}.
+	ConstLabels prometheus.Labels
+
+	// Buckets are the store latency histogram's upper bounds in seconds, in
+	// increasing order. The default is DefaultBuckets.
+	Buckets []float64
+
+	// Scopes whose outcome series are created at zero by New. Other scopes
+	// get theirs when first observed.
+	Scopes []string
+}
+
+var nameRE = regexp.MustCompile(`^[a-zA-Z_][a-zA-Z0-9_]*$`)
+
+// Validate reports the first invalid field.
+func (c Config) Validate() error {
+	if c.Namespace != "" && !nameRE.MatchString(c.Namespace) {
+		return fmt.Errorf("prommetrics: Namespace must match %s, got %q", nameRE, c.Namespace)
+	}
+	if c.Subsystem != "" && !nameRE.MatchString(c.Subsystem) {
+		return fmt.Errorf("prommetrics: Subsystem must match %s, got %q", nameRE, c.Subsystem)
+	}
+	for i := 1; i < len(c.Buckets); i++ {
+		if c.Buckets[i] <= c.Buckets[i-1] {
+			return fmt.Errorf("prommetrics: Buckets must be strictly increasing, got %v at index %d after %v", c.Buckets[i], i, c.Buckets[i-1])
+		}
+	}
+	return nil
+}
+
+// Metrics implements middleware.Metrics with Prometheus collectors. It is
+// safe for concurrent use.
+type Metrics struct {
+	outcomes *prometheus.CounterVec
+	store    *prometheus.HistogramVec
+	seen     sync.Map // scope -> struct{}: scopes whose outcome series exist
+}
+
+var _ middleware.Metrics = (*Metrics)(nil)
+
+// New creates the collectors and registers them with cfg.Registerer. It
+// fails when the config is invalid or the registration fails, for example
+// because the registry already holds these metrics (errors.As finds a
+// prometheus.AlreadyRegisteredError then): share one Metrics per registry.
+func New(cfg Config) (*Metrics, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Registerer == nil {
+		cfg.Registerer = prometheus.DefaultRegisterer
+	}
+	if cfg.Namespace == "" {
+		cfg.Namespace = DefaultNamespace
+	}
+	if len(cfg.Buckets) == 0 {
+		cfg.Buckets = DefaultBuckets
+	}
+	m := &Metrics{
+		outcomes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace:   cfg.Namespace,
+			Subsystem:   cfg.Subsystem,
+			Name:        OutcomesName,
+			Help:        "Messages seen by the dedup middleware, by scope (usually the handler name) and outcome (claimed, duplicate, in_progress, takeover, store_error, bypassed, lost_claim, ttl_miss, no_key, fingerprint_mismatch, released). One message can have several outcomes.",
+			ConstLabels: cfg.ConstLabels,
+		}, []string{LabelScope, LabelOutcome}),
+		store: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace:   cfg.Namespace,
+			Subsystem:   cfg.Subsystem,
+			Name:        StoreDurationName,
+			Help:        "Duration of dedup store calls, by scope, operation (claim, complete, release, extend, begin, commit, rollback) and result (ok, error, lost_claim, invalid).",
+			ConstLabels: cfg.ConstLabels,
+			Buckets:     cfg.Buckets,
+		}, []string{LabelScope, LabelOp, LabelResult}),
+	}
+	if err := cfg.Registerer.Register(m.outcomes); err != nil {
+		return nil, fmt.Errorf("prommetrics: register %s: %w", OutcomesName, err)
+	}
+	if err := cfg.Registerer.Register(m.store); err != nil {
+		cfg.Registerer.Unregister(m.outcomes)
+		return nil, fmt.Errorf("prommetrics: register %s: %w", StoreDurationName, err)
+	}
+	for _, s := range cfg.Scopes {
+		m.ensureScope(labelValue(s))
+	}
+	return m, nil
+}
+
+// Observe counts one outcome of a message in scope.
+func (m *Metrics) Observe(scope string, o middleware.Outcome) {
+	scope = labelValue(scope)
+	m.ensureScope(scope)
+	m.outcomes.WithLabelValues(scope, o.String()).Inc()
+}
+
+// ObserveStore records the duration of a store call and its result.
+func (m *Metrics) ObserveStore(scope, op string, d time.Duration, err error) {
+	m.store.WithLabelValues(labelValue(scope), labelValue(op), Result(err)).Observe(d.Seconds())
+}
+
+// Result classifies a store call's error as the histogram's result label.
+func Result(err error) string {
+	switch {
+	case err == nil:
+		return ResultOK
+	case errors.Is(err, stores.ErrLostClaim):
+		return ResultLostClaim
+	case errors.Is(err, stores.ErrInvalidKey), errors.Is(err, stores.ErrInvalidArgument):
+		return ResultInvalid
+	default:
+		return ResultError
+	}
+}
+
+// ensureScope creates every outcome series of scope at zero, once.
+func (m *Metrics) ensureScope(scope string) {
+	if _, ok := m.seen.Load(scope); ok {
+		return
+	}
+	if _, loaded := m.seen.LoadOrStore(scope, struct{}{}); loaded {
+		return
+	}
+	for _, o := range middleware.Outcomes() {
+		m.outcomes.WithLabelValues(scope, o.String())
+	}
+}
+
+// labelValue makes s a valid label value: the client panics on invalid
+// UTF-8, and a metrics hook must never take a consumer down.
+func labelValue(s string) string {
+	return strings.ToValidUTF8(s, "\uFFFD")
+}
