@@ -1,0 +1,176 @@
+package sqlstore_test
+
+import (
+	"context"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/watermill-dedup/dedup/stores"
+	"github.com/watermill-dedup/dedup/stores/sqlstore"
+	"github.com/watermill-dedup/dedup/stores/storetest"
+)
+
+// TestWatermillSQLSubscriberTx consumes from a real watermill-sql
+// subscriber, whose message context carries the transaction that also
+// acks the offset. Begin joins it with a SAVEPOINT, so offset ack, dedup
+// record and ledger write commit together.
+//
+// watermill-sql v3 resends a nacked message inside the same transaction
+// without rolling it back (Watermill issue #224): the test fails the first
+// attempt of every tenth event after its ledger write and checks that the
+// resend runs in the same transaction and that the rollback to the
+// attempt's savepoint undid the write (the ledger sum is exact).
+func TestWatermillSQLSubscriberTx(t *testing.T) {
+	forEachBackend(t, serverBackends, func(t *testing.T, b backend) {
+		db := b.open(t)
+		s := newStore(t, db, b.dialect, sqlstore.Config{})
+		l := newLedger(t, db, b.dialect, 4)
+		topic := "dedup_" + storetest.NewID()
+
+		var (
+			schema  wsql.SchemaAdapter
+			offsets wsql.OffsetsAdapter
+		)
+		switch b.dialect {
+		case sqlstore.Postgres:
+			schema, offsets = wsql.DefaultPostgreSQLSchema{}, wsql.DefaultPostgreSQLOffsetsAdapter{}
+		case sqlstore.MySQL:
+			schema, offsets = wsql.DefaultMySQLSchema{}, wsql.DefaultMySQLOffsetsAdapter{}
+		}
+		t.Cleanup(func() {
+			dropTable(t, db, b.dialect, "watermill_"+topic)
+			dropTable(t, db, b.dialect, "watermill_offsets_"+topic)
+		})
+		logger := watermill.NopLogger{}
+		pub, err := wsql.NewPublisher(db, wsql.PublisherConfig{SchemaAdapter: schema, AutoInitializeSchema: true}, logger)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pub.Close()
+
+		const events = 120
+		var want int64
+		deliveries := 0
+		for i := range events {
+			amount := i%7 + 1
+			want += int64(amount)
+			for range 1 + i%3 { // each event published 1-3 times, under new message ids
+				m := message.NewMessage(watermill.NewUUID(), []byte(`{"event":`+strconv.Itoa(i)+`}`))
+				m.Metadata.Set("event_id", strconv.Itoa(i))
+				m.Metadata.Set("amount", strconv.Itoa(amount))
+				if err := pub.Publish(topic, m); err != nil {
+					t.Fatal(err)
+				}
+				deliveries++
+			}
+		}
+
+		ack := 5 * time.Second
+		sub, err := wsql.NewSubscriber(db, wsql.SubscriberConfig{
+			ConsumerGroup:    "dedup-test",
+			SchemaAdapter:    schema,
+			OffsetsAdapter:   offsets,
+			InitializeSchema: true,
+			PollInterval:     10 * time.Millisecond,
+			ResendInterval:   time.Millisecond,
+			AckDeadline:      &ack,
+		}, logger)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer sub.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		msgs, err := sub.Subscribe(ctx, topic)
+		if err != nil {
+			t.Fatal(err)
+		}
+
+		scope := "wsql-" + topic
+		failedTx := map[int]any{} // event -> the subscriber tx its failed attempt ran in
+		var acked, duplicates, resendsInSameTx atomic.Int64
+		for acked.Load() < int64(deliveries) {
+			var msg *message.Message
+			select {
+			case msg = <-msgs:
+			case <-ctx.Done():
+				t.Fatalf("timed out after %d of %d acks", acked.Load(), deliveries)
+			}
+			subTx, ok := wsql.TxFromContext(msg.Context())
+			if !ok {
+				t.Fatal("the watermill-sql message context carries no transaction")
+			}
+			ev, _ := strconv.Atoi(msg.Metadata.Get("event_id"))
+			amount, _ := strconv.Atoi(msg.Metadata.Get("amount"))
+			itx, err := s.Begin(msg.Context(), scope, []string{msg.Metadata.Get("event_id")}, time.Hour)
+			if err != nil {
+				t.Logf("Begin: %v (nack)", err)
+				msg.Nack()
+				continue
+			}
+			if itx.Result() == stores.Duplicate {
+				if string(itx.Data()) != "done "+strconv.Itoa(ev) {
+					t.Fatalf("duplicate data %q", itx.Data())
+				}
+				duplicates.Add(1)
+				acked.Add(1)
+				msg.Ack()
+				continue
+			}
+			hctx := itx.Context(msg.Context())
+			tx, _ := sqlstore.TxFromContext(hctx)
+			if tx != subTx {
+				t.Fatal("the handler's transaction is not the subscriber's")
+			}
+			if err := l.add(hctx, tx, ev%4, amount); err != nil {
+				t.Fatal(err)
+			}
+			if prev, seen := failedTx[ev]; ev%10 == 0 && !seen {
+				failedTx[ev] = subTx
+				if err := itx.Rollback(hctx); err != nil {
+					t.Fatal(err)
+				}
+				msg.Nack() // resent inside the same transaction
+				continue
+			} else if seen && prev == subTx {
+				resendsInSameTx.Add(1)
+			}
+			if err := itx.Commit(hctx, []byte("done "+strconv.Itoa(ev))); err != nil {
+				t.Fatal(err)
+			}
+			acked.Add(1)
+			msg.Ack()
+		}
+		// The subscriber commits its transaction (offset ack, records,
+		// ledger) after the batch's last ack: wait for it before closing,
+		// which would roll the batch back.
+		for deadline := time.Now().Add(10 * time.Second); countRows(t, db, b.dialect, s.Table()) < events && time.Now().Before(deadline); {
+			time.Sleep(10 * time.Millisecond)
+		}
+		cancel()
+		if err := sub.Close(); err != nil {
+			t.Fatal(err)
+		}
+
+		if got := l.sum(t, db); got != want {
+			t.Errorf("ledger sum = %d, want %d", got, want)
+		}
+		if got := countRows(t, db, b.dialect, s.Table()); got != events {
+			t.Errorf("inbox rows = %d, want %d", got, events)
+		}
+		if int(duplicates.Load()) != deliveries-events {
+			t.Errorf("%d duplicates, want %d", duplicates.Load(), deliveries-events)
+		}
+		if resendsInSameTx.Load() == 0 {
+			t.Error("no nacked message was resent in the same transaction: the test did not exercise Watermill issue #224")
+		}
+		t.Logf("%s: %d deliveries, %d duplicates, %d of %d failed attempts resent in the same subscriber transaction",
+			b.dialect, deliveries, duplicates.Load(), resendsInSameTx.Load(), len(failedTx))
+	})
+}
