@@ -1,0 +1,165 @@
+package sqlstore_test
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/watermill-dedup/dedup/stores"
+	"github.com/watermill-dedup/dedup/stores/sqlstore"
+	"github.com/watermill-dedup/dedup/stores/storetest"
+)
+
+// TestPurge fills a table with expired and live records, then purges in
+// batches of 100 while claims go on: every expired record goes, no live
+// one, no batch is larger than PurgeBatch, and claims are never blocked.
+func TestPurge(t *testing.T) {
+	forEachBackend(t, backends, func(t *testing.T, b backend) {
+		db := b.open(t)
+		clock := storetest.NewFakeClock(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
+		s := newStore(t, db, b.dialect, sqlstore.Config{Clock: clock, PurgeBatch: 100, PurgeGrace: time.Minute})
+		ctx := context.Background()
+
+		const expiredDone, abandoned, fresh = 1200, 150, 100
+		claim := func(key string, lease time.Duration) *stores.Claim {
+			t.Helper()
+			c, err := s.Claim(ctx, "purge", []string{key}, lease)
+			if err != nil || c.Result != stores.Claimed {
+				t.Fatalf("Claim(%s): %v %v", key, c, err)
+			}
+			return c
+		}
+		var wg sync.WaitGroup
+		sem := make(chan struct{}, 16)
+		for i := range expiredDone {
+			wg.Add(1)
+			sem <- struct{}{}
+			go func() {
+				defer func() { <-sem; wg.Done() }()
+				tx, err := s.Begin(ctx, "purge", []string{"old-" + storetest.NewID()}, time.Minute)
+				if err == nil {
+					err = tx.Commit(ctx, []byte{byte(i)})
+				}
+				if err != nil {
+					t.Error(err)
+				}
+			}()
+		}
+		wg.Wait()
+		for i := range abandoned { // processing, lease ran out long ago
+			_ = i
+			claim("abandoned-"+storetest.NewID(), time.Second)
+		}
+		clock.Advance(5 * time.Minute)
+		// Live: done records within retention, a processing record whose
+		// lease ran out within the grace, and one whose lease is valid.
+		var live []string
+		for range fresh {
+			k := "fresh-" + storetest.NewID()
+			if err := s.Complete(ctx, claim(k, time.Minute), time.Hour, nil); err != nil {
+				t.Fatal(err)
+			}
+			live = append(live, k)
+		}
+		graceKey := "grace-" + storetest.NewID()
+		claim(graceKey, time.Second)
+		clock.Advance(30 * time.Second) // expired 29s ago, grace is 1m
+		leased := claim("leased-"+storetest.NewID(), time.Hour)
+
+		var batches, maxBatch atomic.Int64
+		sqlstore.SetPurgeHook(s, func(n int64) {
+			batches.Add(1)
+			for m := maxBatch.Load(); n > m && !maxBatch.CompareAndSwap(m, n); m = maxBatch.Load() {
+			}
+		})
+		stop := make(chan struct{})
+		var claims, slowest atomic.Int64
+		go func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				start := time.Now()
+				c := claim("during-"+storetest.NewID(), time.Hour)
+				if err := s.Complete(ctx, c, time.Hour, nil); err != nil {
+					t.Error(err)
+				}
+				if d := time.Since(start); d.Nanoseconds() > slowest.Load() {
+					slowest.Store(d.Nanoseconds())
+				}
+				claims.Add(1)
+			}
+		}()
+		n, err := s.Purge(ctx)
+		close(stop)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := int64(expiredDone + abandoned); n != want {
+			t.Errorf("Purge deleted %d records, want %d", n, want)
+		}
+		if maxBatch.Load() > 100 || batches.Load() < (expiredDone+abandoned)/100 {
+			t.Errorf("%d batches, largest %d; want at least %d of at most 100", batches.Load(), maxBatch.Load(), (expiredDone+abandoned)/100)
+		}
+		for _, k := range live {
+			c, err := s.Claim(ctx, "purge", []string{k}, time.Minute)
+			if err != nil || c.Result != stores.Duplicate {
+				t.Fatalf("live done record %s after purge: %v %v", k, c, err)
+			}
+		}
+		c, err := s.Claim(ctx, "purge", []string{graceKey}, time.Minute)
+		if err != nil || c.Result != stores.Claimed || !c.Takeover {
+			t.Fatalf("processing record within the grace: %+v %v, want a takeover", c, err)
+		}
+		if err := s.Extend(ctx, leased, time.Hour); err != nil {
+			t.Fatalf("the live lease was purged: %v", err)
+		}
+		if again, err := s.Purge(ctx); err != nil || again != 0 {
+			t.Fatalf("second Purge = %d, %v; want 0", again, err)
+		}
+		t.Logf("%s: %d records in %d batches; %d claims ran meanwhile, slowest %s",
+			b.dialect, n, batches.Load(), claims.Load(), time.Duration(slowest.Load()))
+	})
+}
+
+// TestPurgeJob checks the background job New starts: it purges, and Close
+// stops it without leaking its goroutine.
+func TestPurgeJob(t *testing.T) {
+	db := openSQLite(t)
+	clock := storetest.NewFakeClock(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
+	prep := newStore(t, db, sqlstore.SQLite, sqlstore.Config{Clock: clock})
+	ctx := context.Background()
+	c, err := prep.Claim(ctx, "job", []string{"k"}, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := prep.Complete(ctx, c, time.Second, nil); err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(time.Minute)
+
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	s, err := sqlstore.New(db, sqlstore.Config{Table: prep.Table(), Clock: clock, PurgeInterval: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for countRows(t, db, sqlstore.SQLite, prep.Table()) != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the purge job did not delete the expired record")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := s.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(ctx); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+}
