@@ -1,0 +1,61 @@
+package redisstore
+
+import (
+	"context"
+	"crypto/rand"
+	"fmt"
+	"time"
+)
+
+// Hooks for the tests in package redisstore_test.
+
+// EncodeKey returns the Redis key of (scope, key).
+func (s *Store) EncodeKey(scope, key string) string { return s.encodeKey(scope, key) }
+
+// Sharded reports whether the store uses the one-key-per-script path.
+func (s *Store) Sharded() bool { return s.sharded }
+
+// TokenLen is the length of a claim token.
+const TokenLen = tokenLen
+
+// ClaimWithToken runs the claim script for (scope, keys) with a given
+// token, as a retry of a Claim whose reply was lost would, and returns the
+// script's result code (1 claimed, 2 duplicate, 3 in progress).
+func (s *Store) ClaimWithToken(ctx context.Context, scope string, keys []string, lease time.Duration, token string) (int, error) {
+	rkeys, err := s.recordKeys(scope, keys)
+	if err != nil {
+		return 0, err
+	}
+	r, err := s.claimAtomic(ctx, rkeys, token, lease)
+	return int(r.result), err
+}
+
+// WriteDone writes a done record without data for every key of keys, with
+// the same scripts and arguments Claim and Complete use, pipelined: a
+// claim op and a complete op per key, in one round trip.
+func (s *Store) WriteDone(ctx context.Context, scope string, keys []string, retention time.Duration) error {
+	ops := make([]op, 0, 2*len(keys))
+	for _, k := range keys {
+		rk := []string{s.encodeKey(scope, k)}
+		token := rand.Text()
+		ops = append(ops, claimOp(rk, token, time.Minute), completeOp(rk, token, retention, nil))
+	}
+	vals, errs := s.runAll(ctx, ops)
+	for i := range ops {
+		if errs[i] != nil {
+			return errs[i]
+		}
+		if i%2 == 0 {
+			r, err := parseClaim(vals[i])
+			if err != nil {
+				return err
+			}
+			if r.result != 1 {
+				return fmt.Errorf("key %q: claim result %d", keys[i/2], r.result)
+			}
+		} else if n, err := parseFenced(vals[i]); err != nil || n >= 0 {
+			return fmt.Errorf("key %q: complete: %d %v", keys[i/2], n, err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,402 @@
+package redisstore
+
+import (
+	"crypto/sha256"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// This file is the single place that knows how records are laid out in
+// Redis: key encoding, value encoding, the Lua scripts and the arguments
+// they take. Store methods build an [op] here and send it; a future batcher
+// can put many ops into one pipeline without knowing any of this.
+
+// Key layout:
+//
+//	Prefix ‖ esc(scope) ‖ kind ‖ body
+//
+// esc percent-encodes the bytes '%', ':', '=', '#' and '{' of the scope, so
+// the first kind byte after the prefix ends the scope and no scope can open
+// a Redis Cluster hash tag. The kind byte says how the key is stored:
+const (
+	kindRaw    = ':' // body = the key, with '%' and '{' percent-encoded
+	kindUUID   = '=' // body = esc(text before the UUID) ‖ the UUID's 16 bytes
+	kindDigest = '#' // body = the first 16 bytes of SHA-256(key)
+)
+
+// digestLen is the size of a digested key body: 128 bits.
+const digestLen = 16
+
+// uuidLen is the length of a canonical UUID in text form.
+const uuidLen = 36
+
+// encodeKey returns the Redis key of (scope, key). It is injective over
+// (scope, key) for raw and UUID-packed keys; digested keys are distinct
+// unless SHA-256 collides on its first 128 bits.
+func (s *Store) encodeKey(scope, key string) string {
+	b := make([]byte, 0, len(s.cfg.Prefix)+len(scope)+2+min(len(key), 64))
+	b = append(b, s.cfg.Prefix...)
+	b = appendEscaped(b, scope, isScopeSpecial)
+	switch {
+	case s.digests(key) && !isUUID(key):
+		// A bare UUID packs losslessly into the same 16 bytes, so only
+		// other long keys pay the (tiny) collision risk of a digest.
+		sum := sha256.Sum256([]byte(key))
+		b = append(b, kindDigest)
+		b = append(b, sum[:digestLen]...)
+	case len(key) >= uuidLen && isUUID(key[len(key)-uuidLen:]):
+		head := key[:len(key)-uuidLen]
+		b = append(b, kindUUID)
+		b = appendEscaped(b, head, isKeySpecial)
+		b = appendUUID(b, key[len(head):])
+	default:
+		b = append(b, kindRaw)
+		b = appendEscaped(b, key, isKeySpecial)
+	}
+	return string(b)
+}
+
+// digests reports whether key is stored as a digest under the config.
+func (s *Store) digests(key string) bool {
+	return s.cfg.DigestKeysLongerThan > 0 && len(key) > s.cfg.DigestKeysLongerThan
+}
+
+func isScopeSpecial(c byte) bool {
+	return c == '%' || c == kindRaw || c == kindUUID || c == kindDigest || c == '{'
+}
+
+func isKeySpecial(c byte) bool { return c == '%' || c == '{' }
+
+const hexDigits = "0123456789ABCDEF"
+
+// appendEscaped appends s with the bytes for which special is true written
+// as %XX. Ordinary scopes and keys have none and are copied as they are.
+func appendEscaped(b []byte, s string, special func(byte) bool) []byte {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if special(c) {
+			b = append(b, '%', hexDigits[c>>4], hexDigits[c&15])
+		} else {
+			b = append(b, c)
+		}
+	}
+	return b
+}
+
+// isUUID reports whether s is a canonical lower-case UUID
+// (xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx), the form watermill.NewUUID
+// produces. Upper-case UUIDs are stored raw: packing them would lose case.
+func isUUID(s string) bool {
+	if len(s) != uuidLen {
+		return false
+	}
+	for i := 0; i < uuidLen; i++ {
+		c := s[i]
+		switch i {
+		case 8, 13, 18, 23:
+			if c != '-' {
+				return false
+			}
+		default:
+			if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// appendUUID appends the 16 bytes of a UUID that isUUID accepted.
+func appendUUID(b []byte, s string) []byte {
+	var hi byte
+	odd := false
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c == '-' {
+			continue
+		}
+		n := c - '0'
+		if c >= 'a' {
+			n = c - 'a' + 10
+		}
+		if odd {
+			b = append(b, hi<<4|n)
+		} else {
+			hi = n
+		}
+		odd = !odd
+	}
+	return b
+}
+
+// hasHashTag reports whether every key starting with prefix hashes to the
+// same Redis Cluster slot: the prefix holds a complete, non-empty hash tag
+// ("{dedup}:"). Redis hashes the text between the first '{' and the first
+// '}' after it, when that text is not empty.
+func hasHashTag(prefix string) bool {
+	open := strings.IndexByte(prefix, '{')
+	if open < 0 {
+		return false
+	}
+	end := strings.IndexByte(prefix[open+1:], '}')
+	return end > 0
+}
+
+// Value layout. A record is one Redis string:
+//
+//	processing  'p' ‖ token (tokenLen bytes) ‖ lease in ms (decimal)   PX 2×lease
+//	done        "1"                  (no data)                          PX retention
+//	done        'd' ‖ data                                              PX retention
+//
+// The lease is valid while PTTL > lease, so an expired processing record
+// survives one more lease length and a takeover soon after expiry is seen as
+// one. "1" is one of Redis's shared integer objects: a done record without
+// data costs no value allocation at all (unless maxmemory-policy is an
+// LRU/LFU one, which disables shared integers — and which must not be used
+// anyway, see README).
+const (
+	tokenLen     = 26 // len(rand.Text())
+	doneNoData   = "1"
+	doneDataTag  = 'd'
+	processingID = 'p'
+)
+
+// doneValue is the value Complete stores.
+func doneValue(data []byte) string {
+	if len(data) == 0 {
+		return doneNoData
+	}
+	b := make([]byte, 1+len(data))
+	b[0] = doneDataTag
+	copy(b[1:], data)
+	return string(b)
+}
+
+// processingValue is the value Claim and Extend store.
+func processingValue(token string, leaseMS int64) string {
+	return string(processingID) + token + strconv.FormatInt(leaseMS, 10)
+}
+
+// record is a decoded value.
+type record struct {
+	processing bool
+	token      string // processing only
+	data       []byte // done only
+}
+
+// decodeValue decodes a value written by this package. Anything else under
+// the store's prefix is an error, never a guess: a wrong guess would ack a
+// message or run a handler twice.
+func decodeValue(v string) (record, error) {
+	switch {
+	case v == doneNoData:
+		return record{}, nil
+	case len(v) > 0 && v[0] == doneDataTag:
+		return record{data: []byte(v[1:])}, nil
+	case len(v) > 1+tokenLen && v[0] == processingID:
+		return record{processing: true, token: v[1 : 1+tokenLen]}, nil
+	default:
+		n := min(len(v), 16)
+		return record{}, fmt.Errorf("redisstore: a key under the store's prefix holds a value this store did not write (%q…)", v[:n])
+	}
+}
+
+// ms converts d to whole milliseconds, rounding up so that a positive
+// duration never becomes 0 (PX 0 is an error).
+func ms(d time.Duration) int64 {
+	return int64((d + time.Millisecond - 1) / time.Millisecond)
+}
+
+// The scripts. Each runs atomically on one node. In Redis Cluster every
+// key of one call must hash to one slot; the Store guarantees that (see
+// cluster.go). Lua sees a missing key as false.
+var (
+	// claimScript claims every key of KEYS, or none.
+	//
+	//	ARGV[1] token, ARGV[2] lease ms, ARGV[3] PX (2×lease)
+	//
+	// Reply:
+	//	{1, i, prev, pttl, ...} claimed; one triple per record taken over
+	//	                        (key index, previous value, its PTTL), so
+	//	                        a caller can undo the claim exactly
+	//	{2, i, value}           key i (the first such in KEYS order) is done
+	//	{3}                     a key is processing under a live lease
+	//
+	// A record already processing under this very token counts as free:
+	// a retried Claim whose first reply was lost gets its claim back.
+	claimScript = redis.NewScript(expandLua(`
+local token, busy, taken = ARGV[1], false, {1}
+for i, k in ipairs(KEYS) do
+  local v = redis.call('GET', k)
+  if v then
+    if string.byte(v, 1) ~= P then
+      return {2, i, v}
+    end
+    if string.sub(v, 2, TOKEN_END) ~= token then
+      local pttl = redis.call('PTTL', k)
+      if pttl > tonumber(string.sub(v, LEASE_START)) then
+        busy = true
+      else
+        taken[#taken + 1] = i
+        taken[#taken + 1] = v
+        taken[#taken + 1] = pttl
+      end
+    end
+  end
+end
+if busy then
+  return {3}
+end
+local rec = 'p' .. token .. ARGV[2]
+for _, k in ipairs(KEYS) do
+  redis.call('SET', k, rec, 'PX', ARGV[3])
+end
+return taken
+`))
+
+	// setScript overwrites every key of KEYS with ARGV[2] for ARGV[3] ms,
+	// if every key is processing under token ARGV[1]; otherwise it changes
+	// nothing. Complete (done value, retention), Extend (processing value,
+	// 2×lease) and the undo of a takeover use it.
+	//
+	// Reply: 0 when applied, else the index of the first key not owned.
+	setScript = redis.NewScript(expandLua(`
+for i, k in ipairs(KEYS) do
+  local v = redis.call('GET', k)
+  if not v or string.byte(v, 1) ~= P or string.sub(v, 2, TOKEN_END) ~= ARGV[1] then
+    return i
+  end
+end
+for _, k in ipairs(KEYS) do
+  redis.call('SET', k, ARGV[2], 'PX', ARGV[3])
+end
+return 0
+`))
+
+	// delScript deletes every key of KEYS if every key is processing under
+	// token ARGV[1]; otherwise it changes nothing. Same reply as setScript.
+	delScript = redis.NewScript(expandLua(`
+for i, k in ipairs(KEYS) do
+  local v = redis.call('GET', k)
+  if not v or string.byte(v, 1) ~= P or string.sub(v, 2, TOKEN_END) ~= ARGV[1] then
+    return i
+  end
+end
+redis.call('DEL', unpack(KEYS))
+return 0
+`))
+)
+
+// expandLua writes the value layout's constants into a script.
+func expandLua(src string) string {
+	return strings.NewReplacer(
+		"TOKEN_END", strconv.Itoa(1+tokenLen),
+		"LEASE_START", strconv.Itoa(2+tokenLen),
+		"~= P", "~= "+strconv.Itoa(processingID),
+	).Replace(src)
+}
+
+// op is one script call. Every Store method is one op (or, for a
+// multi-key claim in Redis Cluster, one op per key).
+type op struct {
+	script *redis.Script
+	keys   []string
+	args   []any
+}
+
+func claimOp(keys []string, token string, lease time.Duration) op {
+	l := ms(lease)
+	return op{claimScript, keys, []any{token, strconv.FormatInt(l, 10), strconv.FormatInt(2*l, 10)}}
+}
+
+func completeOp(keys []string, token string, retention time.Duration, data []byte) op {
+	return op{setScript, keys, []any{token, doneValue(data), strconv.FormatInt(ms(retention), 10)}}
+}
+
+func extendOp(keys []string, token string, lease time.Duration) op {
+	l := ms(lease)
+	return op{setScript, keys, []any{token, processingValue(token, l), strconv.FormatInt(2*l, 10)}}
+}
+
+func releaseOp(keys []string, token string) op {
+	return op{delScript, keys, []any{token}}
+}
+
+// restoreOp undoes a claim of one key that took over prev: it puts prev
+// back with the PTTL it had, if the key is still ours.
+func restoreOp(key, token, prev string, pttl int64) op {
+	return op{setScript, []string{key}, []any{token, prev, strconv.FormatInt(pttl, 10)}}
+}
+
+// claimReply is a decoded claimScript reply.
+type claimReply struct {
+	result int64    // 1 claimed, 2 duplicate, 3 in progress
+	index  int      // duplicate: index into keys of the done record
+	value  string   // duplicate: its value
+	taken  []prevOf // claimed: records taken over
+}
+
+// prevOf is a record a claim took over.
+type prevOf struct {
+	index int
+	value string
+	pttl  int64
+}
+
+func parseClaim(v any) (claimReply, error) {
+	bad := func() (claimReply, error) {
+		return claimReply{}, fmt.Errorf("redisstore: unexpected claim reply %v", v)
+	}
+	a, ok := v.([]any)
+	if !ok || len(a) == 0 {
+		return bad()
+	}
+	res, ok := a[0].(int64)
+	if !ok {
+		return bad()
+	}
+	r := claimReply{result: res}
+	switch res {
+	case 1:
+		if (len(a)-1)%3 != 0 {
+			return bad()
+		}
+		for i := 1; i < len(a); i += 3 {
+			idx, ok1 := a[i].(int64)
+			val, ok2 := a[i+1].(string)
+			pttl, ok3 := a[i+2].(int64)
+			if !ok1 || !ok2 || !ok3 {
+				return bad()
+			}
+			r.taken = append(r.taken, prevOf{int(idx) - 1, val, pttl})
+		}
+	case 2:
+		if len(a) != 3 {
+			return bad()
+		}
+		idx, ok1 := a[1].(int64)
+		val, ok2 := a[2].(string)
+		if !ok1 || !ok2 {
+			return bad()
+		}
+		r.index, r.value = int(idx)-1, val
+	case 3:
+	default:
+		return bad()
+	}
+	return r, nil
+}
+
+// parseFenced decodes a setScript/delScript reply: -1 when applied, else
+// the index into keys of the first key not owned.
+func parseFenced(v any) (int, error) {
+	n, ok := v.(int64)
+	if !ok || n < 0 {
+		return 0, fmt.Errorf("redisstore: unexpected reply %v", v)
+	}
+	return int(n) - 1, nil
+}

@@ -1,0 +1,427 @@
+// Package redisstore is the dedup store on Redis (go-redis/v9): the fast,
+// shared store for consumers running in many processes.
+//
+// Every record is one Redis string with a PX expiry, so leases and retention
+// need no sweeper, and every operation is one Lua script run atomically on
+// the server (EVALSHA, falling back to EVAL). Time is the server's: leases
+// are checked against the key's remaining TTL, never against a client clock.
+//
+// It works unchanged with [*redis.Client] (standalone, or Sentinel through
+// redis.NewFailoverClient), [*redis.ClusterClient] and [*redis.Ring]. On a
+// single node a claim of several keys is one atomic script. In Redis Cluster
+// the keys of one claim (message id, business key) usually hash to
+// different slots, so the store claims them one by one in a fixed order and
+// undoes the ones it took when a later one is not free; see [Store.Claim]
+// for the guarantee. A CROSSSLOT error never reaches the caller.
+//
+// Redis must not evict dedup records: run it with maxmemory-policy
+// noeviction. The store checks the policy when it starts and logs an error
+// when the server would evict live records (see [Store.CheckServer]).
+//
+// The README next to this file describes the key layout, the memory each
+// record takes and how to size Redis for a message rate and window.
+package redisstore
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/watermill-dedup/dedup/stores"
+)
+
+// Default values of Config fields.
+const (
+	DefaultPrefix    = "dedup:"
+	DefaultMaxKeyLen = 1024
+)
+
+// serverCheckTimeout bounds the check New starts in the background.
+const serverCheckTimeout = 10 * time.Second
+
+// Config configures a Store. The zero value is ready to use.
+type Config struct {
+	// Prefix starts every key the store writes. The default is "dedup:".
+	// Stores sharing a Redis and a Prefix share their records, which is how
+	// several consumer processes dedup together; give unrelated
+	// applications different prefixes. Changing it (or DigestKeysLongerThan)
+	// forgets every record written before.
+	//
+	// A prefix holding a Redis Cluster hash tag, such as "{dedup}:", puts
+	// every record in one slot, hence on one node: multi-key claims are then
+	// single atomic scripts in Cluster too, at the price of not spreading
+	// the records over the cluster.
+	Prefix string
+
+	// MaxKeyLen is the longest scope, and the longest key not stored as a
+	// digest, in bytes. Longer ones fail with stores.ErrInvalidKey (keys) or
+	// stores.ErrInvalidArgument (scopes) before any I/O. The default is 1024.
+	// Every byte of scope and key is kept in Redis for the whole retention
+	// window, in every record.
+	MaxKeyLen int
+
+	// DigestKeysLongerThan, when positive, stores keys longer than this many
+	// bytes as the first 128 bits of their SHA-256 instead of verbatim (a
+	// key that is exactly a UUID is always packed losslessly into 16 bytes
+	// instead). It bounds memory for long keys, at a collision probability
+	// of about n²/2¹²⁹ for n live records of one scope: negligible, but not
+	// zero as for verbatim keys. It must be 0 (the default: never) or at
+	// least 16.
+	DigestKeysLongerThan int
+
+	// Logger receives the server check's findings. nil means
+	// watermill.NopLogger.
+	Logger watermill.LoggerAdapter
+
+	// SkipServerCheck stops New from checking the server's
+	// maxmemory-policy in the background. Call [Store.CheckServer]
+	// yourself, or not at all.
+	SkipServerCheck bool
+}
+
+// Validate reports the first invalid field.
+func (c Config) Validate() error {
+	if c.MaxKeyLen < 0 {
+		return fmt.Errorf("redisstore: MaxKeyLen must not be negative, got %d", c.MaxKeyLen)
+	}
+	if c.DigestKeysLongerThan != 0 && c.DigestKeysLongerThan < digestLen {
+		return fmt.Errorf("redisstore: DigestKeysLongerThan must be 0 (never) or at least %d, got %d", digestLen, c.DigestKeysLongerThan)
+	}
+	return nil
+}
+
+func (c *Config) setDefaults() {
+	if c.Prefix == "" {
+		c.Prefix = DefaultPrefix
+	}
+	if c.MaxKeyLen == 0 {
+		c.MaxKeyLen = DefaultMaxKeyLen
+	}
+	if c.Logger == nil {
+		c.Logger = watermill.NopLogger{}
+	}
+}
+
+// Store is the Redis store. Create it with New.
+type Store struct {
+	client redis.UniversalClient
+	cfg    Config
+
+	// sharded is true when the keys of one claim may live on different
+	// nodes, so a script may only touch one key (see cluster.go).
+	sharded bool
+
+	closed    atomic.Bool
+	closeOnce sync.Once
+	cancel    context.CancelFunc
+	checkDone chan struct{}
+}
+
+var _ stores.Store = (*Store)(nil)
+
+// New returns a Store on client. It never closes client: Close the client
+// yourself after closing the Store.
+//
+// Unless cfg.SkipServerCheck is set, New starts [Store.CheckServer] in the
+// background (bounded by 10s and stopped by Close), so a Redis that is down
+// at startup delays nothing; its findings go to cfg.Logger.
+//
+// Set ContextTimeoutEnabled on the client's options so that the deadlines
+// of the contexts handed to the store (the middleware's StoreTimeout) bound
+// every call; without it go-redis bounds calls by its ReadTimeout and
+// WriteTimeout only.
+func New(client redis.UniversalClient, cfg Config) (*Store, error) {
+	if client == nil {
+		return nil, errors.New("redisstore: client is nil")
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg.setDefaults()
+	s := &Store{
+		client:    client,
+		cfg:       cfg,
+		sharded:   isSharded(client) && !hasHashTag(cfg.Prefix),
+		checkDone: make(chan struct{}),
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), serverCheckTimeout)
+	s.cancel = cancel
+	if cfg.SkipServerCheck {
+		close(s.checkDone)
+		return s, nil
+	}
+	go func() {
+		defer close(s.checkDone)
+		err := s.CheckServer(ctx)
+		if err != nil && !errors.Is(err, ErrEvictionPolicy) && ctx.Err() == nil {
+			// CheckServer logged eviction itself; this is "could not ask".
+			s.cfg.Logger.Info("redisstore: could not check the server's maxmemory-policy; make sure it is noeviction", watermill.LogFields{"err": err.Error()})
+		}
+	}()
+	return s, nil
+}
+
+// isSharded reports whether client spreads keys over several nodes. Only a
+// plain *redis.Client (one node, or a Sentinel-managed primary) runs a
+// multi-key script as it is; any other UniversalClient gets the one-key-per-
+// script path, which is correct everywhere.
+func isSharded(client redis.UniversalClient) bool {
+	_, single := client.(*redis.Client)
+	return !single
+}
+
+// Claim implements [stores.Store].
+//
+// On one node (a *redis.Client, or any client with a Prefix holding a hash
+// tag) it is one script, atomic over all keys.
+//
+// In Redis Cluster, a claim of several keys claims them one script per key,
+// in the order of their Redis keys; a key that is done or held stops the
+// claim, and the keys already taken are put back exactly as they were (a
+// taken-over expired lease is restored with its remaining TTL). The result
+// is all-or-nothing, and no key is ever held by two claims. What it gives up
+// is isolation: while a claim is under way, a concurrent claim sharing one
+// of its keys may see that key held and get InProgress although the first
+// claim then fails too, so both messages are retried later (never lost,
+// never run twice). The fixed order makes sure that of two such claims at
+// least one wins the keys they share, as with ordered locking.
+func (s *Store) Claim(ctx context.Context, scope string, keys []string, lease time.Duration) (*stores.Claim, error) {
+	if s.closed.Load() {
+		return nil, fmt.Errorf("redisstore: claim: %w", stores.ErrClosed)
+	}
+	rkeys, err := s.recordKeys(scope, keys)
+	if err != nil {
+		return nil, err
+	}
+	if lease <= 0 {
+		return nil, fmt.Errorf("%w: lease must be positive, got %s", stores.ErrInvalidArgument, lease)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("redisstore: claim: %w", err)
+	}
+	token := rand.Text()
+	var r claimReply
+	if s.sharded && len(rkeys) > 1 {
+		r, err = s.claimOrdered(ctx, rkeys, token, lease)
+	} else {
+		r, err = s.claimAtomic(ctx, rkeys, token, lease)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("redisstore: claim: %w", err)
+	}
+	c := &stores.Claim{Scope: scope, Keys: keys}
+	switch r.result {
+	case 1:
+		c.Result, c.Token, c.Takeover = stores.Claimed, token, len(r.taken) > 0
+	case 2:
+		rec, err := decodeValue(r.value)
+		if err != nil {
+			return nil, err
+		}
+		c.Result, c.Data = stores.Duplicate, rec.data
+	default:
+		c.Result = stores.InProgress
+	}
+	return c, nil
+}
+
+func (s *Store) claimAtomic(ctx context.Context, rkeys []string, token string, lease time.Duration) (claimReply, error) {
+	v, err := s.run(ctx, claimOp(rkeys, token, lease))
+	if err != nil {
+		return claimReply{}, err
+	}
+	return parseClaim(v)
+}
+
+// Complete implements [stores.Store]. A record whose lease ran out but that
+// nobody took over yet is still the claim's: a slow handler finishing just
+// after its lease completes fine, for up to one more lease length.
+func (s *Store) Complete(ctx context.Context, c *stores.Claim, retention time.Duration, data []byte) error {
+	if s.closed.Load() {
+		return fmt.Errorf("redisstore: complete: %w", stores.ErrClosed)
+	}
+	if retention <= 0 {
+		return fmt.Errorf("%w: retention must be positive, got %s", stores.ErrInvalidArgument, retention)
+	}
+	rkeys, err := s.claimKeys(c)
+	if err != nil {
+		return err
+	}
+	return s.fenced(ctx, "complete", c, rkeys, func(keys []string) op {
+		return completeOp(keys, c.Token, retention, data)
+	})
+}
+
+// Release implements [stores.Store].
+func (s *Store) Release(ctx context.Context, c *stores.Claim) error {
+	if s.closed.Load() {
+		return fmt.Errorf("redisstore: release: %w", stores.ErrClosed)
+	}
+	rkeys, err := s.claimKeys(c)
+	if err != nil {
+		return err
+	}
+	return s.fenced(ctx, "release", c, rkeys, func(keys []string) op {
+		return releaseOp(keys, c.Token)
+	})
+}
+
+// Extend implements [stores.Store].
+func (s *Store) Extend(ctx context.Context, c *stores.Claim, lease time.Duration) error {
+	if s.closed.Load() {
+		return fmt.Errorf("redisstore: extend: %w", stores.ErrClosed)
+	}
+	if lease <= 0 {
+		return fmt.Errorf("%w: lease must be positive, got %s", stores.ErrInvalidArgument, lease)
+	}
+	rkeys, err := s.claimKeys(c)
+	if err != nil {
+		return err
+	}
+	return s.fenced(ctx, "extend", c, rkeys, func(keys []string) op {
+		return extendOp(keys, c.Token, lease)
+	})
+}
+
+// fenced runs the token-checked op that build makes for rkeys: as one
+// script on one node, or key by key in Redis Cluster (see fencedSharded).
+func (s *Store) fenced(ctx context.Context, what string, c *stores.Claim, rkeys []string, build func([]string) op) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("redisstore: %s: %w", what, err)
+	}
+	if s.sharded && len(rkeys) > 1 {
+		return s.fencedSharded(ctx, what, c, rkeys, build)
+	}
+	v, err := s.run(ctx, build(rkeys))
+	if err != nil {
+		return fmt.Errorf("redisstore: %s: %w", what, err)
+	}
+	lost, err := parseFenced(v)
+	if err != nil {
+		return err
+	}
+	if lost >= 0 {
+		return s.lostClaim(what, c, rkeys[lost])
+	}
+	return nil
+}
+
+// lostClaim builds the ErrLostClaim error for the record key rkey of c.
+func (s *Store) lostClaim(what string, c *stores.Claim, rkey string) error {
+	for _, k := range c.Keys {
+		if s.encodeKey(c.Scope, k) == rkey {
+			return fmt.Errorf("redisstore: %s: %w: scope %q key %q", what, stores.ErrLostClaim, c.Scope, k)
+		}
+	}
+	return fmt.Errorf("redisstore: %s: %w: scope %q", what, stores.ErrLostClaim, c.Scope)
+}
+
+// run sends one op: EVALSHA, falling back to EVAL when the server does not
+// have the script cached.
+func (s *Store) run(ctx context.Context, o op) (any, error) {
+	return o.script.Run(ctx, s.client, o.keys, o.args...).Result()
+}
+
+// runAll sends ops in one pipeline (go-redis splits it per node in Redis
+// Cluster) and returns each op's reply and error. Ops that failed because a
+// node did not have the script cached are sent again with EVAL.
+func (s *Store) runAll(ctx context.Context, ops []op) ([]any, []error) {
+	vals, errs := make([]any, len(ops)), make([]error, len(ops))
+	cmds := make([]*redis.Cmd, len(ops))
+	_, _ = s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, o := range ops {
+			cmds[i] = o.script.EvalSha(ctx, p, o.keys, o.args...)
+		}
+		return nil
+	})
+	var retry []int
+	for i, cmd := range cmds {
+		vals[i], errs[i] = cmd.Result()
+		if errs[i] != nil && (errors.Is(errs[i], redis.ErrNoScript) || redis.HasErrorPrefix(errs[i], "NOSCRIPT")) {
+			retry = append(retry, i)
+		}
+	}
+	if len(retry) > 0 {
+		_, _ = s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for _, i := range retry {
+				cmds[i] = ops[i].script.Eval(ctx, p, ops[i].keys, ops[i].args...)
+			}
+			return nil
+		})
+		for _, i := range retry {
+			vals[i], errs[i] = cmds[i].Result()
+		}
+	}
+	return vals, errs
+}
+
+// recordKeys validates scope and keys and returns the distinct Redis keys
+// of the claim, in the order of their first occurrence.
+func (s *Store) recordKeys(scope string, keys []string) ([]string, error) {
+	if len(keys) == 0 {
+		return nil, fmt.Errorf("%w: no keys", stores.ErrInvalidKey)
+	}
+	if len(scope) > s.cfg.MaxKeyLen {
+		return nil, fmt.Errorf("%w: scope is %d bytes, longer than MaxKeyLen (%d)", stores.ErrInvalidArgument, len(scope), s.cfg.MaxKeyLen)
+	}
+	for i, k := range keys {
+		if k == "" {
+			return nil, fmt.Errorf("%w: key %d is empty", stores.ErrInvalidKey, i)
+		}
+		if len(k) > s.cfg.MaxKeyLen && !s.digests(k) {
+			return nil, fmt.Errorf("%w: key %d is %d bytes, longer than MaxKeyLen (%d); set DigestKeysLongerThan to store long keys as digests",
+				stores.ErrInvalidKey, i, len(k), s.cfg.MaxKeyLen)
+		}
+	}
+	rkeys := make([]string, 0, len(keys))
+	for _, k := range keys {
+		rk := s.encodeKey(scope, k)
+		dup := false
+		for _, seen := range rkeys {
+			if seen == rk {
+				dup = true
+				break
+			}
+		}
+		if !dup {
+			rkeys = append(rkeys, rk)
+		}
+	}
+	return rkeys, nil
+}
+
+// claimKeys checks that c is a Claimed result of a redisstore and returns
+// its record keys.
+func (s *Store) claimKeys(c *stores.Claim) ([]string, error) {
+	if c == nil || c.Result != stores.Claimed || len(c.Token) != tokenLen {
+		return nil, fmt.Errorf("%w: not a Claimed claim of a redisstore", stores.ErrInvalidArgument)
+	}
+	rkeys, err := s.recordKeys(c.Scope, c.Keys)
+	if err != nil {
+		return nil, fmt.Errorf("%w: the claim's keys are invalid: %w", stores.ErrInvalidArgument, err)
+	}
+	return rkeys, nil
+}
+
+// Close stops the background server check, if still running, and waits for
+// it. Every later call returns [stores.ErrClosed]. It never closes the
+// client. It is idempotent.
+func (s *Store) Close(ctx context.Context) error {
+	s.closeOnce.Do(func() {
+		s.closed.Store(true)
+		s.cancel()
+	})
+	select {
+	case <-s.checkDone:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
