@@ -89,6 +89,9 @@ func openSQLite(t testing.TB) *sql.DB {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// One writer at a time: more connections only busy-wait for the lock
+	// (see README.md).
+	db.SetMaxOpenConns(8)
 	t.Cleanup(func() { _ = db.Close() })
 	return db
 }
