@@ -1,0 +1,145 @@
+// Command bench measures watermill-dedup against its peers in one run on
+// one machine, and prints a table plus machine-readable lines
+//
+//	RESULT name=value
+//
+// Usage:
+//
+//	go run ./bench                 # every section the machine can run
+//	go run ./bench -only=middleware,growth
+//	go run ./bench -quick          # smaller counts, for a smoke run
+//
+// Sections: middleware (middleware + memstore vs a bare handler vs
+// Watermill's Deduplicator), redis (redisstore vs redis-benchmark), sql
+// (sqlstore vs pgbench), e2e (a router on kfake and RabbitMQ with and
+// without dedup), growth (claim latency as the store fills, and bytes per
+// done record at the largest size). A section whose service is unreachable is reported as
+// skipped, naming the service. See BENCHMARKS.md for a run and what each
+// ratio means.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// result is one measured figure.
+type result struct {
+	section string
+	name    string // RESULT name, e.g. middleware_dedup_ns_per_msg
+	value   float64
+	unit    string
+	note    string
+}
+
+type section struct {
+	name string
+	run  func(ctx context.Context, o *options) ([]result, error)
+}
+
+type options struct {
+	quick bool
+}
+
+// scale returns n, or n/div under -quick (at least 1).
+func (o *options) scale(n, div int) int {
+	if o.quick {
+		return max(n/div, 1)
+	}
+	return n
+}
+
+var sections = []section{
+	{"middleware", runMiddleware},
+	{"redis", runRedis},
+	{"sql", runSQL},
+	{"e2e", runE2E},
+	{"growth", runGrowth}, // also reports bytes per record
+}
+
+func main() {
+	only := flag.String("only", "", "comma-separated sections to run (default: all): "+sectionNames())
+	quick := flag.Bool("quick", false, "smaller counts, for a smoke run")
+	flag.Parse()
+
+	o := &options{quick: *quick}
+	want := map[string]bool{}
+	for _, s := range strings.Split(*only, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			want[s] = true
+		}
+	}
+	for name := range want {
+		if !slices.ContainsFunc(sections, func(s section) bool { return s.name == name }) {
+			fmt.Fprintf(os.Stderr, "bench: unknown section %q (have %s)\n", name, sectionNames())
+			os.Exit(2)
+		}
+	}
+
+	ctx := context.Background()
+	var all []result
+	failed := false
+	for _, s := range sections {
+		if len(want) > 0 && !want[s.name] {
+			continue
+		}
+		start := time.Now()
+		fmt.Fprintf(os.Stderr, "bench: %s ...\n", s.name)
+		rs, err := s.run(ctx, o)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "bench: %s: %v\n", s.name, err)
+			failed = true
+		}
+		fmt.Fprintf(os.Stderr, "bench: %s done in %s\n", s.name, time.Since(start).Round(time.Millisecond))
+		all = append(all, rs...)
+	}
+	printTable(all)
+	for _, r := range all {
+		if r.name != "" {
+			fmt.Printf("RESULT %s=%s\n", r.name, formatValue(r.value))
+		}
+	}
+	if failed {
+		os.Exit(1)
+	}
+}
+
+func sectionNames() string {
+	names := make([]string, len(sections))
+	for i, s := range sections {
+		names[i] = s.name
+	}
+	return strings.Join(names, ",")
+}
+
+func formatValue(v float64) string {
+	switch {
+	case v == float64(int64(v)) && v < 1e15:
+		return fmt.Sprintf("%d", int64(v))
+	case v < 10:
+		return fmt.Sprintf("%.3f", v)
+	default:
+		return fmt.Sprintf("%.1f", v)
+	}
+}
+
+func printTable(rs []result) {
+	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(w, "SECTION\tMEASURE\tVALUE\tUNIT\tNOTE")
+	for _, r := range rs {
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", r.section, r.name, formatValue(r.value), r.unit, r.note)
+	}
+	_ = w.Flush()
+}
+
+// skipped reports a section that could not run, loudly.
+func skipped(sectionName, why string) []result {
+	fmt.Fprintf(os.Stderr, "bench: %s SKIPPED: %s\n", sectionName, why)
+	return []result{{section: sectionName, name: "", note: "SKIPPED: " + why}}
+}

@@ -1,0 +1,210 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"os/exec"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/watermill-dedup/dedup/stores"
+	"github.com/watermill-dedup/dedup/stores/redisstore"
+)
+
+func redisAddr() string {
+	if a := os.Getenv("REDIS_ADDR"); a != "" {
+		return a
+	}
+	return "127.0.0.1:6379"
+}
+
+func runID() string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// openRedis connects and pings, naming the address when it fails.
+func openRedis(ctx context.Context, poolSize int) (*redis.Client, error) {
+	c := redis.NewClient(&redis.Options{Addr: redisAddr(), PoolSize: poolSize})
+	if err := c.Ping(ctx).Err(); err != nil {
+		_ = c.Close()
+		return nil, fmt.Errorf("Redis is not reachable at %s (set REDIS_ADDR): %w", redisAddr(), err)
+	}
+	return c, nil
+}
+
+// deletePrefix removes every key under prefix (SCAN + UNLINK, never FLUSHDB).
+func deletePrefix(ctx context.Context, c *redis.Client, prefix string) {
+	iter := c.Scan(ctx, 0, prefix+"*", 10000).Iterator()
+	batch := make([]string, 0, 1000)
+	for iter.Next(ctx) {
+		batch = append(batch, iter.Val())
+		if len(batch) == cap(batch) {
+			c.Unlink(ctx, batch...)
+			batch = batch[:0]
+		}
+	}
+	if len(batch) > 0 {
+		c.Unlink(ctx, batch...)
+	}
+}
+
+func redisUsedMemory(ctx context.Context, c *redis.Client) (int64, error) {
+	info, err := c.Info(ctx, "memory").Result()
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "used_memory:"); ok {
+			return strconv.ParseInt(v, 10, 64)
+		}
+	}
+	return 0, fmt.Errorf("INFO memory has no used_memory")
+}
+
+func openRedisBench(ctx context.Context) (*benchStore, error) {
+	c, err := openRedis(ctx, 64)
+	if err != nil {
+		return nil, err
+	}
+	prefix := "dedupbench:" + runID() + ":"
+	s, err := redisstore.New(c, redisstore.Config{Prefix: prefix, SkipServerCheck: true})
+	if err != nil {
+		_ = c.Close()
+		return nil, err
+	}
+	return &benchStore{
+		name:  "redis",
+		store: s,
+		mem:   func(ctx context.Context) (int64, error) { return redisUsedMemory(ctx, c) },
+		cleanup: func() {
+			_ = s.Close(context.Background())
+			deletePrefix(context.Background(), c, prefix)
+			_ = c.Close()
+		},
+	}, nil
+}
+
+// throughput runs claim+complete cycles of new keys on s with c workers
+// for d and returns messages per second.
+func throughput(ctx context.Context, s stores.Store, workers int, d time.Duration, keyPrefix string) (float64, error) {
+	var (
+		n    atomic.Int64
+		wg   sync.WaitGroup
+		ferr atomic.Value
+		stop atomic.Bool
+	)
+	start := time.Now()
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; !stop.Load(); i++ {
+				key := keyPrefix + strconv.Itoa(w) + "-" + strconv.Itoa(i)
+				c, err := s.Claim(ctx, "bench", []string{key}, time.Minute)
+				if err == nil {
+					err = s.Complete(ctx, c, time.Hour, nil)
+				}
+				if err != nil {
+					ferr.Store(err)
+					return
+				}
+				n.Add(1)
+			}
+		}()
+	}
+	time.Sleep(d)
+	stop.Store(true)
+	wg.Wait()
+	if err, _ := ferr.Load().(error); err != nil {
+		return 0, err
+	}
+	return float64(n.Load()) / time.Since(start).Seconds(), nil
+}
+
+var rpsRe = regexp.MustCompile(`([0-9.]+) requests per second`)
+
+// redisBenchmark runs redis-benchmark's unpipelined SET NX PX with c
+// clients and returns its requests per second.
+func redisBenchmark(ctx context.Context, clients, requests int) (float64, error) {
+	bin, err := exec.LookPath("redis-benchmark")
+	if err != nil {
+		return 0, fmt.Errorf("redis-benchmark is not installed")
+	}
+	host, port, _ := strings.Cut(redisAddr(), ":")
+	prefix := "dedupbench:rb:" + runID() + ":"
+	cmd := exec.CommandContext(ctx, bin, "-h", host, "-p", port, "-q", "-c", strconv.Itoa(clients),
+		"-n", strconv.Itoa(requests), "-r", "100000000", "SET", prefix+"__rand_int__", "v", "NX", "PX", "60000")
+	out, err := cmd.Output()
+	if err != nil {
+		return 0, fmt.Errorf("redis-benchmark: %w", err)
+	}
+	var last string
+	sc := bufio.NewScanner(bytes.NewReader(bytes.ReplaceAll(out, []byte("\r"), []byte("\n"))))
+	for sc.Scan() {
+		if m := rpsRe.FindStringSubmatch(sc.Text()); m != nil {
+			last = m[1]
+		}
+	}
+	if last == "" {
+		return 0, fmt.Errorf("redis-benchmark printed no rate: %q", out)
+	}
+	if c, err := openRedis(ctx, 4); err == nil {
+		deletePrefix(ctx, c, prefix)
+		_ = c.Close()
+	}
+	return strconv.ParseFloat(last, 64)
+}
+
+// runRedis compares redisstore's claim+complete rate at 1, 16 and 64
+// concurrent handlers with redis-benchmark's SET NX PX at the same client
+// counts.
+func runRedis(ctx context.Context, o *options) ([]result, error) {
+	const sec = "redis"
+	bs, err := openRedisBench(ctx)
+	if err != nil {
+		return skipped(sec, err.Error()), nil
+	}
+	defer bs.cleanup()
+	d := 3 * time.Second
+	if o.quick {
+		d = time.Second
+	}
+	var rs []result
+	for _, c := range []int{1, 16, 64} {
+		mps, err := throughput(ctx, bs.store, c, d, fmt.Sprintf("k%d-", c))
+		if err != nil {
+			return rs, err
+		}
+		rs = append(rs, result{sec, fmt.Sprintf("redis_store_c%d_msgs_per_s", c), mps, "msgs/s", "claim+complete"})
+		rb, err := redisBenchmark(ctx, c, o.scale(max(20000, c*3000), 4))
+		if err != nil {
+			rs = append(rs, skipped(sec, err.Error())...)
+			continue
+		}
+		rs = append(rs,
+			result{sec, fmt.Sprintf("redis_benchmark_setnx_c%d_ops_per_s", c), rb, "ops/s", "redis-benchmark SET NX PX, unpipelined"},
+			result{sec, fmt.Sprintf("redis_store_vs_setnx_c%d_ratio", c), mps / rb, "x", goalNote(c == 64, "goal >= 1.0")},
+		)
+	}
+	return rs, nil
+}
+
+func goalNote(when bool, note string) string {
+	if when {
+		return note
+	}
+	return ""
+}

@@ -1,0 +1,239 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	_ "github.com/go-sql-driver/mysql"
+	_ "github.com/jackc/pgx/v5/stdlib"
+	_ "modernc.org/sqlite"
+
+	"github.com/watermill-dedup/dedup/stores"
+	"github.com/watermill-dedup/dedup/stores/sqlstore"
+)
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+func postgresDSN() string {
+	return envOr("POSTGRES_DSN", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable")
+}
+
+func mysqlDSN() string {
+	return envOr("MYSQL_DSN", "root@tcp(127.0.0.1:3306)/test?parseTime=true")
+}
+
+// sqlBench is an open database with a store on a table of its own.
+type sqlBench struct {
+	name  string
+	db    *sql.DB
+	store *sqlstore.Store
+	drop  func()
+}
+
+func openSQL(ctx context.Context, name, driver, dsn, what string, conns int) (*sqlBench, error) {
+	db, err := sql.Open(driver, dsn)
+	if err != nil {
+		return nil, err
+	}
+	db.SetMaxOpenConns(conns)
+	db.SetMaxIdleConns(conns)
+	if err := db.PingContext(ctx); err != nil {
+		_ = db.Close()
+		return nil, fmt.Errorf("%s is not reachable (%s): %w", what, redactDSN(dsn), err)
+	}
+	table := "dedup_bench_" + runID()
+	s, err := sqlstore.New(db, sqlstore.Config{Table: table})
+	if err != nil {
+		_ = db.Close()
+		return nil, err
+	}
+	if err := s.CreateSchema(ctx); err != nil {
+		_ = db.Close()
+		return nil, err
+	}
+	return &sqlBench{name: name, db: db, store: s, drop: func() {
+		_ = s.Close(context.Background())
+		_, _ = db.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+table)
+		_ = db.Close()
+	}}, nil
+}
+
+var passwordRe = regexp.MustCompile(`:[^:@/]*@`)
+
+func redactDSN(dsn string) string { return passwordRe.ReplaceAllString(dsn, ":***@") }
+
+func openPostgresBench(ctx context.Context) (*benchStore, error) {
+	b, err := openSQL(ctx, "postgres", "pgx", postgresDSN(), "PostgreSQL (set POSTGRES_DSN)", 32)
+	if err != nil {
+		return nil, err
+	}
+	table := b.store.Table()
+	return &benchStore{
+		name:  "postgres",
+		store: b.store,
+		mem: func(ctx context.Context) (int64, error) {
+			if _, err := b.db.ExecContext(ctx, "VACUUM ANALYZE "+table); err != nil {
+				return 0, err
+			}
+			var n int64
+			err := b.db.QueryRowContext(ctx, "SELECT pg_total_relation_size($1)", table).Scan(&n)
+			return n, err
+		},
+		cleanup: b.drop,
+	}, nil
+}
+
+// txThroughput runs Begin+Commit cycles of new keys with c workers for d.
+func txThroughput(ctx context.Context, inbox stores.Inbox, workers int, d time.Duration, keyPrefix string) (float64, error) {
+	var (
+		n    atomic.Int64
+		wg   sync.WaitGroup
+		ferr atomic.Value
+		stop atomic.Bool
+	)
+	start := time.Now()
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; !stop.Load(); i++ {
+				tx, err := inbox.Begin(ctx, "bench", []string{keyPrefix + strconv.Itoa(w) + "-" + strconv.Itoa(i)}, time.Hour)
+				if err == nil {
+					err = tx.Commit(ctx, nil)
+				}
+				if err != nil {
+					ferr.Store(err)
+					return
+				}
+				n.Add(1)
+			}
+		}()
+	}
+	time.Sleep(d)
+	stop.Store(true)
+	wg.Wait()
+	if err, _ := ferr.Load().(error); err != nil {
+		return 0, err
+	}
+	return float64(n.Load()) / time.Since(start).Seconds(), nil
+}
+
+var tpsRe = regexp.MustCompile(`tps = ([0-9.]+)`)
+
+// pgbench runs a single-row INSERT ... ON CONFLICT DO NOTHING script with c
+// clients for d into a scratch table, and returns its tps.
+func pgbench(ctx context.Context, db *sql.DB, clients int, d time.Duration) (float64, error) {
+	bin, err := exec.LookPath("pgbench")
+	if err != nil {
+		for _, p := range []string{"/usr/lib/postgresql/15/bin/pgbench", "/usr/lib/postgresql/16/bin/pgbench", "/usr/lib/postgresql/17/bin/pgbench"} {
+			if _, serr := os.Stat(p); serr == nil {
+				bin, err = p, nil
+				break
+			}
+		}
+		if err != nil {
+			return 0, fmt.Errorf("pgbench is not installed")
+		}
+	}
+	table := "dedup_pgbench_" + runID()
+	if _, err := db.ExecContext(ctx, "CREATE TABLE "+table+" (k text PRIMARY KEY)"); err != nil {
+		return 0, err
+	}
+	defer db.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+table) //nolint:errcheck
+	dir, err := os.MkdirTemp("", "pgbench")
+	if err != nil {
+		return 0, err
+	}
+	defer os.RemoveAll(dir)
+	script := filepath.Join(dir, "insert.sql")
+	body := "\\set k random(1, 1000000000000)\nINSERT INTO " + table + " (k) VALUES ('b0e6c1e4-5f2a-4c0d-' || :k) ON CONFLICT DO NOTHING;\n"
+	if err := os.WriteFile(script, []byte(body), 0o600); err != nil {
+		return 0, err
+	}
+	cmd := exec.CommandContext(ctx, bin, "-n", "-c", strconv.Itoa(clients), "-j", strconv.Itoa(min(clients, 2)),
+		"-T", strconv.Itoa(int(d.Seconds())), "-f", script, postgresDSN())
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return 0, fmt.Errorf("pgbench: %w: %s", err, out)
+	}
+	m := tpsRe.FindSubmatch(out)
+	if m == nil {
+		return 0, fmt.Errorf("pgbench printed no tps: %s", out)
+	}
+	return strconv.ParseFloat(string(m[1]), 64)
+}
+
+// runSQL compares sqlstore on PostgreSQL (lease: claim+complete;
+// transactional: begin+commit) at 1 and 16 concurrent handlers with
+// pgbench's single-row INSERT ... ON CONFLICT DO NOTHING, and reports MySQL
+// and SQLite beside them.
+func runSQL(ctx context.Context, o *options) ([]result, error) {
+	const sec = "sql"
+	d := 3 * time.Second
+	if o.quick {
+		d = time.Second
+	}
+	var rs []result
+	dir, err := os.MkdirTemp("", "dedup-bench-sqlite")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	dbs := []struct{ name, driver, dsn, what string }{
+		{"postgres", "pgx", postgresDSN(), "PostgreSQL (set POSTGRES_DSN)"},
+		{"mysql", "mysql", mysqlDSN(), "MySQL/MariaDB (set MYSQL_DSN)"},
+		{"sqlite", "sqlite", sqlstore.SQLiteDSN(filepath.Join(dir, "bench.db")), "SQLite"},
+	}
+	for _, spec := range dbs {
+		b, err := openSQL(ctx, spec.name, spec.driver, spec.dsn, spec.what, 32)
+		if err != nil {
+			rs = append(rs, skipped(sec, err.Error())...)
+			continue
+		}
+		for _, c := range []int{1, 16} {
+			lease, err := throughput(ctx, b.store, c, d, fmt.Sprintf("l%d-", c))
+			if err != nil {
+				b.drop()
+				return rs, fmt.Errorf("%s lease: %w", spec.name, err)
+			}
+			tx, err := txThroughput(ctx, b.store, c, d, fmt.Sprintf("t%d-", c))
+			if err != nil {
+				b.drop()
+				return rs, fmt.Errorf("%s transactional: %w", spec.name, err)
+			}
+			rs = append(rs,
+				result{sec, fmt.Sprintf("sql_%s_lease_c%d_msgs_per_s", spec.name, c), lease, "msgs/s", "claim+complete"},
+				result{sec, fmt.Sprintf("sql_%s_tx_c%d_msgs_per_s", spec.name, c), tx, "msgs/s", "begin+commit"},
+			)
+			if spec.name != "postgres" {
+				continue
+			}
+			pb, err := pgbench(ctx, b.db, c, d)
+			if err != nil {
+				rs = append(rs, skipped(sec, err.Error())...)
+				continue
+			}
+			rs = append(rs,
+				result{sec, fmt.Sprintf("pgbench_insert_c%d_tps", c), pb, "tps", "single-row INSERT ON CONFLICT DO NOTHING"},
+				result{sec, fmt.Sprintf("sql_postgres_lease_vs_pgbench_c%d_ratio", c), lease / pb, "x", goalNote(c == 16, "goal >= 1.0")},
+				result{sec, fmt.Sprintf("sql_postgres_tx_vs_pgbench_c%d_ratio", c), tx / pb, "x", goalNote(c == 16, "goal >= 0.8")},
+			)
+		}
+		b.drop()
+	}
+	return rs, nil
+}
