@@ -1,0 +1,330 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
+	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+	amqp091 "github.com/rabbitmq/amqp091-go"
+	"github.com/twmb/franz-go/pkg/kfake"
+)
+
+// broker is a publisher and a subscriber on one message broker, and the
+// names of what this run uses on it.
+type broker struct {
+	name        string
+	addr        string // where it is, for the summary (no secrets)
+	pub         message.Publisher
+	sub         message.Subscriber
+	topic       string
+	poisonTopic string
+	group       string  // consumer group, where the broker has them
+	db          *sql.DB // the SQL pub/subs' database
+
+	// drained, when set, reports whether the broker has durably recorded
+	// the ack of every message of the topic. The SQL pub/subs commit an ack
+	// after the handler returned, in the subscriber's transaction (together
+	// with the inbox record and the ledger, when they join it); closing the
+	// router before that commit rolls it back and the message would come
+	// again on the next start. The run waits for it before closing.
+	drained func(ctx context.Context) (bool, error)
+}
+
+// Names of what a run creates. The run id keeps concurrent runs (and
+// tests) apart on shared services.
+func topicName(brokerName, runID string) string {
+	if isSQLBroker(brokerName) {
+		// watermill-sql makes table names of topics: no dots on MySQL.
+		return "payment_completed_" + runID
+	}
+	return "payment.completed." + runID
+}
+
+func consumerGroup(runID string) string { return "loyalty_" + runID }
+
+// openBroker connects to the configured broker. Closing what it opened is
+// added to closers; removing what it created (topics, queues, tables) to
+// removers, which run only under -cleanup.
+func openBroker(ctx context.Context, cfg Config, runID string, logger watermill.LoggerAdapter, closers, removers *teardown) (*broker, error) {
+	b := &broker{
+		name:  cfg.Broker,
+		topic: topicName(cfg.Broker, runID),
+		group: consumerGroup(runID),
+	}
+	b.poisonTopic = b.topic + map[bool]string{true: "_poison", false: ".poison"}[isSQLBroker(cfg.Broker)]
+	var err error
+	switch cfg.Broker {
+	case brokerGoChannel:
+		err = b.openGoChannel(logger, closers)
+	case brokerKafka, brokerKafkaEmbedded:
+		err = b.openKafka(ctx, cfg, logger, closers, removers)
+	case brokerAMQP:
+		err = b.openAMQP(ctx, cfg, logger, closers, removers)
+	case brokerPostgres, brokerMySQL:
+		err = b.openSQL(ctx, cfg, logger, closers, removers)
+	default:
+		err = fmt.Errorf("unknown broker %q (set -broker)", cfg.Broker)
+	}
+	if err != nil {
+		return nil, err
+	}
+	// Create the topics (queues, tables) before anything is published:
+	// AMQP drops a message sent to a queue that does not exist yet, and
+	// the Kafka consumer group needs its topic.
+	if init, ok := b.sub.(message.SubscribeInitializer); ok {
+		for _, t := range []string{b.topic, b.poisonTopic} {
+			if err := init.SubscribeInitialize(t); err != nil {
+				return nil, fmt.Errorf("%s: create topic %s: %w", b.name, t, err)
+			}
+		}
+	}
+	return b, nil
+}
+
+func (b *broker) openGoChannel(logger watermill.LoggerAdapter, closers *teardown) error {
+	ps := gochannel.NewGoChannel(gochannel.Config{OutputChannelBuffer: 256}, logger)
+	closers.add("close gochannel", func(context.Context) error { return ps.Close() })
+	b.addr = "in-process"
+	b.pub, b.sub = ps, ps
+	return nil
+}
+
+// Kafka, seed 000's Variant 1: the idempotent producer is the first line of
+// defence against the producer's own retries (the broker drops a batch it
+// already appended from the same producer session). It does not survive a
+// producer restart, an application-level republish under a new message id,
+// or any consumer-side redelivery: the dedup middleware still has to run.
+func kafkaProducerConfig() *sarama.Config {
+	c := kafka.DefaultSaramaSyncPublisherConfig()
+	// Sarama needs the protocol version set explicitly: idempotence needs
+	// 0.11+, and older defaults fail silently against newer brokers.
+	c.Version = sarama.V2_8_0_0
+	c.ClientID = "router_example"
+	c.Producer.Idempotent = true                // enable.idempotence=true
+	c.Producer.RequiredAcks = sarama.WaitForAll // acks=all
+	c.Net.MaxOpenRequests = 1                   // sarama allows only 1 in flight with idempotence
+	c.Producer.Retry.Max = 10                   // retries, bounded: SendMessage must return
+	c.Producer.Retry.Backoff = 100 * time.Millisecond
+	c.Producer.Return.Successes = true
+	c.Metadata.Retry.Max = 3
+	c.Metadata.Retry.Backoff = 250 * time.Millisecond
+	return c
+}
+
+func kafkaConsumerConfig() *sarama.Config {
+	c := kafka.DefaultSaramaSubscriberConfig()
+	c.Version = sarama.V2_8_0_0
+	c.ClientID = "router_example"
+	// A new consumer group starts at the oldest offset: it must see events
+	// published before it joined.
+	c.Consumer.Offsets.Initial = sarama.OffsetOldest
+	c.Consumer.Offsets.AutoCommit.Interval = 200 * time.Millisecond
+	c.Metadata.Retry.Max = 3
+	c.Metadata.Retry.Backoff = 250 * time.Millisecond
+	return c
+}
+
+// kafkaPartitions of the topics the example creates: several, so that
+// partitions are consumed concurrently.
+const kafkaPartitions = 4
+
+func (b *broker) openKafka(ctx context.Context, cfg Config, logger watermill.LoggerAdapter, closers, removers *teardown) error {
+	brokers := splitList(cfg.KafkaBrokers)
+	rf := int16(cfg.KafkaRF)
+	if cfg.Broker == brokerKafkaEmbedded {
+		cluster, err := kfake.NewCluster(kfake.NumBrokers(1))
+		if err != nil {
+			return fmt.Errorf("start the embedded Kafka (kfake): %w", err)
+		}
+		closers.add("stop the embedded Kafka", func(context.Context) error { cluster.Close(); return nil })
+		brokers, rf = cluster.ListenAddrs(), 1
+		b.addr = "in-process kfake at " + strings.Join(brokers, ",")
+	} else {
+		if err := probeTCP(ctx, "Kafka", brokers[0], "-kafka-brokers or KAFKA_BROKERS"); err != nil {
+			return err
+		}
+		b.addr = strings.Join(brokers, ",")
+	}
+
+	// Messages of one customer go to one partition, in order; a producer
+	// retry lands on the partition of its original.
+	marshaler := kafka.NewWithPartitioningMarshaler(func(_ string, msg *message.Message) (string, error) {
+		return msg.Metadata.Get(metaCustomerID), nil
+	})
+	pub, err := kafka.NewPublisher(kafka.PublisherConfig{
+		Brokers:               brokers,
+		Marshaler:             marshaler,
+		OverwriteSaramaConfig: kafkaProducerConfig(),
+	}, logger)
+	if err != nil {
+		return &unreachableError{"Kafka", b.addr, "-kafka-brokers or KAFKA_BROKERS", err}
+	}
+	closers.add("close the Kafka publisher", func(context.Context) error { return pub.Close() })
+	sub, err := kafka.NewSubscriber(kafka.SubscriberConfig{
+		Brokers:                brokers,
+		Unmarshaler:            marshaler,
+		ConsumerGroup:          b.group,
+		OverwriteSaramaConfig:  kafkaConsumerConfig(),
+		NackResendSleep:        50 * time.Millisecond,
+		InitializeTopicDetails: &sarama.TopicDetail{NumPartitions: kafkaPartitions, ReplicationFactor: rf},
+	}, logger)
+	if err != nil {
+		return err
+	}
+	closers.add("close the Kafka subscriber", func(context.Context) error { return sub.Close() })
+	b.pub, b.sub = pub, sub
+
+	if cfg.Broker == brokerKafkaEmbedded {
+		return nil // the in-process cluster goes with its topics
+	}
+	removers.add("delete Kafka topics "+b.topic+", "+b.poisonTopic+" and group "+b.group, func(context.Context) error {
+		admin, err := sarama.NewClusterAdmin(brokers, kafkaConsumerConfig())
+		if err != nil {
+			return err
+		}
+		defer admin.Close()
+		var errs []error
+		for _, t := range []string{b.topic, b.poisonTopic} {
+			if err := admin.DeleteTopic(t); err != nil {
+				errs = append(errs, fmt.Errorf("delete topic %s: %w", t, err))
+			}
+		}
+		if err := admin.DeleteConsumerGroup(b.group); err != nil {
+			errs = append(errs, fmt.Errorf("delete group %s: %w", b.group, err))
+		}
+		return errors.Join(errs...)
+	})
+	return nil
+}
+
+func (b *broker) openAMQP(ctx context.Context, cfg Config, logger watermill.LoggerAdapter, closers, removers *teardown) error {
+	b.addr = redactURL(cfg.AMQPURL)
+	hostPort, err := urlHostPort(cfg.AMQPURL, "5672")
+	if err != nil {
+		return fmt.Errorf("-amqp-url (or AMQP_URL): %w", err)
+	}
+	if err := probeTCP(ctx, "RabbitMQ", hostPort, "-amqp-url or AMQP_URL"); err != nil {
+		return err
+	}
+	// One durable queue per topic on the default exchange; a nack
+	// requeues the message.
+	acfg := amqp.NewDurableQueueConfig(cfg.AMQPURL)
+	acfg.Publish.ConfirmDelivery = true // Publish returns once RabbitMQ has the message
+	pub, err := amqp.NewPublisher(acfg, logger)
+	if err != nil {
+		return &unreachableError{"RabbitMQ", b.addr, "-amqp-url or AMQP_URL", err}
+	}
+	closers.add("close the RabbitMQ publisher", func(context.Context) error { return pub.Close() })
+	sub, err := amqp.NewSubscriber(acfg, logger)
+	if err != nil {
+		return &unreachableError{"RabbitMQ", b.addr, "-amqp-url or AMQP_URL", err}
+	}
+	closers.add("close the RabbitMQ subscriber", func(context.Context) error { return sub.Close() })
+	b.pub, b.sub = pub, sub
+
+	url := cfg.AMQPURL
+	removers.add("delete RabbitMQ queues "+b.topic+", "+b.poisonTopic, func(context.Context) error {
+		conn, err := amqp091.Dial(url)
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		ch, err := conn.Channel()
+		if err != nil {
+			return err
+		}
+		defer ch.Close()
+		var errs []error
+		for _, q := range []string{b.topic, b.poisonTopic} {
+			if _, err := ch.QueueDelete(q, false, false, false); err != nil {
+				errs = append(errs, fmt.Errorf("delete queue %s: %w", q, err))
+			}
+		}
+		return errors.Join(errs...)
+	})
+	return nil
+}
+
+func (b *broker) openSQL(ctx context.Context, cfg Config, logger watermill.LoggerAdapter, closers, removers *teardown) error {
+	db, addr, err := openDB(ctx, cfg, cfg.Broker)
+	if err != nil {
+		return err
+	}
+	closers.add("close the "+cfg.Broker+" pub/sub connection", func(context.Context) error { return db.Close() })
+	b.db, b.addr = db, addr
+
+	// The default adapters also name their tables, for the cleanup.
+	var (
+		schema interface {
+			wsql.SchemaAdapter
+			MessagesTable(topic string) string
+		}
+		offsets interface {
+			wsql.OffsetsAdapter
+			MessagesOffsetsTable(topic string) string
+		}
+	)
+	if cfg.Broker == brokerPostgres {
+		schema, offsets = wsql.DefaultPostgreSQLSchema{}, wsql.DefaultPostgreSQLOffsetsAdapter{}
+	} else {
+		schema, offsets = wsql.DefaultMySQLSchema{}, wsql.DefaultMySQLOffsetsAdapter{}
+	}
+	pub, err := wsql.NewPublisher(db, wsql.PublisherConfig{SchemaAdapter: schema, AutoInitializeSchema: true}, logger)
+	if err != nil {
+		return err
+	}
+	closers.add("close the SQL publisher", func(context.Context) error { return pub.Close() })
+	sub, err := wsql.NewSubscriber(db, wsql.SubscriberConfig{
+		ConsumerGroup:    b.group,
+		SchemaAdapter:    schema,
+		OffsetsAdapter:   offsets,
+		InitializeSchema: true,
+		PollInterval:     100 * time.Millisecond,
+		ResendInterval:   50 * time.Millisecond,
+		RetryInterval:    100 * time.Millisecond,
+	}, logger)
+	if err != nil {
+		return err
+	}
+	closers.add("close the SQL subscriber", func(context.Context) error { return sub.Close() })
+	b.pub, b.sub = pub, sub
+
+	quote := func(col string) string { return "`" + col + "`" }
+	if cfg.Broker == brokerPostgres {
+		quote = func(col string) string { return `"` + col + `"` }
+	}
+	drainQuery := "SELECT COALESCE((SELECT offset_acked FROM " + offsets.MessagesOffsetsTable(b.topic) + " WHERE consumer_group = " +
+		map[bool]string{true: "$1", false: "?"}[cfg.Broker == brokerPostgres] + "), 0) >= " +
+		"(SELECT COALESCE(MAX(" + quote("offset") + "), 0) FROM " + schema.MessagesTable(b.topic) + ")"
+	b.drained = func(ctx context.Context) (bool, error) {
+		var ok bool
+		err := db.QueryRowContext(ctx, drainQuery, b.group).Scan(&ok)
+		return ok, err
+	}
+
+	var tables []string
+	for _, t := range []string{b.topic, b.poisonTopic} {
+		tables = append(tables, schema.MessagesTable(t), offsets.MessagesOffsetsTable(t))
+	}
+	removers.add("drop "+cfg.Broker+" pub/sub tables "+strings.Join(tables, ", "), func(ctx context.Context) error {
+		var errs []error
+		for _, t := range tables {
+			// The names come from watermill-sql's adapters, already quoted.
+			if _, err := db.ExecContext(ctx, "DROP TABLE IF EXISTS "+t); err != nil {
+				errs = append(errs, fmt.Errorf("drop %s: %w", t, err))
+			}
+		}
+		return errors.Join(errs...)
+	})
+	return nil
+}

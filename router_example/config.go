@@ -1,0 +1,482 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/watermill-dedup/dedup/middleware"
+)
+
+// Brokers and stores the example can run on.
+var (
+	brokerNames = []string{brokerGoChannel, brokerKafka, brokerKafkaEmbedded, brokerAMQP, brokerPostgres, brokerMySQL}
+	storeNames  = []string{storeMemory, storeRedis, storePostgres, storeMySQL, storeSQLite}
+	modeNames   = []string{modeAuto, modeLease, modeTransactional}
+)
+
+const (
+	brokerGoChannel     = "gochannel"
+	brokerKafka         = "kafka"
+	brokerKafkaEmbedded = "kafka-embedded"
+	brokerAMQP          = "amqp"
+	brokerPostgres      = "postgres"
+	brokerMySQL         = "mysql"
+
+	storeMemory   = "memory"
+	storeRedis    = "redis"
+	storePostgres = "postgres"
+	storeMySQL    = "mysql"
+	storeSQLite   = "sqlite"
+
+	modeAuto          = "auto"
+	modeLease         = "lease"
+	modeTransactional = "transactional"
+)
+
+// Config is everything the example can be told, by flag, environment
+// variable or YAML file. Every flag -some-name has the environment variable
+// DEDUP_SOME_NAME (the service addresses use their usual names instead:
+// KAFKA_BROKERS, AMQP_URL, REDIS_ADDR, POSTGRES_DSN, MYSQL_DSN) and the YAML
+// key some-name. Precedence: flag, then environment, then file, then default.
+type Config struct {
+	ConfigFile string
+
+	// Where.
+	Broker       string
+	Store        string
+	Mode         string
+	KafkaBrokers string
+	KafkaRF      int
+	AMQPURL      string
+	RedisAddr    string
+	PostgresDSN  string
+	MySQLDSN     string
+	Dir          string
+	RunID        string
+	Cleanup      bool
+
+	// The scenario.
+	Events        int
+	Customers     int
+	Seed          uint64
+	RepublishRate float64
+	FailRate      float64
+	LostAckRate   float64
+	CrashRate     float64
+	StaleEvents   int
+	Timeout       time.Duration
+
+	// The middleware.
+	Dedup              bool
+	Lease              time.Duration
+	InProgressWait     time.Duration
+	Retention          time.Duration
+	RedeliveryHorizon  time.Duration
+	KafkaGroupRecovery time.Duration
+	OutageBudget       time.Duration
+	StrictRetention    bool
+	OnStoreError       string
+
+	// Observability.
+	MetricsAddr string
+	Linger      time.Duration
+	Verbose     bool
+}
+
+func defaultConfig() Config {
+	return Config{
+		Broker:       brokerGoChannel,
+		Store:        storeSQLite,
+		Mode:         modeAuto,
+		KafkaBrokers: "127.0.0.1:9092",
+		KafkaRF:      1,
+		AMQPURL:      "amqp://guest:guest@127.0.0.1:5672/",
+		RedisAddr:    "127.0.0.1:6379",
+		PostgresDSN:  "postgres://postgres@127.0.0.1:5432/test?sslmode=disable",
+		MySQLDSN:     "root@tcp(127.0.0.1:3306)/test?parseTime=true",
+
+		Events:        500,
+		Customers:     50,
+		Seed:          1,
+		RepublishRate: 0.10,
+		FailRate:      0.05,
+		LostAckRate:   0.05,
+		Timeout:       2 * time.Minute,
+
+		Dedup:              true,
+		Lease:              5 * time.Second,
+		Retention:          48 * time.Hour,
+		KafkaGroupRecovery: 15 * time.Minute,
+		OutageBudget:       24 * time.Hour,
+		OnStoreError:       middleware.FailClosed.String(),
+	}
+}
+
+// envNames are the environment variables that do not follow the
+// DEDUP_<FLAG> pattern.
+var envNames = map[string]string{
+	"kafka-brokers": "KAFKA_BROKERS",
+	"amqp-url":      "AMQP_URL",
+	"redis-addr":    "REDIS_ADDR",
+	"postgres-dsn":  "POSTGRES_DSN",
+	"mysql-dsn":     "MYSQL_DSN",
+}
+
+// envName is the environment variable of a flag.
+func envName(flagName string) string {
+	if n, ok := envNames[flagName]; ok {
+		return n
+	}
+	return "DEDUP_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+// newFlagSet binds every flag to a field of c; the current values of c are
+// the defaults.
+func newFlagSet(c *Config, output io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet("router_example", flag.ContinueOnError)
+	fs.SetOutput(output)
+
+	fs.StringVar(&c.ConfigFile, "config", c.ConfigFile, "YAML `file` whose keys are these flags' names (broker: kafka, events: 500, ...)")
+	fs.StringVar(&c.Broker, "broker", c.Broker, "message broker: "+strings.Join(brokerNames, " | "))
+	fs.StringVar(&c.Store, "store", c.Store, "dedup store: "+strings.Join(storeNames, " | "))
+	fs.StringVar(&c.Mode, "mode", c.Mode, "store mode: lease | transactional (SQL stores only) | auto (transactional on SQL stores, else lease)")
+	fs.StringVar(&c.KafkaBrokers, "kafka-brokers", c.KafkaBrokers, "comma-separated Kafka bootstrap `addresses` (-broker=kafka)")
+	fs.IntVar(&c.KafkaRF, "kafka-replication-factor", c.KafkaRF, "replication factor of the topics the example creates (-broker=kafka)")
+	fs.StringVar(&c.AMQPURL, "amqp-url", c.AMQPURL, "RabbitMQ `URL` (-broker=amqp)")
+	fs.StringVar(&c.RedisAddr, "redis-addr", c.RedisAddr, "Redis `host:port` (-store=redis)")
+	fs.StringVar(&c.PostgresDSN, "postgres-dsn", c.PostgresDSN, "PostgreSQL `DSN` (-broker=postgres, -store=postgres)")
+	fs.StringVar(&c.MySQLDSN, "mysql-dsn", c.MySQLDSN, "MySQL/MariaDB `DSN` in go-sql-driver form (-broker=mysql, -store=mysql)")
+	fs.StringVar(&c.Dir, "dir", c.Dir, "`directory` of the SQLite file (-store=sqlite); default: a temporary directory removed at exit")
+	fs.StringVar(&c.RunID, "run-id", c.RunID, "suffix of every topic, queue, table and key prefix this run creates: 1-16 lowercase letters or digits; default: random")
+	fs.BoolVar(&c.Cleanup, "cleanup", c.Cleanup, "drop the topics, queues, tables and keys this run created when it ends")
+
+	fs.IntVar(&c.Events, "events", c.Events, "number of distinct payment.completed events to publish")
+	fs.IntVar(&c.Customers, "customers", c.Customers, "number of distinct customers the payments belong to")
+	fs.Uint64Var(&c.Seed, "seed", c.Seed, "seed of the scenario's random choices (amounts, customers, which messages fail)")
+	fs.Float64Var(&c.RepublishRate, "republish-rate", c.RepublishRate, "fraction of events the producer publishes again under a new message id (a producer retry)")
+	fs.Float64Var(&c.FailRate, "fail-rate", c.FailRate, "fraction of messages whose first handler run fails transiently, before its side effect (nack, redelivery)")
+	fs.Float64Var(&c.LostAckRate, "lost-ack-rate", c.LostAckRate, "fraction of messages whose ack is lost after they were handled (nack, redelivery of a done message)")
+	fs.Float64Var(&c.CrashRate, "crash-rate", c.CrashRate, "fraction of messages whose consumer 'crashes' after the side effect, before the record is done (lease: taken over when the lease expires; transactional: rolled back)")
+	fs.IntVar(&c.StaleEvents, "stale-events", c.StaleEvents, "extra events published with a published_at older than the retention window (each is a ttl miss)")
+	fs.DurationVar(&c.Timeout, "timeout", c.Timeout, "how long to wait for every message to be handled before giving up")
+
+	fs.BoolVar(&c.Dedup, "dedup", c.Dedup, "use the dedup middleware; -dedup=false shows what duplicates do to the ledger")
+	fs.DurationVar(&c.Lease, "lease", c.Lease, "lease of a claim in lease mode: how long a crashed consumer blocks its message")
+	fs.DurationVar(&c.InProgressWait, "in-progress-wait", c.InProgressWait, "how long a delivery whose keys another run holds waits for it (default: 1.5 x -lease)")
+	fs.DurationVar(&c.Retention, "retention", c.Retention, "how long done records are kept (the dedup window)")
+	fs.DurationVar(&c.RedeliveryHorizon, "redelivery-horizon", c.RedeliveryHorizon, "the broker's longest redelivery delay; default: derived from -kafka-group-recovery or -outage-budget")
+	fs.DurationVar(&c.KafkaGroupRecovery, "kafka-group-recovery", c.KafkaGroupRecovery, "Kafka: longest time until a stalled consumer group is detected and restarted (the redelivery horizon)")
+	fs.DurationVar(&c.OutageBudget, "outage-budget", c.OutageBudget, "RabbitMQ, SQL and gochannel: longest consumer outage you plan to tolerate (the redelivery horizon)")
+	fs.BoolVar(&c.StrictRetention, "strict-retention", c.StrictRetention, "fail at start-up instead of warning when -retention < 1.3 x the redelivery horizon")
+	fs.StringVar(&c.OnStoreError, "on-store-error", c.OnStoreError, "when the store is down: fail-closed (nack and retry) | fail-open (run unprotected, counted as bypassed)")
+
+	fs.StringVar(&c.MetricsAddr, "metrics-addr", c.MetricsAddr, "serve Prometheus metrics on this `host:port` at /metrics (port 0: any free port); default: off")
+	fs.DurationVar(&c.Linger, "linger", c.Linger, "keep serving metrics this long after the summary (Ctrl-C ends it sooner)")
+	fs.BoolVar(&c.Verbose, "v", c.Verbose, "log Watermill's and the middleware's info messages to stderr")
+
+	fs.VisitAll(func(f *flag.Flag) {
+		f.Usage += " [env " + envName(f.Name) + "]"
+	})
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), `Usage: go run ./router_example [flags]
+
+A payments -> loyalty router on an at-least-once broker, with the dedup
+middleware in front of the handler. It publishes payment.completed events
+(with producer retries under new message ids), injects redeliveries, and
+checks that the loyalty ledger awarded every payment exactly once.
+
+Flags (each also read from the environment variable shown, and from the
+YAML file of -config under the flag's name; flags win over the environment,
+which wins over the file):
+`)
+		fs.PrintDefaults()
+		fmt.Fprintf(fs.Output(), `
+Exit status: 0 the invariant holds, 1 it is broken or the run did not finish,
+2 bad configuration or an unreachable service.
+`)
+	}
+	return fs
+}
+
+// loadConfig builds the Config from the defaults, the YAML file, the
+// environment and the command line, in increasing precedence.
+func loadConfig(args []string, getenv func(string) string, output io.Writer) (Config, error) {
+	// First pass: only to find -config (and to answer -help).
+	probe := defaultConfig()
+	if err := newFlagSet(&probe, output).Parse(args); err != nil {
+		return Config{}, err
+	}
+	path := probe.ConfigFile
+	if path == "" {
+		path = getenv(envName("config"))
+	}
+
+	cfg := defaultConfig()
+	fs := newFlagSet(&cfg, io.Discard)
+	if path != "" {
+		if err := applyYAML(fs, path); err != nil {
+			return Config{}, err
+		}
+	}
+	var envErr error
+	fs.VisitAll(func(f *flag.Flag) {
+		if f.Name == "config" || envErr != nil {
+			return
+		}
+		if v := getenv(envName(f.Name)); v != "" {
+			if err := fs.Set(f.Name, v); err != nil {
+				envErr = fmt.Errorf("environment variable %s=%q: %w", envName(f.Name), v, err)
+			}
+		}
+	})
+	if envErr != nil {
+		return Config{}, envErr
+	}
+	if err := fs.Parse(args); err != nil {
+		return Config{}, err
+	}
+	if fs.NArg() > 0 {
+		return Config{}, fmt.Errorf("unexpected arguments %q (flags only; see -help)", fs.Args())
+	}
+	cfg.ConfigFile = path
+	return cfg, cfg.Validate()
+}
+
+// applyYAML sets the flags named by the keys of the YAML mapping in path.
+func applyYAML(fs *flag.FlagSet, path string) error {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("config file (-config): %w", err)
+	}
+	var doc yaml.Node
+	if err := yaml.Unmarshal(data, &doc); err != nil {
+		return fmt.Errorf("config file %s: %w", path, err)
+	}
+	if len(doc.Content) == 0 {
+		return nil // empty file
+	}
+	root := doc.Content[0]
+	if root.Kind != yaml.MappingNode {
+		return fmt.Errorf("config file %s line %d: want a mapping of flag names to values", path, root.Line)
+	}
+	for i := 0; i+1 < len(root.Content); i += 2 {
+		k, v := root.Content[i], root.Content[i+1]
+		name := k.Value
+		if name == "config" || fs.Lookup(name) == nil {
+			return fmt.Errorf("config file %s line %d: unknown key %q (the keys are the flag names; see -help)", path, k.Line, name)
+		}
+		value, err := yamlValue(v)
+		if err != nil {
+			return fmt.Errorf("config file %s line %d: key %s: %w", path, v.Line, name, err)
+		}
+		if err := fs.Set(name, value); err != nil {
+			return fmt.Errorf("config file %s line %d: key %s: %w", path, v.Line, name, err)
+		}
+	}
+	return nil
+}
+
+// yamlValue turns a scalar, or a sequence of scalars (joined with commas,
+// for kafka-brokers), into a flag value.
+func yamlValue(n *yaml.Node) (string, error) {
+	switch n.Kind {
+	case yaml.ScalarNode:
+		return n.Value, nil
+	case yaml.SequenceNode:
+		parts := make([]string, 0, len(n.Content))
+		for _, c := range n.Content {
+			if c.Kind != yaml.ScalarNode {
+				return "", errors.New("a list may only hold plain values")
+			}
+			parts = append(parts, c.Value)
+		}
+		return strings.Join(parts, ","), nil
+	default:
+		return "", errors.New("want a plain value or a list of plain values")
+	}
+}
+
+var runIDRE = regexp.MustCompile(`^[a-z0-9]{1,16}$`)
+
+// Validate reports the first invalid setting, naming its flag.
+func (c Config) Validate() error {
+	if !slices.Contains(brokerNames, c.Broker) {
+		return fmt.Errorf("unknown broker %q: set -broker (or DEDUP_BROKER) to one of %s", c.Broker, strings.Join(brokerNames, ", "))
+	}
+	if !slices.Contains(storeNames, c.Store) {
+		return fmt.Errorf("unknown store %q: set -store (or DEDUP_STORE) to one of %s", c.Store, strings.Join(storeNames, ", "))
+	}
+	if !slices.Contains(modeNames, c.Mode) {
+		return fmt.Errorf("unknown mode %q: set -mode (or DEDUP_MODE) to one of %s", c.Mode, strings.Join(modeNames, ", "))
+	}
+	if c.Mode == modeTransactional && !isSQLStore(c.Store) {
+		return fmt.Errorf("-mode=transactional needs a SQL store (-store=sqlite, postgres or mysql): the %s store has lease mode only", c.Store)
+	}
+	if c.RunID != "" && !runIDRE.MatchString(c.RunID) {
+		return fmt.Errorf("-run-id must be 1-16 lowercase letters or digits, got %q", c.RunID)
+	}
+	if c.Broker == brokerKafka && len(splitList(c.KafkaBrokers)) == 0 {
+		return errors.New("-broker=kafka needs -kafka-brokers (or KAFKA_BROKERS), such as 127.0.0.1:9092")
+	}
+	if c.KafkaRF < 1 {
+		return fmt.Errorf("-kafka-replication-factor must be at least 1, got %d", c.KafkaRF)
+	}
+	if c.Events < 1 || c.Events > 1_000_000 {
+		return fmt.Errorf("-events must be between 1 and 1000000, got %d", c.Events)
+	}
+	if c.Customers < 1 {
+		return fmt.Errorf("-customers must be at least 1, got %d", c.Customers)
+	}
+	if c.StaleEvents < 0 || c.StaleEvents > c.Events {
+		return fmt.Errorf("-stale-events must be between 0 and -events (%d), got %d", c.Events, c.StaleEvents)
+	}
+	for _, r := range []struct {
+		name string
+		v    float64
+	}{{"republish-rate", c.RepublishRate}, {"fail-rate", c.FailRate}, {"lost-ack-rate", c.LostAckRate}, {"crash-rate", c.CrashRate}} {
+		if r.v < 0 || r.v > 1 {
+			return fmt.Errorf("-%s must be between 0 and 1, got %v", r.name, r.v)
+		}
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+		min  time.Duration
+	}{
+		{"timeout", c.Timeout, time.Second},
+		{"lease", c.Lease, 100 * time.Millisecond},
+		{"retention", c.Retention, time.Second},
+		{"in-progress-wait", c.InProgressWait, 0},
+		{"redelivery-horizon", c.RedeliveryHorizon, 0},
+		{"kafka-group-recovery", c.KafkaGroupRecovery, 0},
+		{"outage-budget", c.OutageBudget, 0},
+		{"linger", c.Linger, 0},
+	} {
+		if d.v < d.min {
+			return fmt.Errorf("-%s must be at least %s, got %s", d.name, d.min, d.v)
+		}
+	}
+	if _, err := c.storeErrorPolicy(); err != nil {
+		return err
+	}
+	if c.OnStoreError == middleware.FailOpen.String() && c.mode() == modeTransactional && c.Dedup {
+		return errors.New("-on-store-error=fail-open cannot be combined with transactional mode (the handler's writes need the store's database): use -mode=lease")
+	}
+	if c.Linger > 0 && c.MetricsAddr == "" {
+		return errors.New("-linger keeps the metrics endpoint up: set -metrics-addr too")
+	}
+	return nil
+}
+
+// mode resolves -mode=auto.
+func (c Config) mode() string {
+	if c.Mode != modeAuto {
+		return c.Mode
+	}
+	if isSQLStore(c.Store) {
+		return modeTransactional
+	}
+	return modeLease
+}
+
+func (c Config) storeErrorPolicy() (middleware.StoreErrorPolicy, error) {
+	switch c.OnStoreError {
+	case middleware.FailClosed.String():
+		return middleware.FailClosed, nil
+	case middleware.FailOpen.String():
+		return middleware.FailOpen, nil
+	default:
+		return 0, fmt.Errorf("-on-store-error must be fail-closed or fail-open, got %q", c.OnStoreError)
+	}
+}
+
+// inProgressWait defaults to 1.5 x the lease: a delivery blocked by a
+// crashed consumer's claim then waits for the takeover instead of cycling
+// through nacks.
+func (c Config) inProgressWait() time.Duration {
+	if c.InProgressWait > 0 {
+		return c.InProgressWait
+	}
+	return c.Lease + c.Lease/2
+}
+
+func isSQLStore(s string) bool {
+	return s == storePostgres || s == storeMySQL || s == storeSQLite
+}
+
+func isSQLBroker(b string) bool { return b == brokerPostgres || b == brokerMySQL }
+
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// horizon is the broker's maximum redelivery horizon and where it comes
+// from, for the retention-window check.
+type horizon struct {
+	d      time.Duration
+	source string
+}
+
+// redeliveryHorizon is -redelivery-horizon, or derived from the broker:
+// Kafka's group recovery time, the consumer-outage budget for the rest
+// (RabbitMQ and the SQL pub/subs keep a message until it is acked, so the
+// longest outage you tolerate is the longest delay before a redelivery).
+// For SQS it would be maxReceiveCount x the visibility timeout.
+func (c Config) redeliveryHorizon() horizon {
+	switch {
+	case c.RedeliveryHorizon > 0:
+		return horizon{c.RedeliveryHorizon, "-redelivery-horizon"}
+	case c.Broker == brokerKafka || c.Broker == brokerKafkaEmbedded:
+		return horizon{c.KafkaGroupRecovery, "Kafka consumer-group recovery time, -kafka-group-recovery"}
+	case c.Broker == brokerAMQP:
+		return horizon{c.OutageBudget, "RabbitMQ consumer-outage budget, -outage-budget"}
+	default:
+		return horizon{c.OutageBudget, "consumer-outage budget, -outage-budget"}
+	}
+}
+
+// retentionCheck is the seed-000 rule: window >= 1.3 x horizon.
+type retentionCheck struct {
+	retention time.Duration
+	horizon   horizon
+	minimum   time.Duration
+}
+
+func (c Config) retentionCheck() retentionCheck {
+	h := c.redeliveryHorizon()
+	return retentionCheck{
+		retention: c.Retention,
+		horizon:   h,
+		minimum:   time.Duration(float64(h.d) * middleware.RetentionSafetyFactor),
+	}
+}
+
+func (r retentionCheck) ok() bool { return r.horizon.d == 0 || r.retention >= r.minimum }
+
+func (r retentionCheck) String() string {
+	if r.horizon.d == 0 {
+		return fmt.Sprintf("retention %s; redelivery horizon unknown (set -redelivery-horizon)", r.retention)
+	}
+	verdict := "OK"
+	op := ">="
+	if !r.ok() {
+		verdict, op = "TOO SHORT", "<"
+	}
+	return fmt.Sprintf("%s: retention %s %s %.1f x redelivery horizon %s (%s) = %s",
+		verdict, r.retention, op, middleware.RetentionSafetyFactor, r.horizon.d, r.horizon.source, r.minimum)
+}

@@ -1,0 +1,161 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"sync/atomic"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/schollz/progressbar/v3"
+	"golang.org/x/term"
+
+	"github.com/watermill-dedup/dedup/middleware"
+	"github.com/watermill-dedup/dedup/middleware/prommetrics"
+)
+
+// tally counts the middleware's outcomes for the summary and passes them
+// on to Prometheus.
+type tally struct {
+	next     middleware.Metrics
+	outcomes [32]atomic.Int64
+}
+
+var _ middleware.Metrics = (*tally)(nil)
+
+func (t *tally) Observe(scope string, o middleware.Outcome) {
+	if int(o) < len(t.outcomes) {
+		t.outcomes[o].Add(1)
+	}
+	t.next.Observe(scope, o)
+}
+
+func (t *tally) ObserveStore(scope, op string, d time.Duration, err error) {
+	t.next.ObserveStore(scope, op, d, err)
+}
+
+func (t *tally) count(o middleware.Outcome) int64 {
+	if int(o) < len(t.outcomes) {
+		return t.outcomes[o].Load()
+	}
+	return 0
+}
+
+// newMetrics returns the registry the example serves: the dedup
+// middleware's metrics (prommetrics) plus the Go runtime and process
+// collectors.
+func newMetrics() (*prometheus.Registry, *tally, error) {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	pm, err := prommetrics.New(prommetrics.Config{Registerer: reg, Scopes: []string{handlerName}})
+	if err != nil {
+		return nil, nil, err
+	}
+	return reg, &tally{next: pm}, nil
+}
+
+// metricsServer serves /metrics until Close.
+type metricsServer struct {
+	srv  *http.Server
+	addr string
+	done chan struct{}
+}
+
+func serveMetrics(addr string, reg *prometheus.Registry) (*metricsServer, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("cannot serve metrics on %s (change -metrics-addr): %w", addr, err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	m := &metricsServer{
+		srv:  &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second},
+		addr: ln.Addr().String(),
+		done: make(chan struct{}),
+	}
+	go func() {
+		defer close(m.done)
+		_ = m.srv.Serve(ln) // returns http.ErrServerClosed after Shutdown
+	}()
+	return m, nil
+}
+
+func (m *metricsServer) Close(ctx context.Context) error {
+	err := m.srv.Shutdown(ctx)
+	if err != nil {
+		_ = m.srv.Close()
+	}
+	<-m.done
+	return err
+}
+
+// progress shows how many of the published messages were acked, on a
+// terminal only.
+type progress interface {
+	advance()
+	finish()
+}
+
+type noProgress struct{}
+
+func (noProgress) advance() {}
+func (noProgress) finish()  {}
+
+type barProgress struct{ bar *progressbar.ProgressBar }
+
+func (p barProgress) advance() { _ = p.bar.Add(1) }
+func (p barProgress) finish()  { _ = p.bar.Finish() }
+
+func newProgress(w io.Writer, total int) progress {
+	f, ok := w.(*os.File)
+	if !ok || !term.IsTerminal(int(f.Fd())) {
+		return noProgress{}
+	}
+	return barProgress{progressbar.NewOptions(total,
+		progressbar.OptionSetWriter(w),
+		progressbar.OptionSetDescription("awarding loyalty points"),
+		progressbar.OptionSetWidth(30),
+		progressbar.OptionShowCount(),
+		progressbar.OptionSetItsString("msg"),
+		progressbar.OptionShowIts(),
+		progressbar.OptionThrottle(50*time.Millisecond),
+		progressbar.OptionClearOnFinish(),
+	)}
+}
+
+// newLogger logs warnings and errors to w; -v adds info messages, among
+// them every injected fault.
+func newLogger(w io.Writer, verbose bool) watermill.LoggerAdapter {
+	level := slog.LevelWarn
+	if verbose {
+		level = slog.LevelInfo
+	}
+	return quietLogger{watermill.NewSlogLogger(slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level})))}
+}
+
+// quietLogger logs the router's "Handler returned error" for the faults
+// the scenario injects, and for ErrInProgress (a retryable nack), at info
+// level: they are the point of the demo, not errors. So are the errors of
+// queries cancelled by the shutdown.
+type quietLogger struct{ watermill.LoggerAdapter }
+
+func (l quietLogger) Error(msg string, err error, fields watermill.LogFields) {
+	if errors.Is(err, errInjected) || errors.Is(err, middleware.ErrInProgress) || errors.Is(err, context.Canceled) {
+		l.LoggerAdapter.Info(msg+" (expected): "+err.Error(), fields)
+		return
+	}
+	l.LoggerAdapter.Error(msg, err, fields)
+}
+
+func (l quietLogger) With(fields watermill.LogFields) watermill.LoggerAdapter {
+	return quietLogger{l.LoggerAdapter.With(fields)}
+}

@@ -1,0 +1,468 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/watermill-dedup/dedup/middleware"
+	"github.com/watermill-dedup/dedup/stores"
+)
+
+// Metadata the producer sets on every message.
+const (
+	metaPublishedAt = "published_at" // RFC 3339, when the event was first published: the ttl-miss check
+	metaCustomerID  = "customer_id"  // the Kafka partition key
+	metaAttempt     = "producer_attempt"
+)
+
+// paymentCompleted is the event of seed 001.
+type paymentCompleted struct {
+	EventID    string      `json:"event_id"`
+	Type       string      `json:"type"`
+	PaymentID  string      `json:"payment_id"`
+	CustomerID string      `json:"customer_id"`
+	Amount     json.Number `json:"amount"`
+}
+
+// errBadEvent marks a message no retry will fix; it goes to the poison
+// topic.
+var errBadEvent = errors.New("bad payment.completed event")
+
+// points is one loyalty point per whole unit of the amount. It reads the
+// decimal string, never a float.
+func (e paymentCompleted) points() (int64, error) {
+	whole, _, _ := strings.Cut(e.Amount.String(), ".")
+	p, err := strconv.ParseInt(whole, 10, 64)
+	if err != nil || p < 0 {
+		return 0, fmt.Errorf("%w: amount %q", errBadEvent, e.Amount)
+	}
+	return p, nil
+}
+
+// plannedMessage is one message the producer will publish.
+type plannedMessage struct {
+	uuid        string
+	event       paymentCompleted
+	publishedAt time.Time
+	attempt     int // 1 for the original, 2 for a producer retry
+	stale       bool
+}
+
+// plan is the whole run, decided before it starts so that the progress bar
+// knows its total and the summary knows what to expect.
+type plan struct {
+	messages []plannedMessage
+	expected map[string]int64 // payment id -> points
+	events   int              // distinct events (= payments)
+	retries  int              // republished under a new message id
+	stale    int
+}
+
+func (p plan) expectedTotal() int64 {
+	var t int64
+	for _, v := range p.expected {
+		t += v
+	}
+	return t
+}
+
+// makePlan draws the events from cfg.Seed: amounts, customers, which events
+// the producer republishes under a new message id.
+func makePlan(cfg Config, runID string, now time.Time) plan {
+	rng := rand.New(rand.NewPCG(cfg.Seed, 0x5eed))
+	p := plan{expected: map[string]int64{}}
+	add := func(i int, stale bool) {
+		kind := "evt"
+		if stale {
+			kind = "old"
+		}
+		ev := paymentCompleted{
+			EventID:    fmt.Sprintf("%s-%s-%06d", kind, runID, i),
+			Type:       "payment.completed",
+			PaymentID:  fmt.Sprintf("PAY-%s-%s-%06d", runID, kind, i),
+			CustomerID: fmt.Sprintf("CUS-%04d", rng.IntN(cfg.Customers)),
+			Amount:     json.Number(fmt.Sprintf("%d.%02d", 1+rng.IntN(500), rng.IntN(100))),
+		}
+		pts, _ := ev.points()
+		p.expected[ev.PaymentID] = pts
+		p.events++
+		at := now
+		if stale {
+			// Published before the retention window began: if it had been
+			// handled then, its record would be gone by now.
+			at = now.Add(-cfg.Retention - time.Hour)
+			p.stale++
+		}
+		p.messages = append(p.messages, plannedMessage{uuid: watermill.NewUUID(), event: ev, publishedAt: at, attempt: 1, stale: stale})
+		if !stale && rng.Float64() < cfg.RepublishRate {
+			// A producer retry: it timed out waiting for the broker and
+			// sent the same event again, under a new message id.
+			p.messages = append(p.messages, plannedMessage{uuid: watermill.NewUUID(), event: ev, publishedAt: at, attempt: 2})
+			p.retries++
+		}
+	}
+	for i := range cfg.Events {
+		add(i, false)
+	}
+	for i := range cfg.StaleEvents {
+		add(i, true)
+	}
+	return p
+}
+
+func (m plannedMessage) message() (*message.Message, error) {
+	payload, err := json.Marshal(m.event)
+	if err != nil {
+		return nil, err
+	}
+	msg := message.NewMessage(m.uuid, payload)
+	msg.Metadata.Set(metaPublishedAt, m.publishedAt.UTC().Format(time.RFC3339Nano))
+	msg.Metadata.Set(metaCustomerID, m.event.CustomerID)
+	msg.Metadata.Set(metaAttempt, strconv.Itoa(m.attempt))
+	return msg, nil
+}
+
+// publishAll publishes the plan. A message whose publish fails is sent
+// again under a new message id, as a real producer would: the broker may
+// have stored it anyway, which is one more duplicate for the consumer.
+func publishAll(ctx context.Context, pub message.Publisher, topic string, p plan, tr *tracker) (publishFailures int, err error) {
+	const attempts = 5
+	for _, pm := range p.messages {
+		for attempt := 1; ; attempt++ {
+			msg, err := pm.message()
+			if err != nil {
+				return publishFailures, err
+			}
+			msg.SetContext(ctx)
+			tr.expect(msg.UUID)
+			err = pub.Publish(topic, msg)
+			if err == nil {
+				break
+			}
+			tr.unexpect(msg.UUID)
+			publishFailures++
+			if attempt == attempts || ctx.Err() != nil {
+				return publishFailures, fmt.Errorf("publish event %s to %s (%d attempts): %w", pm.event.EventID, topic, attempt, err)
+			}
+			pm.uuid = watermill.NewUUID()
+			select {
+			case <-ctx.Done():
+				return publishFailures, ctx.Err()
+			case <-time.After(time.Duration(attempt) * 200 * time.Millisecond):
+			}
+		}
+	}
+	tr.producerDone()
+	return publishFailures, nil
+}
+
+// loyalty is the consumer.
+type loyalty struct {
+	ledger ledger
+}
+
+// awardPoints is the handler: the same code for every broker, store and
+// mode. It decodes the payment and adds its points to the customer's
+// balance. It does nothing about duplicates: the middleware does.
+func (l *loyalty) awardPoints(msg *message.Message) error {
+	var ev paymentCompleted
+	if err := json.Unmarshal(msg.Payload, &ev); err != nil {
+		return fmt.Errorf("%w: message %s: %w", errBadEvent, msg.UUID, err)
+	}
+	if ev.PaymentID == "" || ev.CustomerID == "" {
+		return fmt.Errorf("%w: message %s: payment_id and customer_id are required", errBadEvent, msg.UUID)
+	}
+	pts, err := ev.points()
+	if err != nil {
+		return fmt.Errorf("message %s: %w", msg.UUID, err)
+	}
+	return l.ledger.Award(msg.Context(), award{
+		EventID:     ev.EventID,
+		PaymentID:   ev.PaymentID,
+		CustomerID:  ev.CustomerID,
+		Points:      pts,
+		MessageUUID: msg.UUID,
+	})
+}
+
+// Injected faults. They are errors the router logs at debug level only.
+var (
+	errInjected        = errors.New("injected fault")
+	errInjectedFailure = fmt.Errorf("%w: transient failure before the side effect", errInjected)
+	errInjectedCrash   = fmt.Errorf("%w: consumer crashed after the side effect, before the record was done", errInjected)
+	errInjectedLostAck = fmt.Errorf("%w: ack lost after the message was handled", errInjected)
+)
+
+// faults injects the redeliveries of the scenario, each at most once per
+// message id, chosen by a hash of the seed and the id (so concurrency does
+// not change which messages are hit):
+//
+//   - failure: the handler's first run fails before its side effect;
+//   - crash: the consumer dies after the side effect and before the record
+//     is done. In lease mode the claim is abandoned (neither completed nor
+//     released, see crashStore), so the redelivery waits for the lease to
+//     expire and takes it over: the side effect runs a second time, the
+//     bounded duplicate of lease mode. In transactional mode the
+//     transaction is never committed: nothing happened;
+//   - lost ack: the message was handled and recorded, but the ack never
+//     reached the broker, which redelivers it: a duplicate.
+type faults struct {
+	seed                          uint64
+	failRate, crashRate, lostRate float64
+	abandon                       func(*stores.Claim) // lease mode's crash, nil otherwise
+
+	mu                        sync.Mutex
+	ran                       map[string]bool // message ids whose handler already ran once
+	acked                     map[string]bool // message ids already considered for a lost ack
+	failures, crashes, losses int
+}
+
+func newFaults(cfg Config, abandon func(*stores.Claim)) *faults {
+	return &faults{
+		seed: cfg.Seed, failRate: cfg.FailRate, crashRate: cfg.CrashRate, lostRate: cfg.LostAckRate,
+		abandon: abandon,
+		ran:     map[string]bool{}, acked: map[string]bool{},
+	}
+}
+
+func (f *faults) hit(uuid, kind string, rate float64) bool {
+	if rate <= 0 {
+		return false
+	}
+	h := fnv.New64a()
+	fmt.Fprintf(h, "%d/%s/%s", f.seed, kind, uuid)
+	return float64(h.Sum64()>>11)/(1<<53) < rate
+}
+
+// firstRun reports whether the handler runs for uuid for the first time.
+func (f *faults) firstRun(uuid string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.ran[uuid] {
+		return false
+	}
+	f.ran[uuid] = true
+	return true
+}
+
+// inner wraps the handler, inside the dedup middleware: failures and
+// crashes happen while the message is claimed.
+func (f *faults) inner(h message.HandlerFunc) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		first := f.firstRun(msg.UUID)
+		if first && f.hit(msg.UUID, "fail", f.failRate) {
+			f.count(&f.failures)
+			return nil, errInjectedFailure
+		}
+		out, err := h(msg)
+		if err != nil || !first || !f.hit(msg.UUID, "crash", f.crashRate) {
+			return out, err
+		}
+		f.count(&f.crashes)
+		if c, ok := middleware.ClaimFromContext(msg.Context()); ok && f.abandon != nil {
+			f.abandon(c)
+		}
+		return nil, errInjectedCrash
+	}
+}
+
+// outer wraps the dedup middleware: the ack of a handled message is lost.
+func (f *faults) outer(h message.HandlerFunc) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		out, err := h(msg)
+		if err != nil {
+			return out, err
+		}
+		f.mu.Lock()
+		first := !f.acked[msg.UUID]
+		f.acked[msg.UUID] = true
+		f.mu.Unlock()
+		if first && f.hit(msg.UUID, "lostack", f.lostRate) {
+			f.count(&f.losses)
+			return nil, errInjectedLostAck
+		}
+		return out, nil
+	}
+}
+
+func (f *faults) count(n *int) {
+	f.mu.Lock()
+	*n++
+	f.mu.Unlock()
+}
+
+func (f *faults) counts() (failures, crashes, losses int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.failures, f.crashes, f.losses
+}
+
+// crashStore is the store as seen by a consumer that crashes: the claims it
+// abandons are never released (the process is gone), so their records stay
+// processing until the lease expires. Everything else passes through.
+type crashStore struct {
+	stores.Store
+
+	mu        sync.Mutex
+	abandoned map[string]bool // claim tokens
+}
+
+func newCrashStore(s stores.Store) *crashStore {
+	return &crashStore{Store: s, abandoned: map[string]bool{}}
+}
+
+func (s *crashStore) abandon(c *stores.Claim) {
+	s.mu.Lock()
+	s.abandoned[c.Token] = true
+	s.mu.Unlock()
+}
+
+// Release of an abandoned claim does nothing: a dead process releases
+// nothing.
+func (s *crashStore) Release(ctx context.Context, c *stores.Claim) error {
+	s.mu.Lock()
+	dead := s.abandoned[c.Token]
+	delete(s.abandoned, c.Token)
+	s.mu.Unlock()
+	if dead {
+		return nil
+	}
+	return s.Store.Release(ctx, c)
+}
+
+// tracker follows every delivery from outside all middlewares: how many
+// times each message was delivered, and which were acked. The run is over
+// when the producer is done and every message it published was acked.
+type tracker struct {
+	mu         sync.Mutex
+	deliveries map[string]int  // message id -> deliveries
+	acked      map[string]bool // message id -> acked at least once
+	expected   map[string]bool // message ids published (or being published)
+	pending    int             // expected and not yet acked
+	produced   bool
+	done       chan struct{}
+	closed     bool
+	onFirstAck func()
+	totalDeliv int
+	poisoned   int
+}
+
+func newTracker(onFirstAck func()) *tracker {
+	return &tracker{
+		deliveries: map[string]int{}, acked: map[string]bool{}, expected: map[string]bool{},
+		done: make(chan struct{}), onFirstAck: onFirstAck,
+	}
+}
+
+func (t *tracker) expect(uuid string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if !t.expected[uuid] {
+		t.expected[uuid] = true
+		if !t.acked[uuid] {
+			t.pending++
+		}
+	}
+}
+
+// unexpect forgets a message whose publish failed: it may never arrive.
+func (t *tracker) unexpect(uuid string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.expected[uuid] {
+		delete(t.expected, uuid)
+		if !t.acked[uuid] {
+			t.pending--
+		}
+	}
+}
+
+func (t *tracker) producerDone() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.produced = true
+	t.maybeDone()
+}
+
+func (t *tracker) maybeDone() {
+	if t.produced && t.pending == 0 && !t.closed {
+		t.closed = true
+		close(t.done)
+	}
+}
+
+// middleware is the outermost router middleware.
+func (t *tracker) middleware(h message.HandlerFunc) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		t.mu.Lock()
+		t.deliveries[msg.UUID]++
+		t.totalDeliv++
+		t.mu.Unlock()
+		out, err := h(msg)
+		if err == nil {
+			t.ack(msg.UUID)
+		}
+		return out, err
+	}
+}
+
+func (t *tracker) ack(uuid string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.acked[uuid] {
+		return
+	}
+	t.acked[uuid] = true
+	if t.expected[uuid] {
+		t.pending--
+		if t.onFirstAck != nil {
+			t.onFirstAck()
+		}
+	}
+	t.maybeDone()
+}
+
+// poison is a PoisonQueueWithFilter filter that counts what it routes.
+func (t *tracker) poison(err error) bool {
+	if !middleware.IsPermanent(err) && !errors.Is(err, errBadEvent) {
+		return false
+	}
+	t.mu.Lock()
+	t.poisoned++
+	t.mu.Unlock()
+	return true
+}
+
+// expectedCount is the number of messages published.
+func (t *tracker) expectedCount() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.expected)
+}
+
+type deliveryStats struct {
+	deliveries, distinct, redelivered, unacked, poisoned int
+}
+
+func (t *tracker) stats() deliveryStats {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return deliveryStats{
+		deliveries:  t.totalDeliv,
+		distinct:    len(t.deliveries),
+		redelivered: t.totalDeliv - len(t.deliveries),
+		unacked:     t.pending,
+		poisoned:    t.poisoned,
+	}
+}

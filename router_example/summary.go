@@ -1,0 +1,140 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/watermill-dedup/dedup/middleware"
+)
+
+// result is what a run did, for the summary.
+type result struct {
+	cfg       Config
+	runID     string
+	mode      string
+	topic     string
+	broker    string // description
+	store     string // description
+	retention retentionCheck
+
+	plan            plan
+	published       int
+	publishFailures int
+	stats           deliveryStats
+	failures        int // injected
+	crashes         int
+	lostAcks        int
+	outcome         func(middleware.Outcome) int64
+	ledger          ledgerSnapshot
+	ledgerErr       error
+	elapsed         time.Duration
+	finished        bool  // every published message was acked
+	runErr          error // the run could not go on (publish failed, interrupted)
+}
+
+// verdict checks the invariant: every payment awarded once, none lost.
+// Lease mode may award a payment twice when its consumer crashed between
+// the side effect and recording it done (at most once per crash); the
+// summary says so instead of hiding it.
+type verdict struct {
+	ok   bool
+	line string
+}
+
+func (r *result) missingAndExtra() (missing int, extra int64) {
+	for id := range r.plan.expected {
+		switch n := r.ledger.PerPayment[id]; {
+		case n == 0:
+			missing++
+		case n > 1:
+			extra += n - 1
+		}
+	}
+	return missing, extra
+}
+
+func (r *result) verdict() verdict {
+	expected := r.plan.expectedTotal()
+	switch {
+	case r.runErr != nil:
+		return verdict{false, fmt.Sprintf("invariant: NOT CHECKED — the run stopped early: %v", r.runErr)}
+	case r.ledgerErr != nil:
+		return verdict{false, fmt.Sprintf("invariant: NOT CHECKED — cannot read the ledger: %v", r.ledgerErr)}
+	case !r.finished:
+		return verdict{false, fmt.Sprintf("invariant: INCOMPLETE — %d of %d published messages were not acked within -timeout %s", r.stats.unacked, r.published, r.cfg.Timeout)}
+	}
+	missing, extra := r.missingAndExtra()
+	total := r.ledger.BalanceTotal
+	switch {
+	case missing > 0:
+		return verdict{false, fmt.Sprintf("invariant: BROKEN — %d payments were never awarded although their messages were acked (lost messages): ledger %d != expected %d", missing, total, expected)}
+	case r.ledger.BalanceTotal != r.ledger.EntryPoints:
+		return verdict{false, fmt.Sprintf("invariant: BROKEN — the balances (%d) disagree with the ledger entries (%d)", r.ledger.BalanceTotal, r.ledger.EntryPoints)}
+	case r.stats.poisoned > 0:
+		return verdict{false, fmt.Sprintf("invariant: BROKEN — %d messages went to the poison topic", r.stats.poisoned)}
+	case extra > 0 && r.cfg.Dedup && r.mode == modeLease && extra <= int64(r.crashes):
+		return verdict{true, fmt.Sprintf("invariant: OK (lease mode) — no payment lost; %d awarded twice after %d injected crashes between side effect and Complete, the bounded duplicate lease mode allows (ledger %d = expected %d + %d)", extra, r.crashes, total, expected, total-expected)}
+	case extra > 0:
+		return verdict{false, fmt.Sprintf("invariant: BROKEN — %d duplicate awards: ledger %d != expected %d", extra, total, expected)}
+	case total != expected:
+		return verdict{false, fmt.Sprintf("invariant: BROKEN — ledger %d != expected %d", total, expected)}
+	default:
+		return verdict{true, fmt.Sprintf("invariant: OK — every payment awarded exactly once (ledger %d == expected %d)", total, expected)}
+	}
+}
+
+func (r *result) print(w io.Writer) {
+	modeText := r.mode
+	switch {
+	case !r.cfg.Dedup:
+		modeText = "NOT USED (-dedup=false)"
+	case r.mode == modeTransactional:
+		modeText = "transactional inbox"
+	case r.mode == modeLease:
+		modeText = "lease (claim -> handler -> complete)"
+	}
+	fmt.Fprintf(w, "\nrouter_example: payments -> loyalty, run %s\n", r.runID)
+	fmt.Fprintf(w, "  broker     %s (%s), topic %s\n", r.cfg.Broker, r.broker, r.topic)
+	fmt.Fprintf(w, "  store      %s (%s), mode %s\n", r.cfg.Store, r.store, modeText)
+	fmt.Fprintf(w, "  retention  %s\n\n", r.retention)
+
+	row := func(label string, n int64, note string) {
+		line := fmt.Sprintf("  %-28s %9d  %s", label, n, note)
+		fmt.Fprintln(w, strings.TrimRight(line, " "))
+	}
+	o := r.outcome
+	row("events (distinct payments)", int64(r.plan.events), fmt.Sprintf("%d customers", r.cfg.Customers))
+	row("published messages", int64(r.published), r.publishedNote())
+	row("deliveries", int64(r.stats.deliveries), "")
+	row("redelivered", int64(r.stats.redelivered), fmt.Sprintf("%d injected failures, %d lost acks, %d crashes", r.failures, r.lostAcks, r.crashes))
+	row("claimed (handler ran)", o(middleware.OutcomeClaimed), "")
+	row("duplicates dropped", o(middleware.OutcomeDuplicate), "acked without running the handler")
+	row("in progress (nacked)", o(middleware.OutcomeInProgress), "")
+	row("lease takeovers", o(middleware.OutcomeTakeover), "")
+	row("ttl misses", o(middleware.OutcomeTTLMiss), fmt.Sprintf("%d stale events published", r.plan.stale))
+	row("store errors", o(middleware.OutcomeStoreError), "")
+	row("bypassed (fail-open)", o(middleware.OutcomeBypassed), "")
+	row("poisoned", int64(r.stats.poisoned), "")
+	row("effects applied", r.ledger.Entries, "ledger entries")
+	row("ledger total", r.ledger.BalanceTotal, "points")
+	row("expected", r.plan.expectedTotal(), "points")
+	rate := ""
+	if s := r.elapsed.Seconds(); s > 0 {
+		rate = fmt.Sprintf("%.0f deliveries/s", float64(r.stats.deliveries)/s)
+	}
+	fmt.Fprintf(w, "  %-28s %9s  %s\n\n", "elapsed", r.elapsed.Round(time.Millisecond), rate)
+	fmt.Fprintln(w, r.verdict().line)
+}
+
+func (r *result) publishedNote() string {
+	parts := []string{fmt.Sprintf("%d producer retries under new message ids", r.plan.retries)}
+	if r.plan.stale > 0 {
+		parts = append(parts, fmt.Sprintf("%d stale", r.plan.stale))
+	}
+	if r.publishFailures > 0 {
+		parts = append(parts, fmt.Sprintf("%d failed publishes retried", r.publishFailures))
+	}
+	return strings.Join(parts, ", ")
+}
