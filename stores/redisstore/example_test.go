@@ -1,0 +1,63 @@
+package redisstore_test
+
+import (
+	"context"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/watermill-dedup/dedup/middleware"
+	"github.com/watermill-dedup/dedup/stores/redisstore"
+)
+
+// The wiring of the README: a store on a client the application owns,
+// behind the dedup middleware of a router. (No Output: it needs a Redis.)
+func Example() {
+	logger := watermill.NewStdLogger(false, false)
+	router, err := message.NewRouter(message.RouterConfig{}, logger)
+	if err != nil {
+		panic(err)
+	}
+
+	client := redis.NewClient(&redis.Options{
+		Addr:                  "127.0.0.1:6379",
+		ContextTimeoutEnabled: true, // let the middleware's StoreTimeout bound every call
+	})
+	defer client.Close() // the store never closes it
+
+	store, err := redisstore.New(client, redisstore.Config{
+		Logger: logger, // CheckServer's findings; nil discards them
+	})
+	if err != nil {
+		panic(err)
+	}
+	defer store.Close(context.Background())
+
+	dedup, err := middleware.New(middleware.Config{Store: store, Scope: "orders"})
+	if err != nil {
+		panic(err)
+	}
+	router.AddMiddleware(dedup)
+	// router.AddConsumerHandler(...); router.Run(ctx)
+}
+
+// Records in Redis Cluster: multi-key claims are taken key by key in a
+// fixed order, so a ClusterClient works as it is.
+func ExampleNew_cluster() {
+	client := redis.NewClusterClient(&redis.ClusterOptions{
+		Addrs:                 []string{"127.0.0.1:7000", "127.0.0.1:7001", "127.0.0.1:7002"},
+		ContextTimeoutEnabled: true,
+	})
+	defer client.Close()
+
+	store, err := redisstore.New(client, redisstore.Config{
+		Prefix:               "dd:", // shorter keys: see README, Memory per record
+		DigestKeysLongerThan: 32,    // long business keys cost 16 bytes
+	})
+	if err != nil {
+		panic(err)
+	}
+	defer store.Close(context.Background())
+	_ = store
+}
