@@ -2,9 +2,11 @@ package sqlstore
 
 import (
 	"database/sql"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"reflect"
 	"regexp"
 	"strconv"
@@ -100,10 +102,19 @@ type queries struct {
 
 	insertProcessing string // id, token, expires
 	insertDone       string // id, expires
+
+	// partitioned is the PostgreSQL daily-partitioned layout: the primary
+	// key is (id, expires_at), so uniqueness of id is kept by an advisory
+	// lock per id (lockClass, id prefix) taken before reading and inserting.
+	partitioned bool
+	lockClass   int32
 }
 
-func newQueries(d Dialect, table string) *queries {
-	q := &queries{d: d, name: table}
+func newQueries(d Dialect, table string, partitioned bool) *queries {
+	q := &queries{d: d, name: table, partitioned: partitioned}
+	h := fnv.New32a()
+	h.Write([]byte("sqlstore:" + table))
+	q.lockClass = int32(h.Sum32())
 	if i := strings.IndexByte(table, '.'); i >= 0 {
 		q.schema, q.name = table[:i], table[i+1:]
 		q.table = q.quote(q.schema) + "." + q.quote(q.name)
@@ -111,10 +122,51 @@ func newQueries(d Dialect, table string) *queries {
 		q.table = q.quote(table)
 	}
 	ins := "INSERT INTO " + q.table + " (id, state, token, expires_at) VALUES (%s, %d, %s, %s)"
-	q.insertProcessing = fmt.Sprintf(ins, q.ph(1), stateProcessing, q.ph(2), q.ph(3)) + q.onConflictDoNothing()
-	q.insertDone = fmt.Sprintf(ins, q.ph(1), stateDone, "NULL", q.ph(2)) + q.onConflictDoNothing()
+	q.insertProcessing = fmt.Sprintf(ins, q.ph(1), stateProcessing, q.ph(2), q.ph(3))
+	q.insertDone = fmt.Sprintf(ins, q.ph(1), stateDone, "NULL", q.ph(2))
+	if !partitioned {
+		// Partitioned: a plain INSERT, made under the id's advisory lock
+		// after reading that no row exists.
+		q.insertProcessing += q.onConflictDoNothing()
+		q.insertDone += q.onConflictDoNothing()
+	}
 	return q
 }
+
+// advisoryLock serialises every claim and Begin of one id on the
+// partitioned layout. Args: lockClass, id prefix (int32 each). Two ids
+// sharing a prefix only wait for each other.
+const advisoryLock = "SELECT pg_advisory_xact_lock($1, $2)"
+
+func (q *queries) lockArgs(id recordID) []any {
+	return []any{q.lockClass, int32(binary.BigEndian.Uint32(id[:4]))}
+}
+
+// partitionSuffix is appended to the table name for a day's partition.
+const partitionSuffix = "_p20060102"
+
+func (q *queries) partitionName(day time.Time) string {
+	return q.name + day.UTC().Format(partitionSuffix)
+}
+
+func (q *queries) qualified(name string) string {
+	if q.schema != "" {
+		return q.quote(q.schema) + "." + q.quote(name)
+	}
+	return q.quote(name)
+}
+
+// createPartition creates the partition holding the records that expire
+// on day (UTC).
+func (q *queries) createPartition(day time.Time) string {
+	from := day.UTC().Truncate(24 * time.Hour)
+	return fmt.Sprintf("CREATE TABLE IF NOT EXISTS %s PARTITION OF %s FOR VALUES FROM ('%s') TO ('%s')",
+		q.qualified(q.partitionName(from)), q.table, from.Format("2006-01-02 15:04:05Z07"), from.Add(24*time.Hour).Format("2006-01-02 15:04:05Z07"))
+}
+
+// listPartitions lists the partitions: name and estimated row count.
+// Args: the quoted table name.
+const listPartitions = `SELECT c.relname, GREATEST(c.reltuples, 0)::bigint FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = $1::regclass`
 
 func (q *queries) quote(ident string) string {
 	if q.d == MySQL {
@@ -251,8 +303,19 @@ func (q *queries) purge() string {
 // default table name (a test keeps them in sync).
 func (q *queries) schemaStatements() []string {
 	idx := q.name + "_expires_idx"
-	switch q.d {
-	case Postgres:
+	switch {
+	case q.partitioned:
+		return []string{
+			`CREATE TABLE IF NOT EXISTS ` + q.table + ` (
+    id         uuid        NOT NULL,
+    state      smallint    NOT NULL CHECK (state IN (1, 2)),
+    token      bigint,
+    expires_at timestamptz NOT NULL,
+    data       bytea,
+    PRIMARY KEY (id, expires_at)
+) PARTITION BY RANGE (expires_at)`,
+		}
+	case q.d == Postgres:
 		return []string{
 			`CREATE TABLE IF NOT EXISTS ` + q.table + ` (
     id         uuid        NOT NULL,
@@ -265,7 +328,7 @@ func (q *queries) schemaStatements() []string {
 			`CREATE INDEX IF NOT EXISTS ` + q.quote(idx) + ` ON ` + q.table + `
     USING brin (expires_at) WITH (autosummarize = on)`,
 		}
-	case MySQL:
+	case q.d == MySQL:
 		return []string{
 			"CREATE TABLE IF NOT EXISTS " + q.table + " (\n" +
 				"    id         BINARY(16) NOT NULL,\n" +

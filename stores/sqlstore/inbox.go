@@ -75,6 +75,9 @@ func (s *Store) Begin(ctx context.Context, scope string, keys []string, retentio
 	if retention <= 0 {
 		return nil, fmt.Errorf("%w: retention must be positive, got %s", stores.ErrInvalidArgument, retention)
 	}
+	if err := s.checkHorizon("retention", retention); err != nil {
+		return nil, err
+	}
 	ks := newKeySet(scope, keys)
 	if tx, ok := s.outerTx(ctx); ok {
 		itx, err := s.beginSavepoint(ctx, tx, ks, retention)
@@ -117,6 +120,15 @@ func (s *Store) Begin(ctx context.Context, scope string, keys []string, retentio
 const maxSavepointAttempts = 3
 
 func (s *Store) beginSavepoint(ctx context.Context, tx *sql.Tx, ks keySet, retention time.Duration) (*inboxTx, error) {
+	if s.q.partitioned {
+		var iso string
+		if err := tx.QueryRowContext(ctx, "SELECT current_setting('transaction_isolation')").Scan(&iso); err != nil {
+			return nil, err
+		}
+		if iso == "repeatable read" {
+			return nil, fmt.Errorf("%w: DailyPartitions cannot join a REPEATABLE READ transaction (its snapshot may miss a record committed in another partition); use the plain layout, or READ COMMITTED or SERIALIZABLE", stores.ErrInvalidArgument)
+		}
+	}
 	sp := fmt.Sprintf("sqlstore_%d", s.savepoints.Add(1))
 	if _, err := tx.ExecContext(ctx, "SAVEPOINT "+sp); err != nil {
 		return nil, err
@@ -158,27 +170,14 @@ func rollbackTo(ctx context.Context, tx *sql.Tx, sp string, keep bool) error {
 func (s *Store) insertDone(ctx context.Context, tx *sql.Tx, ks keySet, retention time.Duration) (stores.Result, []byte, error) {
 	now := s.now()
 	exp := s.q.timeArg(now.Add(retention))
-	var rest []recordID
-	for _, id := range ks.ids {
-		res, err := tx.ExecContext(ctx, s.q.insertDone, s.q.idArg(id), exp)
-		if err != nil {
-			return 0, nil, err
-		}
-		if n, err := res.RowsAffected(); err != nil {
-			return 0, nil, err
-		} else if n == 0 {
-			rest = append(rest, id)
-		}
-	}
-	if len(rest) == 0 {
-		return stores.Claimed, nil, nil
-	}
-	recs, err := s.fetch(ctx, tx, rest, now, true)
+	rest, recs, err := s.acquire(ctx, tx, ks, now, s.q.insertDone, func(id recordID) []any {
+		return []any{s.q.idArg(id), exp}
+	})
 	if err != nil {
 		return 0, nil, err
 	}
-	if len(recs) != len(rest) {
-		return 0, nil, errRetry
+	if len(rest) == 0 {
+		return stores.Claimed, nil, nil
 	}
 	var c stores.Claim
 	if s.decide(&c, ks, recs) {

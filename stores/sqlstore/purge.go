@@ -3,7 +3,9 @@ package sqlstore
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -22,6 +24,9 @@ import (
 func (s *Store) Purge(ctx context.Context) (int64, error) {
 	if s.closed.Load() {
 		return 0, fmt.Errorf("sqlstore: Purge: %w", stores.ErrClosed)
+	}
+	if s.q.partitioned {
+		return s.purgePartitions(ctx)
 	}
 	now := s.now()
 	args := []any{s.q.timeArg(now), s.q.timeArg(now.Add(-s.cfg.PurgeGrace)), s.cfg.PurgeBatch}
@@ -74,4 +79,84 @@ func (s *Store) purgeLoop(ctx context.Context) {
 			}
 		}
 	}
+}
+
+// createPartitions creates the partitions from yesterday to
+// PartitionDaysAhead days ahead (UTC days), those missing.
+func (s *Store) createPartitions(ctx context.Context) error {
+	today := s.now().UTC().Truncate(24 * time.Hour)
+	for d := -1; d <= s.cfg.PartitionDaysAhead; d++ {
+		if _, err := s.db.ExecContext(ctx, s.q.createPartition(today.AddDate(0, 0, d))); err != nil {
+			// Another process creating the same partition at the same
+			// moment: IF NOT EXISTS is not race-free in PostgreSQL.
+			var pg interface{ SQLState() string }
+			if errors.As(err, &pg) && (pg.SQLState() == "42P07" || pg.SQLState() == "23505") {
+				continue
+			}
+			return err
+		}
+	}
+	return nil
+}
+
+// purgePartitions is Purge on the partitioned layout: it creates the
+// partitions ahead, then drops every partition whose records have all
+// expired: its day ended more than PurgeGrace ago. It returns the
+// dropped partitions' estimated row count (pg_class.reltuples).
+func (s *Store) purgePartitions(ctx context.Context) (int64, error) {
+	if err := s.createPartitions(ctx); err != nil {
+		return 0, fmt.Errorf("sqlstore: creating partitions of table %s: %w", s.cfg.Table, err)
+	}
+	cutoff := s.now().Add(-s.cfg.PurgeGrace)
+	rows, err := s.db.QueryContext(ctx, listPartitions, s.q.table)
+	if err != nil {
+		return 0, fmt.Errorf("sqlstore: listing partitions of table %s: %w", s.cfg.Table, err)
+	}
+	type part struct {
+		name string
+		rows int64
+	}
+	var old []part
+	for rows.Next() {
+		var p part
+		if err := rows.Scan(&p.name, &p.rows); err != nil {
+			rows.Close()
+			return 0, err
+		}
+		suffix, ok := strings.CutPrefix(p.name, s.q.name)
+		if !ok {
+			continue
+		}
+		day, err := time.Parse(partitionSuffix, suffix)
+		if err != nil {
+			continue // not one of ours
+		}
+		if !day.Add(24 * time.Hour).After(cutoff) {
+			old = append(old, p)
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return 0, err
+	}
+	var total int64
+	for _, p := range old {
+		// DROP TABLE locks the parent table: bound the wait so a long
+		// transaction never makes claims queue behind the purge.
+		err := s.inTx(ctx, func(tx *sql.Tx) error {
+			if _, err := tx.ExecContext(ctx, "SET LOCAL lock_timeout = '2s'"); err != nil {
+				return err
+			}
+			_, err := tx.ExecContext(ctx, "DROP TABLE IF EXISTS "+s.q.qualified(p.name))
+			return err
+		})
+		if err != nil {
+			return total, fmt.Errorf("sqlstore: dropping partition %s: %w", p.name, err)
+		}
+		total += p.rows
+		if s.onPurgeBatch != nil {
+			s.onPurgeBatch(p.rows)
+		}
+	}
+	return total, nil
 }

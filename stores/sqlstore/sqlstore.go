@@ -79,6 +79,8 @@ const (
 	DefaultPurgeBatch = 1000
 	DefaultPurgeGrace = 15 * time.Minute
 
+	DefaultPartitionDaysAhead = 8
+
 	// MaxPurgeBatch bounds Config.PurgeBatch.
 	MaxPurgeBatch = 100_000
 )
@@ -121,6 +123,24 @@ type Config struct {
 	// retention ends. The default is 15 minutes.
 	PurgeGrace time.Duration
 
+	// DailyPartitions (PostgreSQL only) selects the partitioned layout: the
+	// table is partitioned by day of expires_at (UTC), and the purge drops
+	// whole partitions once every record in them has expired, instead of
+	// deleting rows. The purge job creates the partitions
+	// PartitionDaysAhead days ahead, so PurgeInterval must be positive
+	// (hourly is plenty). The primary key becomes (id, expires_at); each
+	// claim and Begin takes a transaction-level advisory lock on its ids
+	// to keep ids unique across partitions, which costs a round trip or
+	// two per message. Begin refuses to join a REPEATABLE READ transaction
+	// (watermill-sql's PostgreSQL subscriber uses one): its snapshot could
+	// miss a record committed in another partition. See README.md.
+	DailyPartitions bool
+
+	// PartitionDaysAhead is how many days of partitions exist ahead of
+	// today; leases and retentions must not exceed it. The default is 8;
+	// at most 366.
+	PartitionDaysAhead int
+
 	// IgnoreWatermillTx makes Begin open its own transaction even when ctx
 	// carries a watermill-sql subscriber's transaction. By default Begin
 	// joins that transaction with a SAVEPOINT; the subscriber's database
@@ -153,6 +173,17 @@ func (c Config) Validate() error {
 	if c.PurgeGrace < 0 {
 		return fmt.Errorf("sqlstore: PurgeGrace must not be negative, got %s", c.PurgeGrace)
 	}
+	if c.PartitionDaysAhead < 0 || c.PartitionDaysAhead > 366 {
+		return fmt.Errorf("sqlstore: PartitionDaysAhead must be between 1 and 366 (0 for the default), got %d", c.PartitionDaysAhead)
+	}
+	if c.DailyPartitions {
+		if c.Dialect != "" && c.Dialect != Postgres {
+			return fmt.Errorf("sqlstore: DailyPartitions is for PostgreSQL only, Dialect is %q", c.Dialect)
+		}
+		if c.PurgeInterval <= 0 {
+			return errors.New("sqlstore: DailyPartitions needs a positive PurgeInterval: the purge job creates the partitions ahead")
+		}
+	}
 	return nil
 }
 
@@ -165,6 +196,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.PurgeGrace == 0 {
 		c.PurgeGrace = DefaultPurgeGrace
+	}
+	if c.PartitionDaysAhead == 0 {
+		c.PartitionDaysAhead = DefaultPartitionDaysAhead
 	}
 	c.Clock = stores.ClockOrSystem(c.Clock)
 	if c.Logger == nil {
@@ -212,17 +246,15 @@ func New(db *sql.DB, cfg Config) (*Store, error) {
 			return nil, err
 		}
 		cfg.Dialect = d
-		if cfg.Table != "" {
-			if err := checkTable(cfg.Table, d); err != nil {
-				return nil, err
-			}
+		if err := cfg.Validate(); err != nil {
+			return nil, err
 		}
 	}
 	cfg.setDefaults()
 	s := &Store{
 		db:   db,
 		cfg:  cfg,
-		q:    newQueries(cfg.Dialect, cfg.Table),
+		q:    newQueries(cfg.Dialect, cfg.Table, cfg.DailyPartitions),
 		done: make(chan struct{}),
 	}
 	if cfg.Dialect != SQLite {
@@ -250,9 +282,11 @@ func (s *Store) Table() string { return s.cfg.Table }
 // per element, for DBAs who apply it themselves.
 func (s *Store) SchemaStatements() []string { return s.q.schemaStatements() }
 
-// CreateSchema creates the table and its index if they do not exist. It is
-// idempotent and safe to run at every start; it needs CREATE privileges,
-// which the store does not need otherwise.
+// CreateSchema creates the table and its index if they do not exist (and,
+// with DailyPartitions, the partitions from yesterday to
+// PartitionDaysAhead days ahead). It is idempotent and safe to run at
+// every start; it needs CREATE privileges, which the store does not need
+// otherwise.
 func (s *Store) CreateSchema(ctx context.Context) error {
 	if s.closed.Load() {
 		return fmt.Errorf("sqlstore: CreateSchema: %w", stores.ErrClosed)
@@ -262,7 +296,73 @@ func (s *Store) CreateSchema(ctx context.Context) error {
 			return fmt.Errorf("sqlstore: creating schema for table %s: %w", s.cfg.Table, err)
 		}
 	}
+	if s.q.partitioned {
+		if err := s.createPartitions(ctx); err != nil {
+			return fmt.Errorf("sqlstore: creating partitions of table %s: %w", s.cfg.Table, err)
+		}
+	}
 	return nil
+}
+
+// checkHorizon fails for a lease or retention that would put expires_at
+// past the partitions created ahead.
+func (s *Store) checkHorizon(what string, d time.Duration) error {
+	if s.q.partitioned && d > time.Duration(s.cfg.PartitionDaysAhead)*24*time.Hour {
+		return fmt.Errorf("%w: %s %s is longer than PartitionDaysAhead (%d days)", stores.ErrInvalidArgument, what, d, s.cfg.PartitionDaysAhead)
+	}
+	return nil
+}
+
+// acquire makes sure every key of ks has a record in tx: it inserts the
+// missing ones with insert (arguments from args) and returns the ids that
+// already had one, with their records, locked. On the plain layout the
+// INSERT ... ON CONFLICT DO NOTHING comes first (one statement in the
+// common case, and it waits for a concurrent uncommitted insert of the
+// same id); on the partitioned layout an advisory lock per id comes first,
+// then a locking read across partitions, then the inserts.
+func (s *Store) acquire(ctx context.Context, tx *sql.Tx, ks keySet, now time.Time, insert string, args func(id recordID) []any) ([]recordID, map[string]record, error) {
+	var rest []recordID
+	if s.q.partitioned {
+		for _, id := range ks.ids {
+			if _, err := tx.ExecContext(ctx, advisoryLock, s.q.lockArgs(id)...); err != nil {
+				return nil, nil, err
+			}
+		}
+		recs, err := s.fetch(ctx, tx, ks.ids, now, true)
+		if err != nil {
+			return nil, nil, err
+		}
+		for _, id := range ks.ids {
+			if _, ok := recs[s.q.idKey(id)]; ok {
+				rest = append(rest, id)
+			} else if _, err := tx.ExecContext(ctx, insert, args(id)...); err != nil {
+				return nil, nil, err
+			}
+		}
+		return rest, recs, nil
+	}
+	for _, id := range ks.ids {
+		res, err := tx.ExecContext(ctx, insert, args(id)...)
+		if err != nil {
+			return nil, nil, err
+		}
+		if n, err := res.RowsAffected(); err != nil {
+			return nil, nil, err
+		} else if n == 0 {
+			rest = append(rest, id)
+		}
+	}
+	if len(rest) == 0 {
+		return nil, nil, nil
+	}
+	recs, err := s.fetch(ctx, tx, rest, now, true)
+	if err != nil {
+		return nil, nil, err
+	}
+	if len(recs) != len(rest) {
+		return nil, nil, errRetry // deleted between our INSERT and SELECT
+	}
+	return rest, recs, nil
 }
 
 // RecordID returns the primary key of (scope, key): the first 16 bytes of
@@ -469,6 +569,9 @@ func (s *Store) Claim(ctx context.Context, scope string, keys []string, lease ti
 	if lease <= 0 {
 		return nil, fmt.Errorf("%w: lease must be positive, got %s", stores.ErrInvalidArgument, lease)
 	}
+	if err := s.checkHorizon("lease", lease); err != nil {
+		return nil, err
+	}
 	ks := newKeySet(scope, keys)
 	token := newToken()
 	c := &stores.Claim{Scope: scope, Keys: keys}
@@ -486,7 +589,7 @@ func (s *Store) claimOnce(ctx context.Context, ks keySet, token int64, lease tim
 	now := s.now()
 	exp := s.q.timeArg(now.Add(lease))
 	c.Result, c.Takeover, c.Data = 0, false, nil
-	if len(ks.ids) == 1 {
+	if len(ks.ids) == 1 && !s.q.partitioned {
 		res, err := s.db.ExecContext(ctx, s.q.insertProcessing, s.q.idArg(ks.ids[0]), token, exp)
 		if err != nil {
 			return err
@@ -507,28 +610,15 @@ func (s *Store) claimOnce(ctx context.Context, ks keySet, token int64, lease tim
 		// Expired (or gone since the INSERT): take over under a lock.
 	}
 	return s.inTx(ctx, func(tx *sql.Tx) error {
-		var rest []recordID
-		for _, id := range ks.ids {
-			res, err := tx.ExecContext(ctx, s.q.insertProcessing, s.q.idArg(id), token, exp)
-			if err != nil {
-				return err
-			}
-			if n, err := res.RowsAffected(); err != nil {
-				return err
-			} else if n == 0 {
-				rest = append(rest, id)
-			}
+		rest, recs, err := s.acquire(ctx, tx, ks, now, s.q.insertProcessing, func(id recordID) []any {
+			return []any{s.q.idArg(id), token, exp}
+		})
+		if err != nil {
+			return err
 		}
 		if len(rest) == 0 {
 			c.Result = stores.Claimed
 			return nil
-		}
-		recs, err := s.fetch(ctx, tx, rest, now, true)
-		if err != nil {
-			return err
-		}
-		if len(recs) != len(rest) {
-			return errRetry // deleted between our INSERT and SELECT
 		}
 		if s.decide(c, ks, recs) {
 			return errRollback // undo the records we inserted
@@ -633,6 +723,9 @@ func (s *Store) Complete(ctx context.Context, c *stores.Claim, retention time.Du
 	if retention <= 0 {
 		return fmt.Errorf("%w: retention must be positive, got %s", stores.ErrInvalidArgument, retention)
 	}
+	if err := s.checkHorizon("retention", retention); err != nil {
+		return err
+	}
 	exp := s.q.timeArg(s.now().Add(retention))
 	return opError("complete", s.fenced(ctx, c, ks, token, s.q.complete(len(ks.ids)), []any{exp, dataArg(data)}, false))
 }
@@ -654,6 +747,9 @@ func (s *Store) Extend(ctx context.Context, c *stores.Claim, lease time.Duration
 	}
 	if lease <= 0 {
 		return fmt.Errorf("%w: lease must be positive, got %s", stores.ErrInvalidArgument, lease)
+	}
+	if err := s.checkHorizon("lease", lease); err != nil {
+		return err
 	}
 	exp := s.q.timeArg(s.now().Add(lease))
 	return opError("extend", s.fenced(ctx, c, ks, token, s.q.extend(len(ks.ids)), []any{exp}, true))

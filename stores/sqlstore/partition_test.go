@@ -1,0 +1,110 @@
+package sqlstore_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/watermill-dedup/dedup/stores"
+	"github.com/watermill-dedup/dedup/stores/sqlstore"
+	"github.com/watermill-dedup/dedup/stores/storetest"
+)
+
+func partitionedConfig(clock stores.Clock) sqlstore.Config {
+	return sqlstore.Config{Clock: clock, DailyPartitions: true, PurgeInterval: time.Hour}
+}
+
+func TestPartitionedConformance(t *testing.T) {
+	db := openPostgres(t)
+	storetest.Run(t, func(t *testing.T, clock stores.Clock) stores.Store {
+		return newStore(t, db, sqlstore.Postgres, partitionedConfig(clock))
+	})
+}
+
+func TestPartitionedInboxLedger(t *testing.T) {
+	db := openPostgres(t)
+	s := newStore(t, db, sqlstore.Postgres, partitionedConfig(nil))
+	l := newLedger(t, db, sqlstore.Postgres, 16)
+	r := ledgerRun{events: 2000, maxCopies: 3, workers: 64, deadline: 30 * time.Second}
+	want, _ := r.run(t, s, l)
+	if got := l.sum(t, db); got != want {
+		t.Errorf("ledger sum = %d, want %d", got, want)
+	}
+	if got := countRows(t, db, sqlstore.Postgres, s.Table()); got != r.events {
+		t.Errorf("inbox rows = %d, want %d", got, r.events)
+	}
+}
+
+// TestPartitionedPurge: the purge drops the partitions whose records all
+// expired and creates new ones ahead; live records stay.
+func TestPartitionedPurge(t *testing.T) {
+	db := openPostgres(t)
+	clock := storetest.NewFakeClock(time.Date(2030, 1, 1, 12, 0, 0, 0, time.UTC))
+	cfg := partitionedConfig(clock)
+	cfg.PartitionDaysAhead = 3
+	s := newStore(t, db, sqlstore.Postgres, cfg)
+	ctx := context.Background()
+	begin := func(key string, retention time.Duration) {
+		t.Helper()
+		tx, err := s.Begin(ctx, "p", []string{key}, retention)
+		if err != nil || tx.Result() != stores.Claimed {
+			t.Fatalf("Begin(%s): %v %v", key, tx, err)
+		}
+		if err := tx.Commit(ctx, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 50 {
+		begin("short-"+storetest.NewID(), time.Hour) // expire 2030-01-01
+	}
+	begin("long", 3*24*time.Hour) // expires 2030-01-04
+	if _, err := s.Begin(ctx, "p", []string{"too-long"}, 4*24*time.Hour); !errors.Is(err, stores.ErrInvalidArgument) {
+		t.Fatalf("retention beyond the partitions: %v, want ErrInvalidArgument", err)
+	}
+	clock.Advance(24 * time.Hour) // 2030-01-02 12:00: the 2030-01-01 partition ended 12h ago
+	n, err := s.Purge(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := countRows(t, db, sqlstore.Postgres, s.Table()); got != 1 {
+		t.Fatalf("%d records after the purge (estimate %d dropped), want 1", got, n)
+	}
+	var parts []string
+	rows, err := db.QueryContext(ctx, `SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = $1::regclass ORDER BY 1`, s.Table())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var p string
+		_ = rows.Scan(&p)
+		parts = append(parts, p)
+	}
+	rows.Close()
+	// 2029-12-31 and 2030-01-01 ended more than PurgeGrace ago: dropped;
+	// 2030-01-05 (3 days ahead of 2030-01-02) was created.
+	if len(parts) == 0 || parts[0] != s.Table()+"_p20300102" || parts[len(parts)-1] != s.Table()+"_p20300105" {
+		t.Fatalf("partitions after purge: %v", parts)
+	}
+	tx, err := s.Begin(ctx, "p", []string{"long"}, time.Hour)
+	if err != nil || tx.Result() != stores.Duplicate {
+		t.Fatalf("the live record after the purge: %v %v", tx, err)
+	}
+}
+
+// TestPartitionedRefusesRepeatableRead: Begin must not join a REPEATABLE
+// READ transaction on the partitioned layout.
+func TestPartitionedRefusesRepeatableRead(t *testing.T) {
+	db := openPostgres(t)
+	s := newStore(t, db, sqlstore.Postgres, partitionedConfig(nil))
+	ctx := context.Background()
+	tx, err := db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelRepeatableRead})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	if _, err := s.Begin(sqlstore.WithTx(ctx, tx), "rr", []string{"k"}, time.Hour); !errors.Is(err, stores.ErrInvalidArgument) {
+		t.Fatalf("Begin in a REPEATABLE READ transaction = %v, want ErrInvalidArgument", err)
+	}
+}
