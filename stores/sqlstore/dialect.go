@@ -161,7 +161,7 @@ func (q *queries) qualified(name string) string {
 func (q *queries) createPartition(day time.Time) string {
 	from := day.UTC().Truncate(24 * time.Hour)
 	return fmt.Sprintf("CREATE TABLE IF NOT EXISTS %s PARTITION OF %s FOR VALUES FROM ('%s') TO ('%s')",
-		q.qualified(q.partitionName(from)), q.table, from.Format("2006-01-02 15:04:05Z07"), from.Add(24*time.Hour).Format("2006-01-02 15:04:05Z07"))
+		q.qualified(q.partitionName(from)), q.table, from.Format("2006-01-02 15:04:05-07"), from.Add(24*time.Hour).Format("2006-01-02 15:04:05-07"))
 }
 
 // listPartitions lists the partitions: name and estimated row count.
