@@ -468,15 +468,22 @@ func (c Config) retentionCheck() retentionCheck {
 
 func (r retentionCheck) ok() bool { return r.horizon.d == 0 || r.retention >= r.minimum }
 
+// String is the check's verdict and detail, for the summary.
 func (r retentionCheck) String() string {
 	if r.horizon.d == 0 {
 		return fmt.Sprintf("retention %s; redelivery horizon unknown (set -redelivery-horizon)", r.retention)
 	}
-	verdict := "OK"
+	if r.ok() {
+		return "OK: " + r.detail()
+	}
+	return "TOO SHORT: " + r.detail()
+}
+
+func (r retentionCheck) detail() string {
 	op := ">="
 	if !r.ok() {
-		verdict, op = "TOO SHORT", "<"
+		op = "<"
 	}
-	return fmt.Sprintf("%s: retention %s %s %.1f x redelivery horizon %s (%s) = %s",
-		verdict, r.retention, op, middleware.RetentionSafetyFactor, r.horizon.d, r.horizon.source, r.minimum)
+	return fmt.Sprintf("retention %s %s %.1f x redelivery horizon %s (%s) = %s",
+		r.retention, op, middleware.RetentionSafetyFactor, r.horizon.d, r.horizon.source, r.minimum)
 }

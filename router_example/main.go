@@ -171,13 +171,20 @@ func (a *app) checkRetention() error {
 	if a.retention.ok() {
 		return nil
 	}
-	msg := fmt.Sprintf("the dedup window is too short: %s. A redelivery arriving after the window runs the handler again (counted as ttl_miss). Raise -retention, or correct the horizon (-redelivery-horizon, -kafka-group-recovery, -outage-budget)", a.retention)
+	msg := fmt.Sprintf("the dedup window is too short: %s. A redelivery arriving after the window runs the handler again (counted as ttl_miss). Raise -retention, or correct the horizon (-redelivery-horizon, -kafka-group-recovery, -outage-budget)", a.retention.detail())
 	if a.cfg.StrictRetention {
-		return fmt.Errorf("%w: %s (-strict-retention)", middleware.ErrRetentionTooShort, msg)
+		return &retentionError{msg}
 	}
 	fmt.Fprintf(a.stderr, "router_example: WARNING: %s; -strict-retention makes this an error.\n", msg)
 	return nil
 }
+
+// retentionError is the start-up failure under -strict-retention; it wraps
+// middleware.ErrRetentionTooShort.
+type retentionError struct{ msg string }
+
+func (e *retentionError) Error() string { return e.msg + " (-strict-retention)" }
+func (e *retentionError) Unwrap() error { return middleware.ErrRetentionTooShort }
 
 // buildRouter wires the router: tracking, recovery, the poison queue, the
 // dedup middleware and the handler.

@@ -61,6 +61,7 @@ func openRedisStore(ctx context.Context, cfg Config, runID string, logger waterm
 		// The middleware's StoreTimeout then bounds every call.
 		ContextTimeoutEnabled: true,
 		DialTimeout:           dialTimeout,
+		DialerRetries:         1,
 		MaxRetries:            1,
 	})
 	closers.add("close the Redis client", func(context.Context) error { return client.Close() })

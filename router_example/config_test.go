@@ -1,0 +1,176 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func env(m map[string]string) func(string) string {
+	return func(k string) string { return m[k] }
+}
+
+func writeFile(t *testing.T, name, content string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestConfigDefaults(t *testing.T) {
+	cfg, err := loadConfig(nil, env(nil), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Broker != brokerGoChannel || cfg.Store != storeSQLite || cfg.mode() != modeTransactional {
+		t.Fatalf("defaults: broker %s, store %s, mode %s; want gochannel, sqlite, transactional", cfg.Broker, cfg.Store, cfg.mode())
+	}
+	if !cfg.retentionCheck().ok() {
+		t.Fatalf("the default retention fails its own check: %s", cfg.retentionCheck())
+	}
+}
+
+// Flags win over the environment, which wins over the file, which wins
+// over the defaults.
+func TestConfigPrecedence(t *testing.T) {
+	file := writeFile(t, "c.yml", `
+broker: amqp
+store: redis
+events: 10
+customers: 7
+kafka-brokers: [a:9092, b:9092]
+lease: 2s
+cleanup: true
+`)
+	e := map[string]string{"DEDUP_EVENTS": "20", "DEDUP_STORE": "memory", "REDIS_ADDR": "r:1"}
+	cfg, err := loadConfig([]string{"-config", file, "-events", "30"}, env(e), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checks := []struct {
+		name      string
+		got, want any
+	}{
+		{"events (flag > env > file)", cfg.Events, 30},
+		{"store (env > file)", cfg.Store, storeMemory},
+		{"broker (file)", cfg.Broker, brokerAMQP},
+		{"customers (file)", cfg.Customers, 7},
+		{"kafka-brokers (file list)", cfg.KafkaBrokers, "a:9092,b:9092"},
+		{"lease (file duration)", cfg.Lease, 2 * time.Second},
+		{"cleanup (file bool)", cfg.Cleanup, true},
+		{"redis-addr (REDIS_ADDR)", cfg.RedisAddr, "r:1"},
+		{"config", cfg.ConfigFile, file},
+	}
+	for _, c := range checks {
+		if c.got != c.want {
+			t.Errorf("%s: got %v, want %v", c.name, c.got, c.want)
+		}
+	}
+
+	// DEDUP_CONFIG names the file when -config does not.
+	cfg, err = loadConfig(nil, env(map[string]string{"DEDUP_CONFIG": file}), io.Discard)
+	if err != nil || cfg.Broker != brokerAMQP {
+		t.Fatalf("DEDUP_CONFIG: broker %q, err %v", cfg.Broker, err)
+	}
+}
+
+func TestServiceEnvNames(t *testing.T) {
+	want := map[string]string{
+		"broker": "DEDUP_BROKER", "store": "DEDUP_STORE", "kafka-brokers": "KAFKA_BROKERS",
+		"amqp-url": "AMQP_URL", "redis-addr": "REDIS_ADDR", "postgres-dsn": "POSTGRES_DSN",
+		"mysql-dsn": "MYSQL_DSN", "metrics-addr": "DEDUP_METRICS_ADDR", "strict-retention": "DEDUP_STRICT_RETENTION",
+	}
+	for flagName, envVar := range want {
+		if got := envName(flagName); got != envVar {
+			t.Errorf("envName(%q) = %q, want %q", flagName, got, envVar)
+		}
+	}
+}
+
+func TestConfigErrors(t *testing.T) {
+	badYAML := writeFile(t, "bad.yml", "brokr: kafka\n")
+	listOfMaps := writeFile(t, "maps.yml", "kafka-brokers:\n  - {a: 1}\n")
+	notMapping := writeFile(t, "list.yml", "- broker\n")
+	for _, tc := range []struct {
+		args []string
+		env  map[string]string
+		want string // in the error
+	}{
+		{[]string{"-broker", "nats"}, nil, "set -broker (or DEDUP_BROKER)"},
+		{nil, map[string]string{"DEDUP_STORE": "etcd"}, "set -store (or DEDUP_STORE)"},
+		{[]string{"-mode", "magic"}, nil, "-mode"},
+		{[]string{"-store", "redis", "-mode", "transactional"}, nil, "needs a SQL store"},
+		{[]string{"-run-id", "Bad-Id"}, nil, "-run-id"},
+		{[]string{"-events", "0"}, nil, "-events"},
+		{[]string{"-fail-rate", "1.5"}, nil, "-fail-rate"},
+		{[]string{"-lease", "1ms"}, nil, "-lease"},
+		{[]string{"-stale-events", "5", "-events", "2"}, nil, "-stale-events"},
+		{[]string{"-on-store-error", "panic"}, nil, "-on-store-error"},
+		{[]string{"-on-store-error", "fail-open"}, nil, "cannot be combined with transactional"},
+		{[]string{"-linger", "1s"}, nil, "-metrics-addr"},
+		{[]string{"extra"}, nil, "unexpected arguments"},
+		{nil, map[string]string{"DEDUP_EVENTS": "many"}, "DEDUP_EVENTS"},
+		{[]string{"-config", badYAML}, nil, `unknown key "brokr"`},
+		{[]string{"-config", listOfMaps}, nil, "plain values"},
+		{[]string{"-config", notMapping}, nil, "want a mapping"},
+		{[]string{"-config", filepath.Join(t.TempDir(), "missing.yml")}, nil, "config file (-config)"},
+	} {
+		_, err := loadConfig(tc.args, env(tc.env), io.Discard)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("args %q env %v: got error %v, want one containing %q", tc.args, tc.env, err, tc.want)
+		}
+	}
+	if _, err := loadConfig([]string{"-help"}, env(nil), io.Discard); !errors.Is(err, flag.ErrHelp) {
+		t.Errorf("-help: got %v, want flag.ErrHelp", err)
+	}
+}
+
+func TestUsageNamesEnvVars(t *testing.T) {
+	var b strings.Builder
+	_, _ = loadConfig([]string{"-help"}, env(nil), &b)
+	for _, want := range []string{"[env DEDUP_BROKER]", "[env KAFKA_BROKERS]", "[env POSTGRES_DSN]", "Exit status"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("usage lacks %q:\n%s", want, b.String())
+		}
+	}
+}
+
+func TestRedeliveryHorizon(t *testing.T) {
+	base := defaultConfig()
+	for _, tc := range []struct {
+		mod    func(*Config)
+		want   time.Duration
+		source string
+	}{
+		{func(c *Config) { c.Broker = brokerKafka }, 15 * time.Minute, "-kafka-group-recovery"},
+		{func(c *Config) { c.Broker = brokerKafkaEmbedded; c.KafkaGroupRecovery = time.Hour }, time.Hour, "-kafka-group-recovery"},
+		{func(c *Config) { c.Broker = brokerAMQP }, 24 * time.Hour, "RabbitMQ consumer-outage budget"},
+		{func(c *Config) { c.Broker = brokerPostgres; c.OutageBudget = 2 * time.Hour }, 2 * time.Hour, "-outage-budget"},
+		{func(c *Config) { c.Broker = brokerKafka; c.RedeliveryHorizon = 3 * time.Hour }, 3 * time.Hour, "-redelivery-horizon"},
+	} {
+		c := base
+		tc.mod(&c)
+		h := c.redeliveryHorizon()
+		if h.d != tc.want || !strings.Contains(h.source, tc.source) {
+			t.Errorf("%+v: got %s (%s), want %s (%s)", c.Broker, h.d, h.source, tc.want, tc.source)
+		}
+	}
+
+	c := base
+	c.Retention, c.RedeliveryHorizon = time.Hour, time.Hour
+	rc := c.retentionCheck()
+	if rc.ok() || rc.minimum != 78*time.Minute || !strings.HasPrefix(rc.String(), "TOO SHORT") {
+		t.Errorf("1h retention for a 1h horizon: ok=%v minimum=%s %q", rc.ok(), rc.minimum, rc)
+	}
+	c.Retention = 78 * time.Minute
+	if rc := c.retentionCheck(); !rc.ok() || !strings.HasPrefix(rc.String(), "OK") {
+		t.Errorf("retention of exactly 1.3 x the horizon: %q", rc)
+	}
+}

@@ -1,0 +1,493 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	amqp091 "github.com/rabbitmq/amqp091-go"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/watermill-dedup/dedup/internal/testenv"
+)
+
+// The example binary, built once per test run (with -race when the tests
+// run with it, so the example is race-checked too).
+var exampleBin struct {
+	once sync.Once
+	path string
+	err  error
+}
+
+func buildExample(t *testing.T) string {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("builds and runs the example binary")
+	}
+	exampleBin.once.Do(func() {
+		dir, err := os.MkdirTemp("", "router_example-test-")
+		if err != nil {
+			exampleBin.err = err
+			return
+		}
+		exampleBin.path = filepath.Join(dir, "router_example")
+		args := []string{"build", "-o", exampleBin.path}
+		if raceEnabled {
+			args = append(args, "-race")
+		}
+		out, err := exec.Command("go", append(args, ".")...).CombinedOutput()
+		if err != nil {
+			exampleBin.err = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if exampleBin.err != nil {
+		t.Fatal(exampleBin.err)
+	}
+	return exampleBin.path
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if exampleBin.path != "" {
+		_ = os.RemoveAll(filepath.Dir(exampleBin.path))
+	}
+	os.Exit(code)
+}
+
+// exampleRun is one finished run of the binary.
+type exampleRun struct {
+	args   []string
+	code   int
+	stdout string
+	stderr string
+}
+
+func (r exampleRun) String() string {
+	return fmt.Sprintf("router_example %s: exit %d\n--- stdout ---\n%s\n--- stderr (last 3000 bytes) ---\n%s",
+		strings.Join(r.args, " "), r.code, r.stdout, tail(r.stderr, 3000))
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return "..." + s[len(s)-n:]
+	}
+	return s
+}
+
+// invariant is the summary's verdict line.
+func (r exampleRun) invariant() string {
+	for _, l := range strings.Split(r.stdout, "\n") {
+		if strings.HasPrefix(l, "invariant: ") {
+			return l
+		}
+	}
+	return ""
+}
+
+// count reads a number from a summary row.
+func (r exampleRun) count(t *testing.T, label string) int64 {
+	t.Helper()
+	re := regexp.MustCompile(`(?m)^  ` + regexp.QuoteMeta(label) + `\s+(\d+)`)
+	m := re.FindStringSubmatch(r.stdout)
+	if m == nil {
+		t.Fatalf("summary has no row %q\n%s", label, r)
+	}
+	n, _ := strconv.ParseInt(m[1], 10, 64)
+	return n
+}
+
+// exampleEnv is the test's environment without DEDUP_* settings, which
+// would change the runs.
+func exampleEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "DEDUP_") {
+			env = append(env, kv)
+		}
+	}
+	return env
+}
+
+func newTestRunID() string {
+	b := make([]byte, 5)
+	_, _ = rand.Read(b)
+	return "t" + hex.EncodeToString(b)
+}
+
+// runExample runs the binary to completion with the common flags of the
+// tests: few events, cleanup, a unique run id.
+func runExample(t *testing.T, runID string, args ...string) exampleRun {
+	t.Helper()
+	return runExampleEnv(t, runID, nil, args...)
+}
+
+// runExampleEnv is runExample with extra environment variables.
+func runExampleEnv(t *testing.T, runID string, env []string, args ...string) exampleRun {
+	t.Helper()
+	bin := buildExample(t)
+	args = append([]string{"-events=200", "-cleanup", "-timeout=90s", "-run-id=" + runID}, args...)
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd.Env = append(exampleEnv(), env...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	r := exampleRun{args: args, stdout: stdout.String(), stderr: stderr.String()}
+	var exit *exec.ExitError
+	switch {
+	case errors.As(err, &exit):
+		r.code = exit.ExitCode()
+	case err != nil:
+		t.Fatalf("run %v: %v", args, err)
+	}
+	return r
+}
+
+// requireOK checks a run that must hold the invariant.
+func requireOK(t *testing.T, r exampleRun) {
+	t.Helper()
+	if r.code != exitOK || !strings.HasPrefix(r.invariant(), "invariant: OK") {
+		t.Fatalf("want exit 0 and an OK invariant, got %q\n%s", r.invariant(), r)
+	}
+	if strings.Contains(r.stderr, "DATA RACE") {
+		t.Fatalf("data race in the example\n%s", r)
+	}
+	if strings.Contains(r.stderr, "cleanup:") {
+		t.Fatalf("cleanup failed\n%s", r)
+	}
+	t.Log(r.invariant())
+}
+
+// TestExampleRuns runs the example on every broker the machine has, and on
+// the store combinations, each with faults injected, and checks the
+// summary's invariant line and the exit status.
+func TestExampleRuns(t *testing.T) {
+	buildExample(t)
+
+	type combo struct {
+		name  string
+		args  []string
+		needs func(t *testing.T) []string // services; returns extra flags
+		check func(t *testing.T, r exampleRun, runID string)
+	}
+	pg := func(t *testing.T) []string { return []string{"-postgres-dsn=" + testenv.RequirePostgres(t)} }
+	my := func(t *testing.T) []string { return []string{"-mysql-dsn=" + testenv.RequireMySQL(t)} }
+	rd := func(t *testing.T) []string { return []string{"-redis-addr=" + testenv.RequireRedis(t)} }
+	mq := func(t *testing.T) []string { return []string{"-amqp-url=" + testenv.RequireAMQP(t)} }
+	both := func(a, b func(*testing.T) []string) func(*testing.T) []string {
+		return func(t *testing.T) []string { return append(a(t), b(t)...) }
+	}
+	noTables := func(dsn func(*testing.T) []string, driver string) func(*testing.T, exampleRun, string) {
+		return func(t *testing.T, _ exampleRun, runID string) {
+			requireNoTables(t, driver, strings.SplitN(dsn(t)[0], "=", 2)[1], runID)
+		}
+	}
+
+	combos := []combo{
+		// The embedded default, with every fault: failures, lost acks,
+		// crashes (rolled back) and stale messages (ttl misses).
+		{name: "gochannel/sqlite/transactional", args: []string{"-crash-rate=0.03", "-stale-events=2"},
+			check: func(t *testing.T, r exampleRun, _ string) {
+				if got := r.count(t, "ttl misses"); got < 2 {
+					t.Errorf("ttl misses = %d, want at least the 2 stale events\n%s", got, r)
+				}
+				if r.count(t, "duplicates dropped") == 0 || r.count(t, "redelivered") == 0 {
+					t.Errorf("no duplicates or redeliveries: the scenario injected nothing\n%s", r)
+				}
+				if got := r.count(t, "effects applied"); got != 202 {
+					t.Errorf("effects applied = %d, want 202 (transactional: exactly once)\n%s", got, r)
+				}
+			}},
+		{name: "gochannel/sqlite/lease", args: []string{"-store=sqlite", "-mode=lease"}},
+		{name: "gochannel/memory/lease+crashes", args: []string{"-store=memory", "-crash-rate=0.03", "-lease=300ms"},
+			check: func(t *testing.T, r exampleRun, _ string) {
+				if r.count(t, "lease takeovers") == 0 {
+					t.Errorf("crashes in lease mode but no takeover\n%s", r)
+				}
+			}},
+		{name: "gochannel/redis/lease", args: []string{"-store=redis", "-crash-rate=0.02", "-lease=300ms"}, needs: rd,
+			check: func(t *testing.T, _ exampleRun, runID string) { requireNoRedisKeys(t, runID) }},
+		{name: "gochannel/postgres/lease", args: []string{"-store=postgres", "-mode=lease"}, needs: pg, check: noTables(pg, "pgx")},
+		{name: "gochannel/postgres/transactional", args: []string{"-store=postgres", "-mode=transactional", "-crash-rate=0.03"}, needs: pg, check: noTables(pg, "pgx")},
+		{name: "gochannel/mysql/lease", args: []string{"-store=mysql", "-mode=lease"}, needs: my, check: noTables(my, "mysql")},
+		{name: "gochannel/mysql/transactional", args: []string{"-store=mysql", "-mode=transactional"}, needs: my, check: noTables(my, "mysql")},
+		{name: "kafka-embedded/sqlite", args: []string{"-broker=kafka-embedded"}},
+		{name: "kafka-embedded/memory/lease", args: []string{"-broker=kafka-embedded", "-store=memory"}},
+		{name: "kafka/sqlite", args: []string{"-broker=kafka"}, needs: func(t *testing.T) []string {
+			addrs := os.Getenv("KAFKA_BROKERS")
+			if addrs == "" {
+				t.Skip("KAFKA_BROKERS is not set: no real Kafka cluster to run on (kafka-embedded covers the Kafka protocol)")
+			}
+			return []string{"-kafka-brokers=" + addrs}
+		}},
+		{name: "amqp/sqlite", args: []string{"-broker=amqp"}, needs: mq,
+			check: func(t *testing.T, _ exampleRun, runID string) { requireNoQueue(t, topicName(brokerAMQP, runID)) }},
+		{name: "amqp/redis/lease", args: []string{"-broker=amqp", "-store=redis"}, needs: both(mq, rd)},
+		// The SQL pub/subs with the inbox on the same database: the record
+		// joins the subscriber's transaction.
+		{name: "postgres/postgres/transactional", args: []string{"-broker=postgres", "-store=postgres"}, needs: pg, check: noTables(pg, "pgx")},
+		{name: "mysql/mysql/transactional", args: []string{"-broker=mysql", "-store=mysql"}, needs: my, check: noTables(my, "mysql")},
+		{name: "postgres/sqlite/transactional", args: []string{"-broker=postgres"}, needs: pg, check: noTables(pg, "pgx")},
+	}
+	for _, c := range combos {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			var extra []string
+			if c.needs != nil {
+				extra = c.needs(t)
+			}
+			runID := newTestRunID()
+			r := runExample(t, runID, append(c.args, extra...)...)
+			requireOK(t, r)
+			if c.check != nil {
+				c.check(t, r, runID)
+			}
+		})
+	}
+}
+
+// Without the middleware the duplicates reach the ledger: the run must
+// say so and exit 1.
+func TestExampleWithoutDedupBreaksTheInvariant(t *testing.T) {
+	t.Parallel()
+	r := runExample(t, newTestRunID(), "-dedup=false", "-store=memory")
+	if r.code != exitBroken || !strings.HasPrefix(r.invariant(), "invariant: BROKEN") {
+		t.Fatalf("want exit 1 and a BROKEN invariant\n%s", r)
+	}
+}
+
+func TestExampleConfigErrors(t *testing.T) {
+	t.Parallel()
+	closed := closedPort(t)
+	for _, tc := range []struct {
+		args []string
+		want []string // in stderr
+	}{
+		{[]string{"-broker=nats"}, []string{`unknown broker "nats"`, "-broker"}},
+		{[]string{"-store=etcd"}, []string{`unknown store "etcd"`, "-store"}},
+		{[]string{"-broker=amqp", "-amqp-url=amqp://guest:secret@" + closed + "/"}, []string{"RabbitMQ is not reachable at " + closed, "-amqp-url or AMQP_URL"}},
+		{[]string{"-broker=kafka", "-kafka-brokers=" + closed}, []string{"Kafka is not reachable at " + closed, "-kafka-brokers or KAFKA_BROKERS"}},
+		{[]string{"-store=redis", "-redis-addr=" + closed}, []string{"Redis is not reachable at " + closed, "-redis-addr or REDIS_ADDR"}},
+		{[]string{"-store=postgres", "-postgres-dsn=postgres://postgres@" + closed + "/test"}, []string{"PostgreSQL is not reachable at " + closed, "-postgres-dsn or POSTGRES_DSN"}},
+		{[]string{"-store=mysql", "-mysql-dsn=root@tcp(" + closed + ")/test"}, []string{"MySQL/MariaDB is not reachable at " + closed, "-mysql-dsn or MYSQL_DSN"}},
+		{[]string{"-retention=1h", "-strict-retention"}, []string{"too short", "-retention", "(-strict-retention)"}},
+	} {
+		r := runExample(t, newTestRunID(), tc.args...)
+		if r.code != exitConfig {
+			t.Errorf("%v: exit %d, want %d\n%s", tc.args, r.code, exitConfig, r)
+			continue
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(r.stderr, w) {
+				t.Errorf("%v: stderr lacks %q\n%s", tc.args, w, r)
+			}
+		}
+		if strings.Contains(r.stderr, "secret") || strings.Contains(r.stderr, "panic") {
+			t.Errorf("%v: stderr shows a password or a panic\n%s", tc.args, r)
+		}
+	}
+}
+
+// A loud warning, not a failure, without -strict-retention.
+func TestExampleRetentionWarning(t *testing.T) {
+	t.Parallel()
+	r := runExample(t, newTestRunID(), "-retention=1h", "-store=memory", "-events=20")
+	requireOK(t, r)
+	if !strings.Contains(r.stderr, "WARNING: the dedup window is too short") || !strings.Contains(r.stdout, "retention  TOO SHORT") {
+		t.Fatalf("no retention warning\n%s", r)
+	}
+}
+
+// The YAML file and the environment configure the binary too.
+func TestExampleConfigFileAndEnv(t *testing.T) {
+	t.Parallel()
+	file := writeFile(t, "example.yml", "broker: kafka-embedded\nstore: memory\nevents: 50\ncustomers: 9\n")
+	r := runExampleEnv(t, newTestRunID(), []string{"DEDUP_CUSTOMERS=3"}, "-config="+file, "-events=40")
+	requireOK(t, r)
+	if !strings.Contains(r.stdout, " 3 customers") {
+		t.Fatalf("DEDUP_CUSTOMERS=3 did not win over the file's customers: 9\n%s", r)
+	}
+	if !strings.Contains(r.stdout, "broker     kafka-embedded") || !strings.Contains(r.stdout, "store      memory") {
+		t.Fatalf("the file's broker and store were not used\n%s", r)
+	}
+	if got := r.count(t, "events (distinct payments)"); got != 40 {
+		t.Fatalf("events = %d, want 40 (the flag wins over the file)", got)
+	}
+}
+
+// -metrics-addr serves the adapter's metrics; -linger keeps them up after
+// the summary until interrupted.
+func TestExampleMetricsEndpoint(t *testing.T) {
+	t.Parallel()
+	bin := buildExample(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, "-events=100", "-store=memory", "-crash-rate=0.05", "-lease=300ms",
+		"-stale-events=1", "-metrics-addr=127.0.0.1:0", "-linger=2m", "-run-id="+newTestRunID())
+	cmd.Env = exampleEnv()
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	addrCh := make(chan string, 1)
+	var stderrBuf strings.Builder
+	var mu sync.Mutex
+	go func() {
+		re := regexp.MustCompile(`serving metrics at (http://\S+/metrics)`)
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			mu.Lock()
+			stderrBuf.WriteString(sc.Text() + "\n")
+			mu.Unlock()
+			if m := re.FindStringSubmatch(sc.Text()); m != nil {
+				addrCh <- m[1]
+			}
+		}
+	}()
+	var out strings.Builder
+	sc := bufio.NewScanner(stdout)
+	for sc.Scan() {
+		out.WriteString(sc.Text() + "\n")
+		if strings.HasPrefix(sc.Text(), "invariant: ") {
+			break
+		}
+	}
+	if !strings.Contains(out.String(), "invariant: OK") {
+		t.Fatalf("no OK invariant:\n%s", out.String())
+	}
+	var url string
+	select {
+	case url = <-addrCh:
+	case <-ctx.Done():
+		t.Fatal("the example never said where it serves metrics")
+	}
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{
+		`dedup_outcomes_total{outcome="claimed",scope="loyalty"}`,
+		`dedup_outcomes_total{outcome="duplicate",scope="loyalty"}`,
+		`dedup_outcomes_total{outcome="takeover",scope="loyalty"}`,
+		`dedup_outcomes_total{outcome="bypassed",scope="loyalty"} 0`,
+		`dedup_store_duration_seconds_bucket{op="claim",result="ok",scope="loyalty",le=`,
+		`go_goroutines`,
+	} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+	// The stale event was claimed at least once (again after a failure).
+	if !regexp.MustCompile(`dedup_outcomes_total\{outcome="ttl_miss",scope="loyalty"\} [1-9]`).Match(body) {
+		t.Errorf("/metrics shows no ttl_miss for the stale event")
+	}
+	if err := cmd.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, stdout)
+	err = cmd.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	if err != nil {
+		t.Fatalf("after Ctrl-C during -linger: %v (want exit 0)\n%s", err, stderrBuf.String())
+	}
+}
+
+// closedPort is a loopback address nothing listens on.
+func closedPort(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	_ = ln.Close()
+	return addr
+}
+
+// requireNoTables checks -cleanup dropped every table of the run.
+func requireNoTables(t *testing.T, driver, dsn, runID string) {
+	t.Helper()
+	db, err := sql.Open(driver, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	q := "SELECT table_name FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name LIKE ?"
+	if driver == "pgx" {
+		q = "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema() AND table_name LIKE $1"
+	}
+	rows, err := db.QueryContext(t.Context(), q, "%"+runID+"%")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var left []string
+	for rows.Next() {
+		var n string
+		if err := rows.Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		left = append(left, n)
+	}
+	if len(left) > 0 {
+		t.Fatalf("-cleanup left tables %v", left)
+	}
+}
+
+func requireNoRedisKeys(t *testing.T, runID string) {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr()})
+	defer c.Close()
+	iter := c.Scan(t.Context(), 0, "dedup:"+runID+":*", 1000).Iterator()
+	for iter.Next(t.Context()) {
+		t.Fatalf("-cleanup left Redis key %s", iter.Val())
+	}
+	if err := iter.Err(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func requireNoQueue(t *testing.T, queue string) {
+	t.Helper()
+	conn, err := amqp091.Dial(testenv.AMQPURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	if _, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil); err == nil {
+		t.Fatalf("-cleanup left RabbitMQ queue %s", queue)
+	}
+}

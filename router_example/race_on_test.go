@@ -1,0 +1,7 @@
+//go:build race
+
+package main
+
+// raceEnabled: the tests run with -race, so the example binary is built
+// with it too.
+const raceEnabled = true

@@ -1,0 +1,152 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/watermill-dedup/dedup/middleware"
+)
+
+func sampleResult(mode string, perPayment map[string]int64) *result {
+	cfg := defaultConfig()
+	p := plan{expected: map[string]int64{"A": 10, "B": 20}, events: 2}
+	l := ledgerSnapshot{PerPayment: perPayment}
+	for id, n := range perPayment {
+		l.Entries += n
+		l.EntryPoints += n * p.expected[id]
+	}
+	l.BalanceTotal = l.EntryPoints
+	return &result{
+		cfg: cfg, mode: mode, plan: p, ledger: l, finished: true, published: 2,
+		retention: cfg.retentionCheck(),
+		outcome:   func(middleware.Outcome) int64 { return 0 },
+	}
+}
+
+func TestVerdict(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		r    func() *result
+		ok   bool
+		want string
+	}{
+		{"exact", func() *result { return sampleResult(modeTransactional, map[string]int64{"A": 1, "B": 1}) }, true, "invariant: OK — every payment awarded exactly once (ledger 30 == expected 30)"},
+		{"lost", func() *result { return sampleResult(modeTransactional, map[string]int64{"A": 1}) }, false, "invariant: BROKEN — 1 payments were never awarded"},
+		{"doubled in transactional mode", func() *result { return sampleResult(modeTransactional, map[string]int64{"A": 2, "B": 1}) }, false, "invariant: BROKEN — 1 duplicate awards"},
+		{"doubled after a crash in lease mode", func() *result {
+			r := sampleResult(modeLease, map[string]int64{"A": 2, "B": 1})
+			r.crashes = 1
+			return r
+		}, true, "invariant: OK (lease mode)"},
+		{"doubled more than the crashes allow", func() *result {
+			r := sampleResult(modeLease, map[string]int64{"A": 2, "B": 2})
+			r.crashes = 1
+			return r
+		}, false, "invariant: BROKEN — 2 duplicate awards"},
+		{"doubled without dedup", func() *result {
+			r := sampleResult(modeLease, map[string]int64{"A": 2, "B": 1})
+			r.crashes, r.cfg.Dedup = 5, false
+			return r
+		}, false, "BROKEN"},
+		{"balances disagree", func() *result {
+			r := sampleResult(modeTransactional, map[string]int64{"A": 1, "B": 1})
+			r.ledger.BalanceTotal++
+			return r
+		}, false, "disagree"},
+		{"poisoned", func() *result {
+			r := sampleResult(modeTransactional, map[string]int64{"A": 1, "B": 1})
+			r.stats.poisoned = 1
+			return r
+		}, false, "poison"},
+		{"unfinished", func() *result {
+			r := sampleResult(modeTransactional, map[string]int64{"A": 1, "B": 1})
+			r.finished, r.stats.unacked = false, 1
+			return r
+		}, false, "invariant: INCOMPLETE — 1 of 2"},
+		{"stopped", func() *result {
+			r := sampleResult(modeTransactional, nil)
+			r.runErr = errors.New("interrupted")
+			return r
+		}, false, "invariant: NOT CHECKED — the run stopped early: interrupted"},
+	} {
+		v := tc.r().verdict()
+		if v.ok != tc.ok || !strings.HasPrefix(v.line, tc.want) && !strings.Contains(v.line, tc.want) {
+			t.Errorf("%s: got ok=%v %q, want ok=%v and %q", tc.name, v.ok, v.line, tc.ok, tc.want)
+		}
+	}
+}
+
+func TestSummaryPrint(t *testing.T) {
+	r := sampleResult(modeTransactional, map[string]int64{"A": 1, "B": 1})
+	r.runID, r.topic, r.broker, r.store, r.elapsed = "abc", "payment.completed.abc", "in-process", "/tmp/x.db", time.Second
+	var b strings.Builder
+	r.print(&b)
+	for _, want := range []string{
+		"run abc", "broker     gochannel (in-process), topic payment.completed.abc",
+		"mode transactional inbox", "retention  OK:",
+		"published messages", "redelivered", "duplicates dropped", "effects applied", "ledger total", "expected",
+		"\ninvariant: OK",
+	} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("summary lacks %q:\n%s", want, b.String())
+		}
+	}
+	for _, line := range strings.Split(b.String(), "\n") {
+		if strings.HasSuffix(line, " ") {
+			t.Errorf("trailing space in %q", line)
+		}
+	}
+}
+
+func TestPlan(t *testing.T) {
+	cfg := defaultConfig()
+	cfg.Events, cfg.StaleEvents, cfg.RepublishRate = 100, 3, 0.5
+	now := time.Now()
+	p := makePlan(cfg, "r1", now)
+	if p.events != 103 || len(p.expected) != 103 || p.stale != 3 {
+		t.Fatalf("events %d, expected %d, stale %d; want 103, 103, 3", p.events, len(p.expected), p.stale)
+	}
+	if p.retries < 30 || p.retries > 70 || len(p.messages) != 103+p.retries {
+		t.Fatalf("retries %d of 100 at rate 0.5, %d messages", p.retries, len(p.messages))
+	}
+	uuids := map[string]bool{}
+	for _, m := range p.messages {
+		if uuids[m.uuid] {
+			t.Fatalf("message id %s used twice", m.uuid)
+		}
+		uuids[m.uuid] = true
+		msg, err := m.message()
+		if err != nil {
+			t.Fatal(err)
+		}
+		at, ok := middleware.MetadataTime(metaPublishedAt)(msg)
+		if !ok {
+			t.Fatalf("message %s: no %s metadata", m.uuid, metaPublishedAt)
+		}
+		if stale := now.Sub(at) > cfg.Retention; stale != m.stale {
+			t.Fatalf("message %s: published %s ago, stale=%v", m.uuid, now.Sub(at), m.stale)
+		}
+	}
+	// Same seed, same events.
+	q := makePlan(cfg, "r1", now)
+	if q.expectedTotal() != p.expectedTotal() || q.retries != p.retries {
+		t.Fatal("the plan is not determined by the seed")
+	}
+}
+
+func TestPoints(t *testing.T) {
+	for amount, want := range map[string]int64{"120.00": 120, "19.99": 19, "0.50": 0, "7": 7} {
+		got, err := paymentCompleted{Amount: json.Number(amount)}.points()
+		if err != nil || got != want {
+			t.Errorf("points(%s) = %d, %v; want %d", amount, got, err, want)
+		}
+	}
+	for _, bad := range []string{"-1.00", "abc", ""} {
+		if _, err := (paymentCompleted{Amount: json.Number(bad)}).points(); !errors.Is(err, errBadEvent) {
+			t.Errorf("points(%q): got %v, want errBadEvent", bad, err)
+		}
+	}
+}
