@@ -9,6 +9,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/watermill-dedup/dedup/stores"
 )
 
 // ErrEvictionPolicy is returned by [Store.CheckServer] when a Redis node
@@ -29,7 +31,11 @@ var ErrEvictionPolicy = errors.New("redisstore: Redis maxmemory-policy may evict
 // (the server is unreachable) are returned as they are.
 //
 // New runs it in the background unless Config.SkipServerCheck is set.
+// After Close it returns an error wrapping stores.ErrClosed.
 func (s *Store) CheckServer(ctx context.Context) error {
+	if s.closed.Load() {
+		return fmt.Errorf("redisstore: check server: %w", stores.ErrClosed)
+	}
 	var (
 		mu       sync.Mutex
 		evicting []string

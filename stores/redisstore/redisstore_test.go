@@ -399,6 +399,51 @@ func TestCloseLeavesClientOpen(t *testing.T) {
 	}
 }
 
+// TestClientKinds: the store works with whatever UniversalClient it gets;
+// only a plain *redis.Client runs multi-key scripts, others go key by key.
+func TestClientKinds(t *testing.T) {
+	addr := testenv.RequireRedis(t)
+	direct := newClient(t, addr)
+	universal := redis.NewUniversalClient(&redis.UniversalOptions{Addrs: []string{addr}})
+	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": addr, "b": addr}})
+	t.Cleanup(func() { _ = universal.Close(); _ = ring.Close() })
+	for _, tc := range []struct {
+		name    string
+		client  redis.UniversalClient
+		sharded bool
+	}{{"universal", universal, false}, {"ring", ring, true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			s := newStore(t, tc.client, redisstore.Config{Prefix: testPrefix(t, direct)})
+			if s.Sharded() != tc.sharded {
+				t.Fatalf("Sharded() = %v, want %v", s.Sharded(), tc.sharded)
+			}
+			cl, err := s.Claim(ctx, "h", []string{"a", "b", "c"}, time.Minute)
+			if err != nil || cl.Result != stores.Claimed {
+				t.Fatalf("Claim = %v, %v", cl, err)
+			}
+			if r, _ := s.Claim(ctx, "h", []string{"d", "c"}, time.Minute); r.Result != stores.InProgress {
+				t.Fatalf("Claim(d, c) = %s", r.Result)
+			}
+			if err := s.Complete(ctx, cl, time.Minute, []byte("x")); err != nil {
+				t.Fatal(err)
+			}
+			if r, _ := s.Claim(ctx, "h", []string{"d", "b"}, time.Minute); r.Result != stores.Duplicate || string(r.Data) != "x" {
+				t.Fatalf("Claim(d, b) = %+v", r)
+			}
+			if err := s.CheckServer(ctx); err != nil {
+				t.Fatalf("CheckServer: %v", err)
+			}
+			if err := s.Close(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.CheckServer(ctx); !errors.Is(err, stores.ErrClosed) {
+				t.Fatalf("CheckServer after Close: %v, want ErrClosed", err)
+			}
+		})
+	}
+}
+
 // TestCheckServer checks the maxmemory-policy warning against servers of
 // the test's own: the shared Redis must not be reconfigured.
 func TestCheckServer(t *testing.T) {
