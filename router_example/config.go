@@ -73,6 +73,7 @@ type Config struct {
 	LostAckRate   float64
 	CrashRate     float64
 	StaleEvents   int
+	Concurrency   int
 	Timeout       time.Duration
 
 	// The middleware.
@@ -104,12 +105,13 @@ func defaultConfig() Config {
 		PostgresDSN:  "postgres://postgres@127.0.0.1:5432/test?sslmode=disable",
 		MySQLDSN:     "root@tcp(127.0.0.1:3306)/test?parseTime=true",
 
-		Events:        500,
+		Events:        1000,
 		Customers:     50,
 		Seed:          1,
 		RepublishRate: 0.10,
 		FailRate:      0.05,
 		LostAckRate:   0.05,
+		Concurrency:   8,
 		Timeout:       2 * time.Minute,
 
 		Dedup:              true,
@@ -167,6 +169,7 @@ func newFlagSet(c *Config, output io.Writer) *flag.FlagSet {
 	fs.Float64Var(&c.LostAckRate, "lost-ack-rate", c.LostAckRate, "fraction of messages whose ack is lost after they were handled (nack, redelivery of a done message)")
 	fs.Float64Var(&c.CrashRate, "crash-rate", c.CrashRate, "fraction of messages whose consumer 'crashes' after the side effect, before the record is done (lease: taken over when the lease expires; transactional: rolled back)")
 	fs.IntVar(&c.StaleEvents, "stale-events", c.StaleEvents, "extra events published with a published_at older than the retention window (each is a ttl miss)")
+	fs.IntVar(&c.Concurrency, "concurrency", c.Concurrency, "most messages handled at once (the consumer's worker pool)")
 	fs.DurationVar(&c.Timeout, "timeout", c.Timeout, "how long to wait for every message to be handled before giving up")
 
 	fs.BoolVar(&c.Dedup, "dedup", c.Dedup, "use the dedup middleware; -dedup=false shows what duplicates do to the ledger")
@@ -332,6 +335,9 @@ func (c Config) Validate() error {
 	}
 	if c.Events < 1 || c.Events > 1_000_000 {
 		return fmt.Errorf("-events must be between 1 and 1000000, got %d", c.Events)
+	}
+	if c.Concurrency < 1 || c.Concurrency > 1024 {
+		return fmt.Errorf("-concurrency must be between 1 and 1024, got %d", c.Concurrency)
 	}
 	if c.Customers < 1 {
 		return fmt.Errorf("-customers must be at least 1, got %d", c.Customers)

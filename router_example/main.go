@@ -212,7 +212,7 @@ func (a *app) buildRouter() error {
 	// Outermost first. The dedup middleware is innermost but for the
 	// injected failures and crashes, which happen while a message is
 	// claimed; a lost ack happens after it was recorded done.
-	router.AddMiddleware(a.tracker.middleware, wmw.Recoverer, poison, a.faults.outer)
+	router.AddMiddleware(a.tracker.middleware, limit(cfg.Concurrency), wmw.Recoverer, poison, a.faults.outer)
 	if cfg.Dedup {
 		policy, _ := cfg.storeErrorPolicy()
 		h := cfg.redeliveryHorizon()

@@ -433,6 +433,25 @@ func (t *tracker) ack(uuid string) {
 	t.maybeDone()
 }
 
+// limit bounds how many messages are handled at once, as a consumer's
+// worker pool would: gochannel alone hands every published message to its
+// own goroutine at once. It sits outside the dedup middleware, so a message
+// waiting for a slot holds no claim whose lease could run out.
+func limit(n int) message.HandlerMiddleware {
+	slots := make(chan struct{}, n)
+	return func(h message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			select {
+			case slots <- struct{}{}:
+			case <-msg.Context().Done():
+				return nil, msg.Context().Err()
+			}
+			defer func() { <-slots }()
+			return h(msg)
+		}
+	}
+}
+
 // poison is a PoisonQueueWithFilter filter that counts what it routes.
 func (t *tracker) poison(err error) bool {
 	if !middleware.IsPermanent(err) && !errors.Is(err, errBadEvent) {

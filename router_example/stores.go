@@ -165,6 +165,11 @@ func openSQLite(ctx context.Context, cfg Config, closers *teardown) (*sql.DB, st
 	if err != nil {
 		return nil, "", err
 	}
+	// SQLite has one writer at a time. One connection makes concurrent
+	// handlers queue in database/sql instead of spinning in SQLite's busy
+	// handler; no handler needs a second connection while it holds one
+	// (in transactional mode its writes go through the inbox transaction).
+	db.SetMaxOpenConns(1)
 	pctx, cancel := context.WithTimeout(ctx, dialTimeout)
 	defer cancel()
 	if err := db.PingContext(pctx); err != nil {

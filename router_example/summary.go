@@ -77,7 +77,11 @@ func (r *result) verdict() verdict {
 	case extra > 0 && r.cfg.Dedup && r.mode == modeLease && extra <= int64(r.crashes):
 		return verdict{true, fmt.Sprintf("invariant: OK (lease mode) — no payment lost; %d awarded twice after %d injected crashes between side effect and Complete, the bounded duplicate lease mode allows (ledger %d = expected %d + %d)", extra, r.crashes, total, expected, total-expected)}
 	case extra > 0:
-		return verdict{false, fmt.Sprintf("invariant: BROKEN — %d duplicate awards: ledger %d != expected %d", extra, total, expected)}
+		hint := ""
+		if lost := r.outcome(middleware.OutcomeLostClaim); lost > 0 && r.mode == modeLease {
+			hint = fmt.Sprintf("; %d claims were lost because their lease (-lease %s) expired under a running handler: raise -lease", lost, r.cfg.Lease)
+		}
+		return verdict{false, fmt.Sprintf("invariant: BROKEN — %d duplicate awards: ledger %d != expected %d%s", extra, total, expected, hint)}
 	case total != expected:
 		return verdict{false, fmt.Sprintf("invariant: BROKEN — ledger %d != expected %d", total, expected)}
 	default:
