@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -81,6 +82,12 @@ func (p plan) expectedTotal() int64 {
 // the producer republishes under a new message id.
 func makePlan(cfg Config, runID string, now time.Time) plan {
 	rng := rand.New(rand.NewPCG(cfg.Seed, 0x5eed))
+	// Message ids depend on the run id too, so that runs sharing a store
+	// never share a message id; with the seed they decide which messages
+	// the faults hit.
+	h := fnv.New64a()
+	h.Write([]byte(runID))
+	ids := rand.New(rand.NewPCG(cfg.Seed, h.Sum64()))
 	p := plan{expected: map[string]int64{}}
 	add := func(i int, stale bool) {
 		kind := "evt"
@@ -104,11 +111,11 @@ func makePlan(cfg Config, runID string, now time.Time) plan {
 			at = now.Add(-cfg.Retention - time.Hour)
 			p.stale++
 		}
-		p.messages = append(p.messages, plannedMessage{uuid: watermill.NewUUID(), event: ev, publishedAt: at, attempt: 1, stale: stale})
+		p.messages = append(p.messages, plannedMessage{uuid: newUUID(ids), event: ev, publishedAt: at, attempt: 1, stale: stale})
 		if !stale && rng.Float64() < cfg.RepublishRate {
 			// A producer retry: it timed out waiting for the broker and
 			// sent the same event again, under a new message id.
-			p.messages = append(p.messages, plannedMessage{uuid: watermill.NewUUID(), event: ev, publishedAt: at, attempt: 2})
+			p.messages = append(p.messages, plannedMessage{uuid: newUUID(ids), event: ev, publishedAt: at, attempt: 2})
 			p.retries++
 		}
 	}
@@ -119,6 +126,16 @@ func makePlan(cfg Config, runID string, now time.Time) plan {
 		add(i, true)
 	}
 	return p
+}
+
+// newUUID draws a version 4 UUID from rng.
+func newUUID(rng *rand.Rand) string {
+	var b [16]byte
+	binary.LittleEndian.PutUint64(b[:8], rng.Uint64())
+	binary.LittleEndian.PutUint64(b[8:], rng.Uint64())
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:])
 }
 
 func (m plannedMessage) message() (*message.Message, error) {
@@ -242,7 +259,13 @@ func (f *faults) hit(uuid, kind string, rate float64) bool {
 	}
 	h := fnv.New64a()
 	fmt.Fprintf(h, "%d/%s/%s", f.seed, kind, uuid)
-	return float64(h.Sum64()>>11)/(1<<53) < rate
+	// FNV's high bits are poorly mixed for similar inputs: finish with
+	// splitmix64's mixer before taking 53 bits.
+	x := h.Sum64()
+	x = (x ^ x>>30) * 0xbf58476d1ce4e5b9
+	x = (x ^ x>>27) * 0x94d049bb133111eb
+	x ^= x >> 31
+	return float64(x>>11)/(1<<53) < rate
 }
 
 // firstRun reports whether the handler runs for uuid for the first time.

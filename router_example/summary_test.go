@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"errors"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -130,10 +131,16 @@ func TestPlan(t *testing.T) {
 			t.Fatalf("message %s: published %s ago, stale=%v", m.uuid, now.Sub(at), m.stale)
 		}
 	}
-	// Same seed, same events.
+	// Same seed and run id, same messages; another run id, other ids.
 	q := makePlan(cfg, "r1", now)
-	if q.expectedTotal() != p.expectedTotal() || q.retries != p.retries {
-		t.Fatal("the plan is not determined by the seed")
+	if q.expectedTotal() != p.expectedTotal() || q.retries != p.retries || q.messages[0].uuid != p.messages[0].uuid {
+		t.Fatal("the plan is not determined by the seed and the run id")
+	}
+	if o := makePlan(cfg, "r2", now); o.messages[0].uuid == p.messages[0].uuid || o.expectedTotal() != p.expectedTotal() {
+		t.Fatal("another run id must change the message ids, and only them")
+	}
+	if !regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$`).MatchString(p.messages[0].uuid) {
+		t.Fatalf("not a v4 UUID: %s", p.messages[0].uuid)
 	}
 }
 
