@@ -43,12 +43,11 @@ func (p StoreErrorPolicy) String() string {
 
 // Default values of Config fields.
 const (
-	DefaultLease           = 30 * time.Second
-	DefaultRetention       = 24 * time.Hour
-	DefaultStoreTimeout    = 5 * time.Second
-	DefaultCompleteRetries = 3
-	DefaultInProgressPoll  = 100 * time.Millisecond
-	DefaultScope           = "default"
+	DefaultLease          = 30 * time.Second
+	DefaultRetention      = 24 * time.Hour
+	DefaultStoreTimeout   = 5 * time.Second
+	DefaultInProgressPoll = 100 * time.Millisecond
+	DefaultScope          = "default"
 	// RetentionSafetyFactor is the margin seed 000 asks of the retention
 	// window over the broker's maximum redelivery horizon.
 	RetentionSafetyFactor = 1.3
@@ -110,11 +109,13 @@ type Config struct {
 	// StoreTimeout bounds every store call. The default is 5s.
 	StoreTimeout time.Duration
 
-	// CompleteRetries is how many more times a failed Complete is tried
-	// (with a short backoff) before the middleware gives up and acks the
-	// message anyway — its effect happened. The default is 3; a negative
-	// value means no retry.
-	CompleteRetries int
+	// CompleteTimeout is how long a failed Complete is retried (with a
+	// doubling backoff, the lease kept alive meanwhile) before the
+	// middleware gives up and acks the message anyway — its effect
+	// happened; the record then stays processing until its lease runs out.
+	// A store outage shorter than this loses nothing and doubles nothing.
+	// The default is Lease.
+	CompleteTimeout time.Duration
 
 	// OnStoreError is the policy when Claim fails. The default is
 	// FailClosed. FailOpen cannot be combined with Transactional.
@@ -183,6 +184,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: Lease must not be negative, got %s", ErrInvalidConfig, c.Lease)
 	case c.Retention < 0:
 		return fmt.Errorf("%w: Retention must not be negative, got %s", ErrInvalidConfig, c.Retention)
+	case c.CompleteTimeout < 0:
+		return fmt.Errorf("%w: CompleteTimeout must not be negative, got %s", ErrInvalidConfig, c.CompleteTimeout)
 	case c.StoreTimeout < 0:
 		return fmt.Errorf("%w: StoreTimeout must not be negative, got %s", ErrInvalidConfig, c.StoreTimeout)
 	case c.RedeliveryHorizon < 0:
@@ -226,8 +229,8 @@ func (c *Config) setDefaults() {
 	if c.StoreTimeout == 0 {
 		c.StoreTimeout = DefaultStoreTimeout
 	}
-	if c.CompleteRetries == 0 {
-		c.CompleteRetries = DefaultCompleteRetries
+	if c.CompleteTimeout == 0 {
+		c.CompleteTimeout = c.Lease
 	}
 	if c.InProgressPoll == 0 {
 		c.InProgressPoll = DefaultInProgressPoll

@@ -227,11 +227,7 @@ func (d *dedup) handleLease(h message.HandlerFunc, msg *message.Message, scope s
 	}
 	d.checkTTL(msg, scope, keys)
 
-	outputs, err := d.runClaimed(h, msg, c)
-	if err != nil {
-		return nil, err
-	}
-	return d.complete(msg, c, outputs)
+	return d.runClaimed(h, msg, c)
 }
 
 // waitInProgress re-claims every InProgressPoll until the keys are no
@@ -308,8 +304,10 @@ func (d *dedup) checkTTL(msg *message.Message, scope string, keys []string) {
 	}
 }
 
-// runClaimed runs the handler under a heartbeat, releasing the claim when
-// the handler fails or panics.
+// runClaimed runs the handler under a heartbeat, then completes the
+// claim, or releases it when the handler fails or panics. The heartbeat
+// runs until Complete or Release is done, so a Complete retried through a
+// store outage keeps its lease.
 func (d *dedup) runClaimed(h message.HandlerFunc, msg *message.Message, c *stores.Claim) (outputs []*message.Message, err error) {
 	parent := msg.Context()
 	ctx, cancel := context.WithCancelCause(parent)
@@ -319,19 +317,27 @@ func (d *dedup) runClaimed(h message.HandlerFunc, msg *message.Message, c *store
 	msg.SetContext(hb)
 	d.beats.add(hb)
 
-	finished := false
+	settled := false
 	defer func() {
+		if settled {
+			return
+		}
+		// A handler error, or a panic going on up to the router's
+		// Recoverer after the release.
 		d.beats.remove(hb)
 		cancel(nil)
 		msg.SetContext(parent)
-		if finished && err == nil {
-			return
-		}
 		d.release(parent, c)
-		// A panic goes on up to the router's Recoverer, after the release.
 	}()
 	outputs, err = h(msg)
-	finished = true
+	if err != nil {
+		return nil, err
+	}
+	settled = true
+	msg.SetContext(parent)
+	outputs, err = d.complete(msg, c, outputs)
+	d.beats.remove(hb)
+	cancel(nil)
 	return outputs, err
 }
 
@@ -354,17 +360,20 @@ func (d *dedup) release(parent context.Context, c *stores.Claim) {
 	}
 }
 
-// complete records the message done with its outputs, retrying store
-// errors briefly.
+// complete records the message done with its outputs. Store errors are
+// retried with a doubling backoff for up to CompleteTimeout, while the
+// heartbeat (still registered) keeps the lease: a store outage shorter than
+// that loses nothing and doubles nothing.
 func (d *dedup) complete(msg *message.Message, c *stores.Claim, outputs []*message.Message) ([]*message.Message, error) {
 	var fp []byte
 	if d.cfg.Fingerprint != nil {
 		fp = d.cfg.Fingerprint(msg)
 	}
 	data := encodeData(fp, outputs)
+	deadline := time.Now().Add(d.cfg.CompleteTimeout)
 	backoff := 20 * time.Millisecond
 	var err error
-	for attempt := 0; ; attempt++ {
+	for {
 		ctx, cancel := d.storeCtx(msg.Context(), true)
 		start := d.now()
 		err = d.cfg.Store.Complete(ctx, c, d.cfg.Retention, data)
@@ -374,26 +383,66 @@ func (d *dedup) complete(msg *message.Message, c *stores.Claim, outputs []*messa
 			return outputs, nil
 		}
 		if errors.Is(err, stores.ErrLostClaim) {
-			// Our lease expired and another consumer took the message
-			// over: its run will complete (or release) the record. Nack,
-			// so the redelivery finds its outcome — acking here could
-			// publish a second, different set of outputs.
-			d.cfg.Metrics.Observe(c.Scope, OutcomeLostClaim)
-			d.cfg.Logger.Error("Dedup claim lost before Complete: the lease expired while the handler ran and another consumer took over (its effect may be doubled)", err, d.fields(msg, c.Scope, c.Keys))
-			return nil, fmt.Errorf("dedup %s: message %s: %w", c.Scope, msg.UUID, err)
+			return d.reconcile(msg, c, data, outputs, err)
 		}
-		if attempt >= d.cfg.CompleteRetries || errors.Is(err, stores.ErrClosed) {
+		if errors.Is(err, stores.ErrClosed) || time.Now().Add(backoff).After(deadline) || !sleepCtx(msg.Context(), backoff) {
 			break
 		}
-		time.Sleep(backoff)
-		backoff *= 2
+		backoff = min(2*backoff, time.Second)
 	}
 	// The effect happened; nacking now would run it again once the lease
 	// expires. Ack instead: the record stays processing until its lease
 	// runs out, so only a further duplicate arriving after that runs again.
 	d.cfg.Metrics.Observe(c.Scope, OutcomeStoreError)
-	d.cfg.Logger.Error("Dedup Complete failed after retries: acking anyway (the effect happened); a duplicate arriving after the lease expires would run again", err, d.fields(msg, c.Scope, c.Keys))
+	d.cfg.Logger.Error("Dedup Complete failed for CompleteTimeout: acking anyway (the effect happened); a duplicate arriving after the lease expires would run again", err, d.fields(msg, c.Scope, c.Keys))
 	return outputs, nil
+}
+
+// reconcile decides what a refused Complete means by claiming the keys
+// again. The refusal has three causes, told apart by the claim:
+//   - Duplicate: the record is done — by an earlier attempt of this
+//     Complete whose reply was lost, or by a consumer that took the message
+//     over. Ack, with the outputs that were recorded.
+//   - Claimed: the record is gone (the store lost it). Record this run.
+//   - InProgress: another consumer took the message over and is running
+//     it. Nack: the redelivery will find that run's outcome.
+func (d *dedup) reconcile(msg *message.Message, c *stores.Claim, data []byte, outputs []*message.Message, lost error) ([]*message.Message, error) {
+	again, err := d.claim(msg, c.Scope, c.Keys)
+	if err == nil {
+		switch again.Result {
+		case stores.Duplicate:
+			if _, recorded, derr := decodeData(again.Data); derr == nil {
+				return recorded, nil
+			}
+		case stores.Claimed:
+			ctx, cancel := d.storeCtx(msg.Context(), true)
+			err = d.cfg.Store.Complete(ctx, again, d.cfg.Retention, data)
+			cancel()
+			if err == nil {
+				return outputs, nil
+			}
+			d.release(msg.Context(), again)
+		}
+	}
+	// Our lease expired and another consumer took the message over: its
+	// run will complete (or release) the record. Nack, so the redelivery
+	// finds its outcome — acking here could publish a second, different
+	// set of outputs.
+	d.cfg.Metrics.Observe(c.Scope, OutcomeLostClaim)
+	d.cfg.Logger.Error("Dedup claim lost before Complete: the lease expired while the handler ran and another consumer took over (the effect may be doubled)", lost, d.fields(msg, c.Scope, c.Keys))
+	return nil, fmt.Errorf("dedup %s: message %s: %w", c.Scope, msg.UUID, lost)
+}
+
+// sleepCtx sleeps for d, or until ctx is done (then it returns false).
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }
 
 // handleTx is the transactional inbox flow: the record is inserted in a

@@ -614,3 +614,56 @@ func TestHandlerSeesClaim(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// lostReplyStore applies the first Complete but reports a timeout, as when
+// the reply is lost on the network; the retry then finds the record done.
+type lostReplyStore struct {
+	stores.Store
+	completes atomic.Int32
+}
+
+func (s *lostReplyStore) Complete(ctx context.Context, c *stores.Claim, retention time.Duration, data []byte) error {
+	err := s.Store.Complete(ctx, c, retention, data)
+	if s.completes.Add(1) == 1 && err == nil {
+		return context.DeadlineExceeded
+	}
+	return err
+}
+
+func TestCompleteWhoseReplyWasLostAcksWithRecordedOutputs(t *testing.T) {
+	store := &lostReplyStore{Store: newMemstore(t)}
+	metrics := newCountingMetrics()
+	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Metrics: metrics})
+	out, err := mw(func(*message.Message) ([]*message.Message, error) {
+		return []*message.Message{message.NewMessage("out-1", []byte("points"))}, nil
+	})(message.NewMessage("m-1", nil))
+	if err != nil {
+		t.Fatalf("a Complete applied on its first try must not nack: %v", err)
+	}
+	if len(out) != 1 || out[0].UUID != "out-1" {
+		t.Fatalf("outputs = %v, want the recorded out-1", out)
+	}
+	if metrics.get(middleware.OutcomeLostClaim) != 0 {
+		t.Fatal("an own retried Complete was counted as a lost claim")
+	}
+}
+
+func TestStoreOutageDuringCompleteIsRidden(t *testing.T) {
+	store := &flakyStore{Store: newMemstore(t)}
+	l := newLedger()
+	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Lease: 2 * time.Second})
+	h := mw(func(msg *message.Message) ([]*message.Message, error) {
+		l.apply(msg.UUID)
+		store.down.Store(true) // the store goes away right after the effect
+		time.AfterFunc(300*time.Millisecond, func() { store.down.Store(false) })
+		return nil, nil
+	})
+	if _, err := h(message.NewMessage("m-1", nil)); err != nil {
+		t.Fatal(err)
+	}
+	// The redelivery is a duplicate: Complete went through after the outage.
+	if _, err := h(message.NewMessage("m-1", nil)); err != nil {
+		t.Fatal(err)
+	}
+	l.assertExactlyOnce(t, []string{"m-1"})
+}

@@ -49,13 +49,15 @@ var (
 	// released. Nothing was changed.
 	ErrLostClaim = errors.New("dedup store: claim lost (lease expired and record taken over, or already completed/released)")
 
-	// ErrInvalidKey is returned by Claim for an empty key list or an empty
-	// key. Keys are built by keyfuncs, which never produce either; a store
-	// sees one only through a bug, and must not touch its backend for it.
+	// ErrInvalidKey is returned by Claim for an empty key list, an empty
+	// key, or a key longer than the store accepts (a documented bound of
+	// the store's; keyfuncs bounds keys to 256 bytes). A store must not
+	// touch its backend for it.
 	ErrInvalidKey = errors.New("dedup store: invalid key")
 
 	// ErrInvalidArgument is returned for a non-positive lease or retention,
-	// or a claim that is not a Claimed result of this store.
+	// a scope longer than the store accepts, or a claim that is not a
+	// Claimed result of this store.
 	ErrInvalidArgument = errors.New("dedup store: invalid argument")
 
 	// ErrFingerprintMismatch reports a duplicate key whose stored payload
