@@ -22,8 +22,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/IBM/sarama"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
+	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/watermill-dedup/dedup/internal/testenv"
 )
@@ -48,7 +50,7 @@ func buildExample(t *testing.T) string {
 			return
 		}
 		exampleBin.path = filepath.Join(dir, "router_example")
-		args := []string{"build", "-o", exampleBin.path}
+		args := []string{"build", "-buildvcs=false", "-o", exampleBin.path}
 		if raceEnabled {
 			args = append(args, "-race")
 		}
@@ -231,12 +233,23 @@ func TestExampleRuns(t *testing.T) {
 		{name: "gochannel/mysql/transactional", args: []string{"-store=mysql", "-mode=transactional"}, needs: my, check: noTables(my, "mysql")},
 		{name: "kafka-embedded/sqlite", args: []string{"-broker=kafka-embedded"}},
 		{name: "kafka-embedded/memory/lease", args: []string{"-broker=kafka-embedded", "-store=memory"}},
+		// -broker=kafka against a cluster outside the example: the real one
+		// of KAFKA_BROKERS, or else a kfake cluster this test runs, so the
+		// reachability probe, topic creation and -cleanup (topics and
+		// consumer group deleted) are exercised anyway.
 		{name: "kafka/sqlite", args: []string{"-broker=kafka"}, needs: func(t *testing.T) []string {
 			addrs := os.Getenv("KAFKA_BROKERS")
 			if addrs == "" {
-				t.Skip("KAFKA_BROKERS is not set: no real Kafka cluster to run on (kafka-embedded covers the Kafka protocol)")
+				cluster, err := kfake.NewCluster(kfake.NumBrokers(1))
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(cluster.Close)
+				addrs = strings.Join(cluster.ListenAddrs(), ",")
 			}
 			return []string{"-kafka-brokers=" + addrs}
+		}, check: func(t *testing.T, r exampleRun, runID string) {
+			requireNoKafkaLeftovers(t, r, runID)
 		}},
 		{name: "amqp/sqlite", args: []string{"-broker=amqp"}, needs: mq,
 			check: func(t *testing.T, _ exampleRun, runID string) { requireNoQueue(t, topicName(brokerAMQP, runID)) }},
@@ -459,6 +472,41 @@ func requireNoTables(t *testing.T, driver, dsn, runID string) {
 	}
 	if len(left) > 0 {
 		t.Fatalf("-cleanup left tables %v", left)
+	}
+}
+
+// requireNoKafkaLeftovers checks -cleanup deleted the run's topics and
+// consumer group.
+func requireNoKafkaLeftovers(t *testing.T, r exampleRun, runID string) {
+	t.Helper()
+	var brokers string
+	for _, a := range r.args {
+		if v, ok := strings.CutPrefix(a, "-kafka-brokers="); ok {
+			brokers = v
+		}
+	}
+	admin, err := sarama.NewClusterAdmin(splitList(brokers), kafkaConsumerConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	topics, err := admin.ListTopics()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name := range topics {
+		if strings.Contains(name, runID) {
+			t.Errorf("-cleanup left Kafka topic %s", name)
+		}
+	}
+	groups, err := admin.ListConsumerGroups()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name := range groups {
+		if strings.Contains(name, runID) {
+			t.Errorf("-cleanup left Kafka consumer group %s", name)
+		}
 	}
 }
 
