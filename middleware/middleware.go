@@ -458,6 +458,9 @@ func (d *dedup) handleTx(h message.HandlerFunc, msg *message.Message, scope stri
 	switch tx.Result() {
 	case stores.Duplicate:
 		return d.duplicate(msg, scope, keys, tx.Data())
+	case stores.InProgress:
+		d.cfg.Metrics.Observe(scope, OutcomeInProgress)
+		return nil, fmt.Errorf("%w: message %s, scope %q, keys %q", ErrInProgress, msg.UUID, scope, keys)
 	case stores.Claimed:
 	default:
 		_ = tx.Rollback(context.WithoutCancel(parent))

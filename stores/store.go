@@ -215,13 +215,15 @@ type Inbox interface {
 	//
 	// When any key already has a live done record the transaction is rolled
 	// back before Begin returns and the InboxTx reports Duplicate with the
-	// record's Data; Commit and Rollback are then no-ops.
+	// record's Data; when a key is held by a live lease-mode claim (a store
+	// shared by both modes) it is rolled back too and reports InProgress.
+	// Commit and Rollback are then no-ops.
 	Begin(ctx context.Context, scope string, keys []string, retention time.Duration) (InboxTx, error)
 }
 
 // InboxTx is one message's transaction in an [Inbox].
 type InboxTx interface {
-	// Result is Claimed or Duplicate.
+	// Result is Claimed, Duplicate or InProgress.
 	Result() Result
 	// Data is the stored data of a Duplicate result.
 	Data() []byte

@@ -56,7 +56,7 @@ func (s *Store) outerTx(ctx context.Context) (*sql.Tx, bool) {
 // duplicates serialise on the primary key. Existing records are locked and
 // read: a live done one makes the result Duplicate (everything is rolled
 // back), an expired one is replaced, a live processing one (a lease-mode
-// claim sharing the table) fails with [ErrInProgress].
+// claim sharing the table) makes the result InProgress (rolled back too).
 //
 // When ctx carries a transaction (watermill-sql's subscriber transaction,
 // or one given with WithTx) Begin works inside it under a SAVEPOINT:
@@ -96,12 +96,12 @@ func (s *Store) Begin(ctx context.Context, scope string, keys []string, retentio
 			return err
 		}
 		res, data, err := s.insertDone(ctx, tx, ks, retention)
-		if err != nil || res == stores.Duplicate {
+		if err != nil || res != stores.Claimed {
 			_ = tx.Rollback()
 			if err != nil {
 				return err
 			}
-			itx = &inboxTx{result: stores.Duplicate, data: data}
+			itx = &inboxTx{result: res, data: data}
 			return nil
 		}
 		itx = &inboxTx{s: s, tx: tx, ks: ks, result: stores.Claimed}
@@ -142,7 +142,7 @@ func (s *Store) beginSavepoint(ctx context.Context, tx *sql.Tx, ks keySet, reten
 			return nil, errors.Join(err, rerr)
 		}
 		if err == nil {
-			return &inboxTx{result: stores.Duplicate, data: data}, nil
+			return &inboxTx{result: res, data: data}, nil
 		}
 		if !errors.Is(err, errRetry) || attempt == maxSavepointAttempts {
 			return nil, err
@@ -165,8 +165,9 @@ func rollbackTo(ctx context.Context, tx *sql.Tx, sp string, keep bool) error {
 	return nil
 }
 
-// insertDone inserts done records for ks in tx and reports Claimed or
-// Duplicate (with its data); the caller rolls back on Duplicate or error.
+// insertDone inserts done records for ks in tx and reports Claimed,
+// Duplicate (with its data) or InProgress; the caller rolls back unless
+// Claimed.
 func (s *Store) insertDone(ctx context.Context, tx *sql.Tx, ks keySet, retention time.Duration) (stores.Result, []byte, error) {
 	now := s.now()
 	exp := s.q.timeArg(now.Add(retention))
@@ -181,10 +182,7 @@ func (s *Store) insertDone(ctx context.Context, tx *sql.Tx, ks keySet, retention
 	}
 	var c stores.Claim
 	if s.decide(&c, ks, recs) {
-		if c.Result == stores.InProgress {
-			return 0, nil, ErrInProgress
-		}
-		return stores.Duplicate, c.Data, nil
+		return c.Result, c.Data, nil
 	}
 	if _, err := tx.ExecContext(ctx, s.q.replaceDone(len(rest)), s.idArgs([]any{exp}, rest)...); err != nil {
 		return 0, nil, err

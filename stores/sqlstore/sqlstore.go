@@ -63,11 +63,6 @@ import (
 // that is not a plain identifier. No SQL is ever built from such a name.
 var ErrInvalidTable = errors.New("sqlstore: invalid table name")
 
-// ErrInProgress is returned by Begin when a key is held by a lease-mode
-// claim (a processing record) of another consumer sharing the table: the
-// message must not be acked; retry it later. It only happens when lease
-// and transactional consumers share a scope.
-var ErrInProgress = errors.New("sqlstore: key is being processed by a lease-mode claim")
 
 // errRetry makes an operation start again: a record it saw vanished
 // between two statements.
