@@ -63,7 +63,6 @@ import (
 // that is not a plain identifier. No SQL is ever built from such a name.
 var ErrInvalidTable = errors.New("sqlstore: invalid table name")
 
-
 // errRetry makes an operation start again: a record it saw vanished
 // between two statements.
 var errRetry = errors.New("sqlstore: record changed concurrently")
