@@ -57,11 +57,14 @@ func consumerGroup(runID string) string { return "loyalty_" + runID }
 // removers, which run only under -cleanup.
 func openBroker(ctx context.Context, cfg Config, runID string, logger watermill.LoggerAdapter, closers, removers *teardown) (*broker, error) {
 	b := &broker{
-		name:  cfg.Broker,
-		topic: topicName(cfg.Broker, runID),
-		group: consumerGroup(runID),
+		name:        cfg.Broker,
+		topic:       topicName(cfg.Broker, runID),
+		poisonTopic: topicName(cfg.Broker, runID) + ".poison",
+		group:       consumerGroup(runID),
 	}
-	b.poisonTopic = b.topic + map[bool]string{true: "_poison", false: ".poison"}[isSQLBroker(cfg.Broker)]
+	if isSQLBroker(cfg.Broker) {
+		b.poisonTopic = topicName(cfg.Broker, runID) + "_poison"
+	}
 	var err error
 	switch cfg.Broker {
 	case brokerGoChannel:
@@ -303,8 +306,12 @@ func (b *broker) openSQL(ctx context.Context, cfg Config, logger watermill.Logge
 	if cfg.Broker == brokerPostgres {
 		quote = func(col string) string { return `"` + col + `"` }
 	}
-	drainQuery := "SELECT COALESCE((SELECT offset_acked FROM " + offsets.MessagesOffsetsTable(b.topic) + " WHERE consumer_group = " +
-		map[bool]string{true: "$1", false: "?"}[cfg.Broker == brokerPostgres] + "), 0) >= " +
+	placeholder := "?"
+	if cfg.Broker == brokerPostgres {
+		placeholder = "$1"
+	}
+	drainQuery := "SELECT COALESCE((SELECT offset_acked FROM " + offsets.MessagesOffsetsTable(b.topic) +
+		" WHERE consumer_group = " + placeholder + "), 0) >= " +
 		"(SELECT COALESCE(MAX(" + quote("offset") + "), 0) FROM " + schema.MessagesTable(b.topic) + ")"
 	b.drained = func(ctx context.Context) (bool, error) {
 		var ok bool
