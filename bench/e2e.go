@@ -1,7 +1,229 @@
 package main
 
-import "context"
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync/atomic"
+	"time"
 
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
+	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	"github.com/ThreeDotsLabs/watermill/message"
+	amqp091 "github.com/rabbitmq/amqp091-go"
+	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/watermill-dedup/dedup/keyfuncs"
+	"github.com/watermill-dedup/dedup/middleware"
+	"github.com/watermill-dedup/dedup/stores/redisstore"
+)
+
+// e2eBroker is a broker the e2e section drives: a publisher, and a way to
+// make a fresh subscriber per run (its own consumer group or queue).
+type e2eBroker struct {
+	name   string
+	pub    message.Publisher
+	newSub func(run string) (message.Subscriber, error)
+	topic  func(run string) string
+	close  func()
+}
+
+func amqpURL() string { return envOr("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/") }
+
+func openKfake() (*e2eBroker, error) {
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.DefaultNumPartitions(4))
+	if err != nil {
+		return nil, err
+	}
+	brokers := cluster.ListenAddrs()
+	pcfg := kafka.DefaultSaramaSyncPublisherConfig()
+	pcfg.Version = sarama.V2_8_0_0
+	pub, err := kafka.NewPublisher(kafka.PublisherConfig{Brokers: brokers, Marshaler: kafka.DefaultMarshaler{}, OverwriteSaramaConfig: pcfg}, watermill.NopLogger{})
+	if err != nil {
+		cluster.Close()
+		return nil, err
+	}
+	var subs []message.Subscriber
+	return &e2eBroker{
+		name: "kfake",
+		pub:  pub,
+		newSub: func(run string) (message.Subscriber, error) {
+			scfg := kafka.DefaultSaramaSubscriberConfig()
+			scfg.Version = sarama.V2_8_0_0
+			scfg.Consumer.Offsets.Initial = sarama.OffsetOldest
+			s, err := kafka.NewSubscriber(kafka.SubscriberConfig{
+				Brokers: brokers, Unmarshaler: kafka.DefaultMarshaler{}, ConsumerGroup: "bench-" + run,
+				OverwriteSaramaConfig:  scfg,
+				InitializeTopicDetails: &sarama.TopicDetail{NumPartitions: 4, ReplicationFactor: 1},
+			}, watermill.NopLogger{})
+			if err == nil {
+				subs = append(subs, s)
+			}
+			return s, err
+		},
+		topic: func(run string) string { return "bench-" + run },
+		close: func() {
+			for _, s := range subs {
+				_ = s.Close()
+			}
+			_ = pub.Close()
+			cluster.Close()
+		},
+	}, nil
+}
+
+func openRabbit() (*e2eBroker, error) {
+	url := amqpURL()
+	cfg := amqp.NewDurableQueueConfig(url)
+	pub, err := amqp.NewPublisher(cfg, watermill.NopLogger{})
+	if err != nil {
+		return nil, fmt.Errorf("RabbitMQ is not reachable at %s (set AMQP_URL): %w", redactDSN(url), err)
+	}
+	var subs []message.Subscriber
+	var queues []string
+	return &e2eBroker{
+		name: "rabbitmq",
+		pub:  pub,
+		newSub: func(string) (message.Subscriber, error) {
+			s, err := amqp.NewSubscriber(cfg, watermill.NopLogger{})
+			if err == nil {
+				subs = append(subs, s)
+			}
+			return s, err
+		},
+		topic: func(run string) string {
+			q := "dedup-bench-" + run
+			queues = append(queues, q)
+			return q
+		},
+		close: func() {
+			for _, s := range subs {
+				_ = s.Close()
+			}
+			_ = pub.Close()
+			if conn, err := amqp091.Dial(url); err == nil {
+				if ch, err := conn.Channel(); err == nil {
+					for _, q := range queues {
+						_, _ = ch.QueueDelete(q, false, false, false)
+					}
+					_ = ch.Close()
+				}
+				_ = conn.Close()
+			}
+		},
+	}, nil
+}
+
+// consumeRate publishes n messages to a fresh topic, then runs a router
+// that consumes them (through mw when not nil) and returns messages per
+// second from the router's start to the last message handled.
+func consumeRate(ctx context.Context, b *e2eBroker, n int, mw message.HandlerMiddleware) (float64, error) {
+	run := runID()
+	topic := b.topic(run)
+	sub, err := b.newSub(run)
+	if err != nil {
+		return 0, err
+	}
+	// Subscribe first where the broker needs a queue or group to exist.
+	if s, ok := sub.(message.SubscribeInitializer); ok {
+		if err := s.SubscribeInitialize(topic); err != nil {
+			return 0, err
+		}
+	}
+	for i := 0; i < n; i += 100 {
+		batch := make([]*message.Message, 0, 100)
+		for j := i; j < min(i+100, n); j++ {
+			batch = append(batch, message.NewMessage(run+"-"+strconv.Itoa(j), []byte(`{"payment_id":"P`+strconv.Itoa(j)+`"}`)))
+		}
+		if err := b.pub.Publish(topic, batch...); err != nil {
+			return 0, err
+		}
+	}
+	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
+	if err != nil {
+		return 0, err
+	}
+	var handled atomic.Int64
+	done := make(chan struct{})
+	h := r.AddNoPublisherHandler("bench-"+run, topic, sub, func(*message.Message) error {
+		if handled.Add(1) == int64(n) {
+			close(done)
+		}
+		return nil
+	})
+	if mw != nil {
+		h.AddMiddleware(mw)
+	}
+	runErr := make(chan error, 1)
+	go func() { runErr <- r.Run(ctx) }()
+	<-r.Running()
+	start := time.Now()
+	select {
+	case <-done:
+	case err := <-runErr:
+		return 0, fmt.Errorf("router stopped: %v", err)
+	case <-time.After(5 * time.Minute):
+		_ = r.Close()
+		return 0, fmt.Errorf("consumed %d of %d messages in 5 minutes", handled.Load(), n)
+	}
+	rate := float64(n) / time.Since(start).Seconds()
+	_ = r.Close()
+	<-runErr
+	return rate, nil
+}
+
+// runE2E measures a router on kfake and on RabbitMQ with and without the
+// dedup middleware (redisstore, message id + business key).
 func runE2E(ctx context.Context, o *options) ([]result, error) {
-	return skipped("e2e", "not wired yet"), nil
+	const sec = "e2e"
+	rc, err := openRedis(ctx, 64)
+	if err != nil {
+		return skipped(sec, err.Error()), nil
+	}
+	defer rc.Close()
+	prefix := "dedupbench:e2e:" + runID() + ":"
+	defer deletePrefix(context.Background(), rc, prefix)
+	store, err := redisstore.New(rc, redisstore.Config{Prefix: prefix, SkipServerCheck: true})
+	if err != nil {
+		return nil, err
+	}
+	defer store.Close(context.Background())
+	mw, err := middleware.New(middleware.Config{
+		Store: store,
+		Key: keyfuncs.All(
+			keyfuncs.Prefix("msg:", keyfuncs.MessageID()),
+			keyfuncs.Prefix("payment:", keyfuncs.JSON("payment_id")),
+		),
+	})
+	if err != nil {
+		return nil, err
+	}
+
+	n := o.scale(5000, 5)
+	var rs []result
+	for _, open := range []func() (*e2eBroker, error){openKfake, openRabbit} {
+		b, err := open()
+		if err != nil {
+			rs = append(rs, skipped(sec, err.Error())...)
+			continue
+		}
+		without, err := consumeRate(ctx, b, n, nil)
+		if err != nil {
+			b.close()
+			return rs, fmt.Errorf("%s without dedup: %w", b.name, err)
+		}
+		with, err := consumeRate(ctx, b, n, mw)
+		b.close()
+		if err != nil {
+			return rs, fmt.Errorf("%s with dedup: %w", b.name, err)
+		}
+		rs = append(rs,
+			result{sec, "e2e_" + b.name + "_plain_msgs_per_s", without, "msgs/s", fmt.Sprintf("%d messages, router without dedup", n)},
+			result{sec, "e2e_" + b.name + "_dedup_msgs_per_s", with, "msgs/s", "with dedup (redisstore, id + business key)"},
+			result{sec, "e2e_" + b.name + "_dedup_vs_plain_ratio", with / without, "x", "goal >= 0.9"},
+		)
+	}
+	return rs, nil
 }
