@@ -26,7 +26,9 @@ const (
 	// expired and someone took over); its Complete was refused.
 	OutcomeLostClaim
 	// OutcomeTTLMiss: a claimed message was older than the retention
-	// window, so an earlier run's record may have expired already.
+	// window, so an earlier run's record may have expired already. It is
+	// counted per claim: a stale message whose handler fails and is retried
+	// counts once per attempt.
 	OutcomeTTLMiss
 	// OutcomeNoKey: the key function could not key the message.
 	OutcomeNoKey

@@ -253,13 +253,13 @@ func (d *dedup) waitInProgress(msg *message.Message, scope string, keys []string
 }
 
 func (d *dedup) storeFailed(h message.HandlerFunc, msg *message.Message, scope string, keys []string, err error) ([]*message.Message, error) {
-	d.cfg.Metrics.Observe(scope, OutcomeStoreError)
 	if errors.Is(err, stores.ErrInvalidKey) {
 		// A key function returned something the store rejects: bad input,
 		// not an outage.
 		d.cfg.Metrics.Observe(scope, OutcomeNoKey)
 		return nil, fmt.Errorf("dedup %s: %w: message %s: %w", scope, keyfuncs.ErrNoKey, msg.UUID, err)
 	}
+	d.cfg.Metrics.Observe(scope, OutcomeStoreError)
 	if d.cfg.OnStoreError == FailOpen {
 		d.cfg.Metrics.Observe(scope, OutcomeBypassed)
 		f := d.fields(msg, scope, keys)

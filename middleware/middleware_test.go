@@ -667,3 +667,24 @@ func TestStoreOutageDuringCompleteIsRidden(t *testing.T) {
 	}
 	l.assertExactlyOnce(t, []string{"m-1"})
 }
+
+// keyRejectingStore rejects every key, as a store with a key-length bound
+// does for an over-long key.
+type keyRejectingStore struct{ stores.Store }
+
+func (keyRejectingStore) Claim(context.Context, string, []string, time.Duration) (*stores.Claim, error) {
+	return nil, fmt.Errorf("%w: key too long", stores.ErrInvalidKey)
+}
+
+func TestKeyRejectedByStoreIsBadInputNotStoreError(t *testing.T) {
+	metrics := newCountingMetrics()
+	mw := dedupMiddleware(t, middleware.Config{Store: keyRejectingStore{newMemstore(t)}, Metrics: metrics, OnStoreError: middleware.FailOpen})
+	ran := false
+	_, err := mw(func(*message.Message) ([]*message.Message, error) { ran = true; return nil, nil })(message.NewMessage("m-1", nil))
+	if !errors.Is(err, keyfuncs.ErrNoKey) || !middleware.IsPermanent(err) || ran {
+		t.Fatalf("err = %v, ran = %v; want a permanent ErrNoKey without running (even fail-open)", err, ran)
+	}
+	if metrics.get(middleware.OutcomeStoreError) != 0 || metrics.get(middleware.OutcomeNoKey) != 1 {
+		t.Fatalf("outcomes: %d store errors, %d no_key; want 0 and 1", metrics.get(middleware.OutcomeStoreError), metrics.get(middleware.OutcomeNoKey))
+	}
+}
