@@ -97,9 +97,9 @@ func openRedisBench(ctx context.Context) (*benchStore, error) {
 	}, nil
 }
 
-// throughput runs claim+complete cycles of new keys on s with c workers
-// for d and returns messages per second.
-func throughput(ctx context.Context, s stores.Store, workers int, d time.Duration, keyPrefix string) (float64, error) {
+// rate runs op with workers goroutines for d and returns calls per
+// second; op gets its worker number and a per-worker sequence number.
+func rate(workers int, d time.Duration, op func(w, i int) error) (float64, error) {
 	var (
 		n    atomic.Int64
 		wg   sync.WaitGroup
@@ -112,12 +112,7 @@ func throughput(ctx context.Context, s stores.Store, workers int, d time.Duratio
 		go func() {
 			defer wg.Done()
 			for i := 0; !stop.Load(); i++ {
-				key := keyPrefix + strconv.Itoa(w) + "-" + strconv.Itoa(i)
-				c, err := s.Claim(ctx, "bench", []string{key}, time.Minute)
-				if err == nil {
-					err = s.Complete(ctx, c, time.Hour, nil)
-				}
-				if err != nil {
+				if err := op(w, i); err != nil {
 					ferr.Store(err)
 					return
 				}
@@ -132,6 +127,18 @@ func throughput(ctx context.Context, s stores.Store, workers int, d time.Duratio
 		return 0, err
 	}
 	return float64(n.Load()) / time.Since(start).Seconds(), nil
+}
+
+// throughput runs claim+complete cycles of new keys on s with c workers
+// for d and returns messages per second.
+func throughput(ctx context.Context, s stores.Store, workers int, d time.Duration, keyPrefix string) (float64, error) {
+	return rate(workers, d, func(w, i int) error {
+		c, err := s.Claim(ctx, "bench", []string{keyPrefix + strconv.Itoa(w) + "-" + strconv.Itoa(i)}, time.Minute)
+		if err != nil {
+			return err
+		}
+		return s.Complete(ctx, c, time.Hour, nil)
+	})
 }
 
 var rpsRe = regexp.MustCompile(`([0-9.]+) requests per second`)

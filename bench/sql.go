@@ -9,8 +9,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"strconv"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	_ "github.com/go-sql-driver/mysql"
@@ -99,37 +97,13 @@ func openPostgresBench(ctx context.Context) (*benchStore, error) {
 
 // txThroughput runs Begin+Commit cycles of new keys with c workers for d.
 func txThroughput(ctx context.Context, inbox stores.Inbox, workers int, d time.Duration, keyPrefix string) (float64, error) {
-	var (
-		n    atomic.Int64
-		wg   sync.WaitGroup
-		ferr atomic.Value
-		stop atomic.Bool
-	)
-	start := time.Now()
-	for w := range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := 0; !stop.Load(); i++ {
-				tx, err := inbox.Begin(ctx, "bench", []string{keyPrefix + strconv.Itoa(w) + "-" + strconv.Itoa(i)}, time.Hour)
-				if err == nil {
-					err = tx.Commit(ctx, nil)
-				}
-				if err != nil {
-					ferr.Store(err)
-					return
-				}
-				n.Add(1)
-			}
-		}()
-	}
-	time.Sleep(d)
-	stop.Store(true)
-	wg.Wait()
-	if err, _ := ferr.Load().(error); err != nil {
-		return 0, err
-	}
-	return float64(n.Load()) / time.Since(start).Seconds(), nil
+	return rate(workers, d, func(w, i int) error {
+		tx, err := inbox.Begin(ctx, "bench", []string{keyPrefix + strconv.Itoa(w) + "-" + strconv.Itoa(i)}, time.Hour)
+		if err != nil {
+			return err
+		}
+		return tx.Commit(ctx, nil)
+	})
 }
 
 var tpsRe = regexp.MustCompile(`tps = ([0-9.]+)`)
