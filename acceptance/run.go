@@ -1,0 +1,750 @@
+package acceptance
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/watermill-dedup/dedup/middleware"
+	"github.com/watermill-dedup/dedup/stores"
+)
+
+// run is one scenario's state in the test process.
+type run struct {
+	t       *testing.T
+	b       Backend
+	s       Store
+	sc      Scenario
+	variant string
+	id      string
+	start   time.Time
+	logger  watermill.LoggerAdapter
+
+	benv, senv Env
+	opened     Opened
+	mem        *memLedger // nil when the store keeps the ledger
+	pub        message.Publisher
+
+	done     chan struct{} // closed when the scenario ends
+	doneOnce sync.Once
+
+	crashes chan crashNote
+	hangs   chan string
+
+	mu           sync.Mutex
+	events       int
+	fanout       int
+	outcomes     map[middleware.Outcome]int
+	deliveries   int
+	perEvent     map[string]int // deliveries per event
+	published    map[string]int // copies per message UUID on the input topic
+	handledOK    map[string]int // successful deliveries per message UUID
+	handledBy    map[string]int // successful deliveries per consumer
+	inflight     map[string]struct{}
+	enteredN     map[string]int // store Claims/Begins per event
+	completeOK   map[string]int
+	completeLost map[string]int
+	crashPlan    map[string]bool                       // events whose crash is still to happen
+	hangPlan     map[string]bool                       // events whose hang is still to happen
+	scopeDups    map[string]int                        // duplicates dropped per scope
+	uuidsSeen    map[string]map[string]map[string]bool // consumer -> event -> message uuids
+	crashLog     []crashRecord
+	notes        []string
+	na           string // why the scenario does not apply, found at run time
+}
+
+type crashNote struct {
+	consumer string
+	event    string
+	point    crashPoint
+	// kill kills the consumer and returns the deliveries it caught
+	// between their effect and their Complete.
+	kill func() int
+}
+
+type crashRecord struct {
+	consumer string
+	event    string
+	point    crashPoint
+	window   int
+}
+
+func newID() string {
+	var b [5]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(err)
+	}
+	return "a" + hex.EncodeToString(b[:])
+}
+
+// newRun sets the backend and the store up for one scenario.
+func newRun(t *testing.T, b Backend, s Store, sc Scenario, variant string) *run {
+	t.Helper()
+	r := &run{
+		t: t, b: b, s: s, sc: sc, variant: variant,
+		id:           newID(),
+		start:        time.Now(),
+		logger:       logger(),
+		done:         make(chan struct{}),
+		crashes:      make(chan crashNote, 64),
+		hangs:        make(chan string, 64),
+		fanout:       1,
+		outcomes:     map[middleware.Outcome]int{},
+		perEvent:     map[string]int{},
+		published:    map[string]int{},
+		handledOK:    map[string]int{},
+		handledBy:    map[string]int{},
+		inflight:     map[string]struct{}{},
+		enteredN:     map[string]int{},
+		completeOK:   map[string]int{},
+		completeLost: map[string]int{},
+		crashPlan:    map[string]bool{},
+		hangPlan:     map[string]bool{},
+		scopeDups:    map[string]int{},
+		uuidsSeen:    map[string]map[string]map[string]bool{},
+	}
+	// Registered first, so it runs last: the row sees every failure.
+	t.Cleanup(r.record)
+	t.Cleanup(r.finish)
+	var err error
+	if b.Setup != nil {
+		if r.benv, err = b.Setup(t); err != nil {
+			t.Fatalf("backend %s setup: %v", b.Name, err)
+		}
+	}
+	if r.benv == nil {
+		r.benv = Env{}
+	}
+	if s.Setup != nil {
+		if r.senv, err = s.Setup(t, r.id); err != nil {
+			t.Fatalf("store %s setup: %v", s.Name, err)
+		}
+	}
+	if r.senv == nil {
+		r.senv = Env{}
+	}
+	r.opened = r.open(r.senv)
+	if r.opened.Ledger == nil {
+		r.mem = &memLedger{}
+	}
+	pub, err := b.NewPublisher(t, r.benv)
+	if err != nil {
+		t.Fatalf("backend %s publisher: %v", b.Name, err)
+	}
+	r.pub = pub
+	t.Cleanup(func() {
+		if err := pub.Close(); err != nil {
+			t.Logf("closing the publisher: %v", err)
+		}
+	})
+	return r
+}
+
+// open opens the store described by env and checks it fits its mode.
+func (r *run) open(env Env) Opened {
+	r.t.Helper()
+	o, err := r.s.Open(r.t, env)
+	if err != nil {
+		r.t.Fatalf("store %s open: %v", r.s.Name, err)
+	}
+	if o.Store == nil {
+		r.t.Fatalf("store %s: Open returned no Store", r.s.Name)
+	}
+	if r.s.Transactional && o.Ledger == nil {
+		r.t.Fatalf("store %s is Transactional but Open returned no Ledger", r.s.Name)
+	}
+	r.t.Cleanup(func() {
+		if err := o.Store.Close(context.Background()); err != nil {
+			r.t.Logf("closing the store: %v", err)
+		}
+	})
+	return o
+}
+
+// finish ends the scenario: dead and hung handlers may return.
+func (r *run) finish() {
+	r.doneOnce.Do(func() { close(r.done) })
+}
+
+func (r *run) ended() bool {
+	select {
+	case <-r.done:
+		return true
+	default:
+		return false
+	}
+}
+
+func (r *run) note(format string, args ...any) {
+	r.mu.Lock()
+	r.notes = append(r.notes, fmt.Sprintf(format, args...))
+	r.mu.Unlock()
+}
+
+// topic creates a topic unique to the run.
+func (r *run) topic(name string) string {
+	r.t.Helper()
+	topic := r.id + "_" + name
+	if r.b.CreateTopic != nil {
+		if err := r.b.CreateTopic(r.t, r.benv, topic); err != nil {
+			r.t.Fatalf("backend %s: create topic %s: %v", r.b.Name, topic, err)
+		}
+	}
+	return topic
+}
+
+// group returns a consumer group name unique to the run.
+func (r *run) group(name string) string { return r.id + "_" + name }
+
+// ---- events and publishing
+
+// event is one logical event of a scenario.
+type event struct {
+	ID    string
+	UUID  string
+	Shard int
+	At    time.Time
+}
+
+func (r *run) newEvents(n int, prefix string) []event {
+	evs := make([]event, n)
+	shards := r.b.Features.shards()
+	for i := range evs {
+		evs[i] = event{
+			ID:    fmt.Sprintf("%s%05d", prefix, i),
+			UUID:  watermill.NewUUID(),
+			Shard: i % shards,
+		}
+	}
+	r.mu.Lock()
+	r.events += n
+	r.mu.Unlock()
+	return evs
+}
+
+func ids(evs []event) []string {
+	out := make([]string, len(evs))
+	for i, e := range evs {
+		out[i] = e.ID
+	}
+	return out
+}
+
+// message builds the message of ev with a valid payload.
+func (ev event) message() *message.Message {
+	return ev.messageWith(fmt.Appendf(nil, `{"%s":%q,"amount":1}`, eventField, ev.ID))
+}
+
+func (ev event) messageWith(payload []byte) *message.Message {
+	m := message.NewMessage(ev.UUID, payload)
+	m.Metadata.Set(MetadataEvent, ev.ID)
+	m.Metadata.Set(MetadataShard, strconv.Itoa(ev.Shard))
+	at := ev.At
+	if at.IsZero() {
+		at = time.Now()
+	}
+	m.Metadata.Set(MetadataPublishedAt, at.UTC().Format(time.RFC3339Nano))
+	return m
+}
+
+// publish publishes msgs to the input topic, counting the copies of each
+// message id the consumers must handle.
+func (r *run) publish(topic string, msgs ...*message.Message) {
+	r.t.Helper()
+	r.mu.Lock()
+	for _, m := range msgs {
+		r.published[m.UUID]++
+	}
+	r.mu.Unlock()
+	r.publishRaw(topic, msgs...)
+}
+
+// publishRaw publishes msgs without expecting them on the input topic.
+func (r *run) publishRaw(topic string, msgs ...*message.Message) {
+	r.t.Helper()
+	for _, m := range msgs {
+		if err := r.pub.Publish(topic, m); err != nil {
+			r.t.Fatalf("publish %s to %s: %v", m.UUID, topic, err)
+		}
+	}
+}
+
+// ---- in-process consumers
+
+// consumer is a router in the test process.
+type consumer struct {
+	r      *run
+	spec   consumerSpec
+	core   *consumerCore
+	sub    message.Subscriber
+	router *message.Router
+
+	mu   sync.Mutex
+	proc *proc
+
+	stopped  chan struct{}
+	stopOnce sync.Once
+	torn     sync.Once
+}
+
+// noClose keeps a shared publisher open when a router closes its handler's
+// publisher.
+type noClose struct{ message.Publisher }
+
+func (noClose) Close() error { return nil }
+
+// conn is what a consumer connects with.
+type conn struct {
+	benv   Env
+	opened Opened
+}
+
+// startConsumer starts an in-process consumer on the run's backend and
+// store.
+func (r *run) startConsumer(spec consumerSpec) *consumer {
+	r.t.Helper()
+	return r.startConsumerWith(spec, conn{benv: r.benv, opened: r.opened})
+}
+
+// startConsumerWith starts an in-process consumer on cn.
+func (r *run) startConsumerWith(spec consumerSpec, cn conn) *consumer {
+	r.t.Helper()
+	c := &consumer{r: r, spec: spec, proc: newProc(), stopped: make(chan struct{})}
+	sink := &inprocSink{run: r, c: c}
+	c.core = newConsumerCore(spec, sink, cn.opened, r.s.Transactional, r.logger)
+	c.core.currentProc = c.currentProc
+	c.core.nackOnDeath = !r.b.Features.Persistent
+	c.core.dead = r.done
+	sub, err := r.b.NewSubscriber(r.t, cn.benv, spec.Group)
+	if err != nil {
+		r.t.Fatalf("backend %s subscriber: %v", r.b.Name, err)
+	}
+	c.sub = sub
+	router, err := c.core.router(sub, noClose{r.pub})
+	if err != nil {
+		r.t.Fatalf("consumer %s: %v", spec.Name, err)
+	}
+	c.router = router
+	go func() {
+		defer close(c.stopped)
+		if err := router.Run(context.Background()); err != nil && !r.ended() {
+			r.t.Errorf("consumer %s: router: %v", spec.Name, err)
+		}
+	}()
+	r.t.Cleanup(c.stop)
+	select {
+	case <-router.Running():
+	case <-c.stopped:
+		r.t.Fatalf("consumer %s: router stopped before running", spec.Name)
+	case <-time.After(time.Minute):
+		r.t.Fatalf("consumer %s: router not running after a minute", spec.Name)
+	}
+	return c
+}
+
+func (c *consumer) currentProc() *proc {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.proc
+}
+
+// stop ends the consumer: its hung and dead handlers return first.
+func (c *consumer) stop() {
+	c.stopOnce.Do(func() {
+		c.r.finish()
+		if err := c.router.Close(); err != nil {
+			c.r.t.Logf("consumer %s: closing the router: %v", c.spec.Name, err)
+		}
+		select {
+		case <-c.stopped:
+		case <-time.After(time.Minute):
+			c.r.t.Errorf("consumer %s: router still running a minute after Close", c.spec.Name)
+		}
+		if err := c.sub.Close(); err != nil {
+			c.r.t.Logf("consumer %s: closing the subscriber: %v", c.spec.Name, err)
+		}
+	})
+}
+
+// regenerate kills the consumer's current proc and gives it a new one:
+// the emulated crash and restart of a consumer that stays subscribed.
+func (c *consumer) regenerate() int {
+	c.mu.Lock()
+	old := c.proc
+	c.proc = newProc()
+	c.mu.Unlock()
+	return c.kill(old)
+}
+
+// kill kills p and forgets its deliveries in flight: a dead process
+// handles nothing.
+func (c *consumer) kill(p *proc) int {
+	live, window := p.kill()
+	for _, d := range live {
+		c.r.handled(d, errCrashed)
+	}
+	return len(window)
+}
+
+// teardown kills the consumer and closes its subscriber without acking
+// what it holds, so the broker redelivers it to the group.
+func (c *consumer) teardown() int {
+	window := c.kill(c.currentProc())
+	c.torn.Do(func() {
+		go func() {
+			if err := c.sub.Close(); err != nil {
+				c.r.t.Logf("consumer %s: closing the subscriber: %v", c.spec.Name, err)
+			}
+		}()
+	})
+	return window
+}
+
+// inprocSink is the sink of an in-process consumer.
+type inprocSink struct {
+	*run
+	c *consumer
+}
+
+func (s *inprocSink) crash(d *delivery, point crashPoint) error {
+	if !s.b.Features.Persistent {
+		window := s.c.regenerate()
+		s.logCrash(crashRecord{consumer: d.consumer, event: d.event, point: point, window: window})
+		return errCrashed
+	}
+	s.crashes <- crashNote{consumer: d.consumer, event: d.event, point: point, kill: s.c.teardown}
+	<-s.done
+	return errCrashed
+}
+
+// ---- what consumers report (sink methods of run)
+
+func (r *run) Observe(scope string, o middleware.Outcome) {
+	r.mu.Lock()
+	r.outcomes[o]++
+	if o == middleware.OutcomeDuplicate {
+		r.scopeDups[scope]++
+	}
+	r.mu.Unlock()
+}
+
+func (r *run) ObserveStore(string, string, time.Duration, error) {}
+
+func (r *run) delivered(d *delivery) {
+	r.mu.Lock()
+	r.deliveries++
+	r.perEvent[d.event]++
+	r.inflight[d.key()] = struct{}{}
+	byEvent := r.uuidsSeen[d.consumer]
+	if byEvent == nil {
+		byEvent = map[string]map[string]bool{}
+		r.uuidsSeen[d.consumer] = byEvent
+	}
+	if byEvent[d.event] == nil {
+		byEvent[d.event] = map[string]bool{}
+	}
+	byEvent[d.event][d.uuid] = true
+	r.mu.Unlock()
+}
+
+func (r *run) handled(d *delivery, err error) {
+	r.mu.Lock()
+	delete(r.inflight, d.key())
+	if err == nil {
+		r.handledOK[d.uuid]++
+		r.handledBy[d.consumer]++
+	}
+	r.mu.Unlock()
+}
+
+// dropInflight forgets the deliveries of a killed child.
+func (r *run) dropInflight(consumer string) {
+	r.mu.Lock()
+	for k := range r.inflight {
+		if strings.HasPrefix(k, consumer+"/") {
+			delete(r.inflight, k)
+		}
+	}
+	r.mu.Unlock()
+}
+
+func (r *run) effect(_ *delivery, event string) {
+	_ = r.mem.Apply(context.Background(), event)
+}
+
+func (r *run) entered(d *delivery) {
+	r.mu.Lock()
+	r.enteredN[d.event]++
+	r.mu.Unlock()
+}
+
+func (r *run) completed(d *delivery, err error) {
+	r.mu.Lock()
+	switch {
+	case err == nil:
+		r.completeOK[d.event]++
+	case errors.Is(err, stores.ErrLostClaim):
+		r.completeLost[d.event]++
+	}
+	r.mu.Unlock()
+}
+
+func (r *run) claimCrash(event string) bool { return take(&r.mu, r.crashPlan, event) }
+func (r *run) claimHang(event string) bool  { return take(&r.mu, r.hangPlan, event) }
+
+func (r *run) logCrash(c crashRecord) {
+	r.mu.Lock()
+	r.crashLog = append(r.crashLog, c)
+	r.mu.Unlock()
+}
+
+// maxHang bounds a hang whose release never comes.
+const maxHang = 90 * time.Second
+
+func (r *run) hang(d *delivery) bool {
+	select {
+	case r.hangs <- d.event:
+	default:
+	}
+	deadline := time.Now().Add(maxHang)
+	for !r.hangReleased(d.event) {
+		if time.Now().After(deadline) {
+			r.t.Errorf("event %s: hung for %s and nobody took it over", d.event, maxHang)
+			return true
+		}
+		select {
+		case <-r.done:
+			return false
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	return true
+}
+
+// hangReleased: lease mode, another delivery applied the effect (it took
+// the lease over); transactional mode, another delivery reached the store.
+func (r *run) hangReleased(event string) bool {
+	if r.s.Transactional {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return r.enteredN[event] >= 2
+	}
+	return r.mem.count(event) >= 1
+}
+
+// ---- waiting and reading
+
+// eventually polls cond until it holds or timeout passes; cond returns
+// what is still missing.
+func (r *run) eventually(what string, timeout time.Duration, cond func() (bool, string)) {
+	r.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		ok, missing := cond()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			r.t.Fatalf("timed out after %s waiting for %s: %s", timeout, what, missing)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// timeout scales a wait with the number of events.
+func timeout(n int) time.Duration {
+	return 2*time.Minute + time.Duration(n)*20*time.Millisecond
+}
+
+// settled reports whether every published copy was handled by every
+// consumer it fans out to, and no live delivery is in flight.
+func (r *run) settled() (bool, string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	pending := 0
+	example := ""
+	for uuid, copies := range r.published {
+		if r.handledOK[uuid] < copies*r.fanout {
+			pending++
+			if example == "" {
+				example = uuid
+			}
+		}
+	}
+	if pending > 0 {
+		return false, fmt.Sprintf("%d published messages not handled yet (e.g. %s); %d deliveries so far", pending, example, r.deliveries)
+	}
+	if n := len(r.inflight); n > 0 {
+		return false, fmt.Sprintf("%d deliveries still in flight", n)
+	}
+	return true, ""
+}
+
+// waitSettled waits until settled and extra (if any) hold.
+func (r *run) waitSettled(n int, extra func() (bool, string)) {
+	r.t.Helper()
+	r.eventually("every message handled", timeout(n), func() (bool, string) {
+		if ok, missing := r.settled(); !ok {
+			return false, missing
+		}
+		if extra != nil {
+			return extra()
+		}
+		return true, ""
+	})
+}
+
+// effects returns the recorded effects.
+func (r *run) effects() []string {
+	r.t.Helper()
+	if r.mem != nil {
+		e, _ := r.mem.Effects(context.Background())
+		return e
+	}
+	e, err := r.opened.Ledger.Effects(context.Background())
+	if err != nil {
+		r.t.Fatalf("reading the ledger: %v", err)
+	}
+	return e
+}
+
+// allApplied is an extra condition for waitSettled: every event has an
+// effect.
+func (r *run) allApplied(events []string) func() (bool, string) {
+	return func() (bool, string) {
+		counts := countEffects(r.effectsQuiet())
+		missing := 0
+		example := ""
+		for _, e := range events {
+			if counts[e] == 0 {
+				missing++
+				if example == "" {
+					example = e
+				}
+			}
+		}
+		if missing > 0 {
+			return false, fmt.Sprintf("%d of %d events have no effect yet (e.g. %s)", missing, len(events), example)
+		}
+		return true, ""
+	}
+}
+
+// effectsQuiet reads the ledger for a poll: an error counts as "not yet".
+func (r *run) effectsQuiet() []string {
+	if r.mem != nil {
+		e, _ := r.mem.Effects(context.Background())
+		return e
+	}
+	e, _ := r.opened.Ledger.Effects(context.Background())
+	return e
+}
+
+func (r *run) outcome(o middleware.Outcome) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.outcomes[o]
+}
+
+// ---- the summary row
+
+func (r *run) record() {
+	r.mu.Lock()
+	row := Row{
+		Broker:     r.b.Name,
+		Store:      r.s.Name,
+		Scenario:   r.sc.label(r.variant),
+		Events:     r.events,
+		Deliveries: r.deliveries,
+		Duplicates: r.outcomes[middleware.OutcomeDuplicate],
+		Duration:   time.Since(r.start),
+	}
+	notes := append([]string(nil), r.notes...)
+	r.mu.Unlock()
+	if r.mem != nil {
+		row.Effects = r.mem.len()
+	} else if r.opened.Ledger != nil {
+		if e, err := r.opened.Ledger.Effects(context.Background()); err == nil {
+			row.Effects = len(e)
+		}
+	}
+	switch {
+	case r.na != "" && !r.t.Failed():
+		row.Result = ResultNotApplicable
+		notes = []string{r.na}
+	case r.t.Failed():
+		row.Result = ResultFail
+	case r.t.Skipped():
+		row.Result = ResultSkip
+	default:
+		row.Result = ResultPass
+	}
+	sort.Strings(notes)
+	row.Note = strings.Join(notes, "; ")
+	recordRow(row)
+}
+
+// ---- the memory ledger
+
+// memLedger is the ledger of a non-transactional store: a
+// concurrency-safe list of effects.
+type memLedger struct {
+	mu      sync.Mutex
+	effects []string
+	counts  map[string]int
+}
+
+func (l *memLedger) Apply(_ context.Context, event string) error {
+	l.mu.Lock()
+	l.effects = append(l.effects, event)
+	if l.counts == nil {
+		l.counts = map[string]int{}
+	}
+	l.counts[event]++
+	l.mu.Unlock()
+	return nil
+}
+
+func (l *memLedger) Effects(context.Context) ([]string, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]string(nil), l.effects...), nil
+}
+
+func (l *memLedger) count(event string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.counts[event]
+}
+
+func (l *memLedger) len() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.effects)
+}
+
+// logger returns a Watermill logger: ACCEPTANCE_LOG=debug (or trace) logs
+// to stderr, otherwise nothing is logged.
+func logger() watermill.LoggerAdapter {
+	switch os.Getenv("ACCEPTANCE_LOG") {
+	case "debug":
+		return watermill.NewStdLogger(true, false)
+	case "trace":
+		return watermill.NewStdLogger(true, true)
+	case "info":
+		return watermill.NewStdLogger(false, false)
+	}
+	return watermill.NopLogger{}
+}

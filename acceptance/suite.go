@@ -1,0 +1,279 @@
+package acceptance
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"testing"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/watermill-dedup/dedup/stores"
+)
+
+// Env holds the settings a backend or a store needs to connect: addresses,
+// DSNs, table names, key prefixes. Values are strings so that they cross a
+// process boundary: a Restartable backend and a MultiProcess store are
+// re-opened from their Env in child consumer processes.
+type Env map[string]string
+
+// EnvAddr is the Env key of the host:port of the network service behind a
+// store (or a backend). The outage scenario puts a test-owned TCP proxy in
+// front of it and re-opens the store with EnvAddr set to the proxy, so
+// Store.Open (and a backend's constructors, see Backend) must dial
+// env[EnvAddr] rather than a fixed address. A store without it (memstore,
+// SQLite) has no network to cut and does not run the outage scenario.
+const EnvAddr = "addr"
+
+// Clone returns a copy of e that can be modified.
+func (e Env) Clone() Env {
+	c := make(Env, len(e))
+	for k, v := range e {
+		c[k] = v
+	}
+	return c
+}
+
+// Features says what a backend can do. It decides which strategy a
+// scenario uses (how a consumer crashes, how duplicates meet), never
+// whether the guarantee is checked: every backend runs every scenario.
+type Features struct {
+	// ConsumerGroups: subscribers created with the same group share the
+	// messages of a topic (competing consumers: Kafka consumer groups,
+	// an AMQP queue, a watermill-sql consumer group). Without it every
+	// subscriber receives every message (gochannel's fan-out), and the
+	// concurrency scenarios use fan-out subscribers sharing one dedup scope.
+	ConsumerGroups bool
+
+	// Persistent: a message that a subscriber received but did not ack
+	// before it was torn down is delivered to the next subscriber of the
+	// same group. The crash scenario then kills consumers for real;
+	// without it (gochannel) a crash is emulated inside one consumer: the
+	// crashed delivery's process state is dropped and the message is
+	// nacked, as a broker redelivers after a consumer's connection dies.
+	Persistent bool
+
+	// Ordered: messages of one shard (see MetadataShard) are delivered in
+	// publish order, a nacked message before the next one of its shard.
+	// The nack scenario then also checks that first effects keep that
+	// order.
+	Ordered bool
+
+	// Restartable: the backend is reachable from another process given
+	// its Env (a broker over the network, not an in-process channel). The
+	// crash scenario then runs its consumers as child processes of the
+	// test binary and SIGKILLs them, when the store is MultiProcess too.
+	Restartable bool
+
+	// Shards is the number of independently consumed shards of a topic
+	// (Kafka partitions). Scenarios that need a duplicate to reach another
+	// consumer than its original put it on another shard. 0 means one.
+	Shards int
+}
+
+// Backend is a Watermill pub/sub under test.
+//
+// The suite calls Setup once per scenario in the test process, then
+// CreateTopic for every topic the scenario uses, then NewPublisher and
+// NewSubscriber as often as it needs consumers (also in child processes,
+// for a Restartable backend, with the Env that Setup returned). It closes
+// every publisher and subscriber it creates; everything else (brokers,
+// topics, queues, tables) is removed by the t.Cleanup functions that
+// Setup and CreateTopic register.
+type Backend struct {
+	// Name names the backend in test names and the summary.
+	Name string
+
+	// Features says what the backend can do.
+	Features Features
+
+	// Setup prepares the backend for one scenario: it may start an
+	// in-process broker (kfake) and registers its shutdown with t.Cleanup.
+	// It returns what the constructors need. Optional: nil means an empty
+	// Env.
+	//
+	// When the returned Env has EnvAddr equal to the store's (watermill-sql
+	// on the store's own database), the outage scenario routes the backend
+	// through the same proxy: a shared database fails as a whole.
+	Setup func(t *testing.T) (Env, error)
+
+	// CreateTopic creates topic (Kafka topic with Features.Shards
+	// partitions, SQL tables) and registers the removal of everything the
+	// backend creates for it, queues of every consumer group included.
+	// Optional.
+	CreateTopic func(t *testing.T, env Env, topic string) error
+
+	// NewPublisher returns a publisher. Required.
+	NewPublisher func(t testing.TB, env Env) (message.Publisher, error)
+
+	// NewSubscriber returns a subscriber in consumer group group. Required.
+	// For a backend whose subscribers create their queue on Subscribe
+	// (AMQP), the suite subscribes every group before it publishes.
+	NewSubscriber func(t testing.TB, env Env, group string) (message.Subscriber, error)
+}
+
+// Store is a dedup store under test, in one mode.
+type Store struct {
+	// Name names the store in test names and the summary.
+	Name string
+
+	// Transactional runs the middleware in transactional inbox mode
+	// (middleware.Config.Transactional): Open must return a store
+	// implementing stores.Inbox and a Ledger that writes effects in the
+	// handler's transaction.
+	Transactional bool
+
+	// MultiProcess: every process that opens the same Env shares the
+	// records (Redis, a SQL server). The crash scenario SIGKILLs child
+	// consumer processes only for such stores on Restartable backends.
+	MultiProcess bool
+
+	// Setup provisions the store for one scenario, with names unique to id
+	// (a table, a key prefix; id is lowercase letters and digits), and
+	// registers their removal with t.Cleanup. It returns what Open needs,
+	// with EnvAddr set for a store behind a network service. It runs in
+	// the test process only. Optional.
+	Setup func(t *testing.T, id string) (Env, error)
+
+	// Open connects to the store described by env. It registers the
+	// closing of what it opened with t.Cleanup. It may be called several
+	// times per scenario (the outage scenario opens a store through a
+	// proxy; child processes open their own). Required.
+	Open func(t testing.TB, env Env) (Opened, error)
+}
+
+// Opened is what Store.Open returns.
+type Opened struct {
+	// Store keeps the dedup records. The suite closes it.
+	Store stores.Store
+
+	// Ledger counts the scenario's effects in the store's database, written
+	// in the handler's transaction. Required for a Transactional store;
+	// nil otherwise, and the suite counts effects in memory.
+	Ledger Ledger
+}
+
+// Ledger counts the side effects of the handlers under test: one entry per
+// effect, named by the logical event it belongs to. The invariant of every
+// scenario is that each event has exactly one entry.
+type Ledger interface {
+	// Apply records one effect of event. For a transactional store it
+	// writes in the transaction that ctx carries (the store's
+	// TxFromContext), so the effect commits or rolls back with the dedup
+	// record.
+	Apply(ctx context.Context, event string) error
+
+	// Effects returns every recorded effect's event, in the order they
+	// were recorded.
+	Effects(ctx context.Context) ([]string, error)
+}
+
+func (b Backend) validate() error {
+	switch {
+	case b.Name == "":
+		return errors.New("acceptance: Backend.Name is required")
+	case b.NewPublisher == nil:
+		return fmt.Errorf("acceptance: backend %s: NewPublisher is required", b.Name)
+	case b.NewSubscriber == nil:
+		return fmt.Errorf("acceptance: backend %s: NewSubscriber is required", b.Name)
+	case b.Features.Shards < 0:
+		return fmt.Errorf("acceptance: backend %s: Features.Shards must not be negative, got %d", b.Name, b.Features.Shards)
+	}
+	return nil
+}
+
+func (s Store) validate() error {
+	switch {
+	case s.Name == "":
+		return errors.New("acceptance: Store.Name is required")
+	case s.Open == nil:
+		return fmt.Errorf("acceptance: store %s: Open is required", s.Name)
+	}
+	return nil
+}
+
+func (f Features) shards() int {
+	if f.Shards < 1 {
+		return 1
+	}
+	return f.Shards
+}
+
+// Run runs the scenarios (all of them when only is empty) for backend b
+// and store s, each as a parallel subtest named "<b.Name>+<s.Name>/<n>_<scenario>",
+// and records each outcome for the summary (see WriteSummary). A scenario
+// that cannot apply to the pair (the outage scenario on a store without a
+// network) is not run and is listed in the summary with the reason.
+//
+// Run also is the entry point of child consumer processes: a test binary
+// started by the crash scenario runs the same test, and Run turns the one
+// matching subtest into a consumer.
+func Run(t *testing.T, b Backend, s Store, only ...Scenario) {
+	t.Helper()
+	if err := b.validate(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.validate(); err != nil {
+		t.Fatal(err)
+	}
+	if len(only) == 0 {
+		only = Scenarios()
+	}
+	child := childSpecFromEnv()
+	t.Run(b.Name+"+"+s.Name, func(t *testing.T) {
+		if child == nil {
+			t.Parallel()
+		}
+		for _, sc := range only {
+			t.Run(sc.slug(), func(t *testing.T) {
+				if child != nil {
+					runChild(t, b, s, child)
+					return
+				}
+				if reason := notApplicable(b, s, sc); reason != "" {
+					// Not a skip: nothing is missing, the scenario has no
+					// meaning for this pair. The summary says why.
+					t.Logf("not applicable: %s", reason)
+					recordNotApplicable(b, s, sc, reason)
+					return
+				}
+				t.Parallel()
+				runScenario(t, b, s, sc)
+			})
+		}
+	})
+}
+
+// notApplicable returns why sc cannot run for (b, s), or "". A store
+// with a Setup is asked at run time instead (see errNoNetwork).
+func notApplicable(_ Backend, s Store, sc Scenario) string {
+	if sc == StoreOutage && s.Setup == nil {
+		return noNetworkReason
+	}
+	return ""
+}
+
+const noNetworkReason = "embedded store: no network connection to cut (not a service skip)"
+
+// DefaultEvents is the base number of events of a scenario.
+const DefaultEvents = 200
+
+// Events returns the base number of events per scenario: the
+// ACCEPTANCE_EVENTS environment variable, or DefaultEvents. Scenarios scale
+// it down where each event is slow (crashes, lease expiries); set it to
+// 100000 for a soak run.
+func Events() int {
+	if v := os.Getenv("ACCEPTANCE_EVENTS"); v != "" {
+		if n, err := strconv.Atoi(v); err == nil && n > 0 {
+			return n
+		}
+	}
+	return DefaultEvents
+}
+
+// events returns Events()/div, at least minimum.
+func events(div, minimum int) int {
+	return max(Events()/div, minimum)
+}
