@@ -2,35 +2,72 @@
 // without adding latency to a lone caller.
 //
 // A call that arrives while fewer than MaxInFlight batches are running
-// runs at once, taking every call queued so far with it. A call that
-// arrives while MaxInFlight batches are running waits; when a batch
-// finishes, the first waiting call leads the next batch with everything
-// queued behind it (up to MaxBatch). There is no timer: a lone caller runs
-// immediately, and under load the batch size grows by itself to match the
-// backend's round-trip time. This is the group commit of databases, and
-// the way a pipeline reaches a store's pipelined rate.
+// runs at once, alone, in the caller's goroutine. A call that arrives
+// while MaxInFlight batches are running waits in a queue; when a batch
+// finishes, its slot goes to a worker goroutine that runs everything
+// queued (up to MaxBatch calls a batch) until the queue is empty, and then
+// frees the slot. There is no timer: a lone caller runs immediately, and
+// under load the batch size grows by itself to match the backend's
+// round-trip time. This is the group commit of databases, and the way a
+// pipeline reaches a store's pipelined rate.
+//
+// # Contexts and deadlines
+//
+// Every call keeps its own context, and no queued call waits past it:
+//
+//   - A call whose context is already done returns its error at once, and
+//     a batch skips the calls whose context is done by the time it starts.
+//   - A queued call whose context ends leaves the queue and returns its
+//     error. One whose context ends while its batch is running returns its
+//     error at once too; the batch carries on without it, and its result,
+//     if it gets one, goes to the OnOrphaned hook.
+//   - A lone call running in its own goroutine runs under its own context,
+//     exactly as an unbatched call: it returns when the backend honours
+//     that context.
+//   - A batch of one call runs under that call's context. A batch of
+//     several runs under a context that carries the values of its first
+//     call's context, is not cancelled when one caller gives up (one
+//     caller's cancellation must not fail the others), and has the latest
+//     deadline of its calls, or none if one of them has none. So a backend
+//     that honours deadlines ends every batch by the deadline of the
+//     longest-waiting caller it serves, and a stuck backend holds a slot
+//     no longer than that.
 package batch
 
 import (
 	"context"
 	"sync"
+	"sync/atomic"
+	"time"
 )
 
 // Exec runs one batch. It must set a result (or error) for every call,
 // through Call.Set, before returning; calls it leaves unset fail with the
-// returned error, or with errUnset when it returned nil.
+// returned error, or with errUnset when it returned nil. ctx is the
+// batch's context (see the package documentation); each call's own
+// context is [Call.Context].
 type Exec[Req, Resp any] func(ctx context.Context, calls []*Call[Req, Resp]) error
+
+// Call states. A call is pending until its result is delivered to its
+// caller or its caller gives up, whichever comes first.
+const (
+	pending int32 = iota
+	delivered
+	abandoned
+)
 
 // Call is one caller's request and, after Exec, its result.
 type Call[Req, Resp any] struct {
 	Req  Req
+	ctx  context.Context
 	resp Resp
 	err  error
 	set  bool
-	// wake receives true when this call must lead batch (which it
-	// heads), and false once its result is set.
-	wake  chan bool
-	batch []*Call[Req, Resp]
+
+	state atomic.Int32
+	// done receives one value once the result is set. It is buffered, so
+	// the batch never blocks on a caller that has left.
+	done chan struct{}
 }
 
 // Set records the call's result.
@@ -38,16 +75,23 @@ func (c *Call[Req, Resp]) Set(resp Resp, err error) {
 	c.resp, c.err, c.set = resp, err, true
 }
 
+// Context returns the context the call was made with.
+func (c *Call[Req, Resp]) Context() context.Context { return c.ctx }
+
+// Result returns what Set recorded.
+func (c *Call[Req, Resp]) Result() (Resp, error) { return c.resp, c.err }
+
 // Batcher coalesces calls to one Exec. The zero value is not usable; use
 // New.
 type Batcher[Req, Resp any] struct {
 	exec        Exec[Req, Resp]
 	maxBatch    int
 	maxInFlight int
+	orphaned    func(calls []*Call[Req, Resp])
 
 	mu       sync.Mutex
 	queue    []*Call[Req, Resp]
-	inFlight int
+	inFlight int // slots taken: lone calls running, and workers
 }
 
 // New returns a Batcher running at most maxInFlight batches of at most
@@ -56,37 +100,75 @@ func New[Req, Resp any](exec Exec[Req, Resp], maxBatch, maxInFlight int) *Batche
 	return &Batcher[Req, Resp]{exec: exec, maxBatch: max(maxBatch, 1), maxInFlight: max(maxInFlight, 1)}
 }
 
+// OnOrphaned sets f to receive, after each batch, the calls of that batch
+// whose callers gave up before their result was delivered (their
+// contexts ended). f runs in the goroutine that ran the batch, after the
+// other calls have their results, and holds up the batches queued behind:
+// it should hand lasting work (undoing a claim nobody will use) to a
+// goroutine of its own. Call it before the first Do.
+func (b *Batcher[Req, Resp]) OnOrphaned(f func(calls []*Call[Req, Resp])) {
+	b.orphaned = f
+}
+
 type unsetError struct{}
 
 func (unsetError) Error() string { return "batch: Exec set no result for the call" }
 
-// Do runs req in a batch and returns its result. A batch runs under the
-// context of the call that leads it; every store call of this module is
-// bounded by the same StoreTimeout, so that is as good as the caller's.
+// Do runs req in a batch and returns its result, or ctx's error as soon as
+// ctx is done (see the package documentation).
 func (b *Batcher[Req, Resp]) Do(ctx context.Context, req Req) (Resp, error) {
-	c := &Call[Req, Resp]{Req: req, wake: make(chan bool, 1)}
-	b.mu.Lock()
-	b.queue = append(b.queue, c)
-	if b.inFlight < b.maxInFlight {
-		// A slot is free, so the queue held nothing else: run at once.
-		b.inFlight++
-		calls := b.take()
-		b.mu.Unlock()
-		b.lead(ctx, calls)
-	} else {
-		b.mu.Unlock()
+	if err := ctx.Err(); err != nil {
+		return *new(Resp), err
 	}
-	for {
-		if lead := <-c.wake; !lead {
-			return c.resp, c.err
+	c := &Call[Req, Resp]{Req: req, ctx: ctx, done: make(chan struct{}, 1)}
+	b.mu.Lock()
+	if b.inFlight < b.maxInFlight {
+		// A slot is free, so nothing is queued: run at once, alone, in
+		// this goroutine and under this call's own context.
+		b.inFlight++
+		b.mu.Unlock()
+		b.run([]*Call[Req, Resp]{c})
+		if next := b.next(); next != nil {
+			// Calls queued up meanwhile: a worker takes over the slot,
+			// so that this caller can return.
+			go b.work(next)
 		}
-		// Handed a slot and the batch this call heads.
-		b.lead(ctx, c.batch)
+		return c.resp, c.err
+	}
+	b.queue = append(b.queue, c)
+	b.mu.Unlock()
+	select {
+	case <-c.done:
+		return c.resp, c.err
+	case <-ctx.Done():
+		if c.state.CompareAndSwap(pending, abandoned) {
+			b.mu.Lock()
+			for i, q := range b.queue {
+				if q == c {
+					b.queue = append(b.queue[:i], b.queue[i+1:]...)
+					break
+				}
+			}
+			b.mu.Unlock()
+			// If c was not queued any more, it is in a running batch,
+			// which drops its result (see OnOrphaned).
+			return *new(Resp), ctx.Err()
+		}
+		// The result was delivered just now.
+		<-c.done
+		return c.resp, c.err
 	}
 }
 
-// take removes the next batch from the head of the queue; b.mu is held.
-func (b *Batcher[Req, Resp]) take() []*Call[Req, Resp] {
+// next takes the next batch from the queue for the slot of a batch that
+// has finished, or frees the slot and returns nil when nothing is queued.
+func (b *Batcher[Req, Resp]) next() []*Call[Req, Resp] {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.queue) == 0 {
+		b.inFlight--
+		return nil
+	}
 	n := min(len(b.queue), b.maxBatch)
 	calls := make([]*Call[Req, Resp], n)
 	copy(calls, b.queue)
@@ -97,35 +179,75 @@ func (b *Batcher[Req, Resp]) take() []*Call[Req, Resp] {
 	return calls
 }
 
-// lead runs calls as one batch in a reserved slot, then hands the slot to
-// the next batch, or frees it.
-func (b *Batcher[Req, Resp]) lead(ctx context.Context, calls []*Call[Req, Resp]) {
-	err := b.exec(ctx, calls)
-	for _, c := range calls {
-		if !c.set {
-			if err == nil {
-				err = unsetError{}
+// work runs batches from the queue in a slot until the queue is empty.
+// The callers wait for their results and can leave at their deadlines:
+// nobody waits for a worker.
+func (b *Batcher[Req, Resp]) work(calls []*Call[Req, Resp]) {
+	for ; calls != nil; calls = b.next() {
+		b.run(calls)
+	}
+}
+
+// run runs calls as one batch and delivers the results.
+func (b *Batcher[Req, Resp]) run(calls []*Call[Req, Resp]) {
+	live := calls
+	for i, c := range calls {
+		if c.ctx.Err() == nil {
+			continue
+		}
+		// Some callers have given up: run the others only.
+		live = append(make([]*Call[Req, Resp], 0, len(calls)), calls[:i]...)
+		for _, c := range calls[i:] {
+			if err := c.ctx.Err(); err != nil {
+				c.Set(*new(Resp), err)
+			} else {
+				live = append(live, c)
 			}
-			c.Set(*new(Resp), err)
+		}
+		break
+	}
+	if len(live) > 0 {
+		ctx, cancel := batchContext(live)
+		err := b.exec(ctx, live)
+		cancel()
+		for _, c := range live {
+			if !c.set {
+				if err == nil {
+					err = unsetError{}
+				}
+				c.Set(*new(Resp), err)
+			}
 		}
 	}
 
-	b.mu.Lock()
-	if len(b.queue) > 0 {
-		// The next batch is taken here, under the lock, so no other
-		// finishing batch can hand the same calls out twice; its head
-		// call runs it.
-		next := b.take()
-		b.mu.Unlock()
-		next[0].batch = next
-		next[0].wake <- true
-	} else {
-		b.inFlight--
-		b.mu.Unlock()
-	}
-	// Each channel is empty here: a call is woken once with its result,
-	// and a call handed a batch is woken once for that, before.
+	var orphans []*Call[Req, Resp]
 	for _, c := range calls {
-		c.wake <- false
+		if c.state.CompareAndSwap(pending, delivered) {
+			c.done <- struct{}{}
+		} else {
+			orphans = append(orphans, c)
+		}
 	}
+	if len(orphans) > 0 && b.orphaned != nil {
+		b.orphaned(orphans)
+	}
+}
+
+// batchContext returns the context a batch of live calls runs under (see
+// the package documentation).
+func batchContext[Req, Resp any](calls []*Call[Req, Resp]) (context.Context, context.CancelFunc) {
+	if len(calls) == 1 {
+		return calls[0].ctx, func() {}
+	}
+	var latest time.Time
+	for _, c := range calls {
+		d, ok := c.ctx.Deadline()
+		if !ok {
+			return context.WithoutCancel(calls[0].ctx), func() {}
+		}
+		if d.After(latest) {
+			latest = d
+		}
+	}
+	return context.WithDeadline(context.WithoutCancel(calls[0].ctx), latest)
 }

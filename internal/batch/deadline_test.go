@@ -1,0 +1,298 @@
+package batch_test
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/watermill-dedup/dedup/internal/batch"
+)
+
+// gatedExec is an Exec that answers req+1 for every call, after waiting
+// for a gate when the batch holds a call with a gated request.
+type gatedExec struct {
+	mu      sync.Mutex
+	gates   map[int]chan struct{} // request -> gate its batch waits on
+	batches [][]int
+	ctxs    []context.Context
+	entered chan int // the first request of every batch, as it starts
+}
+
+func newGatedExec(gated ...int) *gatedExec {
+	g := &gatedExec{gates: map[int]chan struct{}{}, entered: make(chan int, 100)}
+	for _, r := range gated {
+		g.gates[r] = make(chan struct{})
+	}
+	return g
+}
+
+func (g *gatedExec) exec(ctx context.Context, calls []*batch.Call[int, int]) error {
+	reqs := make([]int, len(calls))
+	for i, c := range calls {
+		reqs[i] = c.Req
+	}
+	g.mu.Lock()
+	g.batches = append(g.batches, reqs)
+	g.ctxs = append(g.ctxs, ctx)
+	g.mu.Unlock()
+	g.entered <- reqs[0]
+	for _, r := range reqs {
+		if gate, ok := g.gates[r]; ok {
+			<-gate
+		}
+	}
+	for _, c := range calls {
+		c.Set(c.Req+1, nil)
+	}
+	return nil
+}
+
+func (g *gatedExec) open(req int) { close(g.gates[req]) }
+
+func (g *gatedExec) ran(req int) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, b := range g.batches {
+		for _, r := range b {
+			if r == req {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+type outcome struct {
+	resp int
+	err  error
+	at   time.Time
+}
+
+// goDo runs b.Do in a goroutine and returns where its outcome arrives.
+func goDo(b *batch.Batcher[int, int], ctx context.Context, req int) <-chan outcome {
+	ch := make(chan outcome, 1)
+	go func() {
+		r, err := b.Do(ctx, req)
+		ch <- outcome{r, err, time.Now()}
+	}()
+	return ch
+}
+
+// waitQueued waits until n calls are queued in b.
+func waitQueued(t *testing.T, b *batch.Batcher[int, int], n int) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for b.Queued() != n {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d calls queued, want %d", b.Queued(), n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func TestDoneContextNeverRuns(t *testing.T) {
+	g := newGatedExec()
+	b := batch.New(g.exec, 8, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := b.Do(ctx, 1); !errors.Is(err, context.Canceled) {
+		t.Fatalf("err = %v, want context.Canceled", err)
+	}
+	if g.ran(1) {
+		t.Fatal("a call whose context was done reached Exec")
+	}
+}
+
+// A queued call whose deadline passes leaves the queue at once, while the
+// batch ahead of it is still stuck, and never reaches Exec.
+func TestQueuedCallLeavesAtItsDeadline(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	g := newGatedExec(1)
+	b := batch.New(g.exec, 8, 1)
+	first := goDo(b, context.Background(), 1)
+	<-g.entered // batch [1] holds the only slot
+
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	if _, err := b.Do(ctx, 2); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("err = %v, want context.DeadlineExceeded", err)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("the queued call returned after %s, long past its deadline", d)
+	}
+	if n := b.Queued(); n != 0 {
+		t.Fatalf("%d calls still queued after the caller left", n)
+	}
+	g.open(1)
+	if o := <-first; o.err != nil || o.resp != 2 {
+		t.Fatalf("first call = %d, %v", o.resp, o.err)
+	}
+	if g.ran(2) {
+		t.Fatal("the call that left the queue reached Exec")
+	}
+}
+
+// A call whose deadline passes while its batch runs returns at once; the
+// batch carries on for the others, and the dropped result goes to the
+// OnOrphaned hook.
+func TestRunningCallLeavesAtItsDeadline(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	g := newGatedExec(1, 2)
+	b := batch.New(g.exec, 8, 1)
+	orphans := make(chan []int, 1)
+	b.OnOrphaned(func(calls []*batch.Call[int, int]) {
+		var got []int
+		for _, c := range calls {
+			r, err := c.Result()
+			if err != nil {
+				t.Errorf("orphan %d has error %v", c.Req, err)
+			}
+			got = append(got, r)
+		}
+		orphans <- got
+	})
+	first := goDo(b, context.Background(), 1)
+	<-g.entered
+
+	long := goDo(b, context.Background(), 2)
+	waitQueued(t, b, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	short := goDo(b, ctx, 3)
+	waitQueued(t, b, 2)
+
+	g.open(1) // batch [2 3] starts, and waits on gate 2
+	<-first
+	if r := <-g.entered; r != 2 {
+		t.Fatalf("batch led by %d, want 2", r)
+	}
+	o := <-short
+	if !errors.Is(o.err, context.DeadlineExceeded) {
+		t.Fatalf("short call = %d, %v; want context.DeadlineExceeded", o.resp, o.err)
+	}
+	dl, _ := ctx.Deadline()
+	if late := o.at.Sub(dl); late > time.Second {
+		t.Fatalf("short call returned %s after its deadline", late)
+	}
+	g.open(2)
+	if o := <-long; o.err != nil || o.resp != 3 {
+		t.Fatalf("long call = %d, %v; a caller leaving must not fail the batch", o.resp, o.err)
+	}
+	if got := <-orphans; len(got) != 1 || got[0] != 4 {
+		t.Fatalf("orphans = %v, want the short call's result [4]", got)
+	}
+}
+
+// A batch of several calls runs under the latest of their deadlines, and
+// is not cancelled when its leader's caller gives up.
+func TestBatchContext(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	g := newGatedExec(1, 2)
+	b := batch.New(g.exec, 8, 1)
+	first := goDo(b, context.Background(), 1)
+	<-g.entered
+
+	ctxLead, cancelLead := context.WithTimeout(context.Background(), time.Hour)
+	defer cancelLead()
+	lead := goDo(b, ctxLead, 2)
+	waitQueued(t, b, 1)
+	ctxOther, cancelOther := context.WithTimeout(context.Background(), 2*time.Hour)
+	defer cancelOther()
+	other := goDo(b, ctxOther, 3)
+	waitQueued(t, b, 2)
+
+	g.open(1)
+	<-first
+	<-g.entered // batch [2 3]
+	g.mu.Lock()
+	bctx := g.ctxs[len(g.ctxs)-1]
+	g.mu.Unlock()
+	want, _ := ctxOther.Deadline()
+	if got, ok := bctx.Deadline(); !ok || !got.Equal(want) {
+		t.Fatalf("batch deadline = %v, %v; want the latest caller's, %v", got, ok, want)
+	}
+	cancelLead()
+	if o := <-lead; !errors.Is(o.err, context.Canceled) {
+		t.Fatalf("cancelled leader = %d, %v; want context.Canceled", o.resp, o.err)
+	}
+	if err := bctx.Err(); err != nil {
+		t.Fatalf("the batch context ended with its leader's: %v", err)
+	}
+	g.open(2)
+	if o := <-other; o.err != nil || o.resp != 4 {
+		t.Fatalf("other call = %d, %v", o.resp, o.err)
+	}
+}
+
+// A lone call is not held back by a batch that is stuck, as long as a
+// slot is free: it runs at once, in a batch of its own.
+func TestLoneCallNotHeldBackByABusySlot(t *testing.T) {
+	g := newGatedExec(1)
+	b := batch.New(g.exec, 8, 2)
+	first := goDo(b, context.Background(), 1)
+	<-g.entered
+	if r, err := b.Do(context.Background(), 5); err != nil || r != 6 {
+		t.Fatalf("Do(5) = %d, %v", r, err)
+	}
+	g.mu.Lock()
+	last := g.batches[len(g.batches)-1]
+	g.mu.Unlock()
+	if len(last) != 1 || last[0] != 5 {
+		t.Fatalf("lone call ran in batch %v, want [5]", last)
+	}
+	g.open(1)
+	<-first
+}
+
+// Many callers with random deadlines against a slow Exec: every call
+// returns, by its deadline or with its own result, and nothing leaks.
+func TestDeadlineStress(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	var orphaned atomic.Int64
+	b := batch.New(func(ctx context.Context, calls []*batch.Call[int, int]) error {
+		time.Sleep(time.Duration(rand.IntN(300)) * time.Microsecond)
+		for _, c := range calls {
+			c.Set(c.Req+1, nil)
+		}
+		return nil
+	}, 16, 2)
+	b.OnOrphaned(func(calls []*batch.Call[int, int]) { orphaned.Add(int64(len(calls))) })
+	var wg sync.WaitGroup
+	var timedOut atomic.Int64
+	for g := range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 200 {
+				req := g*1000 + i
+				ctx, cancel := context.WithTimeout(context.Background(), time.Duration(rand.IntN(400))*time.Microsecond)
+				r, err := b.Do(ctx, req)
+				cancel()
+				switch {
+				case err == nil && r != req+1:
+					t.Errorf("Do(%d) = %d", req, r)
+				case err != nil && !errors.Is(err, context.DeadlineExceeded):
+					t.Errorf("Do(%d): %v", req, err)
+				case err != nil:
+					timedOut.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if b.Queued() != 0 {
+		t.Fatalf("%d calls left queued", b.Queued())
+	}
+	// Every slot is free again: a lone call runs at once.
+	if r, err := b.Do(context.Background(), 1); err != nil || r != 2 {
+		t.Fatalf("Do after the storm = %d, %v", r, err)
+	}
+	t.Logf("%d calls timed out, %d results orphaned", timedOut.Load(), orphaned.Load())
+}
