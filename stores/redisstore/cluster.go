@@ -60,10 +60,8 @@ func (s *Store) claimOrdered(ctx context.Context, rkeys []string, token string, 
 		stop     claimReply
 	)
 	for _, i := range order {
-		v, err := s.run(ctx, claimOp(rkeys[i:i+1], token, lease))
-		if err == nil {
-			stop, err = parseClaim(v)
-		}
+		var err error
+		stop, err = s.claimOne(ctx, rkeys[i], token, lease)
 		if err != nil {
 			// The key's outcome is unknown: undo it too (the scripts are
 			// token-checked, so undoing a key we did not get is a no-op).
@@ -75,7 +73,7 @@ func (s *Store) claimOrdered(ctx context.Context, rkeys []string, token string, 
 			break
 		}
 		h := heldKey{key: rkeys[i]}
-		for _, p := range stop.taken { // at most one: one key per script
+		for _, p := range stop.taken { // at most one: one key per call
 			p.index = i
 			taken = append(taken, p)
 			h.prev, h.tookOver = p, true
@@ -109,6 +107,14 @@ func (s *Store) undo(ctx context.Context, token string, heldKeys []heldKey) {
 	if len(heldKeys) == 0 {
 		return
 	}
+	// A cancelled ctx must not leave keys held that we could still free.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), undoTimeout)
+	defer cancel()
+	s.runAll(ctx, undoOps(token, heldKeys))
+}
+
+// undoOps returns the ops that undo a claim under token of heldKeys.
+func undoOps(token string, heldKeys []heldKey) []op {
 	ops := make([]op, len(heldKeys))
 	for i, h := range heldKeys {
 		if h.tookOver && h.prev.pttl > 0 {
@@ -117,13 +123,11 @@ func (s *Store) undo(ctx context.Context, token string, heldKeys []heldKey) {
 			ops[i] = releaseOp([]string{h.key}, token)
 		}
 	}
-	// A cancelled ctx must not leave keys held that we could still free.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), undoTimeout)
-	defer cancel()
-	s.runAll(ctx, ops)
+	return ops
 }
 
-// undoTimeout bounds the undo of a failed multi-key claim in Redis Cluster.
+// undoTimeout bounds the undo of a failed multi-key claim in Redis Cluster,
+// and of a claim whose caller gave up.
 const undoTimeout = 2 * time.Second
 
 // peekDone reads every key of a failed claim and returns Duplicate with the

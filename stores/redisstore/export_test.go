@@ -18,7 +18,7 @@ func (s *Store) Sharded() bool { return s.sharded }
 // TokenLen is the length of a claim token.
 const TokenLen = tokenLen
 
-// ClaimWithToken runs the claim script for (scope, keys) with a given
+// ClaimWithToken claims (scope, keys) as Claim does, with a given
 // token, as a retry of a Claim whose reply was lost would, and returns the
 // script's result code (1 claimed, 2 duplicate, 3 in progress).
 func (s *Store) ClaimWithToken(ctx context.Context, scope string, keys []string, lease time.Duration, token string) (int, error) {
@@ -26,7 +26,7 @@ func (s *Store) ClaimWithToken(ctx context.Context, scope string, keys []string,
 	if err != nil {
 		return 0, err
 	}
-	r, err := s.claimAtomic(ctx, rkeys, token, lease)
+	r, err := s.claim(ctx, rkeys, token, lease)
 	return int(r.result), err
 }
 

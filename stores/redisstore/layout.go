@@ -36,10 +36,19 @@ const uuidLen = 36
 
 // encodeKey returns the Redis key of (scope, key). It is injective over
 // (scope, key) for raw and UUID-packed keys; digested keys are distinct
-// unless SHA-256 collides on its first 128 bits.
+// unless SHA-256 collides on its first 128 bits, and compact keys unless it
+// collides on its first 96.
 func (s *Store) encodeKey(scope, key string) string {
+	if s.cfg.CompactKeys {
+		return s.compactKey(scope, key)
+	}
 	b := make([]byte, 0, len(s.cfg.Prefix)+len(scope)+2+min(len(key), 64))
 	b = append(b, s.cfg.Prefix...)
+	return string(s.appendLayout(b, scope, key))
+}
+
+// appendLayout appends esc(scope) ‖ kind ‖ body to b.
+func (s *Store) appendLayout(b []byte, scope, key string) []byte {
 	b = appendEscaped(b, scope, isScopeSpecial)
 	switch {
 	case s.digests(key) && !isUUID(key):
@@ -57,6 +66,23 @@ func (s *Store) encodeKey(scope, key string) string {
 		b = append(b, kindRaw)
 		b = appendEscaped(b, key, isKeySpecial)
 	}
+	return b
+}
+
+// compactLen is the size of a compact key's digest: 96 bits.
+const compactLen = 12
+
+// compactKey returns Prefix ‖ the first 96 bits of SHA-256 of the
+// readable layout of (scope, key), which is injective (Validate makes sure
+// DigestKeysLongerThan is 0), so different pairs are digests of different
+// inputs. Like a packed UUID, the binary
+// bytes may hold a '{'; they hash to a uniformly random slot either way.
+func (s *Store) compactKey(scope, key string) string {
+	var buf [128]byte
+	sum := sha256.Sum256(s.appendLayout(buf[:0], scope, key))
+	b := make([]byte, 0, len(s.cfg.Prefix)+compactLen)
+	b = append(b, s.cfg.Prefix...)
+	b = append(b, sum[:compactLen]...)
 	return string(b)
 }
 
@@ -300,12 +326,29 @@ func expandLua(src string) string {
 	).Replace(src)
 }
 
-// op is one script call. Every Store method is one op (or, for a
-// multi-key claim in Redis Cluster, one op per key).
+// op is one script call, or (script nil) the plain command of
+// claimSetOp. Every Store method is one op (or, for a multi-key claim in
+// Redis Cluster, one op per key; a single-key claim may be two).
 type op struct {
 	script *redis.Script
 	keys   []string
 	args   []any
+}
+
+// claimSetOp takes key if it is free, and returns what it holds otherwise:
+//
+//	SET key processing NX GET PX 2×lease
+//
+// Reply: nil (redis.Nil) when it took the key, else the value it holds,
+// unchanged. Redis 7.0 and later; older servers refuse NX with GET.
+func claimSetOp(key, token string, lease time.Duration) op {
+	l := ms(lease)
+	return op{nil, []string{key}, []any{processingValue(token, l), strconv.FormatInt(2*l, 10)}}
+}
+
+// cmdArgs returns the command of a plain op (script nil).
+func (o op) cmdArgs() []any {
+	return []any{"set", o.keys[0], o.args[0], "px", o.args[1], "nx", "get"}
 }
 
 func claimOp(keys []string, token string, lease time.Duration) op {

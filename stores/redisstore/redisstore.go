@@ -34,13 +34,23 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/watermill-dedup/dedup/internal/batch"
 	"github.com/watermill-dedup/dedup/stores"
 )
 
 // Default values of Config fields.
 const (
-	DefaultPrefix    = "dedup:"
-	DefaultMaxKeyLen = 1024
+	DefaultPrefix        = "dedup:"
+	DefaultCompactPrefix = "d:" // the default Prefix with CompactKeys
+	DefaultMaxKeyLen     = 1024
+	DefaultMaxBatch      = 128
+	DefaultMaxInFlight   = 4
+)
+
+// Bounds of BatchConfig fields.
+const (
+	maxMaxBatch    = 10000
+	maxMaxInFlight = 1024
 )
 
 // serverCheckTimeout bounds the check New starts in the background.
@@ -48,7 +58,8 @@ const serverCheckTimeout = 10 * time.Second
 
 // Config configures a Store. The zero value is ready to use.
 type Config struct {
-	// Prefix starts every key the store writes. The default is "dedup:".
+	// Prefix starts every key the store writes. The default is "dedup:",
+	// or "d:" with CompactKeys.
 	// Stores sharing a Redis and a Prefix share their records, which is how
 	// several consumer processes dedup together; give unrelated
 	// applications different prefixes. Changing it (or DigestKeysLongerThan)
@@ -61,10 +72,11 @@ type Config struct {
 	Prefix string
 
 	// MaxKeyLen is the longest scope, and the longest key not stored as a
-	// digest, in bytes. Longer ones fail with stores.ErrInvalidKey (keys) or
-	// stores.ErrInvalidArgument (scopes) before any I/O. The default is 1024.
-	// Every byte of scope and key is kept in Redis for the whole retention
-	// window, in every record.
+	// digest (see DigestKeysLongerThan and CompactKeys), in bytes. Longer
+	// ones fail with stores.ErrInvalidKey (keys) or
+	// stores.ErrInvalidArgument (scopes) before any I/O. The default is
+	// 1024. Every byte of scope and key is kept in Redis for the whole
+	// retention window, in every record (but for CompactKeys).
 	MaxKeyLen int
 
 	// DigestKeysLongerThan, when positive, stores keys longer than this many
@@ -76,6 +88,24 @@ type Config struct {
 	// least 16.
 	DigestKeysLongerThan int
 
+	// CompactKeys stores every record under Prefix ‖ the first 96 bits of
+	// SHA-256 of (scope, key), instead of the readable layout: a 14-byte
+	// Redis key with the default "d:" prefix, whatever the scope and key,
+	// which puts a done record in the allocator's smallest size classes
+	// (96.8 bytes a record instead of 112.8 for UUID keys; see the README).
+	// Keys may then be of any length. The price: two different (scope, key)
+	// pairs share a record if their digests collide, with probability
+	// about n²/2⁹⁷ for n live records under the prefix (10⁻¹² for 432
+	// million records), and a shared record makes the second message a
+	// Duplicate; keys can no longer be read or SCANned by scope. It must
+	// not be combined with DigestKeysLongerThan. Switching it on or off
+	// forgets every record written before.
+	CompactKeys bool
+
+	// Batch configures auto-batching: concurrent calls share pipelines.
+	// It is on by default.
+	Batch BatchConfig
+
 	// Logger receives the server check's findings. nil means
 	// watermill.NopLogger.
 	Logger watermill.LoggerAdapter
@@ -86,6 +116,34 @@ type Config struct {
 	SkipServerCheck bool
 }
 
+// BatchConfig configures auto-batching (group commit): Claim, Complete,
+// Release and Extend calls that arrive while earlier ones are waiting for
+// Redis are sent together, as one pipeline of EVALSHA calls, and each gets
+// its own result or error. A call that finds a pipeline slot free is sent
+// at once, alone, as without batching: there is no timer and no added
+// latency, and batches grow only while calls are waiting anyway. See the
+// README for how it works and what it gains.
+//
+// Each call keeps its own context: one that ends while the call waits for
+// a slot, or while its pipeline is out, returns the context's error at
+// once, and a claim taken for a caller that has gone is released. A
+// pipeline of several calls runs until the latest of their deadlines, so
+// set ContextTimeoutEnabled on the client (see [New]).
+type BatchConfig struct {
+	// Disabled sends every call on its own, one round trip each.
+	Disabled bool
+
+	// MaxBatch is the most calls one pipeline carries. The default is 128;
+	// at most 10000.
+	MaxBatch int
+
+	// MaxInFlight is the most pipelines (and lone calls) out at once, so
+	// the most connections the store uses at a time (per node in Redis
+	// Cluster). Calls beyond wait, and go out together in the next
+	// pipeline. The default is 4; at most 1024.
+	MaxInFlight int
+}
+
 // Validate reports the first invalid field.
 func (c Config) Validate() error {
 	if c.MaxKeyLen < 0 {
@@ -94,12 +152,30 @@ func (c Config) Validate() error {
 	if c.DigestKeysLongerThan != 0 && c.DigestKeysLongerThan < digestLen {
 		return fmt.Errorf("redisstore: DigestKeysLongerThan must be 0 (never) or at least %d, got %d", digestLen, c.DigestKeysLongerThan)
 	}
+	if c.CompactKeys && c.DigestKeysLongerThan != 0 {
+		return fmt.Errorf("redisstore: DigestKeysLongerThan must be 0 with CompactKeys (every key is a digest then), got %d", c.DigestKeysLongerThan)
+	}
+	if c.Batch.MaxBatch < 0 || c.Batch.MaxBatch > maxMaxBatch {
+		return fmt.Errorf("redisstore: Batch.MaxBatch must be between 0 (default %d) and %d, got %d", DefaultMaxBatch, maxMaxBatch, c.Batch.MaxBatch)
+	}
+	if c.Batch.MaxInFlight < 0 || c.Batch.MaxInFlight > maxMaxInFlight {
+		return fmt.Errorf("redisstore: Batch.MaxInFlight must be between 0 (default %d) and %d, got %d", DefaultMaxInFlight, maxMaxInFlight, c.Batch.MaxInFlight)
+	}
 	return nil
 }
 
 func (c *Config) setDefaults() {
 	if c.Prefix == "" {
 		c.Prefix = DefaultPrefix
+		if c.CompactKeys {
+			c.Prefix = DefaultCompactPrefix
+		}
+	}
+	if c.Batch.MaxBatch == 0 {
+		c.Batch.MaxBatch = DefaultMaxBatch
+	}
+	if c.Batch.MaxInFlight == 0 {
+		c.Batch.MaxInFlight = DefaultMaxInFlight
 	}
 	if c.MaxKeyLen == 0 {
 		c.MaxKeyLen = DefaultMaxKeyLen
@@ -118,10 +194,23 @@ type Store struct {
 	// nodes, so a script may only touch one key (see cluster.go).
 	sharded bool
 
+	// noSetNXGet is set once a server refused SET NX GET (Redis < 7.0):
+	// single-key claims then always run the claim script.
+	noSetNXGet atomic.Bool
+
+	// batcher coalesces concurrent ops into pipelines; nil when
+	// Batch.Disabled.
+	batcher *batch.Batcher[op, any]
+
 	closed    atomic.Bool
 	closeOnce sync.Once
 	cancel    context.CancelFunc
 	checkDone chan struct{}
+	// bg counts the undos of orphaned claims running in the background;
+	// bgMu orders its Add against Close.
+	bgMu   sync.Mutex
+	bg     sync.WaitGroup
+	closeD chan struct{} // closed when Close has stopped everything
 }
 
 var _ stores.Store = (*Store)(nil)
@@ -136,7 +225,9 @@ var _ stores.Store = (*Store)(nil)
 // Set ContextTimeoutEnabled on the client's options so that the deadlines
 // of the contexts handed to the store (the middleware's StoreTimeout) bound
 // every call; without it go-redis bounds calls by its ReadTimeout and
-// WriteTimeout only.
+// WriteTimeout only. (With batching, a call waiting on a pipeline returns
+// at its own deadline either way; a call sent on its own, and the
+// pipeline itself, rely on the client for theirs.)
 func New(client redis.UniversalClient, cfg Config) (*Store, error) {
 	if client == nil {
 		return nil, errors.New("redisstore: client is nil")
@@ -150,6 +241,11 @@ func New(client redis.UniversalClient, cfg Config) (*Store, error) {
 		cfg:       cfg,
 		sharded:   isSharded(client) && !hasHashTag(cfg.Prefix),
 		checkDone: make(chan struct{}),
+		closeD:    make(chan struct{}),
+	}
+	if !cfg.Batch.Disabled {
+		s.batcher = batch.New(s.execBatch, cfg.Batch.MaxBatch, cfg.Batch.MaxInFlight)
+		s.batcher.OnOrphaned(s.undoOrphans)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), serverCheckTimeout)
 	s.cancel = cancel
@@ -207,12 +303,7 @@ func (s *Store) Claim(ctx context.Context, scope string, keys []string, lease ti
 		return nil, fmt.Errorf("redisstore: claim: %w", err)
 	}
 	token := rand.Text()
-	var r claimReply
-	if s.sharded && len(rkeys) > 1 {
-		r, err = s.claimOrdered(ctx, rkeys, token, lease)
-	} else {
-		r, err = s.claimAtomic(ctx, rkeys, token, lease)
-	}
+	r, err := s.claim(ctx, rkeys, token, lease)
 	if err != nil {
 		return nil, fmt.Errorf("redisstore: claim: %w", err)
 	}
@@ -232,12 +323,55 @@ func (s *Store) Claim(ctx context.Context, scope string, keys []string, lease ti
 	return c, nil
 }
 
-func (s *Store) claimAtomic(ctx context.Context, rkeys []string, token string, lease time.Duration) (claimReply, error) {
+// claim claims rkeys under token: one key with claimOne, several with one
+// script on one node, or key by key in Redis Cluster (claimOrdered).
+func (s *Store) claim(ctx context.Context, rkeys []string, token string, lease time.Duration) (claimReply, error) {
+	switch {
+	case len(rkeys) == 1:
+		return s.claimOne(ctx, rkeys[0], token, lease)
+	case s.sharded:
+		return s.claimOrdered(ctx, rkeys, token, lease)
+	}
+	return s.claimScript(ctx, rkeys, token, lease)
+}
+
+func (s *Store) claimScript(ctx context.Context, rkeys []string, token string, lease time.Duration) (claimReply, error) {
 	v, err := s.run(ctx, claimOp(rkeys, token, lease))
 	if err != nil {
 		return claimReply{}, err
 	}
 	return parseClaim(v)
+}
+
+// claimOne claims one key. It first sends SET key processing NX GET PX
+// (Redis 7.0 and later), which settles the two common cases in one plain
+// command, cheaper for Redis than a script: the key is free (the SET took
+// it: Claimed), or it holds a done record (the SET changed nothing and
+// returned it: Duplicate). Only when the key is processing — a lease that
+// may have run out, or this very token after a retried claim — does it run
+// the claim script, which reads the lease against the key's PTTL. On a
+// server older than 7.0, which refuses NX with GET, it goes straight to the
+// script from then on.
+func (s *Store) claimOne(ctx context.Context, rkey, token string, lease time.Duration) (claimReply, error) {
+	if !s.noSetNXGet.Load() {
+		v, err := s.run(ctx, claimSetOp(rkey, token, lease))
+		switch {
+		case errors.Is(err, redis.Nil):
+			return claimReply{result: 1}, nil
+		case err == nil:
+			if prev, ok := v.(string); ok {
+				if rec, err := decodeValue(prev); err == nil && !rec.processing {
+					return claimReply{result: 2, value: prev}, nil
+				}
+			}
+			// Processing, or not ours to read: the script decides.
+		case isSetNXGetRefused(err):
+			s.noSetNXGet.Store(true)
+		default:
+			return claimReply{}, err
+		}
+	}
+	return s.claimScript(ctx, []string{rkey}, token, lease)
 }
 
 // Complete implements [stores.Store]. A record whose lease ran out but that
@@ -323,45 +457,6 @@ func (s *Store) lostClaim(what string, c *stores.Claim, rkey string) error {
 	return fmt.Errorf("redisstore: %s: %w: scope %q", what, stores.ErrLostClaim, c.Scope)
 }
 
-// run sends one op: EVALSHA, falling back to EVAL when the server does not
-// have the script cached.
-func (s *Store) run(ctx context.Context, o op) (any, error) {
-	return o.script.Run(ctx, s.client, o.keys, o.args...).Result()
-}
-
-// runAll sends ops in one pipeline (go-redis splits it per node in Redis
-// Cluster) and returns each op's reply and error. Ops that failed because a
-// node did not have the script cached are sent again with EVAL.
-func (s *Store) runAll(ctx context.Context, ops []op) ([]any, []error) {
-	vals, errs := make([]any, len(ops)), make([]error, len(ops))
-	cmds := make([]*redis.Cmd, len(ops))
-	_, _ = s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for i, o := range ops {
-			cmds[i] = o.script.EvalSha(ctx, p, o.keys, o.args...)
-		}
-		return nil
-	})
-	var retry []int
-	for i, cmd := range cmds {
-		vals[i], errs[i] = cmd.Result()
-		if errs[i] != nil && (errors.Is(errs[i], redis.ErrNoScript) || redis.HasErrorPrefix(errs[i], "NOSCRIPT")) {
-			retry = append(retry, i)
-		}
-	}
-	if len(retry) > 0 {
-		_, _ = s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
-			for _, i := range retry {
-				cmds[i] = ops[i].script.Eval(ctx, p, ops[i].keys, ops[i].args...)
-			}
-			return nil
-		})
-		for _, i := range retry {
-			vals[i], errs[i] = cmds[i].Result()
-		}
-	}
-	return vals, errs
-}
-
 // recordKeys validates scope and keys and returns the distinct Redis keys
 // of the claim, in the order of their first occurrence.
 func (s *Store) recordKeys(scope string, keys []string) ([]string, error) {
@@ -375,7 +470,7 @@ func (s *Store) recordKeys(scope string, keys []string) ([]string, error) {
 		if k == "" {
 			return nil, fmt.Errorf("%w: key %d is empty", stores.ErrInvalidKey, i)
 		}
-		if len(k) > s.cfg.MaxKeyLen && !s.digests(k) {
+		if len(k) > s.cfg.MaxKeyLen && !s.cfg.CompactKeys && !s.digests(k) {
 			return nil, fmt.Errorf("%w: key %d is %d bytes, longer than MaxKeyLen (%d); set DigestKeysLongerThan to store long keys as digests",
 				stores.ErrInvalidKey, i, len(k), s.cfg.MaxKeyLen)
 		}
@@ -411,15 +506,23 @@ func (s *Store) claimKeys(c *stores.Claim) ([]string, error) {
 }
 
 // Close stops the background server check, if still running, and waits for
-// it. Every later call returns [stores.ErrClosed]. It never closes the
-// client. It is idempotent.
+// it and for the undos of claims whose callers gave up (bounded by 2s
+// each). Every later call returns [stores.ErrClosed]; calls already under
+// way finish. It never closes the client. It is idempotent.
 func (s *Store) Close(ctx context.Context) error {
 	s.closeOnce.Do(func() {
+		s.bgMu.Lock()
 		s.closed.Store(true)
+		s.bgMu.Unlock()
 		s.cancel()
+		go func() {
+			<-s.checkDone
+			s.bg.Wait()
+			close(s.closeD)
+		}()
 	})
 	select {
-	case <-s.checkDone:
+	case <-s.closeD:
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()

@@ -1,0 +1,171 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/watermill-dedup/dedup/internal/batch"
+)
+
+// Auto-batching. Every script call of the store (an [op]) goes through
+// run. With batching on (the default), run hands it to a [batch.Batcher]:
+// a call that finds one of Batch.MaxInFlight slots free is sent at once,
+// alone, in its caller's goroutine and under its caller's context, exactly
+// as without batching; calls that arrive while every slot is busy queue
+// up, and when a slot frees, everything queued (up to Batch.MaxBatch) goes
+// out as one pipeline of EVALSHA calls. There is no timer: the batch size
+// follows the load and the round-trip time by itself.
+//
+// A pipeline of n calls costs Redis n script runs but one read and one
+// write system call on each side instead of n, which is where the time of
+// a short script goes: under load this is Redis's pipelined rate instead
+// of its unpipelined one. go-redis splits a pipeline per node in Redis
+// Cluster (ClusterClient) and per shard in a Ring.
+//
+// Each op's reply and error are its own: a script error (NOSCRIPT, a
+// wrong type) fails that call only. A failure of the pipeline itself (the
+// connection) fails every call in it, as it would have failed each call
+// sent alone.
+//
+// Deadlines (see the internal/batch package): a caller whose context ends
+// while it waits returns at once with the context's error; a pipeline of
+// several calls runs under the latest of their deadlines, so that one
+// caller giving up never fails the others. A Claim that succeeds for a
+// caller who has already given up is undone by undoOrphans, so the message
+// can be claimed again at once instead of after its lease.
+
+// run sends one op, batched unless Batch.Disabled.
+func (s *Store) run(ctx context.Context, o op) (any, error) {
+	if s.batcher != nil {
+		return s.batcher.Do(ctx, o)
+	}
+	return s.runOne(ctx, o)
+}
+
+// runOne sends one op on its own: EVALSHA, falling back to EVAL when the
+// server does not have the script cached.
+func (s *Store) runOne(ctx context.Context, o op) (any, error) {
+	if o.script == nil {
+		return s.client.Do(ctx, o.cmdArgs()...).Result()
+	}
+	return o.script.Run(ctx, s.client, o.keys, o.args...).Result()
+}
+
+// execBatch is the Batcher's Exec: one op on its own, several in one
+// pipeline.
+func (s *Store) execBatch(ctx context.Context, calls []*batch.Call[op, any]) error {
+	if len(calls) == 1 {
+		calls[0].Set(s.runOne(ctx, calls[0].Req))
+		return nil
+	}
+	ops := make([]op, len(calls))
+	for i, c := range calls {
+		ops[i] = c.Req
+	}
+	vals, errs := s.runAll(ctx, ops)
+	for i, c := range calls {
+		c.Set(vals[i], errs[i])
+	}
+	return nil
+}
+
+// runAll sends ops in one pipeline (go-redis splits it per node in Redis
+// Cluster) and returns each op's reply and error. Ops that failed because a
+// node did not have the script cached are sent again with EVAL.
+func (s *Store) runAll(ctx context.Context, ops []op) ([]any, []error) {
+	vals, errs := make([]any, len(ops)), make([]error, len(ops))
+	cmds := make([]*redis.Cmd, len(ops))
+	_, _ = s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, o := range ops {
+			if o.script == nil {
+				cmds[i] = p.Do(ctx, o.cmdArgs()...)
+			} else {
+				cmds[i] = o.script.EvalSha(ctx, p, o.keys, o.args...)
+			}
+		}
+		return nil
+	})
+	var retry []int
+	for i, cmd := range cmds {
+		vals[i], errs[i] = cmd.Result()
+		if errs[i] != nil && isNoScript(errs[i]) {
+			retry = append(retry, i)
+		}
+	}
+	if len(retry) > 0 {
+		_, _ = s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for _, i := range retry {
+				cmds[i] = ops[i].script.Eval(ctx, p, ops[i].keys, ops[i].args...)
+			}
+			return nil
+		})
+		for _, i := range retry {
+			vals[i], errs[i] = cmds[i].Result()
+		}
+	}
+	return vals, errs
+}
+
+func isNoScript(err error) bool {
+	return errors.Is(err, redis.ErrNoScript) || redis.HasErrorPrefix(err, "NOSCRIPT")
+}
+
+// isSetNXGetRefused reports the reply of a Redis older than 7.0 to SET NX
+// GET. (Server errors reach go-redis as text only.)
+func isSetNXGetRefused(err error) bool {
+	var rerr redis.Error
+	return errors.As(err, &rerr) && redis.HasErrorPrefix(err, "ERR syntax error")
+}
+
+// undoOrphans undoes, in the background, the claims that succeeded for
+// callers who had already given up (their context ended while the
+// pipeline was out): nobody holds their tokens, so without this the
+// message could not be claimed again until the lease ran out. Only
+// claims matter: a Complete, Extend or Release that applied for a caller
+// who has gone is what the caller asked for; the caller retries, or the
+// lease runs out, as after any timeout. After Close, orphaned claims are
+// left to their leases.
+func (s *Store) undoOrphans(calls []*batch.Call[op, any]) {
+	var ops []op
+	for _, c := range calls {
+		v, err := c.Result()
+		if c.Req.script == nil && errors.Is(err, redis.Nil) {
+			// claimSetOp took the key.
+			token := c.Req.args[0].(string)[1 : 1+tokenLen]
+			ops = append(ops, releaseOp(c.Req.keys, token))
+			continue
+		}
+		if err != nil || c.Req.script != claimScript {
+			continue
+		}
+		r, err := parseClaim(v)
+		if err != nil || r.result != 1 {
+			continue
+		}
+		held := make([]heldKey, len(c.Req.keys))
+		for i, k := range c.Req.keys {
+			held[i].key = k
+		}
+		for _, p := range r.taken {
+			held[p.index].prev, held[p.index].tookOver = p, true
+		}
+		ops = append(ops, undoOps(c.Req.args[0].(string), held)...)
+	}
+	if len(ops) == 0 {
+		return
+	}
+	s.bgMu.Lock()
+	defer s.bgMu.Unlock()
+	if s.closed.Load() {
+		return
+	}
+	s.bg.Add(1)
+	go func() {
+		defer s.bg.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), undoTimeout)
+		defer cancel()
+		s.runAll(ctx, ops)
+	}()
+}
