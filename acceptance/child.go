@@ -234,6 +234,7 @@ func childPattern(name string) string {
 // startChild starts a child consumer and waits until its router runs.
 func (r *run) startChild(spec consumerSpec) *childConsumer {
 	r.t.Helper()
+	r.used(spec.Topic, spec.Group)
 	raw, err := json.Marshal(childSpec{Test: r.t.Name(), Backend: r.benv, Store: r.senv, Consumer: spec})
 	if err != nil {
 		r.t.Fatal(err)

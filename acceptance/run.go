@@ -63,6 +63,9 @@ type run struct {
 	crashLog     []crashRecord
 	notes        []string
 	na           string // why the scenario does not apply, found at run time
+	effectCount  int
+	completeErr  int                // Complete/commit calls that failed (not a lost claim)
+	groups       map[[2]string]bool // (topic, group) pairs consumers used
 }
 
 type crashNote struct {
@@ -118,6 +121,7 @@ func newRun(t *testing.T, b Backend, s Store, sc Scenario, variant string) *run 
 	// Registered first, so it runs last: the row sees every failure.
 	t.Cleanup(r.record)
 	t.Cleanup(r.finish)
+	t.Cleanup(r.removeGroups) // after every consumer stopped
 	var err error
 	if b.Setup != nil {
 		if r.benv, err = b.Setup(t); err != nil {
@@ -139,6 +143,9 @@ func newRun(t *testing.T, b Backend, s Store, sc Scenario, variant string) *run 
 	if r.opened.Ledger == nil {
 		r.mem = &memLedger{}
 	}
+	// Count the effects while the store is still open; the cleanups of
+	// consumers and topics, registered later, run before this one.
+	t.Cleanup(r.countEffects)
 	pub, err := b.NewPublisher(t, r.benv)
 	if err != nil {
 		t.Fatalf("backend %s publisher: %v", b.Name, err)
@@ -207,6 +214,33 @@ func (r *run) topic(name string) string {
 
 // group returns a consumer group name unique to the run.
 func (r *run) group(name string) string { return r.id + "_" + name }
+
+// used notes that a consumer of group reads topic, for RemoveGroup.
+func (r *run) used(topic, group string) {
+	r.mu.Lock()
+	if r.groups == nil {
+		r.groups = map[[2]string]bool{}
+	}
+	r.groups[[2]string{topic, group}] = true
+	r.mu.Unlock()
+}
+
+func (r *run) removeGroups() {
+	if r.b.RemoveGroup == nil {
+		return
+	}
+	r.mu.Lock()
+	pairs := make([][2]string, 0, len(r.groups))
+	for p := range r.groups {
+		pairs = append(pairs, p)
+	}
+	r.mu.Unlock()
+	for _, p := range pairs {
+		if err := r.b.RemoveGroup(r.t, r.benv, p[0], p[1]); err != nil {
+			r.t.Logf("backend %s: remove group %s of %s: %v", r.b.Name, p[1], p[0], err)
+		}
+	}
+}
 
 // ---- events and publishing
 
@@ -327,6 +361,7 @@ func (r *run) startConsumerWith(spec consumerSpec, cn conn) *consumer {
 	c.core.currentProc = c.currentProc
 	c.core.nackOnDeath = !r.b.Features.Persistent
 	c.core.dead = r.done
+	r.used(spec.Topic, spec.Group)
 	sub, err := r.b.NewSubscriber(r.t, cn.benv, spec.Group)
 	if err != nil {
 		r.t.Fatalf("backend %s subscriber: %v", r.b.Name, err)
@@ -497,6 +532,8 @@ func (r *run) completed(d *delivery, err error) {
 		r.completeOK[d.event]++
 	case errors.Is(err, stores.ErrLostClaim):
 		r.completeLost[d.event]++
+	default:
+		r.completeErr++
 	}
 	r.mu.Unlock()
 }
@@ -557,6 +594,7 @@ func (r *run) eventually(what string, timeout time.Duration, cond func() (bool, 
 			return
 		}
 		if time.Now().After(deadline) {
+			r.note("timed out waiting for %s: %s", what, missing)
 			r.t.Fatalf("timed out after %s waiting for %s: %s", timeout, what, missing)
 		}
 		time.Sleep(20 * time.Millisecond)
@@ -660,6 +698,19 @@ func (r *run) outcome(o middleware.Outcome) int {
 
 // ---- the summary row
 
+// countEffects notes the number of effects for the summary.
+func (r *run) countEffects() {
+	n := 0
+	if r.mem != nil {
+		n = r.mem.len()
+	} else if e, err := r.opened.Ledger.Effects(context.Background()); err == nil {
+		n = len(e)
+	}
+	r.mu.Lock()
+	r.effectCount = n
+	r.mu.Unlock()
+}
+
 func (r *run) record() {
 	r.mu.Lock()
 	row := Row{
@@ -673,13 +724,7 @@ func (r *run) record() {
 	}
 	notes := append([]string(nil), r.notes...)
 	r.mu.Unlock()
-	if r.mem != nil {
-		row.Effects = r.mem.len()
-	} else if r.opened.Ledger != nil {
-		if e, err := r.opened.Ledger.Effects(context.Background()); err == nil {
-			row.Effects = len(e)
-		}
-	}
+	row.Effects = r.effectCount
 	switch {
 	case r.na != "" && !r.t.Failed():
 		row.Result = ResultNotApplicable

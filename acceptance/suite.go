@@ -112,6 +112,13 @@ type Backend struct {
 	// For a backend whose subscribers create their queue on Subscribe
 	// (AMQP), the suite subscribes every group before it publishes.
 	NewSubscriber func(t testing.TB, env Env, group string) (message.Subscriber, error)
+
+	// RemoveGroup removes what the backend keeps for a consumer group of
+	// topic (an AMQP queue, a Kafka group's committed offsets). The suite
+	// calls it in the test process, once every consumer of the scenario
+	// stopped, for every group it used, including the groups of child
+	// consumer processes. Optional.
+	RemoveGroup func(t testing.TB, env Env, topic, group string) error
 }
 
 // Store is a dedup store under test, in one mode.

@@ -1,0 +1,153 @@
+package acceptance_test
+
+import (
+	"database/sql"
+	"errors"
+	"net/url"
+	"sync"
+	"testing"
+	"time"
+
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/go-sql-driver/mysql"
+
+	"github.com/watermill-dedup/dedup/acceptance"
+	"github.com/watermill-dedup/dedup/internal/testenv"
+	"github.com/watermill-dedup/dedup/stores/sqlstore"
+)
+
+// sqlAckDeadline is how long the watermill-sql subscriber waits for an
+// ack before it redelivers, shorter than its 30s default so the lease
+// expiry scenario's stalled handler is redelivered in time.
+const sqlAckDeadline = 3 * time.Second
+
+// sqlPubSub is watermill-sql on PostgreSQL or MySQL/MariaDB: a messages
+// table per topic and an offsets table, consumer groups whose consumers
+// take turns (the group's offset row is locked while a batch is handled),
+// in order. Its database is the SQL stores' database, so the outage
+// scenario cuts both, and sqlstore's transactional mode joins the
+// subscriber's transaction: offset, dedup record and ledger commit
+// together.
+func sqlPubSub(d sqlstore.Dialect) acceptance.Backend {
+	return acceptance.Backend{
+		Name: "sql-" + string(d),
+		Features: acceptance.Features{
+			ConsumerGroups: true,
+			Persistent:     true,
+			Ordered:        true,
+			Restartable:    true,
+		},
+		Setup: func(t *testing.T) (acceptance.Env, error) {
+			env := acceptance.Env{}
+			switch d {
+			case sqlstore.Postgres:
+				u, err := url.Parse(testenv.RequirePostgres(t))
+				if err != nil {
+					return nil, err
+				}
+				env[acceptance.EnvAddr] = u.Host
+			case sqlstore.MySQL:
+				cfg, err := mysql.ParseDSN(testenv.RequireMySQL(t))
+				if err != nil {
+					return nil, err
+				}
+				env[acceptance.EnvAddr] = cfg.Addr
+			}
+			return env, nil
+		},
+		CreateTopic: func(t *testing.T, env acceptance.Env, topic string) error {
+			db, err := openSQL(d, env)
+			if err != nil {
+				return err
+			}
+			defer db.Close()
+			// Create the tables once here: concurrent CREATE TABLE IF NOT
+			// EXISTS by several subscribers can fail on PostgreSQL.
+			sub, err := wsql.NewSubscriber(db, subscriberConfig(d, ""), nil)
+			if err != nil {
+				return err
+			}
+			defer sub.Close()
+			if err := sub.SubscribeInitialize(topic); err != nil {
+				return err
+			}
+			t.Cleanup(func() {
+				dropTables(t, d, env, "watermill_"+topic, "watermill_offsets_"+topic)
+			})
+			return nil
+		},
+		NewPublisher: func(_ testing.TB, env acceptance.Env) (message.Publisher, error) {
+			db, err := openSQL(d, env)
+			if err != nil {
+				return nil, err
+			}
+			pub, err := wsql.NewPublisher(db, wsql.PublisherConfig{SchemaAdapter: schemaAdapter(d)}, testLogger())
+			if err != nil {
+				_ = db.Close()
+				return nil, err
+			}
+			return &sqlPublisher{Publisher: pub, db: db}, nil
+		},
+		NewSubscriber: func(_ testing.TB, env acceptance.Env, group string) (message.Subscriber, error) {
+			db, err := openSQL(d, env)
+			if err != nil {
+				return nil, err
+			}
+			sub, err := wsql.NewSubscriber(db, subscriberConfig(d, group), testLogger())
+			if err != nil {
+				_ = db.Close()
+				return nil, err
+			}
+			return &sqlSubscriber{Subscriber: sub, db: db}, nil
+		},
+	}
+}
+
+func schemaAdapter(d sqlstore.Dialect) wsql.SchemaAdapter {
+	if d == sqlstore.MySQL {
+		// Binary payloads: the bad-input scenario sends non-JSON ones.
+		return wsql.DefaultMySQLSchema{GeneratePayloadType: func(string) string { return "BLOB" }, SubscribeBatchSize: 20}
+	}
+	return wsql.DefaultPostgreSQLSchema{GeneratePayloadType: func(string) string { return "BYTEA" }, SubscribeBatchSize: 20}
+}
+
+func subscriberConfig(d sqlstore.Dialect, group string) wsql.SubscriberConfig {
+	deadline := sqlAckDeadline
+	cfg := wsql.SubscriberConfig{
+		ConsumerGroup:  group,
+		SchemaAdapter:  schemaAdapter(d),
+		PollInterval:   50 * time.Millisecond,
+		ResendInterval: 20 * time.Millisecond,
+		RetryInterval:  100 * time.Millisecond,
+		AckDeadline:    &deadline,
+	}
+	if d == sqlstore.MySQL {
+		cfg.OffsetsAdapter = wsql.DefaultMySQLOffsetsAdapter{}
+	} else {
+		cfg.OffsetsAdapter = wsql.DefaultPostgreSQLOffsetsAdapter{}
+	}
+	return cfg
+}
+
+// sqlPublisher and sqlSubscriber close their database with them.
+type sqlPublisher struct {
+	*wsql.Publisher
+	db *sql.DB
+}
+
+func (p *sqlPublisher) Close() error { return errors.Join(p.Publisher.Close(), p.db.Close()) }
+
+type sqlSubscriber struct {
+	*wsql.Subscriber
+	db   *sql.DB
+	once sync.Once
+	err  error
+}
+
+// Close is safe to call twice, from the router and from the suite
+// (watermill-sql's is not).
+func (s *sqlSubscriber) Close() error {
+	s.once.Do(func() { s.err = errors.Join(s.Subscriber.Close(), s.db.Close()) })
+	return s.err
+}
