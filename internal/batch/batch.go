@@ -1,15 +1,19 @@
 // Package batch coalesces concurrent calls into batches (group commit)
 // without adding latency to a lone caller.
 //
-// A call that arrives while fewer than MaxInFlight batches are running
-// runs at once, alone, in the caller's goroutine. A call that arrives
-// while MaxInFlight batches are running waits in a queue; when a batch
-// finishes, its slot goes to a worker goroutine that runs everything
-// queued (up to MaxBatch calls a batch) until the queue is empty, and then
-// frees the slot. There is no timer: a lone caller runs immediately, and
-// under load the batch size grows by itself to match the backend's
-// round-trip time. This is the group commit of databases, and the way a
-// pipeline reaches a store's pipelined rate.
+// A call that arrives while nothing else is running runs at once, alone,
+// in the caller's goroutine. A call that arrives while other calls are out
+// waits in a queue. If one of the MaxInFlight slots is free, a worker
+// goroutine takes it at once and, after one yield of the processor (so
+// that callers just woken by a finished batch can queue their next calls
+// and go out together, instead of one by one), sends everything queued as
+// one batch. If every slot is busy, the queue goes out when a batch
+// finishes: that batch's worker takes it (up to MaxBatch calls a batch)
+// and goes on until the queue is empty, then frees its slot. There is no
+// timer: a lone caller runs immediately, and under load the batch size
+// grows by itself to match the backend's round-trip time. This is the
+// group commit of databases, and the way a pipeline reaches a store's
+// pipelined rate.
 //
 // # Contexts and deadlines
 //
@@ -21,9 +25,9 @@
 //     error. One whose context ends while its batch is running returns its
 //     error at once too; the batch carries on without it, and its result,
 //     if it gets one, goes to the OnOrphaned hook.
-//   - A lone call running in its own goroutine runs under its own context,
-//     exactly as an unbatched call: it returns when the backend honours
-//     that context.
+//   - A lone call running in its caller's goroutine runs under its own
+//     context, exactly as an unbatched call: it returns when the backend
+//     honours that context.
 //   - A batch of one call runs under that call's context. A batch of
 //     several runs under a context that carries the values of its first
 //     call's context, is not cancelled when one caller gives up (one
@@ -36,6 +40,7 @@ package batch
 
 import (
 	"context"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -68,6 +73,8 @@ type Call[Req, Resp any] struct {
 	// done receives one value once the result is set. It is buffered, so
 	// the batch never blocks on a caller that has left.
 	done chan struct{}
+	// self is the batch of a call run alone.
+	self [1]*Call[Req, Resp]
 }
 
 // Set records the call's result.
@@ -91,7 +98,12 @@ type Batcher[Req, Resp any] struct {
 
 	mu       sync.Mutex
 	queue    []*Call[Req, Resp]
-	inFlight int // slots taken: lone calls running, and workers
+	inFlight int  // slots taken: lone calls running, and workers
+	starting bool // a worker has taken a slot and will take the queue
+
+	// calls recycles the calls whose results were delivered. A call whose
+	// caller gave up is never recycled: its batch may still hold it.
+	calls sync.Pool
 }
 
 // New returns a Batcher running at most maxInFlight batches of at most
@@ -120,26 +132,37 @@ func (b *Batcher[Req, Resp]) Do(ctx context.Context, req Req) (Resp, error) {
 	if err := ctx.Err(); err != nil {
 		return *new(Resp), err
 	}
-	c := &Call[Req, Resp]{Req: req, ctx: ctx, done: make(chan struct{}, 1)}
+	c := b.newCall(ctx, req)
 	b.mu.Lock()
-	if b.inFlight < b.maxInFlight {
-		// A slot is free, so nothing is queued: run at once, alone, in
-		// this goroutine and under this call's own context.
+	if b.inFlight == 0 {
+		// Nothing else is out, so nothing is queued: run at once, alone,
+		// in this goroutine and under this call's own context.
 		b.inFlight++
 		b.mu.Unlock()
-		b.run([]*Call[Req, Resp]{c})
+		b.run(c.self[:])
 		if next := b.next(); next != nil {
 			// Calls queued up meanwhile: a worker takes over the slot,
 			// so that this caller can return.
 			go b.work(next)
 		}
-		return c.resp, c.err
+		<-c.done
+		return b.result(c)
 	}
 	b.queue = append(b.queue, c)
-	b.mu.Unlock()
+	if b.inFlight < b.maxInFlight && !b.starting {
+		// Other calls are out but a slot is free: a worker takes it and
+		// sends what is queued once the goroutines that are runnable now
+		// (callers just woken by a finished batch) have queued theirs.
+		b.inFlight++
+		b.starting = true
+		b.mu.Unlock()
+		go b.start()
+	} else {
+		b.mu.Unlock()
+	}
 	select {
 	case <-c.done:
-		return c.resp, c.err
+		return b.result(c)
 	case <-ctx.Done():
 		if c.state.CompareAndSwap(pending, abandoned) {
 			b.mu.Lock()
@@ -156,8 +179,30 @@ func (b *Batcher[Req, Resp]) Do(ctx context.Context, req Req) (Resp, error) {
 		}
 		// The result was delivered just now.
 		<-c.done
-		return c.resp, c.err
+		return b.result(c)
 	}
+}
+
+// newCall returns a pending call, recycled if one is free.
+func (b *Batcher[Req, Resp]) newCall(ctx context.Context, req Req) *Call[Req, Resp] {
+	c, _ := b.calls.Get().(*Call[Req, Resp])
+	if c == nil {
+		c = &Call[Req, Resp]{done: make(chan struct{}, 1)}
+		c.self[0] = c
+	}
+	c.Req, c.ctx = req, ctx
+	return c
+}
+
+// result returns the result of c, which has been delivered (so the batch
+// that ran it no longer touches it), and recycles c.
+func (b *Batcher[Req, Resp]) result(c *Call[Req, Resp]) (Resp, error) {
+	resp, err := c.resp, c.err
+	var zero Call[Req, Resp]
+	c.Req, c.ctx, c.resp, c.err, c.set = zero.Req, nil, zero.resp, nil, false
+	c.state.Store(pending)
+	b.calls.Put(c)
+	return resp, err
 }
 
 // next takes the next batch from the queue for the slot of a batch that
@@ -179,12 +224,26 @@ func (b *Batcher[Req, Resp]) next() []*Call[Req, Resp] {
 	return calls
 }
 
+// start runs a worker in a slot taken for it, after a yield.
+func (b *Batcher[Req, Resp]) start() {
+	runtime.Gosched()
+	b.mu.Lock()
+	b.starting = false
+	b.mu.Unlock()
+	b.work(b.next())
+}
+
 // work runs batches from the queue in a slot until the queue is empty.
 // The callers wait for their results and can leave at their deadlines:
-// nobody waits for a worker.
+// nobody waits for a worker. After a batch of several calls it yields
+// once, so that the callers it woke can queue their next calls in time to
+// join the next batch.
 func (b *Batcher[Req, Resp]) work(calls []*Call[Req, Resp]) {
 	for ; calls != nil; calls = b.next() {
 		b.run(calls)
+		if len(calls) > 1 {
+			runtime.Gosched()
+		}
 	}
 }
 

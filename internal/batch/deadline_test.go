@@ -231,8 +231,8 @@ func TestBatchContext(t *testing.T) {
 	}
 }
 
-// A lone call is not held back by a batch that is stuck, as long as a
-// slot is free: it runs at once, in a batch of its own.
+// A call is not held back by a batch that is stuck, as long as a slot is
+// free: it goes out at once, in a batch of its own.
 func TestLoneCallNotHeldBackByABusySlot(t *testing.T) {
 	g := newGatedExec(1)
 	b := batch.New(g.exec, 8, 2)

@@ -48,7 +48,7 @@ func (s *Store) run(ctx context.Context, o op) (any, error) {
 // server does not have the script cached.
 func (s *Store) runOne(ctx context.Context, o op) (any, error) {
 	if o.script == nil {
-		return s.client.Do(ctx, o.cmdArgs()...).Result()
+		return s.client.Do(ctx, o.args...).Result()
 	}
 	return o.script.Run(ctx, s.client, o.keys, o.args...).Result()
 }
@@ -80,7 +80,7 @@ func (s *Store) runAll(ctx context.Context, ops []op) ([]any, []error) {
 	_, _ = s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, o := range ops {
 			if o.script == nil {
-				cmds[i] = p.Do(ctx, o.cmdArgs()...)
+				cmds[i] = p.Do(ctx, o.args...)
 			} else {
 				cmds[i] = o.script.EvalSha(ctx, p, o.keys, o.args...)
 			}
@@ -90,7 +90,7 @@ func (s *Store) runAll(ctx context.Context, ops []op) ([]any, []error) {
 	var retry []int
 	for i, cmd := range cmds {
 		vals[i], errs[i] = cmd.Result()
-		if errs[i] != nil && isNoScript(errs[i]) {
+		if ops[i].script != nil && errs[i] != nil && isNoScript(errs[i]) {
 			retry = append(retry, i)
 		}
 	}
@@ -133,8 +133,8 @@ func (s *Store) undoOrphans(calls []*batch.Call[op, any]) {
 		v, err := c.Result()
 		if c.Req.script == nil && errors.Is(err, redis.Nil) {
 			// claimSetOp took the key.
-			token := c.Req.args[0].(string)[1 : 1+tokenLen]
-			ops = append(ops, releaseOp(c.Req.keys, token))
+			token := c.Req.setValue()[1 : 1+tokenLen]
+			ops = append(ops, releaseOp([]string{c.Req.setKey()}, token))
 			continue
 		}
 		if err != nil || c.Req.script != claimScript {

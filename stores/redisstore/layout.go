@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unsafe"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -44,7 +45,7 @@ func (s *Store) encodeKey(scope, key string) string {
 	}
 	b := make([]byte, 0, len(s.cfg.Prefix)+len(scope)+2+min(len(key), 64))
 	b = append(b, s.cfg.Prefix...)
-	return string(s.appendLayout(b, scope, key))
+	return bytesToString(s.appendLayout(b, scope, key))
 }
 
 // appendLayout appends esc(scope) ‖ kind ‖ body to b.
@@ -83,7 +84,7 @@ func (s *Store) compactKey(scope, key string) string {
 	b := make([]byte, 0, len(s.cfg.Prefix)+compactLen)
 	b = append(b, s.cfg.Prefix...)
 	b = append(b, sum[:compactLen]...)
-	return string(b)
+	return bytesToString(b)
 }
 
 // digests reports whether key is stored as a digest under the config.
@@ -204,8 +205,15 @@ func doneValue(data []byte) string {
 
 // processingValue is the value Claim and Extend store.
 func processingValue(token string, leaseMS int64) string {
-	return string(processingID) + token + strconv.FormatInt(leaseMS, 10)
+	b := make([]byte, 0, 1+len(token)+20)
+	b = append(b, processingID)
+	b = append(b, token...)
+	return bytesToString(strconv.AppendInt(b, leaseMS, 10))
 }
+
+// bytesToString returns b as a string without copying it; b must not be
+// changed afterwards.
+func bytesToString(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }
 
 // record is a decoded value.
 type record struct {
@@ -343,13 +351,12 @@ type op struct {
 // unchanged. Redis 7.0 and later; older servers refuse NX with GET.
 func claimSetOp(key, token string, lease time.Duration) op {
 	l := ms(lease)
-	return op{nil, []string{key}, []any{processingValue(token, l), strconv.FormatInt(2*l, 10)}}
+	return op{args: []any{"set", key, processingValue(token, l), "px", 2 * l, "nx", "get"}}
 }
 
-// cmdArgs returns the command of a plain op (script nil).
-func (o op) cmdArgs() []any {
-	return []any{"set", o.keys[0], o.args[0], "px", o.args[1], "nx", "get"}
-}
+// setKey and setValue return the key and value of a claimSetOp.
+func (o op) setKey() string   { return o.args[1].(string) }
+func (o op) setValue() string { return o.args[2].(string) }
 
 func claimOp(keys []string, token string, lease time.Duration) op {
 	l := ms(lease)
