@@ -113,10 +113,10 @@ func isNoScript(err error) bool {
 }
 
 // isSetNXGetRefused reports the reply of a Redis older than 7.0 to SET NX
-// GET. (Server errors reach go-redis as text only.)
+// GET, "ERR syntax error" (HasErrorPrefix drops the "ERR "). Server errors
+// reach go-redis as text only.
 func isSetNXGetRefused(err error) bool {
-	var rerr redis.Error
-	return errors.As(err, &rerr) && redis.HasErrorPrefix(err, "ERR syntax error")
+	return redis.HasErrorPrefix(err, "syntax error")
 }
 
 // undoOrphans undoes, in the background, the claims that succeeded for

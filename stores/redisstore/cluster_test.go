@@ -25,6 +25,14 @@ func TestCluster(t *testing.T) {
 		storetest.Run(t, factory(cc, redisstore.Config{}), storetest.RealTime(unit))
 	})
 
+	t.Run("ConformanceUnbatched", func(t *testing.T) {
+		storetest.Run(t, factory(cc, redisstore.Config{Batch: redisstore.BatchConfig{Disabled: true}}), storetest.RealTime(unit))
+	})
+
+	t.Run("Batching", func(t *testing.T) {
+		testBatching(t, cc)
+	})
+
 	t.Run("KeysOfOneClaimOnDifferentSlots", func(t *testing.T) {
 		ctx := context.Background()
 		s := newStore(t, cc, redisstore.Config{})

@@ -45,6 +45,11 @@ func TestConfigValidate(t *testing.T) {
 		{MaxKeyLen: -1},
 		{DigestKeysLongerThan: -1},
 		{DigestKeysLongerThan: 15},
+		{CompactKeys: true, DigestKeysLongerThan: 16},
+		{Batch: redisstore.BatchConfig{MaxBatch: -1}},
+		{Batch: redisstore.BatchConfig{MaxBatch: 10001}},
+		{Batch: redisstore.BatchConfig{MaxInFlight: -1}},
+		{Batch: redisstore.BatchConfig{MaxInFlight: 1025}},
 	} {
 		err := cfg.Validate()
 		if err == nil {

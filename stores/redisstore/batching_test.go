@@ -1,0 +1,434 @@
+package redisstore_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/watermill-dedup/dedup/internal/testenv"
+	"github.com/watermill-dedup/dedup/stores"
+	"github.com/watermill-dedup/dedup/stores/redisstore"
+	"github.com/watermill-dedup/dedup/stores/storetest"
+)
+
+// TestConformanceUnbatched runs the suite with batching off (TestConformance
+// runs it with the default: on).
+func TestConformanceUnbatched(t *testing.T) {
+	c := sharedRedis(t)
+	storetest.Run(t, factory(c, redisstore.Config{Batch: redisstore.BatchConfig{Disabled: true}}), storetest.RealTime(unit))
+}
+
+// TestConformanceCompact runs the suite with compact keys.
+func TestConformanceCompact(t *testing.T) {
+	c := sharedRedis(t)
+	storetest.Run(t, factory(c, redisstore.Config{CompactKeys: true}), storetest.RealTime(unit))
+}
+
+// cmdHook is a go-redis hook that sees the store's commands: those whose
+// first key starts with prefix. It counts them, sent alone or in a
+// pipeline, and lets a test hold a command back (gate).
+type cmdHook struct {
+	prefix string
+	// gate, when set, is called before the commands go out (one, or the
+	// store's commands of a pipeline); it may block.
+	gate func(keys []string)
+
+	mu        sync.Mutex
+	singles   int   // commands sent alone
+	pipelines []int // store commands in each pipeline
+}
+
+func newCmdHook(prefix string) *cmdHook { return &cmdHook{prefix: prefix} }
+
+// cmdKey returns the first key of a store command: SET key …, EVALSHA sha n
+// key …, EVAL script n key ….
+func cmdKey(cmd redis.Cmder) string {
+	args := cmd.Args()
+	name, _ := args[0].(string)
+	i := 1
+	if strings.EqualFold(name, "evalsha") || strings.EqualFold(name, "eval") {
+		i = 3
+	}
+	if len(args) <= i {
+		return ""
+	}
+	k, _ := args[i].(string)
+	return k
+}
+
+func (h *cmdHook) mine(cmds []redis.Cmder) []string {
+	var keys []string
+	for _, c := range cmds {
+		if k := cmdKey(c); strings.HasPrefix(k, h.prefix) {
+			keys = append(keys, k)
+		}
+	}
+	return keys
+}
+
+func (h *cmdHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *cmdHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if keys := h.mine([]redis.Cmder{cmd}); len(keys) > 0 {
+			h.mu.Lock()
+			h.singles++
+			gate := h.gate
+			h.mu.Unlock()
+			if gate != nil {
+				gate(keys)
+			}
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (h *cmdHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if keys := h.mine(cmds); len(keys) > 0 {
+			h.mu.Lock()
+			h.pipelines = append(h.pipelines, len(keys))
+			gate := h.gate
+			h.mu.Unlock()
+			if gate != nil {
+				gate(keys)
+			}
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// counts returns the commands sent alone, the pipelines, the commands in
+// them, and the largest.
+func (h *cmdHook) counts() (singles, pipelines, pipelined, largest int) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, n := range h.pipelines {
+		pipelined += n
+		largest = max(largest, n)
+	}
+	return h.singles, len(h.pipelines), pipelined, largest
+}
+
+func (h *cmdHook) setGate(gate func(keys []string)) {
+	h.mu.Lock()
+	h.gate = gate
+	h.mu.Unlock()
+}
+
+// hookedStore returns a store under a fresh prefix on client, and a hook
+// on client watching that prefix. Hooks cannot be removed from a client;
+// one watching another test's prefix sees nothing of this one.
+func hookedStore(t *testing.T, client redis.UniversalClient, cfg redisstore.Config) (*redisstore.Store, *cmdHook) {
+	t.Helper()
+	cfg.Prefix = testPrefix(t, client)
+	h := newCmdHook(cfg.Prefix)
+	client.AddHook(h)
+	return newStore(t, client, cfg), h
+}
+
+// cycle claims key and completes the claim, as the middleware does for a
+// new message.
+func cycle(ctx context.Context, s *redisstore.Store, key string) error {
+	c, err := s.Claim(ctx, "h", []string{key}, time.Minute)
+	if err != nil {
+		return err
+	}
+	if c.Result != stores.Claimed {
+		return errors.New("claim of a new key: " + c.Result.String())
+	}
+	return s.Complete(ctx, c, time.Minute, nil)
+}
+
+func TestBatching(t *testing.T) {
+	testBatching(t, sharedRedis(t))
+}
+
+// testBatching: a lone caller's calls go out one by one, each at once
+// (never waiting for company); concurrent callers share pipelines, each
+// with its own result; with batching off nothing is pipelined.
+func testBatching(t *testing.T, client redis.UniversalClient) {
+	ctx := context.Background()
+
+	t.Run("LoneCallerSendsEachCallAtOnce", func(t *testing.T) {
+		s, h := hookedStore(t, client, redisstore.Config{})
+		for range 20 {
+			if err := cycle(ctx, s, watermill.NewUUID()); err != nil {
+				t.Fatal(err)
+			}
+		}
+		singles, pipelines, _, _ := h.counts()
+		if singles != 40 || pipelines != 0 {
+			t.Fatalf("20 claim+complete cycles from one caller: %d commands sent alone and %d pipelines; want 40 and 0", singles, pipelines)
+		}
+	})
+
+	concurrent := func(t *testing.T, cfg redisstore.Config) *cmdHook {
+		s, h := hookedStore(t, client, cfg)
+		const callers, cycles = 32, 30
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for range callers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				for range cycles {
+					if err := cycle(ctx, s, watermill.NewUUID()); err != nil {
+						t.Error(err)
+						return
+					}
+				}
+			}()
+		}
+		close(start)
+		wg.Wait()
+		if t.Failed() {
+			t.FailNow()
+		}
+		singles, pipelines, pipelined, largest := h.counts()
+		if ops := singles + pipelined; ops != 2*callers*cycles {
+			t.Fatalf("%d store commands for %d claim+complete cycles", ops, callers*cycles)
+		}
+		t.Logf("%d commands alone, %d in %d pipelines (largest %d)", singles, pipelined, pipelines, largest)
+		return h
+	}
+
+	t.Run("ConcurrentCallersSharePipelines", func(t *testing.T) {
+		const maxBatch = 16
+		h := concurrent(t, redisstore.Config{Batch: redisstore.BatchConfig{MaxBatch: maxBatch}})
+		singles, pipelines, pipelined, largest := h.counts()
+		if largest < 2 || largest > maxBatch {
+			t.Fatalf("largest pipeline carried %d commands, want 2 to MaxBatch (%d)", largest, maxBatch)
+		}
+		if roundTrips, ops := singles+pipelines, singles+pipelined; roundTrips*2 > ops {
+			t.Fatalf("%d round trips for %d commands: concurrent calls were not coalesced", roundTrips, ops)
+		}
+	})
+
+	t.Run("DisabledSendsEveryCallAlone", func(t *testing.T) {
+		h := concurrent(t, redisstore.Config{Batch: redisstore.BatchConfig{Disabled: true}})
+		if _, pipelines, _, _ := h.counts(); pipelines != 0 {
+			t.Fatalf("%d pipelines with batching disabled", pipelines)
+		}
+	})
+
+	// A call is not held back by a stuck one while a slot is free: it goes
+	// out at once, alone.
+	t.Run("CallNotHeldBackByAStuckCall", func(t *testing.T) {
+		s, h := hookedStore(t, client, redisstore.Config{})
+		stuckKey := s.EncodeKey("h", "stuck")
+		release := make(chan struct{})
+		held := make(chan struct{})
+		var once sync.Once
+		h.setGate(func(keys []string) {
+			for _, k := range keys {
+				if k == stuckKey {
+					once.Do(func() { close(held) })
+					<-release
+				}
+			}
+		})
+		stuck := make(chan error, 1)
+		go func() { stuck <- cycle(ctx, s, "stuck") }()
+		<-held
+		singles0, _, _, _ := h.counts()
+		if err := cycle(ctx, s, "free"); err != nil {
+			t.Fatal(err)
+		}
+		singles, pipelines, _, _ := h.counts()
+		if singles-singles0 != 2 || pipelines != 0 {
+			t.Fatalf("a claim+complete beside a stuck call: %d commands alone, %d pipelines; want 2 alone", singles-singles0, pipelines)
+		}
+		close(release)
+		if err := <-stuck; err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// TestBatchDeadlines: callers keep their own deadlines under batching, and
+// a claim taken for a caller who has gone is given back.
+func TestBatchDeadlines(t *testing.T) {
+	ctx := context.Background()
+	client := sharedRedis(t)
+	one := redisstore.Config{Batch: redisstore.BatchConfig{MaxInFlight: 1}}
+
+	// holdKey makes the hook hold back every command batch holding the
+	// record of key until release is closed; held is closed when the first
+	// one arrives.
+	holdKey := func(s *redisstore.Store, h *cmdHook, key string) (held, release chan struct{}) {
+		rk := s.EncodeKey("h", key)
+		held, release = make(chan struct{}), make(chan struct{})
+		var once sync.Once
+		h.setGate(func(keys []string) {
+			for _, k := range keys {
+				if k == rk {
+					once.Do(func() { close(held) })
+					<-release
+					return
+				}
+			}
+		})
+		return held, release
+	}
+
+	t.Run("QueuedCallLeavesAtItsDeadline", func(t *testing.T) {
+		s, h := hookedStore(t, client, one)
+		held, release := holdKey(s, h, "stuck")
+		stuck := make(chan error, 1)
+		go func() { _, err := s.Claim(ctx, "h", []string{"stuck"}, time.Minute); stuck <- err }()
+		<-held // the only slot is taken
+
+		const deadline = 200 * time.Millisecond
+		cctx, cancel := context.WithTimeout(ctx, deadline)
+		defer cancel()
+		start := time.Now()
+		_, err := s.Claim(cctx, "h", []string{"queued"}, time.Minute)
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("queued Claim: %v, want context.DeadlineExceeded", err)
+		}
+		if d := time.Since(start); d > deadline+time.Second {
+			t.Fatalf("queued Claim returned after %s, deadline %s", d, deadline)
+		}
+		close(release)
+		if err := <-stuck; err != nil {
+			t.Fatal(err)
+		}
+		// The call that left the queue was never sent.
+		if c, err := s.Claim(ctx, "h", []string{"queued"}, time.Minute); err != nil || c.Result != stores.Claimed {
+			t.Fatalf("Claim(queued) after = %v, %v; want claimed", c, err)
+		}
+	})
+
+	t.Run("ClaimOfACallerWhoLeftIsGivenBack", func(t *testing.T) {
+		s, h := hookedStore(t, client, one)
+		heldStuck, releaseStuck := holdKey(s, h, "stuck")
+		stuck := make(chan error, 1)
+		go func() { _, err := s.Claim(ctx, "h", []string{"stuck"}, time.Minute); stuck <- err }()
+		<-heldStuck
+
+		// Two calls queue behind it and will share a pipeline: one whose
+		// caller leaves while the pipeline is held, and one who stays.
+		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		left := make(chan error, 1)
+		go func() { _, err := s.Claim(cctx, "h", []string{"left"}, time.Minute); left <- err }()
+		stays := make(chan *stores.Claim, 1)
+		go func() {
+			c, err := s.Claim(ctx, "h", []string{"stays"}, time.Minute)
+			if err != nil {
+				t.Error(err)
+			}
+			stays <- c
+		}()
+		time.Sleep(100 * time.Millisecond) // both queued
+
+		heldLeft, releaseLeft := holdKey(s, h, "left")
+		close(releaseStuck)
+		if err := <-stuck; err != nil {
+			t.Fatal(err)
+		}
+		<-heldLeft
+		if err := <-left; !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Claim(left) = %v, want context.DeadlineExceeded", err)
+		}
+		close(releaseLeft) // the pipeline goes out: "left" is claimed for nobody
+		if c := <-stays; c == nil || c.Result != stores.Claimed {
+			t.Fatalf("Claim(stays) = %v: a caller leaving failed the pipeline", c)
+		}
+		if _, pipelines, _, _ := h.counts(); pipelines == 0 {
+			t.Fatal("the two queued claims did not share a pipeline")
+		}
+		// The orphaned claim is released in the background: the key is
+		// free again long before its one-minute lease.
+		waitFor(t, 5*time.Second, "the orphaned claim to be given back", func() bool {
+			c, err := s.Claim(ctx, "h", []string{"left"}, time.Minute)
+			return err == nil && c.Result == stores.Claimed
+		})
+	})
+}
+
+// fakeRedisError is a server error reply, as go-redis reports one.
+type fakeRedisError string
+
+func (e fakeRedisError) Error() string { return string(e) }
+func (fakeRedisError) RedisError()     {}
+
+// refuseSetNXGet answers every SET of the store's keys as a Redis older
+// than 7.0 does.
+type refuseSetNXGet struct {
+	prefix string
+	sets   atomic.Int32
+}
+
+func (h *refuseSetNXGet) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *refuseSetNXGet) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if name, _ := cmd.Args()[0].(string); strings.EqualFold(name, "set") && strings.HasPrefix(cmdKey(cmd), h.prefix) {
+			h.sets.Add(1)
+			err := fakeRedisError("ERR syntax error")
+			cmd.SetErr(err)
+			return err
+		}
+		return next(ctx, cmd)
+	}
+}
+func (h *refuseSetNXGet) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// TestOldServerClaimsByScript: on a Redis that refuses SET NX GET (older
+// than 7.0), single-key claims fall back to the claim script, for good.
+func TestOldServerClaimsByScript(t *testing.T) {
+	ctx := context.Background()
+	client := newClient(t, testenv.RequireRedis(t))
+	prefix := testPrefix(t, client)
+	h := &refuseSetNXGet{prefix: prefix}
+	client.AddHook(h)
+	s := newStore(t, client, redisstore.Config{Prefix: prefix})
+	for _, k := range []string{"a", "b", "c"} {
+		if err := cycle(ctx, s, k); err != nil {
+			t.Fatal(err)
+		}
+		if d, err := s.Claim(ctx, "h", []string{k}, time.Minute); err != nil || d.Result != stores.Duplicate {
+			t.Fatalf("second Claim(%q) = %v, %v", k, d, err)
+		}
+	}
+	if n := h.sets.Load(); n != 1 {
+		t.Fatalf("%d SET NX GET tried, want 1 (then the script only)", n)
+	}
+}
+
+// TestCompactKeys: the key is Prefix and 12 bytes whatever the scope and
+// key, different pairs get different keys, and the config is checked.
+func TestCompactKeys(t *testing.T) {
+	s, err := redisstore.New(redis.NewClient(&redis.Options{}), redisstore.Config{CompactKeys: true, SkipServerCheck: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close(context.Background())
+	seen := map[string]bool{}
+	for _, scope := range []string{"orders", "a-much-longer-handler-name", "a:b", ""} {
+		for _, key := range []string{watermill.NewUUID(), "k", strings.Repeat("x", 1<<20), "msg:" + watermill.NewUUID()} {
+			rk := s.EncodeKey(scope, key)
+			if !strings.HasPrefix(rk, redisstore.DefaultCompactPrefix) || len(rk) != len(redisstore.DefaultCompactPrefix)+12 {
+				t.Fatalf("EncodeKey(%q, %d-byte key) = %q: want %q and 12 bytes", scope, len(key), rk, redisstore.DefaultCompactPrefix)
+			}
+			if seen[rk] {
+				t.Fatalf("EncodeKey(%q, %q) collides", scope, key)
+			}
+			seen[rk] = true
+		}
+	}
+	if err := (redisstore.Config{CompactKeys: true, DigestKeysLongerThan: 16}).Validate(); err == nil {
+		t.Fatal("CompactKeys with DigestKeysLongerThan accepted")
+	}
+}
