@@ -723,6 +723,12 @@ func (r *run) record() {
 		Duration:   time.Since(r.start),
 	}
 	notes := append([]string(nil), r.notes...)
+	if r.completeErr > 0 {
+		notes = append(notes, fmt.Sprintf("failed Completes/commits=%d", r.completeErr))
+	}
+	if n := r.outcomes[middleware.OutcomeStoreError]; n > 0 && r.sc != StoreOutage {
+		notes = append(notes, fmt.Sprintf("store_error=%d", n))
+	}
 	r.mu.Unlock()
 	row.Effects = r.effectCount
 	switch {
