@@ -20,58 +20,69 @@ import (
 )
 
 // BenchmarkRedisStore measures claim+complete cycles (what the middleware
-// does for every new message: two round trips) against the shared Redis,
-// from 1 and from 64 goroutines.
+// does for every new message: two store calls) against the shared Redis,
+// from 1, 16 and 64 goroutines, with batching on (the default) and off.
 //
 //	go test -run '^$' -bench BenchmarkRedisStore ./stores/redisstore/
 func BenchmarkRedisStore(b *testing.B) {
 	addr := testenv.RequireRedis(b)
-	for _, conc := range []int{1, 64} {
-		b.Run("concurrency="+strconv.Itoa(conc), func(b *testing.B) {
-			c := redis.NewClient(&redis.Options{Addr: addr, PoolSize: conc, ContextTimeoutEnabled: true})
-			b.Cleanup(func() { _ = c.Close() })
-			s := newStore(b, c, redisstore.Config{})
-			ctx := context.Background()
-			var next atomic.Int64
-			var wg sync.WaitGroup
-			errs := make(chan error, conc)
-			b.ResetTimer()
-			start := time.Now()
-			for range conc {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					for next.Add(1) <= int64(b.N) {
-						cl, err := s.Claim(ctx, "orders", []string{watermill.NewUUID()}, 30*time.Second)
-						if err == nil && cl.Result != stores.Claimed {
-							err = fmt.Errorf("claim result %s", cl.Result)
-						}
-						if err == nil {
-							err = s.Complete(ctx, cl, time.Minute, nil)
-						}
-						if err != nil {
-							errs <- err
-							return
-						}
-					}
-				}()
-			}
-			wg.Wait()
-			elapsed := time.Since(start)
-			b.StopTimer()
-			close(errs)
-			for err := range errs {
-				b.Fatal(err)
-			}
-			b.ReportMetric(float64(b.N)/elapsed.Seconds(), "msgs/s")
-		})
+	for _, mode := range []struct {
+		name  string
+		batch redisstore.BatchConfig
+	}{{"batched", redisstore.BatchConfig{}}, {"unbatched", redisstore.BatchConfig{Disabled: true}}} {
+		for _, conc := range []int{1, 16, 64} {
+			b.Run(mode.name+"/concurrency="+strconv.Itoa(conc), func(b *testing.B) {
+				benchmarkCycles(b, addr, conc, redisstore.Config{Batch: mode.batch})
+			})
+		}
 	}
+}
+
+// benchmarkCycles runs b.N claim+complete cycles of new UUID keys from
+// conc goroutines on a store with cfg.
+func benchmarkCycles(b *testing.B, addr string, conc int, cfg redisstore.Config) {
+	c := redis.NewClient(&redis.Options{Addr: addr, PoolSize: conc, ContextTimeoutEnabled: true})
+	b.Cleanup(func() { _ = c.Close() })
+	s := newStore(b, c, cfg)
+	ctx := context.Background()
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, conc)
+	b.ResetTimer()
+	start := time.Now()
+	for range conc {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for next.Add(1) <= int64(b.N) {
+				cl, err := s.Claim(ctx, "orders", []string{watermill.NewUUID()}, 30*time.Second)
+				if err == nil && cl.Result != stores.Claimed {
+					err = fmt.Errorf("claim result %s", cl.Result)
+				}
+				if err == nil {
+					err = s.Complete(ctx, cl, time.Minute, nil)
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	b.StopTimer()
+	close(errs)
+	for err := range errs {
+		b.Fatal(err)
+	}
+	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "msgs/s")
 }
 
 // BenchmarkMemory writes 1,000,000 done records without data (scope
 // "orders", 36-byte keys, pipelined through the store's own claim and
-// complete scripts) and reports the used_memory growth per record, then
-// deletes them. It ignores b.N: run it once.
+// complete scripts) for each key layout, and reports the used_memory
+// growth per record, then deletes them. It ignores b.N: run it once.
 //
 //	go test -run '^$' -bench BenchmarkMemory -benchtime 1x ./stores/redisstore/
 //
@@ -97,11 +108,17 @@ func BenchmarkMemory(b *testing.B) {
 		{"raw36", redisstore.Config{}, func(i int) string { return fmt.Sprintf("payment-%028d", i) }},
 		// Other 36-byte keys, stored as 128-bit digests.
 		{"digest36", redisstore.Config{DigestKeysLongerThan: 16}, func(i int) string { return fmt.Sprintf("payment-%028d", i) }},
+		// Watermill message ids with CompactKeys.
+		{"compact", redisstore.Config{CompactKeys: true}, func(i int) string { return watermill.NewUUID() }},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
-			// A unique prefix as long as the default "dedup:", so the
-			// figure is the default layout's and cleanup touches only ours.
+			// A unique prefix as long as the default ("dedup:", or "d:"
+			// with CompactKeys), so the figure is the default layout's and
+			// cleanup touches only ours.
 			tc.cfg.Prefix = "b" + storetest.NewID()[:4] + ":"
+			if tc.cfg.CompactKeys {
+				tc.cfg.Prefix = "~" + storetest.NewID()[:1]
+			}
 			b.Cleanup(func() { deletePrefix(b, c, tc.cfg.Prefix) })
 			s := newStore(b, c, tc.cfg)
 			ctx := context.Background()
