@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/ThreeDotsLabs/watermill"
+	"go.uber.org/goleak"
 
 	"github.com/watermill-dedup/dedup/acceptance"
 )
@@ -31,8 +32,30 @@ func TestMain(m *testing.M) {
 		}
 	}
 	code := m.Run()
+	if code == 0 && !acceptance.IsChild() {
+		// Every consumer, subscriber, store and broker of every scenario
+		// was stopped: nothing may keep running.
+		if err := goleak.Find(leakOptions...); err != nil {
+			fmt.Fprintf(os.Stderr, "acceptance: goroutines still running after the tests: %v\n", err)
+			code = 1
+		}
+	}
 	acceptance.WriteSummary(os.Stdout)
+	if path := os.Getenv("ACCEPTANCE_SUMMARY"); path != "" && !acceptance.IsChild() {
+		if err := writeSummaryFile(path); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			code = 1
+		}
+	}
 	os.Exit(code)
+}
+
+// leakOptions ignores what the libraries under test leave running by
+// design, each for a stated reason.
+var leakOptions = []goleak.Option{
+	// Sarama's metrics registry (rcrowley/go-metrics) starts one ticker
+	// per process, on the first meter, that nothing can stop.
+	goleak.IgnoreTopFunction("github.com/rcrowley/go-metrics.(*meterArbiter).tick"),
 }
 
 // testLogger logs the backends' clients when ACCEPTANCE_LOG is set (see
@@ -47,6 +70,17 @@ func testLogger() watermill.LoggerAdapter {
 		return watermill.NewStdLogger(false, false)
 	}
 	return watermill.NopLogger{}
+}
+
+// writeSummaryFile writes the summary to path: go test shows a passing
+// package's output only with -v.
+func writeSummaryFile(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	acceptance.WriteSummary(f)
+	return f.Close()
 }
 
 func flagSet(name string) bool {

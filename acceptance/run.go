@@ -630,17 +630,34 @@ func (r *run) settled() (bool, string) {
 	return true, ""
 }
 
+// lostAfter is how long extra may fail once every published message was
+// handled and acked with nothing in flight, before the missing effects
+// count as lost: nothing is left to bring them.
+const lostAfter = 15 * time.Second
+
 // waitSettled waits until settled and extra (if any) hold.
 func (r *run) waitSettled(n int, extra func() (bool, string)) {
 	r.t.Helper()
+	var quietSince time.Time
 	r.eventually("every message handled", timeout(n), func() (bool, string) {
 		if ok, missing := r.settled(); !ok {
+			quietSince = time.Time{}
 			return false, missing
 		}
-		if extra != nil {
-			return extra()
+		if extra == nil {
+			return true, ""
 		}
-		return true, ""
+		ok, missing := extra()
+		switch {
+		case ok:
+			return true, ""
+		case quietSince.IsZero():
+			quietSince = time.Now()
+		case time.Since(quietSince) > lostAfter:
+			r.note("LOST: every message was acked, but %s", missing)
+			r.t.Fatalf("every published message was handled and acked, nothing is in flight, and for %s: %s: lost", lostAfter, missing)
+		}
+		return false, missing
 	})
 }
 

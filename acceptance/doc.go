@@ -1,0 +1,120 @@
+// Package acceptance is the acceptance suite of the dedup middleware: one
+// set of scenarios, run against every Watermill pub/sub and every dedup
+// store, proving the project's central promise — one router, any broker,
+// the same exactly-once effects — under nacks, crashes, duplicates,
+// outages and bad input.
+//
+// It is modelled on Watermill's pubsub/tests.TestPubSub: a reusable suite
+// in normal (non-_test) files that any module can import, a Features
+// struct that says what a backend can do, a unique id per scenario for
+// its topics, groups, tables and key prefixes, and exported Assert
+// helpers. This module runs it from acceptance/*_test.go over the matrix
+// described in TestAcceptance (matrix_test.go).
+//
+// # Running it
+//
+//	go test -race -count=1 -v -timeout 20m -run TestAcceptance ./acceptance/
+//
+// The services come from internal/testenv (PostgreSQL, MariaDB/MySQL,
+// Redis and RabbitMQ on their loopback ports, or POSTGRES_DSN, MYSQL_DSN,
+// REDIS_ADDR, AMQP_URL). A missing service skips its scenarios loudly on a
+// developer's machine and fails them under CI=1 or
+// DEDUP_REQUIRE_SERVICES=1. Kafka is kfake, an in-process Kafka-protocol
+// broker, plus the cluster in KAFKA_BROKERS when set
+// (KAFKA_REPLICATION_FACTOR for its topics, default 1).
+//
+// The run ends with one summary table, broker x store x scenario ->
+// events, deliveries, duplicates dropped, effects, result and notes
+// (crashes, takeovers, bypasses, ttl misses...). go test prints a passing
+// package's output only with -v; ACCEPTANCE_SUMMARY=path also writes the
+// table to a file. Other knobs:
+//
+//   - ACCEPTANCE_EVENTS: base number of events per scenario (default 200;
+//     slow scenarios use a fraction of it). ACCEPTANCE_EVENTS=100000 makes
+//     a soak run; the waits scale with it.
+//   - ACCEPTANCE_PARALLEL: scenarios run at once (default 8, or
+//     -test.parallel). They mostly wait on brokers and leases, so this
+//     keeps the whole matrix at about three to four minutes on two cores.
+//   - ACCEPTANCE_LOG=info|debug|trace: log the routers, the middleware and
+//     the broker clients to stderr.
+//
+// # The invariant and the scenarios
+//
+// Every handler under test records one effect per logical event in a
+// Ledger: a table written in the inbox transaction for a transactional
+// store, a concurrency-safe list otherwise. Every scenario checks that each
+// event has exactly one effect: none lost, none doubled. The documented
+// exceptions are counted, never assumed: in lease mode a consumer that
+// dies between its effect and Complete may run the effect again (the
+// crash scenario asserts the duplicates are at least the planned crashes
+// and at most the deliveries any crash caught in that window), and a
+// redelivery after the retention window runs again (the retention
+// scenario asserts it happens exactly for the late redeliveries, counted
+// as ttl misses). See Scenario for the nine scenarios.
+//
+// A scenario waits until every published copy of every message was
+// handled and acked and nothing is in flight, then reads the ledger; when
+// everything was acked and an effect is still missing after 15 seconds,
+// it reports it as lost.
+//
+// # How crashes happen
+//
+// The crash scenario kills consumers in the most realistic way the pair
+// allows (Features decide):
+//
+//   - Restartable backend and MultiProcess store (Kafka, RabbitMQ or
+//     watermill-sql with Redis or a SQL server): each consumer is a child
+//     process — the test binary re-run with -test.run selecting the
+//     scenario and the spec in the ACCEPTANCE_CHILD variable — that reports
+//     what it does on a pipe; the test SIGKILLs it at the crash point and
+//     starts the next one in the same group. A killed Kafka member's
+//     partitions move after its session timeout; RabbitMQ requeues its
+//     unacked messages; the database rolls its open transactions back.
+//   - Persistent backend otherwise (an in-process store such as memstore):
+//     the consumer's process state is killed (its store calls fail, its
+//     open transactions roll back, it applies no more effects) and its
+//     subscriber is closed without acking, so the broker redelivers to the
+//     next consumer of the group.
+//   - Neither (gochannel): the crash is emulated inside the consumer and
+//     the message is nacked, as a broker redelivers after a consumer's
+//     connection dies.
+//
+// # Adding a broker
+//
+// Write a Backend (see kafka_test.go, amqp_test.go, sqlpubsub_test.go,
+// gochannel_test.go) and add it to TestAcceptance:
+//
+//   - Setup starts what the scenario needs (an in-process broker) and
+//     returns an Env: strings only, since a Restartable backend is
+//     re-opened from it in child processes. Put the host:port of a network
+//     service under EnvAddr when the backend shares the store's service
+//     (watermill-sql on the store's database): the outage scenario then
+//     cuts both.
+//   - CreateTopic creates a topic and registers its removal with
+//     t.Cleanup; RemoveGroup removes a consumer group's state (an AMQP
+//     queue, a Kafka group). Every name the suite passes is unique to the
+//     scenario.
+//   - NewPublisher and NewSubscriber(group) build clients from the Env.
+//     Subscribers of one group must share messages (or set
+//     ConsumerGroups false: every subscriber then gets every message).
+//   - Route messages by MetadataShard when the backend has shards
+//     (Features.Shards), so a duplicate on the next shard reaches another
+//     consumer; set Ordered, Persistent and Restartable only when true.
+//
+// Run it with every scenario and the store that suits it (Redis in lease
+// mode for a network broker), and through scenarios 1-4 and 6 with every
+// store if it is the embedded default of a deployment.
+//
+// # Adding a store
+//
+// Write a Store (see stores_test.go): Setup provisions names unique to
+// the scenario id (a table, a key prefix), registers their removal and
+// returns an Env with EnvAddr set when a network service is behind it;
+// Open connects from the Env (dialing Env[EnvAddr], which the outage
+// scenario replaces with a proxy) and registers the closing of its client.
+// For transactional mode set Transactional and return a Ledger that
+// writes in the inbox transaction found in the handler's context. Set
+// MultiProcess when every process opening the Env shares the records.
+// Add it to stores() in matrix_test.go: it then runs scenarios 1-4 and 6
+// on gochannel and on Kafka.
+package acceptance
