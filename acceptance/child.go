@@ -2,6 +2,7 @@ package acceptance
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -82,7 +83,7 @@ func runChild(t *testing.T, b Backend, s Store, spec *childSpec) {
 	if err != nil {
 		t.Fatalf("acceptance child: open store: %v", err)
 	}
-	t.Cleanup(func() { _ = o.Store.Close(t.Context()) })
+	t.Cleanup(func() { _ = o.Store.Close(context.Background()) })
 	sub, err := b.NewSubscriber(t, spec.Backend, spec.Consumer.Group)
 	if err != nil {
 		t.Fatalf("acceptance child: subscriber: %v", err)

@@ -32,7 +32,7 @@ func TestMain(m *testing.M) {
 		}
 	}
 	code := m.Run()
-	if code == 0 && !acceptance.IsChild() {
+	if !acceptance.IsChild() {
 		// Every consumer, subscriber, store and broker of every scenario
 		// was stopped: nothing may keep running.
 		if err := goleak.Find(leakOptions...); err != nil {

@@ -279,10 +279,16 @@ func scenarioCrash(t *testing.T, b Backend, s Store) {
 	in := r.topic("in")
 	n := events(2, 24)
 	evs := r.newEvents(n, "e")
-	plan := map[string]crashPoint{
-		evs[n/4].ID:   crashAfterEffect,
-		evs[n/2].ID:   crashAfterComplete,
-		evs[3*n/4].ID: crashAfterEffect,
+	// Three crashes, more in a soak run, spread over the stream and
+	// alternating between the two points.
+	crashes := min(3+n/500, 12)
+	plan := map[string]crashPoint{}
+	for i := range crashes {
+		point := crashAfterEffect
+		if i%2 == 1 {
+			point = crashAfterComplete
+		}
+		plan[evs[(i+1)*n/(crashes+1)].ID] = point
 	}
 	for ev := range plan {
 		r.crashPlan[ev] = true
