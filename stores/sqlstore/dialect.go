@@ -133,6 +133,48 @@ func newQueries(d Dialect, table string, partitioned bool) *queries {
 	return q
 }
 
+// insertProcessingRows (MySQL) inserts n processing records, leaving
+// existing ones alone. Args: (id, token, expires) per record.
+func (q *queries) insertProcessingRows(n int) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "INSERT INTO %s (id, state, token, expires_at) VALUES ", q.table)
+	for i := range n {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "(?, %d, ?, ?)", stateProcessing)
+	}
+	b.WriteString(q.onConflictDoNothing())
+	return b.String()
+}
+
+// fencedRows (MySQL) applies n calls of kind k to records the batch has
+// locked and found owned by the calls' tokens. Args:
+//
+//	complete: (id, expires) per record, (id, data) per record, ids
+//	extend:   (id, expires) per record, ids
+//	release:  ids
+func (q *queries) fencedRows(k opKind, n int) string {
+	cases := func() string {
+		var b strings.Builder
+		b.WriteString("CASE id")
+		for range n {
+			b.WriteString(" WHEN ? THEN ?")
+		}
+		b.WriteString(" END")
+		return b.String()
+	}
+	in := q.list(1, n)
+	switch k {
+	case opComplete:
+		return fmt.Sprintf("UPDATE %s SET state = %d, token = NULL, expires_at = %s, data = %s WHERE id IN %s", q.table, stateDone, cases(), cases(), in)
+	case opExtend:
+		return fmt.Sprintf("UPDATE %s SET expires_at = %s WHERE id IN %s", q.table, cases(), in)
+	default:
+		return fmt.Sprintf("DELETE FROM %s WHERE id IN %s", q.table, in)
+	}
+}
+
 // advisoryLock serialises every claim and Begin of one id on the
 // partitioned layout. Args: lockClass, id prefix (int32 each). Two ids
 // sharing a prefix only wait for each other.
@@ -215,14 +257,14 @@ func (q *queries) forUpdate() string {
 	return " FOR UPDATE"
 }
 
-// selectRows reads the records of n ids: id, state, live (1 or 0) and
-// data. Args: now, ids...
+// selectRows reads the records of n ids: id, state, live (1 or 0), data
+// and token. Args: now, ids...
 func (q *queries) selectRows(n int, lock bool) string {
 	idExpr := "id"
 	if q.d == Postgres {
 		idExpr = "id::text"
 	}
-	s := "SELECT " + idExpr + ", state, CASE WHEN expires_at > " + q.ph(1) + " THEN 1 ELSE 0 END, data FROM " +
+	s := "SELECT " + idExpr + ", state, CASE WHEN expires_at > " + q.ph(1) + " THEN 1 ELSE 0 END, data, token FROM " +
 		q.table + " WHERE id IN " + q.list(2, n)
 	if lock {
 		s += q.forUpdate()
@@ -298,11 +340,26 @@ func (q *queries) purge() string {
 	}
 }
 
+// purgeBlocks (PostgreSQL, plain layout) deletes at most limit expired
+// records (as purge) within a range of heap blocks [from, to): a TID range
+// scan (PostgreSQL 14 and later) reads only those blocks, so no index on
+// expires_at is needed. Args: now, graceCutoff, limit, from and to as
+// '(block,0)' tid literals.
+func (q *queries) purgeBlocks() string {
+	pred := fmt.Sprintf("expires_at < $1 AND (state = %d OR expires_at < $2)", stateDone)
+	return fmt.Sprintf("DELETE FROM %s WHERE ctid = ANY(ARRAY(SELECT ctid FROM %s WHERE ctid >= $4::text::tid AND ctid < $5::text::tid AND %s LIMIT $3 FOR UPDATE SKIP LOCKED)) AND %s",
+		q.table, q.table, pred, pred)
+}
+
+// heapBlocks returns the number of blocks of the table's heap. Args: the
+// quoted table name.
+const heapBlocks = "SELECT pg_relation_size($1::regclass) / current_setting('block_size')::bigint, current_setting('server_version_num')::int"
+
 // schema is the DDL that CreateSchema runs, one statement per element.
 // Every statement is idempotent. README.md shows the same text for the
 // default table name (a test keeps them in sync).
 func (q *queries) schemaStatements() []string {
-	idx := q.name + "_expires_idx"
+	idx := q.name + "_expires_idx" // MySQL, SQLite
 	switch {
 	case q.partitioned:
 		return []string{
@@ -316,6 +373,10 @@ func (q *queries) schemaStatements() []string {
 ) PARTITION BY RANGE (expires_at)`,
 		}
 	case q.d == Postgres:
+		// No index on expires_at: Complete changes it, and an update of
+		// an indexed column is never HOT before PostgreSQL 16 (it would
+		// add a primary-key entry per record). The purge scans block
+		// ranges instead (purgeBlocks).
 		return []string{
 			`CREATE TABLE IF NOT EXISTS ` + q.table + ` (
     id         uuid        NOT NULL,
@@ -325,8 +386,6 @@ func (q *queries) schemaStatements() []string {
     data       bytea,
     PRIMARY KEY (id)
 )`,
-			`CREATE INDEX IF NOT EXISTS ` + q.quote(idx) + ` ON ` + q.table + `
-    USING brin (expires_at) WITH (autosummarize = on)`,
 		}
 	case q.d == MySQL:
 		return []string{

@@ -30,28 +30,26 @@ func (s *Store) Purge(ctx context.Context) (int64, error) {
 	}
 	now := s.now()
 	args := []any{s.q.timeArg(now), s.q.timeArg(now.Add(-s.cfg.PurgeGrace)), s.cfg.PurgeBatch}
+	if s.cfg.Dialect == Postgres {
+		var blocks int64
+		var version int
+		if err := s.db.QueryRowContext(ctx, heapBlocks, s.q.table).Scan(&blocks, &version); err != nil {
+			return 0, fmt.Errorf("sqlstore: purge of table %s: %w", s.cfg.Table, err)
+		}
+		if version >= 140000 {
+			return s.purgeBlocks(ctx, args, blocks)
+		}
+		// Before PostgreSQL 14 a ctid range is no scan bound: purge with
+		// one statement per batch (it scans from the start of the table,
+		// or uses an index on expires_at if the table has one).
+	}
 	stmt := s.q.purge()
 	var total int64
 	for {
-		var n int64
-		err := s.retry(ctx, func() error {
-			// READ COMMITTED: no gap locks on MySQL, so inserts of new
-			// records are never blocked by a purge.
-			return s.inTx(ctx, func(tx *sql.Tx) error {
-				res, err := tx.ExecContext(ctx, stmt, args...)
-				if err != nil {
-					return err
-				}
-				n, err = res.RowsAffected()
-				return err
-			})
-		})
-		if err != nil {
-			return total, fmt.Errorf("sqlstore: purge of table %s: %w", s.cfg.Table, err)
-		}
+		n, err := s.purgeStatement(ctx, stmt, args)
 		total += n
-		if s.onPurgeBatch != nil {
-			s.onPurgeBatch(n)
+		if err != nil {
+			return total, err
 		}
 		if n < int64(s.cfg.PurgeBatch) {
 			return total, nil
@@ -60,6 +58,62 @@ func (s *Store) Purge(ctx context.Context) (int64, error) {
 			return total, err
 		}
 	}
+}
+
+// purgeChunkBlocks is the number of heap blocks (8 kB each by default,
+// about 100 records) one purge statement reads on PostgreSQL.
+const purgeChunkBlocks = 1024
+
+// purgeBlocks is Purge on PostgreSQL 14 and later: it walks the heap once,
+// from its first block to the last one it had when the purge started, in
+// ranges of purgeChunkBlocks blocks, deleting at most PurgeBatch records
+// per statement (a range with more expired records is read again). Each
+// statement reads at most one range, and a purge reads the table once:
+// the cost of dropping the index on expires_at that made every Complete a
+// non-HOT update.
+func (s *Store) purgeBlocks(ctx context.Context, args []any, blocks int64) (int64, error) {
+	stmt := s.q.purgeBlocks()
+	var total int64
+	for from := int64(0); from < blocks; {
+		to := from + s.purgeChunk
+		n, err := s.purgeStatement(ctx, stmt, append(args[:3:3], fmt.Sprintf("(%d,0)", from), fmt.Sprintf("(%d,0)", to)))
+		total += n
+		if err != nil {
+			return total, err
+		}
+		if n < int64(s.cfg.PurgeBatch) {
+			from = to
+		}
+		if err := ctx.Err(); err != nil {
+			return total, err
+		}
+	}
+	return total, nil
+}
+
+// purgeStatement runs one purge statement in a short transaction of its
+// own and returns how many records it deleted.
+func (s *Store) purgeStatement(ctx context.Context, stmt string, args []any) (int64, error) {
+	var n int64
+	err := s.retry(ctx, func() error {
+		// READ COMMITTED: no gap locks on MySQL, so inserts of new
+		// records are never blocked by a purge.
+		return s.inTx(ctx, func(tx *sql.Tx) error {
+			res, err := tx.ExecContext(ctx, stmt, args...)
+			if err != nil {
+				return err
+			}
+			n, err = res.RowsAffected()
+			return err
+		})
+	})
+	if err != nil {
+		return 0, fmt.Errorf("sqlstore: purge of table %s: %w", s.cfg.Table, err)
+	}
+	if s.onPurgeBatch != nil {
+		s.onPurgeBatch(n)
+	}
+	return n, nil
 }
 
 func (s *Store) purgeLoop(ctx context.Context) {

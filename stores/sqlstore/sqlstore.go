@@ -145,6 +145,11 @@ type Config struct {
 	// WithTx is always joined.
 	IgnoreWatermillTx bool
 
+	// Batch configures group commit of lease-mode calls: concurrent
+	// single-key Claims, Completes, Releases and Extends share statements
+	// and commits. It is on by default; see BatchConfig.
+	Batch BatchConfig
+
 	// Logger receives purge failures. nil means watermill.NopLogger.
 	Logger watermill.LoggerAdapter
 }
@@ -173,6 +178,9 @@ func (c Config) Validate() error {
 	if c.PartitionDaysAhead < 0 || c.PartitionDaysAhead > 366 {
 		return fmt.Errorf("sqlstore: PartitionDaysAhead must be between 1 and 366 (0 for the default), got %d", c.PartitionDaysAhead)
 	}
+	if err := c.Batch.validate(); err != nil {
+		return err
+	}
 	if c.DailyPartitions {
 		if c.Dialect != "" && c.Dialect != Postgres {
 			return fmt.Errorf("sqlstore: DailyPartitions is for PostgreSQL only, Dialect is %q", c.Dialect)
@@ -197,6 +205,7 @@ func (c *Config) setDefaults() {
 	if c.PartitionDaysAhead == 0 {
 		c.PartitionDaysAhead = DefaultPartitionDaysAhead
 	}
+	c.Batch.setDefaults(c.Dialect)
 	c.Clock = stores.ClockOrSystem(c.Clock)
 	if c.Logger == nil {
 		c.Logger = watermill.NopLogger{}
@@ -213,13 +222,26 @@ type Store struct {
 
 	closed    atomic.Bool
 	closeOnce sync.Once
+	life      context.Context // cancelled by Close
 	cancel    context.CancelFunc
 	done      chan struct{}
+
+	// group coalesces concurrent single-key lease-mode calls (nil when
+	// batching is off); bg tracks the releases of claims whose callers
+	// gave up while their batch ran.
+	group    *group
+	notPgx   atomic.Bool // a PostgreSQL driver other than pgx: no pipelines
+	bgMu     sync.Mutex
+	bgClosed bool
+	bg       sync.WaitGroup
 
 	savepoints atomic.Uint64
 
 	// onPurgeBatch, when set (by tests), sees the size of every batch.
 	onPurgeBatch func(n int64)
+	// purgeChunk is the number of heap blocks a PostgreSQL purge
+	// statement reads (purgeChunkBlocks; tests make it small).
+	purgeChunk int64
 }
 
 var (
@@ -253,6 +275,8 @@ func New(db *sql.DB, cfg Config) (*Store, error) {
 		cfg:  cfg,
 		q:    newQueries(cfg.Dialect, cfg.Table, cfg.DailyPartitions),
 		done: make(chan struct{}),
+
+		purgeChunk: purgeChunkBlocks,
 	}
 	if cfg.Dialect != SQLite {
 		// READ COMMITTED: locking reads see the latest committed row, and
@@ -260,7 +284,10 @@ func New(db *sql.DB, cfg Config) (*Store, error) {
 		s.txOpts = &sql.TxOptions{Isolation: sql.LevelReadCommitted}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	s.cancel = cancel
+	s.life, s.cancel = ctx, cancel
+	if !cfg.Batch.Disabled && !cfg.DailyPartitions {
+		s.group = newGroup(s)
+	}
 	if cfg.PurgeInterval > 0 {
 		go s.purgeLoop(ctx)
 	} else {
@@ -453,6 +480,7 @@ type record struct {
 	state int
 	live  bool
 	data  []byte
+	token int64 // 0 when NULL (a done record)
 }
 
 // fetch reads the records of ids, keyed by idKey.
@@ -465,14 +493,15 @@ func (s *Store) fetch(ctx context.Context, db querier, ids []recordID, now time.
 	out := make(map[string]record, len(ids))
 	for rows.Next() {
 		var (
-			id   []byte
-			r    record
-			live int
+			id    []byte
+			r     record
+			live  int
+			token sql.NullInt64
 		)
-		if err := rows.Scan(&id, &r.state, &live, &r.data); err != nil {
+		if err := rows.Scan(&id, &r.state, &live, &r.data, &token); err != nil {
 			return nil, err
 		}
-		r.live = live == 1
+		r.live, r.token = live == 1, token.Int64
 		out[string(id)] = r
 	}
 	return out, rows.Err()
@@ -572,7 +601,17 @@ func (s *Store) Claim(ctx context.Context, scope string, keys []string, lease ti
 	ks := newKeySet(scope, keys)
 	token := newToken()
 	c := &stores.Claim{Scope: scope, Keys: keys}
-	err := s.retry(ctx, func() error { return s.claimOnce(ctx, ks, token, lease, c) })
+	var err error
+	if o := s.group.op(ctx, opClaim, ks); o != nil {
+		o.token, o.d = token, lease
+		if err = s.group.do(ctx, o); err == nil {
+			// Only now is o.res the caller's: a batch that went on
+			// without a caller that gave up writes it still.
+			c.Result, c.Takeover, c.Data = o.res.Result, o.res.Takeover, o.res.Data
+		}
+	} else {
+		err = s.claimDirect(ctx, ks, token, lease, c)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("sqlstore: claim in scope %q: %w", scope, err)
 	}
@@ -580,6 +619,12 @@ func (s *Store) Claim(ctx context.Context, scope string, keys []string, lease ti
 		c.Token = strconv.FormatInt(token, 36)
 	}
 	return c, nil
+}
+
+// claimDirect claims ks on its own statements, retrying transient
+// conflicts.
+func (s *Store) claimDirect(ctx context.Context, ks keySet, token int64, lease time.Duration, c *stores.Claim) error {
+	return s.retry(ctx, func() error { return s.claimOnce(ctx, ks, token, lease, c) })
 }
 
 func (s *Store) claimOnce(ctx context.Context, ks keySet, token int64, lease time.Duration, c *stores.Claim) error {
@@ -600,6 +645,12 @@ func (s *Store) claimOnce(ctx context.Context, ks keySet, token int64, lease tim
 		recs, err := s.fetch(ctx, s.db, ks.ids, now, false)
 		if err != nil {
 			return err
+		}
+		if r, ok := recs[s.q.idKey(ks.ids[0])]; ok && r.live && r.state == stateProcessing && r.token == token {
+			// Ours: an earlier attempt (or a batch whose outcome was
+			// unknown) inserted it.
+			c.Result = stores.Claimed
+			return nil
 		}
 		if s.decide(c, ks, recs) {
 			return nil
@@ -655,7 +706,7 @@ func (s *Store) claimArgs(c *stores.Claim) (keySet, int64, error) {
 // the same instant), which MySQL reports as 0 rows affected.
 func (s *Store) fenced(ctx context.Context, c *stores.Claim, ks keySet, token int64, stmt string, set []any, mayBeNoop bool) error {
 	args := s.idArgs(append(set, token), ks.ids)
-	lost := fmt.Errorf("%w: scope %q keys %q", stores.ErrLostClaim, c.Scope, c.Keys)
+	lost := lostClaim(c)
 	return s.retry(ctx, func() error {
 		if len(ks.ids) == 1 {
 			res, err := s.db.ExecContext(ctx, stmt, args...)
@@ -723,8 +774,16 @@ func (s *Store) Complete(ctx context.Context, c *stores.Claim, retention time.Du
 	if err := s.checkHorizon("retention", retention); err != nil {
 		return err
 	}
+	if o := s.group.op(ctx, opComplete, ks); o != nil {
+		o.claim, o.token, o.d, o.data = c, token, retention, data
+		return opError("complete", s.group.do(ctx, o))
+	}
+	return opError("complete", s.completeDirect(ctx, c, ks, token, retention, data))
+}
+
+func (s *Store) completeDirect(ctx context.Context, c *stores.Claim, ks keySet, token int64, retention time.Duration, data []byte) error {
 	exp := s.q.timeArg(s.now().Add(retention))
-	return opError("complete", s.fenced(ctx, c, ks, token, s.q.complete(len(ks.ids)), []any{exp, dataArg(data)}, false))
+	return s.fenced(ctx, c, ks, token, s.q.complete(len(ks.ids)), []any{exp, dataArg(data)}, false)
 }
 
 // Release implements [stores.Store].
@@ -733,7 +792,15 @@ func (s *Store) Release(ctx context.Context, c *stores.Claim) error {
 	if err != nil {
 		return opError("Release", err)
 	}
-	return opError("release", s.fenced(ctx, c, ks, token, s.q.release(len(ks.ids)), nil, false))
+	if o := s.group.op(ctx, opRelease, ks); o != nil {
+		o.claim, o.token = c, token
+		return opError("release", s.group.do(ctx, o))
+	}
+	return opError("release", s.releaseDirect(ctx, c, ks, token))
+}
+
+func (s *Store) releaseDirect(ctx context.Context, c *stores.Claim, ks keySet, token int64) error {
+	return s.fenced(ctx, c, ks, token, s.q.release(len(ks.ids)), nil, false)
 }
 
 // Extend implements [stores.Store].
@@ -748,8 +815,22 @@ func (s *Store) Extend(ctx context.Context, c *stores.Claim, lease time.Duration
 	if err := s.checkHorizon("lease", lease); err != nil {
 		return err
 	}
+	if o := s.group.op(ctx, opExtend, ks); o != nil {
+		o.claim, o.token, o.d = c, token, lease
+		return opError("extend", s.group.do(ctx, o))
+	}
+	return opError("extend", s.extendDirect(ctx, c, ks, token, lease))
+}
+
+func (s *Store) extendDirect(ctx context.Context, c *stores.Claim, ks keySet, token int64, lease time.Duration) error {
 	exp := s.q.timeArg(s.now().Add(lease))
-	return opError("extend", s.fenced(ctx, c, ks, token, s.q.extend(len(ks.ids)), []any{exp}, true))
+	return s.fenced(ctx, c, ks, token, s.q.extend(len(ks.ids)), []any{exp}, true)
+}
+
+// lostClaim is the error of a fenced call whose token no longer owns its
+// records.
+func lostClaim(c *stores.Claim) error {
+	return fmt.Errorf("%w: scope %q keys %q", stores.ErrLostClaim, c.Scope, c.Keys)
 }
 
 // dataArg stores empty data as NULL.
@@ -770,6 +851,20 @@ func (s *Store) Close(ctx context.Context) error {
 	})
 	select {
 	case <-s.done:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	// Releases of orphaned claims (see group.orphaned), cancelled above.
+	s.bgMu.Lock()
+	s.bgClosed = true
+	s.bgMu.Unlock()
+	bg := make(chan struct{})
+	go func() {
+		s.bg.Wait()
+		close(bg)
+	}()
+	select {
+	case <-bg:
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()

@@ -14,11 +14,21 @@ import (
 	"github.com/watermill-dedup/dedup/stores/storetest"
 )
 
+// TestConformance runs the suite on every dialect with group commit on
+// (the default) and off.
 func TestConformance(t *testing.T) {
 	forEachBackend(t, backends, func(t *testing.T, b backend) {
-		storetest.Run(t, func(t *testing.T, clock stores.Clock) stores.Store {
-			return newStore(t, b.open(t), b.dialect, sqlstore.Config{Clock: clock})
-		})
+		for _, off := range []bool{false, true} {
+			name := "batched"
+			if off {
+				name = "unbatched"
+			}
+			t.Run(name, func(t *testing.T) {
+				storetest.Run(t, func(t *testing.T, clock stores.Clock) stores.Store {
+					return newStore(t, b.open(t), b.dialect, sqlstore.Config{Clock: clock, Batch: sqlstore.BatchConfig{Disabled: off}})
+				})
+			})
+		}
 	})
 }
 

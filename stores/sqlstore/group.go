@@ -1,0 +1,580 @@
+package sqlstore
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"slices"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/watermill-dedup/dedup/internal/batch"
+	"github.com/watermill-dedup/dedup/stores"
+)
+
+// Defaults and bounds of BatchConfig.
+const (
+	// DefaultMaxBatch is the default BatchConfig.MaxBatch.
+	DefaultMaxBatch = 64
+	// MaxBatchLimit bounds BatchConfig.MaxBatch.
+	MaxBatchLimit = 1000
+	// DefaultMaxInFlight is the default BatchConfig.MaxInFlight on
+	// PostgreSQL and MySQL; on SQLite, with its single writer, it is 1.
+	DefaultMaxInFlight = 2
+	// MaxInFlightLimit bounds BatchConfig.MaxInFlight.
+	MaxInFlightLimit = 64
+)
+
+// BatchConfig configures group commit in lease mode: concurrent
+// single-key Claim, Complete, Release and Extend calls that arrive while
+// earlier batches are still running are coalesced into one batch, which
+// runs as one multi-row statement on PostgreSQL and as one short
+// transaction on MySQL and SQLite, so they share a round trip and a
+// commit. Each call still gets its own result and error.
+//
+// There is no timer: a call that finds fewer than MaxInFlight batches
+// running runs at once, alone, on exactly the statements an unbatched
+// store would run, so a lone caller waits for nothing. Only calls that
+// would otherwise queue for the database are grouped, and the batch size
+// follows the load by itself.
+//
+// Multi-key calls, and every call on the DailyPartitions layout, always
+// run on their own. The zero value turns batching on with the defaults.
+type BatchConfig struct {
+	// Disabled turns group commit off: every call runs its own
+	// statements, as a lone caller's do.
+	Disabled bool
+
+	// MaxBatch is the most calls one batch carries. The default is
+	// DefaultMaxBatch (64); at most MaxBatchLimit.
+	MaxBatch int
+
+	// MaxInFlight is how many batches run at once, each on a connection
+	// of its own; calls arriving while that many run wait for the next
+	// batch. Fewer batches in flight make larger batches (fewer statements
+	// and commits per call) and more waiting. The default is
+	// DefaultMaxInFlight (4) on PostgreSQL and MySQL and 1 on SQLite
+	// (one writer at a time); at most MaxInFlightLimit. Keep the pool
+	// (sql.DB.SetMaxOpenConns) above it.
+	MaxInFlight int
+}
+
+func (b BatchConfig) validate() error {
+	if b.MaxBatch < 0 || b.MaxBatch > MaxBatchLimit {
+		return fmt.Errorf("sqlstore: Batch.MaxBatch must be between 1 and %d (0 for the default), got %d", MaxBatchLimit, b.MaxBatch)
+	}
+	if b.MaxInFlight < 0 || b.MaxInFlight > MaxInFlightLimit {
+		return fmt.Errorf("sqlstore: Batch.MaxInFlight must be between 1 and %d (0 for the default), got %d", MaxInFlightLimit, b.MaxInFlight)
+	}
+	return nil
+}
+
+func (b *BatchConfig) setDefaults(d Dialect) {
+	if b.MaxBatch == 0 {
+		b.MaxBatch = DefaultMaxBatch
+	}
+	if b.MaxInFlight == 0 {
+		b.MaxInFlight = DefaultMaxInFlight
+		if d == SQLite {
+			b.MaxInFlight = 1
+		}
+	}
+}
+
+// opKind is the kind of a batched call.
+type opKind uint8
+
+const (
+	opClaim opKind = iota
+	opComplete
+	opRelease
+	opExtend
+	numOpKinds
+)
+
+// States of an op: pending until its batch decides it (delivered) or its
+// caller gives up (abandoned), whichever comes first.
+const (
+	opPending int32 = iota
+	opDelivered
+	opAbandoned
+)
+
+// op is one single-key lease-mode call in a batch.
+type op struct {
+	kind  opKind
+	ctx   context.Context // the caller's
+	ks    keySet          // exactly one id
+	claim *stores.Claim   // Complete, Release, Extend: the caller's claim
+	token int64
+	d     time.Duration // Claim, Extend: lease; Complete: retention
+	data  []byte        // Complete
+
+	// Set by the batch before it delivers the op.
+	res      stores.Claim // Claim: Result, Takeover, Data
+	err      error
+	fallback bool // undecided: the caller runs it on its own
+	state    atomic.Int32
+}
+
+func (o *op) id() recordID { return o.ks.ids[0] }
+
+// group batches a store's single-key lease-mode calls.
+type group struct {
+	s     *Store
+	b     *batch.Batcher[*op, struct{}]
+	kinds [numOpKinds]bool
+
+	// hook, when set (by tests), sees the size of every batch before it
+	// runs; an error it returns stands for a failed batch statement.
+	// inDo then counts the calls inside do.
+	hook func(n int) error
+	inDo atomic.Int64
+}
+
+func newGroup(s *Store) *group {
+	g := &group{s: s}
+	for k := range g.kinds {
+		g.kinds[k] = true
+	}
+	g.b = batch.New(g.exec, s.cfg.Batch.MaxBatch, s.cfg.Batch.MaxInFlight)
+	return g
+}
+
+// op returns a new op of kind over ks when g batches it, else nil (g may
+// be nil: batching is off).
+func (g *group) op(ctx context.Context, kind opKind, ks keySet) *op {
+	if g == nil || len(ks.ids) != 1 || !g.kinds[kind] {
+		return nil
+	}
+	return &op{kind: kind, ctx: ctx, ks: ks}
+}
+
+// do runs o in a batch and returns its error; o.res holds a claim's
+// result. A call the batch could not decide runs on its own statements
+// here, in the caller's goroutine, so it delays no other call.
+func (g *group) do(ctx context.Context, o *op) error {
+	if g.hook != nil {
+		g.inDo.Add(1)
+		defer g.inDo.Add(-1)
+	}
+	_, err := g.b.Do(ctx, o)
+	if o.state.CompareAndSwap(opPending, opAbandoned) {
+		// No batch decided it: the caller gave up first (a batch that
+		// decides it later undoes a claim; see orphaned).
+		if err == nil {
+			err = errors.New("sqlstore: batch returned without deciding the call")
+		}
+		return err
+	}
+	if o.fallback {
+		return g.s.direct(o)
+	}
+	return o.err
+}
+
+// direct runs o on its own statements under its caller's context, as an
+// unbatched store does.
+func (s *Store) direct(o *op) error {
+	switch o.kind {
+	case opClaim:
+		o.res = stores.Claim{}
+		return s.claimDirect(o.ctx, o.ks, o.token, o.d, &o.res)
+	case opComplete:
+		return s.completeDirect(o.ctx, o.claim, o.ks, o.token, o.d, o.data)
+	case opRelease:
+		return s.releaseDirect(o.ctx, o.claim, o.ks, o.token)
+	default:
+		return s.extendDirect(o.ctx, o.claim, o.ks, o.token, o.d)
+	}
+}
+
+// exec runs one batch (batch.Exec).
+func (g *group) exec(ctx context.Context, calls []*batch.Call[*op, struct{}]) error {
+	ops := make([]*op, len(calls))
+	live := make([]*op, 0, len(calls))
+	for i, c := range calls {
+		c.Set(struct{}{}, nil) // the result travels in the op
+		o := c.Req
+		ops[i] = o
+		if err := o.ctx.Err(); err != nil {
+			o.err = err // its caller has given up
+			continue
+		}
+		live = append(live, o)
+	}
+	switch {
+	case len(live) == 1 && g.s.cfg.Dialect != Postgres:
+		// Alone: exactly what an unbatched call runs, under its own ctx.
+		if g.hook != nil {
+			_ = g.hook(1)
+		}
+		live[0].err = g.s.direct(live[0])
+	case len(live) > 0:
+		// On PostgreSQL a lone call runs in a pipeline of one: the same
+		// single statement and round trip as an unbatched call, under its
+		// own ctx, but under the batch lock timeout, so that it does not
+		// hold the batch slot for long either.
+		g.run(ctx, live)
+	}
+	for _, o := range ops {
+		if !o.state.CompareAndSwap(opPending, opDelivered) {
+			g.orphaned(o)
+		}
+	}
+	return nil
+}
+
+// run decides the ops of a batch of several calls together.
+func (g *group) run(ctx context.Context, ops []*op) {
+	// Each id at most once per batch: a second call on the same key (two
+	// consumers of one message) runs on its own after this batch, and
+	// sees its outcome.
+	seen := make(map[recordID]struct{}, len(ops))
+	in := make([]*op, 0, len(ops))
+	for _, o := range ops {
+		if _, dup := seen[o.id()]; dup {
+			o.fallback = true
+			continue
+		}
+		seen[o.id()] = struct{}{}
+		in = append(in, o)
+	}
+	// Ascending ids: concurrent batches (and multi-key claims) take row
+	// locks in one order, so they cannot deadlock on each other's inserts.
+	slices.SortFunc(in, func(a, b *op) int { return bytesCompare(a.ks.ids[0][:], b.ks.ids[0][:]) })
+	var err error
+	if g.hook != nil {
+		if herr := g.hook(len(in)); len(in) > 1 {
+			err = herr
+		}
+	}
+	if err == nil {
+		s := g.s
+		switch s.cfg.Dialect {
+		case Postgres:
+			err = s.batchPostgres(ctx, in)
+		case MySQL:
+			err = s.inTx(ctx, func(tx *sql.Tx) error { return s.batchMySQL(ctx, tx, in) })
+		default:
+			err = s.batchTx(ctx, in)
+		}
+	}
+	if err != nil {
+		// The batch statement (or its transaction) failed, so it changed
+		// nothing, or its outcome is unknown after a broken connection.
+		// Every call runs on its own: one call's bad input then fails
+		// that call only, and a claim whose insert did commit finds its
+		// own token and is reported Claimed.
+		for _, o := range in {
+			o.res, o.err, o.fallback = stores.Claim{}, nil, true
+		}
+	}
+}
+
+// orphanReleaseTimeout bounds the release of a claim nobody waits for.
+const orphanReleaseTimeout = 10 * time.Second
+
+// orphaned handles an op whose caller gave up before its batch delivered
+// it. A claim the batch made for it is released in the background, so a
+// redelivery of the message does not find it in progress for a whole
+// lease; anything else needs nothing (a Complete that committed is found
+// done by the redelivery).
+func (g *group) orphaned(o *op) {
+	if o.kind != opClaim || o.err != nil || o.fallback || o.res.Result != stores.Claimed {
+		return
+	}
+	s := g.s
+	s.bgMu.Lock()
+	if s.bgClosed {
+		s.bgMu.Unlock()
+		return // the lease runs out instead
+	}
+	s.bg.Add(1)
+	s.bgMu.Unlock()
+	go func() {
+		defer s.bg.Done()
+		ctx, cancel := context.WithTimeout(s.life, orphanReleaseTimeout)
+		defer cancel()
+		_ = s.releaseDirect(ctx, &stores.Claim{Result: stores.Claimed}, o.ks, o.token)
+	}()
+}
+
+// decideClaim applies the state machine to the existing record r of a
+// batched claim that did not insert its row: true when decided (Duplicate
+// or InProgress), false for an expired record (a takeover).
+func decideClaim(o *op, r record) bool {
+	switch {
+	case r.live && r.state == stateDone:
+		o.res.Result, o.res.Data = stores.Duplicate, r.data
+	case r.live:
+		o.res.Result = stores.InProgress
+	default:
+		return false
+	}
+	return true
+}
+
+// opStatement is the single-row statement that runs o on its own (the
+// statement an unbatched call runs first), and its arguments.
+func (s *Store) opStatement(o *op, now time.Time) (string, []any) {
+	q := s.q
+	id := q.idArg(o.id())
+	switch o.kind {
+	case opClaim:
+		return q.insertProcessing, []any{id, o.token, q.timeArg(now.Add(o.d))}
+	case opComplete:
+		return q.complete(1), []any{q.timeArg(now.Add(o.d)), dataArg(o.data), o.token, id}
+	case opRelease:
+		return q.release(1), []any{o.token, id}
+	default:
+		return q.extend(1), []any{q.timeArg(now.Add(o.d)), o.token, id}
+	}
+}
+
+// applied records the rows affected by o's statement: a claim that
+// inserted its record is Claimed (one that did not is returned as a
+// conflict, for resolveClaims); a fenced call that matched nothing lost
+// its claim.
+func applied(o *op, n int64) (conflict bool) {
+	switch {
+	case o.kind == opClaim && n == 1:
+		o.res.Result = stores.Claimed
+	case o.kind == opClaim:
+		return true
+	case n != 1:
+		o.err = lostClaim(o.claim)
+	}
+	return false
+}
+
+// setBatchLockTimeout bounds, on PostgreSQL, how long a batch waits for a
+// row lock (a record held by a long transaction, such as an open inbox
+// transaction of a handler sharing the key) to 200ms, for the rest of its
+// transaction: a batch holds a slot other calls queue for, so one call
+// must not hold it that long. The batch then fails, and each of its calls
+// runs on its own, where it waits as an unbatched call does.
+const setBatchLockTimeout = "SELECT set_config('lock_timeout', '200ms', true)"
+
+// pgxConn is implemented by the driver connections of
+// github.com/jackc/pgx/v5/stdlib.
+type pgxConn interface{ Conn() *pgx.Conn }
+
+// errNotPgx reports a PostgreSQL driver other than pgx.
+var errNotPgx = errors.New("sqlstore: not a pgx connection")
+
+// batchPostgres runs a batch on PostgreSQL. With pgx it sends each call's
+// own single-row statement (INSERT ... ON CONFLICT DO NOTHING for a claim,
+// the fenced UPDATE or DELETE ... WHERE token = $n AND id = $m otherwise)
+// in one pipeline: one network write, one implicit transaction, one
+// commit, and a row count per call. The statements are the ones a lone
+// call runs, prepared once per connection, each a primary-key lookup, so
+// their plans do not depend on the table's size or statistics (a
+// multi-row UPDATE ... FROM unnest(...) gets a generic plan that can stay
+// a sequential scan after a fresh table grows). With another driver it
+// runs them in a transaction (one commit, a round trip each).
+func (s *Store) batchPostgres(ctx context.Context, ops []*op) error {
+	if s.notPgx.Load() {
+		return s.batchTx(ctx, ops)
+	}
+	conn, err := s.db.Conn(ctx)
+	if err != nil {
+		return err
+	}
+	now := s.now()
+	var conflicts []*op
+	err = conn.Raw(func(dc any) error {
+		pc, ok := dc.(pgxConn)
+		if !ok {
+			return errNotPgx
+		}
+		b := &pgx.Batch{}
+		b.Queue(setBatchLockTimeout)
+		for _, o := range ops {
+			stmt, args := s.opStatement(o, now)
+			b.Queue(stmt, args...)
+		}
+		br := pc.Conn().SendBatch(ctx, b)
+		if _, err := br.Exec(); err != nil {
+			_ = br.Close()
+			return err
+		}
+		for _, o := range ops {
+			tag, err := br.Exec()
+			if err != nil {
+				_ = br.Close()
+				return err
+			}
+			if applied(o, tag.RowsAffected()) {
+				conflicts = append(conflicts, o)
+			}
+		}
+		// Close reads the end of the implicit transaction: the commit.
+		return br.Close()
+	})
+	_ = conn.Close()
+	if errors.Is(err, errNotPgx) {
+		s.notPgx.Store(true)
+		return s.batchTx(ctx, ops)
+	}
+	if err != nil {
+		return err
+	}
+	s.resolveClaims(ctx, conflicts, now)
+	return nil
+}
+
+// resolveClaims decides, after the batch committed, the claims whose
+// insert found a record: one read of those records (not locked), then
+// Duplicate or InProgress from a live record; an expired record (a
+// takeover, which needs a lock) or one gone since is left to its caller.
+func (s *Store) resolveClaims(ctx context.Context, claims []*op, now time.Time) {
+	if len(claims) == 0 {
+		return
+	}
+	ids := make([]recordID, len(claims))
+	for i, o := range claims {
+		ids[i] = o.id()
+	}
+	recs, err := s.fetch(ctx, s.db, ids, now, false)
+	for _, o := range claims {
+		r, ok := recs[s.q.idKey(o.id())]
+		if err != nil || !ok || !decideClaim(o, r) {
+			o.fallback = true
+		}
+	}
+}
+
+// batchTx runs a batch in one transaction of the calls' own single-row
+// statements: one commit for the batch. On SQLite the statements cost no
+// round trip (it runs in process) while each commit syncs the WAL to
+// disk. A claim that finds a record reads it locked in the same
+// transaction and takes an expired one over there.
+func (s *Store) batchTx(ctx context.Context, ops []*op) error {
+	now := s.now()
+	q := s.q
+	return s.inTx(ctx, func(tx *sql.Tx) error {
+		if s.cfg.Dialect == Postgres {
+			if _, err := tx.ExecContext(ctx, setBatchLockTimeout); err != nil {
+				return err
+			}
+		}
+		for _, o := range ops {
+			stmt, args := s.opStatement(o, now)
+			res, err := tx.ExecContext(ctx, stmt, args...)
+			if err != nil {
+				return err
+			}
+			n, err := res.RowsAffected()
+			if err != nil {
+				return err
+			}
+			if !applied(o, n) {
+				continue
+			}
+			recs, err := s.fetch(ctx, tx, o.ks.ids, now, true)
+			if err != nil {
+				return err
+			}
+			r, ok := recs[q.idKey(o.id())]
+			switch {
+			case !ok:
+				o.fallback = true // deleted since the INSERT found it
+			case decideClaim(o, r):
+			default:
+				// Expired, and locked (SQLite: the transaction holds the
+				// database's write lock).
+				if _, err := tx.ExecContext(ctx, q.takeover(1), o.token, q.timeArg(now.Add(o.d)), q.idArg(o.id())); err != nil {
+					return err
+				}
+				o.res.Result, o.res.Takeover = stores.Claimed, r.state == stateProcessing
+			}
+		}
+		return nil
+	})
+}
+
+// batchMySQL runs a batch in one transaction: one multi-row INSERT ... ON
+// DUPLICATE KEY UPDATE id = id for the claims, one SELECT ... FOR UPDATE
+// of every record of the batch, then for the records still owned by their
+// caller's token one UPDATE (Complete, Extend) or DELETE (Release) per
+// kind, and the takeovers of expired records, one UPDATE each. MySQL has
+// no RETURNING: the locked read tells which claims inserted their row
+// (the row carries their token) and which fenced calls still own theirs.
+func (s *Store) batchMySQL(ctx context.Context, tx *sql.Tx, ops []*op) error {
+	now := s.now()
+	q := s.q
+	ids := make([]recordID, len(ops))
+	var claims []any
+	nClaims := 0
+	for i, o := range ops {
+		ids[i] = o.id()
+		if o.kind == opClaim {
+			claims = append(claims, q.idArg(o.id()), o.token, q.timeArg(now.Add(o.d)))
+			nClaims++
+		}
+	}
+	if nClaims > 0 {
+		if _, err := tx.ExecContext(ctx, q.insertProcessingRows(nClaims), claims...); err != nil {
+			return err
+		}
+	}
+	recs, err := s.fetch(ctx, tx, ids, now, true)
+	if err != nil {
+		return err
+	}
+	var fenced [numOpKinds][]*op
+	for _, o := range ops {
+		r, ok := recs[q.idKey(o.id())]
+		if o.kind != opClaim {
+			if !ok || r.state != stateProcessing || r.token != o.token {
+				o.err = lostClaim(o.claim)
+				continue
+			}
+			fenced[o.kind] = append(fenced[o.kind], o)
+			continue
+		}
+		switch {
+		case !ok:
+			o.fallback = true // deleted since the INSERT found it
+		case r.state == stateProcessing && r.token == o.token:
+			o.res.Result = stores.Claimed
+		case decideClaim(o, r):
+		default:
+			if _, err := tx.ExecContext(ctx, q.takeover(1), o.token, q.timeArg(now.Add(o.d)), q.idArg(o.id())); err != nil {
+				return err
+			}
+			o.res.Result, o.res.Takeover = stores.Claimed, r.state == stateProcessing
+		}
+	}
+	// The rows are locked and owned: the statements below match them all.
+	for k, os := range fenced {
+		if len(os) == 0 {
+			continue
+		}
+		var args []any
+		for _, o := range os {
+			switch opKind(k) {
+			case opComplete:
+				args = append(args, q.idArg(o.id()), q.timeArg(now.Add(o.d)))
+			case opExtend:
+				args = append(args, q.idArg(o.id()), q.timeArg(now.Add(o.d)))
+			}
+		}
+		if k == int(opComplete) {
+			for _, o := range os {
+				args = append(args, q.idArg(o.id()), dataArg(o.data))
+			}
+		}
+		for _, o := range os {
+			args = append(args, q.idArg(o.id()))
+		}
+		if _, err := tx.ExecContext(ctx, q.fencedRows(opKind(k), len(os)), args...); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,491 @@
+package sqlstore_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/watermill-dedup/dedup/stores"
+	"github.com/watermill-dedup/dedup/stores/sqlstore"
+	"github.com/watermill-dedup/dedup/stores/storetest"
+)
+
+var errBatchBoom = errors.New("batch statement failed (injected)")
+
+// gate holds the first batch a store runs (one lone call) until release,
+// so that the calls made meanwhile queue behind it and form the next
+// batch; it can hold the second batch too, and make batches of several
+// calls fail.
+type gate struct {
+	t *testing.T
+	s *sqlstore.Store
+
+	mu    sync.Mutex
+	sizes []int
+
+	held, open   chan struct{} // first batch
+	held2, open2 chan struct{} // second batch, when holdSecond
+	holdSecond   bool
+	fail         atomic.Bool
+}
+
+func newGate(t *testing.T, s *sqlstore.Store) *gate {
+	g := &gate{t: t, s: s, held: make(chan struct{}), open: make(chan struct{}), held2: make(chan struct{}), open2: make(chan struct{})}
+	if !sqlstore.SetBatchHook(s, g.hook) {
+		t.Fatal("the store does not batch")
+	}
+	return g
+}
+
+func (g *gate) hook(n int) error {
+	g.mu.Lock()
+	g.sizes = append(g.sizes, n)
+	i := len(g.sizes)
+	g.mu.Unlock()
+	switch {
+	case i == 1:
+		close(g.held)
+		<-g.open
+	case i == 2 && g.holdSecond:
+		close(g.held2)
+		<-g.open2
+	}
+	if g.fail.Load() {
+		return errBatchBoom
+	}
+	return nil
+}
+
+func (g *gate) batchSizes() []int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return append([]int(nil), g.sizes...)
+}
+
+// plug starts a lone claim that the gate holds, and returns once it is
+// held; wait for it with the returned function after release.
+func (g *gate) plug(ctx context.Context, scope string) (wait func()) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if _, err := g.s.Claim(ctx, scope, []string{"plug-" + storetest.NewID()}, time.Minute); err != nil {
+			g.t.Errorf("plug claim: %v", err)
+		}
+	}()
+	<-g.held
+	return func() { <-done }
+}
+
+// queued waits until n calls besides the plug are inside the batcher,
+// then a little more, for the last of them to reach its queue.
+func (g *gate) queued(n int) {
+	deadline := time.Now().Add(10 * time.Second)
+	for sqlstore.BatchCallers(g.s) < int64(n+1) {
+		if time.Now().After(deadline) {
+			g.t.Fatalf("only %d of %d calls reached the batcher", sqlstore.BatchCallers(g.s)-1, n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(20 * time.Millisecond)
+}
+
+func newBatchStore(t *testing.T, b backend, clock stores.Clock) *sqlstore.Store {
+	return newStore(t, b.open(t), b.dialect, sqlstore.Config{Clock: clock, Batch: sqlstore.BatchConfig{MaxInFlight: 1}})
+}
+
+// TestBatchLoneCallerRunsAlone: calls that never overlap each run at
+// once in a batch of their own.
+func TestBatchLoneCallerRunsAlone(t *testing.T) {
+	forEachBackend(t, backends, func(t *testing.T, b backend) {
+		s := newBatchStore(t, b, nil)
+		var sizes []int
+		var mu sync.Mutex
+		sqlstore.SetBatchHook(s, func(n int) error {
+			mu.Lock()
+			sizes = append(sizes, n)
+			mu.Unlock()
+			return nil
+		})
+		ctx := context.Background()
+		for i := range 10 {
+			c, err := s.Claim(ctx, "lone", []string{fmt.Sprint("k", i)}, time.Minute)
+			if err != nil || c.Result != stores.Claimed {
+				t.Fatalf("Claim: %+v %v", c, err)
+			}
+			if err := s.Complete(ctx, c, time.Hour, nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if len(sizes) != 20 {
+			t.Fatalf("%d batches for 20 sequential calls, want 20: %v", len(sizes), sizes)
+		}
+		for _, n := range sizes {
+			if n != 1 {
+				t.Fatalf("a sequential call ran in a batch of %d: %v", n, sizes)
+			}
+		}
+	})
+}
+
+// TestBatchSharesStatements: calls made while a batch runs queue and then
+// run together, in one batch (one statement or transaction), each with
+// its own result.
+func TestBatchSharesStatements(t *testing.T) {
+	forEachBackend(t, backends, func(t *testing.T, b backend) {
+		s := newBatchStore(t, b, nil)
+		g := newGate(t, s)
+		ctx := context.Background()
+		wait := g.plug(ctx, "share")
+		const n = 12
+		claims := make([]*stores.Claim, n)
+		errs := make([]error, n)
+		var wg sync.WaitGroup
+		for i := range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				claims[i], errs[i] = s.Claim(ctx, "share", []string{fmt.Sprint("k", i)}, time.Minute)
+			}()
+		}
+		g.queued(n)
+		close(g.open)
+		wg.Wait()
+		wait()
+		for i := range n {
+			if errs[i] != nil || claims[i].Result != stores.Claimed {
+				t.Fatalf("claim %d: %+v %v", i, claims[i], errs[i])
+			}
+		}
+		sizes := g.batchSizes()
+		if len(sizes) < 2 || sizes[1] < 2 || len(sizes) > n {
+			t.Fatalf("batch sizes %v: want the %d queued calls to share batches", sizes, n)
+		}
+		// Their Completes share a batch too.
+		g2 := []int{}
+		var mu sync.Mutex
+		sqlstore.SetBatchHook(s, func(k int) error { mu.Lock(); g2 = append(g2, k); mu.Unlock(); return nil })
+		for i := range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				errs[i] = s.Complete(ctx, claims[i], time.Hour, []byte{byte(i), 0, 0xff})
+			}()
+		}
+		wg.Wait()
+		for i := range n {
+			if errs[i] != nil {
+				t.Fatalf("complete %d: %v", i, errs[i])
+			}
+			c, err := s.Claim(ctx, "share", []string{fmt.Sprint("k", i)}, time.Minute)
+			if err != nil || c.Result != stores.Duplicate || !bytes.Equal(c.Data, []byte{byte(i), 0, 0xff}) {
+				t.Fatalf("claim %d after complete: %+v %v", i, c, err)
+			}
+		}
+		t.Logf("%s: claim batches %v; complete batches %v", b.dialect, sizes, g2)
+	})
+}
+
+// mixed is a set of calls of every kind and outcome, prepared one at a
+// time, then made at once so that they run in one batch.
+type mixed struct {
+	s     *sqlstore.Store
+	clock *storetest.FakeClock
+	scope string
+	data  []byte
+
+	doneKey, busyKey, expiredKey, twinKey string
+	newKeys                               []string
+	complete, stale, release, extend      *stores.Claim
+}
+
+func prepareMixed(t *testing.T, s *sqlstore.Store, clock *storetest.FakeClock) *mixed {
+	ctx := context.Background()
+	m := &mixed{s: s, clock: clock, scope: "mixed-" + storetest.NewID()}
+	m.data = make([]byte, 256)
+	for i := range m.data {
+		m.data[i] = byte(i)
+	}
+	claim := func(key string, lease time.Duration) *stores.Claim {
+		t.Helper()
+		c, err := s.Claim(ctx, m.scope, []string{key}, lease)
+		if err != nil || c.Result != stores.Claimed {
+			t.Fatalf("prepare Claim(%s): %+v %v", key, c, err)
+		}
+		return c
+	}
+	m.doneKey, m.busyKey, m.expiredKey, m.twinKey = "done", "busy", "expired", "twin"
+	if err := s.Complete(ctx, claim(m.doneKey, time.Minute), time.Hour, m.data); err != nil {
+		t.Fatal(err)
+	}
+	claim(m.expiredKey, time.Second)
+	clock.Advance(2 * time.Second)
+	claim(m.busyKey, time.Hour)
+	m.complete = claim("complete", time.Minute)
+	m.stale = claim("stale", time.Minute)
+	if err := s.Complete(ctx, m.stale, time.Hour, nil); err != nil {
+		t.Fatal(err)
+	}
+	m.release = claim("release", time.Minute)
+	m.extend = claim("extend", 10*time.Second)
+	m.newKeys = []string{"new1", "new2", "new3"}
+	return m
+}
+
+// run makes every call of m at once and checks each result. It returns
+// the number of calls.
+func (m *mixed) run(t *testing.T, before func(calls int)) {
+	ctx := context.Background()
+	type res struct {
+		c   *stores.Claim
+		err error
+	}
+	claimKeys := append([]string{m.doneKey, m.busyKey, m.expiredKey, m.twinKey, m.twinKey}, m.newKeys...)
+	claimRes := make([]res, len(claimKeys))
+	var completeErr, staleErr, releaseErr, extendErr error
+	var wg sync.WaitGroup
+	for i, k := range claimKeys {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c, err := m.s.Claim(ctx, m.scope, []string{k}, time.Minute)
+			claimRes[i] = res{c, err}
+		}()
+	}
+	for _, f := range []func(){
+		func() { completeErr = m.s.Complete(ctx, m.complete, time.Hour, m.data) },
+		func() { staleErr = m.s.Complete(ctx, m.stale, time.Hour, nil) },
+		func() { releaseErr = m.s.Release(ctx, m.release) },
+		func() { extendErr = m.s.Extend(ctx, m.extend, time.Hour) },
+	} {
+		wg.Add(1)
+		go func() { defer wg.Done(); f() }()
+	}
+	before(len(claimKeys) + 4)
+	wg.Wait()
+
+	for i, r := range claimRes {
+		if r.err != nil {
+			t.Fatalf("Claim(%s): %v", claimKeys[i], r.err)
+		}
+	}
+	if c := claimRes[0].c; c.Result != stores.Duplicate || !bytes.Equal(c.Data, m.data) {
+		t.Errorf("claim of a done key: %+v, want Duplicate with its data", c)
+	}
+	if c := claimRes[1].c; c.Result != stores.InProgress {
+		t.Errorf("claim of a processing key: %+v, want InProgress", c)
+	}
+	if c := claimRes[2].c; c.Result != stores.Claimed || !c.Takeover {
+		t.Errorf("claim of an expired processing key: %+v, want a takeover", c)
+	}
+	twins := []stores.Result{claimRes[3].c.Result, claimRes[4].c.Result}
+	if !(twins[0] == stores.Claimed && twins[1] == stores.InProgress || twins[0] == stores.InProgress && twins[1] == stores.Claimed) {
+		t.Errorf("two claims of one new key: %v, want one Claimed and one InProgress", twins)
+	}
+	for i := 5; i < len(claimRes); i++ {
+		if c := claimRes[i].c; c.Result != stores.Claimed || c.Takeover {
+			t.Errorf("claim of new key %s: %+v", claimKeys[i], c)
+		}
+	}
+	if completeErr != nil {
+		t.Errorf("Complete: %v", completeErr)
+	}
+	if !errors.Is(staleErr, stores.ErrLostClaim) {
+		t.Errorf("Complete of a completed claim: %v, want ErrLostClaim", staleErr)
+	}
+	if releaseErr != nil {
+		t.Errorf("Release: %v", releaseErr)
+	}
+	if extendErr != nil {
+		t.Errorf("Extend: %v", extendErr)
+	}
+
+	// The records say the same.
+	check := func(key string, want stores.Result) *stores.Claim {
+		t.Helper()
+		c, err := m.s.Claim(ctx, m.scope, []string{key}, time.Minute)
+		if err != nil || c.Result != want {
+			t.Errorf("afterwards, Claim(%s) = %+v %v, want %s", key, c, err, want)
+		}
+		return c
+	}
+	if c := check("complete", stores.Duplicate); c != nil && !bytes.Equal(c.Data, m.data) {
+		t.Errorf("completed in a batch: data %x, want %x", c.Data, m.data)
+	}
+	check("release", stores.Claimed)
+	m.clock.Advance(30 * time.Second) // past the original 10s lease
+	check("extend", stores.InProgress)
+	check(m.newKeys[0], stores.InProgress)
+}
+
+// TestBatchMixedResults: one batch holding claims of every outcome
+// (new, duplicate with data, in progress, expired takeover, the same key
+// twice) and Completes, a stale Complete, a Release and an Extend gives
+// each call its own result.
+func TestBatchMixedResults(t *testing.T) {
+	forEachBackend(t, backends, func(t *testing.T, b backend) {
+		clock := storetest.NewFakeClock(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
+		s := newBatchStore(t, b, clock)
+		m := prepareMixed(t, s, clock)
+		g := newGate(t, s)
+		wait := g.plug(context.Background(), m.scope)
+		m.run(t, func(calls int) {
+			g.queued(calls)
+			close(g.open)
+		})
+		wait()
+		sizes := g.batchSizes()
+		if len(sizes) < 2 || sizes[1] < 8 {
+			t.Fatalf("batch sizes %v: want the mixed calls in one batch", sizes)
+		}
+		t.Logf("%s: batch sizes %v", b.dialect, sizes)
+	})
+}
+
+// TestBatchStatementFailure: when a batch's statement fails, its calls
+// run on their own and still get their own results.
+func TestBatchStatementFailure(t *testing.T) {
+	forEachBackend(t, backends, func(t *testing.T, b backend) {
+		clock := storetest.NewFakeClock(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
+		s := newBatchStore(t, b, clock)
+		m := prepareMixed(t, s, clock)
+		g := newGate(t, s)
+		g.fail.Store(true)
+		wait := g.plug(context.Background(), m.scope)
+		m.run(t, func(calls int) {
+			g.queued(calls)
+			close(g.open)
+		})
+		wait()
+		if sizes := g.batchSizes(); len(sizes) < 2 || sizes[1] < 2 {
+			t.Fatalf("batch sizes %v: want a failed batch of several calls", sizes)
+		}
+	})
+}
+
+// TestBatchOrphanedClaimReleased: a caller that gives up while its batch
+// runs gets its context's error, and the claim the batch made for it is
+// released, so the next delivery is not held up for a lease.
+func TestBatchOrphanedClaimReleased(t *testing.T) {
+	forEachBackend(t, backends, func(t *testing.T, b backend) {
+		s := newBatchStore(t, b, nil)
+		g := newGate(t, s)
+		g.holdSecond = true
+		ctx := context.Background()
+		wait := g.plug(ctx, "orphan")
+		cctx, cancel := context.WithCancel(ctx)
+		var wg sync.WaitGroup
+		var gaveUp, other error
+		var otherClaim *stores.Claim
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			_, gaveUp = s.Claim(cctx, "orphan", []string{"orphan"}, time.Hour)
+		}()
+		go func() {
+			defer wg.Done()
+			otherClaim, other = s.Claim(ctx, "orphan", []string{"other"}, time.Hour)
+		}()
+		g.queued(2)
+		close(g.open)
+		<-g.held2 // both run in the second batch, held before its statement
+		cancel()
+		time.Sleep(20 * time.Millisecond) // let the caller leave
+		close(g.open2)
+		wg.Wait()
+		wait()
+		if !errors.Is(gaveUp, context.Canceled) {
+			t.Fatalf("the caller that gave up got %v, want context.Canceled", gaveUp)
+		}
+		if other != nil || otherClaim.Result != stores.Claimed {
+			t.Fatalf("the other caller: %+v %v", otherClaim, other)
+		}
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			c, err := s.Claim(ctx, "orphan", []string{"orphan"}, time.Minute)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.Result == stores.Claimed {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the orphaned claim was not released: %s", c.Result)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		if err := s.Close(ctx); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// TestBatchConfigValidate checks the bounds of BatchConfig.
+func TestBatchConfigValidate(t *testing.T) {
+	for _, tc := range []struct {
+		b    sqlstore.BatchConfig
+		want string
+	}{
+		{sqlstore.BatchConfig{MaxBatch: -1}, "Batch.MaxBatch"},
+		{sqlstore.BatchConfig{MaxBatch: sqlstore.MaxBatchLimit + 1}, "1000"},
+		{sqlstore.BatchConfig{MaxInFlight: -1}, "Batch.MaxInFlight"},
+		{sqlstore.BatchConfig{MaxInFlight: sqlstore.MaxInFlightLimit + 1}, "64"},
+	} {
+		err := sqlstore.Config{Batch: tc.b}.Validate()
+		if err == nil || !bytes.Contains([]byte(err.Error()), []byte(tc.want)) {
+			t.Errorf("Validate(Batch %+v) = %v, want an error naming %s", tc.b, err, tc.want)
+		}
+	}
+	if err := (sqlstore.Config{Batch: sqlstore.BatchConfig{MaxBatch: sqlstore.MaxBatchLimit, MaxInFlight: sqlstore.MaxInFlightLimit}}).Validate(); err != nil {
+		t.Errorf("the largest Batch values: %v", err)
+	}
+}
+
+// TestPostgresCompleteIsHOT: on the plain PostgreSQL layout no index
+// covers a column Complete changes, so its updates are HOT (no new
+// primary-key entry per record).
+func TestPostgresCompleteIsHOT(t *testing.T) {
+	db := openPostgres(t)
+	s := newStore(t, db, sqlstore.Postgres, sqlstore.Config{})
+	ctx := context.Background()
+	const n = 200
+	for i := range n {
+		c, err := s.Claim(ctx, "hot", []string{fmt.Sprint("k", i)}, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Complete(ctx, c, time.Hour, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var idx int
+	if err := db.QueryRowContext(ctx, "SELECT count(*) FROM pg_indexes WHERE tablename = $1", s.Table()).Scan(&idx); err != nil {
+		t.Fatal(err)
+	}
+	if idx != 1 {
+		t.Fatalf("%d indexes, want only the primary key", idx)
+	}
+	// Statistics reach pg_stat_user_tables within a second or so.
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		var upd, hot int64
+		if err := db.QueryRowContext(ctx, "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = $1", s.Table()).Scan(&upd, &hot); err != nil {
+			t.Fatal(err)
+		}
+		if upd >= n {
+			if hot < upd*9/10 {
+				t.Fatalf("%d of %d updates HOT, want nearly all", hot, upd)
+			}
+			t.Logf("%d of %d updates HOT", hot, upd)
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Skipf("statistics not reported yet (%d updates)", upd)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
