@@ -1,0 +1,272 @@
+package acceptance
+
+import (
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/watermill-dedup/dedup/middleware"
+)
+
+type crashMode string
+
+const (
+	crashSIGKILL  crashMode = "SIGKILL of a child process"
+	crashTeardown crashMode = "subscriber torn down without ack"
+	crashEmulated crashMode = "emulated in-process, message nacked"
+)
+
+func crashModeOf(b Backend, s Store) crashMode {
+	switch {
+	case b.Features.Restartable && s.MultiProcess:
+		return crashSIGKILL
+	case b.Features.Persistent && b.Features.ConsumerGroups:
+		return crashTeardown
+	default:
+		return crashEmulated
+	}
+}
+
+// scenarioCrash is ConsumerCrash.
+func scenarioCrash(t *testing.T, b Backend, s Store) {
+	r := newRun(t, b, s, ConsumerCrash, "")
+	in := r.topic("in")
+	n := events(2, 24)
+	evs := r.newEvents(n, "e")
+	// Three crashes, more in a soak run, spread over the stream and
+	// alternating between the two points.
+	crashes := min(3+n/500, 12)
+	plan := map[string]crashPoint{}
+	for i := range crashes {
+		point := crashAfterEffect
+		if i%2 == 1 {
+			point = crashAfterComplete
+		}
+		plan[evs[(i+1)*n/(crashes+1)].ID] = point
+	}
+	for ev := range plan {
+		r.crashPlan[ev] = true
+	}
+	spec := r.spec("c1", in)
+	// Short, as the crashed claims are taken over when it runs out, but
+	// well above the latency of a loaded store: a lease that runs out under
+	// a live handler would add a duplicate no crash explains.
+	spec.Lease = 4 * time.Second
+	spec.StoreTimeout = 3 * time.Second
+	spec.Crash = plan
+	mode := crashModeOf(b, s)
+	r.note("crash: %s", mode)
+	start := func(sp consumerSpec) {
+		if mode == crashSIGKILL {
+			r.startChild(sp)
+		} else {
+			r.startConsumer(sp)
+		}
+	}
+	start(spec)
+	for _, ev := range evs {
+		r.publish(in, ev.message())
+	}
+	if mode != crashEmulated {
+		r.replaceCrashed(len(plan), timeout(n), func(i int) {
+			sp := spec
+			sp.Name = fmt.Sprintf("c%d", i)
+			sp.Crash = r.remainingCrashes(plan)
+			start(sp)
+		})
+	}
+	r.waitSettled(n, r.allApplied(ids(evs)))
+	effects := r.effects()
+	want := map[string]int{}
+	for _, ev := range evs {
+		want[ev.ID] = 1
+	}
+	extra := extraEffects(effects)
+	r.mu.Lock()
+	log := append([]crashRecord(nil), r.crashLog...)
+	r.mu.Unlock()
+	planned, window := 0, 0
+	for _, c := range log {
+		if c.point == crashAfterEffect {
+			planned++
+		}
+		window += c.window
+	}
+	AssertAtLeast(t, "crashes", len(log), len(plan))
+	r.note("crashes=%d (after effect %d), caught between effect and Complete=%d, duplicate effects=%d", len(log), planned, window, extra)
+	if s.Transactional {
+		AssertExactlyOnce(t, effects, ids(evs))
+		return
+	}
+	// Lease mode: every event has an effect; the extra ones are bounded by
+	// the crashes that hit between effect and Complete.
+	counts := countEffects(effects)
+	lost := 0
+	for _, ev := range evs {
+		if counts[ev.ID] == 0 {
+			lost++
+		}
+	}
+	if lost > 0 {
+		t.Errorf("%d events lost", lost)
+	}
+	if len(counts) != n {
+		AssertEffects(t, effects, want) // reports the unexpected ones
+	}
+	// A Complete that failed for good is acked anyway and its record runs
+	// out like a crashed one's: it widens the window the same way.
+	r.mu.Lock()
+	failedCompletes := r.completeErr
+	r.mu.Unlock()
+	AssertBetween(t, "duplicate effects (lease mode)", extra, planned, window+failedCompletes)
+	AssertAtLeast(t, "takeovers", r.outcome(middleware.OutcomeTakeover), planned)
+}
+
+// replaceCrashed kills each consumer that reports a crash and starts the
+// next one (start(2), start(3), ...), until planned crashes happened. A
+// consumer may report several crashes before it is killed (its deliveries
+// run concurrently): the later ones are logged, and no extra consumer is
+// started for them.
+func (r *run) replaceCrashed(planned int, limit time.Duration, start func(i int)) {
+	r.t.Helper()
+	dead := map[string]bool{}
+	var later []crashNote // reports of live consumers, drained early
+	next := 2
+	deadline := time.After(limit)
+	for r.crashCount() < planned {
+		var note crashNote
+		if len(later) > 0 {
+			note, later = later[0], later[1:]
+		} else {
+			select {
+			case note = <-r.crashes:
+			case <-deadline:
+				r.t.Fatalf("timed out waiting for the planned crashes: %d of %d happened", r.crashCount(), planned)
+			}
+		}
+		if dead[note.consumer] {
+			r.crashed(note, 0) // its window was counted when it was killed
+			continue
+		}
+		window := note.kill()
+		dead[note.consumer] = true
+		r.crashed(note, window)
+		// The killed consumer's other reports are all in the channel now:
+		// log them before the next consumer gets the remaining plan.
+		for drained := false; !drained; {
+			select {
+			case more := <-r.crashes:
+				if dead[more.consumer] {
+					r.crashed(more, 0)
+				} else {
+					later = append(later, more)
+				}
+			default:
+				drained = true
+			}
+		}
+		start(next)
+		next++
+	}
+}
+
+func (r *run) crashCount() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.crashLog)
+}
+
+// crashed logs a kill; the crash of note.event happened.
+func (r *run) crashed(note crashNote, window int) {
+	r.logCrash(crashRecord{consumer: note.consumer, event: note.event, point: note.point, window: window})
+}
+
+// remainingCrashes is the part of plan that did not happen yet: the plan
+// of the next child process.
+func (r *run) remainingCrashes(plan map[string]crashPoint) map[string]crashPoint {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := map[string]crashPoint{}
+	for ev, p := range plan {
+		out[ev] = p
+	}
+	for _, c := range r.crashLog {
+		delete(out, c.event)
+	}
+	return out
+}
+
+// scenarioLease is LeaseExpiry.
+func scenarioLease(t *testing.T, b Backend, s Store) {
+	r := newRun(t, b, s, LeaseExpiry, "")
+	in := r.topic("in")
+	n := events(5, 12)
+	evs := r.newEvents(n, "e")
+	hung := []event{evs[1], evs[n/2], evs[n-2]}
+	spec := r.spec("c", in)
+	spec.Lease = 1500 * time.Millisecond
+	spec.Heartbeat = -1 // a stalled process sends no heartbeat
+	spec.InProgressWait = 250 * time.Millisecond
+	spec.Hang = map[string]bool{}
+	byID := map[string]event{}
+	for _, ev := range hung {
+		spec.Hang[ev.ID] = true
+		r.hangPlan[ev.ID] = true
+		byID[ev.ID] = ev
+	}
+	// One consumer more than hung attempts, so a hung attempt never holds
+	// the last consumer that could take it over (a queue's consumers each
+	// take one message at a time).
+	k := len(hung) + 1
+	r.startConsumers(spec, k)
+	warm := r.warmUp(in, spec.Name, k)
+	// When an attempt hangs, publish its message again (same id) on
+	// another shard, for another consumer to pick up.
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case id := <-r.hangs:
+				r.publishAsync(in, byID[id].onShard(1).message())
+			case <-r.done:
+				return
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		r.finish()
+		wg.Wait()
+	})
+	for _, ev := range evs {
+		r.publish(in, ev.message())
+	}
+	evs = append(warm, evs...)
+	r.waitSettled(n, r.allApplied(ids(evs)))
+	AssertExactlyOnce(t, r.effects(), ids(evs))
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, ev := range hung {
+		if got := r.completeOK[ev.ID]; got != 1 {
+			t.Errorf("hung event %s: %d successful Complete/commit, want exactly 1", ev.ID, got)
+		}
+		if r.enteredN[ev.ID] < 2 {
+			t.Errorf("hung event %s: %d deliveries reached the store, want a second one while it hung", ev.ID, r.enteredN[ev.ID])
+		}
+		if !s.Transactional && r.completeLost[ev.ID] < 1 {
+			t.Errorf("hung event %s: the stalled run's Complete was not refused (lost claim)", ev.ID)
+		}
+	}
+	if !s.Transactional {
+		AssertAtLeast(t, "takeovers", r.outcomes[middleware.OutcomeTakeover], len(hung))
+		refused := 0
+		for _, n := range r.completeLost {
+			refused += n
+		}
+		r.notes = append(r.notes, fmt.Sprintf("hung=%d takeovers=%d stalled Completes refused=%d", len(hung), r.outcomes[middleware.OutcomeTakeover], refused))
+	} else {
+		r.notes = append(r.notes, fmt.Sprintf("hung=%d, each overlapped by a waiting duplicate; one commit each", len(hung)))
+	}
+}
