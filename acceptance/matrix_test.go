@@ -37,7 +37,9 @@ var storeScenarios = []acceptance.Scenario{
 //   - every scenario on every broker: gochannel with memstore (and with
 //     Redis for the outage, which memstore cannot have), Kafka and RabbitMQ
 //     with Redis in lease mode, each watermill-sql pub/sub with sqlstore in
-//     transactional mode on the same database;
+//     transactional mode on the same database (joining the subscriber's
+//     transaction, the default; and in its own transaction for the crash
+//     and lease expiry scenarios);
 //   - every store, in every mode, through scenarios 1-4 and 6 on gochannel
 //     and on Kafka.
 //
@@ -54,8 +56,12 @@ func TestAcceptance(t *testing.T) {
 		acceptance.Run(t, k, redisStore())
 	}
 	acceptance.Run(t, rabbitMQ(), redisStore())
-	acceptance.Run(t, sqlPubSub(sqlstore.Postgres), sqlStore(sqlstore.Postgres, true))
-	acceptance.Run(t, sqlPubSub(sqlstore.MySQL), sqlStore(sqlstore.MySQL, true))
+	for _, d := range []sqlstore.Dialect{sqlstore.Postgres, sqlstore.MySQL} {
+		acceptance.Run(t, sqlPubSub(d), sqlStore(d, true))
+		// The inbox in its own transaction rather than in the
+		// subscriber's: the crash and the stalled handler.
+		acceptance.Run(t, sqlPubSub(d), sqlStoreOwnTx(d), acceptance.ConsumerCrash, acceptance.LeaseExpiry)
+	}
 
 	for _, s := range stores() {
 		if s.Name != "memstore" { // memstore ran every scenario above

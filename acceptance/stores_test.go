@@ -94,6 +94,18 @@ func sqlStore(d sqlstore.Dialect, transactional bool) acceptance.Store {
 	if transactional {
 		mode = "tx"
 	}
+	return sqlStoreConfig(d, transactional, mode, sqlstore.Config{})
+}
+
+// sqlStoreOwnTx is sqlstore in transactional mode with
+// IgnoreWatermillTx: on a watermill-sql pub/sub its inbox transaction is
+// its own, not a savepoint in the subscriber's.
+func sqlStoreOwnTx(d sqlstore.Dialect) acceptance.Store {
+	return sqlStoreConfig(d, true, "tx-own", sqlstore.Config{IgnoreWatermillTx: true})
+}
+
+// sqlStoreConfig is sqlStore with cfg (Dialect and Table are set here).
+func sqlStoreConfig(d sqlstore.Dialect, transactional bool, mode string, cfg sqlstore.Config) acceptance.Store {
 	return acceptance.Store{
 		Name:          fmt.Sprintf("sql-%s-%s", d, mode),
 		Transactional: transactional,
@@ -142,7 +154,8 @@ func sqlStore(d sqlstore.Dialect, transactional bool) acceptance.Store {
 				return acceptance.Opened{}, err
 			}
 			t.Cleanup(func() { _ = db.Close() })
-			s, err := sqlstore.New(db, sqlstore.Config{Dialect: d, Table: env["table"]})
+			cfg.Dialect, cfg.Table = d, env["table"]
+			s, err := sqlstore.New(db, cfg)
 			if err != nil {
 				return acceptance.Opened{}, err
 			}
