@@ -154,8 +154,9 @@ func sqlStoreConfig(d sqlstore.Dialect, transactional bool, mode string, cfg sql
 				return acceptance.Opened{}, err
 			}
 			t.Cleanup(func() { _ = db.Close() })
-			cfg.Dialect, cfg.Table = d, env["table"]
-			s, err := sqlstore.New(db, cfg)
+			c := cfg // per call: scenarios open stores concurrently
+			c.Dialect, c.Table = d, env["table"]
+			s, err := sqlstore.New(db, c)
 			if err != nil {
 				return acceptance.Opened{}, err
 			}
