@@ -33,7 +33,9 @@ const (
 	SQLite Dialect = "sqlite"
 )
 
-// Record states, as stored in the state column.
+// Record states: the state column on MySQL and SQLite; on PostgreSQL,
+// which has no such column, a record is processing while it has a token
+// and done once its token is NULL (see queries.stateExpr).
 const (
 	stateProcessing = 1
 	stateDone       = 2
@@ -121,9 +123,15 @@ func newQueries(d Dialect, table string, partitioned bool) *queries {
 	} else {
 		q.table = q.quote(table)
 	}
-	ins := "INSERT INTO " + q.table + " (id, state, token, expires_at) VALUES (%s, %d, %s, %s)"
-	q.insertProcessing = fmt.Sprintf(ins, q.ph(1), stateProcessing, q.ph(2), q.ph(3))
-	q.insertDone = fmt.Sprintf(ins, q.ph(1), stateDone, "NULL", q.ph(2))
+	if d == Postgres {
+		ins := "INSERT INTO " + q.table + " (id, token, expires_at) VALUES (%s, %s, %s)"
+		q.insertProcessing = fmt.Sprintf(ins, q.ph(1), q.ph(2), q.ph(3))
+		q.insertDone = fmt.Sprintf(ins, q.ph(1), "NULL", q.ph(2))
+	} else {
+		ins := "INSERT INTO " + q.table + " (id, state, token, expires_at) VALUES (%s, %d, %s, %s)"
+		q.insertProcessing = fmt.Sprintf(ins, q.ph(1), stateProcessing, q.ph(2), q.ph(3))
+		q.insertDone = fmt.Sprintf(ins, q.ph(1), stateDone, "NULL", q.ph(2))
+	}
 	if !partitioned {
 		// Partitioned: a plain INSERT, made under the id's advisory lock
 		// after reading that no row exists.
@@ -173,6 +181,35 @@ func (q *queries) fencedRows(k opKind, n int) string {
 	default:
 		return fmt.Sprintf("DELETE FROM %s WHERE id IN %s", q.table, in)
 	}
+}
+
+// stateExpr is a record's state (stateProcessing or stateDone). The
+// PostgreSQL table has no state column: a processing record always has a
+// token and a done record never has one, so the token's nullness is the
+// state, and a done record is 8 bytes smaller (48 instead of 56, with the
+// alignment of its columns).
+func (q *queries) stateExpr() string {
+	if q.d == Postgres {
+		return fmt.Sprintf("CASE WHEN token IS NULL THEN %d ELSE %d END", stateDone, stateProcessing)
+	}
+	return "state"
+}
+
+// setState is the SET clause part that stores state st ("" on
+// PostgreSQL, where the token stores it).
+func (q *queries) setState(st int) string {
+	if q.d == Postgres {
+		return ""
+	}
+	return fmt.Sprintf("state = %d, ", st)
+}
+
+// isDone is a predicate true for done records.
+func (q *queries) isDone() string {
+	if q.d == Postgres {
+		return "token IS NULL"
+	}
+	return fmt.Sprintf("state = %d", stateDone)
 }
 
 // advisoryLock serialises every claim and Begin of one id on the
@@ -264,7 +301,7 @@ func (q *queries) selectRows(n int, lock bool) string {
 	if q.d == Postgres {
 		idExpr = "id::text"
 	}
-	s := "SELECT " + idExpr + ", state, CASE WHEN expires_at > " + q.ph(1) + " THEN 1 ELSE 0 END, data, token FROM " +
+	s := "SELECT " + idExpr + ", " + q.stateExpr() + ", CASE WHEN expires_at > " + q.ph(1) + " THEN 1 ELSE 0 END, data, token FROM " +
 		q.table + " WHERE id IN " + q.list(2, n)
 	if lock {
 		s += q.forUpdate()
@@ -275,15 +312,15 @@ func (q *queries) selectRows(n int, lock bool) string {
 // takeover turns n expired records into processing records of a new
 // claim. Args: token, expires, ids...
 func (q *queries) takeover(n int) string {
-	return fmt.Sprintf("UPDATE %s SET state = %d, token = %s, expires_at = %s, data = NULL WHERE id IN %s",
-		q.table, stateProcessing, q.ph(1), q.ph(2), q.list(3, n))
+	return fmt.Sprintf("UPDATE %s SET %stoken = %s, expires_at = %s, data = NULL WHERE id IN %s",
+		q.table, q.setState(stateProcessing), q.ph(1), q.ph(2), q.list(3, n))
 }
 
 // replaceDone turns n expired records into done records of an inbox
 // transaction. Args: expires, ids...
 func (q *queries) replaceDone(n int) string {
-	return fmt.Sprintf("UPDATE %s SET state = %d, token = NULL, expires_at = %s, data = NULL WHERE id IN %s",
-		q.table, stateDone, q.ph(1), q.list(2, n))
+	return fmt.Sprintf("UPDATE %s SET %stoken = NULL, expires_at = %s, data = NULL WHERE id IN %s",
+		q.table, q.setState(stateDone), q.ph(1), q.list(2, n))
 }
 
 // setData stores data on n records. Args: data, ids...
@@ -297,8 +334,8 @@ func (q *queries) setData(n int) string {
 
 // complete: args expires, data, token, ids...
 func (q *queries) complete(n int) string {
-	return fmt.Sprintf("UPDATE %s SET state = %d, token = NULL, expires_at = %s, data = %s WHERE token = %s AND id IN %s",
-		q.table, stateDone, q.ph(1), q.ph(2), q.ph(3), q.list(4, n))
+	return fmt.Sprintf("UPDATE %s SET %stoken = NULL, expires_at = %s, data = %s WHERE token = %s AND id IN %s",
+		q.table, q.setState(stateDone), q.ph(1), q.ph(2), q.ph(3), q.list(4, n))
 }
 
 // extend: args expires, token, ids...
@@ -326,7 +363,7 @@ func (q *queries) owned(n int, lock bool) string {
 // retention ended before now, and processing records whose lease ended
 // before graceCutoff. Args: now, graceCutoff, limit.
 func (q *queries) purge() string {
-	pred := fmt.Sprintf("expires_at < %s AND (state = %d OR expires_at < %s)", q.ph(1), stateDone, q.ph(2))
+	pred := fmt.Sprintf("expires_at < %s AND (%s OR expires_at < %s)", q.ph(1), q.isDone(), q.ph(2))
 	switch q.d {
 	case Postgres:
 		// A TID scan over a bounded, locked batch: no long row-by-row
@@ -346,7 +383,7 @@ func (q *queries) purge() string {
 // expires_at is needed. Args: now, graceCutoff, limit, from and to as
 // '(block,0)' tid literals.
 func (q *queries) purgeBlocks() string {
-	pred := fmt.Sprintf("expires_at < $1 AND (state = %d OR expires_at < $2)", stateDone)
+	pred := fmt.Sprintf("expires_at < $1 AND (%s OR expires_at < $2)", q.isDone())
 	return fmt.Sprintf("DELETE FROM %s WHERE ctid = ANY(ARRAY(SELECT ctid FROM %s WHERE ctid >= $4::text::tid AND ctid < $5::text::tid AND %s LIMIT $3 FOR UPDATE SKIP LOCKED)) AND %s",
 		q.table, q.table, pred, pred)
 }
@@ -365,7 +402,6 @@ func (q *queries) schemaStatements() []string {
 		return []string{
 			`CREATE TABLE IF NOT EXISTS ` + q.table + ` (
     id         uuid        NOT NULL,
-    state      smallint    NOT NULL CHECK (state IN (1, 2)),
     token      bigint,
     expires_at timestamptz NOT NULL,
     data       bytea,
@@ -380,7 +416,6 @@ func (q *queries) schemaStatements() []string {
 		return []string{
 			`CREATE TABLE IF NOT EXISTS ` + q.table + ` (
     id         uuid        NOT NULL,
-    state      smallint    NOT NULL CHECK (state IN (1, 2)),
     token      bigint,
     expires_at timestamptz NOT NULL,
     data       bytea,
