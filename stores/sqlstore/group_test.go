@@ -489,3 +489,51 @@ func TestPostgresCompleteIsHOT(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 	}
 }
+
+// TestPostgresBatchPlansUseTheIndex: a table analyzed while empty (and
+// not since: autovacuum off) makes PostgreSQL cache sequential-scan plans
+// for primary-key lookups; batches plan theirs with sequential scans off,
+// so Completes stay index lookups as the table grows.
+func TestPostgresBatchPlansUseTheIndex(t *testing.T) {
+	db := openPostgres(t)
+	s := newStore(t, db, sqlstore.Postgres, sqlstore.Config{Batch: sqlstore.BatchConfig{MaxInFlight: 1}})
+	ctx := context.Background()
+	if _, err := db.ExecContext(ctx, "VACUUM ANALYZE "+s.Table()); err != nil {
+		t.Fatal(err)
+	}
+	const n = 1500
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 8)
+	for i := range n {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			c, err := s.Claim(ctx, "plans", []string{fmt.Sprint("k", i)}, time.Minute)
+			if err == nil {
+				err = s.Complete(ctx, c, time.Hour, nil)
+			}
+			if err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		var upd, seq int64
+		if err := db.QueryRowContext(ctx, "SELECT n_tup_upd, seq_scan FROM pg_stat_user_tables WHERE relname = $1", s.Table()).Scan(&upd, &seq); err != nil {
+			t.Fatal(err)
+		}
+		if upd >= n {
+			if seq > 10 {
+				t.Fatalf("%d sequential scans for %d Completes", seq, upd)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Skipf("statistics not reported yet (%d updates)", upd)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}

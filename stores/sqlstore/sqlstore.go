@@ -205,7 +205,7 @@ func (c *Config) setDefaults() {
 	if c.PartitionDaysAhead == 0 {
 		c.PartitionDaysAhead = DefaultPartitionDaysAhead
 	}
-	c.Batch.setDefaults(c.Dialect)
+	c.Batch.setDefaults()
 	c.Clock = stores.ClockOrSystem(c.Clock)
 	if c.Logger == nil {
 		c.Logger = watermill.NopLogger{}
@@ -490,10 +490,22 @@ func (s *Store) fetch(ctx context.Context, db querier, ids []recordID, now time.
 		return nil, err
 	}
 	defer rows.Close()
-	out := make(map[string]record, len(ids))
+	return scanRecords(rows)
+}
+
+// rowScanner is what scanRecords needs of *sql.Rows or pgx.Rows.
+type rowScanner interface {
+	Next() bool
+	Scan(dest ...any) error
+	Err() error
+}
+
+// scanRecords reads the rows of a selectRows query, keyed by idKey.
+func scanRecords(rows rowScanner) (map[string]record, error) {
+	out := make(map[string]record)
 	for rows.Next() {
 		var (
-			id    []byte
+			id    string
 			r     record
 			live  int
 			token sql.NullInt64
@@ -502,7 +514,7 @@ func (s *Store) fetch(ctx context.Context, db querier, ids []recordID, now time.
 			return nil, err
 		}
 		r.live, r.token = live == 1, token.Int64
-		out[string(id)] = r
+		out[id] = r
 	}
 	return out, rows.Err()
 }
