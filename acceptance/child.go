@@ -33,8 +33,8 @@ import (
 //
 // Lines: "R" ready; "D id uuid event" delivered; "H id 0|1" handled
 // (1: success); "E id event" effect; "B id event" store entered; "C id
-// event ok|lost|err" Complete or commit; "O outcome scope" metrics; "X id
-// event point" crashing now.
+// event ok|lost|err" Complete or commit; "I id" acked after a failed
+// Complete; "O outcome scope" metrics; "X id event point" crashing now.
 
 const childEnvVar = "ACCEPTANCE_CHILD"
 
@@ -164,6 +164,7 @@ func (s *pipeSink) handled(d *delivery, err error) {
 	s.w.line("H", id(d), ok)
 }
 func (s *pipeSink) effect(d *delivery, event string) { s.w.line("E", id(d), event) }
+func (s *pipeSink) incomplete(d *delivery)           { s.w.line("I", id(d)) }
 func (s *pipeSink) entered(d *delivery)              { s.w.line("B", id(d), d.event) }
 func (s *pipeSink) completed(d *delivery, err error) {
 	res := "ok"
@@ -355,6 +356,8 @@ func (c *childConsumer) handleLine(f []string) {
 			err = errors.New("complete failed")
 		}
 		r.completed(dv, err)
+	case "I":
+		r.incomplete(nil)
 	case "O":
 		n, _ := strconv.Atoi(arg(1))
 		r.Observe(arg(2), middleware.Outcome(n))

@@ -114,11 +114,26 @@ type delivery struct {
 	proc     *proc
 
 	// guarded by proc.mu
-	effect    bool // the memory-ledger effect was applied
-	completed bool // Complete (or the commit) succeeded
+	effect      bool  // the memory-ledger effect was applied
+	completed   bool  // Complete (or the commit) succeeded
+	completeErr error // the last Complete (or commit) failed with it
 }
 
 func (d *delivery) key() string { return d.consumer + "/" + strconv.FormatUint(d.id, 10) }
+
+func (d *delivery) lastCompleteErr() error {
+	d.proc.mu.Lock()
+	defer d.proc.mu.Unlock()
+	return d.completeErr
+}
+
+// setCompleted records the outcome of a Complete or commit.
+func (d *delivery) setCompleted(err error) {
+	d.proc.mu.Lock()
+	d.completed = d.completed || err == nil
+	d.completeErr = err
+	d.proc.mu.Unlock()
+}
 
 type deliveryKey struct{}
 
@@ -137,11 +152,10 @@ func deliveryFrom(ctx context.Context) *delivery {
 // still run; its open transactions are rolled back, as a database does
 // when a client's connection dies.
 type proc struct {
-	mu         sync.Mutex
-	dead       bool
-	live       map[*delivery]struct{}
-	rollbacks  map[*probeTx]struct{}
-	killedOnce sync.Once
+	mu        sync.Mutex
+	dead      bool
+	live      map[*delivery]struct{}
+	rollbacks map[*probeTx]struct{}
 }
 
 func newProc() *proc {
@@ -223,6 +237,10 @@ type sink interface {
 	entered(d *delivery)
 	// completed: d's Complete or commit returned err.
 	completed(d *delivery, err error)
+	// incomplete: d was acked although its last Complete failed (the
+	// middleware acks once CompleteTimeout has passed): its record runs out
+	// like a crashed consumer's, and a later duplicate may run again.
+	incomplete(d *delivery)
 	// claimCrash reports whether the crash planned for event is still to
 	// happen, and takes it; claimHang likewise for a planned hang.
 	claimCrash(event string) bool
@@ -361,6 +379,9 @@ func (c *consumerCore) observe(next message.HandlerFunc) message.HandlerFunc {
 			return nil, c.dieQuietly()
 		}
 		c.sink.handled(d, err)
+		if err == nil && d.lastCompleteErr() != nil {
+			c.sink.incomplete(d)
+		}
 		if err != nil && c.spec.RetryDelay > 0 {
 			time.Sleep(c.spec.RetryDelay)
 		}
@@ -539,9 +560,7 @@ func (s *probeStore) Complete(ctx context.Context, c *stores.Claim, retention ti
 	}
 	err = s.inner.Complete(ctx, c, retention, data)
 	if d != nil {
-		if err == nil {
-			d.proc.do(func() { d.completed = true })
-		}
+		d.setCompleted(err)
 		s.sink.completed(d, err)
 	}
 	return err
@@ -611,9 +630,7 @@ func (t *probeTx) Commit(ctx context.Context, data []byte) error {
 	}
 	err := t.InboxTx.Commit(ctx, data)
 	t.forget()
-	if err == nil {
-		t.d.proc.do(func() { t.d.completed = true })
-	}
+	t.d.setCompleted(err)
 	t.sink.completed(t.d, err)
 	return err
 }

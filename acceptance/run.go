@@ -43,29 +43,32 @@ type run struct {
 	crashes chan crashNote
 	hangs   chan string
 
-	mu           sync.Mutex
-	events       int
-	fanout       int
-	outcomes     map[middleware.Outcome]int
-	deliveries   int
-	published    map[string]int    // copies per message UUID on the input topic
-	eventOf      map[string]string // message UUID -> event, for reports
-	handledOK    map[string]int    // successful deliveries per message UUID
-	handledBy    map[string]int    // successful deliveries per consumer
-	inflight     map[string]struct{}
-	enteredN     map[string]int // store Claims/Begins per event
-	completeOK   map[string]int
-	completeLost map[string]int
-	crashPlan    map[string]bool                       // events whose crash is still to happen
-	hangPlan     map[string]bool                       // events whose hang is still to happen
-	scopeDups    map[string]int                        // duplicates dropped per scope
-	uuidsSeen    map[string]map[string]map[string]bool // consumer -> event -> message uuids
-	crashLog     []crashRecord
-	notes        []string
-	na           string // why the scenario does not apply, found at run time
-	effectCount  int
-	completeErr  int                // Complete/commit calls that failed (not a lost claim)
-	groups       map[[2]string]bool // (topic, group) pairs consumers used
+	mu              sync.Mutex
+	events          int
+	fanout          int
+	outcomes        map[middleware.Outcome]int
+	deliveries      int
+	published       map[string]int    // copies per message UUID on the input topic
+	eventOf         map[string]string // message UUID -> event, for reports
+	due             int               // handles due: copies published x fanout
+	handledDue      int               // successful handles that were due
+	handledOK       map[string]int    // successful deliveries per message UUID
+	handledBy       map[string]int    // successful deliveries per consumer
+	inflight        map[string]struct{}
+	enteredN        map[string]int // store Claims/Begins per event
+	completeOK      map[string]int
+	completeLost    map[string]int
+	crashPlan       map[string]bool                       // events whose crash is still to happen
+	hangPlan        map[string]bool                       // events whose hang is still to happen
+	scopeDups       map[string]int                        // duplicates dropped per scope
+	uuidsSeen       map[string]map[string]map[string]bool // consumer -> event -> message uuids
+	crashLog        []crashRecord
+	notes           []string
+	na              string // why the scenario does not apply, found at run time
+	effectCount     int
+	completeErr     int                // Complete/commit calls that failed (not a lost claim)
+	ackedIncomplete int                // deliveries acked although their Complete failed
+	groups          map[[2]string]bool // (topic, group) pairs consumers used
 }
 
 type crashNote struct {
@@ -300,10 +303,33 @@ func (r *run) publish(topic string, msgs ...*message.Message) {
 	r.mu.Lock()
 	for _, m := range msgs {
 		r.published[m.UUID]++
+		r.due += r.fanout
 		r.eventOf[m.UUID] = m.Metadata.Get(MetadataEvent)
 	}
 	r.mu.Unlock()
 	r.publishRaw(topic, msgs...)
+}
+
+// maxPending bounds what publishPaced lets wait for a consumer.
+const maxPending = 64
+
+// publishPaced publishes like publish, waiting while maxPending published
+// copies are not handled yet: a producer not infinitely faster than its
+// consumers. It keeps a backend that runs every delivery at once
+// (gochannel) from burying the store under hundreds of concurrent calls,
+// whose timeouts would turn into the duplicates of failed Completes and
+// expired leases instead of the behaviour under test.
+func (r *run) publishPaced(topic string, msgs ...*message.Message) {
+	r.t.Helper()
+	for _, m := range msgs {
+		r.eventually("the consumers to keep up", timeout(maxPending), func() (bool, string) {
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			pending := r.due - r.handledDue
+			return pending < maxPending, fmt.Sprintf("%d published copies not handled", pending)
+		})
+		r.publish(topic, m)
+	}
 }
 
 // publishRaw publishes msgs without expecting them on the input topic.
@@ -349,6 +375,9 @@ func (r *run) handled(d *delivery, err error) {
 	r.mu.Lock()
 	delete(r.inflight, d.key())
 	if err == nil {
+		if r.handledOK[d.uuid] < r.published[d.uuid]*r.fanout {
+			r.handledDue++
+		}
 		r.handledOK[d.uuid]++
 		r.handledBy[d.consumer]++
 	}
@@ -386,6 +415,12 @@ func (r *run) completed(d *delivery, err error) {
 	default:
 		r.completeErr++
 	}
+	r.mu.Unlock()
+}
+
+func (r *run) incomplete(*delivery) {
+	r.mu.Lock()
+	r.ackedIncomplete++
 	r.mu.Unlock()
 }
 
@@ -589,6 +624,9 @@ func (r *run) record() {
 	notes := append([]string(nil), r.notes...)
 	if r.completeErr > 0 {
 		notes = append(notes, fmt.Sprintf("failed Completes/commits=%d", r.completeErr))
+	}
+	if r.ackedIncomplete > 0 {
+		notes = append(notes, fmt.Sprintf("acked after a failed Complete=%d", r.ackedIncomplete))
 	}
 	if n := r.outcomes[middleware.OutcomeStoreError]; n > 0 && r.sc != StoreOutage {
 		notes = append(notes, fmt.Sprintf("store_error=%d", n))

@@ -259,6 +259,7 @@ func (r *run) allHandledOne(name string, k int) bool {
 func (r *run) publishAsync(topic string, msg *message.Message) {
 	r.mu.Lock()
 	r.published[msg.UUID]++
+	r.due += r.fanout
 	r.eventOf[msg.UUID] = msg.Metadata.Get(MetadataEvent)
 	r.mu.Unlock()
 	if err := r.pub.Publish(topic, msg); err != nil {

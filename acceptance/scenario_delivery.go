@@ -19,7 +19,7 @@ func scenarioNack(t *testing.T, b Backend, s Store) {
 	spec.FailFirst = true
 	c := r.startConsumer(spec)
 	for _, ev := range evs {
-		r.publish(in, ev.message())
+		r.publishPaced(in, ev.message())
 	}
 	r.waitSettled(n, r.allApplied(ids(evs)))
 	effects := r.effects()
@@ -53,10 +53,10 @@ func scenarioConcurrent(t *testing.T, b Backend, s Store) {
 	warm := r.warmUp(in, spec.Name, k)
 	copies := len(warm)
 	for i, ev := range evs {
-		r.publish(in, ev.message())
+		r.publishPaced(in, ev.message())
 		copies++
 		if i%4 == 1 {
-			r.publish(in, ev.onShard(1).message())
+			r.publishPaced(in, ev.onShard(1).message())
 			copies++
 		}
 	}
@@ -82,7 +82,7 @@ func scenarioRepublish(t *testing.T, b Backend, s Store) {
 	var later []event
 	republished := 0
 	for i, ev := range evs {
-		r.publish(in, ev.message())
+		r.publishPaced(in, ev.message())
 		if i%5 != 2 {
 			continue
 		}
@@ -90,13 +90,13 @@ func scenarioRepublish(t *testing.T, b Backend, s Store) {
 		again.UUID = watermill.NewUUID()
 		republished++
 		if i%2 == 0 {
-			r.publish(in, again.message())
+			r.publishPaced(in, again.message())
 		} else {
 			later = append(later, again)
 		}
 	}
 	for _, ev := range later {
-		r.publish(in, ev.message())
+		r.publishPaced(in, ev.message())
 	}
 	r.waitSettled(n, r.allApplied(ids(evs)))
 	AssertExactlyOnce(t, r.effects(), ids(evs))
