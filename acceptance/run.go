@@ -36,6 +36,7 @@ type run struct {
 	opened     Opened
 	mem        *memLedger // nil when the store keeps the ledger
 	pub        message.Publisher
+	pubMu      sync.Mutex // see publishOne
 
 	done     chan struct{} // closed when the scenario ends
 	doneOnce sync.Once
@@ -310,6 +311,17 @@ func (r *run) publish(topic string, msgs ...*message.Message) {
 	r.publishRaw(topic, msgs...)
 }
 
+// publishOne publishes msg, one publish at a time. Publishing from
+// several goroutines at once is not what any scenario tests, and
+// watermill-sql's MySQL adapter loses messages then: two inserts may
+// commit out of their AUTO_INCREMENT order, and a consumer that acked the
+// later offset never reads the earlier one.
+func (r *run) publishOne(topic string, msg *message.Message) error {
+	r.pubMu.Lock()
+	defer r.pubMu.Unlock()
+	return r.pub.Publish(topic, msg)
+}
+
 // maxPending bounds what publishPaced lets wait for a consumer.
 const maxPending = 64
 
@@ -336,7 +348,7 @@ func (r *run) publishPaced(topic string, msgs ...*message.Message) {
 func (r *run) publishRaw(topic string, msgs ...*message.Message) {
 	r.t.Helper()
 	for _, m := range msgs {
-		if err := r.pub.Publish(topic, m); err != nil {
+		if err := r.publishOne(topic, m); err != nil {
 			r.t.Fatalf("publish %s to %s: %v", m.UUID, topic, err)
 		}
 	}
