@@ -379,7 +379,8 @@ func (c *consumerCore) observe(next message.HandlerFunc) message.HandlerFunc {
 			return nil, c.dieQuietly()
 		}
 		c.sink.handled(d, err)
-		if err == nil && d.lastCompleteErr() != nil {
+		if cerr := d.lastCompleteErr(); err == nil && cerr != nil && !errors.Is(cerr, stores.ErrLostClaim) {
+			// (A refused Complete is reconciled: the record is done.)
 			c.sink.incomplete(d)
 		}
 		if err != nil && c.spec.RetryDelay > 0 {
