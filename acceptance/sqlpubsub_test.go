@@ -82,6 +82,7 @@ func sqlPubSub(d sqlstore.Dialect) acceptance.Backend {
 			if err != nil {
 				return nil, err
 			}
+			db.SetMaxOpenConns(2)
 			pub, err := wsql.NewPublisher(db, wsql.PublisherConfig{SchemaAdapter: schemaAdapter(d)}, testLogger())
 			if err != nil {
 				_ = db.Close()
@@ -94,6 +95,8 @@ func sqlPubSub(d sqlstore.Dialect) acceptance.Backend {
 			if err != nil {
 				return nil, err
 			}
+			// The subscriber holds one transaction at a time.
+			db.SetMaxOpenConns(2)
 			sub, err := wsql.NewSubscriber(db, subscriberConfig(d, group), testLogger())
 			if err != nil {
 				_ = db.Close()
