@@ -3,17 +3,14 @@ package acceptance_test
 import (
 	"database/sql"
 	"errors"
-	"net/url"
 	"sync"
 	"testing"
 	"time"
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/go-sql-driver/mysql"
 
 	"github.com/watermill-dedup/dedup/acceptance"
-	"github.com/watermill-dedup/dedup/internal/testenv"
 	"github.com/watermill-dedup/dedup/stores/sqlstore"
 )
 
@@ -39,22 +36,8 @@ func sqlPubSub(d sqlstore.Dialect) acceptance.Backend {
 			Restartable:    true,
 		},
 		Setup: func(t *testing.T) (acceptance.Env, error) {
-			env := acceptance.Env{}
-			switch d {
-			case sqlstore.Postgres:
-				u, err := url.Parse(testenv.RequirePostgres(t))
-				if err != nil {
-					return nil, err
-				}
-				env[acceptance.EnvAddr] = u.Host
-			case sqlstore.MySQL:
-				cfg, err := mysql.ParseDSN(testenv.RequireMySQL(t))
-				if err != nil {
-					return nil, err
-				}
-				env[acceptance.EnvAddr] = cfg.Addr
-			}
-			return env, nil
+			addr, err := sqlServer(t, d)
+			return acceptance.Env{acceptance.EnvAddr: addr}, err
 		},
 		CreateTopic: func(t *testing.T, env acceptance.Env, topic string) error {
 			db, err := openSQL(d, env)

@@ -112,21 +112,14 @@ func sqlStoreConfig(d sqlstore.Dialect, transactional bool, mode string, cfg sql
 		MultiProcess:  d != sqlstore.SQLite,
 		Setup: func(t *testing.T, id string) (acceptance.Env, error) {
 			env := acceptance.Env{"table": "dedup_" + id, "ledger": "ledger_" + id}
-			switch d {
-			case sqlstore.Postgres:
-				u, err := url.Parse(testenv.RequirePostgres(t))
-				if err != nil {
-					return nil, err
-				}
-				env[acceptance.EnvAddr] = u.Host
-			case sqlstore.MySQL:
-				cfg, err := mysql.ParseDSN(testenv.RequireMySQL(t))
-				if err != nil {
-					return nil, err
-				}
-				env[acceptance.EnvAddr] = cfg.Addr
-			case sqlstore.SQLite:
+			if d == sqlstore.SQLite {
 				env["path"] = filepath.Join(t.TempDir(), "dedup.db")
+			} else {
+				addr, err := sqlServer(t, d)
+				if err != nil {
+					return nil, err
+				}
+				env[acceptance.EnvAddr] = addr
 			}
 			db, err := openSQL(d, env)
 			if err != nil {
@@ -167,6 +160,23 @@ func sqlStoreConfig(d sqlstore.Dialect, transactional bool, mode string, cfg sql
 			return o, nil
 		},
 	}
+}
+
+// sqlServer returns the host:port of the PostgreSQL or MySQL server
+// (skipping the test loudly, or failing it in CI, when it is down).
+func sqlServer(t testing.TB, d sqlstore.Dialect) (string, error) {
+	if d == sqlstore.MySQL {
+		cfg, err := mysql.ParseDSN(testenv.RequireMySQL(t))
+		if err != nil {
+			return "", err
+		}
+		return cfg.Addr, nil
+	}
+	u, err := url.Parse(testenv.RequirePostgres(t))
+	if err != nil {
+		return "", err
+	}
+	return u.Host, nil
 }
 
 // openSQL opens the database of env, through env[EnvAddr].
