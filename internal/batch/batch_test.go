@@ -99,3 +99,33 @@ func TestExecErrorReachesUnsetCalls(t *testing.T) {
 		t.Fatal("a call Exec forgot must fail, not return a zero result")
 	}
 }
+
+// BenchmarkLoneCall measures what the batcher adds to a call that finds
+// nothing else out (it runs inline): compare with BenchmarkDirectCall.
+func BenchmarkLoneCall(b *testing.B) {
+	bt := batch.New(func(_ context.Context, calls []*batch.Call[int, int]) error {
+		for _, c := range calls {
+			c.Set(c.Req, nil)
+		}
+		return nil
+	}, 128, 4)
+	ctx := context.Background()
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		if _, err := bt.Do(ctx, i); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkDirectCall is the baseline of BenchmarkLoneCall.
+func BenchmarkDirectCall(b *testing.B) {
+	exec := func(_ context.Context, req int) (int, error) { return req, nil }
+	ctx := context.Background()
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		if _, err := exec(ctx, i); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -61,3 +61,36 @@ func ExampleNew_cluster() {
 	defer store.Close(context.Background())
 	_ = store
 }
+
+// Batching is on by default; BatchConfig bounds it, or turns it off. (The
+// snippet of the README's Batching section.)
+func ExampleBatchConfig() {
+	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379", ContextTimeoutEnabled: true})
+	defer client.Close()
+
+	store, err := redisstore.New(client, redisstore.Config{
+		Batch: redisstore.BatchConfig{
+			MaxBatch:    128, // default; at most 10000
+			MaxInFlight: 4,   // default; at most 1024: pipelines (connections, per node) at once
+			// Disabled: true, // one round trip per call
+		},
+	})
+	if err != nil {
+		panic(err)
+	}
+	defer store.Close(context.Background())
+}
+
+// Compact keys: 14-byte Redis keys under the prefix "d:", 97 bytes a
+// record instead of 113, at a collision probability of about n²/2⁹⁷ for n
+// live records (see the README).
+func ExampleConfig_compactKeys() {
+	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379", ContextTimeoutEnabled: true})
+	defer client.Close()
+
+	store, err := redisstore.New(client, redisstore.Config{CompactKeys: true})
+	if err != nil {
+		panic(err)
+	}
+	defer store.Close(context.Background())
+}

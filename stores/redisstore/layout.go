@@ -13,12 +13,16 @@ import (
 
 // This file is the single place that knows how records are laid out in
 // Redis: key encoding, value encoding, the Lua scripts and the arguments
-// they take. Store methods build an [op] here and send it; a future batcher
-// can put many ops into one pipeline without knowing any of this.
+// they take. Store methods build an [op] here and send it; the batcher
+// (batching.go) puts many ops into one pipeline without knowing any of
+// this.
 
 // Key layout:
 //
 //	Prefix ‖ esc(scope) ‖ kind ‖ body
+//
+// (or, with Config.CompactKeys, Prefix ‖ the first 12 bytes of
+// SHA-256(esc(scope) ‖ kind ‖ body): see compactKey).
 //
 // esc percent-encodes the bytes '%', ':', '=', '#' and '{' of the scope, so
 // the first kind byte after the prefix ends the scope and no scope can open
