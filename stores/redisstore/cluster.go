@@ -37,8 +37,8 @@ import (
 //     message. The middleware extends leases while a handler runs, so the
 //     lease normally has most of its length left when Complete runs.
 
-// claimOrdered claims rkeys one script per key in ascending key order. It
-// returns a reply as claimScript would for all keys at once.
+// claimOrdered claims rkeys one call (claimOne) per key in ascending key
+// order. It returns a reply as claimScript would for all keys at once.
 func (s *Store) claimOrdered(ctx context.Context, rkeys []string, token string, lease time.Duration) (claimReply, error) {
 	order := make([]int, len(rkeys))
 	for i := range order {

@@ -283,9 +283,11 @@ func isSharded(client redis.UniversalClient) bool {
 // Claim implements [stores.Store].
 //
 // On one node (a *redis.Client, or any client with a Prefix holding a hash
-// tag) it is one script, atomic over all keys.
+// tag) it is one script, atomic over all keys. A claim of one key is a SET
+// NX GET, followed by the claim script only when the key is processing
+// (see claimOne).
 //
-// In Redis Cluster, a claim of several keys claims them one script per key,
+// In Redis Cluster, a claim of several keys claims them one call per key,
 // in the order of their Redis keys; a key that is done or held stops the
 // claim, and the keys already taken are put back exactly as they were (a
 // taken-over expired lease is restored with its remaining TTL). The result
