@@ -97,11 +97,12 @@ func sqlStore(d sqlstore.Dialect, transactional bool) acceptance.Store {
 	return sqlStoreConfig(d, transactional, mode, sqlstore.Config{})
 }
 
-// sqlStoreOwnTx is sqlstore in transactional mode with
-// IgnoreWatermillTx: on a watermill-sql pub/sub its inbox transaction is
-// its own, not a savepoint in the subscriber's.
-func sqlStoreOwnTx(d sqlstore.Dialect) acceptance.Store {
-	return sqlStoreConfig(d, true, "tx-own", sqlstore.Config{IgnoreWatermillTx: true})
+// sqlStoreJoinedTx is sqlstore in transactional mode with
+// JoinWatermillTx: on a watermill-sql pub/sub its inbox record is a
+// savepoint in the subscriber's transaction, so offset ack, record and
+// ledger commit together.
+func sqlStoreJoinedTx(d sqlstore.Dialect) acceptance.Store {
+	return sqlStoreConfig(d, true, "tx-joined", sqlstore.Config{JoinWatermillTx: true})
 }
 
 // sqlStoreConfig is sqlStore with cfg (Dialect and Table are set here).

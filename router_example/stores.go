@@ -129,8 +129,10 @@ func openSQLStore(ctx context.Context, cfg Config, runID string, logger watermil
 		Logger: logger,
 		// Inside a watermill-sql subscriber's transaction the inbox record
 		// joins it (offset ack, record and ledger commit together), but
-		// only when that transaction is on this database.
-		IgnoreWatermillTx: cfg.Broker != cfg.Store,
+		// only when that transaction is on this database. The example's
+		// handlers are far shorter than the subscriber's AckDeadline,
+		// which joining requires (see sqlstore.Config.JoinWatermillTx).
+		JoinWatermillTx: cfg.Broker == cfg.Store,
 	})
 	if err != nil {
 		return nil, err

@@ -39,7 +39,7 @@ func (s *Store) outerTx(ctx context.Context) (*sql.Tx, bool) {
 	if tx, ok := TxFromContext(ctx); ok {
 		return tx, true
 	}
-	if s.cfg.IgnoreWatermillTx {
+	if !s.cfg.JoinWatermillTx {
 		return nil, false
 	}
 	tx, ok := wsql.TxFromContext(ctx)
@@ -58,8 +58,9 @@ func (s *Store) outerTx(ctx context.Context) (*sql.Tx, bool) {
 // back), an expired one is replaced, a live processing one (a lease-mode
 // claim sharing the table) makes the result InProgress (rolled back too).
 //
-// When ctx carries a transaction (watermill-sql's subscriber transaction,
-// or one given with WithTx) Begin works inside it under a SAVEPOINT:
+// When ctx carries a transaction (one given with WithTx, or watermill-sql's
+// subscriber transaction under Config.JoinWatermillTx) Begin works inside
+// it under a SAVEPOINT:
 // Commit releases it, Rollback and a Duplicate roll back to it. Each
 // attempt of a message gets its own savepoint, which matters with
 // watermill-sql, whose subscriber redelivers a nacked message inside the

@@ -138,12 +138,19 @@ type Config struct {
 	// at most 366.
 	PartitionDaysAhead int
 
-	// IgnoreWatermillTx makes Begin open its own transaction even when ctx
-	// carries a watermill-sql subscriber's transaction. By default Begin
-	// joins that transaction with a SAVEPOINT; the subscriber's database
-	// must then be the one holding the table. A transaction given with
-	// WithTx is always joined.
-	IgnoreWatermillTx bool
+	// JoinWatermillTx makes Begin join a watermill-sql subscriber's
+	// transaction carried by ctx, with a SAVEPOINT, so that the offset ack,
+	// the dedup record and the handler's writes commit together; the
+	// subscriber's database must be the one holding the table. By default
+	// Begin opens its own transaction. A transaction given with WithTx is
+	// always joined.
+	//
+	// Opt in only with a subscriber AckDeadline longer than any handler
+	// can run: watermill-sql v3 commits its transaction when the deadline
+	// passes even while the handler still runs, which commits the dedup
+	// record without the handler's effect — the redelivery is then acked as
+	// a duplicate and the effect is lost.
+	JoinWatermillTx bool
 
 	// Batch configures group commit of lease-mode calls: concurrent
 	// single-key Claims, Completes, Releases and Extends share statements

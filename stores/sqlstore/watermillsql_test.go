@@ -29,7 +29,7 @@ import (
 func TestWatermillSQLSubscriberTx(t *testing.T) {
 	forEachBackend(t, serverBackends, func(t *testing.T, b backend) {
 		db := b.open(t)
-		s := newStore(t, db, b.dialect, sqlstore.Config{})
+		s := newStore(t, db, b.dialect, sqlstore.Config{JoinWatermillTx: true})
 		l := newLedger(t, db, b.dialect, 4)
 		topic := "dedup_" + storetest.NewID()
 
