@@ -35,9 +35,13 @@
 // a panic, a store outage (FailClosed) or a failed publish of outputs all
 // nack. In lease mode an effect runs twice only when a consumer dies
 // between its side effect and Complete (the next delivery takes the lease
-// over after it expires: OutcomeTakeover), or when a redelivery arrives
-// after Retention (OutcomeTTLMiss). In transactional mode (Config.Transactional)
-// effects written in the store's database are never doubled.
+// over after it expires: OutcomeTakeover); when the store stays unreachable
+// longer than the lease while a handler runs (the lease cannot be extended)
+// or longer than CompleteTimeout after it (the message is acked with its
+// record still processing, so a duplicate arriving after the lease runs
+// again); or when a redelivery arrives after Retention (OutcomeTTLMiss). In
+// transactional mode (Config.Transactional) effects written in the store's
+// database are never doubled.
 package middleware
 
 import (
