@@ -77,7 +77,7 @@ func runGrowth(ctx context.Context, o *options) ([]result, error) {
 }
 
 func measureGrowth(ctx context.Context, bs *benchStore, levels []int, o *options) ([]result, error) {
-	const scope = "bench-growth"
+	const scope = "loyalty" // a handler name
 	retention := 2 * time.Hour
 	memBefore, err := bs.mem(ctx)
 	if err != nil {

@@ -79,7 +79,9 @@ func openRedisBench(ctx context.Context) (*benchStore, error) {
 	if err != nil {
 		return nil, err
 	}
-	prefix := "dedupbench:" + runID() + ":"
+	// As long as the default prefix ("dedup:"), so bytes per record are
+	// those of the default layout; unique, so cleanup deletes only ours.
+	prefix := "b" + runID()[:4] + ":"
 	s, err := redisstore.New(c, redisstore.Config{Prefix: prefix, SkipServerCheck: true})
 	if err != nil {
 		_ = c.Close()
