@@ -14,7 +14,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/watermill-dedup/dedup/internal/testenv"
-	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/redisstore"
 	"github.com/watermill-dedup/dedup/stores/storetest"
 )
@@ -44,39 +43,7 @@ func benchmarkCycles(b *testing.B, addr string, conc int, cfg redisstore.Config)
 	c := redis.NewClient(&redis.Options{Addr: addr, PoolSize: conc, ContextTimeoutEnabled: true})
 	b.Cleanup(func() { _ = c.Close() })
 	s := newStore(b, c, cfg)
-	ctx := context.Background()
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	errs := make(chan error, conc)
-	b.ResetTimer()
-	start := time.Now()
-	for range conc {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for next.Add(1) <= int64(b.N) {
-				cl, err := s.Claim(ctx, "orders", []string{watermill.NewUUID()}, 30*time.Second)
-				if err == nil && cl.Result != stores.Claimed {
-					err = fmt.Errorf("claim result %s", cl.Result)
-				}
-				if err == nil {
-					err = s.Complete(ctx, cl, time.Minute, nil)
-				}
-				if err != nil {
-					errs <- err
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	elapsed := time.Since(start)
-	b.StopTimer()
-	close(errs)
-	for err := range errs {
-		b.Fatal(err)
-	}
-	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "msgs/s")
+	storetest.RunParallel(b, conc, storetest.ClaimComplete(s, "orders"))
 }
 
 // BenchmarkMemory writes 1,000,000 done records without data (scope

@@ -27,16 +27,7 @@ func BenchmarkSQLStore(b *testing.B) {
 			db := be.open(b)
 			s := newStore(b, db, be.dialect, sqlstore.Config{})
 			ops := map[string]func(ctx context.Context, key string) error{
-				"lease": func(ctx context.Context, key string) error {
-					c, err := s.Claim(ctx, "bench", []string{key}, time.Minute)
-					if err != nil {
-						return err
-					}
-					if c.Result != stores.Claimed {
-						return fmt.Errorf("claim of a new key: %s", c.Result)
-					}
-					return s.Complete(ctx, c, time.Hour, nil)
-				},
+				"lease": storetest.ClaimComplete(s, "bench"),
 				"tx": func(ctx context.Context, key string) error {
 					tx, err := s.Begin(ctx, "bench", []string{key}, time.Hour)
 					if err != nil {
@@ -51,50 +42,12 @@ func BenchmarkSQLStore(b *testing.B) {
 			for _, mode := range []string{"lease", "tx"} {
 				for _, workers := range []int{1, 16} {
 					b.Run(fmt.Sprintf("%s/conc=%d", mode, workers), func(b *testing.B) {
-						runParallel(b, workers, ops[mode])
+						storetest.RunParallel(b, workers, ops[mode])
 					})
 				}
 			}
 		})
 	}
-}
-
-// runParallel calls op b.N times with fresh keys from workers goroutines
-// and reports msgs/s.
-func runParallel(b *testing.B, workers int, op func(ctx context.Context, key string) error) {
-	prefix := "k-" + storetest.NewID() + "-"
-	ctx := context.Background()
-	var (
-		next atomic.Int64
-		wg   sync.WaitGroup
-		errs = make(chan error, workers)
-	)
-	b.ResetTimer()
-	start := time.Now()
-	for range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				i := next.Add(1)
-				if i > int64(b.N) {
-					return
-				}
-				if err := op(ctx, prefix+strconv.FormatInt(i, 10)); err != nil {
-					errs <- err
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	elapsed := time.Since(start)
-	b.StopTimer()
-	close(errs)
-	for err := range errs {
-		b.Fatal(err)
-	}
-	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "msgs/s")
 }
 
 // BenchmarkPostgresRecordSize fills a table with done records through the
