@@ -55,8 +55,15 @@ func scenarioOutage(t *testing.T, b Backend, s Store, failOpen bool) {
 		r.publish(in, ev.message())
 	}
 	// Hold the outage until the middleware felt it (or 3s for a backend
-	// that cannot consume without the database either).
-	held := r.waitUntil(3*time.Second, func() bool {
+	// that cannot consume without the database either). Under fail-open a
+	// sequential consumer (one RabbitMQ delivery at a time) first spends up
+	// to CompleteTimeout (the lease) retrying the Complete the cut caught,
+	// before its next Claim can fail and bypass: wait past that.
+	hold := 3 * time.Second
+	if failOpen {
+		hold = 2*spec.Lease + time.Second
+	}
+	held := r.waitUntil(hold, func() bool {
 		if failOpen {
 			return r.outcome(middleware.OutcomeBypassed) >= min(5, third/2)
 		}
