@@ -493,7 +493,9 @@ func TestPostgresCompleteIsHOT(t *testing.T) {
 // TestPostgresBatchPlansUseTheIndex: a table analyzed while empty (and
 // not since: autovacuum off) makes PostgreSQL cache sequential-scan plans
 // for primary-key lookups; batches plan theirs with sequential scans off,
-// so Completes stay index lookups as the table grows.
+// so batched Completes stay index lookups as the table grows. (A lone
+// call runs the unbatched statements, whose plans autovacuum's ANALYZE
+// refreshes: those few may scan.)
 func TestPostgresBatchPlansUseTheIndex(t *testing.T) {
 	db := openPostgres(t)
 	s := newStore(t, db, sqlstore.Postgres, sqlstore.Config{Batch: sqlstore.BatchConfig{MaxInFlight: 1}})
@@ -526,9 +528,10 @@ func TestPostgresBatchPlansUseTheIndex(t *testing.T) {
 			t.Fatal(err)
 		}
 		if upd >= n {
-			if seq > 10 {
+			if seq > n/10 {
 				t.Fatalf("%d sequential scans for %d Completes", seq, upd)
 			}
+			t.Logf("%d sequential scans (lone calls) for %d Completes", seq, upd)
 			return
 		}
 		if time.Now().After(deadline) {

@@ -16,13 +16,23 @@
 // # Schema
 //
 // One table, keyed by a 128-bit digest of (scope, key) ([RecordID]), with
-// state, fencing token, one expiry column (lease end while processing,
-// retention end once done) and the opaque data. The exact DDL per dialect
-// is in README.md; [Store.CreateSchema] runs it. A PostgreSQL done record
-// without data takes about 102 bytes including its indexes when written by
-// Begin, 137 when written by Claim + Complete on PostgreSQL 15 (the update
-// of the BRIN-indexed expires_at is not a HOT update before PostgreSQL 16,
-// so the primary key gets a second entry).
+// the fencing token (NULL once done), one expiry column (lease end while
+// processing, retention end once done) and the opaque data; MySQL and
+// SQLite also keep the state in a column of its own, PostgreSQL tells it
+// from the token. The exact DDL per dialect is in README.md;
+// [Store.CreateSchema] runs it. On PostgreSQL no index covers a column
+// that Complete changes, so Complete is a HOT update (no new index entry),
+// and the purge reads the heap in block ranges instead of an index; a
+// done record without data takes about 100 bytes including its primary
+// key written by Begin, about 105 written by Claim + Complete (README.md).
+//
+// # Group commit
+//
+// Concurrent single-key lease-mode calls (Claim, Complete, Release,
+// Extend) that arrive while a batch is running are coalesced into the
+// next batch: one round trip and one commit for all of them, each call
+// with its own result (see [BatchConfig]; on by default). A lone caller
+// runs at once, on the statements an unbatched call runs.
 //
 // # Time
 //
@@ -599,7 +609,9 @@ func checkKeys(keys []string) error {
 //
 // A single key takes one INSERT ... ON CONFLICT DO NOTHING (INSERT ... ON
 // DUPLICATE KEY UPDATE id = id on MySQL) in the common case, and a SELECT
-// more for a duplicate. Taking over an expired record, and every multi-key
+// more for a duplicate; concurrent single-key claims share those
+// statements' round trip and commit with each other and with concurrent
+// Completes, Releases and Extends (see [BatchConfig]). Taking over an expired record, and every multi-key
 // claim, run in a short transaction: insert the missing records, lock the
 // existing ones (SELECT ... FOR UPDATE), decide, update the expired ones,
 // commit, or roll back when any key is live, so the claim is
