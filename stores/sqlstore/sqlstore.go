@@ -23,8 +23,9 @@
 // [Store.CreateSchema] runs it. On PostgreSQL no index covers a column
 // that Complete changes, so Complete is a HOT update (no new index entry),
 // and the purge reads the heap in block ranges instead of an index; a
-// done record without data takes about 100 bytes including its primary
-// key written by Begin, about 105 written by Claim + Complete (README.md).
+// done record without data takes about 92 bytes including its primary key
+// written by Begin, 100 to 114 written by Claim + Complete, depending on
+// how soon PostgreSQL can prune the processing row version (README.md).
 //
 // # Group commit
 //
