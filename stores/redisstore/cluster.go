@@ -134,13 +134,7 @@ const undoTimeout = 2 * time.Second
 // first done key's value in the claim's key order, or else stop's result
 // (the key that stopped the claim may have expired since).
 func (s *Store) peekDone(ctx context.Context, rkeys []string, stop claimReply) (claimReply, error) {
-	cmds := make([]*redis.StringCmd, len(rkeys))
-	_, _ = s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for i, k := range rkeys {
-			cmds[i] = p.Get(ctx, k)
-		}
-		return nil
-	})
+	cmds := s.getAll(ctx, rkeys)
 	for i, cmd := range cmds {
 		v, err := cmd.Result()
 		if errors.Is(err, redis.Nil) {
@@ -164,13 +158,7 @@ func (s *Store) peekDone(ctx context.Context, rkeys []string, stop claimReply) (
 // different nodes: check every key, then apply key by key (see the comment
 // at the top of this file).
 func (s *Store) fencedSharded(ctx context.Context, what string, c *stores.Claim, rkeys []string, build func([]string) op) error {
-	cmds := make([]*redis.StringCmd, len(rkeys))
-	_, _ = s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for i, k := range rkeys {
-			cmds[i] = p.Get(ctx, k)
-		}
-		return nil
-	})
+	cmds := s.getAll(ctx, rkeys)
 	for i, cmd := range cmds {
 		v, err := cmd.Result()
 		if errors.Is(err, redis.Nil) {
@@ -232,4 +220,17 @@ func firstNonNil(first, err error) error {
 		return first
 	}
 	return err
+}
+
+// getAll reads rkeys in one pipeline (split per node by go-redis); each
+// command carries its own result or error.
+func (s *Store) getAll(ctx context.Context, rkeys []string) []*redis.StringCmd {
+	cmds := make([]*redis.StringCmd, len(rkeys))
+	_, _ = s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, k := range rkeys {
+			cmds[i] = p.Get(ctx, k)
+		}
+		return nil
+	})
+	return cmds
 }
