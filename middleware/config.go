@@ -117,6 +117,30 @@ type Config struct {
 	// The default is Lease.
 	CompleteTimeout time.Duration
 
+	// AsyncComplete acks a message as soon as its handler succeeds and
+	// records it done in the background, where the store's batching folds
+	// the Complete into the same round trips as the next claims. A
+	// sequential consumer (one Kafka partition, one RabbitMQ consumer)
+	// then waits for one store round trip per message instead of two.
+	//
+	// The price is a window, from the ack until the Complete lands
+	// (normally one store round trip; up to CompleteTimeout through a
+	// store outage), in which the record is still processing:
+	//   - a duplicate arriving in it gets ErrInProgress (nack and retry),
+	//     and nothing runs twice;
+	//   - a crash in it leaves the record processing until the lease
+	//     expires, after which a duplicate runs the handler again: the
+	//     exposure of a crash between the effect and Complete in the
+	//     default mode, now also after the ack;
+	//   - outputs are returned before they are recorded, so a lost
+	//     Complete means a later duplicate re-runs instead of re-emitting.
+	//
+	// It requires NewMiddleware, whose Close waits for the Completes in
+	// flight: call it after the router has stopped. It cannot be combined
+	// with Transactional, whose record commits with the handler's writes.
+	// The default is off.
+	AsyncComplete bool
+
 	// OnStoreError is the policy when Claim fails. The default is
 	// FailClosed. FailOpen cannot be combined with Transactional.
 	OnStoreError StoreErrorPolicy
@@ -208,6 +232,9 @@ func (c Config) Validate() error {
 		}
 		if c.OnStoreError == FailOpen {
 			return fmt.Errorf("%w: FailOpen cannot be combined with Transactional (the handler's writes need the store's database)", ErrInvalidConfig)
+		}
+		if c.AsyncComplete {
+			return fmt.Errorf("%w: AsyncComplete cannot be combined with Transactional (the record commits with the handler's writes)", ErrInvalidConfig)
 		}
 	}
 	return nil

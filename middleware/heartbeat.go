@@ -28,31 +28,96 @@ type beats struct {
 }
 
 // beat is one claim in flight. It is also the handler's context: the
-// message context, cancellable with ErrLostClaim, carrying the claim.
+// message context, cancelled with ErrLostClaim when the lease is lost, and
+// carrying the claim.
+//
+// Its cancellable part is made lazily: a handler that never asks for
+// Done (most short handlers) costs no context allocation. The first Done,
+// a lost lease, or a child context derived from it creates it.
 type beat struct {
-	context.Context
+	parent     context.Context
 	prev, next *beat
 	c          *stores.Claim
-	parent     context.Context
-	cancel     context.CancelCauseFunc
 	extendedAt time.Time // guarded by beats.mu
 
 	mu      sync.Mutex // held while an Extend is in flight
 	stopped bool
 	lost    bool
+
+	cmu      sync.Mutex // guards the fields below
+	ctx      context.Context
+	cancel   context.CancelCauseFunc
+	finished bool
+}
+
+var _ context.Context = (*beat)(nil)
+
+// cancellable returns the cancellable context, creating it if needed. A
+// context created after the handler finished is cancelled at once, as the
+// eagerly created one would have been.
+func (e *beat) cancellable() context.Context {
+	e.cmu.Lock()
+	defer e.cmu.Unlock()
+	if e.ctx == nil {
+		e.ctx, e.cancel = context.WithCancelCause(e.parent)
+		if e.finished {
+			e.cancel(nil)
+		}
+	}
+	return e.ctx
+}
+
+// current returns the cancellable context if it exists, else the parent.
+func (e *beat) current() context.Context {
+	e.cmu.Lock()
+	defer e.cmu.Unlock()
+	if e.ctx != nil {
+		return e.ctx
+	}
+	return e.parent
+}
+
+// lose cancels the handler's context with cause.
+func (e *beat) lose(cause error) {
+	e.cancellable()
+	e.cmu.Lock()
+	e.cancel(cause)
+	e.cmu.Unlock()
+}
+
+// finish cancels the handler's context once the handler has returned,
+// releasing what derived contexts hold.
+func (e *beat) finish() {
+	e.cmu.Lock()
+	e.finished = true
+	if e.cancel != nil {
+		e.cancel(nil)
+	}
+	e.cmu.Unlock()
+}
+
+// Deadline implements context.Context.
+func (e *beat) Deadline() (time.Time, bool) { return e.parent.Deadline() }
+
+// Done implements context.Context.
+func (e *beat) Done() <-chan struct{} { return e.cancellable().Done() }
+
+// Err implements context.Context.
+func (e *beat) Err() error { return e.current().Err() }
+
+// Value returns the claim for ClaimFromContext, and otherwise the value
+// of the message context. context.Cause and derived contexts find the
+// cancellable context through it.
+func (e *beat) Value(key any) any {
+	if key == (claimCtxKey{}) {
+		return e.c
+	}
+	return e.current().Value(key)
 }
 
 // maxTick bounds the loop's period, so an idle loop exits soon and due
 // claims are found with little delay.
 const maxTick = 50 * time.Millisecond
-
-// Value returns the claim for ClaimFromContext.
-func (e *beat) Value(key any) any {
-	if key == (claimCtxKey{}) {
-		return e.c
-	}
-	return e.Context.Value(key)
-}
 
 func (b *beats) tick() time.Duration {
 	return min(b.d.cfg.Heartbeat/2, maxTick)
@@ -148,7 +213,7 @@ func (b *beats) extend(e *beat) {
 		e.lost = true
 		d.cfg.Metrics.Observe(e.c.Scope, OutcomeLostClaim)
 		d.cfg.Logger.Error("Dedup lease lost while the handler runs: cancelling its context", err, watermill.LogFields{"scope": e.c.Scope, "keys": e.c.Keys})
-		e.cancel(err)
+		e.lose(err)
 	case err != nil:
 		d.cfg.Metrics.Observe(e.c.Scope, OutcomeStoreError)
 		d.cfg.Logger.Error("Dedup lease extension failed; retrying at the next heartbeat", err, watermill.LogFields{"scope": e.c.Scope, "keys": e.c.Keys})

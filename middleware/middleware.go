@@ -62,12 +62,53 @@ import (
 // Watermill's Recoverer and PoisonQueue middlewares (inner to them) so a
 // panic is seen, and a permanent error is routed, after the claim was
 // released.
+//
+// Config.AsyncComplete needs NewMiddleware instead, for its Close.
 func New(cfg Config) (message.HandlerMiddleware, error) {
+	if cfg.AsyncComplete {
+		return nil, fmt.Errorf("%w: AsyncComplete needs NewMiddleware, whose Close waits for the Completes in flight", ErrInvalidConfig)
+	}
 	d, err := newDedup(cfg)
 	if err != nil {
 		return nil, err
 	}
 	return d.middleware, nil
+}
+
+// Middleware is the dedup middleware with a lifetime, for
+// Config.AsyncComplete: Close waits for the Completes still in flight.
+// Without AsyncComplete it behaves as New's middleware and Close is a
+// no-op.
+type Middleware struct {
+	d *dedup
+}
+
+// NewMiddleware returns the dedup middleware for cfg. Add its Handler
+// method with router.AddMiddleware or handler.AddMiddleware, and Close it
+// once the router has stopped.
+func NewMiddleware(cfg Config) (*Middleware, error) {
+	d, err := newDedup(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &Middleware{d: d}, nil
+}
+
+// Handler is a message.HandlerMiddleware: it wraps h in the dedup flow.
+func (m *Middleware) Handler(h message.HandlerFunc) message.HandlerFunc {
+	return m.d.middleware(h)
+}
+
+// Close waits until every Complete started in the background has landed
+// or given up (after CompleteTimeout), or until ctx is done: then the
+// remaining retries stop and their records stay processing until their
+// leases expire. Messages handled after Close complete before they are
+// acked, as without AsyncComplete. It is idempotent.
+func (m *Middleware) Close(ctx context.Context) error {
+	if m.d.async == nil {
+		return nil
+	}
+	return m.d.async.close(ctx)
 }
 
 type dedup struct {
@@ -78,6 +119,7 @@ type dedup struct {
 	// timed: Metrics wants store latencies (it is not NopMetrics).
 	timed bool
 	beats beats
+	async *pending // set under AsyncComplete
 }
 
 func newDedup(cfg Config) (*dedup, error) {
@@ -95,6 +137,9 @@ func newDedup(cfg Config) (*dedup, error) {
 	}
 	if cfg.Transactional {
 		d.inbox = cfg.Store.(stores.Inbox)
+	}
+	if cfg.AsyncComplete {
+		d.async = newPending()
 	}
 	if h := cfg.RedeliveryHorizon; h > 0 {
 		minimum := time.Duration(float64(h) * RetentionSafetyFactor)
@@ -196,8 +241,8 @@ func (d *dedup) observeStore(scope, op string, start time.Time, err error) {
 	}
 }
 
-func (d *dedup) claim(msg *message.Message, scope string, keys []string) (*stores.Claim, error) {
-	ctx, cancel := d.storeCtx(msg.Context(), false)
+func (d *dedup) claim(parent context.Context, scope string, keys []string) (*stores.Claim, error) {
+	ctx, cancel := d.storeCtx(parent, false)
 	defer cancel()
 	start := d.now()
 	c, err := d.cfg.Store.Claim(ctx, scope, keys, d.cfg.Lease)
@@ -206,7 +251,7 @@ func (d *dedup) claim(msg *message.Message, scope string, keys []string) (*store
 }
 
 func (d *dedup) handleLease(h message.HandlerFunc, msg *message.Message, scope string, keys []string) ([]*message.Message, error) {
-	c, err := d.claim(msg, scope, keys)
+	c, err := d.claim(msg.Context(), scope, keys)
 	if err == nil && c.Result == stores.InProgress && d.cfg.InProgressWait > 0 {
 		c, err = d.waitInProgress(msg, scope, keys)
 	}
@@ -248,7 +293,7 @@ func (d *dedup) waitInProgress(msg *message.Message, scope string, keys []string
 		case <-msg.Context().Done():
 			return &stores.Claim{Scope: scope, Keys: keys, Result: stores.InProgress}, nil
 		case <-poll.C:
-			c, err := d.claim(msg, scope, keys)
+			c, err := d.claim(msg.Context(), scope, keys)
 			if err != nil || c.Result != stores.InProgress {
 				return c, err
 			}
@@ -314,10 +359,10 @@ func (d *dedup) checkTTL(msg *message.Message, scope string, keys []string) {
 // store outage keeps its lease.
 func (d *dedup) runClaimed(h message.HandlerFunc, msg *message.Message, c *stores.Claim) (outputs []*message.Message, err error) {
 	parent := msg.Context()
-	ctx, cancel := context.WithCancelCause(parent)
 	// The beat is also the handler's context: one allocation carries the
-	// claim (Value) and the heartbeat state.
-	hb := &beat{Context: ctx, c: c, parent: parent, cancel: cancel}
+	// claim (Value), the heartbeat state and, when first needed, the
+	// cancellation.
+	hb := &beat{c: c, parent: parent}
 	msg.SetContext(hb)
 	d.beats.add(hb)
 
@@ -329,7 +374,7 @@ func (d *dedup) runClaimed(h message.HandlerFunc, msg *message.Message, c *store
 		// A handler error, or a panic going on up to the router's
 		// Recoverer after the release.
 		d.beats.remove(hb)
-		cancel(nil)
+		hb.finish()
 		msg.SetContext(parent)
 		d.release(parent, c)
 	}()
@@ -339,10 +384,30 @@ func (d *dedup) runClaimed(h message.HandlerFunc, msg *message.Message, c *store
 	}
 	settled = true
 	msg.SetContext(parent)
-	outputs, err = d.complete(msg, c, outputs)
+	// Encoded now, before outer middlewares (or the router) touch the
+	// outputs.
+	data := d.encode(msg, outputs)
+	if d.async != nil && d.async.start() {
+		go func() {
+			defer d.async.done()
+			d.completeAsync(msg, c, data)
+			d.beats.remove(hb)
+			hb.finish()
+		}()
+		return outputs, nil
+	}
+	outputs, err = d.complete(msg, c, data, outputs)
 	d.beats.remove(hb)
-	cancel(nil)
+	hb.finish()
 	return outputs, err
+}
+
+func (d *dedup) encode(msg *message.Message, outputs []*message.Message) []byte {
+	var fp []byte
+	if d.cfg.Fingerprint != nil {
+		fp = d.cfg.Fingerprint(msg)
+	}
+	return encodeData(fp, outputs)
 }
 
 func (d *dedup) release(parent context.Context, c *stores.Claim) {
@@ -364,35 +429,39 @@ func (d *dedup) release(parent context.Context, c *stores.Claim) {
 	}
 }
 
-// complete records the message done with its outputs. Store errors are
-// retried with a doubling backoff for up to CompleteTimeout, while the
-// heartbeat (still registered) keeps the lease: a store outage shorter than
-// that loses nothing and doubles nothing.
-func (d *dedup) complete(msg *message.Message, c *stores.Claim, outputs []*message.Message) ([]*message.Message, error) {
-	var fp []byte
-	if d.cfg.Fingerprint != nil {
-		fp = d.cfg.Fingerprint(msg)
-	}
-	data := encodeData(fp, outputs)
+// record stores data on the claim's records. Store errors are retried
+// with a doubling backoff for up to CompleteTimeout, while the heartbeat
+// (still registered) keeps the lease: a store outage shorter than that
+// loses nothing and doubles nothing. The backoff ends early when wait is
+// done. Each call detaches from parent's cancellation if detach is set.
+// It returns nil, an error wrapping stores.ErrLostClaim, or the last store
+// error.
+func (d *dedup) record(parent, wait context.Context, detach bool, c *stores.Claim, data []byte) error {
 	deadline := time.Now().Add(d.cfg.CompleteTimeout)
 	backoff := 20 * time.Millisecond
-	var err error
 	for {
-		ctx, cancel := d.storeCtx(msg.Context(), true)
+		ctx, cancel := d.storeCtx(parent, detach)
 		start := d.now()
-		err = d.cfg.Store.Complete(ctx, c, d.cfg.Retention, data)
+		err := d.cfg.Store.Complete(ctx, c, d.cfg.Retention, data)
 		cancel()
 		d.observeStore(c.Scope, OpComplete, start, err)
-		if err == nil {
-			return outputs, nil
-		}
-		if errors.Is(err, stores.ErrLostClaim) {
-			return d.reconcile(msg, c, data, outputs, err)
-		}
-		if errors.Is(err, stores.ErrClosed) || time.Now().Add(backoff).After(deadline) || !sleepCtx(msg.Context(), backoff) {
-			break
+		if err == nil || errors.Is(err, stores.ErrLostClaim) || errors.Is(err, stores.ErrClosed) ||
+			time.Now().Add(backoff).After(deadline) || !sleepCtx(wait, backoff) {
+			return err
 		}
 		backoff = min(2*backoff, time.Second)
+	}
+}
+
+// complete records the message done with its outputs, and returns what
+// the middleware returns to the router.
+func (d *dedup) complete(msg *message.Message, c *stores.Claim, data []byte, outputs []*message.Message) ([]*message.Message, error) {
+	err := d.record(msg.Context(), msg.Context(), true, c, data)
+	if err == nil {
+		return outputs, nil
+	}
+	if errors.Is(err, stores.ErrLostClaim) {
+		return d.reconcile(msg.Context(), msg, c, data, outputs, err)
 	}
 	// The effect happened; nacking now would run it again once the lease
 	// expires. Ack instead: the record stays processing until its lease
@@ -400,6 +469,28 @@ func (d *dedup) complete(msg *message.Message, c *stores.Claim, outputs []*messa
 	d.cfg.Metrics.Observe(c.Scope, OutcomeStoreError)
 	d.cfg.Logger.Error("Dedup Complete failed for CompleteTimeout: acking anyway (the effect happened); a duplicate arriving after the lease expires would run again", err, d.fields(msg, c.Scope, c.Keys))
 	return outputs, nil
+}
+
+// completeAsync is complete for a message already acked (AsyncComplete):
+// the subscriber may have cancelled its context, so every call detaches
+// from it, and a failure can only be reported.
+func (d *dedup) completeAsync(msg *message.Message, c *stores.Claim, data []byte) {
+	// Detached from the message, whose subscriber may cancel it after the
+	// ack, but stopped by a Close that gives up waiting.
+	parent, cancel := context.WithCancel(context.WithoutCancel(msg.Context()))
+	defer cancel()
+	defer context.AfterFunc(d.async.stop, cancel)()
+	err := d.record(parent, parent, false, c, data)
+	switch {
+	case err == nil:
+	case errors.Is(err, stores.ErrLostClaim):
+		// The message is acked either way; reconcile records this run
+		// when the record is gone and logs a takeover.
+		_, _ = d.reconcile(parent, msg, c, data, nil, err)
+	default:
+		d.cfg.Metrics.Observe(c.Scope, OutcomeStoreError)
+		d.cfg.Logger.Error("Dedup asynchronous Complete failed (the message was acked): its record stays processing until the lease expires, and a duplicate arriving after that would run again", err, d.fields(msg, c.Scope, c.Keys))
+	}
 }
 
 // reconcile decides what a refused Complete means by claiming the keys
@@ -410,8 +501,8 @@ func (d *dedup) complete(msg *message.Message, c *stores.Claim, outputs []*messa
 //   - Claimed: the record is gone (the store lost it). Record this run.
 //   - InProgress: another consumer took the message over and is running
 //     it. Nack: the redelivery will find that run's outcome.
-func (d *dedup) reconcile(msg *message.Message, c *stores.Claim, data []byte, outputs []*message.Message, lost error) ([]*message.Message, error) {
-	again, err := d.claim(msg, c.Scope, c.Keys)
+func (d *dedup) reconcile(parent context.Context, msg *message.Message, c *stores.Claim, data []byte, outputs []*message.Message, lost error) ([]*message.Message, error) {
+	again, err := d.claim(parent, c.Scope, c.Keys)
 	if err == nil {
 		switch again.Result {
 		case stores.Duplicate:
@@ -419,13 +510,13 @@ func (d *dedup) reconcile(msg *message.Message, c *stores.Claim, data []byte, ou
 				return recorded, nil
 			}
 		case stores.Claimed:
-			ctx, cancel := d.storeCtx(msg.Context(), true)
+			ctx, cancel := d.storeCtx(parent, true)
 			err = d.cfg.Store.Complete(ctx, again, d.cfg.Retention, data)
 			cancel()
 			if err == nil {
 				return outputs, nil
 			}
-			d.release(msg.Context(), again)
+			d.release(parent, again)
 		}
 	}
 	// Our lease expired and another consumer took the message over: its
