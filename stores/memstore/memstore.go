@@ -7,16 +7,27 @@
 // after a crash runs the handler again). For anything shared by several
 // processes or surviving restarts use redisstore or sqlstore.
 //
+// # Keys
+//
+// A record is stored under the 128-bit hash of its (scope, key), computed
+// with two random seeds drawn by New (hash/maphash), not under the key
+// itself: a record costs no allocation and holds no pointer, so a store
+// of millions of records costs the garbage collector nothing to scan, and
+// a key handed in as a substring of a large payload is never kept. Two
+// different keys would be taken for one only on a 128-bit collision:
+// with n live records the chance that a new key collides with any of
+// them is n/2^128 (about 3e-30 at a billion records). The seeds never
+// leave the process, so nobody can craft colliding keys.
+//
 // # Memory
 //
-// A done record costs its key (rounded up to a Go size class: 48 bytes for
-// a 36-byte key), a 16-byte entry and its 16-byte string header in a map
-// slot, plus the map's control bytes and load-factor slack: 84 bytes
-// per record at one million 36-byte keys (BenchmarkMemoryPerRecord; up to
-// about 1.5x that just after a map doubles), plus any data
-// (produced messages) kept with it. The background sweeper
-// removes expired records every SweepInterval, so the heap holds at most
-// (messages per second) x (retention + SweepInterval) records.
+// A done record is a 16-byte hash and a 16-byte entry in a map slot, plus
+// the map's control bytes and load-factor slack: 84 bytes per record at
+// one million records (BenchmarkMemoryPerRecord), between about 50 and 84
+// bytes at other counts as the maps fill up and double, plus any data
+// (produced messages) kept with it. The background sweeper removes expired records
+// every SweepInterval, so the heap holds at most (messages per second) x
+// (retention + SweepInterval) records.
 package memstore
 
 import (
@@ -27,7 +38,6 @@ import (
 	"hash/maphash"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -78,6 +88,16 @@ func (c *Config) setDefaults() {
 	c.Clock = stores.ClockOrSystem(c.Clock)
 }
 
+// hkey identifies a (scope, key) pair: its 128-bit hash under the store's
+// two random seeds. Records hold no key bytes and no pointers, so the maps
+// cost the garbage collector nothing to scan and a record costs no
+// allocation of its own.
+type hkey struct{ a, b uint64 }
+
+// scopedKey is what is hashed: the two strings, compared (and hashed) as a
+// pair, so that ("ab", "c") and ("a", "bc") are different values.
+type scopedKey struct{ scope, key string }
+
 // record is one (scope, key): 16 bytes. For a processing record until is
 // the lease end and token its owner's; for a done record until is its
 // expiry and token is 0. Data kept with a done record lives in a side map,
@@ -89,61 +109,53 @@ type record struct {
 
 func (r record) done() bool { return r.token == 0 }
 
-// table holds one scope's records in one shard.
-type table struct {
-	recs map[string]record
-	data map[string]string // done records' data, when not empty
-}
-
-func (t *table) setDone(k string, until int64, data string) {
-	t.recs[k] = record{until: until}
-	if data != "" {
-		if t.data == nil {
-			t.data = make(map[string]string)
-		}
-		t.data[k] = data
-	} else if t.data != nil {
-		delete(t.data, k)
-	}
-}
-
-func (t *table) delete(k string) {
-	delete(t.recs, k)
-	if t.data != nil {
-		delete(t.data, k)
-	}
-}
-
 type shard struct {
-	mu sync.Mutex
-	// scopes maps scope -> table. Two levels keep lookups allocation-free
-	// and make (scope, key) pairs collision-free whatever bytes they hold.
-	scopes map[string]*table
+	mu   sync.Mutex
+	recs map[hkey]record
+	data map[hkey]string // done records' data, when not empty
 }
 
-// lookup returns the record of (scope, k) in the shard, if any.
-func (sh *shard) lookup(scope, k string) (record, *table, bool) {
-	t := sh.scopes[scope]
-	if t == nil {
-		return record{}, nil, false
+func (sh *shard) setDone(h hkey, until int64, data string) {
+	sh.recs[h] = record{until: until}
+	if data != "" {
+		if sh.data == nil {
+			sh.data = make(map[hkey]string)
+		}
+		sh.data[h] = data
+	} else if sh.data != nil {
+		delete(sh.data, h)
 	}
-	r, ok := t.recs[k]
-	return r, t, ok
 }
 
-func (sh *shard) table(scope string) *table {
-	t := sh.scopes[scope]
-	if t == nil {
-		t = &table{recs: make(map[string]record)}
-		sh.scopes[strings.Clone(scope)] = t
+func (sh *shard) delete(h hkey) {
+	delete(sh.recs, h)
+	if sh.data != nil {
+		delete(sh.data, h)
 	}
-	return t
+}
+
+// claim checks (h, now) and, if it is free, writes a processing record. It
+// reports the result, whether a live (done) record stopped it, and, for a
+// free one, whether an expired lease was taken over.
+func (sh *shard) claim(h hkey, now, until int64, token uint64) (res stores.Result, data string, takeover bool) {
+	r, ok := sh.recs[h]
+	switch {
+	case ok && r.until > now && r.done():
+		return stores.Duplicate, sh.data[h], false
+	case ok && r.until > now:
+		return stores.InProgress, "", false
+	}
+	if ok && sh.data != nil {
+		delete(sh.data, h)
+	}
+	sh.recs[h] = record{until: until, token: token}
+	return stores.Claimed, "", ok && !r.done()
 }
 
 // Store is the in-memory store. Create it with New.
 type Store struct {
 	cfg    Config
-	seed   maphash.Seed
+	seeds  [2]maphash.Seed
 	mask   uint64
 	shards []shard
 	tokens atomic.Uint64
@@ -169,14 +181,14 @@ func New(cfg Config) (*Store, error) {
 	cfg.setDefaults()
 	s := &Store{
 		cfg:    cfg,
-		seed:   maphash.MakeSeed(),
+		seeds:  [2]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed()},
 		mask:   uint64(cfg.Shards - 1),
 		shards: make([]shard, cfg.Shards),
 		stop:   make(chan struct{}),
 		done:   make(chan struct{}),
 	}
 	for i := range s.shards {
-		s.shards[i].scopes = make(map[string]*table)
+		s.shards[i].recs = make(map[hkey]record)
 	}
 	// Tokens start at a random point so two stores in one process (or one
 	// store before and after a restart) do not hand out the same sequence.
@@ -189,9 +201,12 @@ func New(cfg Config) (*Store, error) {
 	return s, nil
 }
 
-func (s *Store) shardIndex(key string) int {
-	return int(maphash.String(s.seed, key) & s.mask)
+func (s *Store) hash(scope, key string) hkey {
+	v := scopedKey{scope, key}
+	return hkey{maphash.Comparable(s.seeds[0], v), maphash.Comparable(s.seeds[1], v)}
 }
+
+func (s *Store) shard(h hkey) *shard { return &s.shards[h.a&s.mask] }
 
 func (s *Store) now() int64 { return s.cfg.Clock.Now().UnixNano() }
 
@@ -209,34 +224,23 @@ func (s *Store) Claim(ctx context.Context, scope string, keys []string, lease ti
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	now := s.now()
 	token := s.tokens.Add(1)
 	cb := &claimBuf{Claim: stores.Claim{Scope: scope, Keys: keys}}
 	c := &cb.Claim
 
 	if len(keys) == 1 {
-		sh := &s.shards[s.shardIndex(keys[0])]
+		h := s.hash(scope, keys[0])
+		sh := s.shard(h)
 		sh.mu.Lock()
-		r, t, ok := sh.lookup(scope, keys[0])
-		switch {
-		case ok && r.until > now && r.done():
-			c.Result, c.Data = stores.Duplicate, []byte(t.data[keys[0]])
-		case ok && r.until > now:
-			c.Result = stores.InProgress
-		default:
-			if t == nil {
-				t = sh.table(scope)
-			}
-			c.Takeover = ok && !r.done()
-			if ok {
-				t.delete(keys[0])
-			}
-			t.recs[cloneIfNew(keys[0], ok)] = record{until: now + int64(lease), token: token}
-			c.Result = stores.Claimed
-		}
+		now := s.now()
+		var data string
+		c.Result, data, c.Takeover = sh.claim(h, now, now+int64(lease), token)
 		sh.mu.Unlock()
+		if data != "" {
+			c.Data = []byte(data)
+		}
 	} else {
-		s.claimMulti(c, now, token, lease)
+		s.claimMulti(c, token, lease)
 	}
 	if c.Result == stores.Claimed {
 		c.Token = cb.token(token)
@@ -259,19 +263,35 @@ func (cb *claimBuf) token(t uint64) string {
 	return unsafe.String(unsafe.SliceData(b), len(b))
 }
 
+// hashes returns the hashes of c's keys, in a caller's buffer when they
+// fit.
+func (s *Store) hashes(c *stores.Claim, buf []hkey) []hkey {
+	hs := buf[:0]
+	for _, k := range c.Keys {
+		hs = append(hs, s.hash(c.Scope, k))
+	}
+	return hs
+}
+
 // claimMulti locks every shard the keys fall in, in index order so that
 // concurrent multi-key claims cannot deadlock, then checks and writes.
-func (s *Store) claimMulti(c *stores.Claim, now int64, token uint64, lease time.Duration) {
-	idx := s.lockShards(c.Keys)
+func (s *Store) claimMulti(c *stores.Claim, token uint64, lease time.Duration) {
+	hs := s.hashes(c, make([]hkey, 0, 4))
+	idx := s.lockShards(hs)
 	defer s.unlockShards(idx)
+	now := s.now()
 	inProgress := false
-	for _, k := range c.Keys {
-		r, t, ok := s.shards[s.shardIndex(k)].lookup(c.Scope, k)
+	for _, h := range hs {
+		sh := s.shard(h)
+		r, ok := sh.recs[h]
 		if !ok || r.until <= now {
 			continue
 		}
 		if r.done() {
-			c.Result, c.Data = stores.Duplicate, []byte(t.data[k])
+			c.Result = stores.Duplicate
+			if d := sh.data[h]; d != "" {
+				c.Data = []byte(d)
+			}
 			return
 		}
 		inProgress = true
@@ -280,27 +300,20 @@ func (s *Store) claimMulti(c *stores.Claim, now int64, token uint64, lease time.
 		c.Result = stores.InProgress
 		return
 	}
-	for _, k := range c.Keys {
-		t := s.shards[s.shardIndex(k)].table(c.Scope)
-		r, ok := t.recs[k]
-		if ok && r.token == token {
+	for _, h := range hs {
+		if r, ok := s.shard(h).recs[h]; ok && r.token == token {
 			continue // a repeated key
 		}
-		if ok && !r.done() {
-			c.Takeover = true
-		}
-		if ok {
-			t.delete(k)
-		}
-		t.recs[cloneIfNew(k, ok)] = record{until: now + int64(lease), token: token}
+		_, _, takeover := s.shard(h).claim(h, now, now+int64(lease), token)
+		c.Takeover = c.Takeover || takeover
 	}
 	c.Result = stores.Claimed
 }
 
-func (s *Store) lockShards(keys []string) []int {
-	idx := make([]int, 0, len(keys))
-	for _, k := range keys {
-		idx = append(idx, s.shardIndex(k))
+func (s *Store) lockShards(hs []hkey) []int {
+	idx := make([]int, 0, len(hs))
+	for _, h := range hs {
+		idx = append(idx, int(h.a&s.mask))
 	}
 	slices.Sort(idx)
 	idx = slices.Compact(idx)
@@ -316,19 +329,9 @@ func (s *Store) unlockShards(idx []int) {
 	}
 }
 
-// cloneIfNew copies a key the first time it is stored: a key handed in may
-// share memory with a large payload (a substring), which the store must not
-// keep alive for the whole retention window.
-func cloneIfNew(k string, exists bool) string {
-	if exists {
-		return k
-	}
-	return string([]byte(k))
-}
-
 // update applies fn to every record of a Claimed claim after checking that
 // each is still processing under the claim's token.
-func (s *Store) update(ctx context.Context, c *stores.Claim, fn func(t *table, k string, now int64)) error {
+func (s *Store) update(ctx context.Context, c *stores.Claim, fn func(sh *shard, h hkey, now int64)) error {
 	if s.closed.Load() {
 		return stores.ErrClosed
 	}
@@ -342,33 +345,32 @@ func (s *Store) update(ctx context.Context, c *stores.Claim, fn func(t *table, k
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	// A processing record whose lease ran out still belongs to its owner
+	// until someone takes it over: a slow handler finishing just after its
+	// lease, with nobody else waiting, completes fine.
 	if len(c.Keys) == 1 {
 		// The common case: one shard, one lookup.
-		k := c.Keys[0]
-		sh := &s.shards[s.shardIndex(k)]
+		h := s.hash(c.Scope, c.Keys[0])
+		sh := s.shard(h)
 		sh.mu.Lock()
 		defer sh.mu.Unlock()
-		r, t, ok := sh.lookup(c.Scope, k)
-		if !ok || r.token != token {
-			return fmt.Errorf("%w: scope %q key %q", stores.ErrLostClaim, c.Scope, k)
+		if r, ok := sh.recs[h]; !ok || r.token != token {
+			return fmt.Errorf("%w: scope %q key %q", stores.ErrLostClaim, c.Scope, c.Keys[0])
 		}
-		fn(t, k, s.now())
+		fn(sh, h, s.now())
 		return nil
 	}
-	idx := s.lockShards(c.Keys)
+	hs := s.hashes(c, make([]hkey, 0, 4))
+	idx := s.lockShards(hs)
 	defer s.unlockShards(idx)
 	now := s.now()
-	for _, k := range c.Keys {
-		// A processing record whose lease ran out still belongs to its
-		// owner until someone takes it over: a slow handler finishing
-		// just after its lease, with nobody else waiting, completes fine.
-		if r, _, ok := s.shards[s.shardIndex(k)].lookup(c.Scope, k); !ok || r.token != token {
-			return fmt.Errorf("%w: scope %q key %q", stores.ErrLostClaim, c.Scope, k)
+	for i, h := range hs {
+		if r, ok := s.shard(h).recs[h]; !ok || r.token != token {
+			return fmt.Errorf("%w: scope %q key %q", stores.ErrLostClaim, c.Scope, c.Keys[i])
 		}
 	}
-	for _, k := range c.Keys {
-		t, _ := s.shards[s.shardIndex(k)].scopes[c.Scope]
-		fn(t, k, now)
+	for _, h := range hs {
+		fn(s.shard(h), h, now)
 	}
 	return nil
 }
@@ -379,15 +381,15 @@ func (s *Store) Complete(ctx context.Context, c *stores.Claim, retention time.Du
 		return fmt.Errorf("%w: retention must be positive, got %s", stores.ErrInvalidArgument, retention)
 	}
 	d := string(data)
-	return s.update(ctx, c, func(t *table, k string, now int64) {
-		t.setDone(k, now+int64(retention), d)
+	return s.update(ctx, c, func(sh *shard, h hkey, now int64) {
+		sh.setDone(h, now+int64(retention), d)
 	})
 }
 
 // Release implements [stores.Store].
 func (s *Store) Release(ctx context.Context, c *stores.Claim) error {
-	return s.update(ctx, c, func(t *table, k string, _ int64) {
-		t.delete(k)
+	return s.update(ctx, c, func(sh *shard, h hkey, _ int64) {
+		sh.delete(h)
 	})
 }
 
@@ -396,10 +398,10 @@ func (s *Store) Extend(ctx context.Context, c *stores.Claim, lease time.Duration
 	if lease <= 0 {
 		return fmt.Errorf("%w: lease must be positive, got %s", stores.ErrInvalidArgument, lease)
 	}
-	return s.update(ctx, c, func(t *table, k string, now int64) {
-		r := t.recs[k]
+	return s.update(ctx, c, func(sh *shard, h hkey, now int64) {
+		r := sh.recs[h]
 		r.until = now + int64(lease)
-		t.recs[k] = r
+		sh.recs[h] = r
 	})
 }
 
@@ -410,9 +412,7 @@ func (s *Store) Len() int {
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
-		for _, t := range sh.scopes {
-			n += len(t.recs)
-		}
+		n += len(sh.recs)
 		sh.mu.Unlock()
 	}
 	return n
@@ -429,15 +429,10 @@ func (s *Store) Sweep() int {
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
-		for scope, t := range sh.scopes {
-			for k, r := range t.recs {
-				if r.until <= now && (r.done() || r.until+grace <= now) {
-					t.delete(k)
-					removed++
-				}
-			}
-			if len(t.recs) == 0 {
-				delete(sh.scopes, scope)
+		for h, r := range sh.recs {
+			if r.until <= now && (r.done() || r.until+grace <= now) {
+				sh.delete(h)
+				removed++
 			}
 		}
 		sh.mu.Unlock()
