@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -190,19 +191,31 @@ func runE2E(ctx context.Context, o *options) ([]result, error) {
 		return nil, err
 	}
 	defer store.Close(context.Background())
-	mw, err := middleware.New(middleware.Config{
-		Store: store,
-		Key: keyfuncs.All(
-			keyfuncs.Prefix("msg:", keyfuncs.MessageID()),
-			keyfuncs.Prefix("payment:", keyfuncs.JSON("payment_id")),
-		),
-	})
-	if err != nil {
-		return nil, err
+	// The floor under every store call: one sequential round trip.
+	var pings []time.Duration
+	for range o.scale(2000, 50) {
+		t := time.Now()
+		if err := rc.Ping(ctx).Err(); err != nil {
+			return nil, err
+		}
+		pings = append(pings, time.Since(t))
+	}
+	rs := []result{{sec, "e2e_redis_ping_mean_us", micros(mean(pings)), "us", "one go-redis PING round trip, sequential"}}
+
+	lat := &storeLatencies{}
+	newMW := func(async bool) (*middleware.Middleware, error) {
+		return middleware.NewMiddleware(middleware.Config{
+			Store: store,
+			Key: keyfuncs.All(
+				keyfuncs.Prefix("msg:", keyfuncs.MessageID()),
+				keyfuncs.Prefix("payment:", keyfuncs.JSON("payment_id")),
+			),
+			AsyncComplete: async,
+			Metrics:       lat,
+		})
 	}
 
 	n := o.scale(5000, 5)
-	var rs []result
 	for _, open := range []func() (*e2eBroker, error){openKfake, openRabbit} {
 		b, err := open()
 		if err != nil {
@@ -214,16 +227,79 @@ func runE2E(ctx context.Context, o *options) ([]result, error) {
 			b.close()
 			return rs, fmt.Errorf("%s without dedup: %w", b.name, err)
 		}
-		with, err := consumeRate(ctx, b, n, mw)
-		b.close()
-		if err != nil {
-			return rs, fmt.Errorf("%s with dedup: %w", b.name, err)
+		rs = append(rs, result{sec, "e2e_" + b.name + "_plain_msgs_per_s", without, "msgs/s", fmt.Sprintf("%d messages, router without dedup", n)})
+		for _, async := range []bool{false, true} {
+			name, note := "dedup", "with dedup (redisstore, id + business key)"
+			if async {
+				name, note = "dedup_async", "with dedup and AsyncComplete"
+			}
+			mw, err := newMW(async)
+			if err != nil {
+				b.close()
+				return rs, err
+			}
+			lat.reset()
+			with, err := consumeRate(ctx, b, n, mw.Handler)
+			if cerr := mw.Close(ctx); err == nil {
+				err = cerr
+			}
+			if err != nil {
+				b.close()
+				return rs, fmt.Errorf("%s %s: %w", b.name, name, err)
+			}
+			claim, complete := lat.means()
+			rs = append(rs,
+				result{sec, "e2e_" + b.name + "_" + name + "_msgs_per_s", with, "msgs/s", note},
+				result{sec, "e2e_" + b.name + "_" + name + "_vs_plain_ratio", with / without, "x", "goal >= 0.9"},
+				result{sec, "e2e_" + b.name + "_" + name + "_claim_mean_us", micros(claim), "us", "mean Claim latency seen by the middleware"},
+				result{sec, "e2e_" + b.name + "_" + name + "_complete_mean_us", micros(complete), "us", "mean Complete latency (after the ack with AsyncComplete)"},
+			)
 		}
-		rs = append(rs,
-			result{sec, "e2e_" + b.name + "_plain_msgs_per_s", without, "msgs/s", fmt.Sprintf("%d messages, router without dedup", n)},
-			result{sec, "e2e_" + b.name + "_dedup_msgs_per_s", with, "msgs/s", "with dedup (redisstore, id + business key)"},
-			result{sec, "e2e_" + b.name + "_dedup_vs_plain_ratio", with / without, "x", "goal >= 0.9"},
-		)
+		b.close()
 	}
 	return rs, nil
+}
+
+// storeLatencies records the middleware's Claim and Complete latencies.
+type storeLatencies struct {
+	mu               sync.Mutex
+	claims, complete []time.Duration
+}
+
+func (l *storeLatencies) Observe(string, middleware.Outcome) {}
+
+func (l *storeLatencies) ObserveStore(_, op string, d time.Duration, _ error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	switch op {
+	case middleware.OpClaim:
+		l.claims = append(l.claims, d)
+	case middleware.OpComplete:
+		l.complete = append(l.complete, d)
+	}
+}
+
+func (l *storeLatencies) reset() {
+	l.mu.Lock()
+	l.claims, l.complete = nil, nil
+	l.mu.Unlock()
+}
+
+// means returns the mean Claim and Complete latencies: what a sequential
+// consumer waits per message.
+func (l *storeLatencies) means() (claim, complete time.Duration) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return mean(l.claims), mean(l.complete)
+}
+
+func mean(ds []time.Duration) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	var sum time.Duration
+	for _, d := range ds {
+		sum += d
+	}
+	return sum / time.Duration(len(ds))
 }
