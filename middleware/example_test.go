@@ -56,3 +56,37 @@ func ExampleNew() {
 	// error: <nil>
 	// error: <nil>
 }
+
+// With AsyncComplete the handler's result goes back to the router (which
+// acks) while its record is being completed; Close, once the router has
+// stopped, waits for the Completes still in flight.
+func ExampleNewMiddleware() {
+	store, err := memstore.New(memstore.Config{})
+	if err != nil {
+		panic(err)
+	}
+	defer store.Close(context.Background())
+
+	dedup, err := middleware.NewMiddleware(middleware.Config{Store: store, AsyncComplete: true})
+	if err != nil {
+		panic(err)
+	}
+	// router.AddMiddleware(dedup.Handler), then router.Run; here, by hand:
+	handler := dedup.Handler(func(msg *message.Message) ([]*message.Message, error) {
+		fmt.Println("handled", msg.UUID)
+		return nil, nil
+	})
+	if _, err := handler(message.NewMessage("evt-1", nil)); err != nil {
+		panic(err)
+	}
+
+	// After router.Close: every Complete has landed once Close returns.
+	if err := dedup.Close(context.Background()); err != nil {
+		panic(err)
+	}
+	_, err = handler(message.NewMessage("evt-1", nil)) // a duplicate
+	fmt.Println("duplicate acked:", err == nil)
+	// Output:
+	// handled evt-1
+	// duplicate acked: true
+}

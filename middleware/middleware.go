@@ -39,7 +39,9 @@
 // longer than the lease while a handler runs (the lease cannot be extended)
 // or longer than CompleteTimeout after it (the message is acked with its
 // record still processing, so a duplicate arriving after the lease runs
-// again); or when a redelivery arrives after Retention (OutcomeTTLMiss). In
+// again); or when a redelivery arrives after Retention (OutcomeTTLMiss).
+// Under Config.AsyncComplete the window of the first case extends past the
+// ack, until the background Complete lands. In
 // transactional mode (Config.Transactional) effects written in the store's
 // database are never doubled.
 package middleware
