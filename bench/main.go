@@ -23,6 +23,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"text/tabwriter"
@@ -66,7 +67,22 @@ var sections = []section{
 func main() {
 	only := flag.String("only", "", "comma-separated sections to run (default: all): "+sectionNames())
 	quick := flag.Bool("quick", false, "smaller counts, for a smoke run")
+	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run (this process only) to `file`")
 	flag.Parse()
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err == nil {
+			err = pprof.StartCPUProfile(f)
+		}
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "bench: -cpuprofile: %v\n", err)
+			os.Exit(2)
+		}
+		defer func() {
+			pprof.StopCPUProfile()
+			_ = f.Close()
+		}()
+	}
 
 	o := &options{quick: *quick}
 	want := map[string]bool{}
@@ -106,6 +122,7 @@ func main() {
 		}
 	}
 	if failed {
+		pprof.StopCPUProfile()
 		os.Exit(1)
 	}
 }
