@@ -34,7 +34,9 @@ import (
 // Lines: "R" ready; "D id uuid event" delivered; "H id 0|1" handled
 // (1: success); "E id event" effect; "B id event" store entered; "C id
 // event ok|lost|err" Complete or commit; "I id" acked after a failed
-// Complete; "O outcome scope" metrics; "X id event point" crashing now.
+// Complete (under AsyncComplete: a Complete that had not landed when the
+// middleware was closed on a graceful stop); "O outcome scope" metrics;
+// "X id event point" crashing now.
 
 const childEnvVar = "ACCEPTANCE_CHILD"
 
@@ -100,7 +102,7 @@ func runChild(t *testing.T, b Backend, s Store, spec *childSpec) {
 	for ev := range spec.Consumer.Hang {
 		sk.hangs[ev] = true
 	}
-	core := newConsumerCore(spec.Consumer, sk, o, s.Transactional, logger())
+	core := newConsumerCore(spec.Consumer, sk, o, s, logger())
 	p := newProc()
 	core.currentProc = func() *proc { return p }
 	never := make(chan struct{})
@@ -118,6 +120,11 @@ func runChild(t *testing.T, b Backend, s Store, spec *childSpec) {
 	_ = router.Close()
 	if err := <-stopped; err != nil {
 		t.Errorf("acceptance child: router: %v", err)
+	}
+	// AsyncComplete: wait for the Completes in flight before exiting, and
+	// report ("I") the acked deliveries whose Complete never landed.
+	if err := core.closeMiddleware(p); err != nil {
+		t.Errorf("acceptance child: closing the middleware: %v", err)
 	}
 	_ = sub.Close()
 	_ = pub.Close()
@@ -222,6 +229,7 @@ type childConsumer struct {
 	killed   bool
 	stopping bool
 	output   tailBuffer
+	stopOnce sync.Once
 }
 
 // childPattern is the -test.run pattern selecting exactly the test name.
@@ -278,6 +286,7 @@ func (r *run) startChild(spec consumerSpec) *childConsumer {
 		}
 	}()
 	r.t.Cleanup(c.stop)
+	r.addStopper(c.stop)
 	select {
 	case <-c.ready:
 	case <-c.exited:
@@ -382,8 +391,10 @@ func (c *childConsumer) kill() int {
 }
 
 // stop closes the child's stdin and waits for it to exit, killing it when
-// it does not.
-func (c *childConsumer) stop() {
+// it does not. It is idempotent.
+func (c *childConsumer) stop() { c.stopOnce.Do(c.doStop) }
+
+func (c *childConsumer) doStop() {
 	c.r.finish()
 	c.mu.Lock()
 	c.stopping = true

@@ -114,6 +114,7 @@ type delivery struct {
 	proc     *proc
 
 	// guarded by proc.mu
+	claimed     bool  // a Claim of the delivery returned stores.Claimed
 	effect      bool  // the memory-ledger effect was applied
 	completed   bool  // Complete (or the commit) succeeded
 	completeErr error // the last Complete (or commit) failed with it
@@ -132,6 +133,9 @@ func (d *delivery) setCompleted(err error) {
 	d.proc.mu.Lock()
 	d.completed = d.completed || err == nil
 	d.completeErr = err
+	if d.completed {
+		delete(d.proc.acked, d)
+	}
 	d.proc.mu.Unlock()
 }
 
@@ -152,14 +156,18 @@ func deliveryFrom(ctx context.Context) *delivery {
 // still run; its open transactions are rolled back, as a database does
 // when a client's connection dies.
 type proc struct {
-	mu        sync.Mutex
-	dead      bool
-	live      map[*delivery]struct{}
+	mu   sync.Mutex
+	dead bool
+	live map[*delivery]struct{}
+	// acked holds, under AsyncComplete, the deliveries acked after their
+	// effect whose Complete has not landed yet: their records are still
+	// processing, as a live delivery's between effect and Complete.
+	acked     map[*delivery]struct{}
 	rollbacks map[*probeTx]struct{}
 }
 
 func newProc() *proc {
-	return &proc{live: map[*delivery]struct{}{}, rollbacks: map[*probeTx]struct{}{}}
+	return &proc{live: map[*delivery]struct{}{}, acked: map[*delivery]struct{}{}, rollbacks: map[*probeTx]struct{}{}}
 }
 
 func (p *proc) isDead() bool {
@@ -189,9 +197,11 @@ func (p *proc) end(d *delivery) {
 	p.mu.Unlock()
 }
 
-// kill marks p dead and returns the deliveries it had in flight and,
-// among them, those caught between their effect and their Complete: in
-// lease mode each of those runs again. Open transactions are rolled back.
+// kill marks p dead and returns the deliveries it had in flight and
+// those caught between their effect and their Complete: in lease mode
+// each of those may run again. Under AsyncComplete the window goes on
+// after the ack, until the Complete lands: acked deliveries whose Complete
+// is still in flight count too. Open transactions are rolled back.
 func (p *proc) kill() (live, window []*delivery) {
 	p.mu.Lock()
 	if p.dead {
@@ -205,6 +215,12 @@ func (p *proc) kill() (live, window []*delivery) {
 			window = append(window, d)
 		}
 	}
+	for d := range p.acked {
+		if _, counted := p.live[d]; !counted && !d.completed {
+			window = append(window, d)
+		}
+	}
+	p.acked = map[*delivery]struct{}{}
 	txs := make([]*probeTx, 0, len(p.rollbacks))
 	for tx := range p.rollbacks {
 		txs = append(txs, tx)
@@ -261,7 +277,12 @@ type consumerCore struct {
 	store  stores.Store // wrapped with probeStore
 	ledger Ledger       // the store's ledger (transactional mode), or nil
 	txMode bool
+	async  bool // Store.AsyncComplete
 	logger watermill.LoggerAdapter
+
+	// mw is the middleware under AsyncComplete, closed by closeMiddleware;
+	// nil otherwise.
+	mw *middleware.Middleware
 
 	// currentProc returns the proc new deliveries belong to.
 	currentProc func() *proc
@@ -278,15 +299,52 @@ type consumerCore struct {
 	fails    atomic.Int64
 }
 
-func newConsumerCore(spec consumerSpec, s sink, opened Opened, transactional bool, logger watermill.LoggerAdapter) *consumerCore {
+func newConsumerCore(spec consumerSpec, s sink, opened Opened, st Store, logger watermill.LoggerAdapter) *consumerCore {
 	return &consumerCore{
 		spec:   spec,
 		sink:   s,
 		store:  wrapStore(opened.Store, s),
 		ledger: opened.Ledger,
-		txMode: transactional,
+		txMode: st.Transactional,
+		async:  st.AsyncComplete,
 		logger: logger,
 	}
+}
+
+// closeTimeout bounds closeMiddleware: more than any CompleteTimeout (the
+// lease) of a scenario.
+const closeTimeout = time.Minute
+
+// closeMiddleware closes the middleware of an AsyncComplete consumer
+// once its router stopped, waiting for the Completes in flight, then
+// reports the deliveries of p (the live proc, nil when dead) acked while
+// their Complete never landed: their records run out like a crashed
+// consumer's. It does nothing for a consumer in the default mode.
+func (c *consumerCore) closeMiddleware(p *proc) error {
+	if c.mw == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
+	defer cancel()
+	err := c.mw.Close(ctx)
+	if p == nil {
+		return err
+	}
+	p.mu.Lock()
+	var incomplete []*delivery
+	if !p.dead {
+		for d := range p.acked {
+			// (A refused Complete is reconciled: the record is done.)
+			if !d.completed && !errors.Is(d.completeErr, stores.ErrLostClaim) {
+				incomplete = append(incomplete, d)
+			}
+		}
+	}
+	p.mu.Unlock()
+	for _, d := range incomplete {
+		c.sink.incomplete(d)
+	}
+	return err
 }
 
 // dieQuietly is what the delivery of a dead proc returns.
@@ -314,6 +372,7 @@ func (c *consumerCore) router(sub message.Subscriber, pub message.Publisher) (*m
 		InProgressWait: c.spec.InProgressWait,
 		InProgressPoll: c.spec.InProgressPoll,
 		Transactional:  c.txMode,
+		AsyncComplete:  c.async,
 		Metrics:        c.sink,
 		Logger:         c.logger,
 	}
@@ -323,8 +382,14 @@ func (c *consumerCore) router(sub message.Subscriber, pub message.Publisher) (*m
 	if c.spec.PublishedAt {
 		cfg.PublishedAt = middleware.MetadataTime(MetadataPublishedAt)
 	}
-	dedup, err := middleware.New(cfg)
-	if err != nil {
+	var dedup message.HandlerMiddleware
+	if c.async {
+		mw, err := middleware.NewMiddleware(cfg)
+		if err != nil {
+			return nil, fmt.Errorf("dedup middleware: %w", err)
+		}
+		c.mw, dedup = mw, mw.Handler
+	} else if dedup, err = middleware.New(cfg); err != nil {
 		return nil, fmt.Errorf("dedup middleware: %w", err)
 	}
 	var h *message.Handler
@@ -379,7 +444,19 @@ func (c *consumerCore) observe(next message.HandlerFunc) message.HandlerFunc {
 			return nil, c.dieQuietly()
 		}
 		c.sink.handled(d, err)
-		if cerr := d.lastCompleteErr(); err == nil && cerr != nil && !errors.Is(cerr, stores.ErrLostClaim) {
+		if c.async {
+			// Acked before its Complete landed: until it does, the record
+			// is processing (see proc.kill; closeMiddleware reports a
+			// Complete that never landed).
+			if err == nil {
+				p.do(func() {
+					// (A fail-open bypass has no claim, hence no Complete.)
+					if d.claimed && d.effect && !d.completed {
+						p.acked[d] = struct{}{}
+					}
+				})
+			}
+		} else if cerr := d.lastCompleteErr(); err == nil && cerr != nil && !errors.Is(cerr, stores.ErrLostClaim) {
 			// (A refused Complete is reconciled: the record is done.)
 			c.sink.incomplete(d)
 		}
@@ -551,7 +628,13 @@ func (s *probeStore) Claim(ctx context.Context, scope string, keys []string, lea
 	if d != nil {
 		s.sink.entered(d)
 	}
-	return s.inner.Claim(ctx, scope, keys, lease)
+	c, err := s.inner.Claim(ctx, scope, keys, lease)
+	if d != nil && err == nil && c != nil && c.Result == stores.Claimed {
+		d.proc.mu.Lock()
+		d.claimed = true
+		d.proc.mu.Unlock()
+	}
+	return c, err
 }
 
 func (s *probeStore) Complete(ctx context.Context, c *stores.Claim, retention time.Duration, data []byte) error {

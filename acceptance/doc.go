@@ -47,7 +47,9 @@
 // exceptions are counted, never assumed: in lease mode a consumer that
 // dies between its effect and Complete may run the effect again (the
 // crash scenario asserts the duplicates are at least the planned crashes
-// and at most the deliveries any crash caught in that window), and a
+// and at most the deliveries any crash caught in that window; with
+// Store.AsyncComplete the window lasts after the ack, until the Complete
+// lands in the background), and a
 // redelivery after the retention window runs again (the retention
 // scenario asserts it happens exactly for the late redeliveries, counted
 // as ttl misses). See Scenario for the nine scenarios.
@@ -115,6 +117,8 @@
 // For transactional mode set Transactional and return a Ledger that
 // writes in the inbox transaction found in the handler's context. Set
 // MultiProcess when every process opening the Env shares the records.
+// Set AsyncComplete to run the middleware with
+// middleware.Config.AsyncComplete (see redis-async).
 // Add it to stores() in matrix_test.go: it then runs scenarios 1-4 and 6
 // on gochannel and on Kafka.
 package acceptance

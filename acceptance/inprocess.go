@@ -48,7 +48,7 @@ func (r *run) startConsumerWith(spec consumerSpec, cn conn) *consumer {
 	r.t.Helper()
 	c := &consumer{r: r, spec: spec, proc: newProc(), stopped: make(chan struct{})}
 	sink := &inprocSink{run: r, c: c}
-	c.core = newConsumerCore(spec, sink, cn.opened, r.s.Transactional, r.logger)
+	c.core = newConsumerCore(spec, sink, cn.opened, r.s, r.logger)
 	c.core.currentProc = c.currentProc
 	c.core.nackOnDeath = !r.b.Features.Persistent
 	c.core.dead = r.done
@@ -70,6 +70,7 @@ func (r *run) startConsumerWith(spec consumerSpec, cn conn) *consumer {
 		}
 	}()
 	r.t.Cleanup(c.stop)
+	r.addStopper(c.stop)
 	select {
 	case <-router.Running():
 	case <-c.stopped:
@@ -86,7 +87,8 @@ func (c *consumer) currentProc() *proc {
 	return c.proc
 }
 
-// stop ends the consumer: its hung and dead handlers return first.
+// stop ends the consumer: its hung and dead handlers return first. Under
+// AsyncComplete it then closes the middleware, once the router stopped.
 func (c *consumer) stop() {
 	c.stopOnce.Do(func() {
 		c.r.finish()
@@ -97,6 +99,9 @@ func (c *consumer) stop() {
 		case <-c.stopped:
 		case <-time.After(time.Minute):
 			c.r.t.Errorf("consumer %s: router still running a minute after Close", c.spec.Name)
+		}
+		if err := c.core.closeMiddleware(c.currentProc()); err != nil {
+			c.r.t.Errorf("consumer %s: closing the middleware: %v", c.spec.Name, err)
 		}
 		if err := c.sub.Close(); err != nil {
 			c.r.t.Logf("consumer %s: closing the subscriber: %v", c.spec.Name, err)

@@ -13,6 +13,7 @@ func stores() []acceptance.Store {
 	return []acceptance.Store{
 		memStore(),
 		redisStore(),
+		redisAsyncStore(),
 		sqlStore(sqlstore.SQLite, false),
 		sqlStore(sqlstore.SQLite, true),
 		sqlStore(sqlstore.Postgres, false),
@@ -36,10 +37,12 @@ var storeScenarios = []acceptance.Scenario{
 //
 //   - every scenario on every broker: gochannel with memstore (and with
 //     Redis for the outage, which memstore cannot have), Kafka and RabbitMQ
-//     with Redis in lease mode, each watermill-sql pub/sub with sqlstore in
-//     transactional mode on the same database (joining the subscriber's
-//     transaction, the default; and in its own transaction for the crash
-//     and lease expiry scenarios);
+//     with Redis in lease mode and with Redis in lease mode with
+//     AsyncComplete (redis-async: ack first, Complete in the background),
+//     each watermill-sql pub/sub with sqlstore in transactional mode on
+//     the same database (joining the subscriber's transaction, the
+//     default; and in its own transaction for the crash and lease expiry
+//     scenarios);
 //   - every store, in every mode, through scenarios 1-4 and 6 on gochannel
 //     and on Kafka.
 //
@@ -54,8 +57,10 @@ func TestAcceptance(t *testing.T) {
 	acceptance.Run(t, goChannel(), memStore())
 	for _, k := range kafkas {
 		acceptance.Run(t, k, redisStore())
+		acceptance.Run(t, k, redisAsyncStore())
 	}
 	acceptance.Run(t, rabbitMQ(), redisStore())
+	acceptance.Run(t, rabbitMQ(), redisAsyncStore())
 	for _, d := range []sqlstore.Dialect{sqlstore.Postgres, sqlstore.MySQL} {
 		acceptance.Run(t, sqlPubSub(d), sqlStore(d, true))
 		// The inbox joining the subscriber's transaction
@@ -77,7 +82,7 @@ func TestAcceptance(t *testing.T) {
 		if s.Name != "memstore" { // memstore ran every scenario above
 			acceptance.Run(t, goChannel(), s, storeScenarios...)
 		}
-		if s.Name != "redis" { // Redis ran every scenario above
+		if s.Name != "redis" && s.Name != "redis-async" { // they ran every scenario above
 			for _, k := range kafkas {
 				acceptance.Run(t, k, s, storeScenarios...)
 			}

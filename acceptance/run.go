@@ -70,6 +70,7 @@ type run struct {
 	completeErr     int                // Complete/commit calls that failed (not a lost claim)
 	ackedIncomplete int                // deliveries acked although their Complete failed
 	groups          map[[2]string]bool // (topic, group) pairs consumers used
+	stoppers        []func()           // stop every consumer started, idempotent
 }
 
 type crashNote struct {
@@ -244,6 +245,34 @@ func (r *run) removeGroups() {
 			r.t.Logf("backend %s: remove group %s of %s: %v", r.b.Name, p[1], p[0], err)
 		}
 	}
+}
+
+// addStopper registers the stop function of a consumer for stopConsumers.
+func (r *run) addStopper(stop func()) {
+	r.mu.Lock()
+	r.stoppers = append(r.stoppers, stop)
+	r.mu.Unlock()
+}
+
+// stopConsumers stops every consumer of the run (ending the scenario, see
+// finish) and, under AsyncComplete, closes their middlewares: every
+// Complete in flight has then landed or given up, and the ones that gave
+// up are counted as acked after a failed Complete. Scenarios call it
+// before they check Complete outcomes of an AsyncComplete store; the
+// cleanups stop the consumers of every other run.
+func (r *run) stopConsumers() {
+	r.mu.Lock()
+	stoppers := append([]func(){}, r.stoppers...)
+	r.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, stop := range stoppers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			stop()
+		}()
+	}
+	wg.Wait()
 }
 
 // ---- events and publishing

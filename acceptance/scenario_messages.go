@@ -193,6 +193,20 @@ func scenarioRetention(t *testing.T, b Backend, s Store) {
 		r.publish(in, ev.message())
 	}
 	r.waitSettled(n, r.allApplied(ids(evs)))
+	if s.AsyncComplete {
+		// The retention window of a record starts when its Complete
+		// lands, after the ack under AsyncComplete.
+		r.eventually("every Complete landed", timeout(n), func() (bool, string) {
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			for _, ev := range evs {
+				if r.completeOK[ev.ID] == 0 {
+					return false, fmt.Sprintf("no successful Complete of %s yet", ev.ID)
+				}
+			}
+			return true, ""
+		})
+	}
 	allDone := time.Now()
 	// Inside the window: the last completed fifth again, a duplicate.
 	order := r.effects()

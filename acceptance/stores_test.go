@@ -60,6 +60,16 @@ func redisStore() acceptance.Store {
 	}
 }
 
+// redisAsyncStore is redisStore with middleware.Config.AsyncComplete:
+// each message is acked once its handler succeeded, its Complete landing
+// in the background.
+func redisAsyncStore() acceptance.Store {
+	s := redisStore()
+	s.Name = "redis-async"
+	s.AsyncComplete = true
+	return s
+}
+
 // deleteRedisPrefix deletes the keys under prefix, and only those.
 func deleteRedisPrefix(t testing.TB, addr, prefix string) {
 	client := redis.NewClient(&redis.Options{Addr: addr})

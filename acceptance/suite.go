@@ -137,6 +137,21 @@ type Store struct {
 	// consumer processes only for such stores on Restartable backends.
 	MultiProcess bool
 
+	// AsyncComplete runs the middleware with middleware.Config.AsyncComplete:
+	// a message is acked as soon as its handler succeeds and its Complete
+	// lands in the background. The suite then builds every consumer's
+	// middleware with middleware.NewMiddleware and Closes it once the
+	// consumer's router stopped (a child process too, on a graceful stop;
+	// a SIGKILLed one skips it, as a crashed process does). The assertions
+	// follow the mode's guarantee: a crash after the ack, before the
+	// Complete landed, leaves the record processing like a crash between
+	// effect and Complete, so the crash scenario counts such deliveries in
+	// its window of possible duplicates; a Complete that gave up after the
+	// ack counts as acked after a failed Complete. Scenarios that check
+	// Complete outcomes stop their consumers first, so every Complete in
+	// flight has landed. It cannot be combined with Transactional.
+	AsyncComplete bool
+
 	// Setup provisions the store for one scenario, with names unique to id
 	// (a table, a key prefix; id is lowercase letters and digits), and
 	// registers their removal with t.Cleanup. It returns what Open needs,
@@ -197,6 +212,8 @@ func (s Store) validate() error {
 		return errors.New("acceptance: Store.Name is required")
 	case s.Open == nil:
 		return fmt.Errorf("acceptance: store %s: Open is required", s.Name)
+	case s.AsyncComplete && s.Transactional:
+		return fmt.Errorf("acceptance: store %s: AsyncComplete cannot be combined with Transactional", s.Name)
 	}
 	return nil
 }
