@@ -109,8 +109,10 @@ func txThroughput(ctx context.Context, inbox stores.Inbox, workers int, d time.D
 var tpsRe = regexp.MustCompile(`tps = ([0-9.]+)`)
 
 // pgbench runs a single-row INSERT ... ON CONFLICT DO NOTHING script with c
-// clients for d into a scratch table, and returns its tps.
-func pgbench(ctx context.Context, db *sql.DB, clients int, d time.Duration) (float64, error) {
+// clients for d into a scratch table, and returns its tps. With inTx the
+// INSERT runs between BEGIN and COMMIT: the three round trips of a
+// transaction that database/sql opens, writes once and commits.
+func pgbench(ctx context.Context, db *sql.DB, clients int, d time.Duration, inTx bool) (float64, error) {
 	bin, err := exec.LookPath("pgbench")
 	if err != nil {
 		for _, p := range []string{"/usr/lib/postgresql/15/bin/pgbench", "/usr/lib/postgresql/16/bin/pgbench", "/usr/lib/postgresql/17/bin/pgbench"} {
@@ -135,6 +137,9 @@ func pgbench(ctx context.Context, db *sql.DB, clients int, d time.Duration) (flo
 	defer os.RemoveAll(dir)
 	script := filepath.Join(dir, "insert.sql")
 	body := "\\set k random(1, 1000000000000)\nINSERT INTO " + table + " (k) VALUES ('b0e6c1e4-5f2a-4c0d-' || :k) ON CONFLICT DO NOTHING;\n"
+	if inTx {
+		body = "\\set k random(1, 1000000000000)\nBEGIN;\nINSERT INTO " + table + " (k) VALUES ('b0e6c1e4-5f2a-4c0d-' || :k) ON CONFLICT DO NOTHING;\nCOMMIT;\n"
+	}
 	if err := os.WriteFile(script, []byte(body), 0o600); err != nil {
 		return 0, err
 	}
@@ -214,7 +219,7 @@ func runSQL(ctx context.Context, o *options) ([]result, error) {
 // seconds apart, and a ratio of figures taken side by side drifts less.
 func comparePostgres(ctx context.Context, b *sqlBench, c int, d time.Duration, rounds int) ([]result, error) {
 	const sec = "sql"
-	var leases, txs, pbs, leaseRatios, txRatios []float64
+	var leases, txs, pbs, pbtxs, leaseRatios, txRatios []float64
 	for r := range rounds {
 		lease, err := throughput(ctx, b.store, c, d, fmt.Sprintf("l%d-%d-", c, r))
 		if err != nil {
@@ -225,7 +230,12 @@ func comparePostgres(ctx context.Context, b *sqlBench, c int, d time.Duration, r
 			return nil, fmt.Errorf("postgres transactional: %w", err)
 		}
 		leases, txs = append(leases, lease), append(txs, tx)
-		pb, err := pgbench(ctx, b.db, c, d)
+		pb, err := pgbench(ctx, b.db, c, d, false)
+		if err == nil {
+			var pbtx float64
+			pbtx, err = pgbench(ctx, b.db, c, d, true)
+			pbtxs = append(pbtxs, pbtx)
+		}
 		if err != nil {
 			// No pgbench: the store's own rates, and a note instead of
 			// the ratios.
@@ -242,6 +252,8 @@ func comparePostgres(ctx context.Context, b *sqlBench, c int, d time.Duration, r
 		{sec, fmt.Sprintf("sql_postgres_lease_c%d_msgs_per_s", c), median(leases), "msgs/s", "claim+complete, " + note},
 		{sec, fmt.Sprintf("sql_postgres_tx_c%d_msgs_per_s", c), median(txs), "msgs/s", "begin+commit, " + note},
 		{sec, fmt.Sprintf("pgbench_insert_c%d_tps", c), median(pbs), "tps", "single-row INSERT ON CONFLICT DO NOTHING, " + note},
+		{sec, fmt.Sprintf("pgbench_begin_insert_commit_c%d_tps", c), median(pbtxs), "tps", "the same INSERT between BEGIN and COMMIT (3 round trips, as a transactional inbox), " + note},
+		{sec, fmt.Sprintf("sql_postgres_tx_vs_pgbench_tx_c%d_ratio", c), median(txs) / median(pbtxs), "x", "transactional mode against its floor"},
 		{sec, fmt.Sprintf("sql_postgres_lease_vs_pgbench_c%d_ratio", c), median(leaseRatios), "x", goalNote(c == 16, "goal >= 1.0; ") + "median of the rounds' ratios"},
 		{sec, fmt.Sprintf("sql_postgres_tx_vs_pgbench_c%d_ratio", c), median(txRatios), "x", goalNote(c == 16, "goal >= 0.8; ") + "median of the rounds' ratios"},
 	}, nil
