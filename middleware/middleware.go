@@ -439,7 +439,7 @@ func (d *dedup) release(parent context.Context, c *stores.Claim) {
 // It returns nil, an error wrapping stores.ErrLostClaim, or the last store
 // error.
 func (d *dedup) record(parent, wait context.Context, detach bool, c *stores.Claim, data []byte) error {
-	deadline := time.Now().Add(d.cfg.CompleteTimeout)
+	var deadline time.Time // from the first failure: a clock read is not free
 	backoff := 20 * time.Millisecond
 	for {
 		ctx, cancel := d.storeCtx(parent, detach)
@@ -447,8 +447,14 @@ func (d *dedup) record(parent, wait context.Context, detach bool, c *stores.Clai
 		err := d.cfg.Store.Complete(ctx, c, d.cfg.Retention, data)
 		cancel()
 		d.observeStore(c.Scope, OpComplete, start, err)
-		if err == nil || errors.Is(err, stores.ErrLostClaim) || errors.Is(err, stores.ErrClosed) ||
-			time.Now().Add(backoff).After(deadline) || !sleepCtx(wait, backoff) {
+		if err == nil || errors.Is(err, stores.ErrLostClaim) || errors.Is(err, stores.ErrClosed) {
+			return err
+		}
+		now := time.Now()
+		if deadline.IsZero() {
+			deadline = now.Add(d.cfg.CompleteTimeout)
+		}
+		if now.Add(backoff).After(deadline) || !sleepCtx(wait, backoff) {
 			return err
 		}
 		backoff = min(2*backoff, time.Second)

@@ -155,6 +155,8 @@ func (sh *shard) claim(h hkey, now, until int64, token uint64) (res stores.Resul
 // Store is the in-memory store. Create it with New.
 type Store struct {
 	cfg    Config
+	mono   bool      // the system clock: now is time.Since(start)
+	start  time.Time // with a monotonic reading
 	seeds  [2]maphash.Seed
 	mask   uint64
 	shards []shard
@@ -187,6 +189,9 @@ func New(cfg Config) (*Store, error) {
 		stop:   make(chan struct{}),
 		done:   make(chan struct{}),
 	}
+	if _, ok := cfg.Clock.(stores.SystemClock); ok {
+		s.mono, s.start = true, time.Now()
+	}
 	for i := range s.shards {
 		s.shards[i].recs = make(map[hkey]record)
 	}
@@ -208,7 +213,17 @@ func (s *Store) hash(scope, key string) hkey {
 
 func (s *Store) shard(h hkey) *shard { return &s.shards[h.a&s.mask] }
 
-func (s *Store) now() int64 { return s.cfg.Clock.Now().UnixNano() }
+// now returns the store's time in nanoseconds. On the system clock that
+// is the monotonic time since New: records never leave the process, so
+// they need no wall time, a wall-clock step cannot expire or revive them,
+// and a monotonic read costs about half of time.Now. An injected Clock is
+// read as Unix nanoseconds.
+func (s *Store) now() int64 {
+	if s.mono {
+		return int64(time.Since(s.start))
+	}
+	return s.cfg.Clock.Now().UnixNano()
+}
 
 // Claim implements [stores.Store].
 func (s *Store) Claim(ctx context.Context, scope string, keys []string, lease time.Duration) (*stores.Claim, error) {

@@ -42,6 +42,57 @@ func TestConformanceOneShard(t *testing.T) {
 	})
 }
 
+// On the system clock the store keeps monotonic time; leases and
+// retention still expire in real time.
+func TestSystemClockExpiry(t *testing.T) {
+	ctx := context.Background()
+	s, err := memstore.New(memstore.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close(ctx)
+	c, err := s.Claim(ctx, "s", []string{"k"}, 30*time.Millisecond)
+	if err != nil || c.Result != stores.Claimed {
+		t.Fatalf("claim: %+v, %v", c, err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		again, err := s.Claim(ctx, "s", []string{"k"}, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if again.Result == stores.Claimed {
+			if !again.Takeover {
+				t.Fatal("claim after the lease expired: not reported as a takeover")
+			}
+			if err := s.Complete(ctx, again, 300*time.Millisecond, nil); err != nil {
+				t.Fatal(err)
+			}
+			break
+		}
+		if again.Result != stores.InProgress || time.Now().After(deadline) {
+			t.Fatalf("claim while leased: %v, want InProgress until the lease expires", again.Result)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if d, err := s.Claim(ctx, "s", []string{"k"}, time.Minute); err != nil || d.Result != stores.Duplicate {
+		t.Fatalf("claim of a done record: %+v, %v; want Duplicate", d, err)
+	}
+	for {
+		c, err := s.Claim(ctx, "s", []string{"k"}, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.Result == stores.Claimed {
+			return // retention is over
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("done record never expired: %v", c.Result)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
 func TestConfigValidate(t *testing.T) {
 	for _, cfg := range []memstore.Config{{Shards: 3}, {Shards: -1}, {Shards: 1 << 17}, {SweepInterval: -time.Second}} {
 		if _, err := memstore.New(cfg); err == nil {
