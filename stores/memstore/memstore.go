@@ -21,13 +21,14 @@
 //
 // # Memory
 //
-// A done record is a 16-byte hash and a 16-byte entry in a map slot, plus
-// the map's control bytes and load-factor slack: 84 bytes per record at
-// one million records (BenchmarkMemoryPerRecord), between about 50 and 84
-// bytes at other counts as the maps fill up and double, plus any data
-// (produced messages) kept with it. The background sweeper removes expired records
-// every SweepInterval, so the heap holds at most (messages per second) x
-// (retention + SweepInterval) records.
+// Each shard keeps its records in an open-addressing table of 32-byte
+// slots (the hash and the record), filled to between 3/8 and 3/4 before
+// it doubles: 43 to 85 bytes per done record, 67 at one million records
+// (BenchmarkMemoryPerRecord), plus any data (produced messages) kept with
+// it. A lookup is usually one cache miss. The background sweeper removes
+// expired records every SweepInterval, so the heap holds at most
+// (messages per second) x (retention + SweepInterval) records; a table
+// does not shrink.
 package memstore
 
 import (
@@ -111,12 +112,12 @@ func (r record) done() bool { return r.token == 0 }
 
 type shard struct {
 	mu   sync.Mutex
-	recs map[hkey]record
+	recs table
 	data map[hkey]string // done records' data, when not empty
 }
 
-func (sh *shard) setDone(h hkey, until int64, data string) {
-	sh.recs[h] = record{until: until}
+// setData keeps data with h's done record, or drops what was kept.
+func (sh *shard) setData(h hkey, data string) {
 	if data != "" {
 		if sh.data == nil {
 			sh.data = make(map[hkey]string)
@@ -128,7 +129,7 @@ func (sh *shard) setDone(h hkey, until int64, data string) {
 }
 
 func (sh *shard) delete(h hkey) {
-	delete(sh.recs, h)
+	sh.recs.delete(h)
 	if sh.data != nil {
 		delete(sh.data, h)
 	}
@@ -138,17 +139,18 @@ func (sh *shard) delete(h hkey) {
 // reports the result, whether a live (done) record stopped it, and, for a
 // free one, whether an expired lease was taken over.
 func (sh *shard) claim(h hkey, now, until int64, token uint64) (res stores.Result, data string, takeover bool) {
-	r, ok := sh.recs[h]
+	p, ok := sh.recs.slot(h)
+	r := *p
 	switch {
 	case ok && r.until > now && r.done():
 		return stores.Duplicate, sh.data[h], false
 	case ok && r.until > now:
 		return stores.InProgress, "", false
 	}
+	*p = record{until: until, token: token}
 	if ok && sh.data != nil {
 		delete(sh.data, h)
 	}
-	sh.recs[h] = record{until: until, token: token}
 	return stores.Claimed, "", ok && !r.done()
 }
 
@@ -192,9 +194,6 @@ func New(cfg Config) (*Store, error) {
 	if _, ok := cfg.Clock.(stores.SystemClock); ok {
 		s.mono, s.start = true, time.Now()
 	}
-	for i := range s.shards {
-		s.shards[i].recs = make(map[hkey]record)
-	}
 	// Tokens start at a random point so two stores in one process (or one
 	// store before and after a restart) do not hand out the same sequence.
 	var b [8]byte
@@ -208,7 +207,11 @@ func New(cfg Config) (*Store, error) {
 
 func (s *Store) hash(scope, key string) hkey {
 	v := scopedKey{scope, key}
-	return hkey{maphash.Comparable(s.seeds[0], v), maphash.Comparable(s.seeds[1], v)}
+	h := hkey{maphash.Comparable(s.seeds[0], v), maphash.Comparable(s.seeds[1], v)}
+	if h == (hkey{}) {
+		h.b = 1 // the zero hkey marks an empty slot
+	}
+	return h
 }
 
 func (s *Store) shard(h hkey) *shard { return &s.shards[h.a&s.mask] }
@@ -267,14 +270,14 @@ func (s *Store) Claim(ctx context.Context, scope string, keys []string, lease ti
 // allocation instead of two on every claim.
 type claimBuf struct {
 	stores.Claim
-	buf [13]byte // a uint64 in base 36
+	buf [16]byte // a uint64 in hexadecimal
 }
 
 // token formats t into the buffer and returns it as a string that shares
 // the buffer's memory. The buffer is never written again, so the string
 // is immutable as Go requires.
 func (cb *claimBuf) token(t uint64) string {
-	b := strconv.AppendUint(cb.buf[:0], t, 36)
+	b := strconv.AppendUint(cb.buf[:0], t, 16)
 	return unsafe.String(unsafe.SliceData(b), len(b))
 }
 
@@ -298,7 +301,7 @@ func (s *Store) claimMulti(c *stores.Claim, token uint64, lease time.Duration) {
 	inProgress := false
 	for _, h := range hs {
 		sh := s.shard(h)
-		r, ok := sh.recs[h]
+		r, ok := sh.recs.get(h)
 		if !ok || r.until <= now {
 			continue
 		}
@@ -316,7 +319,7 @@ func (s *Store) claimMulti(c *stores.Claim, token uint64, lease time.Duration) {
 		return
 	}
 	for _, h := range hs {
-		if r, ok := s.shard(h).recs[h]; ok && r.token == token {
+		if r, ok := s.shard(h).recs.get(h); ok && r.token == token {
 			continue // a repeated key
 		}
 		_, _, takeover := s.shard(h).claim(h, now, now+int64(lease), token)
@@ -346,14 +349,14 @@ func (s *Store) unlockShards(idx []int) {
 
 // update applies fn to every record of a Claimed claim after checking that
 // each is still processing under the claim's token.
-func (s *Store) update(ctx context.Context, c *stores.Claim, fn func(sh *shard, h hkey, now int64)) error {
+func (s *Store) update(ctx context.Context, c *stores.Claim, fn func(sh *shard, h hkey, r *record, now int64)) error {
 	if s.closed.Load() {
 		return stores.ErrClosed
 	}
 	if c == nil || c.Result != stores.Claimed || c.Token == "" {
 		return fmt.Errorf("%w: not a Claimed claim", stores.ErrInvalidArgument)
 	}
-	token, err := strconv.ParseUint(c.Token, 36, 64)
+	token, err := strconv.ParseUint(c.Token, 16, 64)
 	if err != nil || token == 0 {
 		return fmt.Errorf("%w: token %q is not a memstore token", stores.ErrInvalidArgument, c.Token)
 	}
@@ -369,10 +372,11 @@ func (s *Store) update(ctx context.Context, c *stores.Claim, fn func(sh *shard, 
 		sh := s.shard(h)
 		sh.mu.Lock()
 		defer sh.mu.Unlock()
-		if r, ok := sh.recs[h]; !ok || r.token != token {
+		r := sh.recs.ref(h)
+		if r == nil || r.token != token {
 			return fmt.Errorf("%w: scope %q key %q", stores.ErrLostClaim, c.Scope, c.Keys[0])
 		}
-		fn(sh, h, s.now())
+		fn(sh, h, r, s.now())
 		return nil
 	}
 	hs := s.hashes(c, make([]hkey, 0, 4))
@@ -380,12 +384,16 @@ func (s *Store) update(ctx context.Context, c *stores.Claim, fn func(sh *shard, 
 	defer s.unlockShards(idx)
 	now := s.now()
 	for i, h := range hs {
-		if r, ok := s.shard(h).recs[h]; !ok || r.token != token {
+		if r, ok := s.shard(h).recs.get(h); !ok || r.token != token {
 			return fmt.Errorf("%w: scope %q key %q", stores.ErrLostClaim, c.Scope, c.Keys[i])
 		}
 	}
 	for _, h := range hs {
-		fn(s.shard(h), h, now)
+		// Looked up again: fn may have moved records of the same shard.
+		sh := s.shard(h)
+		if r := sh.recs.ref(h); r != nil {
+			fn(sh, h, r, now)
+		}
 	}
 	return nil
 }
@@ -396,14 +404,15 @@ func (s *Store) Complete(ctx context.Context, c *stores.Claim, retention time.Du
 		return fmt.Errorf("%w: retention must be positive, got %s", stores.ErrInvalidArgument, retention)
 	}
 	d := string(data)
-	return s.update(ctx, c, func(sh *shard, h hkey, now int64) {
-		sh.setDone(h, now+int64(retention), d)
+	return s.update(ctx, c, func(sh *shard, h hkey, r *record, now int64) {
+		*r = record{until: now + int64(retention)}
+		sh.setData(h, d)
 	})
 }
 
 // Release implements [stores.Store].
 func (s *Store) Release(ctx context.Context, c *stores.Claim) error {
-	return s.update(ctx, c, func(sh *shard, h hkey, _ int64) {
+	return s.update(ctx, c, func(sh *shard, h hkey, _ *record, _ int64) {
 		sh.delete(h)
 	})
 }
@@ -413,10 +422,8 @@ func (s *Store) Extend(ctx context.Context, c *stores.Claim, lease time.Duration
 	if lease <= 0 {
 		return fmt.Errorf("%w: lease must be positive, got %s", stores.ErrInvalidArgument, lease)
 	}
-	return s.update(ctx, c, func(sh *shard, h hkey, now int64) {
-		r := sh.recs[h]
+	return s.update(ctx, c, func(_ *shard, _ hkey, r *record, now int64) {
 		r.until = now + int64(lease)
-		sh.recs[h] = r
 	})
 }
 
@@ -427,7 +434,7 @@ func (s *Store) Len() int {
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
-		n += len(sh.recs)
+		n += sh.recs.len()
 		sh.mu.Unlock()
 	}
 	return n
@@ -444,12 +451,15 @@ func (s *Store) Sweep() int {
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
-		for h, r := range sh.recs {
-			if r.until <= now && (r.done() || r.until+grace <= now) {
-				sh.delete(h)
-				removed++
+		removed += sh.recs.deleteIf(func(h hkey, r record) bool {
+			if r.until > now || (!r.done() && r.until+grace > now) {
+				return false
 			}
-		}
+			if sh.data != nil {
+				delete(sh.data, h)
+			}
+			return true
+		})
 		sh.mu.Unlock()
 	}
 	return removed
