@@ -100,6 +100,7 @@ func main() {
 
 	ctx := context.Background()
 	var all []result
+	cpu0, cpuErr := readCPU()
 	failed := false
 	for _, s := range sections {
 		if len(want) > 0 && !want[s.name] {
@@ -114,6 +115,9 @@ func main() {
 		}
 		fmt.Fprintf(os.Stderr, "bench: %s done in %s\n", s.name, time.Since(start).Round(time.Millisecond))
 		all = append(all, rs...)
+	}
+	if cpu1, err := readCPU(); err == nil && cpuErr == nil {
+		all = append(all, cpu1.since(cpu0)...)
 	}
 	printTable(all)
 	for _, r := range all {
