@@ -1,5 +1,5 @@
 // Package memstore is the embedded, single-process dedup store: records live
-// in the Go heap, in sharded maps, and vanish with the process.
+// in the Go heap, in sharded hash tables, and vanish with the process.
 //
 // Use it for tests, for the embedded demo, and for consumers where one
 // process is the only consumer of a queue and a restart may legitimately
