@@ -86,6 +86,7 @@ type Config struct {
 	OutageBudget       time.Duration
 	StrictRetention    bool
 	OnStoreError       string
+	AsyncComplete      bool
 
 	// Observability.
 	MetricsAddr string
@@ -181,6 +182,7 @@ func newFlagSet(c *Config, output io.Writer) *flag.FlagSet {
 	fs.DurationVar(&c.OutageBudget, "outage-budget", c.OutageBudget, "RabbitMQ, SQL and gochannel: longest consumer outage you plan to tolerate (the redelivery horizon)")
 	fs.BoolVar(&c.StrictRetention, "strict-retention", c.StrictRetention, "fail at start-up instead of warning when -retention < 1.3 x the redelivery horizon")
 	fs.StringVar(&c.OnStoreError, "on-store-error", c.OnStoreError, "when the store is down: fail-closed (nack and retry) | fail-open (run unprotected, counted as bypassed)")
+	fs.BoolVar(&c.AsyncComplete, "async-complete", c.AsyncComplete, "lease mode: ack as soon as the handler succeeds and record the message done in the background (one store round trip a message instead of two)")
 
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", c.MetricsAddr, "serve Prometheus metrics on this `host:port` at /metrics (port 0: any free port); default: off")
 	fs.DurationVar(&c.Linger, "linger", c.Linger, "keep serving metrics this long after the summary (Ctrl-C ends it sooner)")
@@ -373,6 +375,9 @@ func (c Config) Validate() error {
 	}
 	if _, err := c.storeErrorPolicy(); err != nil {
 		return err
+	}
+	if c.AsyncComplete && c.mode() == modeTransactional && c.Dedup {
+		return errors.New("-async-complete cannot be combined with transactional mode (the record commits with the handler's writes): use -mode=lease")
 	}
 	if c.OnStoreError == middleware.FailOpen.String() && c.mode() == modeTransactional && c.Dedup {
 		return errors.New("-on-store-error=fail-open cannot be combined with transactional mode (the handler's writes need the store's database): use -mode=lease")

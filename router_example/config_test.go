@@ -115,6 +115,7 @@ func TestConfigErrors(t *testing.T) {
 		{[]string{"-stale-events", "5", "-events", "2"}, nil, "-stale-events"},
 		{[]string{"-on-store-error", "panic"}, nil, "-on-store-error"},
 		{[]string{"-on-store-error", "fail-open"}, nil, "cannot be combined with transactional"},
+		{[]string{"-async-complete"}, nil, "-async-complete cannot be combined with transactional"},
 		{[]string{"-linger", "1s"}, nil, "-metrics-addr"},
 		{[]string{"extra"}, nil, "unexpected arguments"},
 		{nil, map[string]string{"DEDUP_EVENTS": "many"}, "DEDUP_EVENTS"},

@@ -227,6 +227,10 @@ func TestExampleRuns(t *testing.T) {
 			}},
 		{name: "gochannel/redis/lease", args: []string{"-store=redis", "-crash-rate=0.02", "-lease=300ms"}, needs: rd,
 			check: func(t *testing.T, _ exampleRun, runID string) { requireNoRedisKeys(t, runID) }},
+		// Acked before the record is done: lost acks and republished
+		// events meet records still completing, and wait for them.
+		{name: "amqp/redis/lease+async-complete", args: []string{"-broker=amqp", "-store=redis", "-async-complete", "-crash-rate=0.02", "-lease=300ms"}, needs: both(mq, rd),
+			check: func(t *testing.T, _ exampleRun, runID string) { requireNoRedisKeys(t, runID) }},
 		{name: "gochannel/postgres/lease", args: []string{"-store=postgres", "-mode=lease"}, needs: pg, check: noTables(pg, "pgx")},
 		{name: "gochannel/postgres/transactional", args: []string{"-store=postgres", "-mode=transactional", "-crash-rate=0.03"}, needs: pg, check: noTables(pg, "pgx")},
 		{name: "gochannel/mysql/lease", args: []string{"-store=mysql", "-mode=lease"}, needs: my, check: noTables(my, "mysql")},

@@ -122,6 +122,7 @@ type app struct {
 	tracker   *tracker
 	progress  progress
 	router    *message.Router
+	dedup     *middleware.Middleware // nil with -dedup=false
 }
 
 func (a *app) setup(ctx context.Context) error {
@@ -216,7 +217,7 @@ func (a *app) buildRouter() error {
 	if cfg.Dedup {
 		policy, _ := cfg.storeErrorPolicy()
 		h := cfg.redeliveryHorizon()
-		dedup, err := middleware.New(middleware.Config{
+		dedup, err := middleware.NewMiddleware(middleware.Config{
 			Store: store,
 			// Both keys in one record: the message id catches broker
 			// redeliveries, the payment id a producer republishing the
@@ -233,6 +234,7 @@ func (a *app) buildRouter() error {
 			PublishedAt:       middleware.MetadataTime(metaPublishedAt),
 			Transactional:     cfg.mode() == modeTransactional,
 			OnStoreError:      policy,
+			AsyncComplete:     cfg.AsyncComplete,
 			Fingerprint:       middleware.PayloadFingerprint,
 			Logger:            a.logger,
 			Metrics:           a.tally,
@@ -240,7 +242,8 @@ func (a *app) buildRouter() error {
 		if err != nil {
 			return fmt.Errorf("dedup middleware: %w", err)
 		}
-		router.AddMiddleware(dedup)
+		a.dedup = dedup
+		router.AddMiddleware(dedup.Handler)
 	}
 	router.AddMiddleware(a.faults.inner)
 
@@ -316,6 +319,14 @@ func (a *app) run(ctx context.Context) *result {
 	}
 	if err := <-routerDone; err != nil && res.runErr == nil {
 		res.runErr = fmt.Errorf("router: %w", err)
+	}
+	if a.dedup != nil {
+		// With -async-complete, the Completes still in flight land now.
+		cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		if err := a.dedup.Close(cctx); err != nil && res.runErr == nil {
+			res.runErr = fmt.Errorf("dedup middleware: %w", err)
+		}
+		ccancel()
 	}
 	a.progress.finish()
 	res.elapsed = time.Since(start)
