@@ -124,8 +124,9 @@ type Config struct {
 	// then waits for one store round trip per message instead of two.
 	//
 	// The price is a window, from the ack until the Complete lands
-	// (normally one store round trip; up to CompleteTimeout through a
-	// store outage), in which the record is still processing:
+	// (normally one store round trip; through a store outage up to
+	// CompleteTimeout after the first failed attempt), in which the
+	// record is still processing:
 	//   - a duplicate arriving in it gets ErrInProgress (nack and retry),
 	//     and nothing runs twice;
 	//   - a crash in it leaves the record processing until the lease

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -45,6 +46,10 @@ type beat struct {
 	mu      sync.Mutex // held while an Extend is in flight
 	stopped bool
 	lost    bool
+	// completing is set once the handler succeeded and its Complete may
+	// be in flight: an Extend refused then is the Complete having landed,
+	// not a lost lease.
+	completing atomic.Bool
 
 	cmu      sync.Mutex // guards the fields below
 	ctx      context.Context
@@ -60,6 +65,10 @@ var _ context.Context = (*beat)(nil)
 func (e *beat) cancellable() context.Context {
 	e.cmu.Lock()
 	defer e.cmu.Unlock()
+	return e.cancellableLocked()
+}
+
+func (e *beat) cancellableLocked() context.Context {
 	if e.ctx == nil {
 		e.ctx, e.cancel = context.WithCancelCause(e.parent)
 		if e.finished {
@@ -69,12 +78,14 @@ func (e *beat) cancellable() context.Context {
 	return e.ctx
 }
 
-// current returns the cancellable context if it exists, else the parent.
+// current returns the context that answers Err and Value: the cancellable
+// one if it exists or the handler has returned (then it is cancelled, so
+// that a goroutine the handler left behind sees Err), else the parent.
 func (e *beat) current() context.Context {
 	e.cmu.Lock()
 	defer e.cmu.Unlock()
-	if e.ctx != nil {
-		return e.ctx
+	if e.ctx != nil || e.finished {
+		return e.cancellableLocked()
 	}
 	return e.parent
 }
@@ -138,9 +149,8 @@ func (b *beats) add(e *beat) {
 		b.lastTick = time.Now()
 		go b.loop()
 	}
-	// The loop's last tick is at most one tick before now: extending
-	// from it may come that much early, never late, and saves a clock
-	// read per message.
+	// The loop's last tick (or its start) is before now: extending from
+	// it may come early, never late, and saves a clock read per message.
 	e.extendedAt = b.lastTick
 	e.prev, e.next = b.head.prev, &b.head
 	b.head.prev.next = e
@@ -215,6 +225,11 @@ func (b *beats) extend(e *beat) {
 	cancel()
 	d.observeStore(e.c.Scope, OpExtend, start, err)
 	switch {
+	case errors.Is(err, stores.ErrLostClaim) && e.completing.Load():
+		// The Complete landed first (the record is done): nothing to
+		// extend any more. A claim really lost meanwhile is for the
+		// Complete to find out.
+		e.lost = true
 	case errors.Is(err, stores.ErrLostClaim):
 		// Someone took the message over: tell the handler to stop.
 		e.lost = true

@@ -103,9 +103,11 @@ func (m *Middleware) Handler(h message.HandlerFunc) message.HandlerFunc {
 
 // Close waits until every Complete started in the background has landed
 // or given up (after CompleteTimeout), or until ctx is done: then the
-// remaining retries stop and their records stay processing until their
-// leases expire. Messages handled after Close complete before they are
-// acked, as without AsyncComplete. It is idempotent.
+// remaining retries stop, their records stay processing until their
+// leases expire, and Close returns ctx's error once the store calls still
+// in flight have returned (each within StoreTimeout). Messages handled
+// after Close complete before they are acked, as without AsyncComplete.
+// It is idempotent.
 func (m *Middleware) Close(ctx context.Context) error {
 	if m.d.async == nil {
 		return nil
@@ -384,15 +386,17 @@ func (d *dedup) runClaimed(h message.HandlerFunc, msg *message.Message, c *store
 	if err != nil {
 		return nil, err
 	}
-	settled = true
 	msg.SetContext(parent)
 	// Encoded now, before outer middlewares (or the router) touch the
-	// outputs.
+	// outputs, and before settled: a panicking Fingerprint releases the
+	// claim like a panicking handler.
 	data := d.encode(msg, outputs)
+	settled = true
+	hb.completing.Store(true)
 	if d.async != nil && d.async.start() {
 		go func() {
 			defer d.async.done()
-			d.completeAsync(msg, c, data)
+			d.completeAsync(parent, msg, c, data)
 			d.beats.remove(hb)
 			hb.finish()
 		}()
@@ -482,10 +486,13 @@ func (d *dedup) complete(msg *message.Message, c *stores.Claim, data []byte, out
 // completeAsync is complete for a message already acked (AsyncComplete):
 // the subscriber may have cancelled its context, so every call detaches
 // from it, and a failure can only be reported.
-func (d *dedup) completeAsync(msg *message.Message, c *stores.Claim, data []byte) {
+//
+// msgCtx is the message's context as the handler got it: the message
+// itself belongs to the router again, which may set another.
+func (d *dedup) completeAsync(msgCtx context.Context, msg *message.Message, c *stores.Claim, data []byte) {
 	// Detached from the message, whose subscriber may cancel it after the
 	// ack, but stopped by a Close that gives up waiting.
-	parent, cancel := context.WithCancel(context.WithoutCancel(msg.Context()))
+	parent, cancel := context.WithCancel(context.WithoutCancel(msgCtx))
 	defer cancel()
 	defer context.AfterFunc(d.async.stop, cancel)()
 	err := d.record(parent, parent, false, c, data)

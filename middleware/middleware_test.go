@@ -688,3 +688,89 @@ func TestKeyRejectedByStoreIsBadInputNotStoreError(t *testing.T) {
 		t.Fatalf("outcomes: %d store errors, %d no_key; want 0 and 1", metrics.get(middleware.OutcomeStoreError), metrics.get(middleware.OutcomeNoKey))
 	}
 }
+
+// A Fingerprint that panics after a successful handler releases the
+// claim, as a panicking handler does: the redelivery can run.
+func TestPanickingFingerprintReleasesTheClaim(t *testing.T) {
+	store := newMemstore(t)
+	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Heartbeat: 20 * time.Millisecond,
+		Fingerprint: func(*message.Message) []byte { panic("fingerprint bug") }})
+	func() {
+		defer func() {
+			if recover() == nil {
+				t.Error("the Fingerprint's panic did not reach the caller")
+			}
+		}()
+		_, _ = mw(func(*message.Message) ([]*message.Message, error) { return nil, nil })(message.NewMessage("m-1", nil))
+	}()
+	c, err := store.Claim(context.Background(), "s", []string{"m-1"}, time.Minute)
+	if err != nil || c.Result != stores.Claimed {
+		t.Fatalf("claim after the panic: %+v, %v; want the record released", c, err)
+	}
+}
+
+// A goroutine the handler leaves behind sees its context end when the
+// handler returns, even if the handler never asked for Done.
+func TestHandlerContextEndsWhenTheHandlerReturns(t *testing.T) {
+	mw := dedupMiddleware(t, middleware.Config{Store: newMemstore(t), Scope: "s"})
+	var hctx context.Context
+	if _, err := mw(func(msg *message.Message) ([]*message.Message, error) {
+		hctx = msg.Context()
+		if err := hctx.Err(); err != nil {
+			t.Errorf("handler context ended while the handler ran: %v", err)
+		}
+		return nil, nil
+	})(message.NewMessage("m-1", nil)); err != nil {
+		t.Fatal(err)
+	}
+	if !errors.Is(hctx.Err(), context.Canceled) {
+		t.Fatalf("handler context after the handler returned: Err = %v, want context.Canceled", hctx.Err())
+	}
+	select {
+	case <-hctx.Done():
+	default:
+		t.Fatal("handler context after the handler returned: Done not closed")
+	}
+}
+
+// slowReplyStore applies a Complete, then takes its time to answer, as a
+// Complete whose reply is slow on the network.
+type slowReplyStore struct {
+	stores.Store
+	delay time.Duration
+}
+
+func (s slowReplyStore) Complete(ctx context.Context, c *stores.Claim, retention time.Duration, data []byte) error {
+	err := s.Store.Complete(ctx, c, retention, data)
+	time.Sleep(s.delay) // the reply on its way back
+	return err
+}
+
+// A heartbeat that fires while the Complete's reply is on its way finds
+// the record done: that is not a lost lease.
+func TestHeartbeatDuringCompleteIsNotALostClaim(t *testing.T) {
+	for _, async := range []bool{false, true} {
+		metrics := newCountingMetrics()
+		cfg := middleware.Config{Store: slowReplyStore{newMemstore(t), 100 * time.Millisecond}, Scope: "s",
+			Lease: time.Second, Heartbeat: 10 * time.Millisecond, Metrics: metrics, AsyncComplete: async}
+		m, err := middleware.NewMiddleware(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := m.Handler(func(*message.Message) ([]*message.Message, error) { return nil, nil })(message.NewMessage("m-1", nil)); err != nil {
+			t.Fatalf("async=%v: %v", async, err)
+		}
+		if err := m.Close(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if n := metrics.get(middleware.OutcomeLostClaim); n != 0 {
+			t.Errorf("async=%v: %d lost-claim outcomes for a message that completed", async, n)
+		}
+		metrics.mu.Lock()
+		extends := metrics.ops[middleware.OpExtend]
+		metrics.mu.Unlock()
+		if extends == 0 {
+			t.Errorf("async=%v: no Extend ran during the slow Complete: the test proved nothing", async)
+		}
+	}
+}
