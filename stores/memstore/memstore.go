@@ -163,10 +163,13 @@ type Store struct {
 	mask   uint64
 	shards []shard
 	tokens atomic.Uint64
-	closed atomic.Bool
-	stop   chan struct{}
-	done   chan struct{}
-	once   sync.Once
+	// maxLease is the longest lease given so far, in nanoseconds: how long
+	// Sweep keeps an expired processing record.
+	maxLease atomic.Int64
+	closed   atomic.Bool
+	stop     chan struct{}
+	done     chan struct{}
+	once     sync.Once
 }
 
 var (
@@ -242,6 +245,7 @@ func (s *Store) Claim(ctx context.Context, scope string, keys []string, lease ti
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
+	s.noteLease(lease)
 	token := s.tokens.Add(1)
 	cb := &claimBuf{Claim: stores.Claim{Scope: scope, Keys: keys}}
 	c := &cb.Claim
@@ -264,6 +268,16 @@ func (s *Store) Claim(ctx context.Context, scope string, keys []string, lease ti
 		c.Token = cb.token(token)
 	}
 	return c, nil
+}
+
+// noteLease raises maxLease to lease.
+func (s *Store) noteLease(lease time.Duration) {
+	for {
+		m := s.maxLease.Load()
+		if int64(lease) <= m || s.maxLease.CompareAndSwap(m, int64(lease)) {
+			return
+		}
+	}
 }
 
 // claimBuf allocates a claim and the bytes of its token together: one
@@ -422,6 +436,7 @@ func (s *Store) Extend(ctx context.Context, c *stores.Claim, lease time.Duration
 	if lease <= 0 {
 		return fmt.Errorf("%w: lease must be positive, got %s", stores.ErrInvalidArgument, lease)
 	}
+	s.noteLease(lease)
 	return s.update(ctx, c, func(_ *shard, _ hkey, r *record, now int64) {
 		r.until = now + int64(lease)
 	})
@@ -442,11 +457,12 @@ func (s *Store) Len() int {
 
 // Sweep removes expired records now and returns how many it removed. The
 // background sweeper calls it every SweepInterval. Expired processing
-// records are kept for one more SweepInterval, so a takeover soon after
-// expiry is still reported as one.
+// records are kept for one more SweepInterval or longest lease given so
+// far, whichever is longer, so a takeover soon after expiry is still
+// reported as one.
 func (s *Store) Sweep() int {
 	now := s.now()
-	grace := int64(s.cfg.SweepInterval)
+	grace := max(int64(s.cfg.SweepInterval), s.maxLease.Load())
 	removed := 0
 	for i := range s.shards {
 		sh := &s.shards[i]

@@ -138,6 +138,30 @@ func TestSweepRemovesExpired(t *testing.T) {
 	}
 }
 
+// An expired lease longer than SweepInterval is kept for a lease length
+// after it expired, as the Store contract asks: a late redelivery is still
+// reported as a takeover.
+func TestSweepKeepsAnExpiredLeaseForALease(t *testing.T) {
+	ctx := context.Background()
+	clock := storetest.NewFakeClock(time.Unix(1_000_000, 0))
+	s, err := memstore.New(memstore.Config{Clock: clock, SweepInterval: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close(ctx)
+	if _, err := s.Claim(ctx, "scope", []string{"k"}, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(time.Hour + 30*time.Minute)
+	if n := s.Sweep(); n != 0 {
+		t.Fatalf("Sweep removed %d records half a lease after the lease expired", n)
+	}
+	c, err := s.Claim(ctx, "scope", []string{"k"}, time.Hour)
+	if err != nil || c.Result != stores.Claimed || !c.Takeover {
+		t.Fatalf("claim after the sweep: %+v, %v; want a takeover", c, err)
+	}
+}
+
 func TestCloseStopsSweeper(t *testing.T) {
 	s, err := memstore.New(memstore.Config{SweepInterval: time.Millisecond})
 	if err != nil {
