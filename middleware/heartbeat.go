@@ -92,8 +92,8 @@ func (e *beat) current() context.Context {
 
 // lose cancels the handler's context with cause.
 func (e *beat) lose(cause error) {
-	e.cancellable()
 	e.cmu.Lock()
+	e.cancellableLocked()
 	e.cancel(cause)
 	e.cmu.Unlock()
 }

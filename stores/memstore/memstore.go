@@ -135,9 +135,10 @@ func (sh *shard) delete(h hkey) {
 	}
 }
 
-// claim checks (h, now) and, if it is free, writes a processing record. It
-// reports the result, whether a live (done) record stopped it, and, for a
-// free one, whether an expired lease was taken over.
+// claim checks h's record at now and, if it is free, writes a processing
+// record until until under token. It reports the result, a live done
+// record's data (Duplicate), and whether an expired lease was taken over
+// (Claimed).
 func (sh *shard) claim(h hkey, now, until int64, token uint64) (res stores.Result, data string, takeover bool) {
 	p, ok := sh.recs.slot(h)
 	r := *p
