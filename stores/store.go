@@ -29,6 +29,52 @@
 // Complete, Release and Extend are fenced: they act only while the record is
 // still processing under the caller's token, and otherwise fail with
 // [ErrLostClaim] and change nothing.
+//
+// A processing record whose lease ran out still belongs to its claim until
+// another Claim takes it over: its owner's Complete, Release and Extend
+// succeed. A store may forget such a record once its lease has been over
+// for longer than the lease it was last given, never sooner; a takeover
+// within that time reports Claim.Takeover.
+//
+// # Time
+//
+// Leases and retentions must be positive. A store keeps time at a
+// precision of its own (memstore the nanosecond, sqlstore the
+// microsecond, redisstore the millisecond) and rounds a duration up to
+// it, never down: a 1ns lease is a live lease until the store's clock
+// next ticks. A duration longer than the store can represent is capped at
+// the longest it can, never wrapped around: math.MaxInt64 is a valid
+// lease or retention meaning "about 292 years". A store with a shorter
+// documented bound of its own (sqlstore's daily partitions) refuses
+// longer durations with [ErrInvalidArgument].
+//
+// # Errors
+//
+// Every error a store returns belongs to one of these classes, told apart
+// with [errors.Is]. The middleware acts on the class, so a store must put
+// each failure in the right one:
+//
+//   - [ErrUnavailable]: the backend could not be reached, or said it
+//     cannot serve now (connection refused, reset or timed out; a server
+//     starting, shutting down, failing over or out of connections). The
+//     outcome of the call is unknown. This is the only class a fail-open
+//     consumer may run its handler through unprotected.
+//   - The caller's context ended: the error wraps [context.Canceled] or
+//     [context.DeadlineExceeded]. A call made with a context already done
+//     fails so, before any I/O, and changes nothing; one whose context
+//     ends while it is under way may or may not have taken effect. (The
+//     middleware tells its own per-call timeout, an outage, from the end
+//     of the message's context, a cancellation.)
+//   - [ErrClosed]: the store was closed. Nothing was done.
+//   - [ErrInvalidKey], [ErrInvalidArgument]: bad input, refused before any
+//     I/O. Nothing was done.
+//   - [ErrLostClaim]: a fenced call whose claim is no longer the owner.
+//     Nothing was done.
+//   - [ErrTxAborted] ([Inbox] only): the transaction Begin had to join
+//     is no longer usable. Nothing was written.
+//   - Anything else: the backend answered with an error the store does not
+//     classify (a missing table, a denied permission, a record it did not
+//     write). A fault to fix, never a reason to bypass the store.
 package stores
 
 import (
@@ -55,10 +101,25 @@ var (
 	// touch its backend for it.
 	ErrInvalidKey = errors.New("dedup store: invalid key")
 
-	// ErrInvalidArgument is returned for a non-positive lease or retention,
-	// a scope longer than the store accepts, or a claim that is not a
-	// Claimed result of this store.
+	// ErrInvalidArgument is returned for a non-positive lease or retention
+	// (or one past a documented bound of the store), a scope longer than
+	// the store accepts, or a claim that is not a Claimed result of this
+	// store. A store must not touch its backend for it.
 	ErrInvalidArgument = errors.New("dedup store: invalid argument")
+
+	// ErrUnavailable is wrapped by every error that means the backend
+	// could not be reached or could not serve the call now: the outage
+	// class (see the package doc). The call's outcome is unknown.
+	ErrUnavailable = errors.New("dedup store: backend unavailable")
+
+	// ErrTxAborted is returned by [Inbox.Begin] when the transaction it
+	// must join (one carried by its context) is no longer usable: the
+	// database rolled it back (a deadlock, a lock wait timeout) or an
+	// earlier statement failed and left it aborted. Begin wrote nothing;
+	// the transaction's owner must end it, and the message must be
+	// retried in a new one. Statements run in such a transaction would
+	// otherwise run outside any transaction (MySQL) or fail (PostgreSQL).
+	ErrTxAborted = errors.New("dedup store: the transaction to join was aborted by the database")
 
 	// ErrFingerprintMismatch reports a duplicate key whose stored payload
 	// fingerprint differs from the delivered message's: the same key was
@@ -200,8 +261,8 @@ func ClockOrSystem(c Clock) Clock {
 }
 
 // Inbox is implemented by stores that can write the dedup record in the same
-// database transaction as the handler's own writes (the transactional inbox
-// of DESIGN.md): commit writes effect and record together, rollback neither,
+// database transaction as the handler's own writes (the transactional
+// inbox): commit writes effect and record together, rollback neither,
 // so there is no duplicate effect even when a consumer crashes.
 //
 // The middleware uses it instead of Claim/Complete when its Config asks for
@@ -218,6 +279,13 @@ type Inbox interface {
 	// record's Data; when a key is held by a live lease-mode claim (a store
 	// shared by both modes) it is rolled back too and reports InProgress.
 	// Commit and Rollback are then no-ops.
+	//
+	// ctx bounds Begin itself, including its wait for a concurrent Begin
+	// of the same key: when ctx ends first, Begin fails with ctx's error
+	// and leaves nothing behind. The transaction Begin opens outlives ctx;
+	// it ends with Commit or Rollback, which the caller must call. A
+	// transaction to join that is no longer usable fails Begin with
+	// [ErrTxAborted], before anything is written.
 	Begin(ctx context.Context, scope string, keys []string, retention time.Duration) (InboxTx, error)
 }
 
@@ -230,7 +298,12 @@ type InboxTx interface {
 	// Context returns parent carrying the transaction, for the handler to
 	// find with the store's TxFromContext.
 	Context(parent context.Context) context.Context
-	// Commit stores data on the records and commits the transaction.
+	// Commit stores data on the records and commits the transaction. ctx
+	// bounds it: when ctx ends (or the connection breaks) before the
+	// database answers, Commit fails and the outcome is unknown: a
+	// redelivery finds the record done (Duplicate) or not (it runs again,
+	// its effects having been rolled back with the record). A joined
+	// transaction found aborted fails with [ErrTxAborted].
 	Commit(ctx context.Context, data []byte) error
 	// Rollback undoes the records and everything the handler wrote in the
 	// transaction. It is safe to call after Commit or Rollback (a no-op).
