@@ -276,15 +276,40 @@ func (q *queries) list(from, n int) string {
 	return b.String()
 }
 
-// onConflictDoNothing makes an INSERT a no-op (0 rows affected) when the id
-// exists. MySQL's ON DUPLICATE KEY UPDATE id = id changes nothing and
-// reports 0 rows; unlike INSERT IGNORE it does not turn other errors into
-// warnings.
+// onConflictDoNothing makes an INSERT leave an existing record unchanged.
+// Whether it inserted is told by [queries.inserted].
+//
+// On MySQL it is ON DUPLICATE KEY UPDATE state = LAST_INSERT_ID(state):
+// the row keeps its state, and the statement's last insert id is that
+// state (1 or 2) when the row existed, 0 when it inserted one (the table
+// has no AUTO_INCREMENT column). The rows-affected count cannot tell the
+// two apart on every connection: with go-sql-driver's clientFoundRows=true
+// (CLIENT_FOUND_ROWS) a row found and left unchanged counts as 1, as an
+// insert does. Unlike INSERT IGNORE, it locks the existing row exclusively
+// (no shared lock to upgrade, so no deadlock between two duplicates) and
+// turns no other error into a warning.
 func (q *queries) onConflictDoNothing() string {
 	if q.d == MySQL {
-		return " ON DUPLICATE KEY UPDATE id = id"
+		return " ON DUPLICATE KEY UPDATE state = LAST_INSERT_ID(state)"
 	}
 	return " ON CONFLICT (id) DO NOTHING"
+}
+
+// inserted reports whether a single-row INSERT with onConflictDoNothing
+// inserted its row (false: the id existed).
+func (q *queries) inserted(res sql.Result) (bool, error) {
+	if q.d == MySQL {
+		id, err := res.LastInsertId()
+		if err != nil {
+			return false, err
+		}
+		return id == 0, nil
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return false, err
+	}
+	return n == 1, nil
 }
 
 func (q *queries) forUpdate() string {

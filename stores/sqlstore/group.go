@@ -543,7 +543,7 @@ func (s *Store) batchTx(ctx context.Context, ops []*op) error {
 }
 
 // batchMySQL runs a batch in one transaction: one multi-row INSERT ... ON
-// DUPLICATE KEY UPDATE id = id for the claims, one SELECT ... FOR UPDATE
+// DUPLICATE KEY UPDATE for the claims, one SELECT ... FOR UPDATE
 // of every record of the batch, then for the records still owned by their
 // caller's token one UPDATE (Complete, Extend) or DELETE (Release) per
 // kind, and the takeovers of expired records, one UPDATE each. MySQL has

@@ -388,9 +388,9 @@ func (s *Store) acquire(ctx context.Context, tx *sql.Tx, ks keySet, now time.Tim
 		if err != nil {
 			return nil, nil, err
 		}
-		if n, err := res.RowsAffected(); err != nil {
+		if ins, err := s.q.inserted(res); err != nil {
 			return nil, nil, err
-		} else if n == 0 {
+		} else if !ins {
 			rest = append(rest, id)
 		}
 	}
@@ -609,7 +609,7 @@ func checkKeys(keys []string) error {
 // Claim implements [stores.Store].
 //
 // A single key takes one INSERT ... ON CONFLICT DO NOTHING (INSERT ... ON
-// DUPLICATE KEY UPDATE id = id on MySQL) in the common case, and a SELECT
+// DUPLICATE KEY UPDATE on MySQL) in the common case, and a SELECT
 // more for a duplicate; concurrent single-key claims share those
 // statements' round trip and commit with each other and with concurrent
 // Completes, Releases and Extends (see [BatchConfig]). Taking over an expired record, and every multi-key
@@ -668,9 +668,9 @@ func (s *Store) claimOnce(ctx context.Context, ks keySet, token int64, lease tim
 		if err != nil {
 			return err
 		}
-		if n, err := res.RowsAffected(); err != nil {
+		if ins, err := s.q.inserted(res); err != nil {
 			return err
-		} else if n == 1 {
+		} else if ins {
 			c.Result = stores.Claimed
 			return nil
 		}
