@@ -1,0 +1,248 @@
+package sqlstore_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+
+	"github.com/watermill-dedup/dedup/internal/testenv"
+	"github.com/watermill-dedup/dedup/stores"
+	"github.com/watermill-dedup/dedup/stores/sqlstore"
+	"github.com/watermill-dedup/dedup/stores/storetest"
+)
+
+// mysqlWith opens MariaDB/MySQL with the DSN options opts added to the
+// test DSN, and closes it after t.
+func mysqlWith(t *testing.T, opts map[string]string) *sql.DB {
+	t.Helper()
+	cfg, err := mysql.ParseDSN(testenv.RequireMySQL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Params == nil {
+		cfg.Params = map[string]string{}
+	}
+	for k, v := range opts {
+		switch k {
+		case "clientFoundRows":
+			cfg.ClientFoundRows = v == "true"
+		case "interpolateParams":
+			cfg.InterpolateParams = v == "true"
+		default:
+			cfg.Params[k] = v
+		}
+	}
+	db, err := sql.Open("mysql", cfg.FormatDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	db.SetMaxOpenConns(8)
+	t.Cleanup(func() { _ = db.Close() })
+	if err := db.PingContext(context.Background()); err != nil {
+		testenv.Unavailable(t, "MySQL/MariaDB", cfg.Addr, err)
+	}
+	return db
+}
+
+// TestClientFoundRows: with go-sql-driver's clientFoundRows=true an
+// INSERT ... ON DUPLICATE KEY UPDATE that finds its row unchanged reports
+// one row affected, as an insert does. Neither the claim nor the inbox may
+// take that for a fresh record.
+func TestClientFoundRows(t *testing.T) {
+	db := mysqlWith(t, map[string]string{"clientFoundRows": "true"})
+	for _, batched := range []bool{true, false} {
+		t.Run(fmt.Sprintf("batched=%v", batched), func(t *testing.T) {
+			ctx := context.Background()
+			s := newStore(t, db, sqlstore.MySQL, sqlstore.Config{Batch: sqlstore.BatchConfig{Disabled: !batched}})
+			for _, keys := range [][]string{{"one"}, {"a", "b"}} {
+				c, err := s.Claim(ctx, "scope", keys, time.Minute)
+				if err != nil || c.Result != stores.Claimed {
+					t.Fatalf("first Claim(%q) = %+v, %v; want Claimed", keys, c, err)
+				}
+				again, err := s.Claim(ctx, "scope", keys, time.Minute)
+				if err != nil || again.Result != stores.InProgress {
+					t.Fatalf("second Claim(%q) while held = %+v, %v; want InProgress", keys, again, err)
+				}
+				if err := s.Complete(ctx, c, time.Hour, []byte("out")); err != nil {
+					t.Fatal(err)
+				}
+				dup, err := s.Claim(ctx, "scope", keys, time.Minute)
+				if err != nil || dup.Result != stores.Duplicate || string(dup.Data) != "out" {
+					t.Fatalf("Claim(%q) after Complete = %+v, %v; want Duplicate with data", keys, dup, err)
+				}
+			}
+			for _, keys := range [][]string{{"inbox"}, {"x", "y"}} {
+				tx, err := s.Begin(ctx, "scope", keys, time.Hour)
+				if err != nil || tx.Result() != stores.Claimed {
+					t.Fatalf("first Begin(%q) = %v, %v; want Claimed", keys, tx, err)
+				}
+				if err := tx.Commit(ctx, []byte("done")); err != nil {
+					t.Fatal(err)
+				}
+				tx, err = s.Begin(ctx, "scope", keys, time.Hour)
+				if err != nil || tx.Result() != stores.Duplicate || string(tx.Data()) != "done" {
+					t.Fatalf("Begin(%q) after Commit = %v, %v; want Duplicate with data", keys, tx, err)
+				}
+			}
+		})
+	}
+}
+
+// deadlockVictim makes the MySQL transaction outer lose a deadlock against
+// a heavier transaction of its own: the server then rolls all of outer
+// back, while the client's *sql.Tx stays open. It returns the error outer
+// saw (1213).
+func deadlockVictim(t *testing.T, db *sql.DB, outer *sql.Tx) error {
+	t.Helper()
+	ctx := context.Background()
+	table := "deadlock_" + storetest.NewID()
+	if _, err := db.ExecContext(ctx, "CREATE TABLE "+table+" (id INT PRIMARY KEY, v INT NOT NULL) ENGINE = InnoDB"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { dropTable(t, db, sqlstore.MySQL, table) })
+	var rows []string
+	for i := range 200 {
+		rows = append(rows, fmt.Sprintf("(%d, 0)", i))
+	}
+	if _, err := db.ExecContext(ctx, "INSERT INTO "+table+" VALUES "+strings.Join(rows, ", ")); err != nil {
+		t.Fatal(err)
+	}
+	heavy, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = heavy.Rollback() }()
+	// heavy locks many rows (so the server picks outer as the victim),
+	// including row 1; outer locks row 0.
+	if _, err := heavy.ExecContext(ctx, "UPDATE "+table+" SET v = v + 1 WHERE id >= 1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := outer.ExecContext(ctx, "UPDATE "+table+" SET v = v + 1 WHERE id = 0"); err != nil {
+		t.Fatal(err)
+	}
+	heavyDone := make(chan error, 1)
+	go func() {
+		// Waits for outer's lock on row 0...
+		_, err := heavy.ExecContext(ctx, "UPDATE "+table+" SET v = v + 1 WHERE id = 0")
+		heavyDone <- err
+	}()
+	// ...until outer waits for heavy's row 1: a deadlock, outer the victim.
+	deadline := time.Now().Add(10 * time.Second)
+	var victimErr error
+	for time.Now().Before(deadline) {
+		_, victimErr = outer.ExecContext(ctx, "UPDATE "+table+" SET v = v + 1 WHERE id = 1")
+		var my *mysql.MySQLError
+		if errors.As(victimErr, &my) && my.Number == 1213 {
+			break
+		}
+		if victimErr != nil {
+			t.Fatalf("outer's second update: %v, want a deadlock", victimErr)
+		}
+		t.Fatal("outer's second update succeeded: no deadlock")
+	}
+	if err := <-heavyDone; err != nil {
+		t.Fatalf("heavy transaction: %v", err)
+	}
+	return victimErr
+}
+
+// TestJoinedTxDeadOnMySQL: a deadlock rolls a whole MySQL transaction back
+// on the server, but the client's *sql.Tx stays open, and watermill-sql
+// redelivers a nacked message inside it. A Begin joined to such a
+// transaction must fail with ErrTxAborted and write nothing: its
+// statements would otherwise run in autocommit, committing the record of
+// a message whose handler failed (the message would then be acked as a
+// duplicate with no effect ever applied).
+func TestJoinedTxDeadOnMySQL(t *testing.T) {
+	db := openMySQL(t)
+	ctx := context.Background()
+	s := newStore(t, db, sqlstore.MySQL, sqlstore.Config{})
+	l := newLedger(t, db, sqlstore.MySQL, 1)
+
+	t.Run("handler deadlocks", func(t *testing.T) {
+		outer, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = outer.Rollback() }()
+		octx := sqlstore.WithTx(ctx, outer)
+		itx, err := s.Begin(octx, "scope", []string{"k1"}, time.Hour)
+		if err != nil || itx.Result() != stores.Claimed {
+			t.Fatalf("Begin = %v, %v", itx, err)
+		}
+		// The handler writes, then loses a deadlock: the server rolls
+		// the outer transaction back.
+		if err := l.add(ctx, outer, 0, 10); err != nil {
+			t.Fatal(err)
+		}
+		_ = deadlockVictim(t, db, outer)
+		rerr := itx.Rollback(ctx)
+		if !errors.Is(rerr, stores.ErrTxAborted) {
+			t.Errorf("Rollback after the server rolled the transaction back = %v, want ErrTxAborted", rerr)
+		}
+		// The redelivery, in the same (dead) transaction.
+		again, err := s.Begin(octx, "scope", []string{"k1"}, time.Hour)
+		if !errors.Is(err, stores.ErrTxAborted) {
+			if err == nil {
+				_ = again.Rollback(ctx)
+			}
+			t.Fatalf("Begin in a dead joined transaction = %v, %v; want ErrTxAborted", again, err)
+		}
+		if n := countRows(t, db, sqlstore.MySQL, s.Table()); n != 0 {
+			t.Fatalf("%d dedup records committed outside any transaction", n)
+		}
+		// A fresh transaction then runs the message.
+		fresh, err := s.Begin(ctx, "scope", []string{"k1"}, time.Hour)
+		if err != nil || fresh.Result() != stores.Claimed {
+			t.Fatalf("Begin in a new transaction = %v, %v; want Claimed", fresh, err)
+		}
+		_ = fresh.Rollback(ctx)
+	})
+
+	t.Run("handler swallows the deadlock", func(t *testing.T) {
+		outer, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = outer.Rollback() }()
+		octx := sqlstore.WithTx(ctx, outer)
+		itx, err := s.Begin(octx, "scope", []string{"k2"}, time.Hour)
+		if err != nil || itx.Result() != stores.Claimed {
+			t.Fatalf("Begin = %v, %v", itx, err)
+		}
+		_ = deadlockVictim(t, db, outer)
+		if err := itx.Commit(ctx, []byte("outputs")); !errors.Is(err, stores.ErrTxAborted) {
+			t.Fatalf("Commit in a dead joined transaction = %v, want ErrTxAborted", err)
+		}
+		if n := countRows(t, db, sqlstore.MySQL, s.Table()); n != 0 {
+			t.Fatalf("%d dedup records committed outside any transaction", n)
+		}
+	})
+}
+
+// TestJoinedTxAbortedOnPostgres: PostgreSQL refuses every statement of a
+// transaction aborted by an earlier error (SQLSTATE 25P02) until it is
+// rolled back. Begin joined to one fails with ErrTxAborted.
+func TestJoinedTxAbortedOnPostgres(t *testing.T) {
+	db := openPostgres(t)
+	ctx := context.Background()
+	s := newStore(t, db, sqlstore.Postgres, sqlstore.Config{})
+	outer, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = outer.Rollback() }()
+	if _, err := outer.ExecContext(ctx, "SELECT 1/0"); err == nil {
+		t.Fatal("division by zero succeeded")
+	}
+	itx, err := s.Begin(sqlstore.WithTx(ctx, outer), "scope", []string{"k"}, time.Hour)
+	if !errors.Is(err, stores.ErrTxAborted) {
+		t.Fatalf("Begin in an aborted transaction = %v, %v; want ErrTxAborted", itx, err)
+	}
+}
