@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/go-sql-driver/mysql"
+
+	"github.com/watermill-dedup/dedup/stores"
 )
 
 // Dialect names the SQL flavour of the database behind a Store.
@@ -348,9 +350,10 @@ func (q *queries) replaceDone(n int) string {
 		q.table, q.setState(stateDone), q.ph(1), q.list(2, n))
 }
 
-// setData stores data on n records. Args: data, ids...
+// setData stores data on n records an inbox transaction inserted, which
+// expire at expires. Args: data, expires, ids...
 func (q *queries) setData(n int) string {
-	return fmt.Sprintf("UPDATE %s SET data = %s WHERE id IN %s", q.table, q.ph(1), q.list(2, n))
+	return fmt.Sprintf("UPDATE %s SET data = %s WHERE expires_at = %s AND id IN %s", q.table, q.ph(1), q.ph(2), q.list(3, n))
 }
 
 // The fenced statements end in "WHERE token = ? AND id IN (...)": their
@@ -514,6 +517,42 @@ func (id recordID) uuid() string {
 	b[23] = '-'
 	hex.Encode(b[24:], id[10:])
 	return string(b[:])
+}
+
+// txDead reports an error after which the transaction the statement ran
+// in is over on the server although the client's *sql.Tx is still open:
+// MySQL rolls a whole transaction back on a deadlock, and then knows none
+// of its savepoints; PostgreSQL refuses every statement of a transaction
+// aborted by an earlier error until it is rolled back.
+func (q *queries) txDead(err error) bool {
+	if err == nil {
+		return false
+	}
+	var pg interface{ SQLState() string }
+	if errors.As(err, &pg) {
+		switch pg.SQLState() {
+		case "25P02", "3B001": // in_failed_sql_transaction, invalid_savepoint_specification
+			return true
+		}
+		return false
+	}
+	var my *mysql.MySQLError
+	if errors.As(err, &my) {
+		switch my.Number {
+		case 1213, 1305: // deadlock (the whole transaction rolled back), savepoint does not exist
+			return true
+		}
+	}
+	return false
+}
+
+// joinedError marks err with stores.ErrTxAborted when it says that the
+// transaction a joined Begin works in is over (txDead).
+func (q *queries) joinedError(err error) error {
+	if q.txDead(err) && !errors.Is(err, stores.ErrTxAborted) {
+		return fmt.Errorf("%w: %w", stores.ErrTxAborted, err)
+	}
+	return err
 }
 
 // isRetryable reports a transient conflict that a fresh attempt of the

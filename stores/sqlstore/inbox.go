@@ -66,6 +66,16 @@ func (s *Store) outerTx(ctx context.Context) (*sql.Tx, bool) {
 // watermill-sql, whose subscriber redelivers a nacked message inside the
 // same transaction without rolling it back: the failed attempt's writes
 // are undone by the rollback to its savepoint.
+//
+// A joined transaction the database has already ended fails Begin with
+// [stores.ErrTxAborted] before anything is written: on MySQL a deadlock
+// rolls the whole transaction back on the server while the client's
+// *sql.Tx stays open (its statements would then run in autocommit, and the
+// record would commit although the handler failed), and PostgreSQL
+// refuses the statements of a transaction an earlier error aborted. With
+// watermill-sql, the message is nacked until the subscriber ends that
+// transaction (at its AckDeadline) and delivered again in a new one. On
+// MySQL the check costs a joined Begin one more statement.
 func (s *Store) Begin(ctx context.Context, scope string, keys []string, retention time.Duration) (stores.InboxTx, error) {
 	if s.closed.Load() {
 		return nil, fmt.Errorf("sqlstore: Begin: %w", stores.ErrClosed)
@@ -96,7 +106,8 @@ func (s *Store) Begin(ctx context.Context, scope string, keys []string, retentio
 		if err != nil {
 			return err
 		}
-		res, data, err := s.insertDone(ctx, tx, ks, retention)
+		exp := s.now().Add(retention)
+		res, data, err := s.insertDone(ctx, tx, ks, exp)
 		if err != nil || res != stores.Claimed {
 			_ = tx.Rollback()
 			if err != nil {
@@ -105,7 +116,7 @@ func (s *Store) Begin(ctx context.Context, scope string, keys []string, retentio
 			itx = &inboxTx{result: res, data: data}
 			return nil
 		}
-		itx = &inboxTx{s: s, tx: tx, ks: ks, result: stores.Claimed}
+		itx = &inboxTx{s: s, tx: tx, ks: ks, exp: exp, result: stores.Claimed}
 		return nil
 	})
 	if err != nil {
@@ -132,15 +143,32 @@ func (s *Store) beginSavepoint(ctx context.Context, tx *sql.Tx, ks keySet, reten
 	}
 	sp := fmt.Sprintf("sqlstore_%d", s.savepoints.Add(1))
 	if _, err := tx.ExecContext(ctx, "SAVEPOINT "+sp); err != nil {
-		return nil, err
+		return nil, s.q.joinedError(err)
+	}
+	if s.cfg.Dialect == MySQL {
+		// A MySQL transaction rolled back by the server (a deadlock, a
+		// lock wait timeout under innodb_rollback_on_timeout) leaves the
+		// client's *sql.Tx open, and every later statement in it runs in
+		// autocommit: SAVEPOINT succeeds doing nothing, and the record
+		// below would commit at once, whatever the handler does. Rolling
+		// back to the savepoint just set is a no-op in a live
+		// transaction, and fails with 1305 in a dead one.
+		if _, err := tx.ExecContext(ctx, "ROLLBACK TO SAVEPOINT "+sp); err != nil {
+			return nil, s.q.joinedError(err)
+		}
 	}
 	for attempt := 1; ; attempt++ {
-		res, data, err := s.insertDone(ctx, tx, ks, retention)
+		exp := s.now().Add(retention)
+		res, data, err := s.insertDone(ctx, tx, ks, exp)
 		if err == nil && res == stores.Claimed {
-			return &inboxTx{s: s, tx: tx, ks: ks, savepoint: sp, result: stores.Claimed}, nil
+			return &inboxTx{s: s, tx: tx, ks: ks, exp: exp, savepoint: sp, result: stores.Claimed}, nil
+		}
+		if err != nil && s.q.txDead(err) {
+			// Nothing to roll back to: the server ended the transaction.
+			return nil, s.q.joinedError(err)
 		}
 		if rerr := rollbackTo(ctx, tx, sp, err == nil || (errors.Is(err, errRetry) && attempt < maxSavepointAttempts)); rerr != nil {
-			return nil, errors.Join(err, rerr)
+			return nil, errors.Join(err, s.q.joinedError(rerr))
 		}
 		if err == nil {
 			return &inboxTx{result: res, data: data}, nil
@@ -166,12 +194,12 @@ func rollbackTo(ctx context.Context, tx *sql.Tx, sp string, keep bool) error {
 	return nil
 }
 
-// insertDone inserts done records for ks in tx and reports Claimed,
-// Duplicate (with its data) or InProgress; the caller rolls back unless
-// Claimed.
-func (s *Store) insertDone(ctx context.Context, tx *sql.Tx, ks keySet, retention time.Duration) (stores.Result, []byte, error) {
+// insertDone inserts done records for ks in tx, expiring at expires, and
+// reports Claimed, Duplicate (with its data) or InProgress; the caller
+// rolls back unless Claimed.
+func (s *Store) insertDone(ctx context.Context, tx *sql.Tx, ks keySet, expires time.Time) (stores.Result, []byte, error) {
 	now := s.now()
-	exp := s.q.timeArg(now.Add(retention))
+	exp := s.q.timeArg(expires)
 	rest, recs, err := s.acquire(ctx, tx, ks, now, s.q.insertDone, func(id recordID) []any {
 		return []any{s.q.idArg(id), exp}
 	})
@@ -196,7 +224,8 @@ type inboxTx struct {
 	s         *Store
 	tx        *sql.Tx
 	ks        keySet
-	savepoint string // "" when the store owns tx
+	exp       time.Time // the records' expiry, as inserted
+	savepoint string    // "" when the store owns tx
 	result    stores.Result
 	data      []byte
 
@@ -236,15 +265,26 @@ func (t *inboxTx) Commit(ctx context.Context, data []byte) error {
 		return fmt.Errorf("sqlstore: commit: %w", sql.ErrTxDone)
 	}
 	t.finished = true
+	q := t.s.q
 	if len(data) > 0 {
-		q := t.s.q
-		if _, err := t.tx.ExecContext(ctx, q.setData(len(t.ks.ids)), t.s.idArgs([]any{data}, t.ks.ids)...); err != nil {
-			return errors.Join(fmt.Errorf("sqlstore: commit: storing data: %w", err), t.abort(ctx))
+		// Only the records this transaction inserted match (their exact
+		// expiry): in a transaction the server has rolled back (MySQL
+		// then runs the statement in autocommit) there are none, and a
+		// record another consumer committed meanwhile is left alone.
+		res, err := t.tx.ExecContext(ctx, q.setData(len(t.ks.ids)), t.s.idArgs([]any{data, q.timeArg(t.exp)}, t.ks.ids)...)
+		if err == nil {
+			var n int64
+			if n, err = res.RowsAffected(); err == nil && n != int64(len(t.ks.ids)) {
+				err = fmt.Errorf("%w: %d of its %d records are gone", stores.ErrTxAborted, n, len(t.ks.ids))
+			}
+		}
+		if err != nil {
+			return errors.Join(fmt.Errorf("sqlstore: commit: storing data: %w", q.joinedError(err)), t.abort(ctx))
 		}
 	}
 	if t.savepoint != "" {
 		if _, err := t.tx.ExecContext(ctx, "RELEASE SAVEPOINT "+t.savepoint); err != nil {
-			return errors.Join(fmt.Errorf("sqlstore: commit: releasing savepoint: %w", err), t.abort(ctx))
+			return errors.Join(fmt.Errorf("sqlstore: commit: releasing savepoint: %w", q.joinedError(err)), t.abort(ctx))
 		}
 		return nil
 	}
@@ -278,7 +318,7 @@ func (t *inboxTx) Rollback(ctx context.Context) error {
 
 func (t *inboxTx) abort(ctx context.Context) error {
 	if t.savepoint != "" {
-		return rollbackTo(ctx, t.tx, t.savepoint, false)
+		return t.s.q.joinedError(rollbackTo(ctx, t.tx, t.savepoint, false))
 	}
 	if err := t.tx.Rollback(); err != nil && !errors.Is(err, sql.ErrTxDone) {
 		return err
