@@ -33,7 +33,8 @@ import (
 //
 // Lines: "R" ready; "D id uuid event" delivered; "H id 0|1" handled
 // (1: success); "E id event" effect; "B id event" store entered; "C id
-// event ok|lost|err" Complete or commit; "I id" acked after a failed
+// event ok|lost|err" Complete or commit; "T id event op ..." a store
+// call traced (see traceLine); "I id" acked after a failed
 // Complete (under AsyncComplete: a Complete that had not landed when the
 // middleware was closed on a graceful stop); "O outcome scope" metrics;
 // "X id event point" crashing now.
@@ -170,9 +171,10 @@ func (s *pipeSink) handled(d *delivery, err error) {
 	}
 	s.w.line("H", id(d), ok)
 }
-func (s *pipeSink) effect(d *delivery, event string) { s.w.line("E", id(d), event) }
-func (s *pipeSink) incomplete(d *delivery)           { s.w.line("I", id(d)) }
-func (s *pipeSink) entered(d *delivery)              { s.w.line("B", id(d), d.event) }
+func (s *pipeSink) effect(d *delivery, event string)     { s.w.line("E", id(d), event) }
+func (s *pipeSink) storeCalled(d *delivery, c storeCall) { s.w.line(traceLine(id(d), c)...) }
+func (s *pipeSink) incomplete(d *delivery)               { s.w.line("I", id(d)) }
+func (s *pipeSink) entered(d *delivery)                  { s.w.line("B", id(d), d.event) }
 func (s *pipeSink) completed(d *delivery, err error) {
 	res := "ok"
 	switch {
@@ -365,6 +367,12 @@ func (c *childConsumer) handleLine(f []string) {
 			err = errors.New("complete failed")
 		}
 		r.completed(dv, err)
+	case "T":
+		fields := make([]string, 10)
+		for i := range fields {
+			fields[i] = arg(i)
+		}
+		r.traced(parseTrace(c.name+"/"+arg(1), fields))
 	case "I":
 		r.incomplete(nil)
 	case "O":

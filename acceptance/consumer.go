@@ -253,6 +253,8 @@ type sink interface {
 	entered(d *delivery)
 	// completed: d's Complete or commit returned err.
 	completed(d *delivery, err error)
+	// storeCalled: a store call of d, traced (see storeCall).
+	storeCalled(d *delivery, c storeCall)
 	// incomplete: d was acked although its last Complete failed (the
 	// middleware acks once CompleteTimeout has passed): its record runs out
 	// like a crashed consumer's, and a later duplicate may run again.
@@ -625,15 +627,21 @@ func (s *probeStore) Claim(ctx context.Context, scope string, keys []string, lea
 	if err != nil {
 		return nil, err
 	}
-	if d != nil {
-		s.sink.entered(d)
+	if d == nil {
+		return s.inner.Claim(ctx, scope, keys, lease)
 	}
+	s.sink.entered(d)
+	sent := time.Now()
 	c, err := s.inner.Claim(ctx, scope, keys, lease)
-	if d != nil && err == nil && c != nil && c.Result == stores.Claimed {
-		d.proc.mu.Lock()
-		d.claimed = true
-		d.proc.mu.Unlock()
+	call := storeCall{op: opClaim, delivery: d.key(), event: d.event, err: err != nil, sent: sent, returned: time.Now()}
+	d.proc.mu.Lock()
+	call.again = d.claimed
+	if err == nil && c != nil {
+		call.result, call.takeover = c.Result, c.Takeover
+		d.claimed = d.claimed || c.Result == stores.Claimed
 	}
+	d.proc.mu.Unlock()
+	s.sink.storeCalled(d, call)
 	return c, err
 }
 
@@ -642,8 +650,10 @@ func (s *probeStore) Complete(ctx context.Context, c *stores.Claim, retention ti
 	if err != nil {
 		return err
 	}
+	sent := time.Now()
 	err = s.inner.Complete(ctx, c, retention, data)
 	if d != nil {
+		s.sink.storeCalled(d, storeCall{op: opComplete, delivery: d.key(), event: d.event, err: err != nil, sent: sent, returned: time.Now()})
 		d.setCompleted(err)
 		s.sink.completed(d, err)
 	}
@@ -677,11 +687,18 @@ func (s *probeInbox) Begin(ctx context.Context, scope string, keys []string, ret
 	if err != nil {
 		return nil, err
 	}
-	if d != nil {
-		s.sink.entered(d)
+	if d == nil {
+		return s.inbox.Begin(ctx, scope, keys, retention)
 	}
+	s.sink.entered(d)
+	sent := time.Now()
 	tx, err := s.inbox.Begin(ctx, scope, keys, retention)
-	if err != nil || d == nil || tx.Result() != stores.Claimed {
+	call := storeCall{op: opBegin, delivery: d.key(), event: d.event, err: err != nil, sent: sent, returned: time.Now()}
+	if err == nil {
+		call.result = tx.Result()
+	}
+	s.sink.storeCalled(d, call)
+	if err != nil || tx.Result() != stores.Claimed {
 		return tx, err
 	}
 	ptx := &probeTx{InboxTx: tx, d: d, sink: s.sink}
@@ -712,8 +729,10 @@ func (t *probeTx) Commit(ctx context.Context, data []byte) error {
 		t.forget()
 		return errDead
 	}
+	sent := time.Now()
 	err := t.InboxTx.Commit(ctx, data)
 	t.forget()
+	t.sink.storeCalled(t.d, storeCall{op: opCommit, delivery: t.d.key(), event: t.d.event, err: err != nil, sent: sent, returned: time.Now()})
 	t.d.setCompleted(err)
 	t.sink.completed(t.d, err)
 	return err

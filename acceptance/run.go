@@ -61,9 +61,11 @@ type run struct {
 	completeLost    map[string]int
 	crashPlan       map[string]bool                       // events whose crash is still to happen
 	hangPlan        map[string]bool                       // events whose hang is still to happen
+	hungBy          map[string]string                     // event -> the delivery that hung
 	scopeDups       map[string]int                        // duplicates dropped per scope
 	uuidsSeen       map[string]map[string]map[string]bool // consumer -> event -> message uuids
 	crashLog        []crashRecord
+	callLog         []storeCall // store calls of every delivery, see storeCall
 	notes           []string
 	na              string // why the scenario does not apply, found at run time
 	effectCount     int
@@ -120,6 +122,7 @@ func newRun(t *testing.T, b Backend, s Store, sc Scenario, variant string) *run 
 		completeLost: map[string]int{},
 		crashPlan:    map[string]bool{},
 		hangPlan:     map[string]bool{},
+		hungBy:       map[string]string{},
 		scopeDups:    map[string]int{},
 		uuidsSeen:    map[string]map[string]map[string]bool{},
 	}
@@ -459,6 +462,8 @@ func (r *run) completed(d *delivery, err error) {
 	r.mu.Unlock()
 }
 
+func (r *run) storeCalled(_ *delivery, c storeCall) { r.traced(c) }
+
 func (r *run) incomplete(*delivery) {
 	r.mu.Lock()
 	r.ackedIncomplete++
@@ -478,6 +483,9 @@ func (r *run) logCrash(c crashRecord) {
 const maxHang = 90 * time.Second
 
 func (r *run) hang(d *delivery) bool {
+	r.mu.Lock()
+	r.hungBy[d.event] = d.key()
+	r.mu.Unlock()
 	select {
 	case r.hangs <- d.event:
 	default:
