@@ -50,6 +50,15 @@ type Option func(*options)
 type options struct {
 	realTime bool
 	unit     time.Duration
+
+	// Used by RunModel only; Run ignores them.
+	precision   time.Duration
+	maxKeyLen   int
+	maxScopeLen int
+	maxDuration time.Duration
+	maxElapsed  time.Duration
+	maintenance func(ctx context.Context, s stores.Store) error
+	steps       int
 }
 
 // RealTime says the store ignores the injected clock (it keeps time on its
@@ -62,6 +71,64 @@ func RealTime(unit time.Duration) Option {
 			o.unit = unit
 		}
 	}
+}
+
+// Precision is the store's time precision, for RunModel: the store
+// keeps its clock at multiples of d and rounds durations up to it (see
+// the Time section of the [stores] package doc). The default is one
+// nanosecond; sqlstore passes time.Microsecond, redisstore
+// time.Millisecond. d must divide one second.
+func Precision(d time.Duration) Option {
+	return func(o *options) { o.precision = d }
+}
+
+// MaxKeyLen is the longest key the store accepts, in bytes, for
+// RunModel: a Claim with a longer key must fail with
+// [stores.ErrInvalidKey]. The default, 0, means no bound: every key,
+// the 1 MiB one RunModel tries included, must work as any other.
+func MaxKeyLen(n int) Option {
+	return func(o *options) { o.maxKeyLen = n }
+}
+
+// MaxScopeLen is the longest scope the store accepts, in bytes, for
+// RunModel: a Claim in a longer scope must fail with
+// [stores.ErrInvalidArgument]. The default, 0, means no bound.
+func MaxScopeLen(n int) Option {
+	return func(o *options) { o.maxScopeLen = n }
+}
+
+// MaxDuration is the store's documented bound on leases and retentions,
+// for RunModel: a longer one must fail with [stores.ErrInvalidArgument]
+// (sqlstore's daily partitions refuse more than PartitionDaysAhead
+// days). The default, 0, means no bound: longer durations than the
+// store can represent, up to math.MaxInt64, are capped, not refused.
+func MaxDuration(d time.Duration) Option {
+	return func(o *options) { o.maxDuration = d }
+}
+
+// MaxElapsed bounds how far RunModel moves the fake clock of one store
+// from the time the store was made (a store whose records must expire
+// within a window of that time, such as sqlstore's daily partitions,
+// which the purge job creates ahead of time). The default, 0, means no
+// bound.
+func MaxElapsed(d time.Duration) Option {
+	return func(o *options) { o.maxElapsed = d }
+}
+
+// Maintenance gives RunModel the store's own housekeeping (memstore's
+// Sweep, sqlstore's Purge), which it then runs at random steps between
+// the other calls. fn must not change what the contract promises: it may
+// forget a record only when the contract lets the store forget it. An
+// error it returns fails the test.
+func Maintenance(fn func(ctx context.Context, s stores.Store) error) Option {
+	return func(o *options) { o.maintenance = fn }
+}
+
+// ModelSteps makes RunModel run n steps in all, without its default
+// bound on time. The environment variable STORETEST_MODEL_STEPS, when
+// set, overrides it (for soak runs).
+func ModelSteps(n int) Option {
+	return func(o *options) { o.steps = n }
 }
 
 // suite is the state shared by the subtests of one Run.
