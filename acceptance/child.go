@@ -347,7 +347,7 @@ func (c *childConsumer) handleLine(f []string) {
 		c.mu.Lock()
 		c.pending[arg(1)] = true
 		c.mu.Unlock()
-		r.effect(nil, arg(2))
+		r.effect(d(), arg(2))
 	case "B":
 		dv := d()
 		dv.event = arg(2)
@@ -379,7 +379,7 @@ func (c *childConsumer) handleLine(f []string) {
 		n, _ := strconv.Atoi(arg(1))
 		r.Observe(arg(2), middleware.Outcome(n))
 	case "X":
-		r.crashes <- crashNote{consumer: c.name, event: arg(2), point: crashPoint(arg(3)), kill: c.kill}
+		r.crashes <- crashNote{consumer: c.name, delivery: d().key(), event: arg(2), point: crashPoint(arg(3)), kill: c.kill}
 	}
 }
 

@@ -668,10 +668,16 @@ func (s *probeStore) Release(ctx context.Context, c *stores.Claim) error {
 }
 
 func (s *probeStore) Extend(ctx context.Context, c *stores.Claim, lease time.Duration) error {
-	if _, err := deadCheck(ctx); err != nil {
+	d, err := deadCheck(ctx)
+	if err != nil {
 		return err
 	}
-	return s.inner.Extend(ctx, c, lease)
+	sent := time.Now()
+	err = s.inner.Extend(ctx, c, lease)
+	if d != nil {
+		s.sink.storeCalled(d, storeCall{op: opExtend, delivery: d.key(), event: d.event, err: err != nil, sent: sent, returned: time.Now()})
+	}
+	return err
 }
 
 // Close does nothing: the suite closes the store it opened.

@@ -152,10 +152,10 @@ type inprocSink struct {
 func (s *inprocSink) crash(d *delivery, point crashPoint) error {
 	if !s.b.Features.Persistent {
 		window := s.c.regenerate()
-		s.logCrash(crashRecord{consumer: d.consumer, event: d.event, point: point, window: window})
+		s.logCrash(crashRecord{consumer: d.consumer, delivery: d.key(), event: d.event, point: point, window: window})
 		return errCrashed
 	}
-	s.crashes <- crashNote{consumer: d.consumer, event: d.event, point: point, kill: s.c.teardown}
+	s.crashes <- crashNote{consumer: d.consumer, delivery: d.key(), event: d.event, point: point, kill: s.c.teardown}
 	<-s.done
 	return errCrashed
 }

@@ -65,7 +65,8 @@ type run struct {
 	scopeDups       map[string]int                        // duplicates dropped per scope
 	uuidsSeen       map[string]map[string]map[string]bool // consumer -> event -> message uuids
 	crashLog        []crashRecord
-	callLog         []storeCall // store calls of every delivery, see storeCall
+	callLog         []storeCall     // store calls of every delivery, see storeCall
+	effectBy        map[string]bool // deliveries that applied a memory-ledger effect
 	notes           []string
 	na              string // why the scenario does not apply, found at run time
 	effectCount     int
@@ -77,6 +78,7 @@ type run struct {
 
 type crashNote struct {
 	consumer string
+	delivery string // the key of the delivery that crashed
 	event    string
 	point    crashPoint
 	// kill kills the consumer and returns the deliveries it caught
@@ -86,6 +88,7 @@ type crashNote struct {
 
 type crashRecord struct {
 	consumer string
+	delivery string
 	event    string
 	point    crashPoint
 	window   int
@@ -123,6 +126,7 @@ func newRun(t *testing.T, b Backend, s Store, sc Scenario, variant string) *run 
 		crashPlan:    map[string]bool{},
 		hangPlan:     map[string]bool{},
 		hungBy:       map[string]string{},
+		effectBy:     map[string]bool{},
 		scopeDups:    map[string]int{},
 		uuidsSeen:    map[string]map[string]map[string]bool{},
 	}
@@ -439,7 +443,10 @@ func (r *run) dropInflight(consumer string) {
 	r.mu.Unlock()
 }
 
-func (r *run) effect(_ *delivery, event string) {
+func (r *run) effect(d *delivery, event string) {
+	r.mu.Lock()
+	r.effectBy[d.key()] = true
+	r.mu.Unlock()
 	_ = r.mem.Apply(context.Background(), event)
 }
 

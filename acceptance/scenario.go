@@ -33,7 +33,10 @@ const (
 	// duplicate effect. Lease mode: the duplicates are at least the
 	// crashes planned between effect and Complete, and at most the
 	// deliveries any crash caught between effect and Complete (counted at
-	// each kill). How a consumer dies depends on the backend: a child
+	// each kill); each claim such a crash left is claimed again only once
+	// its lease ran out, as a takeover that the middleware reports (a
+	// claim that came more than one lease later still may be a fresh one:
+	// the store may have forgotten the expired claim). How a consumer dies depends on the backend: a child
 	// process SIGKILLed (Restartable backend, MultiProcess store), a
 	// subscriber torn down without acking (Persistent backend), or an
 	// emulated crash whose message is nacked (gochannel).

@@ -136,7 +136,34 @@ func scenarioCrash(t *testing.T, b Backend, s Store) {
 	incomplete := r.ackedIncomplete
 	r.mu.Unlock()
 	AssertBetween(t, "duplicate effects (lease mode)", extra, planned, window+incomplete)
-	AssertAtLeast(t, "takeovers", r.outcome(middleware.OutcomeTakeover), planned)
+	// Each crash after effect left its claim processing: the claim that
+	// replaced it came after its lease ran out and is a takeover, unless
+	// it came so late that the store may have forgotten the expired claim.
+	crashedBy := map[string]string{}
+	var crashed []string
+	for _, c := range log {
+		if c.point == crashAfterEffect {
+			crashedBy[c.event] = c.delivery
+			crashed = append(crashed, c.event)
+		}
+	}
+	calls := r.calls()
+	takeovers, fresh, after := checkTakeovers(t, "crashed", calls, crashed, crashedBy, spec.Lease)
+	// The middleware reports a takeover the store reports on a delivery's
+	// claim before it runs the handler: every delivery that applied an
+	// effect after a takeover claim reported it, and a SIGKILL may have cut
+	// the report of one that had not applied its effect yet.
+	r.mu.Lock()
+	withEffect := 0
+	for _, c := range calls {
+		if c.claimed() && c.takeover && r.effectBy[c.delivery] {
+			withEffect++
+		}
+	}
+	r.mu.Unlock()
+	reported := r.outcome(middleware.OutcomeTakeover)
+	AssertBetween(t, "takeovers reported by the middleware", reported, withEffect, takeovers)
+	r.note("takeovers=%d (crashed claims claimed again %s after their last lease) fresh claims after the store could forget=%d", reported, strings.Join(after, ","), fresh)
 }
 
 // replaceCrashed kills each consumer that reports a crash and starts the
@@ -195,7 +222,7 @@ func (r *run) crashCount() int {
 
 // crashed logs a kill; the crash of note.event happened.
 func (r *run) crashed(note crashNote, window int) {
-	r.logCrash(crashRecord{consumer: note.consumer, event: note.event, point: note.point, window: window})
+	r.logCrash(crashRecord{consumer: note.consumer, delivery: note.delivery, event: note.event, point: note.point, window: window})
 }
 
 // remainingCrashes is the part of plan that did not happen yet: the plan
@@ -299,7 +326,7 @@ func scenarioLease(t *testing.T, b Backend, s Store) {
 		r.notes = append(r.notes, fmt.Sprintf("hung=%d, each overlapped by a waiting duplicate; one commit each", len(hung)))
 		return
 	}
-	takeovers, fresh, after := checkTakeovers(t, calls, hung, r.hungBy, spec.Lease)
+	takeovers, fresh, after := checkTakeovers(t, "hung", calls, ids(hung), r.hungBy, spec.Lease)
 	// The middleware reports every takeover the store reports, and no
 	// other (every claim that starts a delivery goes through it).
 	reported := r.outcomes[middleware.OutcomeTakeover]
@@ -308,45 +335,49 @@ func scenarioLease(t *testing.T, b Backend, s Store) {
 	for _, n := range r.completeLost {
 		refused += n
 	}
-	r.notes = append(r.notes, fmt.Sprintf("hung=%d takeovers=%d (claimed again %s after the hung claims) fresh claims after the store could forget=%d stalled Completes refused=%d",
+	r.notes = append(r.notes, fmt.Sprintf("hung=%d takeovers=%d (hung claims claimed again %s after) fresh claims after the store could forget=%d stalled Completes refused=%d",
 		len(hung), reported, strings.Join(after, ","), fresh, refused))
 }
 
-// checkTakeovers checks, for each hung event, the claim that replaced the
-// hung delivery's claim (byDelivery: event -> the hung delivery), against
-// the Store contract: it came after the hung claim's lease ran out, and it
-// reports Claim.Takeover unless the store may have forgotten the expired
-// claim — a store keeps it for at least one more lease, and a claim later
-// than that may be a fresh one. It returns the takeovers the store
-// reported on the claims of every delivery, the replacements that came
-// too late to be sure of a takeover, and how long after the hung claim
-// each replacement came.
-func checkTakeovers(t *testing.T, calls []storeCall, hung []event, byDelivery map[string]string, lease time.Duration) (takeovers, fresh int, after []string) {
+// checkTakeovers checks, for each event of events, the claim that
+// replaced the claim of its stalled delivery (byDelivery: event -> the
+// delivery, hung or crashed as what says), against the Store contract: it
+// came after the stalled claim's lease ran out, and it reports
+// Claim.Takeover unless the store may have forgotten the expired claim —
+// a store keeps it for at least one more lease, and a claim later than
+// that may be a fresh one. The lease runs from the claim or from the last
+// Extend (heartbeat) that succeeded. It returns the takeovers the store
+// reported on the claims that started a delivery (of every event), the
+// replacements that came too late to be sure of a takeover, and how long
+// after the stalled claim's last lease each replacement came.
+func checkTakeovers(t *testing.T, what string, calls []storeCall, events []string, byDelivery map[string]string, lease time.Duration) (takeovers, fresh int, after []string) {
 	t.Helper()
 	for _, c := range calls {
 		if c.claimed() && c.takeover {
 			takeovers++
 		}
 	}
-	for _, ev := range hung {
-		hc, i, ok := callOf(calls, byDelivery[ev.ID])
+	for _, ev := range events {
+		_, i, ok := callOf(calls, byDelivery[ev])
 		if !ok {
-			t.Errorf("hung event %s: no winning claim traced for the hung delivery %q", ev.ID, byDelivery[ev.ID])
+			t.Errorf("%s event %s: no winning claim traced for the %s delivery %q", what, ev, what, byDelivery[ev])
 			continue
 		}
 		rc, ok := replacement(calls, i)
 		if !ok {
-			t.Errorf("hung event %s: no other delivery claimed it after the hung claim", ev.ID)
+			t.Errorf("%s event %s: no other delivery claimed it after the %s claim", what, ev, what)
 			continue
 		}
-		after = append(after, "+"+rc.returned.Sub(hc.sent).Round(10*time.Millisecond).String())
+		sc := lastLease(calls, i)
+		since := rc.returned.Sub(sc.sent)
+		after = append(after, "+"+since.Round(10*time.Millisecond).String())
 		switch {
-		case surelyWithin(hc, rc, lease):
-			t.Errorf("hung event %s: claimed again by %s within %s of the hung claim, before its lease (%s) ran out", ev.ID, rc.delivery, rc.returned.Sub(hc.sent), lease)
+		case surelyWithin(sc, rc, lease):
+			t.Errorf("%s event %s: claimed again by %s within %s of the %s claim's last lease (%s), before it ran out", what, ev, rc.delivery, since, what, sc.op)
 		case rc.takeover:
-		case surelyWithin(hc, rc, 2*lease):
-			t.Errorf("hung event %s: claimed again by %s within %s of the hung claim, less than two leases (%s), without Claim.Takeover: the store forgot an expired claim before it had been expired for one more lease",
-				ev.ID, rc.delivery, rc.returned.Sub(hc.sent), 2*lease)
+		case surelyWithin(sc, rc, 2*lease):
+			t.Errorf("%s event %s: claimed again by %s within %s of the %s claim's last lease (%s), less than two leases (%s), without Claim.Takeover: the store forgot an expired claim before it had been expired for one more lease",
+				what, ev, rc.delivery, since, what, sc.op, 2*lease)
 		default:
 			fresh++
 		}

@@ -13,6 +13,7 @@ type storeOp string
 const (
 	opClaim    storeOp = "claim"    // Store.Claim
 	opBegin    storeOp = "begin"    // Inbox.Begin
+	opExtend   storeOp = "extend"   // Store.Extend
 	opComplete storeOp = "complete" // Store.Complete
 	opCommit   storeOp = "commit"   // InboxTx.Commit
 )
@@ -86,6 +87,19 @@ func callOf(calls []storeCall, delivery string) (storeCall, int, bool) {
 		}
 	}
 	return storeCall{}, -1, false
+}
+
+// lastLease returns the call that gave the claim of calls[i] its last
+// lease: the claim itself or the latest Extend of its delivery that
+// succeeded.
+func lastLease(calls []storeCall, i int) storeCall {
+	last := calls[i]
+	for _, c := range calls {
+		if c.delivery == last.delivery && c.op == opExtend && !c.err && c.sent.After(last.sent) {
+			last = c
+		}
+	}
+	return last
 }
 
 // replacement returns the first winning claim of event, after calls[i],
