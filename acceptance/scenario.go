@@ -95,7 +95,14 @@ const (
 	// effect is the documented cost of a window shorter than the broker's
 	// redelivery horizon: it is the one expected exception to the
 	// invariant, and the scenario asserts it happens exactly for the late
-	// redeliveries.
+	// redeliveries. Inside or after is what the store saw: the probe
+	// bounds when the store made each record done and when it saw each
+	// claim, a claim surely inside the window must be a duplicate, one
+	// surely after it must run again, and one within a few milliseconds
+	// of the window's end may be either (and is counted). A redelivery
+	// that a stalled machine delayed past the window is such a late one;
+	// the scenario then republishes more events as soon as they are done,
+	// until a fifth of its events' redeliveries surely met a live record.
 	Retention
 )
 

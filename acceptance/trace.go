@@ -43,25 +43,26 @@ func (c storeCall) claimed() bool {
 	return (c.op == opClaim || c.op == opBegin) && !c.err && !c.again && c.result == stores.Claimed
 }
 
-// storeTick is the coarsest time precision of the stores under test (the
-// millisecond of redisstore). A store's clock may tick between two
-// readings within one call, so an interval the store measured may be
-// shorter by up to one tick than the one the probe bounds it by.
-const storeTick = time.Millisecond
+// clockSlack bounds how much shorter or longer than the probe's bounds
+// an interval may be as a store measured it: a store's clock ticks within
+// a call (redisstore keeps the millisecond, sqlstore the microsecond), and
+// a store reading the wall clock may see it slewed against the monotonic
+// clock of the probe (NTP slews by up to 0.05%, 5ms over 10s).
+const clockSlack = 10 * time.Millisecond
 
 // surelyWithin reports whether the store saw later no more than d after
-// earlier (both calls traced, earlier sent before later returned): the
-// interval the store measured between them is at most
-// later.returned - earlier.sent, give or take one storeTick.
+// earlier (both calls traced, earlier returned before later was sent):
+// the interval the store measured between them is at most
+// later.returned - earlier.sent, give or take clockSlack.
 func surelyWithin(earlier, later storeCall, d time.Duration) bool {
-	return later.returned.Sub(earlier.sent) <= d-storeTick
+	return later.returned.Sub(earlier.sent) <= d-clockSlack
 }
 
 // surelyAfter reports whether the store saw later more than d after
 // earlier: the interval the store measured between them is at least
-// later.sent - earlier.returned, give or take one storeTick.
+// later.sent - earlier.returned, give or take clockSlack.
 func surelyAfter(earlier, later storeCall, d time.Duration) bool {
-	return later.sent.Sub(earlier.returned) > d+storeTick
+	return later.sent.Sub(earlier.returned) > d+clockSlack
 }
 
 // calls returns the store calls traced so far, in the order they returned
