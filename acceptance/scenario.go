@@ -35,11 +35,12 @@ const (
 	// deliveries any crash caught between effect and Complete (counted at
 	// each kill); each claim such a crash left is claimed again only once
 	// its lease ran out, as a takeover that the middleware reports (a
-	// claim that came more than one lease later still may be a fresh one:
-	// the store may have forgotten the expired claim). How a consumer dies depends on the backend: a child
-	// process SIGKILLed (Restartable backend, MultiProcess store), a
-	// subscriber torn down without acking (Persistent backend), or an
-	// emulated crash whose message is nacked (gochannel).
+	// claim that came more than one lease later may be a fresh one: the
+	// store may have forgotten the expired claim). How a consumer dies
+	// depends on the backend: a child process SIGKILLed (Restartable
+	// backend, MultiProcess store), a subscriber torn down without acking
+	// (Persistent backend), or an emulated crash whose message is nacked
+	// (gochannel).
 	ConsumerCrash
 
 	// ConcurrentDuplicates: three consumers of one group (of one scope
@@ -60,10 +61,11 @@ const (
 	// and its Complete is refused: exactly one Complete wins. The store
 	// lets no other claim in before the lease ran out, and reports the
 	// takeover (Claim.Takeover, counted by the middleware) when it came
-	// within one more lease, as long as the Store contract keeps an expired
-	// claim; a later claim may be a fresh one, which the scenario counts. Transactional mode has no lease: the
-	// duplicate waits on the record's lock until the stalled transaction
-	// commits, then is a duplicate: exactly one commit wins.
+	// within one more lease, as long as the Store contract keeps an
+	// expired claim; a later claim may be a fresh one, which the scenario
+	// counts. Transactional mode has no lease: the duplicate waits on the
+	// record's lock until the stalled transaction commits, then is a
+	// duplicate: exactly one commit wins.
 	LeaseExpiry
 
 	// StoreOutage: a test-owned TCP proxy in front of the store is cut
