@@ -242,6 +242,9 @@ func Run(t *testing.T, b Backend, s Store, only ...Scenario) {
 	if err := s.validate(); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := eventsFromEnv(); err != nil {
+		t.Fatal(err)
+	}
 	if len(only) == 0 {
 		only = Scenarios()
 	}
@@ -286,15 +289,28 @@ const DefaultEvents = 200
 
 // Events returns the base number of events per scenario: the
 // ACCEPTANCE_EVENTS environment variable, or DefaultEvents. Scenarios scale
-// it down where each event is slow (crashes, lease expiries); set it to
-// 100000 for a soak run.
+// it down where each event is slow (crashes, lease expiries) and never go
+// below a minimum of their own; set it to 100000 for a soak run. Any
+// positive integer is valid; Run fails on anything else, and Events then
+// returns DefaultEvents.
 func Events() int {
-	if v := os.Getenv("ACCEPTANCE_EVENTS"); v != "" {
-		if n, err := strconv.Atoi(v); err == nil && n > 0 {
-			return n
-		}
+	n, err := eventsFromEnv()
+	if err != nil {
+		return DefaultEvents
 	}
-	return DefaultEvents
+	return n
+}
+
+func eventsFromEnv() (int, error) {
+	v := os.Getenv("ACCEPTANCE_EVENTS")
+	if v == "" {
+		return DefaultEvents, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n <= 0 {
+		return 0, fmt.Errorf("acceptance: ACCEPTANCE_EVENTS=%q: want a positive integer (the base number of events per scenario, default %d)", v, DefaultEvents)
+	}
+	return n, nil
 }
 
 // events returns Events()/div, at least minimum.
