@@ -22,10 +22,17 @@ const (
 	// nacked and redelivered later, and the handler does not run. Nothing is
 	// lost and nothing is doubled; the queue stalls while the store is down.
 	FailClosed StoreErrorPolicy = iota
-	// FailOpen runs the handler unprotected: consumption goes on, but a
-	// duplicate delivered during the outage is processed again. Every
-	// bypass is counted (OutcomeBypassed) and logged with its keys, for
-	// reconciliation.
+	// FailOpen runs the handler unprotected when the store is down:
+	// consumption goes on, but a duplicate delivered during the outage is
+	// processed again. Every bypass is counted (OutcomeBypassed) and
+	// logged with its keys, for reconciliation.
+	//
+	// Only an outage is bypassed: an error wrapping stores.ErrUnavailable,
+	// or a Claim that outlived StoreTimeout while the message's context
+	// was alive. A cancelled message, a closed store, an argument or key
+	// the store refuses and an error the store does not classify are
+	// handled as under FailClosed: the store may be healthy, and running
+	// the handler could repeat an effect it has recorded.
 	FailOpen
 )
 
@@ -192,9 +199,10 @@ var (
 	// is processing. It is retryable: the message is nacked, not lost.
 	ErrInProgress = errors.New("dedup: message is being processed by another consumer")
 
-	// ErrStore wraps a store failure under FailClosed: the message is
-	// nacked and the handler did not run.
-	ErrStore = errors.New("dedup: store unavailable")
+	// ErrStore wraps a failed store call that nacks the message: a Claim
+	// or Begin that failed (under FailClosed, or for any error but an
+	// outage under FailOpen), so the handler did not run, or a Commit.
+	ErrStore = errors.New("dedup: store call failed")
 
 	// ErrCorruptRecord reports stored data the middleware cannot decode.
 	ErrCorruptRecord = errors.New("dedup: corrupt stored record data")

@@ -2,7 +2,7 @@ package middleware_test
 
 import (
 	"context"
-	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -170,7 +170,7 @@ type flakyStore struct {
 	calls atomic.Int64
 }
 
-var errDown = errors.New("store is down (simulated)")
+var errDown = fmt.Errorf("%w: store is down (simulated)", stores.ErrUnavailable)
 
 func (f *flakyStore) Claim(ctx context.Context, scope string, keys []string, lease time.Duration) (*stores.Claim, error) {
 	f.calls.Add(1)

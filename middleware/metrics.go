@@ -37,6 +37,10 @@ const (
 	// OutcomeReleased: the handler failed or panicked and the claim was
 	// released for a retry.
 	OutcomeReleased
+	// OutcomeCancelled: the message's context ended (the subscriber shut
+	// down, an outer Timeout middleware fired) before the store answered
+	// the claim; the message was nacked without running the handler.
+	OutcomeCancelled
 )
 
 var outcomeNames = [...]string{
@@ -51,6 +55,7 @@ var outcomeNames = [...]string{
 	OutcomeNoKey:               "no_key",
 	OutcomeFingerprintMismatch: "fingerprint_mismatch",
 	OutcomeReleased:            "released",
+	OutcomeCancelled:           "cancelled",
 }
 
 // String returns the outcome's snake_case name, used as a metric label.

@@ -305,6 +305,14 @@ func (d *dedup) waitInProgress(msg *message.Message, scope string, keys []string
 	}
 }
 
+// storeFailed handles a Claim (or Begin) that failed, by the class of its
+// error (see the stores package doc): a key the store refuses is bad input
+// (permanent); a message whose context ended is nacked (cancelled); an
+// outage is bypassed under FailOpen; everything else — a closed store,
+// a refused argument, an error the store does not classify, a dead outer
+// transaction — is nacked under either policy, since the store is not
+// known to be unreachable and running the handler unprotected could
+// repeat a done effect.
 func (d *dedup) storeFailed(h message.HandlerFunc, msg *message.Message, scope string, keys []string, err error) ([]*message.Message, error) {
 	if errors.Is(err, stores.ErrInvalidKey) {
 		// A key function returned something the store rejects: bad input,
@@ -312,8 +320,12 @@ func (d *dedup) storeFailed(h message.HandlerFunc, msg *message.Message, scope s
 		d.cfg.Metrics.Observe(scope, OutcomeNoKey)
 		return nil, fmt.Errorf("dedup %s: %w: message %s: %w", scope, keyfuncs.ErrNoKey, msg.UUID, err)
 	}
+	if cerr := msg.Context().Err(); cerr != nil {
+		d.cfg.Metrics.Observe(scope, OutcomeCancelled)
+		return nil, fmt.Errorf("dedup %s: message %s: its context ended before the store answered: %w", scope, msg.UUID, errors.Join(cerr, err))
+	}
 	d.cfg.Metrics.Observe(scope, OutcomeStoreError)
-	if d.cfg.OnStoreError == FailOpen {
+	if d.cfg.OnStoreError == FailOpen && isOutage(err) {
 		d.cfg.Metrics.Observe(scope, OutcomeBypassed)
 		f := d.fields(msg, scope, keys)
 		f["error"] = err.Error()
@@ -321,6 +333,13 @@ func (d *dedup) storeFailed(h message.HandlerFunc, msg *message.Message, scope s
 		return h(msg)
 	}
 	return nil, fmt.Errorf("%w: message %s, scope %q: %w", ErrStore, msg.UUID, scope, err)
+}
+
+// isOutage reports a store error of the outage class: the backend is
+// unreachable (stores.ErrUnavailable), or a store call outlived
+// StoreTimeout while the message's context was still alive.
+func isOutage(err error) bool {
+	return errors.Is(err, stores.ErrUnavailable) || errors.Is(err, context.DeadlineExceeded)
 }
 
 // duplicate acks a message that was already done, re-emitting its stored
@@ -560,7 +579,12 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 func (d *dedup) handleTx(h message.HandlerFunc, msg *message.Message, scope string, keys []string) (outputs []*message.Message, err error) {
 	parent := msg.Context()
 	start := d.now()
-	tx, err := d.inbox.Begin(parent, scope, keys, d.cfg.Retention)
+	// StoreTimeout bounds Begin, including a wait for a concurrent
+	// transaction holding the same key: that duplicate is then nacked,
+	// and finds the other run's outcome when it is redelivered.
+	bctx, cancel := d.storeCtx(parent, false)
+	tx, err := d.inbox.Begin(bctx, scope, keys, d.cfg.Retention)
+	cancel()
 	d.observeStore(scope, OpBegin, start, err)
 	if err != nil {
 		return d.storeFailed(h, msg, scope, keys, err)
@@ -605,7 +629,9 @@ func (d *dedup) handleTx(h message.HandlerFunc, msg *message.Message, scope stri
 		fp = d.cfg.Fingerprint(msg)
 	}
 	start = d.now()
-	err = tx.Commit(context.WithoutCancel(parent), encodeData(fp, outputs))
+	cctx, cancel := d.storeCtx(parent, true)
+	err = tx.Commit(cctx, encodeData(fp, outputs))
+	cancel()
 	d.observeStore(scope, OpCommit, start, err)
 	if err != nil {
 		// Not committed: neither the effect nor the record exists. Nack.

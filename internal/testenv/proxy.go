@@ -10,14 +10,16 @@ import (
 
 // Proxy is a TCP proxy a test owns, placed between a client and a shared
 // service so the test can simulate an outage without touching the service:
-// Cut closes every connection and refuses new ones, Restore lets them
-// through again.
+// Cut closes every connection and refuses new ones, Blackhole keeps
+// connections open but lets no byte through (a partition, a hung server),
+// Restore lets them through again.
 type Proxy struct {
 	target string
 	ln     net.Listener
 
 	mu    sync.Mutex
 	cut   bool
+	hole  bool
 	conns map[net.Conn]struct{}
 	wg    sync.WaitGroup
 	done  chan struct{}
@@ -52,11 +54,33 @@ func (p *Proxy) Cut() {
 	p.mu.Unlock()
 }
 
-// Restore lets connections through again.
+// Blackhole keeps every connection open, and accepts new ones, but drops
+// every byte in both directions until Restore: calls hang until their
+// deadlines.
+func (p *Proxy) Blackhole() {
+	p.mu.Lock()
+	p.hole = true
+	p.mu.Unlock()
+}
+
+// Restore lets connections through again. After a Blackhole it first
+// closes the connections that lost bytes, as a peer's TCP stack
+// eventually does after a partition.
 func (p *Proxy) Restore() {
 	p.mu.Lock()
-	p.cut = false
+	if p.hole {
+		for c := range p.conns {
+			_ = c.Close()
+		}
+	}
+	p.cut, p.hole = false, false
 	p.mu.Unlock()
+}
+
+func (p *Proxy) holed() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.hole
 }
 
 // Close stops the proxy and waits for its goroutines.
@@ -103,6 +127,16 @@ func (p *Proxy) accept() {
 			_ = client.Close()
 			continue
 		}
+		if p.holed() {
+			// Never answered: read and drop until closed.
+			p.wg.Add(1)
+			go func() {
+				defer p.wg.Done()
+				_, _ = io.Copy(io.Discard, client)
+				p.untrack(client)
+			}()
+			continue
+		}
 		server, err := net.Dial("tcp", p.target)
 		if err != nil || !p.track(server) {
 			if server != nil {
@@ -119,7 +153,18 @@ func (p *Proxy) accept() {
 
 func (p *Proxy) pipe(dst, src net.Conn) {
 	defer p.wg.Done()
-	_, _ = io.Copy(dst, src)
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 && !p.holed() {
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				break
+			}
+		}
+		if err != nil {
+			break
+		}
+	}
 	p.untrack(dst)
 	p.untrack(src)
 }

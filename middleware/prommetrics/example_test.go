@@ -40,5 +40,5 @@ func ExampleNew() {
 	n, _ := testutil.GatherAndCount(reg, "dedup_outcomes_total")
 	fmt.Println("outcome series:", n)
 	// Output:
-	// outcome series: 11
+	// outcome series: 12
 }

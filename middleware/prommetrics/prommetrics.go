@@ -6,7 +6,7 @@
 //
 // outcome is one of the [middleware.Outcome] names (claimed, duplicate,
 // in_progress, takeover, store_error, bypassed, lost_claim, ttl_miss, no_key,
-// fingerprint_mismatch, released); op is a store operation (claim, complete,
+// fingerprint_mismatch, released, cancelled); op is a store operation (claim, complete,
 // release, extend, begin, commit, rollback); result is ok, error (a backend
 // failure: the numerator of a store error rate), lost_claim (a fenced call
 // refused because the lease was taken over) or invalid (a key or argument the
@@ -138,7 +138,7 @@ func New(cfg Config) (*Metrics, error) {
 			Namespace:   cfg.Namespace,
 			Subsystem:   cfg.Subsystem,
 			Name:        OutcomesName,
-			Help:        "Messages seen by the dedup middleware, by scope (usually the handler name) and outcome (claimed, duplicate, in_progress, takeover, store_error, bypassed, lost_claim, ttl_miss, no_key, fingerprint_mismatch, released). One message can have several outcomes.",
+			Help:        "Messages seen by the dedup middleware, by scope (usually the handler name) and outcome (claimed, duplicate, in_progress, takeover, store_error, bypassed, lost_claim, ttl_miss, no_key, fingerprint_mismatch, released, cancelled). One message can have several outcomes.",
 			ConstLabels: cfg.ConstLabels,
 		}, []string{LabelScope, LabelOutcome}),
 		store: prometheus.NewHistogramVec(prometheus.HistogramOpts{

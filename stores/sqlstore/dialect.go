@@ -2,11 +2,14 @@ package sqlstore
 
 import (
 	"database/sql"
+	"database/sql/driver"
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"io"
+	"net"
 	"reflect"
 	"regexp"
 	"strconv"
@@ -14,6 +17,7 @@ import (
 	"time"
 
 	"github.com/go-sql-driver/mysql"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/watermill-dedup/dedup/stores"
 )
@@ -555,6 +559,67 @@ func (q *queries) joinedError(err error) error {
 	return err
 }
 
+// classify marks an error of a database that cannot be reached, or says
+// it cannot serve now, with stores.ErrUnavailable (the outage class of the
+// stores contract). Other errors are returned as they are.
+func classify(err error) error {
+	if err == nil || errors.Is(err, stores.ErrUnavailable) || !isUnavailable(err) {
+		return err
+	}
+	return fmt.Errorf("%w: %w", stores.ErrUnavailable, err)
+}
+
+// isUnavailable reports a failure to reach the database or a database that
+// cannot serve now: a connection refused, reset, closed or timed out by the
+// network, or a server starting, shutting down, out of connections or
+// disk, or (SQLite) still locked by another writer after the retries.
+func isUnavailable(err error) bool {
+	if errors.Is(err, driver.ErrBadConn) || errors.Is(err, mysql.ErrInvalidConn) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) {
+		return true
+	}
+	var ne net.Error
+	if errors.As(err, &ne) {
+		return true
+	}
+	var ce *pgconn.ConnectError
+	if errors.As(err, &ce) {
+		return true
+	}
+	var pg interface{ SQLState() string }
+	if errors.As(err, &pg) {
+		code := pg.SQLState()
+		switch {
+		case strings.HasPrefix(code, "08"): // connection_exception
+			return true
+		case code == "57P01", code == "57P02", code == "57P03": // admin_shutdown, crash_shutdown, cannot_connect_now
+			return true
+		case code == "53300", code == "53100", code == "58030": // too_many_connections, disk_full, io_error
+			return true
+		}
+		return false
+	}
+	var my *mysql.MySQLError
+	if errors.As(err, &my) {
+		switch my.Number {
+		case 1040, 1203, // too many connections (server, user)
+			1053,                   // server shutdown in progress
+			1152, 1159, 1160, 1161, // aborted connection, network read/write errors and timeouts
+			1021,                         // disk full
+			2002, 2003, 2006, 2013, 2055: // client: cannot connect, server gone, lost connection
+			return true
+		}
+		return false
+	}
+	if code, ok := sqliteCode(err); ok {
+		switch code & 0xff {
+		case 5, 6, 10, 13, 14: // BUSY, LOCKED, IOERR, FULL, CANTOPEN
+			return true
+		}
+	}
+	return false
+}
+
 // isRetryable reports a transient conflict that a fresh attempt of the
 // whole operation resolves: a serialization failure or deadlock, a lock
 // wait timeout, a busy SQLite database, or errRetry.
@@ -581,11 +646,62 @@ func isRetryable(err error) bool {
 		}
 		return false
 	}
-	var lite interface{ Code() int }
-	if errors.As(err, &lite) {
-		switch lite.Code() & 0xff {
+	if code, ok := sqliteCode(err); ok {
+		switch code & 0xff {
 		case 5, 6: // SQLITE_BUSY, SQLITE_LOCKED
 			return true
+		}
+	}
+	return false
+}
+
+// sqliteCode returns the (extended) result code of a SQLite error in err's
+// tree: modernc.org/sqlite's errors have a Code() int method,
+// github.com/mattn/go-sqlite3's sqlite3.Error has a Code field (the
+// package is not imported: it needs cgo).
+func sqliteCode(err error) (int, bool) {
+	var coder interface{ Code() int }
+	if errors.As(err, &coder) {
+		return coder.Code(), true
+	}
+	found, code := false, 0
+	walkErrors(err, func(e error) bool {
+		v := reflect.ValueOf(e)
+		if v.Kind() == reflect.Pointer {
+			v = v.Elem()
+		}
+		if v.Kind() != reflect.Struct || !strings.Contains(v.Type().PkgPath(), "mattn/go-sqlite3") {
+			return false
+		}
+		f := v.FieldByName("Code")
+		if !f.IsValid() || !f.CanInt() {
+			return false
+		}
+		found, code = true, int(f.Int())
+		return true
+	})
+	return code, found
+}
+
+// walkErrors calls fn on err and every error it wraps, depth first, until
+// fn returns true.
+func walkErrors(err error, fn func(error) bool) bool {
+	for err != nil {
+		if fn(err) {
+			return true
+		}
+		switch u := err.(type) {
+		case interface{ Unwrap() []error }:
+			for _, e := range u.Unwrap() {
+				if walkErrors(e, fn) {
+					return true
+				}
+			}
+			return false
+		case interface{ Unwrap() error }:
+			err = u.Unwrap()
+		default:
+			return false
 		}
 	}
 	return false

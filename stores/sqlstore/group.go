@@ -298,13 +298,9 @@ func (g *group) orphaned(o *op) {
 		return
 	}
 	s := g.s
-	s.bgMu.Lock()
-	if s.bgClosed {
-		s.bgMu.Unlock()
+	if !s.bgAdd() {
 		return // the lease runs out instead
 	}
-	s.bg.Add(1)
-	s.bgMu.Unlock()
 	go func() {
 		defer s.bg.Done()
 		ctx, cancel := context.WithTimeout(s.life, orphanReleaseTimeout)

@@ -93,36 +93,127 @@ func (s *Store) Begin(ctx context.Context, scope string, keys []string, retentio
 	if tx, ok := s.outerTx(ctx); ok {
 		itx, err := s.beginSavepoint(ctx, tx, ks, retention)
 		if err != nil {
-			return nil, fmt.Errorf("sqlstore: begin in scope %q: %w", scope, err)
+			return nil, fmt.Errorf("sqlstore: begin in scope %q: %w", scope, classify(err))
 		}
 		return itx, nil
 	}
 	var itx *inboxTx
 	err := s.retry(ctx, func() error {
-		// The transaction must outlive ctx, which the caller may cancel
-		// as soon as Begin returns (a per-call timeout): database/sql rolls
-		// a transaction back when its BeginTx context ends.
-		tx, err := s.db.BeginTx(context.WithoutCancel(ctx), s.txOpts)
+		t, err := s.beginOwn(ctx)
 		if err != nil {
 			return err
 		}
 		exp := s.now().Add(retention)
-		res, data, err := s.insertDone(ctx, tx, ks, exp)
+		res, data, err := s.insertDone(ctx, t.tx, ks, exp)
+		if err == nil && !t.detach() {
+			err = ctx.Err() // ctx ended: the transaction is being rolled back
+		}
 		if err != nil || res != stores.Claimed {
-			_ = tx.Rollback()
+			t.rollback()
 			if err != nil {
-				return err
+				return withCtxErr(ctx, err)
 			}
 			itx = &inboxTx{result: res, data: data}
 			return nil
 		}
-		itx = &inboxTx{s: s, tx: tx, ks: ks, exp: exp, result: stores.Claimed}
+		itx = &inboxTx{s: s, tx: t.tx, own: t, ks: ks, exp: exp, result: stores.Claimed}
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("sqlstore: begin in scope %q: %w", scope, err)
+		return nil, fmt.Errorf("sqlstore: begin in scope %q: %w", scope, classify(err))
 	}
 	return itx, nil
+}
+
+// ownTx is a transaction of the store's own for one inbox message. It
+// outlives the context of the Begin that opened it (the middleware's
+// per-call timeout ends as soon as Begin returns), while each step —
+// Begin, Commit, Rollback — is bounded by the context of its own call.
+type ownTx struct {
+	s  *Store
+	tx *sql.Tx
+	// cancel ends the transaction's context: database/sql then rolls the
+	// transaction back, and pgx gives up a commit in flight.
+	cancel context.CancelFunc
+	// stop detaches the transaction from the Begin's context.
+	stop func() bool
+}
+
+// beginOwn opens a transaction that ctx bounds until detach is called.
+func (s *Store) beginOwn(ctx context.Context) (*ownTx, error) {
+	life, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	stop := context.AfterFunc(ctx, cancel)
+	tx, err := s.db.BeginTx(life, s.txOpts)
+	if err != nil {
+		stop()
+		cancel()
+		return nil, withCtxErr(ctx, err)
+	}
+	return &ownTx{s: s, tx: tx, cancel: cancel, stop: stop}, nil
+}
+
+// detach makes the transaction outlive the Begin's context. It reports
+// false when that context ended first (the transaction is rolled back).
+func (t *ownTx) detach() bool { return t.stop() }
+
+// rollback rolls the transaction back, without waiting for the database
+// longer than the store's own short bound.
+func (t *ownTx) rollback() {
+	ctx, cancel := context.WithTimeout(context.Background(), ownRollbackTimeout)
+	defer cancel()
+	_ = t.end(ctx, false)
+}
+
+// ownRollbackTimeout bounds a rollback the store does on its own (a
+// Begin that found a duplicate or failed).
+const ownRollbackTimeout = 5 * time.Second
+
+// end commits or rolls the transaction back, returning when the database
+// answers or ctx ends, whichever comes first; then the outcome is unknown
+// (the error wraps ctx's). database/sql's Commit and Rollback take no
+// context: pgx bounds them by the transaction's context, which end
+// cancels when ctx ends; go-sql-driver (MySQL) bounds them by nothing but
+// its DSN's readTimeout, so there the call runs in a goroutine of its own
+// that ends when the connection does, which Close waits for.
+func (t *ownTx) end(ctx context.Context, commit bool) error {
+	do := t.tx.Rollback
+	if commit {
+		do = t.tx.Commit
+	}
+	defer t.cancel()
+	if t.s.cfg.Dialect != MySQL {
+		stop := context.AfterFunc(ctx, t.cancel)
+		err := do()
+		stop()
+		return withCtxErr(ctx, err)
+	}
+	if !t.s.bgAdd() {
+		return withCtxErr(ctx, do())
+	}
+	done := make(chan error, 1)
+	go func() {
+		defer t.s.bg.Done()
+		done <- do()
+	}()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return fmt.Errorf("no answer from the database (outcome unknown): %w", ctx.Err())
+	}
+}
+
+// withCtxErr makes err wrap ctx's error too once ctx has ended, so that a
+// call cut short by its caller's deadline reports
+// context.DeadlineExceeded even when the driver saw only a cancellation.
+func withCtxErr(ctx context.Context, err error) error {
+	if err == nil {
+		return nil
+	}
+	if cerr := ctx.Err(); cerr != nil && !errors.Is(err, cerr) {
+		return fmt.Errorf("%w: %w", cerr, err)
+	}
+	return err
 }
 
 // maxSavepointAttempts bounds the retries inside an outer transaction,
@@ -135,7 +226,7 @@ func (s *Store) beginSavepoint(ctx context.Context, tx *sql.Tx, ks keySet, reten
 	if s.q.partitioned {
 		var iso string
 		if err := tx.QueryRowContext(ctx, "SELECT current_setting('transaction_isolation')").Scan(&iso); err != nil {
-			return nil, err
+			return nil, s.q.joinedError(err)
 		}
 		if iso == "repeatable read" {
 			return nil, fmt.Errorf("%w: DailyPartitions cannot join a REPEATABLE READ transaction (its snapshot may miss a record committed in another partition); use the plain layout, or READ COMMITTED or SERIALIZABLE", stores.ErrInvalidArgument)
@@ -223,6 +314,7 @@ func (s *Store) insertDone(ctx context.Context, tx *sql.Tx, ks keySet, expires t
 type inboxTx struct {
 	s         *Store
 	tx        *sql.Tx
+	own       *ownTx // the store's own transaction; nil when joined
 	ks        keySet
 	exp       time.Time // the records' expiry, as inserted
 	savepoint string    // "" when the store owns tx
@@ -264,6 +356,10 @@ func (t *inboxTx) Commit(ctx context.Context, data []byte) error {
 	if t.finished {
 		return fmt.Errorf("sqlstore: commit: %w", sql.ErrTxDone)
 	}
+	if err := ctx.Err(); err != nil {
+		// Nothing sent: the transaction is still open, for Rollback.
+		return fmt.Errorf("sqlstore: commit: %w", err)
+	}
 	t.finished = true
 	q := t.s.q
 	if len(data) > 0 {
@@ -279,19 +375,19 @@ func (t *inboxTx) Commit(ctx context.Context, data []byte) error {
 			}
 		}
 		if err != nil {
-			return errors.Join(fmt.Errorf("sqlstore: commit: storing data: %w", q.joinedError(err)), t.abort(ctx))
+			return errors.Join(fmt.Errorf("sqlstore: commit: storing data: %w", classify(q.joinedError(err))), t.abort(ctx))
 		}
 	}
-	if t.savepoint != "" {
+	if t.own == nil {
 		if _, err := t.tx.ExecContext(ctx, "RELEASE SAVEPOINT "+t.savepoint); err != nil {
-			return errors.Join(fmt.Errorf("sqlstore: commit: releasing savepoint: %w", q.joinedError(err)), t.abort(ctx))
+			return errors.Join(fmt.Errorf("sqlstore: commit: releasing savepoint: %w", classify(q.joinedError(err))), t.abort(ctx))
 		}
 		return nil
 	}
-	if err := t.tx.Commit(); err != nil {
+	if err := t.own.end(ctx, true); err != nil {
 		// The outcome is unknown when the connection broke during COMMIT:
 		// a redelivery finds the record (Duplicate) or not (runs again).
-		return fmt.Errorf("sqlstore: commit: %w", err)
+		return fmt.Errorf("sqlstore: commit: %w", classify(err))
 	}
 	return nil
 }
@@ -311,16 +407,16 @@ func (t *inboxTx) Rollback(ctx context.Context) error {
 	}
 	t.finished = true
 	if err := t.abort(ctx); err != nil {
-		return fmt.Errorf("sqlstore: rollback: %w", err)
+		return fmt.Errorf("sqlstore: rollback: %w", classify(err))
 	}
 	return nil
 }
 
 func (t *inboxTx) abort(ctx context.Context) error {
-	if t.savepoint != "" {
+	if t.own == nil {
 		return t.s.q.joinedError(rollbackTo(ctx, t.tx, t.savepoint, false))
 	}
-	if err := t.tx.Rollback(); err != nil && !errors.Is(err, sql.ErrTxDone) {
+	if err := t.own.end(ctx, false); err != nil && !errors.Is(err, sql.ErrTxDone) {
 		return err
 	}
 	return nil

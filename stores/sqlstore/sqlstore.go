@@ -645,7 +645,7 @@ func (s *Store) Claim(ctx context.Context, scope string, keys []string, lease ti
 		err = s.claimDirect(ctx, ks, token, lease, c)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("sqlstore: claim in scope %q: %w", scope, err)
+		return nil, fmt.Errorf("sqlstore: claim in scope %q: %w", scope, classify(err))
 	}
 	if c.Result == stores.Claimed {
 		c.Token = strconv.FormatInt(token, 36)
@@ -791,7 +791,7 @@ func opError(op string, err error) error {
 	if err == nil || errors.Is(err, stores.ErrLostClaim) || errors.Is(err, stores.ErrInvalidArgument) {
 		return err
 	}
-	return fmt.Errorf("sqlstore: %s: %w", op, err)
+	return fmt.Errorf("sqlstore: %s: %w", op, classify(err))
 }
 
 // Complete implements [stores.Store].
@@ -857,6 +857,18 @@ func (s *Store) Extend(ctx context.Context, c *stores.Claim, lease time.Duration
 func (s *Store) extendDirect(ctx context.Context, c *stores.Claim, ks keySet, token int64, lease time.Duration) error {
 	exp := s.q.timeArg(s.now().Add(lease))
 	return s.fenced(ctx, c, ks, token, s.q.extend(len(ks.ids)), []any{exp}, true)
+}
+
+// bgAdd counts one more background goroutine for Close to wait for, or
+// reports false once Close has begun waiting.
+func (s *Store) bgAdd() bool {
+	s.bgMu.Lock()
+	defer s.bgMu.Unlock()
+	if s.bgClosed {
+		return false
+	}
+	s.bg.Add(1)
+	return true
 }
 
 // lostClaim is the error of a fenced call whose token no longer owns its

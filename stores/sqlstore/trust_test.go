@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -244,5 +245,180 @@ func TestJoinedTxAbortedOnPostgres(t *testing.T) {
 	itx, err := s.Begin(sqlstore.WithTx(ctx, outer), "scope", []string{"k"}, time.Hour)
 	if !errors.Is(err, stores.ErrTxAborted) {
 		t.Fatalf("Begin in an aborted transaction = %v, %v; want ErrTxAborted", itx, err)
+	}
+}
+
+// proxiedDB opens the server of b through a TCP proxy the test owns, with
+// a store on a table of its own (created directly, so the proxy can be
+// cut from the start).
+func proxiedStore(t *testing.T, b backend, cfg sqlstore.Config) (*sqlstore.Store, *sql.DB, *testenv.Proxy) {
+	t.Helper()
+	direct := b.open(t)
+	var driver, target, dsn string
+	switch b.dialect {
+	case sqlstore.Postgres:
+		driver, target = "pgx", "127.0.0.1:5432"
+	case sqlstore.MySQL:
+		driver, target = "mysql", "127.0.0.1:3306"
+	}
+	p := testenv.NewProxy(t, target)
+	switch b.dialect {
+	case sqlstore.Postgres:
+		dsn = "postgres://postgres@" + p.Addr() + "/test?sslmode=disable&connect_timeout=2"
+	case sqlstore.MySQL:
+		dsn = "root@tcp(" + p.Addr() + ")/test?timeout=2s"
+	}
+	db, err := sql.Open(driver, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	cfg.Table = "dedup_test_" + storetest.NewID()
+	newStore(t, direct, b.dialect, cfg) // schema and cleanup
+	cfg.Dialect = b.dialect
+	s, err := sqlstore.New(db, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close(context.Background()) })
+	return s, db, p
+}
+
+// within fails t unless fn returns within d.
+func within(t *testing.T, what string, d time.Duration, fn func()) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		fn()
+	}()
+	select {
+	case <-done:
+	case <-time.After(d):
+		t.Fatalf("%s still blocked after %s", what, d)
+		<-done
+	}
+}
+
+// TestOutageErrorClasses: a database that cannot be reached fails every
+// call with an error wrapping stores.ErrUnavailable (the only class a
+// fail-open consumer bypasses), and a database that does not answer
+// fails it at the call's deadline, with context.DeadlineExceeded — Begin
+// and Commit included.
+func TestOutageErrorClasses(t *testing.T) {
+	forEachBackend(t, serverBackends, func(t *testing.T, b backend) {
+		for _, batched := range []bool{true, false} {
+			t.Run(fmt.Sprintf("batched=%v", batched), func(t *testing.T) {
+				s, _, p := proxiedStore(t, b, sqlstore.Config{Batch: sqlstore.BatchConfig{Disabled: !batched}})
+				bg := context.Background()
+				held, err := s.Claim(bg, "s", []string{"held"}, time.Minute)
+				if err != nil {
+					t.Fatal(err)
+				}
+				open, err := s.Begin(bg, "s", []string{"open"}, time.Hour)
+				if err != nil {
+					t.Fatal(err)
+				}
+
+				p.Cut()
+				ctx, cancel := context.WithTimeout(bg, 5*time.Second)
+				defer cancel()
+				_, err = s.Claim(ctx, "s", []string{"a"}, time.Minute)
+				mustWrap(t, "Claim, connection refused", err, stores.ErrUnavailable)
+				mustWrap(t, "Complete, connection refused", s.Complete(ctx, held, time.Hour, nil), stores.ErrUnavailable)
+				_, err = s.Begin(ctx, "s", []string{"b"}, time.Hour)
+				mustWrap(t, "Begin, connection refused", err, stores.ErrUnavailable)
+				mustWrap(t, "Commit, connection reset", open.Commit(ctx, []byte("x")), stores.ErrUnavailable)
+				p.Restore()
+
+				held, err = s.Claim(bg, "s", []string{"held2"}, time.Minute)
+				if err != nil {
+					t.Fatalf("Claim after Restore: %v", err)
+				}
+				open, err = s.Begin(bg, "s", []string{"open2"}, time.Hour)
+				if err != nil {
+					t.Fatal(err)
+				}
+				p.Blackhole()
+				defer p.Restore()
+				short := func() (context.Context, context.CancelFunc) {
+					return context.WithTimeout(bg, 300*time.Millisecond)
+				}
+				within(t, "Claim on a blackholed database", 5*time.Second, func() {
+					ctx, cancel := short()
+					defer cancel()
+					_, err := s.Claim(ctx, "s", []string{"c"}, time.Minute)
+					mustWrap(t, "Claim, no answer", err, context.DeadlineExceeded)
+				})
+				within(t, "Complete on a blackholed database", 5*time.Second, func() {
+					ctx, cancel := short()
+					defer cancel()
+					mustWrap(t, "Complete, no answer", s.Complete(ctx, held, time.Hour, nil), context.DeadlineExceeded)
+				})
+				within(t, "Begin on a blackholed database", 5*time.Second, func() {
+					ctx, cancel := short()
+					defer cancel()
+					_, err := s.Begin(ctx, "s", []string{"d"}, time.Hour)
+					mustWrap(t, "Begin, no answer", err, context.DeadlineExceeded)
+				})
+				within(t, "Commit on a blackholed database", 5*time.Second, func() {
+					ctx, cancel := short()
+					defer cancel()
+					if err := open.Commit(ctx, nil); err == nil {
+						t.Error("Commit on a blackholed database succeeded")
+					}
+				})
+			})
+		}
+	})
+}
+
+func mustWrap(t *testing.T, what string, err, target error) {
+	t.Helper()
+	if !errors.Is(err, target) {
+		t.Errorf("%s: err = %v, want one wrapping %v", what, err, target)
+	}
+}
+
+// TestSQLiteBusyRetried: a call that finds the SQLite database locked by
+// another writer (SQLITE_BUSY, here at once: no busy timeout) is retried
+// until the lock is free, with either driver. mattn/go-sqlite3 reports
+// the code in a struct field, modernc.org/sqlite through a method.
+func TestSQLiteBusyRetried(t *testing.T) {
+	for _, driver := range []string{"sqlite", "sqlite3"} {
+		t.Run(driver, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "busy.db")
+			dsn := "file:" + path + "?_busy_timeout=0&_journal_mode=WAL"
+			if driver == "sqlite" {
+				dsn = "file:" + path + "?_pragma=busy_timeout(0)&_pragma=journal_mode(WAL)"
+			}
+			db, err := sql.Open(driver, dsn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = db.Close() })
+			s := newStore(t, db, sqlstore.SQLite, sqlstore.Config{Batch: sqlstore.BatchConfig{Disabled: true}})
+			ctx := context.Background()
+			// Another writer holds the database's write lock for 100ms.
+			locker, err := db.Conn(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer locker.Close()
+			if _, err := locker.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
+				t.Fatal(err)
+			}
+			released := make(chan struct{})
+			go func() {
+				defer close(released)
+				time.Sleep(100 * time.Millisecond)
+				_, _ = locker.ExecContext(ctx, "COMMIT")
+			}()
+			c, err := s.Claim(ctx, "s", []string{"k"}, time.Minute)
+			<-released
+			if err != nil || c.Result != stores.Claimed {
+				t.Fatalf("Claim while another writer held the lock for 100ms = %+v, %v; want Claimed after retries", c, err)
+			}
+		})
 	}
 }

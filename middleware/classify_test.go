@@ -1,0 +1,152 @@
+package middleware_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/watermill-dedup/dedup/keyfuncs"
+	"github.com/watermill-dedup/dedup/middleware"
+	"github.com/watermill-dedup/dedup/stores"
+)
+
+// failingStore fails every Claim and Begin with what fail returns for the
+// call's context (nil: the memstore underneath answers the Claim).
+type failingStore struct {
+	stores.Store
+	fail func(ctx context.Context) error
+}
+
+func (f failingStore) Claim(ctx context.Context, scope string, keys []string, lease time.Duration) (*stores.Claim, error) {
+	if err := f.fail(ctx); err != nil {
+		return nil, err
+	}
+	return f.Store.Claim(ctx, scope, keys, lease)
+}
+
+func (f failingStore) Begin(ctx context.Context, _ string, _ []string, _ time.Duration) (stores.InboxTx, error) {
+	if err := f.fail(ctx); err != nil {
+		return nil, err
+	}
+	return nil, errors.New("failingStore: Begin only fails")
+}
+
+// blockUntilDone is a store call that never gets an answer: it returns
+// when its context ends, with the context's error.
+func blockUntilDone(ctx context.Context) error {
+	<-ctx.Done()
+	return fmt.Errorf("store call: %w", ctx.Err())
+}
+
+func failWith(err error) func(context.Context) error {
+	return func(context.Context) error { return err }
+}
+
+// want is what the middleware must do with a message whose Claim (lease
+// mode) or Begin (transactional mode) failed.
+type want struct {
+	runs      bool    // the handler runs (unprotected)
+	errs      []error // the returned error wraps each (nil error when runs)
+	permanent bool    // middleware.IsPermanent
+	outcome   middleware.Outcome
+}
+
+// TestFailureClassification is the failure classification table of the
+// README's guarantee section: for each kind of failure, what the
+// middleware does under FailClosed and FailOpen, in lease and in
+// transactional mode. FailOpen may bypass the store only for an outage;
+// cancellation, a closed store and bad input never run the handler
+// unprotected.
+func TestFailureClassification(t *testing.T) {
+	outage := fmt.Errorf("%w: dial tcp 127.0.0.1:6379: connect: connection refused", stores.ErrUnavailable)
+	nack := func(errs ...error) want {
+		return want{errs: append([]error{middleware.ErrStore}, errs...), outcome: middleware.OutcomeStoreError}
+	}
+	bypass := want{runs: true, outcome: middleware.OutcomeBypassed}
+	cancelled := want{errs: []error{context.Canceled}, outcome: middleware.OutcomeCancelled}
+	badKey := want{errs: []error{keyfuncs.ErrNoKey, stores.ErrInvalidKey}, permanent: true, outcome: middleware.OutcomeNoKey}
+
+	rows := []struct {
+		name      string
+		fail      func(context.Context) error
+		cancelMsg bool // the message's context ended before the store answered
+		// What happens under FailClosed (lease and transactional), under
+		// FailOpen (lease only: transactional mode refuses FailOpen).
+		failClosed, failOpen want
+	}{
+		{name: "outage", fail: failWith(outage),
+			failClosed: nack(stores.ErrUnavailable), failOpen: bypass},
+		{name: "store call timeout", fail: blockUntilDone,
+			failClosed: nack(context.DeadlineExceeded), failOpen: bypass},
+		{name: "cancellation", fail: blockUntilDone, cancelMsg: true,
+			failClosed: cancelled, failOpen: cancelled},
+		{name: "closed store", fail: failWith(fmt.Errorf("memstore: %w", stores.ErrClosed)),
+			failClosed: nack(stores.ErrClosed), failOpen: nack(stores.ErrClosed)},
+		{name: "bad argument", fail: failWith(fmt.Errorf("%w: scope is 2000 bytes, longer than MaxKeyLen (1024)", stores.ErrInvalidArgument)),
+			failClosed: nack(stores.ErrInvalidArgument), failOpen: nack(stores.ErrInvalidArgument)},
+		{name: "bad key", fail: failWith(fmt.Errorf("%w: key 0 is 2000 bytes", stores.ErrInvalidKey)),
+			failClosed: badKey, failOpen: badKey},
+		{name: "unclassified store error", fail: failWith(errors.New(`ERROR: relation "dedup_inbox" does not exist (SQLSTATE 42P01)`)),
+			failClosed: nack(), failOpen: nack()},
+		{name: "dead outer transaction", fail: failWith(fmt.Errorf("%w: Error 1305: SAVEPOINT sqlstore_1 does not exist", stores.ErrTxAborted)),
+			failClosed: nack(stores.ErrTxAborted), failOpen: nack(stores.ErrTxAborted)},
+	}
+	for _, row := range rows {
+		for _, mode := range []string{"lease", "transactional"} {
+			for _, policy := range []middleware.StoreErrorPolicy{middleware.FailClosed, middleware.FailOpen} {
+				if mode == "transactional" && policy == middleware.FailOpen {
+					continue // refused by Validate
+				}
+				w := row.failClosed
+				if policy == middleware.FailOpen {
+					w = row.failOpen
+				}
+				t.Run(fmt.Sprintf("%s/%s/%s", row.name, mode, policy), func(t *testing.T) {
+					inner := failingStore{Store: newMemstore(t), fail: row.fail}
+					metrics := newCountingMetrics()
+					mw := dedupMiddleware(t, middleware.Config{
+						Store: inner, Scope: "s", OnStoreError: policy, Metrics: metrics,
+						Transactional: mode == "transactional", StoreTimeout: 50 * time.Millisecond,
+					})
+					msg := message.NewMessage("m-1", nil)
+					if row.cancelMsg {
+						ctx, cancel := context.WithCancel(context.Background())
+						cancel()
+						msg.SetContext(ctx)
+					}
+					ran := false
+					_, err := mw(func(*message.Message) ([]*message.Message, error) { ran = true; return nil, nil })(msg)
+					if ran != w.runs {
+						t.Fatalf("handler ran = %v, want %v (err %v)", ran, w.runs, err)
+					}
+					if w.runs && err != nil {
+						t.Fatalf("err = %v, want nil (ack)", err)
+					}
+					if !w.runs && err == nil {
+						t.Fatal("err = nil (ack) for a message whose handler did not run")
+					}
+					for _, target := range w.errs {
+						if !errors.Is(err, target) {
+							t.Errorf("err = %v, want one wrapping %v", err, target)
+						}
+					}
+					if got := middleware.IsPermanent(err); got != w.permanent {
+						t.Errorf("IsPermanent(%v) = %v, want %v", err, got, w.permanent)
+					}
+					if metrics.get(w.outcome) != 1 {
+						t.Errorf("outcome %s counted %d times, want 1 (outcomes %v)", w.outcome, metrics.get(w.outcome), metrics.outcomes)
+					}
+					if !w.runs && metrics.get(middleware.OutcomeBypassed) != 0 {
+						t.Error("a bypass was counted for a message whose handler did not run")
+					}
+				})
+			}
+		}
+	}
+}
+
+var _ stores.Inbox = failingStore{}
