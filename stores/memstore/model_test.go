@@ -3,6 +3,7 @@ package memstore_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/memstore"
@@ -33,4 +34,10 @@ func TestModelOneShard(t *testing.T) {
 		t.Cleanup(func() { _ = s.Close(context.Background()) })
 		return s
 	}, storetest.Maintenance(sweep))
+}
+
+// TestModelSystemClock runs the model in real time on the system clock,
+// which the store reads as monotonic time.
+func TestModelSystemClock(t *testing.T) {
+	storetest.RunModel(t, newStore, storetest.RealTime(50*time.Millisecond), storetest.Maintenance(sweep))
 }

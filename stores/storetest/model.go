@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -36,14 +37,18 @@ const (
 	seqSteps = 150
 	// defaultSteps bound a default run, as do the budgets below, whichever
 	// comes first.
-	defaultFakeSteps = 20000
-	defaultRealSteps = 3000
+	defaultFakeSteps = 50000
+	defaultRealSteps = 6000
 	fakeBudget       = 4 * time.Second
-	realBudget       = 12 * time.Second
+	realBudget       = 8 * time.Second
 	// shrinkBudget bounds the search for a shorter reproducer.
 	shrinkBudgetFake = 20 * time.Second
 	shrinkBudgetReal = 20 * time.Second
 	maxShrinkRuns    = 400
+	// Lanes are how many sequences run at once, each on a store of its
+	// own. Real time is mostly spent sleeping.
+	fakeLanes = 2
+	realLanes = 4
 	// callTimeout bounds every call made with a live context.
 	callTimeout = 30 * time.Second
 	// closeAfter is how many calls a sequence makes after Close.
@@ -103,7 +108,7 @@ var modelStart = time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
 // are removed one chunk at a time and the rest replayed on a new store),
 // and the sequence's whole trace. STORETEST_SEED=<seed> replays that one
 // sequence; on a fake clock it is deterministic. By default a run stops
-// after about 4s of sequences on a fake clock and 12s in real time (a
+// after about 4s of sequences on a fake clock and 8s in real time (a
 // quarter of that with -short); [ModelSteps] or STORETEST_MODEL_STEPS=n
 // runs exactly n steps instead.
 //
@@ -145,7 +150,8 @@ func RunModel(t *testing.T, f Factory, opts ...Option) {
 			t.Fatalf("storetest.RunModel: %s=%q: %v", seedEnv, v, err)
 		}
 		t.Logf("replaying the sequence of %s=%d", seedEnv, seed)
-		res := cfg.runSequence(t, seed, seqSteps, nil)
+		s, clock := cfg.newStore(t)
+		res := cfg.runSequence(s, clock, seed, seqSteps, nil, nil)
 		if res.fail != nil {
 			cfg.report(t, seed, res)
 		}
@@ -170,26 +176,70 @@ func RunModel(t *testing.T, f Factory, opts ...Option) {
 		}
 	}
 
-	start := time.Now()
-	done, seqs := 0, 0
-	for done < steps {
-		if budget > 0 && seqs > 0 && time.Since(start) >= budget {
+	cfg.run(t, steps, budget)
+}
+
+// finished is a sequence run by a lane.
+type finished struct {
+	seed uint64
+	res  seqResult
+}
+
+// run runs sequences of seqSteps steps, several at a time (each on a
+// store of its own), until steps have run or, when budget is not zero,
+// the budget of time is spent, and reports the first to fail.
+func (c *modelConfig) run(t *testing.T, steps int, budget time.Duration) {
+	t.Helper()
+	lanes := fakeLanes
+	if c.realTime {
+		lanes = realLanes
+	}
+	var (
+		start      = time.Now()
+		results    = make(chan finished)
+		stop       atomic.Bool
+		running    int
+		dispatched int
+		done, seqs int
+		failed     *finished
+	)
+	// However the test ends (t.Fatal in the factory included), no lane
+	// outlives it.
+	defer func() {
+		stop.Store(true)
+		for ; running > 0; running-- {
+			<-results
+		}
+	}()
+	for {
+		for running < lanes && failed == nil && dispatched < steps && !t.Failed() &&
+			(budget == 0 || seqs == 0 || time.Since(start) < budget) {
+			seed := randomSeed()
+			n := min(seqSteps, steps-dispatched)
+			s, clock := c.newStore(t)
+			dispatched += n
+			seqs++
+			running++
+			go func() {
+				results <- finished{seed, c.runSequence(s, clock, seed, n, nil, &stop)}
+			}()
+		}
+		if running == 0 {
 			break
 		}
-		seed := randomSeed()
-		n := min(seqSteps, steps-done)
-		res := cfg.runSequence(t, seed, n, nil)
-		done += res.steps
-		seqs++
-		if res.fail != nil {
-			cfg.report(t, seed, res)
-			return
-		}
-		if t.Failed() {
-			return // the factory or a cleanup failed
+		f := <-results
+		running--
+		done += f.res.steps
+		if f.res.fail != nil && failed == nil {
+			failed = &f
+			stop.Store(true)
 		}
 	}
-	t.Logf("%d steps in %d sequences of up to %d, in %s", done, seqs, seqSteps, time.Since(start).Round(time.Millisecond))
+	if failed != nil {
+		c.report(t, failed.seed, failed.res)
+		return
+	}
+	t.Logf("%d steps in %d sequences of up to %d, %d at a time, in %s", done, seqs, seqSteps, lanes, time.Since(start).Round(time.Millisecond))
 }
 
 func randomSeed() uint64 {
@@ -520,7 +570,6 @@ func (p *pools) describe() string {
 }
 
 type seq struct {
-	t   *testing.T
 	cfg *modelConfig
 	p   *pools
 	s   stores.Store
@@ -546,28 +595,45 @@ type seq struct {
 	failure    *violation
 }
 
-// runSequence runs one sequence of n generated steps with seed, or the
-// given ops (a replay) when ops is not nil.
-func (c *modelConfig) runSequence(t *testing.T, seed uint64, n int, ops []modelOp) seqResult {
+// newStore makes the store of one sequence, and its fake clock. It runs
+// on the test's goroutine: the factory may call t.Fatal.
+func (c *modelConfig) newStore(t *testing.T) (stores.Store, *FakeClock) {
+	t.Helper()
+	var clock *FakeClock
+	var sc stores.Clock = stores.SystemClock{}
+	if !c.realTime {
+		clock = NewFakeClock(modelStart)
+		sc = clock
+	}
+	s := c.factory(t, sc)
+	if s == nil {
+		t.Fatal("storetest.RunModel: the factory returned a nil store")
+	}
+	return s, clock
+}
+
+// replay runs ops on a new store.
+func (c *modelConfig) replay(t *testing.T, seed uint64, ops []modelOp) seqResult {
+	t.Helper()
+	s, clock := c.newStore(t)
+	return c.runSequence(s, clock, seed, 0, ops, nil)
+}
+
+// runSequence runs one sequence on s, a new store from newStore: n steps
+// generated from seed, or the given ops (a replay) when ops is not nil.
+// It stops early when stop is set.
+func (c *modelConfig) runSequence(s stores.Store, clock *FakeClock, seed uint64, n int, ops []modelOp, stop *atomic.Bool) seqResult {
 	sq := &seq{
-		t:       t,
 		cfg:     c,
 		p:       c.newPools(),
+		s:       s,
+		clock:   clock,
 		rng:     mrand.New(mrand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
 		m:       model{recs: map[recKey]*record{}, dead: map[string][]recKey{}},
 		handles: map[int]*handle{},
 		tokens:  map[string]int{},
 		closeAt: -1,
 		replay:  ops != nil,
-	}
-	var clock stores.Clock = stores.SystemClock{}
-	if !c.realTime {
-		sq.clock = NewFakeClock(modelStart)
-		clock = sq.clock
-	}
-	sq.s = c.factory(t, clock)
-	if sq.s == nil {
-		t.Fatal("storetest.RunModel: the factory returned a nil store")
 	}
 	if c.realTime {
 		sq.start = time.Now()
@@ -589,7 +655,7 @@ func (c *modelConfig) runSequence(t *testing.T, seed uint64, n int, ops []modelO
 			}
 		}
 	} else {
-		for step := 0; step < n && sq.failure == nil; step++ {
+		for step := 0; step < n && sq.failure == nil && (stop == nil || !stop.Load()); step++ {
 			if sq.closed {
 				if sq.afterClose >= closeAfter {
 					break
@@ -732,6 +798,7 @@ func (sq *seq) genClaim() modelOp {
 
 // genDuration returns a lease or retention.
 func (sq *seq) genDuration() time.Duration {
+
 	r, c := sq.rng, sq.cfg
 	p := c.precision
 	switch x := r.IntN(100); {
@@ -1273,11 +1340,12 @@ func (sq *seq) refusal(c *call) *expectation {
 	return &e
 }
 
+// invalidClaim reports a claim that is plainly not a Claimed result: a
+// store must refuse it with ErrInvalidArgument. (A claim with no keys or
+// an empty key is not one either; a store may refuse it so, or find that
+// it owns nothing: ErrLostClaim.)
 func invalidClaim(c *stores.Claim) bool {
-	if c == nil || c.Result != stores.Claimed || c.Token == "" || len(c.Keys) == 0 {
-		return true
-	}
-	return slices.Contains(c.Keys, "")
+	return c == nil || c.Result != stores.Claimed || c.Token == ""
 }
 
 func (sq *seq) checkClaim(c *call) (got, msg string) {
@@ -1486,6 +1554,10 @@ func (sq *seq) checkFenced(c *call) (got, msg string) {
 			lostBy = append(lostBy, rk) // the store may have forgotten it
 		}
 	}
+	if len(rks) == 0 {
+		allOwned = false
+		why = append(why, "the claim has no keys")
+	}
 	if d, ok := sq.m.dead[token]; ok && allOwned && containsAll(rks, d) {
 		allOwned = false
 		why = append(why, "an earlier call of this token found one of these records gone")
@@ -1519,7 +1591,7 @@ func (sq *seq) checkFenced(c *call) (got, msg string) {
 		return got, ""
 	}
 	if !okAllowed {
-		return got, "want ErrLostClaim: " + strings.Join(why, ", ")
+		return got, fmt.Sprintf("want %s: %s", e.String(), strings.Join(why, ", "))
 	}
 	op := c.op
 	switch op.kind {
@@ -1665,7 +1737,13 @@ func errText(err error) string {
 	if err == nil {
 		return "ok"
 	}
-	return "error: " + err.Error()
+	// Stores quote keys and scopes in errors: a 1 MiB key makes a long one.
+	const max = 300
+	text := err.Error()
+	if len(text) > max {
+		text = fmt.Sprintf("%s…(%d bytes)", text[:max], len(text))
+	}
+	return "error: " + text
 }
 
 func claimText(c *stores.Claim, err error) string {
@@ -1734,7 +1812,7 @@ func (c *modelConfig) shrink(t *testing.T, seed uint64, res seqResult) seqResult
 	more := func() bool { return runs < maxShrinkRuns && time.Now().Before(deadline) && !t.Failed() }
 	try := func(ops []modelOp) bool {
 		runs++
-		r := c.runSequence(t, seed, 0, ops)
+		r := c.replay(t, seed, ops)
 		if r.fail == nil || r.fail.kind != res.fail.kind {
 			return false
 		}

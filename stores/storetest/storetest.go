@@ -18,6 +18,27 @@
 // ignores the clock and passes [RealTime]: the suite then uses
 // sub-second leases and really waits.
 //
+// [RunModel] checks the same contract another way: it runs long random
+// sequences of calls (edge durations, cancelled contexts, forged claims,
+// concurrent calls, Close) and checks every answer against a reference
+// model of the state machine. Options tell it what the store documents
+// of itself:
+//
+//	func TestModel(t *testing.T) {
+//		storetest.RunModel(t, func(t *testing.T, clock stores.Clock) stores.Store {
+//			s, err := mystore.New(mystore.Config{Clock: clock})
+//			if err != nil {
+//				t.Fatal(err)
+//			}
+//			t.Cleanup(func() { _ = s.Close(context.Background()) })
+//			return s
+//		}, storetest.Precision(time.Microsecond), storetest.MaxKeyLen(1024))
+//	}
+//
+// A failure prints a seed; STORETEST_SEED=<seed> go test -run TestModel
+// replays that sequence, and STORETEST_MODEL_STEPS=<n> runs n steps per
+// store instead of the default few seconds' worth.
+//
 // It is shipped as a normal package, not a _test file, in the manner of
 // Watermill's pubsub/tests, so other modules can import it.
 package storetest
