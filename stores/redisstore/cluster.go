@@ -165,7 +165,7 @@ func (s *Store) fencedSharded(ctx context.Context, what string, c *stores.Claim,
 			return s.lostClaim(what, c, rkeys[i])
 		}
 		if err != nil {
-			return fmt.Errorf("redisstore: %s: %w", what, err)
+			return fmt.Errorf("redisstore: %s: %w", what, classify(err))
 		}
 		rec, err := decodeValue(v)
 		if err != nil {
@@ -209,7 +209,7 @@ func (s *Store) fencedSharded(ctx context.Context, what string, c *stores.Claim,
 		err := s.lostClaim(what, c, lostKey)
 		return fmt.Errorf("%w (applied to %d of %d keys: a lease ran out during the call)", err, applied, len(rkeys))
 	case firstErr != nil:
-		return fmt.Errorf("redisstore: %s: applied to %d of %d keys: %w", what, applied, len(rkeys), firstErr)
+		return fmt.Errorf("redisstore: %s: applied to %d of %d keys: %w", what, applied, len(rkeys), classify(firstErr))
 	}
 	return nil
 }

@@ -244,9 +244,16 @@ func decodeValue(v string) (record, error) {
 }
 
 // ms converts d to whole milliseconds, rounding up so that a positive
-// duration never becomes 0 (PX 0 is an error).
+// duration never becomes 0 (PX 0 is an error). It cannot overflow: the
+// longest duration, math.MaxInt64 (about 292 years), is 9.2e12 ms, and
+// twice that, the PX of a processing record, is still exact in a Lua
+// number (a double) and far below the server's limit.
 func ms(d time.Duration) int64 {
-	return int64((d + time.Millisecond - 1) / time.Millisecond)
+	n := int64(d / time.Millisecond)
+	if d%time.Millisecond != 0 {
+		n++
+	}
+	return n
 }
 
 // The scripts. Each runs atomically on one node. In Redis Cluster every

@@ -34,6 +34,9 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"io"
+	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -314,7 +317,7 @@ func (s *Store) Claim(ctx context.Context, scope string, keys []string, lease ti
 	token := rand.Text()
 	r, err := s.claim(ctx, rkeys, token, lease)
 	if err != nil {
-		return nil, fmt.Errorf("redisstore: claim: %w", err)
+		return nil, fmt.Errorf("redisstore: claim: %w", classify(err))
 	}
 	c := &stores.Claim{Scope: scope, Keys: keys}
 	switch r.result {
@@ -444,7 +447,7 @@ func (s *Store) fenced(ctx context.Context, what string, c *stores.Claim, rkeys 
 	}
 	v, err := s.run(ctx, build(rkeys))
 	if err != nil {
-		return fmt.Errorf("redisstore: %s: %w", what, err)
+		return fmt.Errorf("redisstore: %s: %w", what, classify(err))
 	}
 	lost, err := parseFenced(v)
 	if err != nil {
@@ -454,6 +457,48 @@ func (s *Store) fenced(ctx context.Context, what string, c *stores.Claim, rkeys 
 		return s.lostClaim(what, c, rkeys[lost])
 	}
 	return nil
+}
+
+// classify marks an error of a Redis that cannot be reached, or says it
+// cannot serve now, with stores.ErrUnavailable (the outage class of the
+// stores contract). Other errors are returned as they are.
+func classify(err error) error {
+	if err == nil || errors.Is(err, stores.ErrUnavailable) || !isUnavailable(err) {
+		return err
+	}
+	return fmt.Errorf("%w: %w", stores.ErrUnavailable, err)
+}
+
+// unavailablePrefixes are the error replies of a Redis that cannot serve
+// now: loading its dataset, a replica or a node without its primary, a
+// cluster that is down or resharding, a script running too long, writes
+// refused for lack of memory or of a successful save, too many clients.
+var unavailablePrefixes = []string{
+	"LOADING", "READONLY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "NOREPLICAS",
+	"BUSY", "OOM", "MISCONF", "ERR max number of clients",
+}
+
+// isUnavailable reports a failure to reach Redis (the connection was
+// refused, reset, closed or timed out; no connection could be had from
+// the pool in time) or a server that cannot serve now.
+func isUnavailable(err error) bool {
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) ||
+		errors.Is(err, redis.ErrPoolTimeout) || errors.Is(err, redis.ErrPoolExhausted) {
+		return true
+	}
+	var ne net.Error
+	if errors.As(err, &ne) {
+		return true
+	}
+	var re redis.Error
+	if errors.As(err, &re) {
+		for _, p := range unavailablePrefixes {
+			if strings.HasPrefix(re.Error(), p) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // lostClaim builds the ErrLostClaim error for the record key rkey of c.

@@ -1,0 +1,131 @@
+package redisstore_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/watermill-dedup/dedup/internal/testenv"
+	"github.com/watermill-dedup/dedup/stores"
+	"github.com/watermill-dedup/dedup/stores/redisstore"
+)
+
+// TestErrorClasses: a Redis that cannot be reached fails every call with
+// an error wrapping stores.ErrUnavailable, the only class a fail-open
+// consumer may bypass; one that does not answer fails it by the call's
+// deadline, also as an outage; bad input, a closed store and a context
+// already done are other classes.
+func TestErrorClasses(t *testing.T) {
+	addr := testenv.RequireRedis(t)
+	for _, batched := range []bool{true, false} {
+		t.Run(fmt.Sprintf("batched=%v", batched), func(t *testing.T) {
+			direct := newClient(t, addr)
+			p := testenv.NewProxy(t, addr)
+			c := redis.NewClient(&redis.Options{Addr: p.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1, DialTimeout: time.Second})
+			t.Cleanup(func() { _ = c.Close() })
+			s := newStore(t, c, redisstore.Config{Prefix: testPrefix(t, direct), Batch: redisstore.BatchConfig{Disabled: !batched}})
+			bg := context.Background()
+			claim := func(key string) *stores.Claim {
+				t.Helper()
+				cl, err := s.Claim(bg, "s", []string{key}, time.Minute)
+				if err != nil || cl.Result != stores.Claimed {
+					t.Fatalf("Claim(%q) = %+v, %v", key, cl, err)
+				}
+				return cl
+			}
+			held := claim("held")
+
+			p.Cut()
+			ctx, cancel := context.WithTimeout(bg, 5*time.Second)
+			defer cancel()
+			_, err := s.Claim(ctx, "s", []string{"a"}, time.Minute)
+			mustWrap(t, "Claim, connection refused", err, stores.ErrUnavailable)
+			mustWrap(t, "Extend, connection refused", s.Extend(ctx, held, time.Minute), stores.ErrUnavailable)
+			mustWrap(t, "Complete, connection refused", s.Complete(ctx, held, time.Hour, nil), stores.ErrUnavailable)
+			mustWrap(t, "Release, connection refused", s.Release(ctx, held), stores.ErrUnavailable)
+			p.Restore()
+
+			held = claim("held2")
+			p.Blackhole()
+			for name, call := range map[string]func(context.Context) error{
+				"Claim":    func(ctx context.Context) error { _, err := s.Claim(ctx, "s", []string{"b"}, time.Minute); return err },
+				"Complete": func(ctx context.Context) error { return s.Complete(ctx, held, time.Hour, nil) },
+			} {
+				start := time.Now()
+				ctx, cancel := context.WithTimeout(bg, 300*time.Millisecond)
+				err := call(ctx)
+				cancel()
+				if !errors.Is(err, stores.ErrUnavailable) && !errors.Is(err, context.DeadlineExceeded) {
+					t.Errorf("%s on a Redis that does not answer: err = %v, want an outage (ErrUnavailable or DeadlineExceeded)", name, err)
+				}
+				if d := time.Since(start); d > 3*time.Second {
+					t.Errorf("%s on a Redis that does not answer returned after %s, its deadline was 300ms", name, d)
+				}
+			}
+			p.Restore()
+
+			// Not outages.
+			long := strings.Repeat("s", redisstore.DefaultMaxKeyLen+1)
+			_, err = s.Claim(bg, long, []string{"k"}, time.Minute)
+			notOutage(t, "Claim with a scope over MaxKeyLen", err, stores.ErrInvalidArgument)
+			done, cancelDone := context.WithCancel(bg)
+			cancelDone()
+			_, err = s.Claim(done, "s", []string{"k"}, time.Minute)
+			notOutage(t, "Claim with a cancelled context", err, context.Canceled)
+			if err := s.Close(bg); err != nil {
+				t.Fatal(err)
+			}
+			_, err = s.Claim(bg, "s", []string{"k"}, time.Minute)
+			notOutage(t, "Claim after Close", err, stores.ErrClosed)
+		})
+	}
+}
+
+func mustWrap(t *testing.T, what string, err, target error) {
+	t.Helper()
+	if !errors.Is(err, target) {
+		t.Errorf("%s: err = %v, want one wrapping %v", what, err, target)
+	}
+}
+
+func notOutage(t *testing.T, what string, err, target error) {
+	t.Helper()
+	mustWrap(t, what, err, target)
+	if errors.Is(err, stores.ErrUnavailable) {
+		t.Errorf("%s: err = %v is classified as an outage", what, err)
+	}
+}
+
+// TestHugeDurations: a lease or retention of math.MaxInt64 means "for
+// ever" (capped), not an overflow the server refuses.
+func TestHugeDurations(t *testing.T) {
+	c := newClient(t, testenv.RequireRedis(t))
+	for _, batched := range []bool{true, false} {
+		s := newStore(t, c, redisstore.Config{Batch: redisstore.BatchConfig{Disabled: !batched}})
+		ctx := context.Background()
+		for _, keys := range [][]string{{"one"}, {"a", "b"}} {
+			cl, err := s.Claim(ctx, "s", keys, math.MaxInt64)
+			if err != nil || cl.Result != stores.Claimed {
+				t.Fatalf("Claim(%q, MaxInt64) = %+v, %v", keys, cl, err)
+			}
+			if err := s.Extend(ctx, cl, math.MaxInt64); err != nil {
+				t.Fatalf("Extend(MaxInt64): %v", err)
+			}
+			if again, err := s.Claim(ctx, "s", keys, time.Second); err != nil || again.Result != stores.InProgress {
+				t.Fatalf("Claim of a key held for ever = %+v, %v; want InProgress", again, err)
+			}
+			if err := s.Complete(ctx, cl, math.MaxInt64, []byte("x")); err != nil {
+				t.Fatalf("Complete(MaxInt64): %v", err)
+			}
+			if dup, err := s.Claim(ctx, "s", keys, time.Second); err != nil || dup.Result != stores.Duplicate {
+				t.Fatalf("Claim after Complete(MaxInt64) = %+v, %v; want Duplicate", dup, err)
+			}
+		}
+	}
+}
