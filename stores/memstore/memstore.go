@@ -37,6 +37,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"hash/maphash"
+	"math"
 	"slices"
 	"strconv"
 	"sync"
@@ -257,7 +258,7 @@ func (s *Store) Claim(ctx context.Context, scope string, keys []string, lease ti
 		sh.mu.Lock()
 		now := s.now()
 		var data string
-		c.Result, data, c.Takeover = sh.claim(h, now, now+int64(lease), token)
+		c.Result, data, c.Takeover = sh.claim(h, now, after(now, lease), token)
 		sh.mu.Unlock()
 		if data != "" {
 			c.Data = []byte(data)
@@ -337,7 +338,7 @@ func (s *Store) claimMulti(c *stores.Claim, token uint64, lease time.Duration) {
 		if r, ok := s.shard(h).recs.get(h); ok && r.token == token {
 			continue // a repeated key
 		}
-		_, _, takeover := s.shard(h).claim(h, now, now+int64(lease), token)
+		_, _, takeover := s.shard(h).claim(h, now, after(now, lease), token)
 		c.Takeover = c.Takeover || takeover
 	}
 	c.Result = stores.Claimed
@@ -368,7 +369,7 @@ func (s *Store) update(ctx context.Context, c *stores.Claim, fn func(sh *shard, 
 	if s.closed.Load() {
 		return stores.ErrClosed
 	}
-	if c == nil || c.Result != stores.Claimed || c.Token == "" {
+	if c == nil || c.Result != stores.Claimed || c.Token == "" || len(c.Keys) == 0 {
 		return fmt.Errorf("%w: not a Claimed claim", stores.ErrInvalidArgument)
 	}
 	token, err := strconv.ParseUint(c.Token, 16, 64)
@@ -415,12 +416,15 @@ func (s *Store) update(ctx context.Context, c *stores.Claim, fn func(sh *shard, 
 
 // Complete implements [stores.Store].
 func (s *Store) Complete(ctx context.Context, c *stores.Claim, retention time.Duration, data []byte) error {
+	if s.closed.Load() {
+		return stores.ErrClosed
+	}
 	if retention <= 0 {
 		return fmt.Errorf("%w: retention must be positive, got %s", stores.ErrInvalidArgument, retention)
 	}
 	d := string(data)
 	return s.update(ctx, c, func(sh *shard, h hkey, r *record, now int64) {
-		*r = record{until: now + int64(retention)}
+		*r = record{until: after(now, retention)}
 		sh.setData(h, d)
 	})
 }
@@ -434,12 +438,15 @@ func (s *Store) Release(ctx context.Context, c *stores.Claim) error {
 
 // Extend implements [stores.Store].
 func (s *Store) Extend(ctx context.Context, c *stores.Claim, lease time.Duration) error {
+	if s.closed.Load() {
+		return stores.ErrClosed
+	}
 	if lease <= 0 {
 		return fmt.Errorf("%w: lease must be positive, got %s", stores.ErrInvalidArgument, lease)
 	}
 	s.noteLease(lease)
 	return s.update(ctx, c, func(_ *shard, _ hkey, r *record, now int64) {
-		r.until = now + int64(lease)
+		r.until = after(now, lease)
 	})
 }
 
@@ -469,7 +476,7 @@ func (s *Store) Sweep() int {
 		sh := &s.shards[i]
 		sh.mu.Lock()
 		removed += sh.recs.deleteIf(func(h hkey, r record) bool {
-			if r.until > now || (!r.done() && r.until+grace > now) {
+			if r.until > now || (!r.done() && after(r.until, time.Duration(grace)) >= now) {
 				return false
 			}
 			if sh.data != nil {
@@ -509,6 +516,16 @@ func (s *Store) Close(ctx context.Context) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// after returns the instant d after t, in the store's nanoseconds,
+// saturated at math.MaxInt64: a lease or retention too long to represent
+// lasts for ever instead of wrapping around into the past.
+func after(t int64, d time.Duration) int64 {
+	if int64(d) > math.MaxInt64-t {
+		return math.MaxInt64
+	}
+	return t + int64(d)
 }
 
 func checkKeys(keys []string) error {
