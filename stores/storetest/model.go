@@ -69,48 +69,62 @@ var modelStart = time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
 //     collide, repeat within one call and overlap between multi-key
 //     claims; now and then with no keys, an empty key, a 1 MiB key, a
 //     scope of its own or an overlong one. Its Result, Takeover (required
-//     within one lease after the lease ran out, optional after) and
+//     while the lease has been over for at most the lease it was last
+//     given, optional after, never for a record that was done) and
 //     Duplicate Data (the first done key's, in the caller's key order)
-//     are checked, as is that each token is new and that a claim is all
-//     or nothing.
+//     are checked, as is that each token is new, that Scope and Keys are
+//     the call's, and that a claim is all or nothing.
 //   - Complete, Release and Extend of any claim handed out before:
 //     current owners, owners whose lease ran out, claims taken over,
 //     completed or released, and forged claims (nil, a Result that is
-//     not Claimed, a token that is empty, wrong or another claim's,
-//     other keys or scope). A fenced call must succeed exactly when the
-//     claim still owns every key, and otherwise fail with
-//     [stores.ErrLostClaim] (or [stores.ErrInvalidArgument] for a forged
-//     claim) and change nothing.
-//   - Durations of 0, negative, 1ns, 1µs, 1ms, seconds, hours and
-//     math.MaxInt64; contexts already cancelled or past their deadline
-//     (the call must fail with the context's error and change nothing);
-//     data nil, small, binary or 64 KiB.
-//   - Groups of concurrent calls on disjoint keys (batching stores batch
-//     them), moves of the clock, the store's own housekeeping (see
-//     [Maintenance]), and Close, after which every call must fail with
-//     [stores.ErrClosed].
+//     not Claimed, a token that is empty, wrong or another claim's, more
+//     or fewer keys, another scope). A fenced call must succeed exactly
+//     when the claim still owns every key, and otherwise fail with
+//     [stores.ErrLostClaim] and change nothing; a forged claim may also
+//     be refused with [stores.ErrInvalidArgument], and one that is nil,
+//     not Claimed or without a token must be. The store must not change
+//     the claim it is given.
+//   - Durations of 0, negative, 1ns, 1µs, 1ms, seconds, hours, a century
+//     and math.MaxInt64 (refused with [stores.ErrInvalidArgument] past
+//     [MaxDuration], capped otherwise); contexts already cancelled or
+//     past their deadline (the call must fail with the context's error,
+//     or another refusal its arguments call for, and change nothing);
+//     data nil, empty, small, binary or 64 KiB.
+//   - Groups of concurrent calls on disjoint records (batching stores
+//     batch them), moves of the clock, the store's own housekeeping (see
+//     [Maintenance]), and Close, which must return nil however often it
+//     is called, after which every call must fail with
+//     [stores.ErrClosed] whatever its arguments.
 //
 // A store on the fake clock the factory is given is checked to the
-// nanosecond: the model knows the exact time, and allows only the
-// rounding the store's [Precision] implies (the clock truncated to it,
-// durations rounded up to it). A [RealTime] store keeps time on its
-// server; the suite then sleeps to move time (up to 3/4 of the unit at
-// a time) and uses leases and retentions of half a unit to two units
-// besides the edge values. The model keeps, for every record, the
-// interval in which its expiry must lie (from the call's start and end
-// times, the precision and a small slack), accepts either answer when a
-// call falls inside that interval, and narrows the interval from the
-// answer. It never needs the scheduler's cooperation, only that the
-// server's clock runs at the rate of the test's.
+// nanosecond: the model knows the exact time, and a third of the
+// clock's moves land exactly on, or one nanosecond before, an instant
+// where a record changes (a lease or retention running out, a lease
+// having been over for exactly its length). An expiry may be the store's
+// clock truncated to its [Precision] plus the duration rounded up to it,
+// or the exact time plus the duration with the sum rounded up; nothing
+// earlier, nothing later.
+//
+// A [RealTime] store keeps time on its server; the suite then sleeps to
+// move time (up to 3/4 of the unit at a time) and uses leases and
+// retentions of half a unit to two units besides the edge values. The
+// model keeps, for every record, the interval in which its expiry must
+// lie (from the call's start and end times, the precision and a slack
+// of 2ms plus 0.1% of the duration), accepts either answer when a call
+// falls inside that interval, and narrows the interval from the answer.
+// It needs no cooperation from the scheduler, only a server clock that
+// runs at the rate of the test's.
 //
 // Each sequence has a seed. A failure prints it, the call that broke the
-// contract, the shortest sequence of calls found that still does (calls
-// are removed one chunk at a time and the rest replayed on a new store),
-// and the sequence's whole trace. STORETEST_SEED=<seed> replays that one
-// sequence; on a fake clock it is deterministic. By default a run stops
-// after about 4s of sequences on a fake clock and 8s in real time (a
-// quarter of that with -short); [ModelSteps] or STORETEST_MODEL_STEPS=n
-// runs exactly n steps instead.
+// contract, the shortest sequence of calls found that still does (chunks
+// of calls are removed, and concurrent groups taken apart, and the rest
+// replayed on a new store each time), and the sequence's whole trace.
+// STORETEST_SEED=<seed> replays that one sequence (select the store with
+// -run); on a fake clock it is deterministic. Several sequences run at
+// once, each on a store of its own. By default a run stops after about
+// 4s of sequences on a fake clock and 8s in real time (a quarter of that
+// with -short); [ModelSteps] or STORETEST_MODEL_STEPS=n runs exactly n
+// steps instead.
 //
 // Options: [RealTime], [Precision], [MaxKeyLen], [MaxScopeLen],
 // [MaxDuration], [MaxElapsed], [Maintenance] and [ModelSteps] describe
@@ -126,10 +140,12 @@ var modelStart = time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
 //			storetest.MaxKeyLen(512))
 //	}
 //
-// The factory is called once per sequence, and again for every replay
-// while shrinking a failure; each store it returns must start empty (a
-// table or key prefix of its own). Cleanups it registers on t run when
-// the test ends.
+// The factory is called on the test's goroutine, once per sequence and
+// again for every replay while shrinking a failure; each store it
+// returns must start empty (a table or key prefix of its own) and may be
+// used while others it returned are. RunModel closes each store at the
+// end of its sequence; cleanups the factory registers on t run when the
+// test ends.
 func RunModel(t *testing.T, f Factory, opts ...Option) {
 	t.Helper()
 	o := options{unit: 250 * time.Millisecond, precision: 1}
@@ -837,6 +853,11 @@ func (sq *seq) genAdvance() modelOp {
 		}
 		return modelOp{id: sq.newID(), kind: opAdvance, d: d}
 	}
+	if x := r.IntN(100); x < 30 {
+		if d, ok := sq.boundary(); ok {
+			return modelOp{id: sq.newID(), kind: opAdvance, d: d}
+		}
+	}
 	switch x := r.IntN(100); {
 	case x < 8:
 		d = 0
@@ -855,6 +876,31 @@ func (sq *seq) genAdvance() modelOp {
 		d = time.Duration(r.Int64N(int64(c.maxElapsed-sq.elapsed) + 1))
 	}
 	return modelOp{id: sq.newID(), kind: opAdvance, d: d}
+}
+
+// boundary returns an advance of the fake clock to an instant where a
+// record changes, or one nanosecond before: a lease or retention running
+// out, or a lease having been over for exactly the lease it was given,
+// after which the store may forget it.
+func (sq *seq) boundary() (time.Duration, bool) {
+	now := sq.now()
+	var targets []time.Duration
+	for _, r := range sq.m.recs {
+		targets = append(targets, r.lo-1, r.lo, r.hi-1, r.hi)
+		if !r.done {
+			f := saturatingAdd(r.lo, r.lease)
+			targets = append(targets, f, saturatingAdd(f, 1))
+		}
+	}
+	slices.Sort(targets) // map order is random: keep the seed's meaning
+	targets = slices.DeleteFunc(targets, func(x time.Duration) bool {
+		return x <= now || x-now > 100*24*time.Hour ||
+			(sq.cfg.maxElapsed > 0 && sq.elapsed+(x-now) > sq.cfg.maxElapsed)
+	})
+	if len(targets) == 0 {
+		return 0, false
+	}
+	return targets[sq.rng.IntN(len(targets))] - now, true
 }
 
 // pickHandle returns the id of a handle to use, or 0 when there is none.
