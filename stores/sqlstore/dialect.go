@@ -498,8 +498,14 @@ func (q *queries) idKey(id recordID) string {
 }
 
 // timeArg is the query argument for an instant: a timestamptz on
-// PostgreSQL, unix microseconds elsewhere (time zone free).
+// PostgreSQL, unix microseconds elsewhere (time zone free). The database
+// keeps microseconds: t is rounded up to one, so that an expiry computed
+// as now (already truncated, see Store.now) plus a duration never loses a
+// lease or retention shorter than a microsecond, or a fraction of one.
 func (q *queries) timeArg(t time.Time) any {
+	if r := t.Truncate(time.Microsecond); !r.Equal(t) {
+		t = r.Add(time.Microsecond)
+	}
 	if q.d == Postgres {
 		return t.UTC()
 	}

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"math"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -421,4 +422,56 @@ func TestSQLiteBusyRetried(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestDurationsRoundUpAndSaturate: the store keeps time to the
+// microsecond and rounds a lease or retention up to it, never down to
+// nothing; math.MaxInt64 is "about 292 years", not an overflow.
+func TestDurationsRoundUpAndSaturate(t *testing.T) {
+	forEachBackend(t, backends, func(t *testing.T, b backend) {
+		for _, batched := range []bool{true, false} {
+			t.Run(fmt.Sprintf("batched=%v", batched), func(t *testing.T) {
+				clock := storetest.NewFakeClock(time.Date(2030, 1, 2, 3, 4, 5, 123456789, time.UTC))
+				s := newStore(t, b.open(t), b.dialect, sqlstore.Config{Clock: clock, Batch: sqlstore.BatchConfig{Disabled: !batched}})
+				ctx := context.Background()
+				c, err := s.Claim(ctx, "s", []string{"tiny"}, time.Nanosecond)
+				if err != nil || c.Result != stores.Claimed {
+					t.Fatalf("Claim(1ns) = %+v, %v", c, err)
+				}
+				if again, err := s.Claim(ctx, "s", []string{"tiny"}, time.Minute); err != nil || again.Result != stores.InProgress {
+					t.Fatalf("Claim before the clock moved, of a 1ns lease = %+v, %v; want InProgress (rounded up to 1µs)", again, err)
+				}
+				clock.Advance(time.Microsecond)
+				if again, err := s.Claim(ctx, "s", []string{"tiny"}, time.Minute); err != nil || again.Result != stores.Claimed || !again.Takeover {
+					t.Fatalf("Claim 1µs later = %+v, %v; want a takeover", again, err)
+				}
+				for _, keys := range [][]string{{"huge"}, {"h1", "h2"}} {
+					c, err := s.Claim(ctx, "s", keys, math.MaxInt64)
+					if err != nil || c.Result != stores.Claimed {
+						t.Fatalf("Claim(%q, MaxInt64) = %+v, %v", keys, c, err)
+					}
+					if err := s.Extend(ctx, c, math.MaxInt64); err != nil {
+						t.Fatalf("Extend(MaxInt64): %v", err)
+					}
+					clock.Advance(100 * 365 * 24 * time.Hour)
+					if again, err := s.Claim(ctx, "s", keys, time.Minute); err != nil || again.Result != stores.InProgress {
+						t.Fatalf("Claim a century into a MaxInt64 lease = %+v, %v; want InProgress", again, err)
+					}
+					if err := s.Complete(ctx, c, math.MaxInt64, []byte("x")); err != nil {
+						t.Fatalf("Complete(MaxInt64): %v", err)
+					}
+					if dup, err := s.Claim(ctx, "s", keys, time.Minute); err != nil || dup.Result != stores.Duplicate {
+						t.Fatalf("Claim after Complete(MaxInt64) = %+v, %v; want Duplicate", dup, err)
+					}
+				}
+				tx, err := s.Begin(ctx, "s", []string{"inbox-huge"}, math.MaxInt64)
+				if err != nil || tx.Result() != stores.Claimed {
+					t.Fatalf("Begin(MaxInt64) = %v, %v", tx, err)
+				}
+				if err := tx.Commit(ctx, []byte("y")); err != nil {
+					t.Fatalf("Commit of a MaxInt64 retention: %v", err)
+				}
+			})
+		}
+	})
 }
