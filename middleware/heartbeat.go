@@ -129,11 +129,15 @@ func (e *beat) Value(key any) any {
 }
 
 // maxTick bounds the loop's period, so an idle loop exits soon and due
-// claims are found with little delay.
-const maxTick = 50 * time.Millisecond
+// claims are found with little delay; minTick keeps a heartbeat shorter
+// than two of them (a nanosecond is valid) from spinning the loop.
+const (
+	maxTick = 50 * time.Millisecond
+	minTick = time.Millisecond
+)
 
 func (b *beats) tick() time.Duration {
-	return min(b.d.cfg.Heartbeat/2, maxTick)
+	return max(min(b.d.cfg.Heartbeat/2, maxTick), minTick)
 }
 
 func (b *beats) add(e *beat) {

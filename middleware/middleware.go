@@ -50,6 +50,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -146,7 +147,10 @@ func newDedup(cfg Config) (*dedup, error) {
 		d.async = newPending()
 	}
 	if h := cfg.RedeliveryHorizon; h > 0 {
-		minimum := time.Duration(float64(h) * RetentionSafetyFactor)
+		minimum := time.Duration(math.MaxInt64) // 1.3 x a horizon this long is no duration
+		if f := float64(h) * RetentionSafetyFactor; f < math.MaxInt64 {
+			minimum = time.Duration(f)
+		}
 		if cfg.Retention < minimum {
 			if cfg.StrictRetention {
 				return nil, fmt.Errorf("%w: Retention %s < %.1f x RedeliveryHorizon %s = %s", ErrRetentionTooShort, cfg.Retention, RetentionSafetyFactor, h, minimum)

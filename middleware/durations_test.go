@@ -1,0 +1,63 @@
+package middleware_test
+
+import (
+	"errors"
+	"math"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/watermill-dedup/dedup/middleware"
+)
+
+// TestTinyAndHugeDurations: every duration Validate accepts works. A 1ns
+// heartbeat (also the default one of a 3ns lease) used to make the
+// heartbeat loop call time.NewTicker(0), which panics in a goroutine of
+// its own and kills the process; math.MaxInt64 leases, heartbeats,
+// retentions and timeouts must not overflow either.
+func TestTinyAndHugeDurations(t *testing.T) {
+	for _, cfg := range []middleware.Config{
+		{Heartbeat: time.Nanosecond},
+		{Lease: 3 * time.Nanosecond},
+		{Lease: time.Nanosecond, Heartbeat: -1},
+		{Lease: math.MaxInt64, Retention: math.MaxInt64, StoreTimeout: math.MaxInt64, CompleteTimeout: math.MaxInt64},
+		{Lease: math.MaxInt64, Heartbeat: math.MaxInt64 - 1},
+		{InProgressWait: math.MaxInt64, InProgressPoll: time.Nanosecond},
+	} {
+		cfg.Store = newMemstore(t)
+		cfg.Scope = "s"
+		if err := cfg.Validate(); err != nil {
+			t.Fatalf("Validate(%+v) = %v", cfg, err)
+		}
+		mw := dedupMiddleware(t, cfg)
+		ran := 0
+		h := mw(func(*message.Message) ([]*message.Message, error) {
+			ran++
+			time.Sleep(5 * time.Millisecond) // a few heartbeat ticks
+			return nil, nil
+		})
+		for range 2 {
+			if _, err := h(message.NewMessage("m-1", nil)); err != nil {
+				t.Fatalf("%+v: %v", cfg, err)
+			}
+		}
+		if ran != 1 && cfg.Lease > time.Second {
+			t.Fatalf("%+v: the handler ran %d times for a message delivered twice", cfg, ran)
+		}
+	}
+}
+
+// TestHugeRedeliveryHorizon: the retention check saturates instead of
+// overflowing (1.3 x math.MaxInt64 is no duration).
+func TestHugeRedeliveryHorizon(t *testing.T) {
+	_, err := middleware.New(middleware.Config{Store: newMemstore(t), Retention: 24 * time.Hour,
+		RedeliveryHorizon: math.MaxInt64, StrictRetention: true})
+	if !errors.Is(err, middleware.ErrRetentionTooShort) {
+		t.Fatalf("New with a 24h retention and a horizon of math.MaxInt64 = %v, want ErrRetentionTooShort", err)
+	}
+	if _, err := middleware.New(middleware.Config{Store: newMemstore(t), Retention: math.MaxInt64,
+		RedeliveryHorizon: math.MaxInt64, StrictRetention: true}); err != nil {
+		t.Fatalf("New with retention and horizon of math.MaxInt64 = %v, want nil (the longest retention covers any horizon)", err)
+	}
+}
