@@ -12,6 +12,7 @@ import (
 	"github.com/watermill-dedup/dedup/keyfuncs"
 	"github.com/watermill-dedup/dedup/middleware"
 	"github.com/watermill-dedup/dedup/stores"
+	"github.com/watermill-dedup/dedup/stores/storetest"
 )
 
 // failingStore fails every Claim and Begin with what fail returns for the
@@ -150,3 +151,39 @@ func TestFailureClassification(t *testing.T) {
 }
 
 var _ stores.Inbox = failingStore{}
+
+// TestCompleteRetriesOutliveTheMessageContext: CompleteTimeout promises
+// that a store outage shorter than it loses and doubles nothing. The
+// retries of a failed Complete must go on when the message's context ends
+// meanwhile (an outer Timeout middleware, a subscriber shutting down):
+// acking with the record still processing would let the next delivery
+// after the lease run the handler again.
+func TestCompleteRetriesOutliveTheMessageContext(t *testing.T) {
+	clock := storetest.NewFakeClock(time.Now())
+	store := &flakyStore{Store: newMemstoreClock(t, clock)}
+	lease := time.Minute
+	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Lease: lease, CompleteTimeout: 5 * time.Second})
+	l := newLedger()
+	h := mw(func(msg *message.Message) ([]*message.Message, error) {
+		l.apply(msg.UUID)
+		store.down.Store(true) // the store goes away right after the effect...
+		time.AfterFunc(300*time.Millisecond, func() { store.down.Store(false) })
+		return nil, nil
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	msg := message.NewMessage("m-1", nil)
+	msg.SetContext(ctx)
+	// ...and the message's context ends while Complete is retried.
+	time.AfterFunc(50*time.Millisecond, cancel)
+	if _, err := h(msg); err != nil {
+		t.Fatal(err)
+	}
+	if store.down.Load() {
+		t.Fatal("acked while the store was still down: the Complete gave up when the message's context ended")
+	}
+	clock.Advance(2 * lease)
+	if _, err := h(message.NewMessage("m-1", nil)); err != nil {
+		t.Fatal(err)
+	}
+	l.assertExactlyOnce(t, []string{"m-1"})
+}

@@ -120,8 +120,11 @@ type Config struct {
 	// doubling backoff, the lease kept alive meanwhile) before the
 	// middleware gives up and acks the message anyway — its effect
 	// happened; the record then stays processing until its lease runs out.
-	// A store outage shorter than this loses nothing and doubles nothing.
-	// The default is Lease.
+	// A store outage shorter than this loses nothing and doubles nothing,
+	// even when the message's context ends meanwhile (an outer Timeout
+	// middleware, a subscriber shutting down): the retries go on, so a
+	// router closing during an outage waits up to this long for such a
+	// handler. The default is Lease.
 	CompleteTimeout time.Duration
 
 	// AsyncComplete acks a message as soon as its handler succeeds and

@@ -461,8 +461,9 @@ func (d *dedup) release(parent context.Context, c *stores.Claim) {
 // record stores data on the claim's records. Store errors are retried
 // with a doubling backoff for up to CompleteTimeout, while the heartbeat
 // (still registered) keeps the lease: a store outage shorter than that
-// loses nothing and doubles nothing. The backoff ends early when wait is
-// done. Each call detaches from parent's cancellation if detach is set.
+// loses nothing and doubles nothing. The backoff ends early only when
+// wait is done (Close giving up on background Completes). Each call
+// detaches from parent's cancellation if detach is set.
 // It returns nil, an error wrapping stores.ErrLostClaim, or the last store
 // error.
 func (d *dedup) record(parent, wait context.Context, detach bool, c *stores.Claim, data []byte) error {
@@ -491,7 +492,10 @@ func (d *dedup) record(parent, wait context.Context, detach bool, c *stores.Clai
 // complete records the message done with its outputs, and returns what
 // the middleware returns to the router.
 func (d *dedup) complete(msg *message.Message, c *stores.Claim, data []byte, outputs []*message.Message) ([]*message.Message, error) {
-	err := d.record(msg.Context(), msg.Context(), true, c, data)
+	// Retried for CompleteTimeout whatever becomes of the message's
+	// context: its effect happened, and giving up early would leave the
+	// record processing for a later duplicate to run again.
+	err := d.record(msg.Context(), context.WithoutCancel(msg.Context()), true, c, data)
 	if err == nil {
 		return outputs, nil
 	}
