@@ -83,8 +83,8 @@ func TestPartitionedPurge(t *testing.T) {
 	}
 	rows.Close()
 	// 2029-12-31 and 2030-01-01 ended more than PurgeGrace ago: dropped;
-	// 2030-01-05 (3 days ahead of 2030-01-02) was created.
-	if len(parts) == 0 || parts[0] != s.Table()+"_p20300102" || parts[len(parts)-1] != s.Table()+"_p20300105" {
+	// 2030-01-06 (3+1 days ahead of 2030-01-02) was created.
+	if len(parts) == 0 || parts[0] != s.Table()+"_p20300102" || parts[len(parts)-1] != s.Table()+"_p20300106" {
 		t.Fatalf("partitions after purge: %v", parts)
 	}
 	tx, err := s.Begin(ctx, "p", []string{"long"}, time.Hour)
@@ -106,5 +106,49 @@ func TestPartitionedRefusesRepeatableRead(t *testing.T) {
 	defer tx.Rollback()
 	if _, err := s.Begin(sqlstore.WithTx(ctx, tx), "rr", []string{"k"}, time.Hour); !errors.Is(err, stores.ErrInvalidArgument) {
 		t.Fatalf("Begin in a REPEATABLE READ transaction = %v, want ErrInvalidArgument", err)
+	}
+}
+
+// TestPartitionsAfterMidnight: a lease or retention of PartitionDaysAhead
+// days must fit in a partition at any time of day, not only until the
+// first UTC midnight after the purge job last ran: from midnight on, such
+// a record expires on the day after the last partition that job created.
+func TestPartitionsAfterMidnight(t *testing.T) {
+	db := openPostgres(t)
+	clock := storetest.NewFakeClock(time.Date(2030, 1, 1, 23, 59, 0, 0, time.UTC))
+	cfg := partitionedConfig(clock)
+	cfg.PartitionDaysAhead = 3
+	s := newStore(t, db, sqlstore.Postgres, cfg) // CreateSchema at 23:59
+	ctx := context.Background()
+	clock.Advance(2 * time.Minute) // 00:01 the next day; the purge job has not run
+	horizon := 3 * 24 * time.Hour
+	c, err := s.Claim(ctx, "p", []string{"lease"}, horizon)
+	if err != nil || c.Result != stores.Claimed {
+		t.Fatalf("Claim with a lease of PartitionDaysAhead after midnight = %+v, %v", c, err)
+	}
+	if err := s.Complete(ctx, c, horizon, nil); err != nil {
+		t.Fatalf("Complete with a retention of PartitionDaysAhead after midnight: %v", err)
+	}
+	tx, err := s.Begin(ctx, "p", []string{"inbox"}, horizon)
+	if err != nil || tx.Result() != stores.Claimed {
+		t.Fatalf("Begin with a retention of PartitionDaysAhead after midnight = %v, %v", tx, err)
+	}
+	if err := tx.Commit(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestPartitionedPurgeIntervalBound: the purge job must run at least once
+// a day to keep a partition ahead of every record.
+func TestPartitionedPurgeIntervalBound(t *testing.T) {
+	for _, d := range []time.Duration{0, -time.Hour, 24*time.Hour + time.Nanosecond, 7 * 24 * time.Hour} {
+		cfg := sqlstore.Config{Dialect: sqlstore.Postgres, DailyPartitions: true, PurgeInterval: d}
+		if err := cfg.Validate(); err == nil {
+			t.Errorf("Validate with DailyPartitions and PurgeInterval %s = nil, want an error", d)
+		}
+	}
+	cfg := sqlstore.Config{Dialect: sqlstore.Postgres, DailyPartitions: true, PurgeInterval: 24 * time.Hour}
+	if err := cfg.Validate(); err != nil {
+		t.Errorf("Validate with a daily purge: %v", err)
 	}
 }

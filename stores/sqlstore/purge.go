@@ -116,30 +116,42 @@ func (s *Store) purgeStatement(ctx context.Context, stmt string, args []any) (in
 	return n, nil
 }
 
+// purgeRetry is how soon the purge job runs again after a failed run, when
+// PurgeInterval is longer: on the partitioned layout a run that failed may
+// have left tomorrow's last partition uncreated.
+const purgeRetry = time.Minute
+
 func (s *Store) purgeLoop(ctx context.Context) {
 	defer close(s.done)
-	t := time.NewTicker(s.cfg.PurgeInterval)
+	t := time.NewTimer(s.cfg.PurgeInterval)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+			next := s.cfg.PurgeInterval
 			n, err := s.Purge(ctx)
 			if err != nil && ctx.Err() == nil {
 				s.cfg.Logger.Error("sqlstore: purge failed", err, watermill.LogFields{"table": s.cfg.Table, "deleted": n})
+				next = min(next, purgeRetry)
 			} else if n > 0 {
 				s.cfg.Logger.Debug("sqlstore: purged expired records", watermill.LogFields{"table": s.cfg.Table, "deleted": n})
 			}
+			t.Reset(next)
 		}
 	}
 }
 
 // createPartitions creates the partitions from yesterday to
-// PartitionDaysAhead days ahead (UTC days), those missing.
+// PartitionDaysAhead+1 days ahead (UTC days), those missing. The extra day
+// is for the records written after the next UTC midnight, before the
+// purge job runs again (at most a day later: PurgeInterval is at most a
+// day): one with a lease or retention of PartitionDaysAhead days then
+// expires on the day after today+PartitionDaysAhead.
 func (s *Store) createPartitions(ctx context.Context) error {
 	today := s.now().UTC().Truncate(24 * time.Hour)
-	for d := -1; d <= s.cfg.PartitionDaysAhead; d++ {
+	for d := -1; d <= s.cfg.PartitionDaysAhead+1; d++ {
 		if _, err := s.db.ExecContext(ctx, s.q.createPartition(today.AddDate(0, 0, d))); err != nil {
 			// Another process creating the same partition at the same
 			// moment: IF NOT EXISTS is not race-free in PostgreSQL.

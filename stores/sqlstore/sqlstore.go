@@ -135,8 +135,9 @@ type Config struct {
 	// table is partitioned by day of expires_at (UTC), and the purge drops
 	// whole partitions once every record in them has expired, instead of
 	// deleting rows. The purge job creates the partitions
-	// PartitionDaysAhead days ahead, so PurgeInterval must be positive
-	// (hourly is plenty). The primary key becomes (id, expires_at); each
+	// PartitionDaysAhead+1 days ahead, so PurgeInterval must be positive
+	// and at most a day (hourly is plenty; a failed run is retried within
+	// a minute). The primary key becomes (id, expires_at); each
 	// claim and Begin takes a transaction-level advisory lock on its ids
 	// to keep ids unique across partitions, which costs a round trip or
 	// two per message. Begin refuses to join a REPEATABLE READ transaction
@@ -144,9 +145,10 @@ type Config struct {
 	// miss a record committed in another partition. See README.md.
 	DailyPartitions bool
 
-	// PartitionDaysAhead is how many days of partitions exist ahead of
-	// today; leases and retentions must not exceed it. The default is 8;
-	// at most 366.
+	// PartitionDaysAhead is how many days a lease or retention may last on
+	// the partitioned layout; longer ones fail with
+	// stores.ErrInvalidArgument. Partitions exist one more day ahead (see
+	// DailyPartitions). The default is 8; at most 366.
 	PartitionDaysAhead int
 
 	// JoinWatermillTx makes Begin join a watermill-sql subscriber's
@@ -203,8 +205,8 @@ func (c Config) Validate() error {
 		if c.Dialect != "" && c.Dialect != Postgres {
 			return fmt.Errorf("sqlstore: DailyPartitions is for PostgreSQL only, Dialect is %q", c.Dialect)
 		}
-		if c.PurgeInterval <= 0 {
-			return errors.New("sqlstore: DailyPartitions needs a positive PurgeInterval: the purge job creates the partitions ahead")
+		if c.PurgeInterval <= 0 || c.PurgeInterval > 24*time.Hour {
+			return fmt.Errorf("sqlstore: DailyPartitions needs a PurgeInterval between 0 and 24h (the purge job creates the partitions ahead, at least once a day), got %s", c.PurgeInterval)
 		}
 	}
 	return nil
@@ -326,7 +328,7 @@ func (s *Store) SchemaStatements() []string { return s.q.schemaStatements() }
 
 // CreateSchema creates the table and its index if they do not exist (and,
 // with DailyPartitions, the partitions from yesterday to
-// PartitionDaysAhead days ahead). It is idempotent and safe to run at
+// PartitionDaysAhead+1 days ahead). It is idempotent and safe to run at
 // every start; it needs CREATE privileges, which the store does not need
 // otherwise.
 func (s *Store) CreateSchema(ctx context.Context) error {
