@@ -72,6 +72,13 @@ func TestPurge(t *testing.T) {
 		claim(graceKey, time.Second)
 		clock.Advance(30 * time.Second) // expired 29s ago, grace is 1m
 		leased := claim("leased-"+storetest.NewID(), time.Hour)
+		// Done, with less retention left than the grace: live all the
+		// same (the grace is for abandoned leases only).
+		soon := "soon-" + storetest.NewID()
+		if err := s.Complete(ctx, claim(soon, time.Minute), 10*time.Second, nil); err != nil {
+			t.Fatal(err)
+		}
+		live = append(live, soon)
 
 		var batches, maxBatch atomic.Int64
 		sqlstore.SetPurgeHook(s, func(n int64) {
