@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -96,7 +98,17 @@ func TestFailureClassification(t *testing.T) {
 		{name: "dead outer transaction", fail: failWith(fmt.Errorf("%w: Error 1305: SAVEPOINT sqlstore_1 does not exist", stores.ErrTxAborted)),
 			failClosed: nack(stores.ErrTxAborted), failOpen: nack(stores.ErrTxAborted)},
 	}
+	readme := readmeFailureTable(t)
 	for _, row := range rows {
+		cells, ok := readme[row.name]
+		if !ok {
+			t.Errorf("README's failure table has no row %q", row.name)
+		}
+		for i, w := range []want{row.failClosed, row.failOpen, row.failClosed} {
+			if ok && !strings.HasPrefix(cells[i], w.readme()) {
+				t.Errorf("README's failure table, row %q, column %d: %q; the middleware does %q", row.name, i+1, cells[i], w.readme())
+			}
+		}
 		for _, mode := range []string{"lease", "transactional"} {
 			for _, policy := range []middleware.StoreErrorPolicy{middleware.FailClosed, middleware.FailOpen} {
 				if mode == "transactional" && policy == middleware.FailOpen {
@@ -151,6 +163,52 @@ func TestFailureClassification(t *testing.T) {
 }
 
 var _ stores.Inbox = failingStore{}
+
+// readme is how the README's failure table starts the cell of w.
+func (w want) readme() string {
+	switch {
+	case w.runs:
+		return "run unprotected"
+	case w.permanent:
+		return "poison"
+	case w.outcome == middleware.OutcomeCancelled:
+		return "nack, counted `cancelled`"
+	}
+	return "nack"
+}
+
+// readmeFailureTable reads the first table of the README's "Failures, by
+// kind" section: failure -> its fail-closed, fail-open and transactional
+// cells.
+func readmeFailureTable(t *testing.T) map[string][3]string {
+	t.Helper()
+	b, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, ok := strings.Cut(string(b), "### Failures, by kind")
+	if !ok {
+		t.Fatal(`README.md has no "### Failures, by kind" section`)
+	}
+	rows := map[string][3]string{}
+	inTable := false
+	for line := range strings.Lines(section) {
+		line = strings.TrimSpace(line)
+		if !strings.HasPrefix(line, "|") {
+			if inTable {
+				break
+			}
+			continue
+		}
+		inTable = true
+		cells := strings.Split(strings.Trim(line, "|"), " | ")
+		if len(cells) != 5 || strings.HasPrefix(cells[0], "---") {
+			continue
+		}
+		rows[strings.TrimSpace(cells[0])] = [3]string{strings.TrimSpace(cells[2]), strings.TrimSpace(cells[3]), strings.TrimSpace(cells[4])}
+	}
+	return rows
+}
 
 // TestCompleteRetriesOutliveTheMessageContext: CompleteTimeout promises
 // that a store outage shorter than it loses and doubles nothing. The
