@@ -276,6 +276,8 @@ type inboxEnv struct {
 	id     string
 	ctx    context.Context
 	open   *inboxOpenTxs
+	// ret, when positive, is the retention of the Begins.
+	ret time.Duration
 }
 
 // inboxOpenTxs tracks every InboxTx and OuterTx a test began, to end them when
@@ -353,16 +355,18 @@ func (e *inboxEnv) sub(t *testing.T) *inboxEnv {
 
 func (e *inboxEnv) key(name string) string { return e.id + ":" + name }
 
-// retention is the retention of every Begin.
+// retention is the retention of the Begins: an hour, unless the test
+// set a short one (see expiring).
 func (e *inboxEnv) retention() time.Duration {
-	if e.opts.realTime {
-		return 4 * e.opts.unit
+	if e.ret > 0 {
+		return e.ret
 	}
 	return time.Hour
 }
 
-// lease is the lease of the lease-mode Claims.
-func (e *inboxEnv) lease() time.Duration {
+// expiring is a retention or lease that a test lets pass: long on a fake
+// clock (only advance moves it), a few units in real time.
+func (e *inboxEnv) expiring() time.Duration {
 	if e.opts.realTime {
 		return 4 * e.opts.unit
 	}
@@ -743,7 +747,7 @@ func testInboxScopesIsolated(e *inboxEnv) {
 
 func testInboxLeaseInProgress(e *inboxEnv) {
 	k, f, dn, m := e.key("leased"), e.key("fresh"), e.key("done"), e.key("expiring")
-	c, err := e.fx.Store.Claim(e.ctx, e.scope, []string{k}, e.lease())
+	c, err := e.fx.Store.Claim(e.ctx, e.scope, []string{k}, time.Hour)
 	if err != nil || c == nil || c.Result != stores.Claimed {
 		e.t.Fatalf("lease-mode Claim(%q) = %+v, %v; want Claimed", k, c, err)
 	}
@@ -758,11 +762,11 @@ func testInboxLeaseInProgress(e *inboxEnv) {
 	e.wantDuplicate("lease", k)
 
 	// An expired lease is taken over by Begin, and its owner fenced off.
-	old, err := e.fx.Store.Claim(e.ctx, e.scope, []string{m}, e.lease())
+	old, err := e.fx.Store.Claim(e.ctx, e.scope, []string{m}, e.expiring())
 	if err != nil || old == nil || old.Result != stores.Claimed {
 		e.t.Fatalf("lease-mode Claim(%q) = %+v, %v; want Claimed", m, old, err)
 	}
-	e.advance(e.lease() + e.lease()/2)
+	e.advance(e.expiring() + e.expiring()/2)
 	a := e.expect(stores.Claimed, m)
 	e.must("", a.effect())
 	e.must("", a.commit([]byte("inbox")))
@@ -771,6 +775,7 @@ func testInboxLeaseInProgress(e *inboxEnv) {
 }
 
 func testInboxExpiredReplaced(e *inboxEnv) {
+	e.ret = e.expiring()
 	k := e.key("a")
 	a := e.expect(stores.Claimed, k)
 	e.must("", a.effect())
