@@ -6,7 +6,7 @@
 // named by what they read ([MessageID], [Metadata], [JSON], [PayloadSHA256]);
 // the combinators ([All], [First], [Prefix]) compose them.
 //
-// The seed's default for side-effecting consumers is to dedup on both the
+// The default to reach for in side-effecting consumers is to dedup on both the
 // message id (catches broker redelivery) and a business key (catches a
 // producer that republishes the same event under a new id):
 //

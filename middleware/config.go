@@ -55,8 +55,9 @@ const (
 	DefaultStoreTimeout   = 5 * time.Second
 	DefaultInProgressPoll = 100 * time.Millisecond
 	DefaultScope          = "default"
-	// RetentionSafetyFactor is the margin seed 000 asks of the retention
-	// window over the broker's maximum redelivery horizon.
+	// RetentionSafetyFactor is the margin the retention window needs over
+	// the broker's maximum redelivery horizon: 30% for the redeliveries
+	// that arrive late (consumer restarts, rebalances, clock skew).
 	RetentionSafetyFactor = 1.3
 )
 

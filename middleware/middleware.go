@@ -1,7 +1,7 @@
 // Package middleware is the Watermill handler middleware that gives a
 // router exactly-once effects on top of at-least-once brokers.
 //
-// For every message it runs the flow of DESIGN.md:
+// For every message it runs this flow:
 //
 //  1. keys := Config.Key(msg). A message that cannot be keyed fails with an
 //     error wrapping keyfuncs.ErrNoKey; the store is not touched. Route it to

@@ -68,7 +68,7 @@ var (
 
 // TestAlertRules parses alerts.yml as a rule file and checks that every
 // expression refers to metrics the adapter exports (or that the file
-// records), with label values the adapter produces, and that the seed-000
+// records), with label values the adapter produces, and that the
 // thresholds are there.
 func TestAlertRules(t *testing.T) {
 	data, err := os.ReadFile("alerts.yml")
@@ -151,7 +151,8 @@ func TestAlertRules(t *testing.T) {
 		}
 	}
 
-	// The thresholds of seed 000.
+	// The thresholds: a hit rate 5x its baseline for 5 minutes, store
+	// errors over 1%, any ttl miss.
 	for alert, want := range map[string][]string{
 		"DedupHitRateSpike": {"5 *", "dedup:hit_ratio:rate5m"},
 		"DedupStoreErrors":  {"> 0.01", "dedup:store_error_ratio:rate1m"},
@@ -177,7 +178,7 @@ func TestAlertRules(t *testing.T) {
 		}
 	}
 	if forSpike != "5m" {
-		t.Errorf("DedupHitRateSpike: for %q, want 5m (seed 000: 5x baseline for 5 minutes)", forSpike)
+		t.Errorf("DedupHitRateSpike: for %q, want 5m (5x baseline for 5 minutes)", forSpike)
 	}
 }
 

@@ -102,7 +102,7 @@ func (b *broker) openGoChannel(logger watermill.LoggerAdapter, closers *teardown
 	return nil
 }
 
-// Kafka, seed 000's Variant 1: the idempotent producer is the first line of
+// Kafka with the idempotent producer, the first line of
 // defence against the producer's own retries (the broker drops a batch it
 // already appended from the same producer session). It does not survive a
 // producer restart, an application-level republish under a new message id,

@@ -461,7 +461,7 @@ func (c Config) redeliveryHorizon() horizon {
 	}
 }
 
-// retentionCheck is the seed-000 rule: window >= 1.3 x horizon.
+// retentionCheck is the retention rule: window >= 1.3 x horizon.
 type retentionCheck struct {
 	retention time.Duration
 	horizon   horizon

@@ -164,7 +164,8 @@ func (a *app) setup(ctx context.Context) error {
 	return a.buildRouter()
 }
 
-// checkRetention surfaces the retention-window rule of seed 000 at
+// checkRetention surfaces the retention-window rule (window >= 1.3 x
+// redelivery horizon) at
 // start-up: a warning, or an error under -strict-retention. The middleware
 // logs the same warning (Config.RedeliveryHorizon); this makes it loud.
 func (a *app) checkRetention() error {

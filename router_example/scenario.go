@@ -27,7 +27,7 @@ const (
 	metaAttempt     = "producer_attempt"
 )
 
-// paymentCompleted is the event of seed 001.
+// paymentCompleted is the event the producer publishes: a payment done.
 type paymentCompleted struct {
 	EventID    string      `json:"event_id"`
 	Type       string      `json:"type"`

@@ -59,7 +59,7 @@ func Unavailable(t testing.TB, service, addr string, err error) {
 	if ServicesRequired() {
 		t.Fatalf("%s (services are required: CI or DEDUP_REQUIRE_SERVICES=1 is set)", msg)
 	}
-	t.Skipf("SKIPPED — %s. Start it (see DEVELOPERS.md) or set CI=1 / DEDUP_REQUIRE_SERVICES=1 to make this a failure.", strings.ToUpper(msg[:1])+msg[1:])
+	t.Skipf("SKIPPED — %s. Start it on its standard loopback port (or point the address variable at it), or set CI=1 / DEDUP_REQUIRE_SERVICES=1 to make this a failure.", strings.ToUpper(msg[:1])+msg[1:])
 }
 
 // RequireTCP dials addr and calls Unavailable when nothing answers.

@@ -1,7 +1,7 @@
 // Package sqlstore keeps dedup records in a SQL table, over database/sql,
 // on PostgreSQL, MySQL/MariaDB or SQLite.
 //
-// It offers both modes of DESIGN.md:
+// It offers both modes of the middleware:
 //
 //   - lease mode ([stores.Store]): Claim inserts a processing record,
 //     Complete turns it into a done record. Records survive restarts and are
