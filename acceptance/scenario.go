@@ -100,8 +100,8 @@ const (
 	// redeliveries. Inside or after is what the store saw: the probe
 	// bounds when the store made each record done and when it saw each
 	// claim, a claim surely inside the window must be a duplicate, one
-	// surely after it must run again, and one within a few milliseconds
-	// of the window's end may be either (and is counted). A redelivery
+	// surely after it must run again, and one too close to the window's
+	// end to tell may be either (and is counted). A redelivery
 	// that a stalled machine delayed past the window is such a late one;
 	// the scenario then republishes more events as soon as they are done,
 	// until a fifth of its events' redeliveries surely met a live record.

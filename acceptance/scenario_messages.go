@@ -253,6 +253,9 @@ func scenarioRetention(t *testing.T, b Backend, s Store) {
 	for _, p := range w.problems {
 		t.Error(p)
 	}
+	for _, u := range w.unsureAt {
+		t.Logf("claim too close to the end of the retention window to tell: %s", u)
+	}
 	for _, ev := range late {
 		if w.after[ev.ID] == 0 {
 			t.Errorf("late redelivery of %s: the store did not surely see it after the retention window", ev.ID)
@@ -288,7 +291,7 @@ func scenarioRetention(t *testing.T, b Backend, s Store) {
 	// The middleware drops every Duplicate the store answers, and reports
 	// it.
 	AssertBetween(t, "duplicates reported by the middleware", r.outcome(middleware.OutcomeDuplicate), w.dups, w.dups)
-	r.note("window=%s redeliveries: %d surely inside it (dropped), %d surely after it (processed again, ttl_miss=%d), %d within a few ms of its end; %d more events republished at once after a stall",
+	r.note("window=%s redeliveries: %d surely inside it (dropped), %d surely after it (processed again, ttl_miss=%d), %d too close to its end to tell; %d more events republished at once after a stall",
 		retention, w.inside, after, misses, w.unsure, extra)
 }
 
@@ -318,6 +321,7 @@ type window struct {
 	inside   int            // claims the store surely saw inside a record's window
 	after    map[string]int // claims it surely saw after a record's window, per event
 	unsure   int            // claims too close to a window's end to tell
+	unsureAt []string       // those claims, with the bounds of their interval
 	rerun    map[string]int // claims of an event with a record that won it again, per event
 	dups     int            // claims answered Duplicate
 	problems []string       // breaches of the Store contract
@@ -366,6 +370,8 @@ func checkWindow(calls []storeCall, tx bool, retention time.Duration) window {
 				}
 			default:
 				w.unsure++
+				w.unsureAt = append(w.unsureAt, fmt.Sprintf("%s by %s (%s): %s to %s after its record was done (%s in %s)",
+					c.event, c.delivery, c.result, c.sent.Sub(d.returned), c.returned.Sub(d.sent), d.op, d.returned.Sub(d.sent)))
 			}
 			if c.result == stores.Claimed {
 				w.rerun[c.event]++
