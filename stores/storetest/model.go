@@ -1277,7 +1277,9 @@ func (e *expectation) add(err error, why string) {
 	if !slices.Contains(e.errs, err) {
 		e.errs = append(e.errs, err)
 	}
-	e.why = append(e.why, why)
+	if !slices.Contains(e.why, why) {
+		e.why = append(e.why, why)
+	}
 }
 
 func (e *expectation) matches(err error) bool {
