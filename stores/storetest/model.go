@@ -657,7 +657,9 @@ func (c *modelConfig) runSequence(s stores.Store, clock *FakeClock, seed uint64,
 		sq.start = modelStart
 	}
 	if ops == nil && sq.rng.IntN(3) == 0 {
-		sq.closeAt = n - 1 - sq.rng.IntN(closeAfter)
+		// From the full length, not n: a shorter last sequence of a run
+		// is then a prefix of the one its seed replays.
+		sq.closeAt = seqSteps - 1 - sq.rng.IntN(closeAfter)
 	}
 
 	steps := 0
