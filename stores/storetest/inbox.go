@@ -937,15 +937,16 @@ func testInboxWaitBounded(e *inboxEnv) {
 	for i := range 8 {
 		keys = append(keys, e.key(fmt.Sprintf("fresh-%d", i)))
 	}
-	ctx, cancel := context.WithTimeout(e.ctx, inboxWaitDeadline)
-	defer cancel()
 	started := time.Now()
+	deadline := started.Add(inboxWaitDeadline)
+	ctx, cancel := context.WithDeadline(e.ctx, deadline)
+	defer cancel()
 	waiter := e.goBegin(ctx, keys...)
 	var r inboxBeginResult
 	released := false
 	select {
 	case r = <-waiter:
-	case <-time.After(inboxWaitDeadline + inboxWaitSlack):
+	case <-time.After(time.Until(deadline) + inboxWaitSlack):
 		e.t.Errorf("%s waiting on a held key: still waiting %s after its ctx deadline (%s); ctx must bound Begin, its wait included", e.mode(), inboxWaitSlack, inboxWaitDeadline)
 		if err := holder.rollback(); err != nil { // let it through
 			e.t.Error(err)
@@ -953,14 +954,15 @@ func testInboxWaitBounded(e *inboxEnv) {
 		released = true
 		r = <-waiter
 	}
-	elapsed := time.Since(started)
+	returned := time.Now()
+	elapsed := returned.Sub(started)
 	switch {
 	case r.err == nil:
 		e.t.Errorf("%s waiting on a held key with a %s ctx = %s after %s, want ctx's error", e.mode(), inboxWaitDeadline, r.a.tx.Result(), elapsed)
 		r.a.abandon()
 	case !errors.Is(r.err, context.DeadlineExceeded):
 		e.t.Errorf("%s waiting on a held key past its ctx deadline: %v (after %s), want an error wrapping context.DeadlineExceeded", e.mode(), r.err, elapsed)
-	case elapsed < inboxWaitDeadline:
+	case returned.Before(deadline):
 		e.t.Errorf("%s failed after %s, before its ctx deadline (%s)", e.mode(), elapsed, inboxWaitDeadline)
 	}
 	if !released {
