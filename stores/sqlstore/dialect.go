@@ -35,7 +35,11 @@ const (
 	// github.com/go-sql-driver/mysql.
 	MySQL Dialect = "mysql"
 	// SQLite is SQLite 3.35 or later, through modernc.org/sqlite (no cgo)
-	// or github.com/mattn/go-sqlite3.
+	// or github.com/mattn/go-sqlite3. The latter waits for the database's
+	// write lock for its DSN's _busy_timeout whatever the statement's
+	// context: Begin is bounded by its context all the same (its
+	// statements run in a goroutine it stops waiting for), lease-mode
+	// calls only by that busy timeout.
 	SQLite Dialect = "sqlite"
 )
 
@@ -52,11 +56,7 @@ const (
 // mattn/go-sqlite3 are SQLite. It fails for any other driver; set
 // Config.Dialect then.
 func DetectDialect(db *sql.DB) (Dialect, error) {
-	t := reflect.TypeOf(db.Driver())
-	for t.Kind() == reflect.Pointer {
-		t = t.Elem()
-	}
-	switch pkg := t.PkgPath(); {
+	switch pkg := driverPkg(db); {
 	case strings.Contains(pkg, "jackc/pgx"), strings.Contains(pkg, "lib/pq"):
 		return Postgres, nil
 	case strings.Contains(pkg, "go-sql-driver/mysql"):
@@ -64,8 +64,17 @@ func DetectDialect(db *sql.DB) (Dialect, error) {
 	case strings.Contains(pkg, "sqlite"):
 		return SQLite, nil
 	default:
-		return "", fmt.Errorf("sqlstore: cannot tell the dialect of driver %s.%s: set Config.Dialect", pkg, t.Name())
+		return "", fmt.Errorf("sqlstore: cannot tell the dialect of driver %T (package %s): set Config.Dialect", db.Driver(), pkg)
 	}
+}
+
+// driverPkg is the package path of db's driver.
+func driverPkg(db *sql.DB) string {
+	t := reflect.TypeOf(db.Driver())
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	return t.PkgPath()
 }
 
 // identPart is the strict pattern of a table name (and of its optional

@@ -98,31 +98,87 @@ func (s *Store) Begin(ctx context.Context, scope string, keys []string, retentio
 		return itx, nil
 	}
 	var itx *inboxTx
-	err := s.retry(ctx, func() error {
-		t, err := s.beginOwn(ctx)
-		if err != nil {
-			return err
+	err := s.retry(ctx, func() (err error) {
+		if s.busyBlind() {
+			itx, err = s.watched(ctx, func() (*inboxTx, error) { return s.beginOwnOnce(ctx, ks, retention) })
+		} else {
+			itx, err = s.beginOwnOnce(ctx, ks, retention)
 		}
-		exp := s.now().Add(retention)
-		res, data, err := s.insertDone(ctx, t.tx, ks, exp)
-		if err == nil && !t.detach() {
-			err = ctx.Err() // ctx ended: the transaction is being rolled back
-		}
-		if err != nil || res != stores.Claimed {
-			t.rollback()
-			if err != nil {
-				return withCtxErr(ctx, err)
-			}
-			itx = &inboxTx{result: res, data: data}
-			return nil
-		}
-		itx = &inboxTx{s: s, tx: t.tx, own: t, ks: ks, exp: exp, result: stores.Claimed}
-		return nil
+		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("sqlstore: begin in scope %q: %w", scope, classify(err))
 	}
 	return itx, nil
+}
+
+// beginOwnOnce is one attempt of Begin in a transaction of the store's
+// own.
+func (s *Store) beginOwnOnce(ctx context.Context, ks keySet, retention time.Duration) (*inboxTx, error) {
+	t, err := s.beginOwn(ctx)
+	if err != nil {
+		return nil, err
+	}
+	exp := s.now().Add(retention)
+	res, data, err := s.insertDone(ctx, t.tx, ks, exp)
+	if err == nil && !t.detach() {
+		err = ctx.Err() // ctx ended: the transaction is being rolled back
+	}
+	if err != nil || res != stores.Claimed {
+		t.rollback()
+		if err != nil {
+			return nil, withCtxErr(ctx, err)
+		}
+		return &inboxTx{result: res, data: data}, nil
+	}
+	return &inboxTx{s: s, tx: t.tx, own: t, ks: ks, exp: exp, result: stores.Claimed}, nil
+}
+
+// watched runs begin (an attempt of Begin) in a goroutine and returns
+// when it does or when ctx ends, whichever comes first: for a driver
+// whose statements wait for SQLite's write lock (its busy_timeout)
+// without watching their context (mattn/go-sqlite3). A transaction begin
+// gets after ctx ended is rolled back in that goroutine.
+func (s *Store) watched(ctx context.Context, begin func() (*inboxTx, error)) (*inboxTx, error) {
+	if !s.bgAdd() {
+		return begin()
+	}
+	type begun struct {
+		itx *inboxTx
+		err error
+	}
+	var (
+		mu        sync.Mutex
+		abandoned bool
+		ch        = make(chan begun, 1)
+	)
+	go func() {
+		defer s.bg.Done()
+		itx, err := begin()
+		mu.Lock()
+		defer mu.Unlock()
+		if abandoned {
+			if err == nil && itx.own != nil {
+				itx.own.rollback()
+			}
+			return
+		}
+		ch <- begun{itx, err}
+	}()
+	select {
+	case b := <-ch:
+		return b.itx, b.err
+	case <-ctx.Done():
+		mu.Lock()
+		defer mu.Unlock()
+		select {
+		case b := <-ch:
+			return b.itx, b.err
+		default:
+			abandoned = true
+			return nil, ctx.Err()
+		}
+	}
 }
 
 // ownTx is a transaction of the store's own for one inbox message. It

@@ -61,6 +61,7 @@ import (
 	mrand "math/rand/v2"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -249,11 +250,16 @@ type Store struct {
 	// group coalesces concurrent single-key lease-mode calls (nil when
 	// batching is off); bg tracks the releases of claims whose callers
 	// gave up while their batch ran.
-	group    *group
-	notPgx   atomic.Bool // a PostgreSQL driver other than pgx: no pipelines
-	bgMu     sync.Mutex
-	bgClosed bool
-	bg       sync.WaitGroup
+	group  *group
+	notPgx atomic.Bool // a PostgreSQL driver other than pgx: no pipelines
+	// busyBlind reports that the driver waits for SQLite's lock
+	// (busy_timeout) without watching the context (mattn/go-sqlite3), so
+	// Begin waits for it in a goroutine of its own. Asked once, at the
+	// first Begin (New does no I/O, and asks nothing of db).
+	busyBlind func() bool
+	bgMu      sync.Mutex
+	bgClosed  bool
+	bg        sync.WaitGroup
 
 	savepoints atomic.Uint64
 
@@ -303,6 +309,9 @@ func New(db *sql.DB, cfg Config) (*Store, error) {
 		// MySQL takes no gap locks (fewer deadlocks between claims).
 		s.txOpts = &sql.TxOptions{Isolation: sql.LevelReadCommitted}
 	}
+	s.busyBlind = sync.OnceValue(func() bool {
+		return cfg.Dialect == SQLite && strings.Contains(driverPkg(db), "mattn/go-sqlite3")
+	})
 	ctx, cancel := context.WithCancel(context.Background())
 	s.life, s.cancel = ctx, cancel
 	if !cfg.Batch.Disabled && !cfg.DailyPartitions {
