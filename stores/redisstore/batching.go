@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -145,13 +146,15 @@ func (s *Store) undoOrphans(calls []*batch.Call[op, any]) {
 			continue
 		}
 		held := make([]heldKey, len(c.Req.keys))
+		now := time.Now()
 		for i, k := range c.Req.keys {
-			held[i].key = k
+			held[i].key, held[i].at = k, now
 		}
 		for _, p := range r.taken {
 			held[p.index].prev, held[p.index].tookOver = p, true
 		}
-		ops = append(ops, undoOps(c.Req.args[0].(string), held)...)
+		token, leaseMS := c.Req.args[0].(string), c.Req.args[1].(string)
+		ops = append(ops, undoOps(token, string(processingID)+token+leaseMS, held)...)
 	}
 	if len(ops) == 0 {
 		return

@@ -26,16 +26,16 @@ import (
 //     key, and transient InProgress answers to claims that overlap one
 //     under way.
 //
-//   - Complete, Release and Extend first read every key and check that it
-//     is still processing under the claim's token (nothing changes if one
-//     is not), then apply the token-checked script to every key. The check
-//     and the apply are one round trip apart; only a lease running out in
-//     exactly that window (or the connection failing mid-way) can leave
-//     some keys applied and others not, which the error then reports. A
-//     key left processing expires with its lease and can be taken over:
-//     the usual "at most one extra run" of lease mode, never a lost
-//     message. The middleware extends leases while a handler runs, so the
-//     lease normally has most of its length left when Complete runs.
+//   - Complete, Release and Extend first read every key and its TTL and
+//     check that it is still processing under the claim's token (nothing
+//     changes if one is not), then apply the token-checked script to every
+//     key. The check and the apply are one round trip apart: when a key is
+//     taken over, or forgotten, in that window, or the connection fails
+//     mid-way, the keys already applied are put back as the check read
+//     them (value and remaining TTL), so the call fails having changed
+//     nothing, as on one node. Only a put-back that cannot reach its node
+//     leaves a key applied; the error then says so, and the key is one the
+//     claim still owned a round trip earlier.
 
 // claimOrdered claims rkeys one call (claimOne) per key in ascending key
 // order. It returns a reply as claimScript would for all keys at once.
@@ -66,13 +66,13 @@ func (s *Store) claimOrdered(ctx context.Context, rkeys []string, token string, 
 			// The key's outcome is unknown: undo it too (the scripts are
 			// token-checked, so undoing a key we did not get is a no-op).
 			heldKeys = append(heldKeys, heldKey{key: rkeys[i]})
-			s.undo(ctx, token, heldKeys)
+			s.undo(ctx, token, lease, heldKeys)
 			return claimReply{}, err
 		}
 		if stop.result != 1 {
 			break
 		}
-		h := heldKey{key: rkeys[i]}
+		h := heldKey{key: rkeys[i], at: time.Now()}
 		for _, p := range stop.taken { // at most one: one key per call
 			p.index = i
 			taken = append(taken, p)
@@ -87,7 +87,7 @@ func (s *Store) claimOrdered(ctx context.Context, rkeys []string, token string, 
 	// A key is done or held: give back what we took, and find out whether
 	// any key of the claim is done (Duplicate beats InProgress, and the
 	// data returned is that of the first done key in the claim's order).
-	s.undo(ctx, token, heldKeys)
+	s.undo(ctx, token, lease, heldKeys)
 	stop.index = order[len(heldKeys)]
 	return s.peekDone(ctx, rkeys, stop)
 }
@@ -97,28 +97,34 @@ type heldKey struct {
 	key      string
 	prev     prevOf
 	tookOver bool
+	at       time.Time // when the reply that took it over arrived
 }
 
 // undo puts back the keys of heldKeys that are still ours: a key that was
 // free is deleted, a key taken over from an expired lease gets its previous
 // record and TTL back. It is best effort; a key it cannot reach stays
 // processing under our token and frees itself when the lease runs out.
-func (s *Store) undo(ctx context.Context, token string, heldKeys []heldKey) {
+func (s *Store) undo(ctx context.Context, token string, lease time.Duration, heldKeys []heldKey) {
 	if len(heldKeys) == 0 {
 		return
 	}
 	// A cancelled ctx must not leave keys held that we could still free.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), undoTimeout)
 	defer cancel()
-	s.runAll(ctx, undoOps(token, heldKeys))
+	s.runAll(ctx, undoOps(token, processingValue(token, ms(lease)), heldKeys))
 }
 
-// undoOps returns the ops that undo a claim under token of heldKeys.
-func undoOps(token string, heldKeys []heldKey) []op {
+// undoOps returns the ops that undo a claim of heldKeys under token, whose
+// records were written as written. A key taken over gets its previous record back, with what was left
+// of its TTL when the takeover read it (less the time since, rounded down:
+// an expired lease stays expired, and the record is forgotten no sooner
+// than it would have been), also when our own record, of a shorter lease,
+// has expired meanwhile.
+func undoOps(token, written string, heldKeys []heldKey) []op {
 	ops := make([]op, len(heldKeys))
 	for i, h := range heldKeys {
 		if h.tookOver && h.prev.pttl > 0 {
-			ops[i] = restoreOp(h.key, token, h.prev.value, h.prev.pttl)
+			ops[i] = putBackOp(h.key, written, h.prev.value, h.prev.pttl-time.Since(h.at).Milliseconds())
 		} else {
 			ops[i] = releaseOp([]string{h.key}, token)
 		}
@@ -155,19 +161,19 @@ func (s *Store) peekDone(ctx context.Context, rkeys []string, stop claimReply) (
 }
 
 // fencedSharded runs a token-checked op on several keys that may live on
-// different nodes: check every key, then apply key by key (see the comment
-// at the top of this file).
+// different nodes: check every key, then apply key by key, putting back
+// the keys applied when another cannot be (see the comment at the top of
+// this file).
 func (s *Store) fencedSharded(ctx context.Context, what string, c *stores.Claim, rkeys []string, build func([]string) op) error {
-	cmds := s.getAll(ctx, rkeys)
-	for i, cmd := range cmds {
-		v, err := cmd.Result()
-		if errors.Is(err, redis.Nil) {
+	snaps, err := s.snapshot(ctx, rkeys)
+	if err != nil {
+		return fmt.Errorf("redisstore: %s: %w", what, classify(err))
+	}
+	for i, sn := range snaps {
+		if !sn.exists {
 			return s.lostClaim(what, c, rkeys[i])
 		}
-		if err != nil {
-			return fmt.Errorf("redisstore: %s: %w", what, classify(err))
-		}
-		rec, err := decodeValue(v)
+		rec, err := decodeValue(sn.value)
 		if err != nil {
 			return err
 		}
@@ -182,13 +188,14 @@ func (s *Store) fencedSharded(ctx context.Context, what string, c *stores.Claim,
 	}
 	vals, errs := s.runAll(ctx, ops)
 	var (
-		applied, lost int
-		firstErr      error
-		lostKey       string
+		touched  []int // applied, or maybe (an error): to put back on failure
+		lost     = -1
+		firstErr error
 	)
 	for i := range ops {
 		if errs[i] != nil {
 			firstErr = firstNonNil(firstErr, errs[i])
+			touched = append(touched, i)
 			continue
 		}
 		idx, err := parseFenced(vals[i])
@@ -196,22 +203,94 @@ func (s *Store) fencedSharded(ctx context.Context, what string, c *stores.Claim,
 		case err != nil:
 			firstErr = firstNonNil(firstErr, err)
 		case idx >= 0:
-			lost++
-			if lostKey == "" {
-				lostKey = rkeys[i]
+			if lost < 0 {
+				lost = i
 			}
 		default:
-			applied++
+			touched = append(touched, i)
 		}
 	}
-	switch {
-	case lost > 0:
-		err := s.lostClaim(what, c, lostKey)
-		return fmt.Errorf("%w (applied to %d of %d keys: a lease ran out during the call)", err, applied, len(rkeys))
-	case firstErr != nil:
-		return fmt.Errorf("redisstore: %s: applied to %d of %d keys: %w", what, applied, len(rkeys), classify(firstErr))
+	if lost < 0 && firstErr == nil {
+		return nil
 	}
-	return nil
+	undoErr := s.putBack(ctx, rkeys, ops, snaps, touched)
+	if lost >= 0 {
+		err = s.lostClaim(what, c, rkeys[lost])
+	} else {
+		err = fmt.Errorf("redisstore: %s: %w", what, classify(firstErr))
+	}
+	if undoErr != nil {
+		return fmt.Errorf("%w (and %d of %d keys applied could not be put back: %w)", err, len(touched), len(rkeys), classify(undoErr))
+	}
+	return err
+}
+
+// snap is a key as fencedSharded's check read it.
+type snap struct {
+	exists bool
+	value  string
+	pttl   int64     // ms
+	at     time.Time // when the reply arrived
+}
+
+// snapshot reads the value and the TTL of every key, a pipeline per node.
+func (s *Store) snapshot(ctx context.Context, rkeys []string) ([]snap, error) {
+	gets := make([]*redis.StringCmd, len(rkeys))
+	ttls := make([]*redis.Cmd, len(rkeys))
+	_, _ = s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, k := range rkeys {
+			gets[i] = p.Get(ctx, k)
+			// Raw milliseconds: PTTL as a time.Duration overflows for a
+			// record of the longest lease (2 x 292 years).
+			ttls[i] = p.Do(ctx, "pttl", k)
+		}
+		return nil
+	})
+	at := time.Now()
+	snaps := make([]snap, len(rkeys))
+	for i := range rkeys {
+		v, err := gets[i].Result()
+		if errors.Is(err, redis.Nil) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		ttl, err := ttls[i].Int64()
+		if err != nil {
+			return nil, err
+		}
+		if ttl <= 0 { // gone between the GET and the PTTL
+			continue
+		}
+		snaps[i] = snap{exists: true, value: v, pttl: ttl, at: at}
+	}
+	return snaps, nil
+}
+
+// putBack undoes the ops of the keys at touched: each gets the value and
+// what is left of the TTL it had at its snapshot, if it still holds what
+// its op wrote (or nothing). It returns the first error.
+func (s *Store) putBack(ctx context.Context, rkeys []string, ops []op, snaps []snap, touched []int) error {
+	if len(touched) == 0 {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), undoTimeout)
+	defer cancel()
+	undo := make([]op, len(touched))
+	for j, i := range touched {
+		written := "" // a delete
+		if ops[i].script == setScript {
+			written = ops[i].args[1].(string)
+		}
+		undo[j] = putBackOp(rkeys[i], written, snaps[i].value, snaps[i].pttl-time.Since(snaps[i].at).Milliseconds())
+	}
+	_, errs := s.runAll(ctx, undo)
+	var first error
+	for _, err := range errs {
+		first = firstNonNil(first, err)
+	}
+	return first
 }
 
 // firstNonNil returns first unless it is nil, else err.

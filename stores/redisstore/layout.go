@@ -322,6 +322,18 @@ end
 return 0
 `))
 
+	// putBackScript puts ARGV[2] back on KEYS[1] for ARGV[3] ms if the key
+	// holds ARGV[1] or nothing (see putBackOp). Reply: 0 when put back,
+	// 1 when left alone.
+	putBackScript = redis.NewScript(`
+local v = redis.call('GET', KEYS[1])
+if v == false or v == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+  return 0
+end
+return 1
+`)
+
 	// delScript deletes every key of KEYS if every key is processing under
 	// token ARGV[1]; otherwise it changes nothing. Same reply as setScript.
 	delScript = redis.NewScript(expandLua(`
@@ -387,10 +399,13 @@ func releaseOp(keys []string, token string) op {
 	return op{delScript, keys, []any{token}}
 }
 
-// restoreOp undoes a claim of one key that took over prev: it puts prev
-// back with the PTTL it had, if the key is still ours.
-func restoreOp(key, token, prev string, pttl int64) op {
-	return op{setScript, []string{key}, []any{token, prev, strconv.FormatInt(pttl, 10)}}
+// putBackOp undoes this store's own write of written on key (a claim's
+// processing record, a Complete's done record; "" for a Release's delete):
+// it puts prev back for pttl ms if the key still holds written, or holds
+// nothing (our write expired since, or was a delete). A key someone else
+// wrote since is left alone.
+func putBackOp(key, written, prev string, pttl int64) op {
+	return op{putBackScript, []string{key}, []any{written, prev, strconv.FormatInt(max(pttl, 1), 10)}}
 }
 
 // claimReply is a decoded claimScript reply.
