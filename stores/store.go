@@ -227,8 +227,10 @@ type Store interface {
 	Extend(ctx context.Context, c *Claim, lease time.Duration) error
 
 	// Close stops the store's background work and releases what the store
-	// itself opened. It never closes a client the caller handed in. It is
-	// idempotent; calls after the first return nil.
+	// itself opened. It never closes a client the caller handed in. The
+	// store is closed when Close returns, whatever ctx; ctx bounds only the
+	// wait for background work to stop (ctx's error when it ends first).
+	// It is idempotent.
 	Close(ctx context.Context) error
 }
 

@@ -513,6 +513,11 @@ func (s *Store) Close(ctx context.Context) error {
 	select {
 	case <-s.done:
 		return nil
+	default:
+	}
+	select {
+	case <-s.done:
+		return nil
 	case <-ctx.Done():
 		return ctx.Err()
 	}

@@ -17,7 +17,9 @@ import (
 // Config.PurgeBatch rows, each its own short transaction so claims go on
 // in between, until a batch comes back short. It returns how many records
 // it deleted. Done records go once their retention ends; processing
-// records once their lease ended more than Config.PurgeGrace ago.
+// records once their lease ended more than Config.PurgeGrace ago, or more
+// than the longest lease this store has given, if longer (the Store
+// contract keeps an expired claim its owner's for one more lease).
 //
 // Purging is for space only: an expired record is never treated as live,
 // purged or not. Several processes may purge the same table at once.
@@ -29,7 +31,7 @@ func (s *Store) Purge(ctx context.Context) (int64, error) {
 		return s.purgePartitions(ctx)
 	}
 	now := s.now()
-	args := []any{s.q.timeArg(now), s.q.timeArg(now.Add(-s.cfg.PurgeGrace)), s.cfg.PurgeBatch}
+	args := []any{s.q.timeArg(now), s.q.timeArg(now.Add(-s.grace())), s.cfg.PurgeBatch}
 	if s.cfg.Dialect == Postgres {
 		var blocks int64
 		var version int
@@ -56,6 +58,23 @@ func (s *Store) Purge(ctx context.Context) (int64, error) {
 		}
 		if err := ctx.Err(); err != nil {
 			return total, err
+		}
+	}
+}
+
+// grace is how long after its lease ended the purge keeps a processing
+// record: PurgeGrace, or the longest lease this store has given if
+// longer.
+func (s *Store) grace() time.Duration {
+	return max(s.cfg.PurgeGrace, time.Duration(s.maxLease.Load()))
+}
+
+// noteLease raises maxLease to lease.
+func (s *Store) noteLease(lease time.Duration) {
+	for {
+		m := s.maxLease.Load()
+		if int64(lease) <= m || s.maxLease.CompareAndSwap(m, int64(lease)) {
+			return
 		}
 	}
 }
@@ -173,7 +192,7 @@ func (s *Store) purgePartitions(ctx context.Context) (int64, error) {
 	if err := s.createPartitions(ctx); err != nil {
 		return 0, fmt.Errorf("sqlstore: creating partitions of table %s: %w", s.cfg.Table, err)
 	}
-	cutoff := s.now().Add(-s.cfg.PurgeGrace)
+	cutoff := s.now().Add(-s.grace())
 	rows, err := s.db.QueryContext(ctx, listPartitions, s.q.table)
 	if err != nil {
 		return 0, fmt.Errorf("sqlstore: listing partitions of table %s: %w", s.cfg.Table, err)

@@ -71,7 +71,7 @@ func TestPurge(t *testing.T) {
 		graceKey := "grace-" + storetest.NewID()
 		claim(graceKey, time.Second)
 		clock.Advance(30 * time.Second) // expired 29s ago, grace is 1m
-		leased := claim("leased-"+storetest.NewID(), time.Hour)
+		leased := claim("leased-"+storetest.NewID(), 50*time.Second) // leases stay within the grace: the purge keeps expired claims for the longest lease given
 		// Done, with less retention left than the grace: live all the
 		// same (the grace is for abandoned leases only).
 		soon := "soon-" + storetest.NewID()
@@ -96,7 +96,7 @@ func TestPurge(t *testing.T) {
 				default:
 				}
 				start := time.Now()
-				c := claim("during-"+storetest.NewID(), time.Hour)
+				c := claim("during-"+storetest.NewID(), time.Minute)
 				if err := s.Complete(ctx, c, time.Hour, nil); err != nil {
 					t.Error(err)
 				}
@@ -127,7 +127,7 @@ func TestPurge(t *testing.T) {
 		if err != nil || c.Result != stores.Claimed || !c.Takeover {
 			t.Fatalf("processing record within the grace: %+v %v, want a takeover", c, err)
 		}
-		if err := s.Extend(ctx, leased, time.Hour); err != nil {
+		if err := s.Extend(ctx, leased, 50*time.Second); err != nil {
 			t.Fatalf("the live lease was purged: %v", err)
 		}
 		if again, err := s.Purge(ctx); err != nil || again != 0 {
@@ -172,4 +172,27 @@ func TestPurgeJob(t *testing.T) {
 	if err := s.Close(ctx); err != nil {
 		t.Fatalf("second Close: %v", err)
 	}
+}
+
+// TestPurgeKeepsExpiredClaimsForTheLongestLease: the Store contract keeps
+// an expired claim its owner's until its lease has been over for as long
+// as the lease itself; a PurgeGrace shorter than the store's longest
+// lease must not cut that short.
+func TestPurgeKeepsExpiredClaimsForTheLongestLease(t *testing.T) {
+	forEachBackend(t, backends, func(t *testing.T, b backend) {
+		clock := storetest.NewFakeClock(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
+		s := newStore(t, b.open(t), b.dialect, sqlstore.Config{Clock: clock, PurgeGrace: time.Minute})
+		ctx := context.Background()
+		c, err := s.Claim(ctx, "p", []string{"slow"}, time.Hour)
+		if err != nil || c.Result != stores.Claimed {
+			t.Fatal(c, err)
+		}
+		clock.Advance(time.Hour + 30*time.Minute) // the lease ended 30m ago, grace is 1m
+		if _, err := s.Purge(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Complete(ctx, c, time.Hour, nil); err != nil {
+			t.Fatalf("Complete half a lease after the lease ended, after a Purge = %v; the purge forgot the claim too soon", err)
+		}
+	})
 }

@@ -127,8 +127,10 @@ type Config struct {
 
 	// PurgeGrace is how long a processing record whose lease ran out (an
 	// abandoned claim) is kept before the purge deletes it, so a late
-	// takeover is still reported as one (stores.Claim.Takeover). It should
-	// exceed your longest lease. Done records are deleted as soon as their
+	// takeover is still reported as one (stores.Claim.Takeover) and a slow
+	// owner can still complete. The purge keeps such a record at least as
+	// long as the longest lease this store has given, too; set PurgeGrace
+	// above your longest lease for the leases other processes give. Done records are deleted as soon as their
 	// retention ends. The default is 15 minutes.
 	PurgeGrace time.Duration
 
@@ -262,6 +264,9 @@ type Store struct {
 	bg        sync.WaitGroup
 
 	savepoints atomic.Uint64
+	// maxLease is the longest lease given (ns): the purge keeps expired
+	// claims at least that long.
+	maxLease atomic.Int64
 
 	// onPurgeBatch, when set (by tests), sees the size of every batch.
 	onPurgeBatch func(n int64)
@@ -641,6 +646,7 @@ func (s *Store) Claim(ctx context.Context, scope string, keys []string, lease ti
 	if err := s.checkHorizon("lease", lease); err != nil {
 		return nil, err
 	}
+	s.noteLease(lease)
 	ks := newKeySet(scope, keys)
 	token := newToken()
 	c := &stores.Claim{Scope: scope, Keys: keys}
@@ -858,6 +864,7 @@ func (s *Store) Extend(ctx context.Context, c *stores.Claim, lease time.Duration
 	if err := s.checkHorizon("lease", lease); err != nil {
 		return err
 	}
+	s.noteLease(lease)
 	if o := s.group.op(ctx, opExtend, ks); o != nil {
 		o.claim, o.token, o.d = c, token, lease
 		return opError("extend", s.group.do(ctx, o))
