@@ -70,8 +70,10 @@ func TestPurge(t *testing.T) {
 		}
 		graceKey := "grace-" + storetest.NewID()
 		claim(graceKey, time.Second)
-		clock.Advance(30 * time.Second)                              // expired 29s ago, grace is 1m
-		leased := claim("leased-"+storetest.NewID(), 50*time.Second) // leases stay within the grace: the purge keeps expired claims for the longest lease given
+		clock.Advance(30 * time.Second) // expired 29s ago, grace is 1m
+		// Leases stay within the grace: the purge keeps an expired claim
+		// for the longest lease given, too.
+		leased := claim("leased-"+storetest.NewID(), 50*time.Second)
 		// Done, with less retention left than the grace: live all the
 		// same (the grace is for abandoned leases only).
 		soon := "soon-" + storetest.NewID()
