@@ -140,44 +140,56 @@ func (s *Store) beginOwnOnce(ctx context.Context, ks keySet, retention time.Dura
 // without watching their context (mattn/go-sqlite3). A transaction begin
 // gets after ctx ended is rolled back in that goroutine.
 func (s *Store) watched(ctx context.Context, begin func() (*inboxTx, error)) (*inboxTx, error) {
+	return bounded(s, ctx, begin, func(itx *inboxTx, err error) {
+		if err == nil && itx.own != nil {
+			itx.own.rollback()
+		}
+	})
+}
+
+// bounded runs fn in a goroutine of its own, which Close waits for, and
+// returns its result, or ctx's error when ctx ends first: for a database
+// call the driver does not bound by a context. A result that comes after
+// that is handed to late. After Close it runs fn in the caller's
+// goroutine.
+func bounded[T any](s *Store, ctx context.Context, fn func() (T, error), late func(T, error)) (T, error) {
 	if !s.bgAdd() {
-		return begin()
+		return fn()
 	}
-	type begun struct {
-		itx *inboxTx
+	type result struct {
+		v   T
 		err error
 	}
 	var (
 		mu        sync.Mutex
 		abandoned bool
-		ch        = make(chan begun, 1)
+		ch        = make(chan result, 1)
 	)
 	go func() {
 		defer s.bg.Done()
-		itx, err := begin()
+		v, err := fn()
 		mu.Lock()
 		defer mu.Unlock()
 		if abandoned {
-			if err == nil && itx.own != nil {
-				itx.own.rollback()
-			}
+			late(v, err)
 			return
 		}
-		ch <- begun{itx, err}
+		ch <- result{v, err}
 	}()
 	select {
-	case b := <-ch:
-		return b.itx, b.err
+	case r := <-ch:
+		return r.v, r.err
 	case <-ctx.Done():
-		mu.Lock()
-		defer mu.Unlock()
-		select {
-		case b := <-ch:
-			return b.itx, b.err
-		default:
-			abandoned = true
-			return nil, ctx.Err()
-		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	select {
+	case r := <-ch:
+		return r.v, r.err
+	default:
+		abandoned = true
+		var zero T
+		return zero, ctx.Err()
 	}
 }
 
@@ -243,20 +255,11 @@ func (t *ownTx) end(ctx context.Context, commit bool) error {
 		stop()
 		return withCtxErr(ctx, err)
 	}
-	if !t.s.bgAdd() {
-		return withCtxErr(ctx, do())
+	_, err := bounded(t.s, ctx, func() (struct{}, error) { return struct{}{}, do() }, func(struct{}, error) {})
+	if err != nil && errors.Is(err, ctx.Err()) {
+		return fmt.Errorf("no answer from the database (outcome unknown): %w", err)
 	}
-	done := make(chan error, 1)
-	go func() {
-		defer t.s.bg.Done()
-		done <- do()
-	}()
-	select {
-	case err := <-done:
-		return err
-	case <-ctx.Done():
-		return fmt.Errorf("no answer from the database (outcome unknown): %w", ctx.Err())
-	}
+	return err
 }
 
 // withCtxErr makes err wrap ctx's error too once ctx has ended, so that a
