@@ -23,7 +23,7 @@ import (
 type lastPartition struct{}
 
 func (lastPartition) Partition(_ *sarama.ProducerMessage, n int32) (int32, error) { return n - 1, nil }
-func (lastPartition) RequiresConsistency() bool                                 { return true }
+func (lastPartition) RequiresConsistency() bool                                   { return true }
 
 type keyed struct {
 	uuid string
