@@ -20,8 +20,12 @@ func TestLoneCallRunsAtOnceAlone(t *testing.T) {
 		}
 		return nil
 	}, 64, 1)
+	// Bounded, so that a slot never freed fails the test instead of
+	// hanging it.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
 	for i := range 5 {
-		got, err := b.Do(context.Background(), i)
+		got, err := b.Do(ctx, i)
 		if err != nil || got != 2*i {
 			t.Fatalf("Do(%d) = %d, %v", i, got, err)
 		}
@@ -62,12 +66,16 @@ func TestConcurrentCallsCoalesce(t *testing.T) {
 		running.Add(-1)
 		return nil
 	}, 32, 2)
+	// Bounded, so that a queued call nobody runs fails the test instead of
+	// hanging it.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
 	var wg sync.WaitGroup
 	for i := range callers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			got, err := b.Do(context.Background(), i)
+			got, err := b.Do(ctx, i)
 			if i%10 == 0 {
 				if err == nil {
 					t.Errorf("call %d: want its own error", i)

@@ -185,8 +185,13 @@ func TestRunningCallLeavesAtItsDeadline(t *testing.T) {
 	if o := <-long; o.err != nil || o.resp != 3 {
 		t.Fatalf("long call = %d, %v; a caller leaving must not fail the batch", o.resp, o.err)
 	}
-	if got := <-orphans; len(got) != 1 || got[0] != 4 {
-		t.Fatalf("orphans = %v, want the short call's result [4]", got)
+	select {
+	case got := <-orphans:
+		if len(got) != 1 || got[0] != 4 {
+			t.Fatalf("orphans = %v, want the short call's result [4]", got)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the orphaned result never reached the OnOrphaned hook")
 	}
 }
 
@@ -295,4 +300,70 @@ func TestDeadlineStress(t *testing.T) {
 		t.Fatalf("Do after the storm = %d, %v", r, err)
 	}
 	t.Logf("%d calls timed out, %d results orphaned", timedOut.Load(), orphaned.Load())
+}
+
+// endingCtx is a context whose end the test controls in two steps: end
+// makes Err report context.Canceled, and leave closes Done. Between the two
+// it holds open the window, short in real use, between a caller's context
+// ending and that caller taking its call back out of the queue.
+type endingCtx struct {
+	context.Context
+	ended atomic.Bool
+	done  chan struct{}
+}
+
+func newEndingCtx() *endingCtx {
+	return &endingCtx{Context: context.Background(), done: make(chan struct{})}
+}
+
+func (c *endingCtx) end()                  { c.ended.Store(true) }
+func (c *endingCtx) leave()                { close(c.done) }
+func (c *endingCtx) Done() <-chan struct{} { return c.done }
+
+func (c *endingCtx) Err() error {
+	if c.ended.Load() {
+		return context.Canceled
+	}
+	return nil
+}
+
+// A batch skips the calls whose context is done by the time it starts,
+// wherever they stand in the batch: they get their context's error, and
+// Exec sees only the others.
+func TestBatchSkipsCallsWhoseContextEnded(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	g := newGatedExec(1)
+	b := batch.New(g.exec, 8, 1)
+	first := goDo(b, context.Background(), 1)
+	<-g.entered // batch [1] holds the only slot
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ending := newEndingCtx()
+	defer ending.leave()
+	dead := goDo(b, ending, 2)
+	waitQueued(t, b, 1)
+	live := goDo(b, ctx, 3)
+	waitQueued(t, b, 2)
+	ending.end()
+
+	g.open(1) // the batch of calls 2 and 3 starts
+	if o := <-first; o.err != nil || o.resp != 2 {
+		t.Fatalf("first call = %d, %v", o.resp, o.err)
+	}
+	if o := <-dead; !errors.Is(o.err, context.Canceled) || o.resp != 0 {
+		t.Fatalf("call whose context ended = %d, %v; want context.Canceled", o.resp, o.err)
+	}
+	if o := <-live; o.err != nil || o.resp != 4 {
+		t.Fatalf("live call = %d, %v", o.resp, o.err)
+	}
+	if g.ran(2) {
+		t.Fatal("a call whose context had ended reached Exec")
+	}
+	g.mu.Lock()
+	last := g.batches[len(g.batches)-1]
+	g.mu.Unlock()
+	if len(last) != 1 || last[0] != 3 {
+		t.Fatalf("last batch = %v, want [3]", last)
+	}
 }
