@@ -522,7 +522,9 @@ func TestTTLMissCounted(t *testing.T) {
 	old.Metadata.Set("published_at", time.Now().Add(-2*time.Hour).Format(time.RFC3339Nano))
 	fresh := message.NewMessage("fresh", nil)
 	fresh.Metadata.Set("published_at", time.Now().Format(time.RFC3339Nano))
-	for _, m := range []*message.Message{old, fresh, message.NewMessage("unknown", nil)} {
+	recent := message.NewMessage("recent", nil)
+	recent.Metadata.Set("published_at", time.Now().Add(-30*time.Minute).Format(time.RFC3339Nano))
+	for _, m := range []*message.Message{old, fresh, recent, message.NewMessage("unknown", nil)} {
 		if _, err := mw(h)(m); err != nil {
 			t.Fatal(err)
 		}

@@ -341,3 +341,11 @@ func TestWithMiddleware(t *testing.T) {
 		}
 	}
 }
+
+// Buckets must be strictly increasing: a repeated bound is refused with
+// an error, as a decreasing one is.
+func TestRepeatedBucketRefused(t *testing.T) {
+	if _, err := prommetrics.New(prommetrics.Config{Registerer: prometheus.NewRegistry(), Buckets: []float64{0.5, 1, 1, 2}}); err == nil || !strings.Contains(err.Error(), "Buckets") {
+		t.Fatalf("repeated bucket: got %v, want an error naming Buckets", err)
+	}
+}

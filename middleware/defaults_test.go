@@ -1,0 +1,142 @@
+package middleware_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/watermill-dedup/dedup/middleware"
+	"github.com/watermill-dedup/dedup/stores"
+)
+
+// With the default heartbeat (Lease/3) a handler running for several
+// leases keeps its claim: a rival consumer finds the message in progress
+// all along.
+func TestDefaultHeartbeatKeepsTheLease(t *testing.T) {
+	ctx := context.Background()
+	store := newMemstore(t)
+	metrics := newCountingMetrics()
+	const lease = 600 * time.Millisecond
+	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Lease: lease, Metrics: metrics})
+	extends := func() int {
+		metrics.mu.Lock()
+		defer metrics.mu.Unlock()
+		return metrics.ops[middleware.OpExtend]
+	}
+	h := mw(func(msg *message.Message) ([]*message.Message, error) {
+		// Run until the lease was extended three times (a little over
+		// one lease at the default heartbeat), checking that nobody can
+		// take the message meanwhile.
+		tick := time.NewTicker(10 * time.Millisecond)
+		defer tick.Stop()
+		deadline := time.Now().Add(10 * time.Second)
+		for extends() < 3 {
+			if time.Now().After(deadline) {
+				return nil, errors.New("the lease was not extended three times in 10s")
+			}
+			<-tick.C
+			c, err := store.Claim(ctx, "s", []string{msg.UUID}, lease)
+			if err != nil {
+				return nil, err
+			}
+			if c.Result != stores.InProgress {
+				return nil, errors.New("a rival claim got " + c.Result.String() + ": the running handler lost its lease")
+			}
+		}
+		return nil, msg.Context().Err()
+	})
+	if _, err := h(message.NewMessage("long-1", nil)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// claimCounter counts the claims that reach a store.
+type claimCounter struct {
+	stores.Store
+	mu     sync.Mutex
+	claims int
+}
+
+func (c *claimCounter) Claim(ctx context.Context, scope string, keys []string, lease time.Duration) (*stores.Claim, error) {
+	c.mu.Lock()
+	c.claims++
+	c.mu.Unlock()
+	return c.Store.Claim(ctx, scope, keys, lease)
+}
+
+func (c *claimCounter) count() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.claims
+}
+
+// With InProgressWait set and the default InProgressPoll, a delivery that
+// finds its message in progress polls until the other run is done, and is
+// then acked as a duplicate.
+func TestInProgressWaitWithTheDefaultPoll(t *testing.T) {
+	store := &claimCounter{Store: newMemstore(t)}
+	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", InProgressWait: 10 * time.Second})
+	started, finish := make(chan struct{}), make(chan struct{})
+	first := make(chan error, 1)
+	go func() {
+		_, err := mw(func(*message.Message) ([]*message.Message, error) {
+			close(started)
+			<-finish
+			return nil, nil
+		})(message.NewMessage("m-1", nil))
+		first <- err
+	}()
+	<-started
+	second := make(chan error, 1)
+	ran := make(chan struct{}, 1)
+	go func() {
+		_, err := mw(func(*message.Message) ([]*message.Message, error) {
+			ran <- struct{}{}
+			return nil, nil
+		})(message.NewMessage("m-1", nil))
+		second <- err
+	}()
+	eventually(t, "the second delivery found the message in progress", func() bool { return store.count() >= 2 })
+	close(finish)
+	if err := <-first; err != nil {
+		t.Fatalf("first delivery: %v", err)
+	}
+	if err := <-second; err != nil {
+		t.Fatalf("second delivery: %v, want a duplicate ack once the first was done", err)
+	}
+	select {
+	case <-ran:
+		t.Fatal("the handler ran again for the waiting duplicate")
+	default:
+	}
+}
+
+// A handler whose heartbeat is not due yet is never extended; a lease too
+// short for Lease/3 to be a duration has no heartbeat at all.
+func TestNoExtendBeforeTheHeartbeatIsDue(t *testing.T) {
+	for _, lease := range []time.Duration{time.Hour, 2 * time.Nanosecond} {
+		metrics := newCountingMetrics()
+		mw := dedupMiddleware(t, middleware.Config{Store: newMemstore(t), Scope: "s", Lease: lease, Metrics: metrics})
+		h := mw(func(*message.Message) ([]*message.Message, error) {
+			// Long enough for the heartbeat loop to look a few times
+			// (it looks at least every 50ms).
+			timer := time.NewTimer(200 * time.Millisecond)
+			defer timer.Stop()
+			<-timer.C
+			return nil, nil
+		})
+		if _, err := h(message.NewMessage("m-1", nil)); err != nil {
+			t.Fatalf("lease %s: %v", lease, err)
+		}
+		metrics.mu.Lock()
+		n := metrics.ops[middleware.OpExtend]
+		metrics.mu.Unlock()
+		if n != 0 {
+			t.Fatalf("lease %s: %d extends in 200ms, want none", lease, n)
+		}
+	}
+}

@@ -1,0 +1,64 @@
+package middleware_test
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/watermill-dedup/dedup/keyfuncs"
+	"github.com/watermill-dedup/dedup/middleware"
+)
+
+// A horizon whose 1.3x is exactly 2^63 ns (one past the longest duration)
+// still asks for the longest retention, and no shorter one passes.
+func TestRedeliveryHorizonAtTheLimit(t *testing.T) {
+	const h = 7094901566811364864 // float64(h) * 1.3 == 2^63
+	_, err := middleware.New(middleware.Config{Store: newMemstore(t), RedeliveryHorizon: h, StrictRetention: true})
+	if !errors.Is(err, middleware.ErrRetentionTooShort) {
+		t.Fatalf("New with a 24h retention and a horizon of %s = %v, want ErrRetentionTooShort", time.Duration(h), err)
+	}
+}
+
+// Records done before Fingerprint was turned on carry no fingerprint:
+// their duplicates are acked, not refused as a mismatch.
+func TestRecordWithoutFingerprintIsADuplicate(t *testing.T) {
+	store := newMemstore(t)
+	ran := 0
+	h := func(*message.Message) ([]*message.Message, error) { ran++; return nil, nil }
+	before := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Key: keyfuncs.JSON("id")})
+	if _, err := before(h)(message.NewMessage("1", []byte(`{"id":"A"}`))); err != nil {
+		t.Fatal(err)
+	}
+	metrics := newCountingMetrics()
+	after := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Key: keyfuncs.JSON("id"), Fingerprint: middleware.PayloadFingerprint, Metrics: metrics})
+	if _, err := after(h)(message.NewMessage("2", []byte(`{"id":"A"}`))); err != nil {
+		t.Fatalf("duplicate of a record without a fingerprint: %v, want an ack", err)
+	}
+	if ran != 1 || metrics.get(middleware.OutcomeDuplicate) != 1 {
+		t.Fatalf("handler ran %d times, %d duplicates counted; want 1 and 1", ran, metrics.get(middleware.OutcomeDuplicate))
+	}
+}
+
+// A failed Complete is retried with a backoff, not in a busy loop: over a
+// 300ms CompleteTimeout the store sees a handful of attempts.
+func TestCompleteRetriesBackOff(t *testing.T) {
+	store := &flakyStore{Store: newMemstore(t)}
+	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", CompleteTimeout: 300 * time.Millisecond, Heartbeat: -1})
+	var before int64
+	h := mw(func(*message.Message) ([]*message.Message, error) {
+		store.down.Store(true)
+		before = store.calls.Load()
+		return nil, nil
+	})
+	// The effect happened: acked after CompleteTimeout even though the
+	// record could not be written.
+	if _, err := h(message.NewMessage("m-1", nil)); err != nil {
+		t.Fatal(err)
+	}
+	// Attempts at 0, 20, 60, 140 and 300ms at the most.
+	if n := store.calls.Load() - before; n < 2 || n > 10 {
+		t.Fatalf("%d Complete attempts in a 300ms CompleteTimeout, want a few (a doubling backoff from 20ms)", n)
+	}
+}
