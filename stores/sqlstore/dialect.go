@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"io"
+	"math"
 	"net"
 	"reflect"
 	"regexp"
@@ -291,21 +292,25 @@ func (q *queries) list(from, n int) string {
 	return b.String()
 }
 
+// existedMark is the last insert id a MySQL INSERT with
+// onConflictDoNothing reports when the id existed: no AUTO_INCREMENT
+// column a user may add to the table ever reaches it.
+const existedMark = math.MaxInt64
+
 // onConflictDoNothing makes an INSERT leave an existing record unchanged.
 // Whether it inserted is told by [queries.inserted].
 //
-// On MySQL it is ON DUPLICATE KEY UPDATE state = LAST_INSERT_ID(state):
-// the row keeps its state, and the statement's last insert id is that
-// state (1 or 2) when the row existed, 0 when it inserted one (the table
-// has no AUTO_INCREMENT column). The rows-affected count cannot tell the
-// two apart on every connection: with go-sql-driver's clientFoundRows=true
-// (CLIENT_FOUND_ROWS) a row found and left unchanged counts as 1, as an
-// insert does. Unlike INSERT IGNORE, it locks the existing row exclusively
-// (no shared lock to upgrade, so no deadlock between two duplicates) and
-// turns no other error into a warning.
+// On MySQL the row keeps its state, and the statement's last insert id is
+// set to existedMark when the row existed; a fresh row reports 0, or the
+// value of an AUTO_INCREMENT column a user added. The rows-affected count
+// cannot tell the two apart on every connection: with go-sql-driver's
+// clientFoundRows=true (CLIENT_FOUND_ROWS) a row found and left unchanged
+// counts as 1, as an insert does. Unlike INSERT IGNORE, it locks the
+// existing row exclusively (no shared lock to upgrade, so no deadlock
+// between two duplicates) and turns no other error into a warning.
 func (q *queries) onConflictDoNothing() string {
 	if q.d == MySQL {
-		return " ON DUPLICATE KEY UPDATE state = LAST_INSERT_ID(state)"
+		return fmt.Sprintf(" ON DUPLICATE KEY UPDATE state = IF(LAST_INSERT_ID(%d) > 0, state, state)", existedMark)
 	}
 	return " ON CONFLICT (id) DO NOTHING"
 }
@@ -318,7 +323,7 @@ func (q *queries) inserted(res sql.Result) (bool, error) {
 		if err != nil {
 			return false, err
 		}
-		return id == 0, nil
+		return id != existedMark, nil
 	}
 	n, err := res.RowsAffected()
 	if err != nil {

@@ -475,3 +475,41 @@ func TestDurationsRoundUpAndSaturate(t *testing.T) {
 		}
 	})
 }
+
+// TestMySQLUserAutoIncrementColumn: a column a user adds to the table
+// (an AUTO_INCREMENT sequence for change data capture, say) gives every
+// fresh INSERT a last insert id. The store must still tell an inserted
+// record from an existing one: taking the fresh record for an existing
+// one made Begin a Duplicate (the message acked without its effect) and
+// multi-key claims InProgress for ever.
+func TestMySQLUserAutoIncrementColumn(t *testing.T) {
+	db := openMySQL(t)
+	for _, batched := range []bool{true, false} {
+		t.Run(fmt.Sprintf("batched=%v", batched), func(t *testing.T) {
+			s := newStore(t, db, sqlstore.MySQL, sqlstore.Config{Batch: sqlstore.BatchConfig{Disabled: !batched}})
+			ctx := context.Background()
+			if _, err := db.ExecContext(ctx, "ALTER TABLE `"+s.Table()+"` ADD COLUMN seq BIGINT NOT NULL AUTO_INCREMENT UNIQUE"); err != nil {
+				t.Fatal(err)
+			}
+			for _, keys := range [][]string{{"one"}, {"a", "b"}} {
+				tx, err := s.Begin(ctx, "inbox", keys, time.Hour)
+				if err != nil || tx.Result() != stores.Claimed {
+					t.Fatalf("Begin(%q) of fresh keys = %v, %v; want Claimed", keys, tx, err)
+				}
+				if err := tx.Commit(ctx, nil); err != nil {
+					t.Fatal(err)
+				}
+				if tx, err := s.Begin(ctx, "inbox", keys, time.Hour); err != nil || tx.Result() != stores.Duplicate {
+					t.Fatalf("Begin(%q) after Commit = %v, %v; want Duplicate", keys, tx, err)
+				}
+				c, err := s.Claim(ctx, "lease", keys, time.Minute)
+				if err != nil || c.Result != stores.Claimed {
+					t.Fatalf("Claim(%q) of fresh keys = %+v, %v; want Claimed", keys, c, err)
+				}
+				if again, err := s.Claim(ctx, "lease", keys, time.Minute); err != nil || again.Result != stores.InProgress {
+					t.Fatalf("Claim(%q) while held = %+v, %v; want InProgress", keys, again, err)
+				}
+			}
+		})
+	}
+}
