@@ -46,6 +46,10 @@ type beat struct {
 	mu      sync.Mutex // held while an Extend is in flight
 	stopped bool
 	lost    bool
+	// extending is set while an Extend of this claim is scheduled or in
+	// flight: the loop skips the claim's ticks until it ends, so a store
+	// slower than the heartbeat costs one goroutine, not one per tick.
+	extending atomic.Bool
 	// completing is set once the handler succeeded and its Complete may
 	// be in flight: an Extend refused then is the Complete having landed,
 	// not a lost lease.
@@ -201,7 +205,7 @@ func (b *beats) loop() {
 		b.lastTick = now
 		b.due = b.due[:0]
 		for e := b.head.next; e != &b.head; e = e.next {
-			if now.Sub(e.extendedAt) >= b.d.cfg.Heartbeat {
+			if now.Sub(e.extendedAt) >= b.d.cfg.Heartbeat && e.extending.CompareAndSwap(false, true) {
 				e.extendedAt = now
 				b.due = append(b.due, e)
 			}
@@ -217,6 +221,7 @@ func (b *beats) loop() {
 }
 
 func (b *beats) extend(e *beat) {
+	defer e.extending.Store(false)
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.stopped || e.lost {

@@ -1,0 +1,58 @@
+package middleware_test
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/watermill-dedup/dedup/middleware"
+	"github.com/watermill-dedup/dedup/stores"
+)
+
+// hangingExtendStore never answers an Extend: it returns when the call's
+// context ends (StoreTimeout), counting the calls in flight.
+type hangingExtendStore struct {
+	stores.Store
+	calls, inFlight, maxInFlight atomic.Int32
+}
+
+func (s *hangingExtendStore) Extend(ctx context.Context, _ *stores.Claim, _ time.Duration) error {
+	s.calls.Add(1)
+	n := s.inFlight.Add(1)
+	defer s.inFlight.Add(-1)
+	for m := s.maxInFlight.Load(); n > m && !s.maxInFlight.CompareAndSwap(m, n); m = s.maxInFlight.Load() {
+	}
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+// TestHeartbeatOneExtendAtATime: a heartbeat shorter than StoreTimeout
+// meets a store that does not answer. Each claim has at most one Extend
+// in flight; ticks that come meanwhile are skipped, not queued behind it
+// (they piled up, one goroutine per tick, each waiting a StoreTimeout,
+// and the middleware waited for all of them before returning).
+func TestHeartbeatOneExtendAtATime(t *testing.T) {
+	store := &hangingExtendStore{Store: newMemstore(t)}
+	const storeTimeout = 300 * time.Millisecond
+	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Lease: 10 * time.Second,
+		Heartbeat: 10 * time.Millisecond, StoreTimeout: storeTimeout})
+	const handlerRuns = 500 * time.Millisecond // fifty heartbeats
+	_, err := mw(func(*message.Message) ([]*message.Message, error) {
+		time.Sleep(handlerRuns)
+		return nil, nil
+	})(message.NewMessage("m-1", nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m := store.maxInFlight.Load(); m != 1 {
+		t.Errorf("%d Extends of one claim in flight at once, want 1", m)
+	}
+	// One Extend at a time, each lasting StoreTimeout: at most this many
+	// fit in the handler's run, plus the one in flight when it ends.
+	if n, most := store.calls.Load(), int32(handlerRuns/storeTimeout)+2; n > most {
+		t.Errorf("%d Extends for one claim during a %s handler, each hanging %s: at most %d fit one at a time (the ticks meanwhile queued up)", n, handlerRuns, storeTimeout, most)
+	}
+}
