@@ -482,6 +482,11 @@ var unavailablePrefixes = []string{
 // refused, reset, closed or timed out; no connection could be had from
 // the pool in time) or a server that cannot serve now.
 func isUnavailable(err error) bool {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		// The caller's context ended: its own class, not an outage
+		// (context.DeadlineExceeded is also a net.Error).
+		return false
+	}
 	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) ||
 		errors.Is(err, redis.ErrPoolTimeout) || errors.Is(err, redis.ErrPoolExhausted) {
 		return true

@@ -78,6 +78,11 @@ func TestErrorClasses(t *testing.T) {
 			cancelDone()
 			_, err = s.Claim(done, "s", []string{"k"}, time.Minute)
 			notOutage(t, "Claim with a cancelled context", err, context.Canceled)
+			expired, cancelExpired := context.WithDeadline(bg, time.Now().Add(-time.Second))
+			defer cancelExpired()
+			_, err = s.Claim(expired, "s", []string{"k"}, time.Minute)
+			notOutage(t, "Claim with an expired context", err, context.DeadlineExceeded)
+			notOutage(t, "Complete with an expired context", s.Complete(expired, held, time.Hour, nil), context.DeadlineExceeded)
 			if err := s.Close(bg); err != nil {
 				t.Fatal(err)
 			}

@@ -1,6 +1,7 @@
 package sqlstore
 
 import (
+	"context"
 	"database/sql"
 	"database/sql/driver"
 	"encoding/binary"
@@ -594,6 +595,11 @@ func classify(err error) error {
 // network, or a server starting, shutting down, out of connections or
 // disk, or (SQLite) still locked by another writer after the retries.
 func isUnavailable(err error) bool {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		// The caller's context ended: its own class, not an outage
+		// (context.DeadlineExceeded is also a net.Error).
+		return false
+	}
 	if errors.Is(err, driver.ErrBadConn) || errors.Is(err, mysql.ErrInvalidConn) ||
 		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) {
 		return true

@@ -513,3 +513,26 @@ func TestMySQLUserAutoIncrementColumn(t *testing.T) {
 		})
 	}
 }
+
+// TestCallerContextIsNotAnOutage: a call whose context is already done
+// fails with that context's error, which is not the outage class: the
+// caller gave up, the database did not fail.
+func TestCallerContextIsNotAnOutage(t *testing.T) {
+	forEachBackend(t, backends, func(t *testing.T, b backend) {
+		s := newStore(t, b.open(t), b.dialect, sqlstore.Config{})
+		expired, cancel := context.WithDeadline(context.Background(), time.Now().Add(-time.Second))
+		defer cancel()
+		cancelled, cancel2 := context.WithCancel(context.Background())
+		cancel2()
+		for name, ctx := range map[string]context.Context{"expired": expired, "cancelled": cancelled} {
+			_, err := s.Claim(ctx, "s", []string{"k"}, time.Minute)
+			if !errors.Is(err, ctx.Err()) || errors.Is(err, stores.ErrUnavailable) {
+				t.Errorf("Claim with a context %s = %v; want its error, not an outage", name, err)
+			}
+			_, err = s.Begin(ctx, "s", []string{"k"}, time.Minute)
+			if !errors.Is(err, ctx.Err()) || errors.Is(err, stores.ErrUnavailable) {
+				t.Errorf("Begin with a context %s = %v; want its error, not an outage", name, err)
+			}
+		}
+	})
+}
