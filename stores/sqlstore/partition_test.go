@@ -152,3 +152,55 @@ func TestPartitionedPurgeIntervalBound(t *testing.T) {
 		t.Errorf("Validate with a daily purge: %v", err)
 	}
 }
+
+// TestPartitionDDLWaitsBounded: creating tomorrow's partition locks the
+// parent table, so it waits for any long transaction on the table (here
+// an open read), and every claim queues behind it. The purge gives up
+// after a short lock timeout instead (and its job retries soon); only a
+// missing partition is created, so the hourly runs take no such lock.
+func TestPartitionDDLWaitsBounded(t *testing.T) {
+	db := openPostgres(t)
+	// Five minutes into the day: yesterday's partition ended less than
+	// PurgeGrace ago, so nothing is due to be dropped either.
+	clock := storetest.NewFakeClock(time.Date(2030, 1, 1, 0, 5, 0, 0, time.UTC))
+	cfg := partitionedConfig(clock)
+	cfg.PartitionDaysAhead = 2
+	s := newStore(t, db, sqlstore.Postgres, cfg)
+	ctx := context.Background()
+	long, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer long.Rollback()
+	var n int
+	if err := long.QueryRowContext(ctx, `SELECT count(*) FROM "`+s.Table()+`"`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	// Nothing is missing, nothing is due: the purge takes no lock.
+	purged := make(chan error, 1)
+	go func() { _, err := s.Purge(ctx); purged <- err }()
+	select {
+	case err := <-purged:
+		if err != nil {
+			t.Fatalf("Purge with every partition there: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Purge with every partition there waited for the long transaction")
+	}
+	clock.Advance(24 * time.Hour) // a partition is missing now
+	go func() { _, err := s.Purge(ctx); purged <- err }()
+	select {
+	case err := <-purged:
+		if err == nil {
+			t.Fatal("Purge created a partition under a lock the long transaction holds")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Purge still waiting for the long transaction after 10s: every claim queues behind it")
+	}
+	// Claims go on: nothing of the purge waits in the lock queue.
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if c, err := s.Claim(cctx, "p", []string{"k"}, time.Minute); err != nil || c.Result != stores.Claimed {
+		t.Fatalf("Claim after the purge gave up = %+v, %v", c, err)
+	}
+}

@@ -162,16 +162,77 @@ func (s *Store) purgeLoop(ctx context.Context) {
 	}
 }
 
+// partitionLockTimeout bounds how long creating or dropping a partition
+// waits for its lock on the parent table. Both take a lock that queues
+// every claim and Begin behind them, and they wait for any long
+// transaction on the table (an open inbox transaction, a slow report):
+// give up soon instead, and try again at the next run (within a minute
+// after a failed one).
+const partitionLockTimeout = "500ms"
+
+// partition is one of the table's partitions.
+type partition struct {
+	name string
+	day  time.Time // the UTC day of expires_at it holds
+	rows int64     // estimated (pg_class.reltuples)
+}
+
+// partitions lists the table's partitions that this store names.
+func (s *Store) partitions(ctx context.Context) (map[string]partition, error) {
+	rows, err := s.db.QueryContext(ctx, listPartitions, s.q.table)
+	if err != nil {
+		return nil, fmt.Errorf("sqlstore: listing partitions of table %s: %w", s.cfg.Table, err)
+	}
+	defer rows.Close()
+	parts := map[string]partition{}
+	for rows.Next() {
+		var p partition
+		if err := rows.Scan(&p.name, &p.rows); err != nil {
+			return nil, err
+		}
+		suffix, ok := strings.CutPrefix(p.name, s.q.name)
+		if !ok {
+			continue
+		}
+		if p.day, err = time.Parse(partitionSuffix, suffix); err != nil {
+			continue // not one of ours
+		}
+		parts[p.name] = p
+	}
+	return parts, rows.Err()
+}
+
+// partitionDDL runs a statement that locks the parent table (creating or
+// dropping a partition) under partitionLockTimeout.
+func (s *Store) partitionDDL(ctx context.Context, stmt string) error {
+	return s.inTx(ctx, func(tx *sql.Tx) error {
+		if _, err := tx.ExecContext(ctx, "SET LOCAL lock_timeout = '"+partitionLockTimeout+"'"); err != nil {
+			return err
+		}
+		_, err := tx.ExecContext(ctx, stmt)
+		return err
+	})
+}
+
 // createPartitions creates the partitions from yesterday to
-// PartitionDaysAhead+1 days ahead (UTC days), those missing. The extra day
-// is for the records written after the next UTC midnight, before the
-// purge job runs again (at most a day later: PurgeInterval is at most a
-// day): one with a lease or retention of PartitionDaysAhead days then
-// expires on the day after today+PartitionDaysAhead.
+// PartitionDaysAhead+1 days ahead (UTC days) that do not exist yet. The
+// extra day is for the records written after the next UTC midnight,
+// before the purge job runs again (at most a day later: PurgeInterval is
+// at most a day): one with a lease or retention of PartitionDaysAhead
+// days then expires on the day after today+PartitionDaysAhead. Only a
+// missing partition takes the lock on the parent table.
 func (s *Store) createPartitions(ctx context.Context) error {
+	parts, err := s.partitions(ctx)
+	if err != nil {
+		return err
+	}
 	today := s.now().UTC().Truncate(24 * time.Hour)
 	for d := -1; d <= s.cfg.PartitionDaysAhead+1; d++ {
-		if _, err := s.db.ExecContext(ctx, s.q.createPartition(today.AddDate(0, 0, d))); err != nil {
+		day := today.AddDate(0, 0, d)
+		if _, ok := parts[s.q.partitionName(day)]; ok {
+			continue
+		}
+		if err := s.partitionDDL(ctx, s.q.createPartition(day)); err != nil {
 			// Another process creating the same partition at the same
 			// moment: IF NOT EXISTS is not race-free in PostgreSQL.
 			var pg interface{ SQLState() string }
@@ -186,56 +247,23 @@ func (s *Store) createPartitions(ctx context.Context) error {
 
 // purgePartitions is Purge on the partitioned layout: it creates the
 // partitions ahead, then drops every partition whose records have all
-// expired: its day ended more than PurgeGrace ago. It returns the
-// dropped partitions' estimated row count (pg_class.reltuples).
+// expired: its day ended more than PurgeGrace (or the longest lease given)
+// ago. It returns the dropped partitions' estimated row count.
 func (s *Store) purgePartitions(ctx context.Context) (int64, error) {
 	if err := s.createPartitions(ctx); err != nil {
 		return 0, fmt.Errorf("sqlstore: creating partitions of table %s: %w", s.cfg.Table, err)
 	}
-	cutoff := s.now().Add(-s.grace())
-	rows, err := s.db.QueryContext(ctx, listPartitions, s.q.table)
+	parts, err := s.partitions(ctx)
 	if err != nil {
-		return 0, fmt.Errorf("sqlstore: listing partitions of table %s: %w", s.cfg.Table, err)
-	}
-	type part struct {
-		name string
-		rows int64
-	}
-	var old []part
-	for rows.Next() {
-		var p part
-		if err := rows.Scan(&p.name, &p.rows); err != nil {
-			rows.Close()
-			return 0, err
-		}
-		suffix, ok := strings.CutPrefix(p.name, s.q.name)
-		if !ok {
-			continue
-		}
-		day, err := time.Parse(partitionSuffix, suffix)
-		if err != nil {
-			continue // not one of ours
-		}
-		if !day.Add(24 * time.Hour).After(cutoff) {
-			old = append(old, p)
-		}
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
 		return 0, err
 	}
+	cutoff := s.now().Add(-s.grace())
 	var total int64
-	for _, p := range old {
-		// DROP TABLE locks the parent table: bound the wait so a long
-		// transaction never makes claims queue behind the purge.
-		err := s.inTx(ctx, func(tx *sql.Tx) error {
-			if _, err := tx.ExecContext(ctx, "SET LOCAL lock_timeout = '2s'"); err != nil {
-				return err
-			}
-			_, err := tx.ExecContext(ctx, "DROP TABLE IF EXISTS "+s.q.qualified(p.name))
-			return err
-		})
-		if err != nil {
+	for _, p := range parts {
+		if p.day.Add(24 * time.Hour).After(cutoff) {
+			continue
+		}
+		if err := s.partitionDDL(ctx, "DROP TABLE IF EXISTS "+s.q.qualified(p.name)); err != nil {
 			return total, fmt.Errorf("sqlstore: dropping partition %s: %w", p.name, err)
 		}
 		total += p.rows
