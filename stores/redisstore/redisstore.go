@@ -379,6 +379,10 @@ func (s *Store) claimOne(ctx context.Context, rkey, token string, lease time.Dur
 			// Processing, or not ours to read: the script decides.
 		case isSetNXGetRefused(err):
 			s.noSetNXGet.Store(true)
+		case isWriteRefused(err):
+			// Out of memory (or a replica): writes are refused, reads
+			// served. The script reads first, so a done record is still
+			// a Duplicate; only a key it must write fails.
 		default:
 			return claimReply{}, err
 		}
@@ -467,6 +471,22 @@ func classify(err error) error {
 		return err
 	}
 	return fmt.Errorf("%w: %w", stores.ErrUnavailable, err)
+}
+
+// isWriteRefused reports a server that refuses writes but serves reads:
+// at its maxmemory (OOM), a replica (READONLY), failing to persist
+// (MISCONF).
+func isWriteRefused(err error) bool {
+	var re redis.Error
+	if !errors.As(err, &re) {
+		return false
+	}
+	for _, p := range []string{"OOM", "READONLY", "MISCONF"} {
+		if strings.HasPrefix(re.Error(), p) {
+			return true
+		}
+	}
+	return false
 }
 
 // unavailablePrefixes are the error replies of a Redis that cannot serve

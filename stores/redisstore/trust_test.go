@@ -134,3 +134,41 @@ func TestHugeDurations(t *testing.T) {
 		}
 	}
 }
+
+// TestOutOfMemoryStillAnswersDuplicates: a Redis at its maxmemory with
+// the noeviction policy the store requires refuses writes but serves
+// reads. A delivery whose record is done must still be found a
+// Duplicate: a single-key claim's SET ... NX GET is a write, refused with
+// OOM, an outage that a fail-open consumer would bypass, running the
+// handler again for a message it had done.
+func TestOutOfMemoryStillAnswersDuplicates(t *testing.T) {
+	addr := startRedis(t, "--maxmemory-policy", "noeviction")
+	c := newClient(t, addr)
+	for _, batched := range []bool{true, false} {
+		s := newStore(t, c, redisstore.Config{Batch: redisstore.BatchConfig{Disabled: !batched}})
+		ctx := context.Background()
+		done, err := s.Claim(ctx, "s", []string{fmt.Sprint("done-", batched)}, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Complete(ctx, done, time.Hour, []byte("out")); err != nil {
+			t.Fatal(err)
+		}
+		// This test's own server is out of memory from now on.
+		if err := c.ConfigSet(ctx, "maxmemory", "1").Err(); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Set(ctx, "probe", "x", 0).Err(); err == nil || !strings.HasPrefix(err.Error(), "OOM") {
+			t.Fatalf("a write on a server with maxmemory 1: %v, want OOM", err)
+		}
+		dup, err := s.Claim(ctx, "s", done.Keys, time.Minute)
+		if err != nil || dup.Result != stores.Duplicate || string(dup.Data) != "out" {
+			t.Fatalf("Claim of a done key on a Redis out of memory = %+v, %v; want Duplicate with its data", dup, err)
+		}
+		_, err = s.Claim(ctx, "s", []string{fmt.Sprint("new-", batched)}, time.Minute)
+		mustWrap(t, "Claim of a new key on a Redis out of memory", err, stores.ErrUnavailable)
+		if err := c.ConfigSet(ctx, "maxmemory", "0").Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
