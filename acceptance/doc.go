@@ -61,6 +61,19 @@
 // everything was acked and an effect is still missing after 15 seconds,
 // it reports it as lost.
 //
+// What depends on time is judged by the time the store saw. Every store
+// call of a delivery goes through a probe that notes when it was sent and
+// when it returned, which bounds when the store acted. A claim is held to
+// the Store contract only where those bounds decide it: a takeover must
+// be reported when the claim surely came within one lease of the expired
+// lease's end, a redelivery surely inside the retention window must be a
+// duplicate and one surely after it must run again; a claim too close to
+// such a boundary may go either way and is counted. The scenarios are
+// arranged so that their claims normally land well inside the bounds (a
+// hung event's takeover copy on a shard where nothing hangs; in-window
+// redeliveries republished at once when a stall delayed the first ones),
+// and no assertion is about how long anything took.
+//
 // # How crashes happen
 //
 // The crash scenario kills consumers in the most realistic way the pair
