@@ -89,6 +89,9 @@ func (s *Store) Begin(ctx context.Context, scope string, keys []string, retentio
 	if err := s.checkHorizon("retention", retention); err != nil {
 		return nil, err
 	}
+	if err := s.checkSession(ctx); err != nil {
+		return nil, fmt.Errorf("sqlstore: begin in scope %q: %w", scope, err)
+	}
 	ks := newKeySet(scope, keys)
 	if tx, ok := s.outerTx(ctx); ok {
 		itx, err := s.beginSavepoint(ctx, tx, ks, retention)

@@ -75,6 +75,14 @@ import (
 // that is not a plain identifier. No SQL is ever built from such a name.
 var ErrInvalidTable = errors.New("sqlstore: invalid table name")
 
+// ErrSessionSettings is returned by every call on a database whose session
+// settings break an assumption of the store: MySQL's autocommit off
+// (autocommit=0 in the DSN), under which the store's single statements
+// open transactions nobody commits. Fix the DSN; the error names the
+// setting. It is checked once, at the first call that reaches the
+// database.
+var ErrSessionSettings = errors.New("sqlstore: a database session setting breaks the store")
+
 // errRetry makes an operation start again: a record it saw vanished
 // between two statements.
 var errRetry = errors.New("sqlstore: record changed concurrently")
@@ -267,6 +275,12 @@ type Store struct {
 	// maxLease is the longest lease given (ns): the purge keeps expired
 	// claims at least that long.
 	maxLease atomic.Int64
+
+	// The session check (checkSession): done once it passed; refused
+	// once it failed for good.
+	sessionMu      sync.Mutex
+	sessionChecked atomic.Bool
+	sessionErr     error
 
 	// onPurgeBatch, when set (by tests), sees the size of every batch.
 	onPurgeBatch func(n int64)
@@ -646,6 +660,9 @@ func (s *Store) Claim(ctx context.Context, scope string, keys []string, lease ti
 	if err := s.checkHorizon("lease", lease); err != nil {
 		return nil, err
 	}
+	if err := s.checkSession(ctx); err != nil {
+		return nil, fmt.Errorf("sqlstore: claim in scope %q: %w", scope, err)
+	}
 	s.noteLease(lease)
 	ks := newKeySet(scope, keys)
 	token := newToken()
@@ -817,6 +834,9 @@ func (s *Store) Complete(ctx context.Context, c *stores.Claim, retention time.Du
 	if err != nil {
 		return opError("Complete", err)
 	}
+	if err := s.checkSession(ctx); err != nil {
+		return opError("Complete", err)
+	}
 	if retention <= 0 {
 		return fmt.Errorf("%w: retention must be positive, got %s", stores.ErrInvalidArgument, retention)
 	}
@@ -841,6 +861,9 @@ func (s *Store) Release(ctx context.Context, c *stores.Claim) error {
 	if err != nil {
 		return opError("Release", err)
 	}
+	if err := s.checkSession(ctx); err != nil {
+		return opError("Release", err)
+	}
 	if o := s.group.op(ctx, opRelease, ks); o != nil {
 		o.claim, o.token = c, token
 		return opError("release", s.group.do(ctx, o))
@@ -856,6 +879,9 @@ func (s *Store) releaseDirect(ctx context.Context, c *stores.Claim, ks keySet, t
 func (s *Store) Extend(ctx context.Context, c *stores.Claim, lease time.Duration) error {
 	ks, token, err := s.claimArgs(c)
 	if err != nil {
+		return opError("Extend", err)
+	}
+	if err := s.checkSession(ctx); err != nil {
 		return opError("Extend", err)
 	}
 	if lease <= 0 {
@@ -875,6 +901,31 @@ func (s *Store) Extend(ctx context.Context, c *stores.Claim, lease time.Duration
 func (s *Store) extendDirect(ctx context.Context, c *stores.Claim, ks keySet, token int64, lease time.Duration) error {
 	exp := s.q.timeArg(s.now().Add(lease))
 	return s.fenced(ctx, c, ks, token, s.q.extend(len(ks.ids)), []any{exp}, true)
+}
+
+// checkSession makes sure, once, that the database session settings suit
+// the store (see ErrSessionSettings). Only MySQL has such a setting.
+func (s *Store) checkSession(ctx context.Context) error {
+	if s.cfg.Dialect != MySQL {
+		return nil
+	}
+	if s.sessionChecked.Load() {
+		return s.sessionErr // written before sessionChecked
+	}
+	s.sessionMu.Lock()
+	defer s.sessionMu.Unlock()
+	if s.sessionChecked.Load() {
+		return s.sessionErr
+	}
+	var autocommit int
+	if err := s.db.QueryRowContext(ctx, "SELECT @@autocommit").Scan(&autocommit); err != nil {
+		return classify(err) // not known yet: checked again next time
+	}
+	if autocommit != 1 {
+		s.sessionErr = fmt.Errorf("%w: the MySQL session runs with autocommit=%d (autocommit=0 in the DSN?): the store's statements outside transactions would never commit; remove the setting", ErrSessionSettings, autocommit)
+	}
+	s.sessionChecked.Store(true)
+	return s.sessionErr
 }
 
 // bgAdd counts one more background goroutine for Close to wait for, or

@@ -536,3 +536,32 @@ func TestCallerContextIsNotAnOutage(t *testing.T) {
 		}
 	})
 }
+
+// TestMySQLAutocommitOffRefused: with autocommit=0 in the DSN (passed on
+// to the session by go-sql-driver), the store's single statements open
+// transactions nobody commits: every Complete "succeeds" and is then
+// rolled back when the connection closes, so the record never exists for
+// anyone else. The store refuses such a database with an error naming the
+// setting instead.
+func TestMySQLAutocommitOffRefused(t *testing.T) {
+	db := mysqlWith(t, map[string]string{"autocommit": "0"})
+	direct := openMySQL(t)
+	cfg := sqlstore.Config{Dialect: sqlstore.MySQL, Table: "dedup_test_" + storetest.NewID()}
+	newStore(t, direct, sqlstore.MySQL, cfg) // the table, and its removal
+	s, err := sqlstore.New(db, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close(context.Background())
+	ctx := context.Background()
+	_, err = s.Claim(ctx, "s", []string{"k"}, time.Minute)
+	if !errors.Is(err, sqlstore.ErrSessionSettings) || !strings.Contains(err.Error(), "autocommit") {
+		t.Fatalf("Claim on a session with autocommit=0 = %v; want ErrSessionSettings naming autocommit", err)
+	}
+	if _, err := s.Begin(ctx, "s", []string{"k"}, time.Minute); !errors.Is(err, sqlstore.ErrSessionSettings) {
+		t.Fatalf("Begin on a session with autocommit=0 = %v; want ErrSessionSettings", err)
+	}
+	if errors.Is(err, stores.ErrUnavailable) {
+		t.Fatal("a session setting is not an outage")
+	}
+}
