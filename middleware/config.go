@@ -117,10 +117,12 @@ type Config struct {
 	// StoreTimeout bounds every store call. The default is 5s.
 	StoreTimeout time.Duration
 
-	// CompleteTimeout is how long a failed Complete is retried (with a
-	// doubling backoff, the lease kept alive meanwhile) before the
-	// middleware gives up and acks the message anyway — its effect
-	// happened; the record then stays processing until its lease runs out.
+	// CompleteTimeout is how long a Complete failed by an outage is
+	// retried (with a doubling backoff, the lease kept alive meanwhile)
+	// before the middleware gives up and acks the message anyway — its
+	// effect happened; the record then stays processing until its lease
+	// runs out. (A Complete refused for another reason is not retried; see
+	// the README's failure table.)
 	// A store outage shorter than this loses nothing and doubles nothing,
 	// even when the message's context ends meanwhile (an outer Timeout
 	// middleware, a subscriber shutting down): the retries go on, so a

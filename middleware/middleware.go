@@ -478,6 +478,11 @@ func (d *dedup) record(parent, wait context.Context, detach bool, c *stores.Clai
 		if err == nil || errors.Is(err, stores.ErrLostClaim) || errors.Is(err, stores.ErrClosed) {
 			return err
 		}
+		if !isOutage(err) {
+			// A refusal no retry changes (the data too large for the
+			// store, say).
+			return d.recordWithoutData(parent, detach, c, data, err)
+		}
 		now := time.Now()
 		if deadline.IsZero() {
 			deadline = now.Add(d.cfg.CompleteTimeout)
@@ -487,6 +492,30 @@ func (d *dedup) record(parent, wait context.Context, detach bool, c *stores.Clai
 		}
 		backoff = min(2*backoff, time.Second)
 	}
+}
+
+// recordWithoutData handles a Complete refused with refusal, an error
+// that is not an outage: when it carried data, the store may have refused
+// that (outputs too large to keep), so the record is completed once more
+// without it. A record done without its outputs is better than one left
+// processing, which a duplicate arriving after the lease would run again;
+// the price is loud: a redelivery after a failed publish of the outputs
+// acks without re-emitting them.
+func (d *dedup) recordWithoutData(parent context.Context, detach bool, c *stores.Claim, data []byte, refusal error) error {
+	if len(data) == 0 {
+		return refusal
+	}
+	ctx, cancel := d.storeCtx(parent, detach)
+	start := d.now()
+	err := d.cfg.Store.Complete(ctx, c, d.cfg.Retention, nil)
+	cancel()
+	d.observeStore(c.Scope, OpComplete, start, err)
+	if err != nil {
+		return refusal
+	}
+	d.cfg.Metrics.Observe(c.Scope, OutcomeStoreError)
+	d.cfg.Logger.Error("Dedup store refused the record's data (the handler's outputs and fingerprint): the message is recorded done without them, so a redelivery after a failed publish of its outputs will not re-emit them", refusal, watermill.LogFields{"scope": c.Scope, "keys": c.Keys, "data_bytes": len(data)})
+	return nil
 }
 
 // complete records the message done with its outputs, and returns what
@@ -506,7 +535,7 @@ func (d *dedup) complete(msg *message.Message, c *stores.Claim, data []byte, out
 	// expires. Ack instead: the record stays processing until its lease
 	// runs out, so only a further duplicate arriving after that runs again.
 	d.cfg.Metrics.Observe(c.Scope, OutcomeStoreError)
-	d.cfg.Logger.Error("Dedup Complete failed for CompleteTimeout: acking anyway (the effect happened); a duplicate arriving after the lease expires would run again", err, d.fields(msg, c.Scope, c.Keys))
+	d.cfg.Logger.Error("Dedup Complete failed (for CompleteTimeout, or refused): acking anyway (the effect happened); a duplicate arriving after the lease expires would run again", err, d.fields(msg, c.Scope, c.Keys))
 	return outputs, nil
 }
 

@@ -89,3 +89,53 @@ func uuids(msgs []*message.Message) []string {
 	}
 	return out
 }
+
+// dataRefusingStore refuses every Complete that carries data with an
+// error that is not an outage (outputs too large for the store, say).
+type dataRefusingStore struct {
+	stores.Store
+	completes atomic.Int32
+}
+
+func (s *dataRefusingStore) Complete(ctx context.Context, c *stores.Claim, retention time.Duration, data []byte) error {
+	s.completes.Add(1)
+	if len(data) > 0 {
+		return errors.New("Error 1406 (22001): Data too long for column 'data' at row 1")
+	}
+	return s.Store.Complete(ctx, c, retention, data)
+}
+
+// TestCompleteRefusingTheOutputsRecordsWithoutThem: a Complete refused for
+// a reason that is not an outage is not retried for CompleteTimeout (no
+// retry changes the answer), and the message is not acked with its record
+// still processing, which would let a duplicate run it again once the
+// lease ran out: the record is completed without the outputs the store
+// would not keep, loudly.
+func TestCompleteRefusingTheOutputsRecordsWithoutThem(t *testing.T) {
+	clock := storetest.NewFakeClock(time.Now())
+	store := &dataRefusingStore{Store: newMemstoreClock(t, clock)}
+	metrics := newCountingMetrics()
+	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Lease: time.Minute, CompleteTimeout: 2 * time.Second, Metrics: metrics})
+	runs := 0
+	h := mw(func(*message.Message) ([]*message.Message, error) {
+		runs++
+		return []*message.Message{message.NewMessage("out-1", []byte("big"))}, nil
+	})
+	out, err := h(message.NewMessage("m-1", nil))
+	if err != nil || len(out) != 1 {
+		t.Fatalf("first delivery: %v, %v; want an ack with the outputs", uuids(out), err)
+	}
+	if n := store.completes.Load(); n != 2 {
+		t.Errorf("%d Completes, want 2: the refused one, not retried, then one without the outputs", n)
+	}
+	clock.Advance(2 * time.Minute) // past the lease
+	if _, err := h(message.NewMessage("m-1", nil)); err != nil {
+		t.Fatal(err)
+	}
+	if runs != 1 {
+		t.Fatalf("the handler ran %d times: the record was left processing", runs)
+	}
+	if metrics.get(middleware.OutcomeStoreError) == 0 {
+		t.Error("the refused Complete was not counted as a store error")
+	}
+}
