@@ -371,8 +371,16 @@ func (q *queries) replaceDone(n int) string {
 
 // setData stores data on n records an inbox transaction inserted, which
 // expire at expires. Args: data, expires, ids...
+//
+// The records are found by primary key: MySQL would otherwise use the
+// expires_at index, and lock the index range after them, where every
+// newer record goes, until the (possibly long, joined) transaction ends.
 func (q *queries) setData(n int) string {
-	return fmt.Sprintf("UPDATE %s SET data = %s WHERE expires_at = %s AND id IN %s", q.table, q.ph(1), q.ph(2), q.list(3, n))
+	table := q.table
+	if q.d == MySQL {
+		table += " FORCE INDEX (PRIMARY)"
+	}
+	return fmt.Sprintf("UPDATE %s SET data = %s WHERE expires_at = %s AND id IN %s", table, q.ph(1), q.ph(2), q.list(3, n))
 }
 
 // The fenced statements end in "WHERE token = ? AND id IN (...)": their

@@ -565,3 +565,38 @@ func TestMySQLAutocommitOffRefused(t *testing.T) {
 		t.Fatal("a session setting is not an outage")
 	}
 }
+
+// TestJoinedCommitLocksOnlyItsRecords: a joined Commit stores the data on
+// the records its transaction inserted, and the outer transaction (a
+// watermill-sql subscriber's, REPEATABLE READ on MySQL) stays open until
+// the message is acked. Meanwhile another consumer's Begin of another key
+// must not wait for it: a statement that finds the records through the
+// expires_at index locks the index range after them, where every newer
+// record goes.
+func TestJoinedCommitLocksOnlyItsRecords(t *testing.T) {
+	forEachBackend(t, serverBackends, func(t *testing.T, b backend) {
+		db := b.open(t)
+		s := newStore(t, db, b.dialect, sqlstore.Config{})
+		ctx := context.Background()
+		outer, err := db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelRepeatableRead})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer outer.Rollback()
+		itx, err := s.Begin(sqlstore.WithTx(ctx, outer), "s", []string{"first"}, time.Hour)
+		if err != nil || itx.Result() != stores.Claimed {
+			t.Fatal(itx, err)
+		}
+		if err := itx.Commit(ctx, []byte("outputs")); err != nil {
+			t.Fatal(err)
+		}
+		// The outer transaction is still open. Another consumer:
+		bctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		defer cancel()
+		other, err := s.Begin(bctx, "s", []string{"second"}, 2*time.Hour)
+		if err != nil {
+			t.Fatalf("Begin of another key while a joined Commit's transaction is open = %v; it waited on that transaction's locks", err)
+		}
+		_ = other.Rollback(ctx)
+	})
+}
