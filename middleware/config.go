@@ -32,7 +32,10 @@ const (
 	// was alive. A cancelled message, a closed store, an argument or key
 	// the store refuses and an error the store does not classify are
 	// handled as under FailClosed: the store may be healthy, and running
-	// the handler could repeat an effect it has recorded.
+	// the handler could repeat an effect it has recorded. A healthy store
+	// that makes a Claim wait longer than StoreTimeout (a lock held by an
+	// open transaction on the same key, an exhausted connection pool)
+	// looks like an outage: keep StoreTimeout above such waits.
 	FailOpen
 )
 

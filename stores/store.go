@@ -112,14 +112,16 @@ var (
 	// class (see the package doc). The call's outcome is unknown.
 	ErrUnavailable = errors.New("dedup store: backend unavailable")
 
-	// ErrTxAborted is returned by [Inbox.Begin] when the transaction it
-	// must join (one carried by its context) is no longer usable: the
-	// database rolled it back (a deadlock, a lock wait timeout) or an
-	// earlier statement failed and left it aborted. Begin wrote nothing;
-	// the transaction's owner must end it, and the message must be
-	// retried in a new one. Statements run in such a transaction would
-	// otherwise run outside any transaction (MySQL) or fail (PostgreSQL).
-	ErrTxAborted = errors.New("dedup store: the transaction to join was aborted by the database")
+	// ErrTxAborted reports a transaction the database has ended under its
+	// client: it rolled it back (a deadlock, a lock wait timeout) or an
+	// earlier statement failed and left it aborted. [Inbox.Begin] returns
+	// it for a transaction it must join (it wrote nothing: the
+	// transaction's owner must end it, and the message must be retried in
+	// a new one); [InboxTx.Commit] and Rollback for the message's own
+	// transaction ended under the handler. Statements run in such a
+	// transaction would otherwise run outside any transaction (MySQL) or
+	// fail (PostgreSQL).
+	ErrTxAborted = errors.New("dedup store: the database aborted the transaction")
 
 	// ErrFingerprintMismatch reports a duplicate key whose stored payload
 	// fingerprint differs from the delivered message's: the same key was

@@ -20,6 +20,14 @@ type txKey struct{}
 // record. It is set on the context given by [stores.InboxTx.Context] (the
 // middleware hands it to the handler as the message's context), or by
 // [WithTx].
+//
+// A handler must return the error of a statement that fails in this
+// transaction, never retry the statement in it: on a deadlock (and on a
+// lock wait timeout under innodb_rollback_on_timeout) MySQL rolls the whole
+// transaction back, record included, and runs the statements that follow
+// in autocommit, outside any transaction. Their effects would commit
+// without the record, and the redelivery would apply them again. Returning
+// the error rolls back, and the redelivery runs in a new transaction.
 func TxFromContext(ctx context.Context) (*sql.Tx, bool) {
 	tx, ok := ctx.Value(txKey{}).(*sql.Tx)
 	return tx, ok && tx != nil
@@ -143,22 +151,20 @@ func (s *Store) beginOwnOnce(ctx context.Context, ks keySet, retention time.Dura
 // without watching their context (mattn/go-sqlite3). A transaction begin
 // gets after ctx ended is rolled back in that goroutine.
 func (s *Store) watched(ctx context.Context, begin func() (*inboxTx, error)) (*inboxTx, error) {
-	return bounded(s, ctx, begin, func(itx *inboxTx, err error) {
+	return bounded(ctx, begin, func(itx *inboxTx, err error) {
 		if err == nil && itx.own != nil {
 			itx.own.rollback()
 		}
 	})
 }
 
-// bounded runs fn in a goroutine of its own, which Close waits for, and
-// returns its result, or ctx's error when ctx ends first: for a database
-// call the driver does not bound by a context. A result that comes after
-// that is handed to late. After Close it runs fn in the caller's
-// goroutine.
-func bounded[T any](s *Store, ctx context.Context, fn func() (T, error), late func(T, error)) (T, error) {
-	if !s.bgAdd() {
-		return fn()
-	}
+// bounded runs fn in a goroutine of its own and returns its result, or
+// ctx's error when ctx ends first: for a database call the driver does not
+// bound by a context. A result that comes after that is handed to late.
+// The goroutine is not the store's to stop: an abandoned call ends when
+// the driver gives up, at the latest when its connection dies, and Close
+// does not wait for it.
+func bounded[T any](ctx context.Context, fn func() (T, error), late func(T, error)) (T, error) {
 	type result struct {
 		v   T
 		err error
@@ -169,7 +175,6 @@ func bounded[T any](s *Store, ctx context.Context, fn func() (T, error), late fu
 		ch        = make(chan result, 1)
 	)
 	go func() {
-		defer s.bg.Done()
 		v, err := fn()
 		mu.Lock()
 		defer mu.Unlock()
@@ -245,7 +250,7 @@ const ownRollbackTimeout = 5 * time.Second
 // context: pgx bounds them by the transaction's context, which end
 // cancels when ctx ends; go-sql-driver (MySQL) bounds them by nothing but
 // its DSN's readTimeout, so there the call runs in a goroutine of its own
-// that ends when the connection does, which Close waits for.
+// (see bounded).
 func (t *ownTx) end(ctx context.Context, commit bool) error {
 	do := t.tx.Rollback
 	if commit {
@@ -258,7 +263,7 @@ func (t *ownTx) end(ctx context.Context, commit bool) error {
 		stop()
 		return withCtxErr(ctx, err)
 	}
-	_, err := bounded(t.s, ctx, func() (struct{}, error) { return struct{}{}, do() }, func(struct{}, error) {})
+	_, err := bounded(ctx, func() (struct{}, error) { return struct{}{}, do() }, func(struct{}, error) {})
 	if err != nil && errors.Is(err, ctx.Err()) {
 		return fmt.Errorf("no answer from the database (outcome unknown): %w", err)
 	}

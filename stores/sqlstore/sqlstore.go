@@ -956,7 +956,10 @@ func dataArg(data []byte) any {
 
 // Close stops the purge job and waits for it. The *sql.DB is not closed.
 // Every later call returns [stores.ErrClosed]; transactions already begun
-// can still be committed or rolled back. It is idempotent.
+// can still be committed or rolled back. It is idempotent. A MySQL COMMIT
+// or ROLLBACK abandoned at its context's deadline (go-sql-driver cannot
+// cancel one) goes on in the background until its connection answers or
+// dies; Close does not wait for it.
 func (s *Store) Close(ctx context.Context) error {
 	s.closeOnce.Do(func() {
 		s.closed.Store(true)

@@ -600,3 +600,37 @@ func TestJoinedCommitLocksOnlyItsRecords(t *testing.T) {
 		_ = other.Rollback(ctx)
 	})
 }
+
+// TestMySQLCommitOnDeadServerDoesNotHoldClose: go-sql-driver cannot
+// cancel a COMMIT, so one the database does not answer is abandoned at its
+// context's deadline and runs on until its connection dies (minutes, on a
+// blackholed network). Close must not wait for it, and a Commit made after
+// Close is bounded by its context all the same.
+func TestMySQLCommitOnDeadServerDoesNotHoldClose(t *testing.T) {
+	s, _, p := proxiedStore(t, backend{sqlstore.MySQL, openMySQL}, sqlstore.Config{})
+	ctx := context.Background()
+	first, err := s.Begin(ctx, "s", []string{"a"}, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := s.Begin(ctx, "s", []string{"b"}, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Blackhole()
+	defer p.Restore()
+	commit := func(tx stores.InboxTx) {
+		cctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		defer cancel()
+		if err := tx.Commit(cctx, nil); !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("Commit on a server that does not answer = %v, want its deadline", err)
+		}
+	}
+	within(t, "Commit on a server that does not answer", 5*time.Second, func() { commit(first) })
+	within(t, "Close with a Commit abandoned on a dead connection", 5*time.Second, func() {
+		if err := s.Close(ctx); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	})
+	within(t, "Commit after Close on a server that does not answer", 5*time.Second, func() { commit(second) })
+}
