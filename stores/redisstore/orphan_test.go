@@ -103,3 +103,68 @@ func TestBatchOrphanedMultiKeyClaimIsGivenBack(t *testing.T) {
 		return err == nil && c.Result == stores.Claimed
 	})
 }
+
+// An orphaned multi-key claim that took over an expired lease gives that
+// record back to its owner, on the key it was taken from: the previous
+// owner, whose lease ended less than a lease ago, can still complete.
+func TestBatchOrphanedTakeoverIsPutBack(t *testing.T) {
+	ctx := context.Background()
+	client := sharedRedis(t)
+	s, h := hookedStore(t, client, redisstore.Config{Batch: redisstore.BatchConfig{MaxInFlight: 1}})
+	stuckKey, leftKey := s.EncodeKey("h", "stuck"), s.EncodeKey("h", "left-a")
+
+	const lease = time.Second
+	prev, err := s.Claim(ctx, "h", []string{"left-a"}, lease)
+	if err != nil || prev.Result != stores.Claimed {
+		t.Fatalf("Claim(left-a) = %+v, %v", prev, err)
+	}
+	expired := time.NewTimer(lease + 50*time.Millisecond)
+	<-expired.C // prev's lease ran out; nobody took it over yet
+
+	heldStuck, releaseStuck := make(chan struct{}), make(chan struct{})
+	heldLeft, releaseLeft := make(chan struct{}), make(chan struct{})
+	var onceStuck, onceLeft sync.Once
+	h.setGate(func(keys []string) {
+		for _, k := range keys {
+			switch k {
+			case stuckKey:
+				onceStuck.Do(func() { close(heldStuck); <-releaseStuck })
+			case leftKey:
+				onceLeft.Do(func() { close(heldLeft); <-releaseLeft })
+			}
+		}
+	})
+	stuck := make(chan error, 1)
+	go func() { _, err := s.Claim(ctx, "h", []string{"stuck"}, time.Minute); stuck <- err }()
+	<-heldStuck
+
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	left := make(chan error, 1)
+	go func() { _, err := s.Claim(cctx, "h", []string{"left-a", "left-b"}, time.Minute); left <- err }()
+	waitFor(t, 5*time.Second, "the multi-key claim to queue", func() bool { return waitingInBatcher() == 1 })
+	stays := make(chan error, 1)
+	go func() { _, err := s.Claim(ctx, "h", []string{"stays"}, time.Minute); stays <- err }()
+	waitFor(t, 5*time.Second, "both claims to queue", func() bool { return waitingInBatcher() == 2 })
+
+	close(releaseStuck)
+	if err := <-stuck; err != nil {
+		t.Fatal(err)
+	}
+	<-heldLeft
+	cancel()
+	if err := <-left; !errors.Is(err, context.Canceled) {
+		t.Fatalf("Claim(left-a, left-b) = %v, want context.Canceled", err)
+	}
+	close(releaseLeft) // the claim takes left-a over, for nobody
+	if err := <-stays; err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "the orphaned claim to give left-b back", func() bool {
+		c, err := s.Claim(ctx, "h", []string{"left-b"}, time.Minute)
+		return err == nil && c.Result == stores.Claimed
+	})
+	if err := s.Complete(ctx, prev, time.Hour, nil); err != nil {
+		t.Fatalf("the previous owner's Complete after the orphaned takeover was undone = %v", err)
+	}
+}

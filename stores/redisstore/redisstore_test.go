@@ -63,6 +63,10 @@ func TestConfigValidate(t *testing.T) {
 	if err := (redisstore.Config{}).Validate(); err != nil {
 		t.Errorf("the zero Config is invalid: %v", err)
 	}
+	// The largest batch and slot counts allowed are valid.
+	if err := (redisstore.Config{Batch: redisstore.BatchConfig{MaxBatch: 10000, MaxInFlight: 1024}}).Validate(); err != nil {
+		t.Errorf("MaxBatch 10000 and MaxInFlight 1024 refused: %v", err)
+	}
 	if _, err := redisstore.New(nil, redisstore.Config{}); err == nil {
 		t.Error("New accepted a nil client")
 	}
