@@ -194,8 +194,12 @@ func TestClusterMultiKeyProtocol(t *testing.T) {
 		}
 		tap.mu.Unlock()
 		defer func() { tap.mu.Lock(); tap.pipe = nil; tap.mu.Unlock() }()
-		if err := s.Extend(ctx, c, time.Hour); !errors.Is(err, stores.ErrLostClaim) {
+		err = s.Extend(ctx, c, time.Hour)
+		if !errors.Is(err, stores.ErrLostClaim) {
 			t.Fatalf("Extend with its first key forgotten = %v, want ErrLostClaim", err)
+		}
+		if msg := err.Error(); !strings.Contains(msg, keys[0]) || strings.Contains(msg, keys[1]) {
+			t.Fatalf("Extend error %q should name the lost key %q only", msg, keys[0])
 		}
 		if d := pttl(keys[1]); d > 2*time.Minute {
 			t.Fatalf("the Extend failed, yet the second key is now leased for %s", d)
