@@ -23,7 +23,8 @@ func TestRESP2(t *testing.T) {
 		"Unbatched": {Batch: redisstore.BatchConfig{Disabled: true}},
 	} {
 		t.Run(name, func(t *testing.T) {
-			t.Parallel()
+			// Not in parallel: the real-time suite's margins are a unit of
+			// 200ms, and the model already runs four sequences at once.
 			storetest.Run(t, factory(c, cfg), storetest.RealTime(unit))
 			storetest.RunModel(t, factory(c, cfg), modelOptions(cfg)...)
 		})
