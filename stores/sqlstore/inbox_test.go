@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/watermill-dedup/dedup/internal/testenv"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/sqlstore"
 	"github.com/watermill-dedup/dedup/stores/storetest"
@@ -442,33 +441,8 @@ func TestInboxSavepoint(t *testing.T) {
 func TestConnectionCut(t *testing.T) {
 	forEachBackend(t, serverBackends, func(t *testing.T, b backend) {
 		direct := b.open(t)
-		var dsn, driver, target string
-		switch b.dialect {
-		case sqlstore.Postgres:
-			driver, target = "pgx", "127.0.0.1:5432"
-		case sqlstore.MySQL:
-			driver, target = "mysql", "127.0.0.1:3306"
-		}
-		p := testenv.NewProxy(t, target)
-		switch b.dialect {
-		case sqlstore.Postgres:
-			dsn = "postgres://postgres@" + p.Addr() + "/test?sslmode=disable&connect_timeout=2"
-		case sqlstore.MySQL:
-			dsn = "root@tcp(" + p.Addr() + ")/test?parseTime=true&timeout=2s"
-		}
-		db, err := sql.Open(driver, dsn)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer db.Close()
-		db.SetMaxOpenConns(16)
-		table := "dedup_test_" + storetest.NewID()
-		newStore(t, direct, b.dialect, sqlstore.Config{Table: table}) // schema and cleanup
-		s, err := sqlstore.New(db, sqlstore.Config{Dialect: b.dialect, Table: table})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer s.Close(context.Background())
+		s, _, p := proxiedStore(t, b, sqlstore.Config{})
+		table := s.Table()
 		l := newLedger(t, direct, b.dialect, 8)
 
 		var cutOnce, restoreOnce sync.Once

@@ -249,7 +249,7 @@ func TestJoinedTxAbortedOnPostgres(t *testing.T) {
 	}
 }
 
-// proxiedDB opens the server of b through a TCP proxy the test owns, with
+// proxiedStore opens the server of b through a TCP proxy the test owns, with
 // a store on a table of its own (created directly, so the proxy can be
 // cut from the start).
 func proxiedStore(t *testing.T, b backend, cfg sqlstore.Config) (*sqlstore.Store, *sql.DB, *testenv.Proxy) {
@@ -273,6 +273,7 @@ func proxiedStore(t *testing.T, b backend, cfg sqlstore.Config) (*sqlstore.Store
 	if err != nil {
 		t.Fatal(err)
 	}
+	db.SetMaxOpenConns(16)
 	t.Cleanup(func() { _ = db.Close() })
 	cfg.Table = "dedup_test_" + storetest.NewID()
 	newStore(t, direct, b.dialect, cfg) // schema and cleanup
