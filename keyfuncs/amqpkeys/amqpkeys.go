@@ -1,0 +1,162 @@
+// Package amqpkeys keys messages consumed from RabbitMQ (AMQP 0-9-1) with
+// watermill-amqp by the delivery's own identity, so that messages
+// published by producers that are not Watermill can be deduplicated.
+//
+// A Watermill publisher writes the message UUID in a header of its own
+// (_watermill_message_uuid). Other producers set the AMQP message_id
+// property instead, as RabbitMQ's documentation advises, and
+// watermill-amqp's default marshaler drops every property: such a message
+// reaches the handler with an empty UUID and nothing to key it by. Use
+// [Marshaler] as the subscriber's marshaler:
+//
+//	cfg := amqp.NewDurableQueueConfig(url)
+//	cfg.Marshaler = amqpkeys.Marshaler{Inner: cfg.Marshaler}
+//
+// It carries message_id, correlation_id, timestamp, app_id and type into
+// the message's metadata (see the Metadata constants) and uses message_id
+// as the message UUID when the Watermill header is absent, so the
+// middleware's default key, keyfuncs.MessageID(), works unchanged. Key by
+// business fields as well with keyfuncs.All, since a producer that
+// republishes an event usually gives it a new message_id.
+//
+// It is a separate package so that importing keyfuncs does not pull the
+// AMQP client into every build.
+package amqpkeys
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
+	"github.com/ThreeDotsLabs/watermill/message"
+	amqp091 "github.com/rabbitmq/amqp091-go"
+
+	"github.com/watermill-dedup/dedup/keyfuncs"
+)
+
+// The metadata names under which Marshaler carries a delivery's AMQP
+// properties. A property that is not set leaves its name absent; a
+// property wins over a header of the same name.
+const (
+	// MetadataMessageID is the message_id property.
+	MetadataMessageID = "amqp_message_id"
+	// MetadataCorrelationID is the correlation_id property.
+	MetadataCorrelationID = "amqp_correlation_id"
+	// MetadataTimestamp is the timestamp property (whole seconds in AMQP),
+	// in RFC 3339, UTC.
+	MetadataTimestamp = "amqp_timestamp"
+	// MetadataAppID is the app_id property.
+	MetadataAppID = "amqp_app_id"
+	// MetadataType is the type property.
+	MetadataType = "amqp_type"
+)
+
+// Marshaler is a watermill-amqp Marshaler for consuming messages that
+// producers other than Watermill published. It marshals as Inner does, and
+// unmarshals as Inner does, then:
+//
+//   - carries the delivery's message_id, correlation_id, timestamp, app_id
+//     and type properties into metadata (see the Metadata constants);
+//   - uses message_id as the message UUID when Inner found none (no
+//     Watermill UUID header);
+//   - before that, turns header values that are not strings (numbers,
+//     booleans, timestamps, byte arrays, which other producers' clients
+//     send) into strings: watermill-amqp's default marshaler fails the
+//     delivery on them, and the message would be redelivered for ever.
+//
+// A message published by Watermill keeps its UUID.
+type Marshaler struct {
+	// Inner marshals the body and headers. Nil means amqp.DefaultMarshaler{}.
+	Inner amqp.Marshaler
+}
+
+var _ amqp.Marshaler = Marshaler{}
+
+func (m Marshaler) inner() amqp.Marshaler {
+	if m.Inner == nil {
+		return amqp.DefaultMarshaler{}
+	}
+	return m.Inner
+}
+
+// Marshal implements amqp.Marshaler: as Inner.
+func (m Marshaler) Marshal(msg *message.Message) (amqp091.Publishing, error) {
+	return m.inner().Marshal(msg)
+}
+
+// Unmarshal implements amqp.Marshaler.
+func (m Marshaler) Unmarshal(d amqp091.Delivery) (*message.Message, error) {
+	if len(d.Headers) > 0 {
+		headers := make(amqp091.Table, len(d.Headers))
+		for k, v := range d.Headers {
+			headers[k] = headerString(v)
+		}
+		d.Headers = headers
+	}
+	msg, err := m.inner().Unmarshal(d)
+	if err != nil {
+		return nil, err
+	}
+	if msg.Metadata == nil {
+		msg.Metadata = message.Metadata{}
+	}
+	set := func(name, v string) {
+		if v != "" {
+			msg.Metadata.Set(name, v)
+		}
+	}
+	set(MetadataMessageID, d.MessageId)
+	set(MetadataCorrelationID, d.CorrelationId)
+	if !d.Timestamp.IsZero() {
+		set(MetadataTimestamp, d.Timestamp.UTC().Format(time.RFC3339Nano))
+	}
+	set(MetadataAppID, d.AppId)
+	set(MetadataType, d.Type)
+	if msg.UUID == "" {
+		msg.UUID = d.MessageId
+	}
+	return msg, nil
+}
+
+// headerString is the string form of an AMQP table value.
+func headerString(v any) string {
+	switch v := v.(type) {
+	case string:
+		return v
+	case []byte:
+		return string(v)
+	case time.Time:
+		return v.UTC().Format(time.RFC3339Nano)
+	case nil:
+		return ""
+	default:
+		return fmt.Sprint(v)
+	}
+}
+
+// MessageID keys a message by its AMQP message_id property, as Marshaler
+// carries it. Unlike keyfuncs.MessageID it never falls back to a Watermill
+// UUID: use it to dedup on the producer's own id whoever published. A
+// message without the property gives an error wrapping keyfuncs.ErrNoKey
+// that says where it should have come from.
+func MessageID() keyfuncs.KeyFunc {
+	return func(msg *message.Message) ([]string, error) {
+		v := msg.Metadata.Get(MetadataMessageID)
+		if v == "" {
+			return nil, fmt.Errorf("%w: message %s has no AMQP message_id (metadata %q): the producer did not set the property, or the subscriber's marshaler is not amqpkeys.Marshaler", keyfuncs.ErrNoKey, msg.UUID, MetadataMessageID)
+		}
+		return []string{keyfuncs.Bound(v)}, nil
+	}
+}
+
+// PublishedAt is a middleware.Config.PublishedAt that reads the AMQP
+// timestamp property, as Marshaler carries it, for the ttl-miss check.
+// AMQP keeps whole seconds.
+func PublishedAt(msg *message.Message) (time.Time, bool) {
+	v := msg.Metadata.Get(MetadataTimestamp)
+	if v == "" {
+		return time.Time{}, false
+	}
+	t, err := time.Parse(time.RFC3339Nano, v)
+	return t, err == nil
+}
