@@ -1,11 +1,22 @@
-// Package kafkakeys keys messages consumed with watermill-kafka by their
-// Kafka coordinates. It is a separate package so that importing keyfuncs
-// does not pull Sarama into every build.
+// Package kafkakeys keys messages consumed with watermill-kafka by the
+// Kafka record's own identity: its coordinates ([KafkaOffset]) and its key
+// ([RecordKey]), and reads its timestamp ([PublishedAt]). It is a separate
+// package so that importing keyfuncs does not pull Sarama into every build.
+//
+// A record published by a producer that is not Watermill has no Watermill
+// UUID (watermill-kafka reads it from a header of its own), so the
+// middleware's default key, keyfuncs.MessageID(), cannot key it. Key such
+// records by KafkaOffset (catches redelivery of the same record), by
+// RecordKey or a header the producer sets (keyfuncs.Metadata: record
+// headers arrive as metadata) when those identify the event, or by
+// business fields of the payload (keyfuncs.JSON), and combine them with
+// keyfuncs.All.
 package kafkakeys
 
 import (
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -38,4 +49,38 @@ func KafkaOffset() keyfuncs.KeyFunc {
 		key := topic + "/" + strconv.FormatInt(int64(partition), 10) + "/" + strconv.FormatInt(offset, 10)
 		return []string{keyfuncs.Bound(key)}, nil
 	}
+}
+
+// RecordKey keys a message by its Kafka record key, read from the context
+// value watermill-kafka's subscriber sets. Use it only when the producer
+// keys each record by the event's own identity (an order id with its
+// operation, an idempotency key): a key shared by many events, such as a
+// customer id chosen to keep a customer's events in one partition, makes
+// every event after the first of that key a duplicate. The key's bytes are
+// kept as they are (binary keys too), bounded by keyfuncs.Bound.
+//
+// A record without a key, or a message not consumed with watermill-kafka,
+// gives an error wrapping keyfuncs.ErrNoKey.
+func RecordKey() keyfuncs.KeyFunc {
+	return func(msg *message.Message) ([]string, error) {
+		key, ok := kafka.MessageKeyFromCtx(msg.Context())
+		switch {
+		case !ok:
+			return nil, fmt.Errorf("%w: message %s: no Kafka record key in its context (not consumed with watermill-kafka)", keyfuncs.ErrNoKey, msg.UUID)
+		case len(key) == 0:
+			return nil, fmt.Errorf("%w: message %s: the Kafka record has no key", keyfuncs.ErrNoKey, msg.UUID)
+		}
+		return []string{keyfuncs.Bound(string(key))}, nil
+	}
+}
+
+// PublishedAt is a middleware.Config.PublishedAt that reads the Kafka
+// record's timestamp (the producer's create time, or the broker's log
+// append time, as the topic says), for the ttl-miss check.
+func PublishedAt(msg *message.Message) (time.Time, bool) {
+	t, ok := kafka.MessageTimestampFromCtx(msg.Context())
+	if !ok || t.IsZero() || t.Unix() <= 0 {
+		return time.Time{}, false
+	}
+	return t, true
 }
