@@ -75,14 +75,29 @@ func noKey(msg *message.Message, format string, args ...any) error {
 // MessageID keys a message by its Watermill UUID. It catches broker
 // redelivery of the same message, not a producer that republishes an event
 // under a new id (combine it with a business key using [All]).
+//
+// A message published by a producer that is not Watermill usually has no
+// UUID: Watermill's subscribers read it from a header of Watermill's own.
+// The error then says how to key such messages: by the broker's own
+// identity (kafkakeys.KafkaOffset or kafkakeys.RecordKey for Kafka; for
+// RabbitMQ, amqpkeys.Marshaler as the subscriber's marshaler, which makes
+// the AMQP message_id the UUID), by a header the producer sets
+// ([Metadata]), or by business fields ([JSON]).
 func MessageID() KeyFunc {
 	return func(msg *message.Message) ([]string, error) {
 		if msg.UUID == "" {
-			return nil, noKey(msg, "empty message UUID")
+			return nil, fmt.Errorf("%w: %s", ErrNoKey, noUUIDAdvice)
 		}
 		return []string{Bound(msg.UUID)}, nil
 	}
 }
+
+// noUUIDAdvice is the error text of a message MessageID cannot key.
+const noUUIDAdvice = "the message has no UUID. Was it published by a producer that is not Watermill? " +
+	"Watermill's subscribers read the UUID from a header of Watermill's own. Key such messages by the broker's identity " +
+	"(Kafka: kafkakeys.KafkaOffset() or kafkakeys.RecordKey(); RabbitMQ: set amqpkeys.Marshaler as the subscriber's marshaler, " +
+	"which makes the AMQP message_id the UUID), by a header the producer sets (keyfuncs.Metadata) " +
+	"or by business fields of the payload (keyfuncs.JSON), combined with keyfuncs.All"
 
 // Metadata keys a message by the value of a metadata header, such as an
 // idempotency_key set by the producer.

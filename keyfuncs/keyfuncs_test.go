@@ -43,7 +43,14 @@ func TestMessageID(t *testing.T) {
 	if got := keysOf(t, keyfuncs.MessageID(), msg("")); len(got) != 1 || got[0] != "uuid-1" {
 		t.Fatalf("MessageID = %q", got)
 	}
-	noKey(t, keyfuncs.MessageID(), message.NewMessage("", nil), "empty message UUID")
+	// A message without a UUID (published by another producer) gets an
+	// error saying how to key it.
+	err := func() error { _, err := keyfuncs.MessageID()(message.NewMessage("", nil)); return err }()
+	for _, want := range []string{"no UUID", "not Watermill", "kafkakeys.KafkaOffset()", "amqpkeys.Marshaler", "keyfuncs.JSON"} {
+		if !errors.Is(err, keyfuncs.ErrNoKey) || !strings.Contains(err.Error(), want) {
+			t.Errorf("MessageID() of a message without UUID: %v; want ErrNoKey mentioning %q", err, want)
+		}
+	}
 }
 
 func TestMetadata(t *testing.T) {
