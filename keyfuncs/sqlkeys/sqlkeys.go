@@ -1,0 +1,86 @@
+// Package sqlkeys keys messages consumed with watermill-sql by the row
+// that carried them, for rows other producers insert with plain SQL.
+//
+// watermill-sql delivers a row's uuid column as the message UUID, its
+// payload column as the payload and its metadata column (a JSON object of
+// strings) as the metadata. A producer that is not Watermill inserts rows
+// like these (MySQL, then PostgreSQL, whose default schema also records
+// the inserting transaction, for ordering):
+//
+//	INSERT INTO `watermill_payments` (uuid, payload, metadata)
+//	VALUES ('pay-42:capture', '{"amount": 5}', '{"source": "billing"}');
+//
+//	INSERT INTO "watermill_payments" (uuid, payload, metadata, transaction_id)
+//	VALUES ('pay-42:capture', '{"amount": 5}', '{"source": "billing"}', pg_current_xact_id());
+//
+// (uuid holds at most 36 characters; the offset column numbers the rows,
+// created_at defaults to now). When
+// it writes the event's own id into uuid, the middleware's default key,
+// keyfuncs.MessageID(), deduplicates its republishes and watermill-sql's
+// redeliveries. When it writes a fresh value each time (a random UUID, or
+// an empty string), a republish is a new message: key by business fields
+// (keyfuncs.JSON), or, to catch redeliveries of the same row only, by the
+// row's offset ([Offset], with [SchemaAdapter] as the pub/sub's schema
+// adapter). A metadata column that is not a JSON object of strings fails
+// the row in watermill-sql itself and stalls the topic: keep it NULL or an
+// object.
+//
+// It is a separate package so that importing keyfuncs does not pull
+// watermill-sql into every build.
+package sqlkeys
+
+import (
+	"fmt"
+	"strconv"
+
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/watermill-dedup/dedup/keyfuncs"
+)
+
+// MetadataOffset is the metadata name under which SchemaAdapter carries a
+// row's offset (decimal).
+const MetadataOffset = "sql_offset"
+
+// SchemaAdapter is a watermill-sql SchemaAdapter that carries each row's
+// offset into the message's metadata (MetadataOffset), for [Offset]. It
+// does everything else as the adapter it wraps. Use it in the
+// subscriber's configuration:
+//
+//	SchemaAdapter: sqlkeys.SchemaAdapter{SchemaAdapter: wsql.DefaultPostgreSQLSchema{}},
+type SchemaAdapter struct {
+	wsql.SchemaAdapter
+}
+
+// UnmarshalMessage implements wsql.SchemaAdapter.
+func (a SchemaAdapter) UnmarshalMessage(row wsql.Scanner) (wsql.Row, error) {
+	r, err := a.SchemaAdapter.UnmarshalMessage(row)
+	if err != nil || r.Msg == nil {
+		return r, err
+	}
+	if r.Msg.Metadata == nil {
+		r.Msg.Metadata = message.Metadata{}
+	}
+	r.Msg.Metadata.Set(MetadataOffset, strconv.FormatInt(r.Offset, 10))
+	return r, nil
+}
+
+// Offset keys a message by "topic/offset": its subscribe topic (from the
+// router) and the offset of its row (from SchemaAdapter). The pair names
+// one row, so it catches watermill-sql's redeliveries of it, not a
+// producer that inserts the event again (a new row). A message without
+// them gives an error wrapping keyfuncs.ErrNoKey.
+func Offset() keyfuncs.KeyFunc {
+	return func(msg *message.Message) ([]string, error) {
+		topic := message.SubscribeTopicFromCtx(msg.Context())
+		offset := msg.Metadata.Get(MetadataOffset)
+		switch {
+		case topic == "":
+			return nil, fmt.Errorf("%w: message %s: no subscribe topic in its context (not consumed through a Watermill router)", keyfuncs.ErrNoKey, msg.UUID)
+		case offset == "":
+			return nil, fmt.Errorf("%w: message %s: no row offset (metadata %q): is sqlkeys.SchemaAdapter the subscriber's schema adapter?", keyfuncs.ErrNoKey, msg.UUID, MetadataOffset)
+		}
+		return []string{keyfuncs.Bound(topic + "/" + offset)}, nil
+	}
+}

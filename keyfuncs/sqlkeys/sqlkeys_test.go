@@ -1,0 +1,176 @@
+package sqlkeys_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
+	"github.com/ThreeDotsLabs/watermill/message"
+	_ "github.com/go-sql-driver/mysql"
+	_ "github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/watermill-dedup/dedup/internal/testenv"
+	"github.com/watermill-dedup/dedup/keyfuncs"
+	"github.com/watermill-dedup/dedup/keyfuncs/sqlkeys"
+	"github.com/watermill-dedup/dedup/middleware"
+	"github.com/watermill-dedup/dedup/stores/memstore"
+	"github.com/watermill-dedup/dedup/stores/storetest"
+)
+
+type dialect struct {
+	name    string
+	open    func(t *testing.T) *sql.DB
+	schema  wsql.SchemaAdapter
+	offsets wsql.OffsetsAdapter
+	table   func(topic string) string
+}
+
+var dialects = []dialect{
+	{"postgres", func(t *testing.T) *sql.DB { return open(t, "pgx", testenv.RequirePostgres(t)) },
+		wsql.DefaultPostgreSQLSchema{}, wsql.DefaultPostgreSQLOffsetsAdapter{}, func(topic string) string { return `"watermill_` + topic + `"` }},
+	{"mysql", func(t *testing.T) *sql.DB { return open(t, "mysql", testenv.RequireMySQL(t)) },
+		wsql.DefaultMySQLSchema{}, wsql.DefaultMySQLOffsetsAdapter{}, func(topic string) string { return "`watermill_" + topic + "`" }},
+}
+
+func open(t *testing.T, driver, dsn string) *sql.DB {
+	t.Helper()
+	db, err := sql.Open(driver, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db.SetMaxOpenConns(4)
+	t.Cleanup(func() { _ = db.Close() })
+	if err := db.PingContext(context.Background()); err != nil {
+		testenv.Unavailable(t, driver, dsn, err)
+	}
+	return db
+}
+
+// TestForeignRows: a producer that is not Watermill inserts rows into a
+// watermill-sql topic with plain SQL: one event twice under its own id in
+// the uuid column (a retried INSERT), one under a fresh random id each
+// time. The middleware's default key runs the first event once; Offset
+// keys every row apart, by topic and offset.
+func TestForeignRows(t *testing.T) {
+	for _, d := range dialects {
+		t.Run(d.name, func(t *testing.T) {
+			db := d.open(t)
+			ctx := context.Background()
+			topic := "sqlkeys_" + storetest.NewID()
+			sub, err := wsql.NewSubscriber(db, wsql.SubscriberConfig{
+				ConsumerGroup:  "g",
+				SchemaAdapter:  sqlkeys.SchemaAdapter{SchemaAdapter: d.schema},
+				OffsetsAdapter: d.offsets,
+				PollInterval:   20 * time.Millisecond,
+			}, watermill.NopLogger{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			// The router closes the subscriber.
+			if err := sub.SubscribeInitialize(topic); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				for _, table := range []string{d.table(topic), d.table("offsets_" + topic)} {
+					if _, err := db.ExecContext(ctx, "DROP TABLE IF EXISTS "+table); err != nil {
+						t.Errorf("drop %s: %v", table, err)
+					}
+				}
+			})
+
+			// The foreign producer.
+			insert := fmt.Sprintf("INSERT INTO %s (uuid, payload, metadata, transaction_id) VALUES ($1, $2, $3, pg_current_xact_id())", d.table(topic))
+			if d.name == "mysql" {
+				insert = fmt.Sprintf("INSERT INTO %s (uuid, payload, metadata) VALUES (?, ?, ?)", d.table(topic))
+			}
+			for _, id := range []string{"pay-42", "pay-42", storetest.NewID()} {
+				if _, err := db.ExecContext(ctx, insert, id, `{"amount": 5}`, `{"source": "billing"}`); err != nil {
+					t.Fatal(err)
+				}
+			}
+
+			store, err := memstore.New(memstore.Config{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = store.Close(context.Background()) })
+			mw, err := middleware.New(middleware.Config{Store: store})
+			if err != nil {
+				t.Fatal(err)
+			}
+			router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 5 * time.Second}, watermill.NopLogger{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var (
+				mu      sync.Mutex
+				runs    = map[string]int{}
+				offsets = map[string]bool{}
+				acked   = make(chan struct{}, 8)
+			)
+			router.AddMiddleware(func(h message.HandlerFunc) message.HandlerFunc {
+				return func(msg *message.Message) ([]*message.Message, error) {
+					keys, err := sqlkeys.Offset()(msg)
+					if err != nil {
+						t.Errorf("Offset(): %v", err)
+					} else {
+						mu.Lock()
+						offsets[keys[0]] = true
+						mu.Unlock()
+					}
+					out, err := h(msg)
+					if err == nil {
+						acked <- struct{}{}
+					}
+					return out, err
+				}
+			}, mw)
+			router.AddNoPublisherHandler("payments", topic, sub, func(msg *message.Message) error {
+				if msg.Metadata.Get("source") != "billing" {
+					t.Errorf("metadata = %v, want the row's", msg.Metadata)
+				}
+				mu.Lock()
+				runs[msg.UUID]++
+				mu.Unlock()
+				return nil
+			})
+			done := make(chan struct{})
+			go func() { defer close(done); _ = router.Run(ctx) }()
+			t.Cleanup(func() { _ = router.Close(); <-done })
+			<-router.Running()
+			for range 3 {
+				select {
+				case <-acked:
+				case <-time.After(20 * time.Second):
+					t.Fatal("timed out waiting for the three rows")
+				}
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if runs["pay-42"] != 1 || len(runs) != 2 {
+				t.Errorf("handler runs by UUID = %v; want pay-42 once and the other row once", runs)
+			}
+			if len(offsets) != 3 {
+				t.Errorf("Offset() keys = %v; want three distinct rows", offsets)
+			}
+			for k := range offsets {
+				if len(k) <= len(topic)+1 || k[:len(topic)+1] != topic+"/" {
+					t.Errorf("Offset() key %q, want %q/<offset>", k, topic)
+				}
+			}
+		})
+	}
+}
+
+func TestOffsetWithoutARow(t *testing.T) {
+	msg := message.NewMessage("m-1", nil)
+	if _, err := sqlkeys.Offset()(msg); !errors.Is(err, keyfuncs.ErrNoKey) {
+		t.Fatalf("Offset() outside a router = %v, want ErrNoKey", err)
+	}
+}
