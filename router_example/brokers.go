@@ -17,6 +17,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/watermill-dedup/dedup/keyfuncs/amqpkeys"
 )
 
 // broker is a publisher and a subscriber on one message broker, and the
@@ -30,6 +32,11 @@ type broker struct {
 	poisonTopic string
 	group       string  // consumer group, where the broker has them
 	db          *sql.DB // the SQL pub/subs' database
+
+	// producer publishes the events: pub, or the broker's own client
+	// under -producer=foreign. pub still publishes to the poison topic.
+	producer     producer
+	producerText string // for the summary
 
 	// drained, when set, reports whether the broker has durably recorded
 	// the ack of every message of the topic. The SQL pub/subs commit an ack
@@ -80,6 +87,12 @@ func openBroker(ctx context.Context, cfg Config, runID string, logger watermill.
 	}
 	if err != nil {
 		return nil, err
+	}
+	if b.producer == nil {
+		if cfg.Producer == producerForeign {
+			return nil, errNoForeignProducer
+		}
+		b.producer, b.producerText = watermillProducer{b.pub}, watermillProducerText
 	}
 	// Create the topics (queues, tables) before anything is published:
 	// AMQP drops a message sent to a queue that does not exist yet, and
@@ -186,6 +199,13 @@ func (b *broker) openKafka(ctx context.Context, cfg Config, logger watermill.Log
 	}
 	closers.add("close the Kafka subscriber", func(context.Context) error { return sub.Close() })
 	b.pub, b.sub = pub, sub
+	if cfg.Producer == producerForeign {
+		p, err := newKafkaForeignProducer(brokers, closers)
+		if err != nil {
+			return &unreachableError{"Kafka", b.addr, "-kafka-brokers or KAFKA_BROKERS", err}
+		}
+		b.producer, b.producerText = p, kafkaForeignText
+	}
 
 	if cfg.Broker == brokerKafkaEmbedded {
 		return nil // the in-process cluster goes with its topics
@@ -223,6 +243,13 @@ func (b *broker) openAMQP(ctx context.Context, cfg Config, logger watermill.Logg
 	// requeues the message.
 	acfg := amqp.NewDurableQueueConfig(cfg.AMQPURL)
 	acfg.Publish.ConfirmDelivery = true // Publish returns once RabbitMQ has the message
+	// amqpkeys.Marshaler unmarshals as watermill-amqp's own does, and also
+	// takes the message_id property as the UUID when a message has no
+	// Watermill UUID header (a producer that is not Watermill), keeps the
+	// AMQP properties as metadata, and turns non-string headers into
+	// strings instead of failing the delivery for ever. A Watermill
+	// message keeps its UUID, so it is used whoever the producer is.
+	acfg.Marshaler = amqpkeys.Marshaler{Inner: acfg.Marshaler}
 	pub, err := amqp.NewPublisher(acfg, logger)
 	if err != nil {
 		return &unreachableError{"RabbitMQ", b.addr, "-amqp-url or AMQP_URL", err}
@@ -234,6 +261,13 @@ func (b *broker) openAMQP(ctx context.Context, cfg Config, logger watermill.Logg
 	}
 	closers.add("close the RabbitMQ subscriber", func(context.Context) error { return sub.Close() })
 	b.pub, b.sub = pub, sub
+	if cfg.Producer == producerForeign {
+		p, err := newAMQPForeignProducer(cfg.AMQPURL, closers)
+		if err != nil {
+			return &unreachableError{"RabbitMQ", b.addr, "-amqp-url or AMQP_URL", err}
+		}
+		b.producer, b.producerText = p, amqpForeignText
+	}
 
 	url := cfg.AMQPURL
 	removers.add("delete RabbitMQ queues "+b.topic+", "+b.poisonTopic, func(context.Context) error {
@@ -301,6 +335,10 @@ func (b *broker) openSQL(ctx context.Context, cfg Config, logger watermill.Logge
 	}
 	closers.add("close the SQL subscriber", func(context.Context) error { return sub.Close() })
 	b.pub, b.sub = pub, sub
+	if cfg.Producer == producerForeign {
+		b.producer = newSQLForeignProducer(db, cfg.Broker, schema.MessagesTable(b.topic))
+		b.producerText = sqlForeignText
+	}
 
 	quote := func(col string) string { return "`" + col + "`" }
 	if cfg.Broker == brokerPostgres {

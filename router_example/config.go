@@ -18,9 +18,10 @@ import (
 
 // Brokers and stores the example can run on.
 var (
-	brokerNames = []string{brokerGoChannel, brokerKafka, brokerKafkaEmbedded, brokerAMQP, brokerPostgres, brokerMySQL}
-	storeNames  = []string{storeMemory, storeRedis, storePostgres, storeMySQL, storeSQLite}
-	modeNames   = []string{modeAuto, modeLease, modeTransactional}
+	brokerNames   = []string{brokerGoChannel, brokerKafka, brokerKafkaEmbedded, brokerAMQP, brokerPostgres, brokerMySQL}
+	storeNames    = []string{storeMemory, storeRedis, storePostgres, storeMySQL, storeSQLite}
+	modeNames     = []string{modeAuto, modeLease, modeTransactional}
+	producerNames = []string{producerWatermill, producerForeign}
 )
 
 const (
@@ -40,6 +41,12 @@ const (
 	modeAuto          = "auto"
 	modeLease         = "lease"
 	modeTransactional = "transactional"
+
+	// producerWatermill publishes with Watermill's publisher;
+	// producerForeign with the broker's own client, as a service written
+	// without Watermill does (see producers.go).
+	producerWatermill = "watermill"
+	producerForeign   = "foreign"
 )
 
 // Config is everything the example can be told, by flag, environment
@@ -54,6 +61,7 @@ type Config struct {
 	Broker       string
 	Store        string
 	Mode         string
+	Producer     string
 	KafkaBrokers string
 	KafkaRF      int
 	AMQPURL      string
@@ -99,6 +107,7 @@ func defaultConfig() Config {
 		Broker:       brokerGoChannel,
 		Store:        storeSQLite,
 		Mode:         modeAuto,
+		Producer:     producerWatermill,
 		KafkaBrokers: "127.0.0.1:9092",
 		KafkaRF:      1,
 		AMQPURL:      "amqp://guest:guest@127.0.0.1:5672/",
@@ -152,6 +161,7 @@ func newFlagSet(c *Config, output io.Writer) *flag.FlagSet {
 	fs.StringVar(&c.Broker, "broker", c.Broker, "message broker: "+strings.Join(brokerNames, " | "))
 	fs.StringVar(&c.Store, "store", c.Store, "dedup store: "+strings.Join(storeNames, " | "))
 	fs.StringVar(&c.Mode, "mode", c.Mode, "store mode: lease | transactional (SQL stores only) | auto (transactional on SQL stores, else lease)")
+	fs.StringVar(&c.Producer, "producer", c.Producer, "who publishes the events: watermill (Watermill's publisher) | foreign (the broker's own client, no Watermill UUID: Sarama for Kafka, amqp091 for RabbitMQ, plain INSERTs for the SQL brokers; not with gochannel)")
 	fs.StringVar(&c.KafkaBrokers, "kafka-brokers", c.KafkaBrokers, "comma-separated Kafka bootstrap `addresses` (-broker=kafka)")
 	fs.IntVar(&c.KafkaRF, "kafka-replication-factor", c.KafkaRF, "replication factor of the topics the example creates (-broker=kafka)")
 	fs.StringVar(&c.AMQPURL, "amqp-url", c.AMQPURL, "RabbitMQ `URL` (-broker=amqp)")
@@ -323,6 +333,12 @@ func (c Config) Validate() error {
 	if !slices.Contains(modeNames, c.Mode) {
 		return fmt.Errorf("unknown mode %q: set -mode (or DEDUP_MODE) to one of %s", c.Mode, strings.Join(modeNames, ", "))
 	}
+	if !slices.Contains(producerNames, c.Producer) {
+		return fmt.Errorf("unknown producer %q: set -producer (or DEDUP_PRODUCER) to one of %s", c.Producer, strings.Join(producerNames, ", "))
+	}
+	if c.Producer == producerForeign && c.Broker == brokerGoChannel {
+		return errors.New("-producer=foreign publishes with the broker's own client, and gochannel has none: use it with -broker=kafka-embedded, kafka, amqp, postgres or mysql, or keep -producer=watermill")
+	}
 	if c.Mode == modeTransactional && !isSQLStore(c.Store) {
 		return fmt.Errorf("-mode=transactional needs a SQL store (-store=sqlite, postgres or mysql): the %s store has lease mode only", c.Store)
 	}
@@ -426,6 +442,8 @@ func isSQLStore(s string) bool {
 
 func isSQLBroker(b string) bool { return b == brokerPostgres || b == brokerMySQL }
 
+func isKafkaBroker(b string) bool { return b == brokerKafka || b == brokerKafkaEmbedded }
+
 func splitList(s string) []string {
 	var out []string
 	for _, p := range strings.Split(s, ",") {
@@ -452,7 +470,7 @@ func (c Config) redeliveryHorizon() horizon {
 	switch {
 	case c.RedeliveryHorizon > 0:
 		return horizon{c.RedeliveryHorizon, "-redelivery-horizon"}
-	case c.Broker == brokerKafka || c.Broker == brokerKafkaEmbedded:
+	case isKafkaBroker(c.Broker):
 		return horizon{c.KafkaGroupRecovery, "Kafka consumer-group recovery time, -kafka-group-recovery"}
 	case c.Broker == brokerAMQP:
 		return horizon{c.OutageBudget, "RabbitMQ consumer-outage budget, -outage-budget"}

@@ -6,11 +6,14 @@
 //	go run ./router_example                                  # gochannel + SQLite, nothing to install
 //	go run ./router_example -broker=kafka-embedded           # Kafka protocol, in process
 //	go run ./router_example -broker=amqp -store=redis        # RabbitMQ + Redis
+//	go run ./router_example -broker=amqp -producer=foreign   # published with amqp091, not Watermill
 //	go run ./router_example -help                            # every flag, its env variable
 //
 // It publishes -events payments (republishing some under new message ids,
-// like a retrying producer), injects redeliveries (transient failures, lost
-// acks, optionally crashes), then prints a summary and checks the invariant:
+// like a retrying producer) with Watermill's publisher, or with the
+// broker's own client under -producer=foreign (a producer that is not
+// Watermill), injects redeliveries (transient failures, lost acks,
+// optionally crashes), then prints a summary and checks the invariant:
 // every payment awarded exactly once. The exit status is 0 when the
 // invariant holds, 1 when it does not, 2 for a configuration error or an
 // unreachable service.
@@ -35,7 +38,6 @@ import (
 	wmw "github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/watermill-dedup/dedup/keyfuncs"
 	"github.com/watermill-dedup/dedup/middleware"
 	"github.com/watermill-dedup/dedup/stores"
 )
@@ -123,6 +125,7 @@ type app struct {
 	progress  progress
 	router    *message.Router
 	dedup     *middleware.Middleware // nil with -dedup=false
+	keying    keying
 }
 
 func (a *app) setup(ctx context.Context) error {
@@ -201,6 +204,7 @@ func (a *app) buildRouter() error {
 		store, abandon = cs, cs.abandon
 	}
 	a.faults = newFaults(cfg, abandon)
+	a.keying = consumerKeying(cfg)
 
 	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 15 * time.Second}, a.logger)
 	if err != nil {
@@ -220,19 +224,17 @@ func (a *app) buildRouter() error {
 		h := cfg.redeliveryHorizon()
 		dedup, err := middleware.NewMiddleware(middleware.Config{
 			Store: store,
-			// Both keys in one record: the message id catches broker
-			// redeliveries, the payment id a producer republishing the
-			// same payment under a new message id.
-			Key: keyfuncs.All(
-				keyfuncs.Prefix("msg:", keyfuncs.MessageID()),
-				keyfuncs.Prefix("payment:", keyfuncs.JSON("payment_id")),
-			),
+			// Two keys in one record: the message's own (catches broker
+			// redeliveries) and the payment id (a producer republishing
+			// the same payment under a new message id). Which key is the
+			// message's own depends on who published it: consumerKeying.
+			Key:               a.keying.key,
 			Lease:             cfg.Lease,
 			InProgressWait:    cfg.inProgressWait(),
 			Retention:         cfg.Retention,
 			RedeliveryHorizon: h.d,
 			StrictRetention:   cfg.StrictRetention,
-			PublishedAt:       middleware.MetadataTime(metaPublishedAt),
+			PublishedAt:       a.keying.publishedAt,
 			Transactional:     cfg.mode() == modeTransactional,
 			OnStoreError:      policy,
 			AsyncComplete:     cfg.AsyncComplete,
@@ -261,6 +263,7 @@ func (a *app) run(ctx context.Context) *result {
 		cfg: a.cfg, runID: a.runID, mode: a.cfg.mode(), topic: a.broker.topic,
 		broker: a.broker.addr, store: a.store.addr, retention: a.retention,
 		plan: a.plan, outcome: a.tally.count,
+		producer: a.broker.producerText, keys: a.keying.text,
 	}
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -280,7 +283,7 @@ func (a *app) run(ctx context.Context) *result {
 	}
 	publishDone := make(chan published, 1)
 	go func() {
-		n, err := publishAll(runCtx, a.broker.pub, a.broker.topic, a.plan, a.tracker)
+		n, err := publishAll(runCtx, a.broker.producer, a.broker.topic, a.plan, a.tracker)
 		publishDone <- published{n, err}
 	}()
 

@@ -153,21 +153,17 @@ func (m plannedMessage) message() (*message.Message, error) {
 // publishAll publishes the plan. A message whose publish fails is sent
 // again under a new message id, as a real producer would: the broker may
 // have stored it anyway, which is one more duplicate for the consumer.
-func publishAll(ctx context.Context, pub message.Publisher, topic string, p plan, tr *tracker) (publishFailures int, err error) {
+func publishAll(ctx context.Context, prod producer, topic string, p plan, tr *tracker) (publishFailures int, err error) {
 	const attempts = 5
 	for _, pm := range p.messages {
 		for attempt := 1; ; attempt++ {
-			msg, err := pm.message()
-			if err != nil {
-				return publishFailures, err
-			}
-			msg.SetContext(ctx)
-			tr.expect(msg.UUID)
-			err = pub.Publish(topic, msg)
+			// The tracker waits for the message once the broker has it:
+			// only then is its reference known (a Kafka record's offset).
+			ref, err := prod.publish(ctx, topic, pm)
 			if err == nil {
+				tr.expect(ref)
 				break
 			}
-			tr.unexpect(msg.UUID)
 			publishFailures++
 			if attempt == attempts || ctx.Err() != nil {
 				return publishFailures, fmt.Errorf("publish event %s to %s (%d attempts): %w", pm.event.EventID, topic, attempt, err)
@@ -195,21 +191,21 @@ type loyalty struct {
 func (l *loyalty) awardPoints(msg *message.Message) error {
 	var ev paymentCompleted
 	if err := json.Unmarshal(msg.Payload, &ev); err != nil {
-		return fmt.Errorf("%w: message %s: %w", errBadEvent, msg.UUID, err)
+		return fmt.Errorf("%w: message %s: %w", errBadEvent, messageRef(msg), err)
 	}
 	if ev.PaymentID == "" || ev.CustomerID == "" {
-		return fmt.Errorf("%w: message %s: payment_id and customer_id are required", errBadEvent, msg.UUID)
+		return fmt.Errorf("%w: message %s: payment_id and customer_id are required", errBadEvent, messageRef(msg))
 	}
 	pts, err := ev.points()
 	if err != nil {
-		return fmt.Errorf("message %s: %w", msg.UUID, err)
+		return fmt.Errorf("message %s: %w", messageRef(msg), err)
 	}
 	return l.ledger.Award(msg.Context(), award{
 		EventID:     ev.EventID,
 		PaymentID:   ev.PaymentID,
 		CustomerID:  ev.CustomerID,
 		Points:      pts,
-		MessageUUID: msg.UUID,
+		MessageUUID: messageRef(msg),
 	})
 }
 
@@ -240,8 +236,8 @@ type faults struct {
 	abandon                       func(*stores.Claim) // lease mode's crash, nil otherwise
 
 	mu                        sync.Mutex
-	ran                       map[string]bool // message ids whose handler already ran once
-	acked                     map[string]bool // message ids already considered for a lost ack
+	ran                       map[string]bool // messages (messageRef) whose handler already ran once
+	acked                     map[string]bool // messages already considered for a lost ack
 	failures, crashes, losses int
 }
 
@@ -253,12 +249,12 @@ func newFaults(cfg Config, abandon func(*stores.Claim)) *faults {
 	}
 }
 
-func (f *faults) hit(uuid, kind string, rate float64) bool {
+func (f *faults) hit(ref, kind string, rate float64) bool {
 	if rate <= 0 {
 		return false
 	}
 	h := fnv.New64a()
-	fmt.Fprintf(h, "%d/%s/%s", f.seed, kind, uuid)
+	fmt.Fprintf(h, "%d/%s/%s", f.seed, kind, ref)
 	// FNV's high bits are poorly mixed for similar inputs: finish with
 	// splitmix64's mixer before taking 53 bits.
 	x := h.Sum64()
@@ -268,14 +264,14 @@ func (f *faults) hit(uuid, kind string, rate float64) bool {
 	return float64(x>>11)/(1<<53) < rate
 }
 
-// firstRun reports whether the handler runs for uuid for the first time.
-func (f *faults) firstRun(uuid string) bool {
+// firstRun reports whether the handler runs for ref for the first time.
+func (f *faults) firstRun(ref string) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.ran[uuid] {
+	if f.ran[ref] {
 		return false
 	}
-	f.ran[uuid] = true
+	f.ran[ref] = true
 	return true
 }
 
@@ -283,13 +279,14 @@ func (f *faults) firstRun(uuid string) bool {
 // crashes happen while the message is claimed.
 func (f *faults) inner(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
-		first := f.firstRun(msg.UUID)
-		if first && f.hit(msg.UUID, "fail", f.failRate) {
+		ref := messageRef(msg)
+		first := f.firstRun(ref)
+		if first && f.hit(ref, "fail", f.failRate) {
 			f.count(&f.failures)
 			return nil, errInjectedFailure
 		}
 		out, err := h(msg)
-		if err != nil || !first || !f.hit(msg.UUID, "crash", f.crashRate) {
+		if err != nil || !first || !f.hit(ref, "crash", f.crashRate) {
 			return out, err
 		}
 		f.count(&f.crashes)
@@ -307,11 +304,12 @@ func (f *faults) outer(h message.HandlerFunc) message.HandlerFunc {
 		if err != nil {
 			return out, err
 		}
+		ref := messageRef(msg)
 		f.mu.Lock()
-		first := !f.acked[msg.UUID]
-		f.acked[msg.UUID] = true
+		first := !f.acked[ref]
+		f.acked[ref] = true
 		f.mu.Unlock()
-		if first && f.hit(msg.UUID, "lostack", f.lostRate) {
+		if first && f.hit(ref, "lostack", f.lostRate) {
 			f.count(&f.losses)
 			return nil, errInjectedLostAck
 		}
@@ -367,6 +365,8 @@ func (s *crashStore) Release(ctx context.Context, c *stores.Claim) error {
 // tracker follows every delivery from outside all middlewares: how many
 // times each message was delivered, and which were acked. The run is over
 // when the producer is done and every message it published was acked.
+// Messages are known by messageRef: the UUID, or a foreign Kafka record's
+// partition and offset.
 type tracker struct {
 	mu         sync.Mutex
 	deliveries map[string]int  // message id -> deliveries
@@ -388,26 +388,20 @@ func newTracker(onFirstAck func()) *tracker {
 	}
 }
 
-func (t *tracker) expect(uuid string) {
+// expect adds a message the broker accepted, by its reference
+// (messageRef). It may have been handled and acked already.
+func (t *tracker) expect(ref string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if !t.expected[uuid] {
-		t.expected[uuid] = true
-		if !t.acked[uuid] {
-			t.pending++
-		}
+	if t.expected[ref] {
+		return
 	}
-}
-
-// unexpect forgets a message whose publish failed: it may never arrive.
-func (t *tracker) unexpect(uuid string) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.expected[uuid] {
-		delete(t.expected, uuid)
-		if !t.acked[uuid] {
-			t.pending--
-		}
+	t.expected[ref] = true
+	switch {
+	case !t.acked[ref]:
+		t.pending++
+	case t.onFirstAck != nil:
+		t.onFirstAck()
 	}
 }
 
@@ -428,26 +422,27 @@ func (t *tracker) maybeDone() {
 // middleware is the outermost router middleware.
 func (t *tracker) middleware(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
+		ref := messageRef(msg)
 		t.mu.Lock()
-		t.deliveries[msg.UUID]++
+		t.deliveries[ref]++
 		t.totalDeliv++
 		t.mu.Unlock()
 		out, err := h(msg)
 		if err == nil {
-			t.ack(msg.UUID)
+			t.ack(ref)
 		}
 		return out, err
 	}
 }
 
-func (t *tracker) ack(uuid string) {
+func (t *tracker) ack(ref string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.acked[uuid] {
+	if t.acked[ref] {
 		return
 	}
-	t.acked[uuid] = true
-	if t.expected[uuid] {
+	t.acked[ref] = true
+	if t.expected[ref] {
 		t.pending--
 		if t.onFirstAck != nil {
 			t.onFirstAck()

@@ -16,6 +16,8 @@ type result struct {
 	mode      string
 	topic     string
 	broker    string // description
+	producer  string // description
+	keys      string // what the middleware keys by
 	store     string // description
 	retention retentionCheck
 
@@ -101,6 +103,12 @@ func (r *result) print(w io.Writer) {
 	}
 	fmt.Fprintf(w, "\nrouter_example: payments -> loyalty, run %s\n", r.runID)
 	fmt.Fprintf(w, "  broker     %s (%s), topic %s\n", r.cfg.Broker, r.broker, r.topic)
+	if r.producer != "" {
+		fmt.Fprintf(w, "  producer   %s\n", r.producer)
+	}
+	if r.keys != "" && r.cfg.Dedup {
+		fmt.Fprintf(w, "  keys       %s\n", r.keys)
+	}
 	fmt.Fprintf(w, "  store      %s (%s), mode %s\n", r.cfg.Store, r.store, modeText)
 	fmt.Fprintf(w, "  retention  %s\n\n", r.retention)
 
