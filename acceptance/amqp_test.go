@@ -1,8 +1,12 @@
 package acceptance_test
 
 import (
+	"context"
 	"errors"
+	"fmt"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -10,6 +14,8 @@ import (
 
 	"github.com/watermill-dedup/dedup/acceptance"
 	"github.com/watermill-dedup/dedup/internal/testenv"
+	"github.com/watermill-dedup/dedup/keyfuncs"
+	"github.com/watermill-dedup/dedup/keyfuncs/amqpkeys"
 )
 
 // rabbitMQ is RabbitMQ through watermill-amqp: a durable fanout exchange
@@ -18,8 +24,7 @@ import (
 // killed consumer go back to the queue.
 func rabbitMQ() acceptance.Backend {
 	config := func(env acceptance.Env, group string) amqp.Config {
-		c := amqp.NewDurablePubSubConfig(env["url"], amqp.GenerateQueueNameTopicNameWithSuffix(group))
-		return c
+		return amqp.NewDurablePubSubConfig(env["url"], amqp.GenerateQueueNameTopicNameWithSuffix(group))
 	}
 	return acceptance.Backend{
 		Name: "rabbitmq",
@@ -58,8 +63,100 @@ func rabbitMQ() acceptance.Backend {
 				return err
 			})
 		},
+		Native: &acceptance.Native{
+			Client:       "amqp091 with publisher confirms",
+			NewPublisher: newAMQPProducer,
+			// amqpkeys.Marshaler: message_id becomes the UUID, the
+			// properties become metadata, non-string headers strings.
+			NewSubscriber: func(_ testing.TB, env acceptance.Env, group string) (message.Subscriber, error) {
+				c := config(env, group)
+				c.Marshaler = amqpkeys.Marshaler{Inner: c.Marshaler}
+				return amqp.NewSubscriber(c, testLogger())
+			},
+			Key:         keyfuncs.MessageID(),
+			KeyName:     "keyfuncs.MessageID()",
+			OtherKeys:   map[string]keyfuncs.KeyFunc{"amqpkeys.MessageID()": amqpkeys.MessageID()},
+			PublishedAt: amqpkeys.PublishedAt,
+		},
 	}
 }
+
+// amqpProducer is a producer that is not Watermill: amqp091 on a channel
+// in confirm mode, publishing to the topic's fanout exchange (declared as
+// watermill-amqp declares it) with the message_id, timestamp, app_id,
+// type and content_type properties, and headers of AMQP's own types
+// (numbers, a boolean, a timestamp, bytes) on every other message, none
+// on the rest. No Watermill UUID header.
+type amqpProducer struct {
+	conn     *amqp091.Connection
+	ch       *amqp091.Channel
+	mu       sync.Mutex
+	declared map[string]bool
+	n        int
+}
+
+func newAMQPProducer(_ testing.TB, env acceptance.Env) (acceptance.NativePublisher, error) {
+	conn, err := amqp091.Dial(env["url"])
+	if err != nil {
+		return nil, err
+	}
+	ch, err := conn.Channel()
+	if err == nil {
+		err = ch.Confirm(false)
+	}
+	if err != nil {
+		_ = conn.Close()
+		return nil, err
+	}
+	return &amqpProducer{conn: conn, ch: ch, declared: map[string]bool{}}, nil
+}
+
+func (p *amqpProducer) Publish(topic string, m acceptance.NativeMessage) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.declared[topic] {
+		if err := p.ch.ExchangeDeclare(topic, "fanout", true, false, false, false, nil); err != nil {
+			return err
+		}
+		p.declared[topic] = true
+	}
+	p.n++
+	pub := amqp091.Publishing{
+		MessageId:    m.ID,
+		Timestamp:    m.At,
+		AppId:        "billing",
+		Type:         "payment.captured",
+		ContentType:  "application/json",
+		DeliveryMode: amqp091.Persistent,
+		Body:         m.Payload,
+	}
+	if p.n%2 == 1 {
+		pub.Headers = amqp091.Table{
+			"attempt":        int32(1),
+			"schema_version": int64(3),
+			"replayable":     true,
+			"score":          float64(1.5),
+			"sent_at":        m.At,
+			"trace":          []byte("00-" + m.ID),
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conf, err := p.ch.PublishWithDeferredConfirmWithContext(ctx, topic, "", false, false, pub)
+	if err != nil {
+		return err
+	}
+	acked, err := conf.WaitContext(ctx)
+	switch {
+	case err != nil:
+		return err
+	case !acked:
+		return fmt.Errorf("rabbitmq nacked message %s", m.ID)
+	}
+	return nil
+}
+
+func (p *amqpProducer) Close() error { return errors.Join(p.ch.Close(), p.conn.Close()) }
 
 // amqpDelete runs del on a channel of its own connection.
 func amqpDelete(env acceptance.Env, del func(*amqp091.Channel) error) error {

@@ -87,7 +87,7 @@ func runChild(t *testing.T, b Backend, s Store, spec *childSpec) {
 		t.Fatalf("acceptance child: open store: %v", err)
 	}
 	t.Cleanup(func() { _ = o.Store.Close(context.Background()) })
-	sub, err := b.NewSubscriber(t, spec.Backend, spec.Consumer.Group)
+	sub, err := newSubscriber(t, b, spec.Backend, spec.Consumer)
 	if err != nil {
 		t.Fatalf("acceptance child: subscriber: %v", err)
 	}
@@ -103,7 +103,7 @@ func runChild(t *testing.T, b Backend, s Store, spec *childSpec) {
 	for ev := range spec.Consumer.Hang {
 		sk.hangs[ev] = true
 	}
-	core := newConsumerCore(spec.Consumer, sk, o, s, logger())
+	core := newConsumerCore(spec.Consumer, sk, o, b, s, logger())
 	p := newProc()
 	core.currentProc = func() *proc { return p }
 	never := make(chan struct{})

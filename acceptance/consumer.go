@@ -2,11 +2,13 @@ package acceptance
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"testing"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -46,18 +48,53 @@ const (
 	// keyMessageID: the middleware's default key.
 	keyMessageID keyKind = "message_id"
 	// keyIDAndEvent: message id and business key in one record, the
-	// seed's default for side-effecting consumers.
+	// default for side-effecting consumers.
 	keyIDAndEvent keyKind = "message_id+event_id"
+	// keyNativeAndEvent: the backend's documented key of a native
+	// producer's id (Native.Key) and the business key in one record.
+	keyNativeAndEvent keyKind = "native+event_id"
 )
 
-func (k keyKind) keyFunc() keyfuncs.KeyFunc {
-	if k == keyIDAndEvent {
+// keyFunc returns the key function of k; native is the backend's native
+// client, for keyNativeAndEvent.
+func (k keyKind) keyFunc(native *Native) (keyfuncs.KeyFunc, error) {
+	switch k {
+	case keyIDAndEvent:
 		return keyfuncs.All(
 			keyfuncs.Prefix("msg:", keyfuncs.MessageID()),
 			keyfuncs.Prefix("evt:", keyfuncs.JSON(eventField)),
-		)
+		), nil
+	case keyNativeAndEvent:
+		if native == nil {
+			return nil, errors.New("acceptance: a native key on a backend without Native")
+		}
+		return keyfuncs.All(
+			keyfuncs.Prefix("msg:", native.Key),
+			keyfuncs.Prefix("evt:", keyfuncs.JSON(eventField)),
+		), nil
 	}
-	return keyfuncs.MessageID()
+	return keyfuncs.MessageID(), nil
+}
+
+// nativeIDField is the field of a native message's payload that holds the
+// producer's id (NativeMessage.ID): the suite matches deliveries to what
+// it published by it, not by the key functions under test.
+const nativeIDField = "message_id"
+
+// nativePayload is the payload of a native message of event, published
+// under the producer's id id.
+func nativePayload(id, event string) []byte {
+	return fmt.Appendf(nil, `{"%s":%q,"%s":%q,"amount":1}`, nativeIDField, id, eventField, event)
+}
+
+// nativeIdentity reads the producer's id and the event of a native
+// message from its payload.
+func nativeIdentity(payload []byte) (id, event string) {
+	var p map[string]any
+	_ = json.Unmarshal(payload, &p)
+	id, _ = p[nativeIDField].(string)
+	event, _ = p[eventField].(string)
+	return id, event
 }
 
 // crashPoint is where a consumer dies.
@@ -81,7 +118,13 @@ type consumerSpec struct {
 	OutTopic    string `json:",omitempty"` // produce one output per event
 	PoisonTopic string `json:",omitempty"` // route permanent errors there
 	Downstream  bool   `json:",omitempty"` // count effects as "out:<event>"
-	Key         keyKind
+	// Native: the messages come from the backend's native producer
+	// (Backend.Native). The consumer uses Native's subscriber and reads
+	// Native.PublishedAt, and a delivery is identified by the producer's
+	// id and the event in its payload (see nativeIdentity) instead of the
+	// Watermill UUID and metadata.
+	Native bool `json:",omitempty"`
+	Key    keyKind
 
 	Lease, Heartbeat, Retention    time.Duration
 	InProgressWait, InProgressPoll time.Duration
@@ -279,7 +322,8 @@ type consumerCore struct {
 	store  stores.Store // wrapped with probeStore
 	ledger Ledger       // the store's ledger (transactional mode), or nil
 	txMode bool
-	async  bool // Store.AsyncComplete
+	async  bool    // Store.AsyncComplete
+	native *Native // Backend.Native, for a Native consumer
 	logger watermill.LoggerAdapter
 
 	// mw is the middleware under AsyncComplete, closed by closeMiddleware;
@@ -301,7 +345,7 @@ type consumerCore struct {
 	fails    atomic.Int64
 }
 
-func newConsumerCore(spec consumerSpec, s sink, opened Opened, st Store, logger watermill.LoggerAdapter) *consumerCore {
+func newConsumerCore(spec consumerSpec, s sink, opened Opened, b Backend, st Store, logger watermill.LoggerAdapter) *consumerCore {
 	return &consumerCore{
 		spec:   spec,
 		sink:   s,
@@ -309,8 +353,18 @@ func newConsumerCore(spec consumerSpec, s sink, opened Opened, st Store, logger 
 		ledger: opened.Ledger,
 		txMode: st.Transactional,
 		async:  st.AsyncComplete,
+		native: b.Native,
 		logger: logger,
 	}
+}
+
+// newSubscriber returns the subscriber of spec on b: Native's for a
+// Native consumer when the backend has one of its own.
+func newSubscriber(t testing.TB, b Backend, env Env, spec consumerSpec) (message.Subscriber, error) {
+	if spec.Native && b.Native != nil && b.Native.NewSubscriber != nil {
+		return b.Native.NewSubscriber(t, env, spec.Group)
+	}
+	return b.NewSubscriber(t, env, spec.Group)
 }
 
 // closeTimeout bounds closeMiddleware: more than any CompleteTimeout (the
@@ -364,9 +418,13 @@ func (c *consumerCore) router(sub message.Subscriber, pub message.Publisher) (*m
 	if err != nil {
 		return nil, err
 	}
+	key, err := c.spec.Key.keyFunc(c.native)
+	if err != nil {
+		return nil, err
+	}
 	cfg := middleware.Config{
 		Store:          c.store,
-		Key:            c.spec.Key.keyFunc(),
+		Key:            key,
 		Lease:          c.spec.Lease,
 		Heartbeat:      c.spec.Heartbeat,
 		Retention:      c.spec.Retention,
@@ -383,6 +441,9 @@ func (c *consumerCore) router(sub message.Subscriber, pub message.Publisher) (*m
 	}
 	if c.spec.PublishedAt {
 		cfg.PublishedAt = middleware.MetadataTime(MetadataPublishedAt)
+	}
+	if c.spec.Native && c.native != nil && c.native.PublishedAt != nil {
+		cfg.PublishedAt = c.native.PublishedAt
 	}
 	var dedup message.HandlerMiddleware
 	if c.async {
@@ -430,6 +491,9 @@ func (c *consumerCore) observe(next message.HandlerFunc) message.HandlerFunc {
 			event:    msg.Metadata.Get(MetadataEvent),
 			consumer: c.spec.Name,
 			proc:     p,
+		}
+		if c.spec.Native {
+			d.uuid, d.event = nativeIdentity(msg.Payload)
 		}
 		if !p.begin(d) {
 			// Delivered to a consumer that is already dead: it never sees

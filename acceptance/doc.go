@@ -54,7 +54,12 @@
 // lands in the background), and a
 // redelivery after the retention window runs again (the retention
 // scenario asserts it happens exactly for the late redeliveries, counted
-// as ttl misses). See Scenario for the nine scenarios.
+// as ttl misses). See Scenario for the ten scenarios: nack redelivery,
+// consumer crash, concurrent duplicates, producer republish, lease
+// expiry, store outage, bad input, outputs, retention, and a foreign
+// producer (the broker's native client instead of Watermill's publisher:
+// messages without a Watermill UUID, keyed by the broker's documented key
+// and a business key, redelivered and republished).
 //
 // A scenario waits until every published copy of every message was
 // handled and acked and nothing is in flight, then reads the ledger; when
@@ -117,6 +122,25 @@
 //   - Route messages by MetadataShard when the backend has shards
 //     (Features.Shards), so a duplicate on the next shard reaches another
 //     consumer; set Ordered, Persistent and Restartable only when true.
+//   - Set Native when the broker has a client of its own that producers
+//     which are not Watermill use (Sarama, amqp091, plain INSERTs); the
+//     foreign-producer scenario is not applicable without it.
+//     Native.NewPublisher returns that client as a NativePublisher, which
+//     publishes a NativeMessage as such a producer does: no Watermill UUID
+//     header, the producer's id (NativeMessage.ID) where its producers put
+//     it (a record key and header, the message_id property, the uuid
+//     column) and its time where the broker carries one. Native.Key is
+//     the key the broker's key function package documents for the
+//     producer's id, and must return exactly NativeMessage.ID;
+//     Native.NewSubscriber, when set, builds the subscriber with the
+//     settings such messages need (amqpkeys.Marshaler,
+//     sqlkeys.SchemaAdapter). Optionally: OtherKeys, more documented keys
+//     of the id, checked but not claimed; CopyKey, the broker's key of one
+//     published copy (kafkakeys.KafkaOffset, sqlkeys.Offset), checked to
+//     be stable across redeliveries; PublishedAt, the broker's publish time
+//     (kafkakeys.PublishedAt, amqpkeys.PublishedAt), which the consumer
+//     uses for the ttl-miss check. See kafka_test.go, amqp_test.go and
+//     sqlpubsub_test.go.
 //
 // Run it with every scenario and the store that suits it (Redis in lease
 // mode for a network broker), and through scenarios 1-4 and 6 with every

@@ -48,12 +48,12 @@ func (r *run) startConsumerWith(spec consumerSpec, cn conn) *consumer {
 	r.t.Helper()
 	c := &consumer{r: r, spec: spec, proc: newProc(), stopped: make(chan struct{})}
 	sink := &inprocSink{run: r, c: c}
-	c.core = newConsumerCore(spec, sink, cn.opened, r.s, r.logger)
+	c.core = newConsumerCore(spec, sink, cn.opened, r.b, r.s, r.logger)
 	c.core.currentProc = c.currentProc
 	c.core.nackOnDeath = !r.b.Features.Persistent
 	c.core.dead = r.done
 	r.used(spec.Topic, spec.Group)
-	sub, err := r.b.NewSubscriber(r.t, cn.benv, spec.Group)
+	sub, err := newSubscriber(r.t, r.b, cn.benv, spec)
 	if err != nil {
 		r.t.Fatalf("backend %s subscriber: %v", r.b.Name, err)
 	}

@@ -15,6 +15,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/watermill-dedup/dedup/acceptance"
+	"github.com/watermill-dedup/dedup/keyfuncs"
+	"github.com/watermill-dedup/dedup/keyfuncs/kafkakeys"
 )
 
 // kafkaPartitions is the number of partitions of every topic.
@@ -76,7 +78,15 @@ func kafkaBackend(name string) acceptance.Backend {
 				return err
 			}
 			defer admin.Close()
-			err = admin.CreateTopic(topic, &sarama.TopicDetail{NumPartitions: kafkaPartitions, ReplicationFactor: replicationFactor()}, false)
+			// CreateTime: a record's timestamp is the producer's, which
+			// the foreign-producer scenario checks kafkakeys.PublishedAt
+			// against (a cluster may default to LogAppendTime).
+			createTime := "CreateTime"
+			err = admin.CreateTopic(topic, &sarama.TopicDetail{
+				NumPartitions:     kafkaPartitions,
+				ReplicationFactor: replicationFactor(),
+				ConfigEntries:     map[string]*string{"message.timestamp.type": &createTime},
+			}, false)
 			if err != nil && !errors.Is(err, sarama.ErrTopicAlreadyExists) {
 				return err
 			}
@@ -119,7 +129,56 @@ func kafkaBackend(name string) acceptance.Backend {
 				OverwriteSaramaConfig: cfg,
 			}, testLogger())
 		},
+		Native: &acceptance.Native{
+			Client:       "sarama SyncProducer",
+			NewPublisher: newSaramaProducer,
+			// The subscriber is the usual one: watermill-kafka's
+			// unmarshaler turns record headers into metadata and puts
+			// the record's key, partition, offset and timestamp in the
+			// message's context.
+			Key:         kafkakeys.RecordKey(),
+			KeyName:     "kafkakeys.RecordKey()",
+			OtherKeys:   map[string]keyfuncs.KeyFunc{`keyfuncs.Metadata("` + kafkaIDHeader + `")`: keyfuncs.Metadata(kafkaIDHeader)},
+			CopyKey:     kafkakeys.KafkaOffset(),
+			CopyKeyName: "kafkakeys.KafkaOffset()",
+			PublishedAt: kafkakeys.PublishedAt,
+		},
 	}
+}
+
+// kafkaIDHeader is the record header in which the native producer sends
+// its id (also the record key).
+const kafkaIDHeader = "event-id"
+
+// saramaProducer is a producer that is not Watermill: Sarama's own
+// SyncProducer with its default (hash) partitioner, records keyed by the
+// producer's id, with the id and a content type in headers, and no
+// Watermill UUID header.
+type saramaProducer struct{ sarama.SyncProducer }
+
+func newSaramaProducer(_ testing.TB, env acceptance.Env) (acceptance.NativePublisher, error) {
+	cfg := saramaConfig()
+	cfg.Producer.Return.Successes = true
+	cfg.Producer.RequiredAcks = sarama.WaitForAll
+	p, err := sarama.NewSyncProducer(brokersOf(env), cfg)
+	if err != nil {
+		return nil, err
+	}
+	return saramaProducer{p}, nil
+}
+
+func (p saramaProducer) Publish(topic string, m acceptance.NativeMessage) error {
+	_, _, err := p.SendMessage(&sarama.ProducerMessage{
+		Topic: topic,
+		Key:   sarama.StringEncoder(m.ID),
+		Value: sarama.ByteEncoder(m.Payload),
+		Headers: []sarama.RecordHeader{
+			{Key: []byte(kafkaIDHeader), Value: []byte(m.ID)},
+			{Key: []byte("content-type"), Value: []byte("application/json")},
+		},
+		Timestamp: m.At,
+	})
+	return err
 }
 
 // kafkaMarshaler keys Kafka records by the suite's shard.

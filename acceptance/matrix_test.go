@@ -35,8 +35,10 @@ var storeScenarios = []acceptance.Scenario{
 
 // TestAcceptance runs the matrix:
 //
-//   - every scenario on every broker: gochannel with memstore (and with
-//     Redis for the outage, which memstore cannot have), Kafka and RabbitMQ
+//   - every scenario on every broker (the foreign producer is n/a on
+//     gochannel, which has no client but Watermill's): gochannel with
+//     memstore (and with Redis for the outage, which memstore cannot
+//     have), Kafka and RabbitMQ
 //     with Redis in lease mode and with Redis in lease mode with
 //     AsyncComplete (redis-async: ack first, Complete in the background),
 //     each watermill-sql pub/sub with sqlstore in transactional mode on

@@ -370,13 +370,39 @@ const maxPending = 64
 func (r *run) publishPaced(topic string, msgs ...*message.Message) {
 	r.t.Helper()
 	for _, m := range msgs {
-		r.eventually("the consumers to keep up", timeout(maxPending), func() (bool, string) {
-			r.mu.Lock()
-			defer r.mu.Unlock()
-			pending := r.due - r.handledDue
-			return pending < maxPending, fmt.Sprintf("%d published copies not handled", pending)
-		})
+		r.pace()
 		r.publish(topic, m)
+	}
+}
+
+// pace waits while maxPending published copies are not handled yet.
+func (r *run) pace() {
+	r.t.Helper()
+	r.eventually("the consumers to keep up", timeout(maxPending), func() (bool, string) {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		pending := r.due - r.handledDue
+		return pending < maxPending, fmt.Sprintf("%d published copies not handled", pending)
+	})
+}
+
+// publishNative publishes m of event with the backend's native client
+// np, paced like publishPaced, counting the copies of each producer id
+// the consumers must handle (a Native consumer identifies a delivery by
+// the producer's id).
+func (r *run) publishNative(np NativePublisher, topic, event string, m NativeMessage) {
+	r.t.Helper()
+	r.pace()
+	r.mu.Lock()
+	r.published[m.ID]++
+	r.due += r.fanout
+	r.eventOf[m.ID] = event
+	r.mu.Unlock()
+	r.pubMu.Lock() // one publish at a time, see publishOne
+	err := np.Publish(topic, m)
+	r.pubMu.Unlock()
+	if err != nil {
+		r.t.Fatalf("publish %s (event %s) to %s with the native client: %v", m.ID, event, topic, err)
 	}
 }
 

@@ -106,6 +106,28 @@ const (
 	// the scenario then republishes more events as soon as they are done,
 	// until a fifth of its events' redeliveries surely met a live record.
 	Retention
+
+	// ForeignProducer: the producer is the broker's native client
+	// (Backend.Native), not Watermill's publisher, so messages carry no
+	// Watermill UUID: Kafka records keyed by the producer's id with an id
+	// header, AMQP messages with the message_id property and non-string
+	// headers, rows INSERTed into watermill-sql's table. The consumer
+	// uses the subscriber settings for such messages and keys them by
+	// the broker's documented key of the producer's id together with the
+	// business key (keyfuncs.All with keyfuncs.JSON("event_id")). Each
+	// event's first attempt fails, so every event is redelivered; a fifth
+	// is republished under the same producer id and a fifth as a new
+	// message (a new producer id) that only the business key catches,
+	// half of each at once and half at the end. The scenario checks that
+	// the documented keys return the producer's id on every delivery,
+	// that the broker's copy key (Native.CopyKey) is stable across
+	// redeliveries and new for every copy, and that the broker's publish
+	// time (Native.PublishedAt) is read as the producer set it: no ttl
+	// miss for a fresh message, one for each claim of an event published
+	// two hours before (the retention is an hour). A delivery is matched
+	// to what was published by the payload's own "message_id" field, not
+	// by the key functions under test.
+	ForeignProducer
 )
 
 var scenarioNames = [...]string{
@@ -118,6 +140,7 @@ var scenarioNames = [...]string{
 	BadInput:             "bad_input",
 	Outputs:              "outputs",
 	Retention:            "retention",
+	ForeignProducer:      "foreign_producer",
 }
 
 // Scenarios returns every scenario, in order.
@@ -178,6 +201,8 @@ func runScenario(t *testing.T, b Backend, s Store, sc Scenario) {
 		scenarioOutputs(t, b, s)
 	case Retention:
 		scenarioRetention(t, b, s)
+	case ForeignProducer:
+		scenarioForeign(t, b, s)
 	default:
 		t.Fatalf("acceptance: unknown scenario %d", sc)
 	}

@@ -1,8 +1,10 @@
 package acceptance_test
 
 import (
+	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -11,6 +13,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/watermill-dedup/dedup/acceptance"
+	"github.com/watermill-dedup/dedup/keyfuncs"
+	"github.com/watermill-dedup/dedup/keyfuncs/sqlkeys"
 	"github.com/watermill-dedup/dedup/stores/sqlstore"
 )
 
@@ -87,8 +91,73 @@ func sqlPubSub(d sqlstore.Dialect) acceptance.Backend {
 			}
 			return &sqlSubscriber{Subscriber: sub, db: db}, nil
 		},
+		Native: &acceptance.Native{
+			Client: "plain INSERTs (database/sql)",
+			NewPublisher: func(_ testing.TB, env acceptance.Env) (acceptance.NativePublisher, error) {
+				db, err := openSQL(d, env)
+				if err != nil {
+					return nil, err
+				}
+				db.SetMaxOpenConns(1)
+				return &sqlProducer{db: db, d: d}, nil
+			},
+			// sqlkeys.SchemaAdapter carries each row's offset, for
+			// sqlkeys.Offset.
+			NewSubscriber: func(_ testing.TB, env acceptance.Env, group string) (message.Subscriber, error) {
+				db, err := openSQL(d, env)
+				if err != nil {
+					return nil, err
+				}
+				db.SetMaxOpenConns(2)
+				cfg := subscriberConfig(d, group)
+				cfg.SchemaAdapter = sqlkeys.SchemaAdapter{SchemaAdapter: cfg.SchemaAdapter}
+				sub, err := wsql.NewSubscriber(db, cfg, testLogger())
+				if err != nil {
+					_ = db.Close()
+					return nil, err
+				}
+				return &sqlSubscriber{Subscriber: sub, db: db}, nil
+			},
+			Key:         keyfuncs.MessageID(),
+			KeyName:     "keyfuncs.MessageID() (uuid column)",
+			CopyKey:     sqlkeys.Offset(),
+			CopyKeyName: "sqlkeys.Offset()",
+			// watermill-sql delivers no publish time (created_at stays
+			// in the table).
+		},
 	}
 }
+
+// sqlProducer is a producer that is not Watermill: one plain INSERT per
+// message into the topic's watermill-sql table, as sqlkeys documents
+// (on PostgreSQL with transaction_id = pg_current_xact_id()), the
+// producer's id in the uuid column and, on every other row, a metadata
+// object of the producer's own (NULL on the rest).
+type sqlProducer struct {
+	db *sql.DB
+	d  sqlstore.Dialect
+	n  int
+}
+
+func (p *sqlProducer) Publish(topic string, m acceptance.NativeMessage) error {
+	p.n++
+	var metadata any // NULL
+	if p.n%2 == 1 {
+		metadata = `{"source": "billing", "content_type": "application/json"}`
+	}
+	var query string
+	if p.d == sqlstore.MySQL {
+		query = fmt.Sprintf("INSERT INTO `watermill_%s` (uuid, payload, metadata) VALUES (?, ?, ?)", topic)
+	} else {
+		query = fmt.Sprintf(`INSERT INTO "watermill_%s" (uuid, payload, metadata, transaction_id) VALUES ($1, $2, $3, pg_current_xact_id())`, topic)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, err := p.db.ExecContext(ctx, query, m.ID, m.Payload, metadata)
+	return err
+}
+
+func (p *sqlProducer) Close() error { return p.db.Close() }
 
 func schemaAdapter(d sqlstore.Dialect) wsql.SchemaAdapter {
 	if d == sqlstore.MySQL {

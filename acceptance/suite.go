@@ -7,9 +7,11 @@ import (
 	"os"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/watermill-dedup/dedup/keyfuncs"
 	"github.com/watermill-dedup/dedup/stores"
 )
 
@@ -119,6 +121,92 @@ type Backend struct {
 	// stopped, for every group it used, including the groups of child
 	// consumer processes. Optional.
 	RemoveGroup func(t testing.TB, env Env, topic, group string) error
+
+	// Native is the broker's own client, for the ForeignProducer
+	// scenario: messages from a producer that is not Watermill. Optional:
+	// nil makes that scenario not applicable (gochannel, whose only
+	// producer is Watermill's publisher).
+	Native *Native
+}
+
+// Native describes how a producer that is not Watermill publishes to a
+// backend with the broker's own client (Sarama, amqp091, plain SQL
+// INSERTs), and how a Watermill consumer keys what it publishes, as the
+// key function packages document for that broker.
+type Native struct {
+	// Client names the native client in the summary ("sarama
+	// SyncProducer"). Required.
+	Client string
+
+	// NewPublisher returns the native client as a producer. The suite
+	// calls Publish one message at a time and closes it. Required.
+	NewPublisher func(t testing.TB, env Env) (NativePublisher, error)
+
+	// NewSubscriber returns a Watermill subscriber in consumer group group
+	// set up for other producers' messages (amqpkeys.Marshaler as the
+	// marshaler, sqlkeys.SchemaAdapter as the schema adapter). Optional:
+	// nil means Backend.NewSubscriber.
+	NewSubscriber func(t testing.TB, env Env, group string) (message.Subscriber, error)
+
+	// Key is the documented key of such a message, the producer's own id
+	// (kafkakeys.RecordKey(), keyfuncs.MessageID() on the AMQP
+	// message_id or the SQL uuid column): for a message published as
+	// NativeMessage m it must return exactly one key, m.ID. The consumer
+	// claims it together with the business key. KeyName names it in the
+	// summary. Required.
+	Key     keyfuncs.KeyFunc
+	KeyName string
+
+	// OtherKeys are other documented keys of the producer's id
+	// (keyfuncs.Metadata on a header the producer sets,
+	// amqpkeys.MessageID()). The consumer does not claim them; the
+	// scenario checks that each returns m.ID as well. Optional.
+	OtherKeys map[string]keyfuncs.KeyFunc
+
+	// CopyKey keys the published copy itself, where the broker numbers
+	// them (kafkakeys.KafkaOffset(), sqlkeys.Offset()): every
+	// redelivery of a copy must give the same key, and every copy (a
+	// republish under the same id too) another one. CopyKeyName names it.
+	// Optional.
+	CopyKey     keyfuncs.KeyFunc
+	CopyKeyName string
+
+	// PublishedAt reads the time the producer published a message, where
+	// the broker carries one (kafkakeys.PublishedAt, amqpkeys.PublishedAt).
+	// The consumer uses it as middleware.Config.PublishedAt; it must read
+	// NativeMessage.At, to the broker's precision (at worst a second). A
+	// backend whose broker carries no such time leaves it nil. Optional.
+	PublishedAt func(msg *message.Message) (time.Time, bool)
+}
+
+// NativePublisher publishes as a producer that is not Watermill: no
+// Watermill UUID header, the broker's own properties and headers.
+type NativePublisher interface {
+	// Publish publishes m to topic (the topic CreateTopic created) and
+	// returns once the broker has it (a synchronous produce, a publisher
+	// confirm, a committed INSERT).
+	Publish(topic string, m NativeMessage) error
+	Close() error
+}
+
+// NativeMessage is one message of a native producer.
+type NativeMessage struct {
+	// ID is the producer's own id of the message, a UUID (36 characters,
+	// as watermill-sql's uuid column allows). The producer puts it where
+	// its broker's producers do: the record key and an id header (Kafka),
+	// the message_id property (AMQP), the uuid column (SQL). A republish
+	// of the same message keeps it; the same event republished as a new
+	// message gets a new one.
+	ID string
+
+	// Payload is the body, a JSON object carrying the event's business
+	// key.
+	Payload []byte
+
+	// At is the producer's publish time: the record timestamp (Kafka),
+	// the timestamp property (AMQP). A backend whose broker carries none
+	// ignores it.
+	At time.Time
 }
 
 // Store is a dedup store under test, in one mode.
@@ -202,6 +290,8 @@ func (b Backend) validate() error {
 		return fmt.Errorf("acceptance: backend %s: NewSubscriber is required", b.Name)
 	case b.Features.Shards < 0:
 		return fmt.Errorf("acceptance: backend %s: Features.Shards must not be negative, got %d", b.Name, b.Features.Shards)
+	case b.Native != nil && (b.Native.Client == "" || b.Native.NewPublisher == nil || b.Native.Key == nil):
+		return fmt.Errorf("acceptance: backend %s: Native needs Client, NewPublisher and Key", b.Name)
 	}
 	return nil
 }
@@ -275,14 +365,20 @@ func Run(t *testing.T, b Backend, s Store, only ...Scenario) {
 
 // notApplicable returns why sc cannot run for (b, s), or "". A store
 // with a Setup is asked at run time instead (see errNoNetwork).
-func notApplicable(_ Backend, s Store, sc Scenario) string {
-	if sc == StoreOutage && s.Setup == nil {
+func notApplicable(b Backend, s Store, sc Scenario) string {
+	switch {
+	case sc == StoreOutage && s.Setup == nil:
 		return noNetworkReason
+	case sc == ForeignProducer && b.Native == nil:
+		return noNativeReason
 	}
 	return ""
 }
 
-const noNetworkReason = "embedded store: no network connection to cut (not a service skip)"
+const (
+	noNetworkReason = "embedded store: no network connection to cut (not a service skip)"
+	noNativeReason  = "no native client: every producer of this pub/sub is Watermill's publisher (Backend.Native is nil)"
+)
 
 // DefaultEvents is the base number of events of a scenario.
 const DefaultEvents = 200
