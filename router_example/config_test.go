@@ -43,6 +43,7 @@ func TestConfigDefaults(t *testing.T) {
 func TestConfigPrecedence(t *testing.T) {
 	file := writeFile(t, "c.yml", `
 broker: amqp
+producer: foreign
 store: redis
 events: 10
 customers: 7
@@ -62,6 +63,7 @@ cleanup: true
 		{"events (flag > env > file)", cfg.Events, 30},
 		{"store (env > file)", cfg.Store, storeMemory},
 		{"broker (file)", cfg.Broker, brokerAMQP},
+		{"producer (file)", cfg.Producer, producerForeign},
 		{"customers (file)", cfg.Customers, 7},
 		{"kafka-brokers (file list)", cfg.KafkaBrokers, "a:9092,b:9092"},
 		{"lease (file duration)", cfg.Lease, 2 * time.Second},
@@ -87,6 +89,7 @@ func TestServiceEnvNames(t *testing.T) {
 		"broker": "DEDUP_BROKER", "store": "DEDUP_STORE", "kafka-brokers": "KAFKA_BROKERS",
 		"amqp-url": "AMQP_URL", "redis-addr": "REDIS_ADDR", "postgres-dsn": "POSTGRES_DSN",
 		"mysql-dsn": "MYSQL_DSN", "metrics-addr": "DEDUP_METRICS_ADDR", "strict-retention": "DEDUP_STRICT_RETENTION",
+		"producer": "DEDUP_PRODUCER",
 	}
 	for flagName, envVar := range want {
 		if got := envName(flagName); got != envVar {
@@ -107,6 +110,9 @@ func TestConfigErrors(t *testing.T) {
 		{[]string{"-broker", "nats"}, nil, "set -broker (or DEDUP_BROKER)"},
 		{nil, map[string]string{"DEDUP_STORE": "etcd"}, "set -store (or DEDUP_STORE)"},
 		{[]string{"-mode", "magic"}, nil, "-mode"},
+		{[]string{"-producer", "kafka"}, nil, "set -producer (or DEDUP_PRODUCER) to one of watermill, foreign"},
+		{[]string{"-producer", "foreign"}, nil, "gochannel has none"},
+		{nil, map[string]string{"DEDUP_PRODUCER": "foreign"}, "gochannel has none"},
 		{[]string{"-store", "redis", "-mode", "transactional"}, nil, "needs a SQL store"},
 		{[]string{"-run-id", "Bad-Id"}, nil, "-run-id"},
 		{[]string{"-events", "0"}, nil, "-events"},

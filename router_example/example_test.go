@@ -202,6 +202,29 @@ func TestExampleRuns(t *testing.T) {
 			requireNoTables(t, driver, strings.SplitN(dsn(t)[0], "=", 2)[1], runID)
 		}
 	}
+	// foreign checks a -producer=foreign run with -stale-events=2: the
+	// summary names the producer and the key, the duplicates were caught
+	// by it, and the stale events' publication time, read where the
+	// broker's keyfuncs read it, made them ttl misses.
+	foreign := func(key string, more func(*testing.T, exampleRun, string)) func(*testing.T, exampleRun, string) {
+		return func(t *testing.T, r exampleRun, runID string) {
+			if !strings.Contains(r.stdout, "\n  producer   foreign (") || !strings.Contains(r.stdout, "\n  keys       "+key+" + payment:<payment_id>") {
+				t.Errorf("the summary does not name the foreign producer and the key %s\n%s", key, r)
+			}
+			if got := r.count(t, "ttl misses"); got < 2 {
+				t.Errorf("ttl misses = %d, want at least the 2 stale events\n%s", got, r)
+			}
+			if r.count(t, "duplicates dropped") == 0 || r.count(t, "redelivered") == 0 {
+				t.Errorf("no duplicates or redeliveries: the scenario injected nothing\n%s", r)
+			}
+			if got := r.count(t, "effects applied"); got != 202 {
+				t.Errorf("effects applied = %d, want 202 (exactly once)\n%s", got, r)
+			}
+			if more != nil {
+				more(t, r, runID)
+			}
+		}
+	}
 
 	combos := []combo{
 		// The embedded default, with every fault: failures, lost acks,
@@ -263,6 +286,16 @@ func TestExampleRuns(t *testing.T) {
 		{name: "postgres/postgres/transactional", args: []string{"-broker=postgres", "-store=postgres"}, needs: pg, check: noTables(pg, "pgx")},
 		{name: "mysql/mysql/transactional", args: []string{"-broker=mysql", "-store=mysql"}, needs: my, check: noTables(my, "mysql")},
 		{name: "postgres/sqlite/transactional", args: []string{"-broker=postgres"}, needs: pg, check: noTables(pg, "pgx")},
+		// -producer=foreign: the same events published with the broker's
+		// own client, without Watermill's UUID header.
+		{name: "kafka-embedded/memory/foreign", args: []string{"-broker=kafka-embedded", "-store=memory", "-producer=foreign", "-stale-events=2"},
+			check: foreign("record:<Kafka record key>", nil)},
+		{name: "amqp/sqlite/foreign", args: []string{"-broker=amqp", "-producer=foreign", "-stale-events=2"}, needs: mq,
+			check: foreign("msg:<AMQP message_id, via amqpkeys.Marshaler>", func(t *testing.T, _ exampleRun, runID string) {
+				requireNoQueue(t, topicName(brokerAMQP, runID))
+			})},
+		{name: "postgres/postgres/foreign", args: []string{"-broker=postgres", "-store=postgres", "-producer=foreign", "-stale-events=2"}, needs: pg,
+			check: foreign("msg:<the row's uuid column>", noTables(pg, "pgx"))},
 	}
 	for _, c := range combos {
 		t.Run(c.name, func(t *testing.T) {
@@ -300,6 +333,7 @@ func TestExampleConfigErrors(t *testing.T) {
 	}{
 		{[]string{"-broker=nats"}, []string{`unknown broker "nats"`, "-broker"}},
 		{[]string{"-store=etcd"}, []string{`unknown store "etcd"`, "-store"}},
+		{[]string{"-producer=foreign"}, []string{"-producer=foreign", "gochannel has none", "-broker=kafka-embedded"}},
 		{[]string{"-broker=amqp", "-amqp-url=amqp://guest:secret@" + closed + "/"}, []string{"RabbitMQ is not reachable at " + closed, "-amqp-url or AMQP_URL"}},
 		{[]string{"-broker=kafka", "-kafka-brokers=" + closed}, []string{"Kafka is not reachable at " + closed, "-kafka-brokers or KAFKA_BROKERS"}},
 		{[]string{"-store=redis", "-redis-addr=" + closed}, []string{"Redis is not reachable at " + closed, "-redis-addr or REDIS_ADDR"}},

@@ -26,8 +26,12 @@ func TestRunStopsEveryGoroutine(t *testing.T) {
 		{"gochannel/sqlite", []string{"-crash-rate=0.05"}, nil},
 		{"gochannel/memory+metrics", []string{"-store=memory", "-metrics-addr=127.0.0.1:0", "-crash-rate=0.05", "-lease=200ms"}, nil},
 		{"kafka-embedded/memory", []string{"-broker=kafka-embedded", "-store=memory"}, nil},
+		{"kafka-embedded/memory/foreign", []string{"-broker=kafka-embedded", "-store=memory", "-producer=foreign"}, nil},
 		{"amqp/redis", []string{"-broker=amqp", "-store=redis"}, func(t *testing.T) []string {
 			return []string{"-amqp-url=" + testenv.RequireAMQP(t), "-redis-addr=" + testenv.RequireRedis(t)}
+		}},
+		{"amqp/memory/foreign", []string{"-broker=amqp", "-store=memory", "-producer=foreign"}, func(t *testing.T) []string {
+			return []string{"-amqp-url=" + testenv.RequireAMQP(t)}
 		}},
 		{"postgres/postgres", []string{"-broker=postgres", "-store=postgres"}, func(t *testing.T) []string {
 			return []string{"-postgres-dsn=" + testenv.RequirePostgres(t)}

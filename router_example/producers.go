@@ -53,12 +53,6 @@ const (
 	sqlForeignText        = "foreign (plain INSERTs: uuid column = the message id, published_at in the metadata column)"
 )
 
-// producerAttemptHeader is a header the foreign producers set: 1 for an
-// event's first publication, 2 for its republication. The RabbitMQ producer
-// sends it as an AMQP integer, as other clients do; watermill-amqp's own
-// marshaler refuses such a header, amqpkeys.Marshaler turns it into "2".
-const producerAttemptHeader = "producer_attempt"
-
 // kafkaForeignProducer publishes records with Sarama alone: the record key
 // is the event's id (so a republished event keeps its key, and its
 // partition), the record timestamp is published_at, and there is no
@@ -88,7 +82,7 @@ func (p *kafkaForeignProducer) publish(_ context.Context, topic string, pm plann
 		Value:     sarama.ByteEncoder(payload),
 		Timestamp: pm.publishedAt,
 		Headers: []sarama.RecordHeader{
-			{Key: []byte(producerAttemptHeader), Value: []byte(strconv.Itoa(pm.attempt))},
+			{Key: []byte(metaAttempt), Value: []byte(strconv.Itoa(pm.attempt))},
 		},
 	})
 	if err != nil {
@@ -100,7 +94,9 @@ func (p *kafkaForeignProducer) publish(_ context.Context, topic string, pm plann
 // amqpForeignProducer publishes with amqp091 alone, on the default
 // exchange to the topic's queue, with publisher confirms: the message id
 // is the message_id property, published_at the timestamp property (whole
-// seconds in AMQP), and the attempt an integer header.
+// seconds in AMQP), and the attempt an integer header, as other clients
+// send them: watermill-amqp's own marshaler fails such a delivery,
+// amqpkeys.Marshaler turns the header into the string "2".
 type amqpForeignProducer struct{ ch *amqp091.Channel }
 
 func newAMQPForeignProducer(url string, closers *teardown) (*amqpForeignProducer, error) {
@@ -131,7 +127,7 @@ func (p *amqpForeignProducer) publish(ctx context.Context, queue string, pm plan
 		AppId:        "payments",
 		ContentType:  "application/json",
 		DeliveryMode: amqp091.Persistent,
-		Headers:      amqp091.Table{producerAttemptHeader: int32(pm.attempt)},
+		Headers:      amqp091.Table{metaAttempt: int32(pm.attempt)},
 		Body:         payload,
 	})
 	if err != nil {
@@ -173,9 +169,9 @@ func (p *sqlForeignProducer) publish(ctx context.Context, _ string, pm plannedMe
 		return "", err
 	}
 	metadata, err := json.Marshal(map[string]string{
-		metaPublishedAt:       pm.publishedAt.UTC().Format(time.RFC3339Nano),
-		metaCustomerID:        pm.event.CustomerID,
-		producerAttemptHeader: strconv.Itoa(pm.attempt),
+		metaPublishedAt: pm.publishedAt.UTC().Format(time.RFC3339Nano),
+		metaCustomerID:  pm.event.CustomerID,
+		metaAttempt:     strconv.Itoa(pm.attempt),
 	})
 	if err != nil {
 		return "", err

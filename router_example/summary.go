@@ -141,7 +141,11 @@ func (r *result) print(w io.Writer) {
 }
 
 func (r *result) publishedNote() string {
-	parts := []string{fmt.Sprintf("%d producer retries under new message ids", r.plan.retries)}
+	retries := fmt.Sprintf("%d producer retries under new message ids", r.plan.retries)
+	if r.cfg.Producer == producerForeign && isKafkaBroker(r.cfg.Broker) {
+		retries = fmt.Sprintf("%d producer retries (new records, same record key)", r.plan.retries)
+	}
+	parts := []string{retries}
 	if r.plan.stale > 0 {
 		parts = append(parts, fmt.Sprintf("%d stale", r.plan.stale))
 	}

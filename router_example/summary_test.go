@@ -83,10 +83,12 @@ func TestVerdict(t *testing.T) {
 func TestSummaryPrint(t *testing.T) {
 	r := sampleResult(modeTransactional, map[string]int64{"A": 1, "B": 1})
 	r.runID, r.topic, r.broker, r.store, r.elapsed = "abc", "payment.completed.abc", "in-process", "/tmp/x.db", time.Second
+	r.producer, r.keys = watermillProducerText, consumerKeying(r.cfg).text
 	var b strings.Builder
 	r.print(&b)
 	for _, want := range []string{
 		"run abc", "broker     gochannel (in-process), topic payment.completed.abc",
+		"\n  producer   watermill (", "\n  keys       msg:<message id> + payment:<payment_id>",
 		"mode transactional inbox", "retention  OK:",
 		"published messages", "redelivered", "duplicates dropped", "effects applied", "ledger total", "expected",
 		"\ninvariant: OK",
