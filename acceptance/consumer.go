@@ -47,8 +47,8 @@ type keyKind string
 const (
 	// keyMessageID: the middleware's default key.
 	keyMessageID keyKind = "message_id"
-	// keyIDAndEvent: message id and business key in one record, the
-	// default for side-effecting consumers.
+	// keyIDAndEvent: message id and business key in one record, what
+	// keyfuncs recommends for side-effecting consumers.
 	keyIDAndEvent keyKind = "message_id+event_id"
 	// keyNativeAndEvent: the backend's documented key of a native
 	// producer's id (Native.Key) and the business key in one record.
