@@ -69,7 +69,16 @@ func Bound(key string) string {
 
 // noKey builds the error for a message that cannot be keyed.
 func noKey(msg *message.Message, format string, args ...any) error {
-	return fmt.Errorf("%w: message %s: %s", ErrNoKey, msg.UUID, fmt.Sprintf(format, args...))
+	return fmt.Errorf("%w: message %s: %s", ErrNoKey, Name(msg), fmt.Sprintf(format, args...))
+}
+
+// Name is how errors and logs name msg: its UUID, or "(no UUID)" for a
+// message another producer published without one.
+func Name(msg *message.Message) string {
+	if msg.UUID == "" {
+		return "(no UUID)"
+	}
+	return msg.UUID
 }
 
 // MessageID keys a message by its Watermill UUID. It catches broker

@@ -53,6 +53,13 @@ func TestMessageID(t *testing.T) {
 	}
 }
 
+func TestErrorsNameMessagesWithoutUUID(t *testing.T) {
+	_, err := keyfuncs.Metadata("idempotency_key")(message.NewMessage("", nil))
+	if !errors.Is(err, keyfuncs.ErrNoKey) || !strings.Contains(err.Error(), "message (no UUID):") {
+		t.Fatalf("error for a message without UUID = %q, want it named \"(no UUID)\"", err)
+	}
+}
+
 func TestMetadata(t *testing.T) {
 	fn := keyfuncs.Metadata("idempotency_key")
 	if got := keysOf(t, fn, msg("", "idempotency_key", "abc")); got[0] != "abc" {

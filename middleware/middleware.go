@@ -203,7 +203,7 @@ func (d *dedup) middleware(h message.HandlerFunc) message.HandlerFunc {
 		}
 		if len(keys) == 0 {
 			d.cfg.Metrics.Observe(scope, OutcomeNoKey)
-			return nil, fmt.Errorf("dedup %s: %w: message %s: the key function returned no keys", scope, keyfuncs.ErrNoKey, msg.UUID)
+			return nil, fmt.Errorf("dedup %s: %w: message %s: the key function returned no keys", scope, keyfuncs.ErrNoKey, keyfuncs.Name(msg))
 		}
 		if d.inbox != nil {
 			return d.handleTx(h, msg, scope, keys)
@@ -271,7 +271,7 @@ func (d *dedup) handleLease(h message.HandlerFunc, msg *message.Message, scope s
 		return d.duplicate(msg, scope, keys, c.Data)
 	case stores.InProgress:
 		d.cfg.Metrics.Observe(scope, OutcomeInProgress)
-		return nil, fmt.Errorf("%w: message %s, scope %q, keys %q", ErrInProgress, msg.UUID, scope, keys)
+		return nil, fmt.Errorf("%w: message %s, scope %q, keys %q", ErrInProgress, keyfuncs.Name(msg), scope, keys)
 	case stores.Claimed:
 	default:
 		return nil, fmt.Errorf("dedup %s: store %T returned result %d", scope, d.cfg.Store, c.Result)
@@ -322,11 +322,11 @@ func (d *dedup) storeFailed(h message.HandlerFunc, msg *message.Message, scope s
 		// A key function returned something the store rejects: bad input,
 		// not an outage.
 		d.cfg.Metrics.Observe(scope, OutcomeNoKey)
-		return nil, fmt.Errorf("dedup %s: %w: message %s: %w", scope, keyfuncs.ErrNoKey, msg.UUID, err)
+		return nil, fmt.Errorf("dedup %s: %w: message %s: %w", scope, keyfuncs.ErrNoKey, keyfuncs.Name(msg), err)
 	}
 	if cerr := msg.Context().Err(); cerr != nil {
 		d.cfg.Metrics.Observe(scope, OutcomeCancelled)
-		return nil, fmt.Errorf("dedup %s: message %s: its context ended before the store answered: %w", scope, msg.UUID, errors.Join(cerr, err))
+		return nil, fmt.Errorf("dedup %s: message %s: its context ended before the store answered: %w", scope, keyfuncs.Name(msg), errors.Join(cerr, err))
 	}
 	d.cfg.Metrics.Observe(scope, OutcomeStoreError)
 	if d.cfg.OnStoreError == FailOpen && isOutage(err) {
@@ -336,7 +336,7 @@ func (d *dedup) storeFailed(h message.HandlerFunc, msg *message.Message, scope s
 		d.cfg.Logger.Error("Dedup store unavailable: running the handler UNPROTECTED (fail-open); reconcile these keys", err, f)
 		return h(msg)
 	}
-	return nil, fmt.Errorf("%w: message %s, scope %q: %w", ErrStore, msg.UUID, scope, err)
+	return nil, fmt.Errorf("%w: message %s, scope %q: %w", ErrStore, keyfuncs.Name(msg), scope, err)
 }
 
 // isOutage reports a store error of the outage class: the backend is
@@ -351,12 +351,12 @@ func isOutage(err error) bool {
 func (d *dedup) duplicate(msg *message.Message, scope string, keys []string, data []byte) ([]*message.Message, error) {
 	fp, outputs, err := decodeData(data)
 	if err != nil {
-		return nil, fmt.Errorf("dedup %s: message %s: %w", scope, msg.UUID, err)
+		return nil, fmt.Errorf("dedup %s: message %s: %w", scope, keyfuncs.Name(msg), err)
 	}
 	if d.cfg.Fingerprint != nil && len(fp) > 0 {
 		if got := d.cfg.Fingerprint(msg); string(got) != string(fp) {
 			d.cfg.Metrics.Observe(scope, OutcomeFingerprintMismatch)
-			return nil, fmt.Errorf("dedup %s: message %s, keys %q: %w", scope, msg.UUID, keys, stores.ErrFingerprintMismatch)
+			return nil, fmt.Errorf("dedup %s: message %s, keys %q: %w", scope, keyfuncs.Name(msg), keys, stores.ErrFingerprintMismatch)
 		}
 	}
 	d.cfg.Metrics.Observe(scope, OutcomeDuplicate)
@@ -596,7 +596,7 @@ func (d *dedup) reconcile(parent context.Context, msg *message.Message, c *store
 	// set of outputs.
 	d.cfg.Metrics.Observe(c.Scope, OutcomeLostClaim)
 	d.cfg.Logger.Error("Dedup claim lost before Complete: the lease expired while the handler ran and another consumer took over (the effect may be doubled)", lost, d.fields(msg, c.Scope, c.Keys))
-	return nil, fmt.Errorf("dedup %s: message %s: %w", c.Scope, msg.UUID, lost)
+	return nil, fmt.Errorf("dedup %s: message %s: %w", c.Scope, keyfuncs.Name(msg), lost)
 }
 
 // sleepCtx sleeps for d, or until ctx is done (then it returns false).
@@ -631,7 +631,7 @@ func (d *dedup) handleTx(h message.HandlerFunc, msg *message.Message, scope stri
 		return d.duplicate(msg, scope, keys, tx.Data())
 	case stores.InProgress:
 		d.cfg.Metrics.Observe(scope, OutcomeInProgress)
-		return nil, fmt.Errorf("%w: message %s, scope %q, keys %q", ErrInProgress, msg.UUID, scope, keys)
+		return nil, fmt.Errorf("%w: message %s, scope %q, keys %q", ErrInProgress, keyfuncs.Name(msg), scope, keys)
 	case stores.Claimed:
 	default:
 		_ = tx.Rollback(context.WithoutCancel(parent))
@@ -673,7 +673,7 @@ func (d *dedup) handleTx(h message.HandlerFunc, msg *message.Message, scope stri
 	if err != nil {
 		// Not committed: neither the effect nor the record exists. Nack.
 		d.cfg.Metrics.Observe(scope, OutcomeStoreError)
-		return nil, fmt.Errorf("%w: commit of message %s, scope %q: %w", ErrStore, msg.UUID, scope, err)
+		return nil, fmt.Errorf("%w: commit of message %s, scope %q: %w", ErrStore, keyfuncs.Name(msg), scope, err)
 	}
 	committed = true
 	return outputs, nil

@@ -143,7 +143,7 @@ func MessageID() keyfuncs.KeyFunc {
 	return func(msg *message.Message) ([]string, error) {
 		v := msg.Metadata.Get(MetadataMessageID)
 		if v == "" {
-			return nil, fmt.Errorf("%w: message %s has no AMQP message_id (metadata %q): the producer did not set the property, or the subscriber's marshaler is not amqpkeys.Marshaler", keyfuncs.ErrNoKey, msg.UUID, MetadataMessageID)
+			return nil, fmt.Errorf("%w: message %s has no AMQP message_id (metadata %q): the producer did not set the property, or the subscriber's marshaler is not amqpkeys.Marshaler", keyfuncs.ErrNoKey, keyfuncs.Name(msg), MetadataMessageID)
 		}
 		return []string{keyfuncs.Bound(v)}, nil
 	}

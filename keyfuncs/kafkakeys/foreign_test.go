@@ -3,6 +3,7 @@ package kafkakeys_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -118,6 +119,9 @@ func TestForeignProducerRecords(t *testing.T) {
 			if o.err != nil {
 				if !errors.Is(o.err, keyfuncs.ErrNoKey) || !middleware.IsPermanent(o.err) {
 					t.Errorf("the keyless record: %v, want a permanent ErrNoKey", o.err)
+				}
+				if !strings.Contains(o.err.Error(), "Kafka record payments/0/2") {
+					t.Errorf("the keyless record's error %q does not name it by its coordinates", o.err)
 				}
 				refused++
 			}

@@ -42,9 +42,9 @@ func KafkaOffset() keyfuncs.KeyFunc {
 		offset, okO := kafka.MessagePartitionOffsetFromCtx(ctx)
 		switch {
 		case topic == "":
-			return nil, fmt.Errorf("%w: message %s: no subscribe topic in its context (not consumed through a Watermill router)", keyfuncs.ErrNoKey, msg.UUID)
+			return nil, fmt.Errorf("%w: message %s: no subscribe topic in its context (not consumed through a Watermill router)", keyfuncs.ErrNoKey, name(msg))
 		case !okP || !okO:
-			return nil, fmt.Errorf("%w: message %s: no Kafka partition/offset in its context (not consumed with watermill-kafka)", keyfuncs.ErrNoKey, msg.UUID)
+			return nil, fmt.Errorf("%w: message %s: no Kafka partition/offset in its context (not consumed with watermill-kafka)", keyfuncs.ErrNoKey, name(msg))
 		}
 		key := topic + "/" + strconv.FormatInt(int64(partition), 10) + "/" + strconv.FormatInt(offset, 10)
 		return []string{keyfuncs.Bound(key)}, nil
@@ -66,9 +66,9 @@ func RecordKey() keyfuncs.KeyFunc {
 		key, ok := kafka.MessageKeyFromCtx(msg.Context())
 		switch {
 		case !ok:
-			return nil, fmt.Errorf("%w: message %s: no Kafka record key in its context (not consumed with watermill-kafka)", keyfuncs.ErrNoKey, msg.UUID)
+			return nil, fmt.Errorf("%w: message %s: no Kafka record key in its context (not consumed with watermill-kafka)", keyfuncs.ErrNoKey, name(msg))
 		case len(key) == 0:
-			return nil, fmt.Errorf("%w: message %s: the Kafka record has no key", keyfuncs.ErrNoKey, msg.UUID)
+			return nil, fmt.Errorf("%w: message %s: the Kafka record has no key", keyfuncs.ErrNoKey, name(msg))
 		}
 		return []string{keyfuncs.Bound(string(key))}, nil
 	}
@@ -83,4 +83,19 @@ func PublishedAt(msg *message.Message) (time.Time, bool) {
 		return time.Time{}, false
 	}
 	return t, true
+}
+
+// name is how errors name msg: its UUID, or, for a record another
+// producer wrote without one, its coordinates.
+func name(msg *message.Message) string {
+	if msg.UUID != "" {
+		return msg.UUID
+	}
+	ctx := msg.Context()
+	partition, okP := kafka.MessagePartitionFromCtx(ctx)
+	offset, okO := kafka.MessagePartitionOffsetFromCtx(ctx)
+	if !okP || !okO {
+		return keyfuncs.Name(msg)
+	}
+	return fmt.Sprintf("(no UUID; Kafka record %s/%d/%d)", message.SubscribeTopicFromCtx(ctx), partition, offset)
 }

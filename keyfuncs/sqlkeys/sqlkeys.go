@@ -77,9 +77,9 @@ func Offset() keyfuncs.KeyFunc {
 		offset := msg.Metadata.Get(MetadataOffset)
 		switch {
 		case topic == "":
-			return nil, fmt.Errorf("%w: message %s: no subscribe topic in its context (not consumed through a Watermill router)", keyfuncs.ErrNoKey, msg.UUID)
+			return nil, fmt.Errorf("%w: message %s: no subscribe topic in its context (not consumed through a Watermill router)", keyfuncs.ErrNoKey, keyfuncs.Name(msg))
 		case offset == "":
-			return nil, fmt.Errorf("%w: message %s: no row offset (metadata %q): is sqlkeys.SchemaAdapter the subscriber's schema adapter?", keyfuncs.ErrNoKey, msg.UUID, MetadataOffset)
+			return nil, fmt.Errorf("%w: message %s: no row offset (metadata %q): is sqlkeys.SchemaAdapter the subscriber's schema adapter?", keyfuncs.ErrNoKey, keyfuncs.Name(msg), MetadataOffset)
 		}
 		return []string{keyfuncs.Bound(topic + "/" + offset)}, nil
 	}
