@@ -23,7 +23,10 @@
 // row's offset ([Offset], with [SchemaAdapter] as the pub/sub's schema
 // adapter). A metadata column that is not a JSON object of strings fails
 // the row in watermill-sql itself and stalls the topic: keep it NULL or an
-// object.
+// object. watermill-sql does not deliver created_at: for the middleware's
+// ttl-miss check, have the producer write the publication time into the
+// metadata (an RFC 3339 "published_at", say) and set
+// middleware.Config.PublishedAt to middleware.MetadataTime("published_at").
 //
 // It is a separate package so that importing keyfuncs does not pull
 // watermill-sql into every build.
