@@ -136,8 +136,10 @@ func (p *amqpProducer) Publish(topic string, m acceptance.NativeMessage) error {
 			"schema_version": int64(3),
 			"replayable":     true,
 			"score":          float64(1.5),
-			"sent_at":        m.At,
 			"trace":          []byte("00-" + m.ID),
+		}
+		if !m.At.IsZero() {
+			pub.Headers["sent_at"] = m.At
 		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

@@ -137,10 +137,11 @@
 //     sqlkeys.SchemaAdapter). Optionally: OtherKeys, more documented keys
 //     of the id, checked but not claimed; CopyKey, the broker's key of one
 //     published copy (kafkakeys.KafkaOffset, sqlkeys.Offset), checked to
-//     be stable across redeliveries; PublishedAt, the broker's publish time
-//     (kafkakeys.PublishedAt, amqpkeys.PublishedAt), which the consumer
-//     uses for the ttl-miss check. See kafka_test.go, amqp_test.go and
-//     sqlpubsub_test.go.
+//     be stable across redeliveries; PublishedAt, the producer's publish
+//     time (kafkakeys.PublishedAt, amqpkeys.PublishedAt, or
+//     middleware.MetadataTime on a time the producer writes into a row's
+//     metadata), which the consumer uses for the ttl-miss check. See
+//     kafka_test.go, amqp_test.go and sqlpubsub_test.go.
 //
 // Run it with every scenario and the store that suits it (Redis in lease
 // mode for a network broker), and through scenarios 1-4 and 6 with every

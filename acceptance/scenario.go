@@ -121,12 +121,13 @@ const (
 	// half of each at once and half at the end. The scenario checks that
 	// the documented keys return the producer's id on every delivery,
 	// that the broker's copy key (Native.CopyKey) is stable across
-	// redeliveries and new for every copy, and that the broker's publish
-	// time (Native.PublishedAt) is read as the producer set it: no ttl
-	// miss for a fresh message, one for each claim of an event published
-	// two hours before (the retention is an hour). A delivery is matched
-	// to what was published by the payload's own "message_id" field, not
-	// by the key functions under test.
+	// redeliveries and new for every copy, and that the publish time
+	// (Native.PublishedAt) is read as the producer set it (a fourth of
+	// the events are sent without one): no ttl miss for a fresh message,
+	// one for each claim of an event published two hours before (the
+	// retention is an hour). A delivery is matched to what was published
+	// by the payload's own "message_id" field, not by the key functions
+	// under test.
 	ForeignProducer
 )
 

@@ -15,6 +15,7 @@ import (
 	"github.com/watermill-dedup/dedup/acceptance"
 	"github.com/watermill-dedup/dedup/keyfuncs"
 	"github.com/watermill-dedup/dedup/keyfuncs/sqlkeys"
+	"github.com/watermill-dedup/dedup/middleware"
 	"github.com/watermill-dedup/dedup/stores/sqlstore"
 )
 
@@ -122,28 +123,33 @@ func sqlPubSub(d sqlstore.Dialect) acceptance.Backend {
 			KeyName:     "keyfuncs.MessageID() (uuid column)",
 			CopyKey:     sqlkeys.Offset(),
 			CopyKeyName: "sqlkeys.Offset()",
-			// watermill-sql delivers no publish time (created_at stays
-			// in the table).
+			// watermill-sql does not deliver created_at: the producer
+			// writes its time into the metadata, as sqlkeys advises.
+			PublishedAt: middleware.MetadataTime(sqlPublishedAt),
 		},
 	}
 }
 
+// sqlPublishedAt is the metadata field in which the native producer
+// writes its publish time (RFC 3339).
+const sqlPublishedAt = "published_at"
+
 // sqlProducer is a producer that is not Watermill: one plain INSERT per
 // message into the topic's watermill-sql table, as sqlkeys documents
 // (on PostgreSQL with transaction_id = pg_current_xact_id()), the
-// producer's id in the uuid column and, on every other row, a metadata
-// object of the producer's own (NULL on the rest).
+// producer's id in the uuid column and a metadata object of the
+// producer's own with its publish time, or NULL metadata when it sets no
+// time.
 type sqlProducer struct {
 	db *sql.DB
 	d  sqlstore.Dialect
-	n  int
 }
 
 func (p *sqlProducer) Publish(topic string, m acceptance.NativeMessage) error {
-	p.n++
 	var metadata any // NULL
-	if p.n%2 == 1 {
-		metadata = `{"source": "billing", "content_type": "application/json"}`
+	if !m.At.IsZero() {
+		metadata = fmt.Sprintf(`{"source": "billing", "content_type": "application/json", %q: %q}`,
+			sqlPublishedAt, m.At.UTC().Format(time.RFC3339Nano))
 	}
 	var query string
 	if p.d == sqlstore.MySQL {

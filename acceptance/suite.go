@@ -171,11 +171,14 @@ type Native struct {
 	CopyKey     keyfuncs.KeyFunc
 	CopyKeyName string
 
-	// PublishedAt reads the time the producer published a message, where
-	// the broker carries one (kafkakeys.PublishedAt, amqpkeys.PublishedAt).
-	// The consumer uses it as middleware.Config.PublishedAt; it must read
-	// NativeMessage.At, to the broker's precision (at worst a second). A
-	// backend whose broker carries no such time leaves it nil. Optional.
+	// PublishedAt reads the time the producer published a message
+	// (kafkakeys.PublishedAt, amqpkeys.PublishedAt, or
+	// middleware.MetadataTime on a time the producer writes into the
+	// metadata). The consumer uses it as middleware.Config.PublishedAt.
+	// It must read NativeMessage.At, to the broker's precision (at worst
+	// a second); for a message published with a zero At it may report no
+	// time, or the time the broker or the client stamped on it. A backend
+	// with no way to carry such a time leaves it nil. Optional.
 	PublishedAt func(msg *message.Message) (time.Time, bool)
 }
 
@@ -204,8 +207,9 @@ type NativeMessage struct {
 	Payload []byte
 
 	// At is the producer's publish time: the record timestamp (Kafka),
-	// the timestamp property (AMQP). A backend whose broker carries none
-	// ignores it.
+	// the timestamp property (AMQP), a time in the row's metadata (SQL).
+	// Zero: the producer sets none (Sarama then stamps the send time; an
+	// AMQP message has no timestamp, a row no metadata).
 	At time.Time
 }
 
