@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/watermill-dedup/dedup/middleware"
@@ -137,5 +139,36 @@ func TestCompleteRefusingTheOutputsRecordsWithoutThem(t *testing.T) {
 	}
 	if metrics.get(middleware.OutcomeStoreError) == 0 {
 		t.Error("the refused Complete was not counted as a store error")
+	}
+}
+
+// refusingStore refuses every Complete, with or without data, for a reason
+// that is not an outage.
+type refusingStore struct{ stores.Store }
+
+func (refusingStore) Complete(context.Context, *stores.Claim, time.Duration, []byte) error {
+	return errors.New("ERROR: permission denied for table dedup_inbox (SQLSTATE 42501)")
+}
+
+// TestCompleteRefusedWithAndWithoutOutputsIsReportedAsSuch: when even the
+// Complete without outputs is refused, the record stays processing, and
+// the log says so (a duplicate after the lease runs again), not that the
+// message was recorded done.
+func TestCompleteRefusedWithAndWithoutOutputsIsReportedAsSuch(t *testing.T) {
+	logger := watermill.NewCaptureLogger()
+	mw := dedupMiddleware(t, middleware.Config{Store: refusingStore{newMemstore(t)}, Scope: "s", Logger: logger})
+	_, err := mw(func(*message.Message) ([]*message.Message, error) {
+		return []*message.Message{message.NewMessage("out-1", nil)}, nil
+	})(message.NewMessage("m-1", nil))
+	if err != nil {
+		t.Fatalf("err = %v, want an ack (the effect happened)", err)
+	}
+	var logged []string
+	for _, m := range logger.Captured()[watermill.ErrorLogLevel] {
+		logged = append(logged, m.Msg)
+	}
+	joined := strings.Join(logged, "\n")
+	if !strings.Contains(joined, "acking anyway") || strings.Contains(joined, "recorded done without them") {
+		t.Fatalf("error log:\n%s\nwant the record reported as left processing, not as done", joined)
 	}
 }

@@ -545,10 +545,12 @@ func TestCallerContextIsNotAnOutage(t *testing.T) {
 // anyone else. The store refuses such a database with an error naming the
 // setting instead.
 func TestMySQLAutocommitOffRefused(t *testing.T) {
-	db := mysqlWith(t, map[string]string{"autocommit": "0"})
 	direct := openMySQL(t)
 	cfg := sqlstore.Config{Dialect: sqlstore.MySQL, Table: "dedup_test_" + storetest.NewID()}
 	newStore(t, direct, sqlstore.MySQL, cfg) // the table, and its removal
+	// Opened after: closed before the table is dropped, so that no open
+	// implicit transaction of an autocommit=0 connection holds the drop.
+	db := mysqlWith(t, map[string]string{"autocommit": "0"})
 	s, err := sqlstore.New(db, cfg)
 	if err != nil {
 		t.Fatal(err)
