@@ -46,10 +46,26 @@ func TestMessageID(t *testing.T) {
 	// A message without a UUID (published by another producer) gets an
 	// error saying how to key it.
 	err := func() error { _, err := keyfuncs.MessageID()(message.NewMessage("", nil)); return err }()
-	for _, want := range []string{"no UUID", "not Watermill", "kafkakeys.KafkaOffset()", "amqpkeys.Marshaler", "keyfuncs.JSON"} {
+	for _, want := range []string{"no UUID", "not Watermill", "kafkakeys.KafkaOffset()", "amqpkeys.Marshaler", "did not set message_id", "sqlkeys.Offset()", "uuid column", "keyfuncs.JSON"} {
 		if !errors.Is(err, keyfuncs.ErrNoKey) || !strings.Contains(err.Error(), want) {
 			t.Errorf("MessageID() of a message without UUID: %v; want ErrNoKey mentioning %q", err, want)
 		}
+	}
+}
+
+// TestBlankIDsAreNoKey: an id of white space is no identity. Keying by it
+// would make every such message a duplicate of the first.
+func TestBlankIDsAreNoKey(t *testing.T) {
+	for _, id := range []string{" ", "\t", "\r\n", " \u00a0 "} {
+		if keys, err := keyfuncs.MessageID()(message.NewMessage(id, nil)); !errors.Is(err, keyfuncs.ErrNoKey) {
+			t.Errorf("MessageID() of UUID %q = %q, %v; want ErrNoKey", id, keys, err)
+		}
+		noKey(t, keyfuncs.Metadata("idempotency_key"), msg("", "idempotency_key", id), "blank")
+		noKey(t, keyfuncs.JSON("id"), msg(fmt.Sprintf(`{"id":%q}`, id)), "blank")
+	}
+	// White space inside an id is kept as it is.
+	if got := keysOf(t, keyfuncs.Metadata("k"), msg("", "k", " a b ")); got[0] != " a b " {
+		t.Errorf("Metadata = %q, want the value unchanged", got)
 	}
 }
 

@@ -3,6 +3,7 @@ package amqpkeys_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -195,5 +196,145 @@ func deleteQueue(t *testing.T, url, queue string) {
 	defer ch.Close()
 	if _, err := ch.QueueDelete(queue, false, false, false); err != nil {
 		t.Logf("cleanup: delete queue %s: %v", queue, err)
+	}
+}
+
+// TestHeadersCannotStandInForProperties: a header named like one of the
+// Marshaler's metadata names (a forwarded message's metadata, or a
+// producer's own header) is not taken for the property. Otherwise every
+// message a handler fans out with copied metadata would carry the same
+// amqp_message_id, and the key would collapse distinct events.
+func TestHeadersCannotStandInForProperties(t *testing.T) {
+	headers := amqp091.Table{
+		amqpkeys.MetadataMessageID: "forwarded-1", amqpkeys.MetadataCorrelationID: "c",
+		amqpkeys.MetadataTimestamp: "2030-01-02T03:04:05Z", amqpkeys.MetadataAppID: "a", amqpkeys.MetadataType: "t",
+		"other": "kept",
+	}
+	msg, err := amqpkeys.Marshaler{}.Unmarshal(amqp091.Delivery{Headers: headers, Body: []byte("x")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{amqpkeys.MetadataMessageID, amqpkeys.MetadataCorrelationID, amqpkeys.MetadataTimestamp, amqpkeys.MetadataAppID, amqpkeys.MetadataType} {
+		if v, ok := msg.Metadata[name]; ok {
+			t.Errorf("metadata %q = %q from a header, want it absent when the property is not set", name, v)
+		}
+	}
+	if msg.Metadata.Get("other") != "kept" {
+		t.Errorf("other headers must pass through: %v", msg.Metadata)
+	}
+	if msg.UUID != "" {
+		t.Errorf("UUID = %q from a header, want none", msg.UUID)
+	}
+	if _, err := amqpkeys.MessageID()(msg); !errors.Is(err, keyfuncs.ErrNoKey) {
+		t.Errorf("MessageID() = %v, want ErrNoKey", err)
+	}
+	if _, ok := amqpkeys.PublishedAt(msg); ok {
+		t.Error("PublishedAt took the time from a header")
+	}
+
+	// The property wins when both are set.
+	msg, err = amqpkeys.Marshaler{}.Unmarshal(amqp091.Delivery{MessageId: "own-2", Headers: headers})
+	if err != nil || msg.Metadata.Get(amqpkeys.MetadataMessageID) != "own-2" {
+		t.Fatalf("message_id = %q, %v; want the property", msg.Metadata.Get(amqpkeys.MetadataMessageID), err)
+	}
+}
+
+// TestZeroTimestampIsNoTime: AMQP has no "unset" timestamp on the wire
+// other than leaving the property out, but clients send 0; the Unix epoch
+// (or earlier) is no publication time, and reading it as one would log
+// every message as older than the retention window.
+func TestZeroTimestampIsNoTime(t *testing.T) {
+	for _, ts := range []time.Time{time.Unix(0, 0), time.Unix(-5, 0)} {
+		msg, err := amqpkeys.Marshaler{}.Unmarshal(amqp091.Delivery{MessageId: "m", Timestamp: ts})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v, ok := msg.Metadata[amqpkeys.MetadataTimestamp]; ok {
+			t.Errorf("timestamp %v carried as %q, want absent", ts, v)
+		}
+		msg.Metadata.Set(amqpkeys.MetadataTimestamp, ts.UTC().Format(time.RFC3339Nano))
+		if got, ok := amqpkeys.PublishedAt(msg); ok {
+			t.Errorf("PublishedAt(%v) = %v, want no time", ts, got)
+		}
+	}
+}
+
+// TestNestedHeadersStayDistinct: header values other producers send
+// (tables, arrays, decimals, byte arrays inside them) become strings that
+// keep distinct values distinct, so a key on such a header cannot merge
+// two events.
+func TestNestedHeadersStayDistinct(t *testing.T) {
+	values := map[string]any{
+		"table int":    amqp091.Table{"a": int32(1)},
+		"table string": amqp091.Table{"a": "1"},
+		"table bytes":  amqp091.Table{"a": []byte("x")},
+		"table x":      amqp091.Table{"a": "x", "b": nil},
+		"array":        []any{int32(1), "2"},
+		"array 2":      []any{"1", "2"},
+		"decimal":      amqp091.Decimal{Scale: 2, Value: 12345},
+		"decimal 2":    amqp091.Decimal{Scale: 1, Value: 12345},
+		"negative":     amqp091.Decimal{Scale: 3, Value: -5},
+	}
+	want := map[string]string{
+		"decimal": "123.45", "decimal 2": "1234.5", "negative": "-0.005",
+		"table bytes": `{"a":"x"}`, "table int": `{"a":1}`, "table string": `{"a":"1"}`,
+	}
+	seen := map[string]string{}
+	for name, v := range values {
+		msg, err := amqpkeys.Marshaler{}.Unmarshal(amqp091.Delivery{Headers: amqp091.Table{"h": v}})
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		got := msg.Metadata.Get("h")
+		if w, ok := want[name]; ok && got != w {
+			t.Errorf("%s: header = %q, want %q", name, got, w)
+		}
+		if other, dup := seen[got]; dup {
+			t.Errorf("%s and %s both became %q", name, other, got)
+		}
+		seen[got] = name
+	}
+}
+
+// TestBlankMessageIDIsNoKey: a message_id of spaces is no identity: it is
+// neither the UUID nor a key.
+func TestBlankMessageIDIsNoKey(t *testing.T) {
+	for _, id := range []string{" ", "\t", " \n "} {
+		msg, err := amqpkeys.Marshaler{}.Unmarshal(amqp091.Delivery{MessageId: id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if msg.UUID != "" {
+			t.Errorf("message_id %q became the UUID", id)
+		}
+		if keys, err := amqpkeys.MessageID()(msg); !errors.Is(err, keyfuncs.ErrNoKey) {
+			t.Errorf("MessageID() of message_id %q = %q, %v; want ErrNoKey", id, keys, err)
+		}
+	}
+}
+
+// TestLongMessageIDRefusedNotTruncated: message_id is an AMQP short string
+// (at most 255 bytes). The client this module requires refuses a longer
+// one at publish; an older one cut it on the wire, so two ids that share
+// 255 bytes became one key.
+func TestLongMessageIDRefusedNotTruncated(t *testing.T) {
+	url := testenv.RequireAMQP(t)
+	conn, err := amqp091.Dial(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	q, err := ch.QueueDeclare("", false, true, true, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	long := strings.Repeat("x", 256)
+	if err := ch.PublishWithContext(context.Background(), "", q.Name, false, false, amqp091.Publishing{MessageId: long}); err == nil {
+		t.Fatal("a 256-byte message_id was published; the client truncates it on the wire")
 	}
 }
