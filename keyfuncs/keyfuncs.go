@@ -81,6 +81,11 @@ func Name(msg *message.Message) string {
 	return msg.UUID
 }
 
+// blank reports whether v holds nothing but white space (or nothing): no
+// identity, and keying by it would make every such message a duplicate of
+// the first.
+func blank(v string) bool { return strings.TrimSpace(v) == "" }
+
 // MessageID keys a message by its Watermill UUID. It catches broker
 // redelivery of the same message, not a producer that republishes an event
 // under a new id (combine it with a business key using [All]).
@@ -90,12 +95,16 @@ func Name(msg *message.Message) string {
 // The error then says how to key such messages: by the broker's own
 // identity (kafkakeys.KafkaOffset or kafkakeys.RecordKey for Kafka; for
 // RabbitMQ, amqpkeys.Marshaler as the subscriber's marshaler, which makes
-// the AMQP message_id the UUID), by a header the producer sets
-// ([Metadata]), or by business fields ([JSON]).
+// the AMQP message_id the UUID; for watermill-sql, the row's uuid column or
+// sqlkeys.Offset), by a header the producer sets ([Metadata]), or by
+// business fields ([JSON]). A UUID of white space counts as none.
 func MessageID() KeyFunc {
 	return func(msg *message.Message) ([]string, error) {
 		if msg.UUID == "" {
 			return nil, fmt.Errorf("%w: %s", ErrNoKey, noUUIDAdvice)
+		}
+		if blank(msg.UUID) {
+			return nil, fmt.Errorf("%w: message UUID %q is blank: %s", ErrNoKey, msg.UUID, noUUIDAdvice)
 		}
 		return []string{Bound(msg.UUID)}, nil
 	}
@@ -105,16 +114,22 @@ func MessageID() KeyFunc {
 const noUUIDAdvice = "the message has no UUID. Was it published by a producer that is not Watermill? " +
 	"Watermill's subscribers read the UUID from a header of Watermill's own. Key such messages by the broker's identity " +
 	"(Kafka: kafkakeys.KafkaOffset() or kafkakeys.RecordKey(); RabbitMQ: set amqpkeys.Marshaler as the subscriber's marshaler, " +
-	"which makes the AMQP message_id the UUID), by a header the producer sets (keyfuncs.Metadata) " +
+	"which makes the AMQP message_id the UUID, and if it already is, the producer did not set message_id; " +
+	"watermill-sql: the producer left the row's uuid column empty, so key by the row with sqlkeys.Offset() and sqlkeys.SchemaAdapter), " +
+	"by a header the producer sets (keyfuncs.Metadata) " +
 	"or by business fields of the payload (keyfuncs.JSON), combined with keyfuncs.All"
 
 // Metadata keys a message by the value of a metadata header, such as an
-// idempotency_key set by the producer.
+// idempotency_key set by the producer. A missing, empty or blank (white
+// space only) value gives an error wrapping [ErrNoKey].
 func Metadata(name string) KeyFunc {
 	return func(msg *message.Message) ([]string, error) {
 		v := msg.Metadata.Get(name)
 		if v == "" {
 			return nil, noKey(msg, "metadata %q is missing or empty", name)
+		}
+		if blank(v) {
+			return nil, noKey(msg, "metadata %q is blank (%q)", name, v)
 		}
 		return []string{Bound(v)}, nil
 	}
@@ -129,7 +144,8 @@ func Metadata(name string) KeyFunc {
 // key.
 //
 // A payload that is not valid JSON, or a path that is missing, null, empty,
-// an object or an array, gives an error wrapping [ErrNoKey].
+// blank (white space only), an object or an array, gives an error wrapping
+// [ErrNoKey].
 func JSON(paths ...string) KeyFunc {
 	if len(paths) == 0 {
 		panic("keyfuncs.JSON: no paths")
@@ -159,6 +175,9 @@ func JSON(paths ...string) KeyFunc {
 			}
 			if v == "" {
 				return nil, noKey(msg, "JSON field %q is empty", paths[i])
+			}
+			if blank(v) {
+				return nil, noKey(msg, "JSON field %q is blank (%q)", paths[i], v)
 			}
 			if i > 0 {
 				b.WriteByte(':')

@@ -24,7 +24,10 @@
 package amqpkeys
 
 import (
+	"encoding/json"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
@@ -35,15 +38,21 @@ import (
 )
 
 // The metadata names under which Marshaler carries a delivery's AMQP
-// properties. A property that is not set leaves its name absent; a
-// property wins over a header of the same name.
+// properties. A property that is not set leaves its name absent, even when
+// a header of that name arrived: such a header (metadata a Watermill
+// handler copied to the messages it forwards, or a producer's own) is
+// dropped, so it cannot stand in for the property and merge distinct
+// events under one key.
 const (
-	// MetadataMessageID is the message_id property.
+	// MetadataMessageID is the message_id property. AMQP 0-9-1 carries it
+	// as a short string: at most 255 bytes, which the client refuses to
+	// exceed at publish. A blank one (white space only) is not carried.
 	MetadataMessageID = "amqp_message_id"
 	// MetadataCorrelationID is the correlation_id property.
 	MetadataCorrelationID = "amqp_correlation_id"
 	// MetadataTimestamp is the timestamp property (whole seconds in AMQP),
-	// in RFC 3339, UTC.
+	// in RFC 3339, UTC. A timestamp at or before the Unix epoch (clients
+	// send 0 for "none") is not carried.
 	MetadataTimestamp = "amqp_timestamp"
 	// MetadataAppID is the app_id property.
 	MetadataAppID = "amqp_app_id"
@@ -59,10 +68,14 @@ const (
 //     and type properties into metadata (see the Metadata constants);
 //   - uses message_id as the message UUID when Inner found none (no
 //     Watermill UUID header);
-//   - before that, turns header values that are not strings (numbers,
-//     booleans, timestamps, byte arrays, which other producers' clients
-//     send) into strings: watermill-amqp's default marshaler fails the
-//     delivery on them, and the message would be redelivered for ever.
+//   - before that, turns header values that are not strings into strings:
+//     watermill-amqp's default marshaler fails the delivery on them, and
+//     the message would be redelivered for ever. Numbers and booleans are
+//     written as Go formats them, timestamps in RFC 3339 (UTC), byte
+//     arrays as their bytes, decimals in decimal notation ("123.45"), and
+//     tables and arrays as JSON (with the same rules inside), so distinct
+//     values stay distinct;
+//   - drops headers named like the Metadata constants (see there).
 //
 // A message published by Watermill keeps its UUID.
 type Marshaler struct {
@@ -101,18 +114,21 @@ func (m Marshaler) Unmarshal(d amqp091.Delivery) (*message.Message, error) {
 		msg.Metadata = message.Metadata{}
 	}
 	set := func(name, v string) {
-		if v != "" {
+		delete(msg.Metadata, name)
+		if strings.TrimSpace(v) != "" {
 			msg.Metadata.Set(name, v)
 		}
 	}
 	set(MetadataMessageID, d.MessageId)
 	set(MetadataCorrelationID, d.CorrelationId)
-	if !d.Timestamp.IsZero() {
-		set(MetadataTimestamp, d.Timestamp.UTC().Format(time.RFC3339Nano))
+	ts := ""
+	if d.Timestamp.Unix() > 0 {
+		ts = d.Timestamp.UTC().Format(time.RFC3339Nano)
 	}
+	set(MetadataTimestamp, ts)
 	set(MetadataAppID, d.AppId)
 	set(MetadataType, d.Type)
-	if msg.UUID == "" {
+	if msg.UUID == "" && strings.TrimSpace(d.MessageId) != "" {
 		msg.UUID = d.MessageId
 	}
 	return msg, nil
@@ -127,11 +143,60 @@ func headerString(v any) string {
 		return string(v)
 	case time.Time:
 		return v.UTC().Format(time.RFC3339Nano)
+	case amqp091.Decimal:
+		return decimalString(v)
 	case nil:
 		return ""
+	case amqp091.Table, []any:
+		b, err := json.Marshal(jsonValue(v))
+		if err != nil { // not reachable for values the AMQP client decodes
+			return fmt.Sprint(v)
+		}
+		return string(b)
 	default:
 		return fmt.Sprint(v)
 	}
+}
+
+// jsonValue is v with the AMQP types JSON would misrepresent (byte arrays
+// as base64, decimals and timestamps as objects) replaced by their strings.
+func jsonValue(v any) any {
+	switch v := v.(type) {
+	case amqp091.Table:
+		out := make(map[string]any, len(v))
+		for k, x := range v {
+			out[k] = jsonValue(x)
+		}
+		return out
+	case []any:
+		out := make([]any, len(v))
+		for i, x := range v {
+			out[i] = jsonValue(x)
+		}
+		return out
+	case []byte, time.Time, amqp091.Decimal:
+		return headerString(v)
+	default:
+		return v
+	}
+}
+
+// decimalString writes an AMQP decimal (Value × 10^-Scale) in decimal
+// notation.
+func decimalString(d amqp091.Decimal) string {
+	digits := strconv.FormatInt(int64(d.Value), 10)
+	sign := ""
+	if d.Value < 0 {
+		sign, digits = "-", digits[1:]
+	}
+	scale := int(d.Scale)
+	if scale == 0 {
+		return sign + digits
+	}
+	if len(digits) <= scale {
+		digits = strings.Repeat("0", scale-len(digits)+1) + digits
+	}
+	return sign + digits[:len(digits)-scale] + "." + digits[len(digits)-scale:]
 }
 
 // MessageID keys a message by its AMQP message_id property, as Marshaler
@@ -142,7 +207,7 @@ func headerString(v any) string {
 func MessageID() keyfuncs.KeyFunc {
 	return func(msg *message.Message) ([]string, error) {
 		v := msg.Metadata.Get(MetadataMessageID)
-		if v == "" {
+		if strings.TrimSpace(v) == "" {
 			return nil, fmt.Errorf("%w: message %s has no AMQP message_id (metadata %q): the producer did not set the property, or the subscriber's marshaler is not amqpkeys.Marshaler", keyfuncs.ErrNoKey, keyfuncs.Name(msg), MetadataMessageID)
 		}
 		return []string{keyfuncs.Bound(v)}, nil
@@ -151,12 +216,15 @@ func MessageID() keyfuncs.KeyFunc {
 
 // PublishedAt is a middleware.Config.PublishedAt that reads the AMQP
 // timestamp property, as Marshaler carries it, for the ttl-miss check.
-// AMQP keeps whole seconds.
+// AMQP keeps whole seconds. A time at or before the Unix epoch is no time.
 func PublishedAt(msg *message.Message) (time.Time, bool) {
 	v := msg.Metadata.Get(MetadataTimestamp)
 	if v == "" {
 		return time.Time{}, false
 	}
 	t, err := time.Parse(time.RFC3339Nano, v)
-	return t, err == nil
+	if err != nil || t.Unix() <= 0 {
+		return time.Time{}, false
+	}
+	return t, true
 }

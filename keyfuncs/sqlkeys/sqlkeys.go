@@ -13,17 +13,24 @@
 //	INSERT INTO "watermill_payments" (uuid, payload, metadata, transaction_id)
 //	VALUES ('pay-42:capture', '{"amount": 5}', '{"source": "billing"}', pg_current_xact_id());
 //
-// (uuid holds at most 36 characters; the offset column numbers the rows,
-// created_at defaults to now). When
+// (the offset column numbers the rows, created_at defaults to now). The
+// uuid column holds at most 36 characters: PostgreSQL, and MySQL in its
+// default strict sql_mode, refuse a longer value, but MySQL without
+// STRICT_TRANS_TABLES (or STRICT_ALL_TABLES) cuts it to 36 with only a
+// warning, and two ids that share their first 36 characters become one
+// key. Keep ids that long or shorter (a UUID is 36), or put a longer id in
+// the metadata and key by it with keyfuncs.Metadata. When
 // it writes the event's own id into uuid, the middleware's default key,
 // keyfuncs.MessageID(), deduplicates its republishes and watermill-sql's
 // redeliveries. When it writes a fresh value each time (a random UUID, or
 // an empty string), a republish is a new message: key by business fields
 // (keyfuncs.JSON), or, to catch redeliveries of the same row only, by the
 // row's offset ([Offset], with [SchemaAdapter] as the pub/sub's schema
-// adapter). A metadata column that is not a JSON object of strings fails
-// the row in watermill-sql itself and stalls the topic: keep it NULL or an
-// object. watermill-sql does not deliver created_at: for the middleware's
+// adapter). The metadata column must be NULL or a JSON object whose values
+// are all strings ({"source": "billing"}, not {"attempt": 1}): anything
+// else fails the row in watermill-sql itself, before any middleware runs,
+// and the subscriber retries that row for ever, stalling the topic behind
+// it. watermill-sql does not deliver created_at: for the middleware's
 // ttl-miss check, have the producer write the publication time into the
 // metadata (an RFC 3339 "published_at", say) and set
 // middleware.Config.PublishedAt to middleware.MetadataTime("published_at").
@@ -74,6 +81,12 @@ func (a SchemaAdapter) UnmarshalMessage(row wsql.Scanner) (wsql.Row, error) {
 // one row, so it catches watermill-sql's redeliveries of it, not a
 // producer that inserts the event again (a new row). A message without
 // them gives an error wrapping keyfuncs.ErrNoKey.
+//
+// Offsets are the topic table's auto-increment column: they start again
+// when the table is dropped and created again (or truncated with its
+// identity restarted), and the new rows would then be duplicates of old
+// records still within retention. Purge the scope's records (or use a new
+// topic name) when you recreate a topic's table.
 func Offset() keyfuncs.KeyFunc {
 	return func(msg *message.Message) ([]string, error) {
 		topic := message.SubscribeTopicFromCtx(msg.Context())
