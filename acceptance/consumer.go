@@ -422,19 +422,24 @@ func (c *consumerCore) router(sub message.Subscriber, pub message.Publisher) (*m
 	if err != nil {
 		return nil, err
 	}
+	mode := middleware.ModeLease
+	switch {
+	case c.txMode:
+		mode = middleware.ModeTransactional
+	case c.async:
+		mode = middleware.ModeAsyncComplete
+	}
 	cfg := middleware.Config{
 		Store:          c.store,
+		Mode:           mode,
 		Key:            key,
 		Lease:          c.spec.Lease,
-		Heartbeat:      c.spec.Heartbeat,
 		Retention:      c.spec.Retention,
 		StoreTimeout:   c.spec.StoreTimeout,
 		InProgressWait: c.spec.InProgressWait,
-		InProgressPoll: c.spec.InProgressPoll,
-		Transactional:  c.txMode,
-		AsyncComplete:  c.async,
 		Metrics:        c.sink,
 		Logger:         c.logger,
+		Tuning:         middleware.Tuning{Heartbeat: c.spec.Heartbeat, InProgressPoll: c.spec.InProgressPoll},
 	}
 	if c.spec.FailOpen {
 		cfg.OnStoreError = middleware.FailOpen
@@ -445,16 +450,12 @@ func (c *consumerCore) router(sub message.Subscriber, pub message.Publisher) (*m
 	if c.spec.Native && c.native != nil && c.native.PublishedAt != nil {
 		cfg.PublishedAt = c.native.PublishedAt
 	}
-	var dedup message.HandlerMiddleware
-	if c.async {
-		mw, err := middleware.NewMiddleware(cfg)
-		if err != nil {
-			return nil, fmt.Errorf("dedup middleware: %w", err)
-		}
-		c.mw, dedup = mw, mw.Handler
-	} else if dedup, err = middleware.New(cfg); err != nil {
+	mw, err := middleware.New(cfg)
+	if err != nil {
 		return nil, fmt.Errorf("dedup middleware: %w", err)
 	}
+	c.mw = mw
+	dedup := mw.Middleware
 	var h *message.Handler
 	if c.spec.OutTopic != "" {
 		out := pub

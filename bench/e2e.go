@@ -219,14 +219,18 @@ func runE2E(ctx context.Context, o *options) ([]result, error) {
 		if v.memstore {
 			s = mem
 		}
-		return middleware.NewMiddleware(middleware.Config{
+		mode := middleware.ModeLease
+		if v.async {
+			mode = middleware.ModeAsyncComplete
+		}
+		return middleware.New(middleware.Config{
+			Mode:  mode,
 			Store: s,
 			Key: keyfuncs.All(
 				keyfuncs.Prefix("msg:", keyfuncs.MessageID()),
 				keyfuncs.Prefix("payment:", keyfuncs.JSON("payment_id")),
 			),
-			AsyncComplete: v.async,
-			Metrics:       lat,
+			Metrics: lat,
 		})
 	}
 
@@ -251,7 +255,7 @@ func runE2E(ctx context.Context, o *options) ([]result, error) {
 				return rs, err
 			}
 			lat.reset()
-			with, err := consumeRate(ctx, b, n, mw.Handler)
+			with, err := consumeRate(ctx, b, n, mw.Middleware)
 			if cerr := mw.Close(ctx); err == nil {
 				err = cerr
 			}

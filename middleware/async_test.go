@@ -37,8 +37,8 @@ func (g *gatedStore) Complete(ctx context.Context, c *stores.Claim, retention ti
 
 func newAsync(t testing.TB, cfg middleware.Config) *middleware.Middleware {
 	t.Helper()
-	cfg.AsyncComplete = true
-	m, err := middleware.NewMiddleware(cfg)
+	cfg.Mode = middleware.ModeAsyncComplete
+	m, err := middleware.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,23 +53,23 @@ func (inboxStub) Begin(context.Context, string, []string, time.Duration) (stores
 }
 
 func TestAsyncCompleteConfig(t *testing.T) {
-	if _, err := middleware.New(middleware.Config{Store: newMemstore(t), AsyncComplete: true}); !errors.Is(err, middleware.ErrInvalidConfig) {
-		t.Fatalf("New with AsyncComplete: err = %v, want ErrInvalidConfig (it needs NewMiddleware's Close)", err)
-	}
-	cfg := middleware.Config{Store: inboxStub{newMemstore(t)}, Transactional: true, AsyncComplete: true}
+	// The mode is one value: transactional and async complete cannot both
+	// be asked for, and an unknown mode is refused.
+	cfg := middleware.Config{Store: inboxStub{newMemstore(t)}, Mode: middleware.ModeTransactional + 1}
 	if err := cfg.Validate(); !errors.Is(err, middleware.ErrInvalidConfig) {
-		t.Fatalf("Transactional + AsyncComplete: err = %v, want ErrInvalidConfig", err)
+		t.Fatalf("Mode %s: err = %v, want ErrInvalidConfig", cfg.Mode, err)
 	}
-	// Without AsyncComplete, NewMiddleware is New with a no-op Close.
-	m, err := middleware.NewMiddleware(middleware.Config{Store: newMemstore(t), Scope: "s"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := m.Handler(func(*message.Message) ([]*message.Message, error) { return nil, nil })(message.NewMessage("m-1", nil)); err != nil {
-		t.Fatal(err)
-	}
-	if err := m.Close(context.Background()); err != nil {
-		t.Fatal(err)
+	// Close is a no-op outside ModeAsyncComplete.
+	for _, mode := range []middleware.Mode{middleware.ModeLease, middleware.ModeTransactional} {
+		m, err := middleware.New(middleware.Config{Store: inboxStub{newMemstore(t)}, Mode: mode})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		if err := m.Close(ctx); err != nil {
+			t.Fatalf("%s: Close = %v, want nil", mode, err)
+		}
 	}
 }
 
@@ -77,7 +77,7 @@ func TestAsyncCompleteAcksFirstAndCloseWaits(t *testing.T) {
 	store := newGatedStore(t)
 	m := newAsync(t, middleware.Config{Store: store, Scope: "s"})
 	runs := 0
-	h := m.Handler(func(*message.Message) ([]*message.Message, error) {
+	h := m.Middleware(func(*message.Message) ([]*message.Message, error) {
 		runs++
 		return []*message.Message{message.NewMessage("out-1", []byte("points"))}, nil
 	})
@@ -127,7 +127,7 @@ func TestAsyncCloseGivesUpAtItsDeadline(t *testing.T) {
 	store := newGatedStore(t) // never opened
 	metrics := newCountingMetrics()
 	m := newAsync(t, middleware.Config{Store: store, Scope: "s", Metrics: metrics})
-	if _, err := m.Handler(func(*message.Message) ([]*message.Message, error) { return nil, nil })(message.NewMessage("m-1", nil)); err != nil {
+	if _, err := m.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })(message.NewMessage("m-1", nil)); err != nil {
 		t.Fatal(err)
 	}
 	<-store.entered
@@ -150,13 +150,13 @@ func TestAsyncCloseGivesUpAtItsDeadline(t *testing.T) {
 func TestAsyncCompleteOnRouterEveryEffectOnce(t *testing.T) {
 	store := newMemstore(t)
 	l := newLedger()
-	m := newAsync(t, middleware.Config{Store: store, InProgressWait: 5 * time.Second, InProgressPoll: time.Millisecond})
+	m := newAsync(t, middleware.Config{Store: store, InProgressWait: 5 * time.Second, Tuning: middleware.Tuning{InProgressPoll: time.Millisecond}})
 	ps := newPubSub(t)
 	r := newRouter(t)
 	r.AddNoPublisherHandler("async", "in", ps, func(msg *message.Message) error {
 		l.apply(msg.UUID)
 		return nil
-	}).AddMiddleware(m.Handler)
+	}).AddMiddleware(m.Middleware)
 	runRouter(t, r)
 
 	var ids []string

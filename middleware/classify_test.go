@@ -123,7 +123,7 @@ func TestFailureClassification(t *testing.T) {
 					metrics := newCountingMetrics()
 					mw := dedupMiddleware(t, middleware.Config{
 						Store: inner, Scope: "s", OnStoreError: policy, Metrics: metrics,
-						Transactional: mode == "transactional", StoreTimeout: 50 * time.Millisecond,
+						Mode: map[string]middleware.Mode{"lease": middleware.ModeLease, "transactional": middleware.ModeTransactional}[mode], StoreTimeout: 50 * time.Millisecond,
 					})
 					msg := message.NewMessage("m-1", nil)
 					if row.cancelMsg {
@@ -220,7 +220,7 @@ func TestCompleteRetriesOutliveTheMessageContext(t *testing.T) {
 	clock := storetest.NewFakeClock(time.Now())
 	store := &flakyStore{Store: newMemstoreClock(t, clock)}
 	lease := time.Minute
-	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Lease: lease, CompleteTimeout: 5 * time.Second})
+	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Lease: lease, Tuning: middleware.Tuning{CompleteTimeout: 5 * time.Second}})
 	l := newLedger()
 	h := mw(func(msg *message.Message) ([]*message.Message, error) {
 		l.apply(msg.UUID)

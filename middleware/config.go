@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -51,6 +52,64 @@ func (p StoreErrorPolicy) String() string {
 	}
 }
 
+// Mode is how the middleware records a message done.
+type Mode uint8
+
+const (
+	// ModeLease (the default) claims the keys under a lease before the
+	// handler runs, extends the lease while it runs, and records the
+	// message done (Complete) before it is acked. It works with every
+	// store.
+	ModeLease Mode = iota
+
+	// ModeAsyncComplete is ModeLease, but acks a message as soon as its
+	// handler succeeds and records it done in the background, where the
+	// store's batching folds the Complete into the same round trips as the
+	// next claims. A sequential consumer (one Kafka partition, one
+	// RabbitMQ consumer) then waits for one store round trip per message
+	// instead of two.
+	//
+	// The price is a window, from the ack until the Complete lands
+	// (normally one store round trip; through a store outage up to
+	// Tuning.CompleteTimeout after the first failed attempt), in which the
+	// record is still processing:
+	//   - a duplicate arriving in it gets ErrInProgress (nack and retry),
+	//     and nothing runs twice;
+	//   - a crash in it leaves the record processing until the lease
+	//     expires, after which a duplicate runs the handler again: the
+	//     exposure of a crash between the effect and Complete in
+	//     ModeLease, now also after the ack;
+	//   - outputs are returned before they are recorded, so a lost
+	//     Complete means a later duplicate re-runs instead of re-emitting.
+	//
+	// Close the Middleware after the router has stopped: Close waits for
+	// the Completes in flight.
+	ModeAsyncComplete
+
+	// ModeTransactional is the transactional inbox: Store must implement
+	// stores.Inbox (sqlstore does), the record is written in the same
+	// database transaction as the handler's own writes, and the handler
+	// finds the transaction in its message context
+	// (sqlstore.TxFromContext). There is no lease: concurrent duplicates
+	// wait on the record's primary key. Effects written in the store's
+	// database are never doubled. It cannot be combined with FailOpen.
+	ModeTransactional
+)
+
+// String returns "lease", "async-complete" or "transactional".
+func (m Mode) String() string {
+	switch m {
+	case ModeLease:
+		return "lease"
+	case ModeAsyncComplete:
+		return "async-complete"
+	case ModeTransactional:
+		return "transactional"
+	default:
+		return fmt.Sprintf("Mode(%d)", uint8(m))
+	}
+}
+
 // Default values of Config fields.
 const (
 	DefaultLease          = 30 * time.Second
@@ -65,10 +124,21 @@ const (
 )
 
 // Config configures the middleware. The zero value of every field but
-// Store means its documented default.
+// Store means its documented default, so a common configuration is a few
+// lines:
+//
+//	middleware.Config{
+//		Store:  store,
+//		Key:    keyfuncs.All(keyfuncs.Prefix("msg:", keyfuncs.MessageID()), keyfuncs.Prefix("pay:", keyfuncs.JSON("payment_id"))),
+//		Logger: logger,
+//	}
 type Config struct {
 	// Store keeps the dedup records. Required.
 	Store stores.Store
+
+	// Mode is how a message is recorded done: ModeLease (the default),
+	// ModeAsyncComplete or ModeTransactional.
+	Mode Mode
 
 	// Key builds the keys a message claims. The default is
 	// keyfuncs.MessageID(). For side-effecting consumers whose producers
@@ -85,40 +155,69 @@ type Config struct {
 
 	// Lease is how long a claim holds its keys before another consumer may
 	// take them over, presuming the holder dead. The middleware extends the
-	// lease while the handler runs (see Heartbeat), so it bounds how long a
-	// crashed consumer blocks a redelivery, not how long a handler may run.
-	// The default is 30s.
+	// lease while the handler runs (see Tuning.Heartbeat), so it bounds how
+	// long a crashed consumer blocks a redelivery, not how long a handler
+	// may run. The default is 30s. Not used by ModeTransactional.
 	Lease time.Duration
-
-	// Heartbeat is how often a running handler's lease is extended. The
-	// default is Lease/3; a negative value disables extension (a handler
-	// running longer than Lease may then be taken over).
-	Heartbeat time.Duration
 
 	// Retention is how long a done record is kept: a redelivery after it
 	// is processed again. Make it at least RetentionSafetyFactor x the
-	// broker's maximum redelivery horizon (see RedeliveryHorizon). The
+	// broker's maximum redelivery horizon (see CheckRetention). The
 	// default is 24h.
 	Retention time.Duration
 
-	// RedeliveryHorizon is the longest time after which the broker may
-	// still redeliver a message: SQS maxReceiveCount x visibility timeout,
-	// the consumer outage budget for RabbitMQ, the group recovery time for
-	// Kafka. When set, New logs a warning if Retention is shorter than
-	// RetentionSafetyFactor x RedeliveryHorizon, or fails with
-	// ErrRetentionTooShort when StrictRetention is set. Zero means unknown.
-	RedeliveryHorizon time.Duration
-	StrictRetention   bool
+	// StoreTimeout bounds every store call. The default is 5s.
+	StoreTimeout time.Duration
+
+	// OnStoreError is the policy when Claim fails. The default is
+	// FailClosed. FailOpen cannot be combined with ModeTransactional.
+	OnStoreError StoreErrorPolicy
+
+	// InProgressWait is how long a delivery whose keys another consumer is
+	// processing waits for that run to finish before returning
+	// ErrInProgress (which nacks it). While waiting it re-claims every
+	// Tuning.InProgressPoll: when the other run completes the delivery is
+	// acked as a duplicate, when it fails the delivery claims the keys and
+	// runs. The default, zero, returns ErrInProgress at once; pair that
+	// with Watermill's Retry middleware or the broker's redelivery delay.
+	InProgressWait time.Duration
 
 	// PublishedAt tells when a message was first published, for the
 	// ttl-miss check: a claimed message older than Retention may be a
 	// redelivery whose record already expired, and is counted
 	// (OutcomeTTLMiss) and logged, never hidden. Nil disables the check.
-	// See MetadataTime.
+	// See MetadataTime and the PublishedAt functions of the keyfuncs
+	// broker packages.
 	PublishedAt func(msg *message.Message) (time.Time, bool)
 
-	// StoreTimeout bounds every store call. The default is 5s.
-	StoreTimeout time.Duration
+	// Fingerprint, when set, is stored with each done record; a duplicate
+	// whose fingerprint differs (the same key reused for different
+	// content) fails with an error wrapping ErrFingerprintMismatch
+	// instead of being acked. See PayloadFingerprint.
+	Fingerprint func(msg *message.Message) []byte
+
+	// Logger receives what the middleware reports: every message it fails
+	// for good (no key, fingerprint mismatch, corrupt record) and every
+	// bypass, takeover, ttl miss and store failure. The default logs to
+	// slog.Default() (watermill.NewSlogLogger(nil)); pass
+	// watermill.NopLogger{} to discard.
+	Logger watermill.LoggerAdapter
+
+	// Metrics receives every outcome and store latency. The default
+	// discards them; see the prommetrics package.
+	Metrics Metrics
+
+	// Tuning holds settings that rarely need changing.
+	Tuning Tuning
+}
+
+// Tuning holds the middleware settings that rarely need changing. The
+// zero value of each field means its documented default.
+type Tuning struct {
+	// Heartbeat is how often a running handler's lease is extended. The
+	// default is Lease/3; a negative value disables extension (a handler
+	// running longer than Lease may then be taken over).
+	Heartbeat time.Duration
 
 	// CompleteTimeout is how long a Complete failed by an outage is
 	// retried (with a doubling backoff, the lease kept alive meanwhile)
@@ -133,76 +232,22 @@ type Config struct {
 	// handler. The default is Lease.
 	CompleteTimeout time.Duration
 
-	// AsyncComplete acks a message as soon as its handler succeeds and
-	// records it done in the background, where the store's batching folds
-	// the Complete into the same round trips as the next claims. A
-	// sequential consumer (one Kafka partition, one RabbitMQ consumer)
-	// then waits for one store round trip per message instead of two.
-	//
-	// The price is a window, from the ack until the Complete lands
-	// (normally one store round trip; through a store outage up to
-	// CompleteTimeout after the first failed attempt), in which the
-	// record is still processing:
-	//   - a duplicate arriving in it gets ErrInProgress (nack and retry),
-	//     and nothing runs twice;
-	//   - a crash in it leaves the record processing until the lease
-	//     expires, after which a duplicate runs the handler again: the
-	//     exposure of a crash between the effect and Complete in the
-	//     default mode, now also after the ack;
-	//   - outputs are returned before they are recorded, so a lost
-	//     Complete means a later duplicate re-runs instead of re-emitting.
-	//
-	// It requires NewMiddleware, whose Close waits for the Completes in
-	// flight: call it after the router has stopped. It cannot be combined
-	// with Transactional, whose record commits with the handler's writes.
-	// The default is off.
-	AsyncComplete bool
-
-	// OnStoreError is the policy when Claim fails. The default is
-	// FailClosed. FailOpen cannot be combined with Transactional.
-	OnStoreError StoreErrorPolicy
-
-	// InProgressWait is how long a delivery whose keys another consumer is
-	// processing waits for that run to finish before returning
-	// ErrInProgress (which nacks it). While waiting it re-claims every
-	// InProgressPoll: when the other run completes the delivery is acked as
-	// a duplicate, when it fails the delivery claims the keys and runs. The
-	// default, zero, returns ErrInProgress at once; pair that with
-	// Watermill's Retry middleware or the broker's redelivery delay.
-	InProgressWait time.Duration
+	// InProgressPoll is how often a delivery waiting for another
+	// consumer's run (Config.InProgressWait) claims again. The default is
+	// 100ms.
 	InProgressPoll time.Duration
-
-	// Transactional selects the transactional inbox: Store must implement
-	// stores.Inbox (sqlstore does), the record is written in the same
-	// database transaction as the handler's own writes, and the handler
-	// finds the transaction in its message context (sqlstore.TxFromContext).
-	// There is no lease: concurrent duplicates wait on the record's primary
-	// key. The default is lease mode.
-	Transactional bool
-
-	// Fingerprint, when set, is stored with each done record; a duplicate
-	// whose fingerprint differs (the same key reused for different
-	// content) fails with an error wrapping stores.ErrFingerprintMismatch
-	// instead of being acked. See PayloadFingerprint.
-	Fingerprint func(msg *message.Message) []byte
-
-	// Logger receives warnings and errors. The default discards them.
-	Logger watermill.LoggerAdapter
-
-	// Metrics receives every outcome and store latency. The default
-	// discards them.
-	Metrics Metrics
 }
 
 // Errors returned by the middleware and by New. Errors of the store
 // (stores.ErrLostClaim, ...) and of key functions (keyfuncs.ErrNoKey) are
-// wrapped, so errors.Is finds them too.
+// wrapped, so errors.Is finds them too. Every error the middleware
+// returns starts with "dedup: ".
 var (
 	// ErrInvalidConfig is wrapped by every error of Config.Validate.
-	ErrInvalidConfig = errors.New("dedup middleware: invalid config")
+	ErrInvalidConfig = errors.New("dedup: invalid config")
 
-	// ErrRetentionTooShort is returned by New under StrictRetention.
-	ErrRetentionTooShort = errors.New("dedup middleware: retention shorter than the redelivery horizon allows")
+	// ErrRetentionTooShort is wrapped by the error of CheckRetention.
+	ErrRetentionTooShort = errors.New("dedup: retention shorter than the redelivery horizon allows")
 
 	// ErrInProgress is returned for a delivery whose keys another consumer
 	// is processing. It is retryable: the message is nacked, not lost.
@@ -213,47 +258,80 @@ var (
 	// outage under FailOpen), so the handler did not run, or a Commit.
 	ErrStore = errors.New("dedup: store call failed")
 
+	// ErrFingerprintMismatch reports a duplicate whose key was recorded
+	// with a different Config.Fingerprint: the same key reused for other
+	// content. It is permanent (see IsPermanent).
+	ErrFingerprintMismatch = errors.New("dedup: key reused with a different payload fingerprint")
+
 	// ErrCorruptRecord reports stored data the middleware cannot decode.
 	ErrCorruptRecord = errors.New("dedup: corrupt stored record data")
 )
 
 // Validate reports the first invalid field, naming it and the bound.
 func (c Config) Validate() error {
+	t := c.Tuning
 	switch {
 	case c.Store == nil:
 		return fmt.Errorf("%w: Store is required", ErrInvalidConfig)
+	case c.Mode > ModeTransactional:
+		return fmt.Errorf("%w: Mode must be ModeLease, ModeAsyncComplete or ModeTransactional, got %s", ErrInvalidConfig, c.Mode)
 	case c.Lease < 0:
 		return fmt.Errorf("%w: Lease must not be negative, got %s", ErrInvalidConfig, c.Lease)
 	case c.Retention < 0:
 		return fmt.Errorf("%w: Retention must not be negative, got %s", ErrInvalidConfig, c.Retention)
-	case c.CompleteTimeout < 0:
-		return fmt.Errorf("%w: CompleteTimeout must not be negative, got %s", ErrInvalidConfig, c.CompleteTimeout)
 	case c.StoreTimeout < 0:
 		return fmt.Errorf("%w: StoreTimeout must not be negative, got %s", ErrInvalidConfig, c.StoreTimeout)
-	case c.RedeliveryHorizon < 0:
-		return fmt.Errorf("%w: RedeliveryHorizon must not be negative, got %s", ErrInvalidConfig, c.RedeliveryHorizon)
-	case c.InProgressWait < 0 || c.InProgressPoll < 0:
-		return fmt.Errorf("%w: InProgressWait and InProgressPoll must not be negative", ErrInvalidConfig)
+	case c.InProgressWait < 0:
+		return fmt.Errorf("%w: InProgressWait must not be negative, got %s", ErrInvalidConfig, c.InProgressWait)
 	case c.OnStoreError > FailOpen:
 		return fmt.Errorf("%w: OnStoreError must be FailClosed or FailOpen, got %s", ErrInvalidConfig, c.OnStoreError)
+	case t.CompleteTimeout < 0:
+		return fmt.Errorf("%w: Tuning.CompleteTimeout must not be negative, got %s", ErrInvalidConfig, t.CompleteTimeout)
+	case t.InProgressPoll < 0:
+		return fmt.Errorf("%w: Tuning.InProgressPoll must not be negative, got %s", ErrInvalidConfig, t.InProgressPoll)
 	}
 	lease := c.Lease
 	if lease == 0 {
 		lease = DefaultLease
 	}
-	if c.Heartbeat > 0 && c.Heartbeat >= lease {
-		return fmt.Errorf("%w: Heartbeat (%s) must be shorter than Lease (%s)", ErrInvalidConfig, c.Heartbeat, lease)
+	if t.Heartbeat > 0 && t.Heartbeat >= lease {
+		return fmt.Errorf("%w: Tuning.Heartbeat (%s) must be shorter than Lease (%s)", ErrInvalidConfig, t.Heartbeat, lease)
 	}
-	if c.Transactional {
+	if c.Mode == ModeTransactional {
 		if _, ok := c.Store.(stores.Inbox); !ok {
-			return fmt.Errorf("%w: Transactional needs a Store implementing stores.Inbox (such as sqlstore); %T does not", ErrInvalidConfig, c.Store)
+			return fmt.Errorf("%w: ModeTransactional needs a Store implementing stores.Inbox (such as sqlstore); %T does not", ErrInvalidConfig, c.Store)
 		}
 		if c.OnStoreError == FailOpen {
-			return fmt.Errorf("%w: FailOpen cannot be combined with Transactional (the handler's writes need the store's database)", ErrInvalidConfig)
+			return fmt.Errorf("%w: FailOpen cannot be combined with ModeTransactional (the handler's writes need the store's database)", ErrInvalidConfig)
 		}
-		if c.AsyncComplete {
-			return fmt.Errorf("%w: AsyncComplete cannot be combined with Transactional (the record commits with the handler's writes)", ErrInvalidConfig)
-		}
+	}
+	return nil
+}
+
+// CheckRetention reports whether a retention window covers a broker's
+// redelivery horizon — the longest time after which the broker may still
+// redeliver a message: SQS maxReceiveCount x visibility timeout, the
+// consumer outage budget for RabbitMQ, the group recovery time for Kafka
+// — with the RetentionSafetyFactor margin. It returns nil, or an error
+// wrapping ErrRetentionTooShort that names the minimum. A zero retention
+// means DefaultRetention; a zero horizon (unknown) is never too long.
+//
+// Call it at start-up with Config.Retention, and log the error or refuse
+// to start: a redelivery arriving after the window is processed again
+// (counted as OutcomeTTLMiss when Config.PublishedAt is set).
+func CheckRetention(retention, horizon time.Duration) error {
+	if retention == 0 {
+		retention = DefaultRetention
+	}
+	if horizon <= 0 {
+		return nil
+	}
+	minimum := time.Duration(math.MaxInt64) // 1.3 x a horizon this long is no duration
+	if f := float64(horizon) * RetentionSafetyFactor; f < math.MaxInt64 {
+		minimum = time.Duration(f)
+	}
+	if retention < minimum {
+		return fmt.Errorf("%w: retention %s < %.1f x redelivery horizon %s = %s: redeliveries after the window are processed again", ErrRetentionTooShort, retention, RetentionSafetyFactor, horizon, minimum)
 	}
 	return nil
 }
@@ -265,8 +343,8 @@ func (c *Config) setDefaults() {
 	if c.Lease == 0 {
 		c.Lease = DefaultLease
 	}
-	if c.Heartbeat == 0 {
-		c.Heartbeat = c.Lease / 3
+	if c.Tuning.Heartbeat == 0 {
+		c.Tuning.Heartbeat = c.Lease / 3
 	}
 	if c.Retention == 0 {
 		c.Retention = DefaultRetention
@@ -274,14 +352,14 @@ func (c *Config) setDefaults() {
 	if c.StoreTimeout == 0 {
 		c.StoreTimeout = DefaultStoreTimeout
 	}
-	if c.CompleteTimeout == 0 {
-		c.CompleteTimeout = c.Lease
+	if c.Tuning.CompleteTimeout == 0 {
+		c.Tuning.CompleteTimeout = c.Lease
 	}
-	if c.InProgressPoll == 0 {
-		c.InProgressPoll = DefaultInProgressPoll
+	if c.Tuning.InProgressPoll == 0 {
+		c.Tuning.InProgressPoll = DefaultInProgressPoll
 	}
 	if c.Logger == nil {
-		c.Logger = watermill.NopLogger{}
+		c.Logger = watermill.NewSlogLogger(nil)
 	}
 	if c.Metrics == nil {
 		c.Metrics = NopMetrics{}

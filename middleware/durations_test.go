@@ -18,12 +18,12 @@ import (
 // retentions and timeouts must not overflow either.
 func TestTinyAndHugeDurations(t *testing.T) {
 	for _, cfg := range []middleware.Config{
-		{Heartbeat: time.Nanosecond},
+		{Tuning: middleware.Tuning{Heartbeat: time.Nanosecond}},
 		{Lease: 3 * time.Nanosecond},
-		{Lease: time.Nanosecond, Heartbeat: -1},
-		{Lease: math.MaxInt64, Retention: math.MaxInt64, StoreTimeout: math.MaxInt64, CompleteTimeout: math.MaxInt64},
-		{Lease: math.MaxInt64, Heartbeat: math.MaxInt64 - 1},
-		{InProgressWait: math.MaxInt64, InProgressPoll: time.Nanosecond},
+		{Lease: time.Nanosecond, Tuning: middleware.Tuning{Heartbeat: -1}},
+		{Lease: math.MaxInt64, Retention: math.MaxInt64, StoreTimeout: math.MaxInt64, Tuning: middleware.Tuning{CompleteTimeout: math.MaxInt64}},
+		{Lease: math.MaxInt64, Tuning: middleware.Tuning{Heartbeat: math.MaxInt64 - 1}},
+		{InProgressWait: math.MaxInt64, Tuning: middleware.Tuning{InProgressPoll: time.Nanosecond}},
 	} {
 		cfg.Store = newMemstore(t)
 		cfg.Scope = "s"
@@ -51,13 +51,10 @@ func TestTinyAndHugeDurations(t *testing.T) {
 // TestHugeRedeliveryHorizon: the retention check saturates instead of
 // overflowing (1.3 x math.MaxInt64 is no duration).
 func TestHugeRedeliveryHorizon(t *testing.T) {
-	_, err := middleware.New(middleware.Config{Store: newMemstore(t), Retention: 24 * time.Hour,
-		RedeliveryHorizon: math.MaxInt64, StrictRetention: true})
-	if !errors.Is(err, middleware.ErrRetentionTooShort) {
-		t.Fatalf("New with a 24h retention and a horizon of math.MaxInt64 = %v, want ErrRetentionTooShort", err)
+	if err := middleware.CheckRetention(24*time.Hour, math.MaxInt64); !errors.Is(err, middleware.ErrRetentionTooShort) {
+		t.Fatalf("CheckRetention(24h, math.MaxInt64) = %v, want ErrRetentionTooShort", err)
 	}
-	if _, err := middleware.New(middleware.Config{Store: newMemstore(t), Retention: math.MaxInt64,
-		RedeliveryHorizon: math.MaxInt64, StrictRetention: true}); err != nil {
-		t.Fatalf("New with retention and horizon of math.MaxInt64 = %v, want nil (the longest retention covers any horizon)", err)
+	if err := middleware.CheckRetention(math.MaxInt64, math.MaxInt64); err != nil {
+		t.Fatalf("CheckRetention(math.MaxInt64, math.MaxInt64) = %v, want nil (the longest retention covers any horizon)", err)
 	}
 }

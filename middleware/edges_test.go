@@ -15,9 +15,9 @@ import (
 // still asks for the longest retention, and no shorter one passes.
 func TestRedeliveryHorizonAtTheLimit(t *testing.T) {
 	const h = 7094901566811364864 // float64(h) * 1.3 == 2^63
-	_, err := middleware.New(middleware.Config{Store: newMemstore(t), RedeliveryHorizon: h, StrictRetention: true})
+	err := middleware.CheckRetention(0, h)
 	if !errors.Is(err, middleware.ErrRetentionTooShort) {
-		t.Fatalf("New with a 24h retention and a horizon of %s = %v, want ErrRetentionTooShort", time.Duration(h), err)
+		t.Fatalf("CheckRetention with the default retention and a horizon of %s = %v, want ErrRetentionTooShort", time.Duration(h), err)
 	}
 }
 
@@ -45,7 +45,7 @@ func TestRecordWithoutFingerprintIsADuplicate(t *testing.T) {
 // 300ms CompleteTimeout the store sees a handful of attempts.
 func TestCompleteRetriesBackOff(t *testing.T) {
 	store := &flakyStore{Store: newMemstore(t)}
-	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", CompleteTimeout: 300 * time.Millisecond, Heartbeat: -1})
+	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Tuning: middleware.Tuning{CompleteTimeout: 300 * time.Millisecond, Heartbeat: -1}})
 	var before int64
 	h := mw(func(*message.Message) ([]*message.Message, error) {
 		store.down.Store(true)

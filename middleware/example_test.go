@@ -32,7 +32,8 @@ func ExampleNew() {
 	}
 
 	attempts := 0
-	handler := dedup(func(msg *message.Message) ([]*message.Message, error) {
+	// router.AddMiddleware(dedup.Middleware) in a router; here, by hand:
+	handler := dedup.Middleware(func(msg *message.Message) ([]*message.Message, error) {
 		attempts++
 		if attempts == 1 {
 			return nil, fmt.Errorf("transient failure")
@@ -57,22 +58,22 @@ func ExampleNew() {
 	// error: <nil>
 }
 
-// With AsyncComplete the handler's result goes back to the router (which
+// In ModeAsyncComplete the handler's result goes back to the router (which
 // acks) while its record is being completed; Close, once the router has
 // stopped, waits for the Completes still in flight.
-func ExampleNewMiddleware() {
+func ExampleMiddleware_Close() {
 	store, err := memstore.New(memstore.Config{})
 	if err != nil {
 		panic(err)
 	}
 	defer store.Close(context.Background())
 
-	dedup, err := middleware.NewMiddleware(middleware.Config{Store: store, AsyncComplete: true})
+	dedup, err := middleware.New(middleware.Config{Store: store, Mode: middleware.ModeAsyncComplete})
 	if err != nil {
 		panic(err)
 	}
-	// router.AddMiddleware(dedup.Handler), then router.Run; here, by hand:
-	handler := dedup.Handler(func(msg *message.Message) ([]*message.Message, error) {
+	// router.AddMiddleware(dedup.Middleware), then router.Run; here, by hand:
+	handler := dedup.Middleware(func(msg *message.Message) ([]*message.Message, error) {
 		fmt.Println("handled", msg.UUID)
 		return nil, nil
 	})

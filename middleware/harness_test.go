@@ -77,7 +77,7 @@ func dedupMiddleware(t testing.TB, cfg middleware.Config) message.HandlerMiddlew
 	if err != nil {
 		t.Fatal(err)
 	}
-	return mw
+	return mw.Middleware
 }
 
 // eventually polls cond every 5ms until it holds or 10s pass.

@@ -19,7 +19,11 @@ import (
 // been in flight for a tick, so an idle middleware runs nothing and needs
 // no Close.
 type beats struct {
-	d *dedup
+	every   time.Duration // Tuning.Heartbeat; <= 0 disables extension
+	lease   time.Duration
+	calls   *storeCalls
+	metrics Metrics
+	logger  watermill.LoggerAdapter
 
 	mu      sync.Mutex
 	head    beat // sentinel of a circular list of the claims in flight
@@ -141,11 +145,11 @@ const (
 )
 
 func (b *beats) tick() time.Duration {
-	return max(min(b.d.cfg.Heartbeat/2, maxTick), minTick)
+	return max(min(b.every/2, maxTick), minTick)
 }
 
 func (b *beats) add(e *beat) {
-	if b.d.cfg.Heartbeat <= 0 {
+	if b.every <= 0 {
 		return
 	}
 	b.mu.Lock()
@@ -170,7 +174,7 @@ func (b *beats) add(e *beat) {
 // remove unregisters e, waiting for an Extend in flight so that no Extend
 // can race with the Complete or Release that follows.
 func (b *beats) remove(e *beat) {
-	if b.d.cfg.Heartbeat <= 0 {
+	if b.every <= 0 {
 		return
 	}
 	e.mu.Lock()
@@ -205,7 +209,7 @@ func (b *beats) loop() {
 		b.lastTick = now
 		b.due = b.due[:0]
 		for e := b.head.next; e != &b.head; e = e.next {
-			if now.Sub(e.extendedAt) >= b.d.cfg.Heartbeat && e.extending.CompareAndSwap(false, true) {
+			if now.Sub(e.extendedAt) >= b.every && e.extending.CompareAndSwap(false, true) {
 				e.extendedAt = now
 				b.due = append(b.due, e)
 			}
@@ -227,12 +231,7 @@ func (b *beats) extend(e *beat) {
 	if e.stopped || e.lost {
 		return
 	}
-	d := b.d
-	ctx, cancel := d.storeCtx(e.parent, true)
-	start := d.now()
-	err := d.cfg.Store.Extend(ctx, e.c, d.cfg.Lease)
-	cancel()
-	d.observeStore(e.c.Scope, OpExtend, start, err)
+	err := b.calls.extend(e.parent, e.c, b.lease)
 	switch {
 	case errors.Is(err, stores.ErrLostClaim) && e.completing.Load():
 		// The Complete landed first (the record is done): nothing to
@@ -242,11 +241,11 @@ func (b *beats) extend(e *beat) {
 	case errors.Is(err, stores.ErrLostClaim):
 		// Someone took the message over: tell the handler to stop.
 		e.lost = true
-		d.cfg.Metrics.Observe(e.c.Scope, OutcomeLostClaim)
-		d.cfg.Logger.Error("Dedup lease lost while the handler runs: cancelling its context", err, watermill.LogFields{"scope": e.c.Scope, "keys": e.c.Keys})
+		b.metrics.Observe(e.c.Scope, OutcomeLostClaim)
+		b.logger.Error("Dedup lease lost while the handler runs: cancelling its context", err, watermill.LogFields{"scope": e.c.Scope, "keys": e.c.Keys})
 		e.lose(err)
 	case err != nil:
-		d.cfg.Metrics.Observe(e.c.Scope, OutcomeStoreError)
-		d.cfg.Logger.Error("Dedup lease extension failed; retrying at the next heartbeat", err, watermill.LogFields{"scope": e.c.Scope, "keys": e.c.Keys})
+		b.metrics.Observe(e.c.Scope, OutcomeStoreError)
+		b.logger.Error("Dedup lease extension failed; retrying at the next heartbeat", err, watermill.LogFields{"scope": e.c.Scope, "keys": e.c.Keys})
 	}
 }

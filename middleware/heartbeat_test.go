@@ -38,7 +38,7 @@ func TestHeartbeatOneExtendAtATime(t *testing.T) {
 	store := &hangingExtendStore{Store: newMemstore(t)}
 	const storeTimeout = 300 * time.Millisecond
 	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Lease: 10 * time.Second,
-		Heartbeat: 10 * time.Millisecond, StoreTimeout: storeTimeout})
+		Tuning: middleware.Tuning{Heartbeat: 10 * time.Millisecond}, StoreTimeout: storeTimeout})
 	const handlerRuns = 500 * time.Millisecond // fifty heartbeats
 	_, err := mw(func(*message.Message) ([]*message.Message, error) {
 		time.Sleep(handlerRuns)

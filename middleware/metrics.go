@@ -41,6 +41,9 @@ const (
 	// down, an outer Timeout middleware fired) before the store answered
 	// the claim; the message was nacked without running the handler.
 	OutcomeCancelled
+	// OutcomeCorruptRecord: a duplicate's stored record data could not be
+	// decoded (ErrCorruptRecord).
+	OutcomeCorruptRecord
 )
 
 var outcomeNames = [...]string{
@@ -56,6 +59,7 @@ var outcomeNames = [...]string{
 	OutcomeFingerprintMismatch: "fingerprint_mismatch",
 	OutcomeReleased:            "released",
 	OutcomeCancelled:           "cancelled",
+	OutcomeCorruptRecord:       "corrupt_record",
 }
 
 // String returns the outcome's snake_case name, used as a metric label.

@@ -1,9 +1,11 @@
 package middleware_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -154,7 +156,7 @@ func TestSameMessage64TimesConcurrentlyRunsOnce(t *testing.T) {
 	h.AddMiddleware(dedupMiddleware(t, middleware.Config{
 		Store:          newMemstore(t),
 		InProgressWait: 20 * time.Millisecond,
-		InProgressPoll: 2 * time.Millisecond,
+		Tuning:         middleware.Tuning{InProgressPoll: 2 * time.Millisecond},
 	}))
 	runRouter(t, r)
 
@@ -409,7 +411,7 @@ func TestHeartbeatKeepsLongHandlerClaimed(t *testing.T) {
 	ctx := context.Background()
 	store := newMemstore(t)
 	lease := 150 * time.Millisecond
-	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Lease: lease, Heartbeat: lease / 5})
+	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Lease: lease, Tuning: middleware.Tuning{Heartbeat: lease / 5}})
 	var (
 		rivals  []stores.Result
 		handler = func(msg *message.Message) ([]*message.Message, error) {
@@ -444,7 +446,7 @@ func TestLostClaimCancelsHandlerAndNacks(t *testing.T) {
 	store := newMemstoreClock(t, clock)
 	metrics := newCountingMetrics()
 	lease := time.Second
-	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Lease: lease, Heartbeat: 20 * time.Millisecond, Metrics: metrics})
+	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Lease: lease, Tuning: middleware.Tuning{Heartbeat: 20 * time.Millisecond}, Metrics: metrics})
 	var handlerCtxErr error
 	_, err := mw(func(msg *message.Message) ([]*message.Message, error) {
 		// The lease runs out (as if this process stalled) and a rival takes over.
@@ -485,7 +487,7 @@ func TestInProgressReturnsRetryableError(t *testing.T) {
 	}
 	// With a wait, a delivery that collides with a run that then completes
 	// is acked as a duplicate.
-	mw = dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", InProgressWait: 5 * time.Second, InProgressPoll: time.Millisecond})
+	mw = dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", InProgressWait: 5 * time.Second, Tuning: middleware.Tuning{InProgressPoll: time.Millisecond}})
 	go func() {
 		time.Sleep(20 * time.Millisecond)
 		_ = store.Complete(context.Background(), c, time.Hour, nil)
@@ -506,7 +508,7 @@ func TestFingerprintMismatch(t *testing.T) {
 		t.Fatalf("same key, same payload: %v, want a duplicate ack", err)
 	}
 	_, err := mw(h)(message.NewMessage("3", []byte(`{"id":"A","amount":999}`)))
-	if !errors.Is(err, stores.ErrFingerprintMismatch) || !middleware.IsPermanent(err) {
+	if !errors.Is(err, middleware.ErrFingerprintMismatch) || !middleware.IsPermanent(err) {
 		t.Fatalf("same key, different payload: %v, want ErrFingerprintMismatch", err)
 	}
 }
@@ -535,32 +537,37 @@ func TestTTLMissCounted(t *testing.T) {
 }
 
 func TestRetentionShorterThanHorizon(t *testing.T) {
-	logger := watermill.NewCaptureLogger()
-	_, err := middleware.New(middleware.Config{Store: newMemstore(t), Retention: time.Hour, RedeliveryHorizon: time.Hour, Logger: logger})
-	if err != nil {
-		t.Fatal(err)
+	err := middleware.CheckRetention(time.Hour, time.Hour)
+	if !errors.Is(err, middleware.ErrRetentionTooShort) || !strings.Contains(err.Error(), "1h18m0s") {
+		t.Fatalf("CheckRetention(1h, 1h) = %v, want ErrRetentionTooShort naming the 1h18m minimum", err)
 	}
-	if !logger.HasError(middleware.ErrRetentionTooShort) {
-		t.Fatal("a too-short retention was not logged")
-	}
-	_, err = middleware.New(middleware.Config{Store: newMemstore(t), Retention: time.Hour, RedeliveryHorizon: time.Hour, StrictRetention: true})
-	if !errors.Is(err, middleware.ErrRetentionTooShort) {
-		t.Fatalf("strict: %v, want ErrRetentionTooShort", err)
-	}
-	if _, err := middleware.New(middleware.Config{Store: newMemstore(t), Retention: 2 * time.Hour, RedeliveryHorizon: time.Hour, StrictRetention: true}); err != nil {
+	if err := middleware.CheckRetention(2*time.Hour, time.Hour); err != nil {
 		t.Fatalf("2h retention over a 1h horizon: %v", err)
+	}
+	if err := middleware.CheckRetention(time.Hour, 0); err != nil {
+		t.Fatalf("an unknown horizon: %v", err)
+	}
+	// Zero is the default retention, 24h.
+	if err := middleware.CheckRetention(0, 18*time.Hour); err != nil {
+		t.Fatalf("default retention over an 18h horizon: %v", err)
+	}
+	if err := middleware.CheckRetention(0, 19*time.Hour); !errors.Is(err, middleware.ErrRetentionTooShort) {
+		t.Fatalf("default retention over a 19h horizon: %v, want ErrRetentionTooShort", err)
 	}
 }
 
 func TestConfigValidate(t *testing.T) {
 	s := newMemstore(t)
 	cases := map[string]middleware.Config{
-		"no store":                 {},
-		"negative lease":           {Store: s, Lease: -1},
-		"negative retention":       {Store: s, Retention: -1},
-		"heartbeat >= lease":       {Store: s, Lease: time.Second, Heartbeat: time.Second},
-		"transactional memstore":   {Store: s, Transactional: true},
-		"unknown store err policy": {Store: s, OnStoreError: 7},
+		"no store":                  {},
+		"negative lease":            {Store: s, Lease: -1},
+		"negative retention":        {Store: s, Retention: -1},
+		"heartbeat >= lease":        {Store: s, Lease: time.Second, Tuning: middleware.Tuning{Heartbeat: time.Second}},
+		"transactional memstore":    {Store: s, Mode: middleware.ModeTransactional},
+		"unknown mode":              {Store: s, Mode: middleware.ModeTransactional + 1},
+		"negative complete timeout": {Store: s, Tuning: middleware.Tuning{CompleteTimeout: -1}},
+		"negative poll":             {Store: s, Tuning: middleware.Tuning{InProgressPoll: -1}},
+		"unknown store err policy":  {Store: s, OnStoreError: 7},
 	}
 	for name, cfg := range cases {
 		if _, err := middleware.New(cfg); !errors.Is(err, middleware.ErrInvalidConfig) {
@@ -695,7 +702,7 @@ func TestKeyRejectedByStoreIsBadInputNotStoreError(t *testing.T) {
 // claim, as a panicking handler does: the redelivery can run.
 func TestPanickingFingerprintReleasesTheClaim(t *testing.T) {
 	store := newMemstore(t)
-	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Heartbeat: 20 * time.Millisecond,
+	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Tuning: middleware.Tuning{Heartbeat: 20 * time.Millisecond},
 		Fingerprint: func(*message.Message) []byte { panic("fingerprint bug") }})
 	func() {
 		defer func() {
@@ -751,15 +758,16 @@ func (s slowReplyStore) Complete(ctx context.Context, c *stores.Claim, retention
 // A heartbeat that fires while the Complete's reply is on its way finds
 // the record done: that is not a lost lease.
 func TestHeartbeatDuringCompleteIsNotALostClaim(t *testing.T) {
-	for _, async := range []bool{false, true} {
+	for _, mode := range []middleware.Mode{middleware.ModeLease, middleware.ModeAsyncComplete} {
+		async := mode == middleware.ModeAsyncComplete
 		metrics := newCountingMetrics()
 		cfg := middleware.Config{Store: slowReplyStore{newMemstore(t), 100 * time.Millisecond}, Scope: "s",
-			Lease: time.Second, Heartbeat: 10 * time.Millisecond, Metrics: metrics, AsyncComplete: async}
-		m, err := middleware.NewMiddleware(cfg)
+			Lease: time.Second, Tuning: middleware.Tuning{Heartbeat: 10 * time.Millisecond}, Metrics: metrics, Mode: mode}
+		m, err := middleware.New(cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := m.Handler(func(*message.Message) ([]*message.Message, error) { return nil, nil })(message.NewMessage("m-1", nil)); err != nil {
+		if _, err := m.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })(message.NewMessage("m-1", nil)); err != nil {
 			t.Fatalf("async=%v: %v", async, err)
 		}
 		if err := m.Close(context.Background()); err != nil {
@@ -774,5 +782,71 @@ func TestHeartbeatDuringCompleteIsNotALostClaim(t *testing.T) {
 		if extends == 0 {
 			t.Errorf("async=%v: no Extend ran during the slow Complete: the test proved nothing", async)
 		}
+	}
+}
+
+// TestPermanentFailuresAreLoggedAndCounted: a message the middleware fails
+// for good — no key, a key reused for other content, a record it cannot
+// decode — is logged at error level by the configured logger and counted,
+// whatever the router then does with the error. Nothing is dropped
+// silently.
+func TestPermanentFailuresAreLoggedAndCounted(t *testing.T) {
+	store := newMemstore(t)
+	// A done record whose data is not the middleware's encoding.
+	c, err := store.Claim(context.Background(), "s", []string{"corrupt"}, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Complete(context.Background(), c, time.Hour, []byte{9, 9, 9}); err != nil {
+		t.Fatal(err)
+	}
+	logger := watermill.NewCaptureLogger()
+	metrics := newCountingMetrics()
+	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Key: keyfuncs.JSON("id"),
+		Fingerprint: middleware.PayloadFingerprint, Logger: logger, Metrics: metrics})
+	ok := func(*message.Message) ([]*message.Message, error) { return nil, nil }
+	if _, err := mw(ok)(message.NewMessage("m-0", []byte(`{"id":"a","v":1}`))); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		payload string
+		outcome middleware.Outcome
+		err     error
+	}{
+		{`{"v":1}`, middleware.OutcomeNoKey, keyfuncs.ErrNoKey},
+		{`{"id":"a","v":2}`, middleware.OutcomeFingerprintMismatch, middleware.ErrFingerprintMismatch},
+		{`{"id":"corrupt"}`, middleware.OutcomeCorruptRecord, middleware.ErrCorruptRecord},
+	} {
+		_, err := mw(ok)(message.NewMessage("m-"+tc.outcome.String(), []byte(tc.payload)))
+		if !errors.Is(err, tc.err) || !middleware.IsPermanent(err) {
+			t.Errorf("%s: %v, want a permanent error wrapping %v", tc.outcome, err, tc.err)
+		}
+		logged := false
+		for _, l := range logger.Captured()[watermill.ErrorLogLevel] {
+			logged = logged || errors.Is(l.Err, tc.err)
+		}
+		if !logged {
+			t.Errorf("%s: not logged at error level", tc.outcome)
+		}
+		if n := metrics.get(tc.outcome); n != 1 {
+			t.Errorf("%s counted %d times, want 1", tc.outcome, n)
+		}
+	}
+}
+
+// TestDefaultLoggerIsNotSilent: without Config.Logger the middleware logs
+// through log/slog's default logger, so a permanent failure is visible in
+// a program that configured nothing.
+func TestDefaultLoggerIsNotSilent(t *testing.T) {
+	var buf bytes.Buffer
+	prev := slog.Default()
+	slog.SetDefault(slog.New(slog.NewTextHandler(&buf, nil)))
+	t.Cleanup(func() { slog.SetDefault(prev) })
+	mw := dedupMiddleware(t, middleware.Config{Store: newMemstore(t), Scope: "s", Key: keyfuncs.JSON("id")})
+	if _, err := mw(func(*message.Message) ([]*message.Message, error) { return nil, nil })(message.NewMessage("m-1", []byte(`{}`))); !errors.Is(err, keyfuncs.ErrNoKey) {
+		t.Fatal(err)
+	}
+	if !strings.Contains(buf.String(), "level=ERROR") || !strings.Contains(buf.String(), "m-1") {
+		t.Fatalf("nothing logged through slog.Default(): %q", buf.String())
 	}
 }

@@ -25,7 +25,7 @@ import (
 func TestRefusedCompleteAcksWithTheRecordedOutputs(t *testing.T) {
 	clock := storetest.NewFakeClock(time.Now())
 	store := newMemstoreClock(t, clock)
-	cfg := middleware.Config{Store: store, Scope: "s", Lease: time.Minute, Heartbeat: -1}
+	cfg := middleware.Config{Store: store, Scope: "s", Lease: time.Minute, Tuning: middleware.Tuning{Heartbeat: -1}}
 	ours, rival := dedupMiddleware(t, cfg), dedupMiddleware(t, cfg)
 	out, err := ours(func(msg *message.Message) ([]*message.Message, error) {
 		clock.Advance(2 * time.Minute) // this run stalls past its lease...
@@ -73,7 +73,7 @@ func (s *vanishingStore) Complete(ctx context.Context, c *stores.Claim, retentio
 func TestReconcileReleasesWhatItCouldNotRecord(t *testing.T) {
 	mem := newMemstore(t)
 	store := &vanishingStore{Store: mem}
-	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Lease: time.Hour, CompleteTimeout: time.Millisecond})
+	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Lease: time.Hour, Tuning: middleware.Tuning{CompleteTimeout: time.Millisecond}})
 	_, err := mw(func(*message.Message) ([]*message.Message, error) { return nil, nil })(message.NewMessage("m-1", nil))
 	if !errors.Is(err, stores.ErrLostClaim) {
 		t.Fatalf("err = %v, want a nack wrapping ErrLostClaim", err)
@@ -117,7 +117,7 @@ func TestCompleteRefusingTheOutputsRecordsWithoutThem(t *testing.T) {
 	clock := storetest.NewFakeClock(time.Now())
 	store := &dataRefusingStore{Store: newMemstoreClock(t, clock)}
 	metrics := newCountingMetrics()
-	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Lease: time.Minute, CompleteTimeout: 2 * time.Second, Metrics: metrics})
+	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Lease: time.Minute, Tuning: middleware.Tuning{CompleteTimeout: 2 * time.Second}, Metrics: metrics})
 	runs := 0
 	h := mw(func(*message.Message) ([]*message.Message, error) {
 		runs++

@@ -169,8 +169,8 @@ func (a *app) setup(ctx context.Context) error {
 
 // checkRetention surfaces the retention-window rule (window >= 1.3 x
 // redelivery horizon) at
-// start-up: a warning, or an error under -strict-retention. The middleware
-// logs the same warning (Config.RedeliveryHorizon); this makes it loud.
+// start-up (middleware.CheckRetention's rule): a warning, or an error under
+// -strict-retention.
 func (a *app) checkRetention() error {
 	a.retention = a.cfg.retentionCheck()
 	if a.retention.ok() {
@@ -221,32 +221,35 @@ func (a *app) buildRouter() error {
 	router.AddMiddleware(a.tracker.middleware, limit(cfg.Concurrency), wmw.Recoverer, poison, a.faults.outer)
 	if cfg.Dedup {
 		policy, _ := cfg.storeErrorPolicy()
-		h := cfg.redeliveryHorizon()
-		dedup, err := middleware.NewMiddleware(middleware.Config{
+		mode := middleware.ModeLease
+		switch {
+		case cfg.mode() == modeTransactional:
+			mode = middleware.ModeTransactional
+		case cfg.AsyncComplete:
+			mode = middleware.ModeAsyncComplete
+		}
+		dedup, err := middleware.New(middleware.Config{
 			Store: store,
+			Mode:  mode,
 			// Two keys in one record: the message's own (catches broker
 			// redeliveries) and the payment id (a producer republishing
 			// the same payment under a new message id). Which key is the
 			// message's own depends on who published it: consumerKeying.
-			Key:               a.keying.key,
-			Lease:             cfg.Lease,
-			InProgressWait:    cfg.inProgressWait(),
-			Retention:         cfg.Retention,
-			RedeliveryHorizon: h.d,
-			StrictRetention:   cfg.StrictRetention,
-			PublishedAt:       a.keying.publishedAt,
-			Transactional:     cfg.mode() == modeTransactional,
-			OnStoreError:      policy,
-			AsyncComplete:     cfg.AsyncComplete,
-			Fingerprint:       middleware.PayloadFingerprint,
-			Logger:            a.logger,
-			Metrics:           a.tally,
+			Key:            a.keying.key,
+			Lease:          cfg.Lease,
+			InProgressWait: cfg.inProgressWait(),
+			Retention:      cfg.Retention,
+			PublishedAt:    a.keying.publishedAt,
+			OnStoreError:   policy,
+			Fingerprint:    middleware.PayloadFingerprint,
+			Logger:         a.logger,
+			Metrics:        a.tally,
 		})
 		if err != nil {
 			return fmt.Errorf("dedup middleware: %w", err)
 		}
 		a.dedup = dedup
-		router.AddMiddleware(dedup.Handler)
+		router.AddMiddleware(dedup.Middleware)
 	}
 	router.AddMiddleware(a.faults.inner)
 

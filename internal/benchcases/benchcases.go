@@ -44,7 +44,7 @@ func MiddlewareCases() []MiddlewareCase {
 			if err != nil {
 				return nil, nil, err
 			}
-			return mw(nop), func() { _ = s.Close(context.Background()) }, nil
+			return mw.Middleware(nop), func() { _ = s.Close(context.Background()) }, nil
 		}},
 		{"watermill-deduplicator", false, func() (message.HandlerFunc, func(), error) {
 			// Its cleanup goroutine cannot be stopped (it runs on

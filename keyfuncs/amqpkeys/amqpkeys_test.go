@@ -135,7 +135,7 @@ func TestForeignProducerDeduplicated(t *testing.T) {
 			return out, err
 		}
 	})
-	router.AddMiddleware(mw)
+	router.AddMiddleware(mw.Middleware)
 	router.AddNoPublisherHandler("orders", queue, sub, func(msg *message.Message) error {
 		mu.Lock()
 		runs[msg.UUID]++

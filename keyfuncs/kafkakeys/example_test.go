@@ -33,5 +33,5 @@ func ExampleRecordKey() {
 	if err != nil {
 		panic(err)
 	}
-	_ = mw // router.AddMiddleware(mw)
+	_ = mw // router.AddMiddleware(mw.Middleware)
 }

@@ -93,7 +93,7 @@ func TestForeignProducerRecords(t *testing.T) {
 			seen <- outcome{msg.UUID, err, at}
 			return out, nil // ack even the refused one: the test reads what happened
 		}
-	}, mw)
+	}, mw.Middleware)
 	router.AddConsumerHandler("payments", topic, sub, func(*message.Message) error {
 		mu.Lock()
 		runs++

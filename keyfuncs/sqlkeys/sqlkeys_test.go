@@ -130,7 +130,7 @@ func TestForeignRows(t *testing.T) {
 					}
 					return out, err
 				}
-			}, mw)
+			}, mw.Middleware)
 			router.AddNoPublisherHandler("payments", topic, sub, func(msg *message.Message) error {
 				if msg.Metadata.Get("source") != "billing" {
 					t.Errorf("metadata = %v, want the row's", msg.Metadata)

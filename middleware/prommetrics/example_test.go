@@ -30,7 +30,7 @@ func ExampleNew() {
 		panic(err)
 	}
 
-	handler := dedup(func(*message.Message) ([]*message.Message, error) { return nil, nil })
+	handler := dedup.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })
 	msg := message.NewMessage("evt-1", []byte(`{}`))
 	for range 2 { // a delivery and its redelivery
 		if _, err := handler(msg); err != nil {
@@ -40,5 +40,5 @@ func ExampleNew() {
 	n, _ := testutil.GatherAndCount(reg, "dedup_outcomes_total")
 	fmt.Println("outcome series:", n)
 	// Output:
-	// outcome series: 12
+	// outcome series: 13
 }

@@ -297,7 +297,7 @@ func TestWithMiddleware(t *testing.T) {
 		t.Fatal(err)
 	}
 	fail := true
-	h := dedup(func(*message.Message) ([]*message.Message, error) {
+	h := dedup.Middleware(func(*message.Message) ([]*message.Message, error) {
 		if fail {
 			fail = false
 			return nil, errors.New("transient")

@@ -38,7 +38,7 @@ func Example() {
 	if err != nil {
 		panic(err)
 	}
-	router.AddMiddleware(dedup)
+	router.AddMiddleware(dedup.Middleware)
 	// router.AddConsumerHandler(...); router.Run(ctx)
 }
 

@@ -47,14 +47,14 @@ func TestRouterOutage(t *testing.T) {
 	const lease = 3 * time.Second
 	mwLog := watermill.NewCaptureLogger()
 	dedup, err := middleware.New(middleware.Config{
-		Store:           store,
-		Key:             keyfuncs.MessageID(),
-		Lease:           lease,
-		Retention:       time.Minute,
-		StoreTimeout:    300 * time.Millisecond,
-		CompleteTimeout: 5 * time.Second,
-		OnStoreError:    middleware.FailClosed,
-		Logger:          mwLog,
+		Store:        store,
+		Key:          keyfuncs.MessageID(),
+		Lease:        lease,
+		Retention:    time.Minute,
+		StoreTimeout: 300 * time.Millisecond,
+		Tuning:       middleware.Tuning{CompleteTimeout: 5 * time.Second},
+		OnStoreError: middleware.FailClosed,
+		Logger:       mwLog,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -93,7 +93,7 @@ func TestRouterOutage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	router.AddMiddleware(count, retry.Middleware, dedup)
+	router.AddMiddleware(count, retry.Middleware, dedup.Middleware)
 	// One message is in its handler when the cut starts, so its Complete
 	// certainly falls in the outage.
 	slowEntered, slowRelease := make(chan struct{}, 1), make(chan struct{})

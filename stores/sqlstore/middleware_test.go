@@ -41,16 +41,16 @@ func TestMiddlewareTransactional(t *testing.T) {
 			t.Fatal(err)
 		}
 		mw, err := middleware.New(middleware.Config{
-			Store:         s,
-			Transactional: true,
-			Scope:         "ledger",
-			Key:           keyfuncs.Metadata("event_id"),
-			Retention:     time.Hour,
+			Store:     s,
+			Mode:      middleware.ModeTransactional,
+			Scope:     "ledger",
+			Key:       keyfuncs.Metadata("event_id"),
+			Retention: time.Hour,
 		})
 		if err != nil {
 			t.Fatal(err)
 		}
-		router.AddMiddleware(mw)
+		router.AddMiddleware(mw.Middleware)
 
 		var (
 			failed  sync.Map // event id -> struct{}: its first run failed
