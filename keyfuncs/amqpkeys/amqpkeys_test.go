@@ -338,3 +338,52 @@ func TestLongMessageIDRefusedNotTruncated(t *testing.T) {
 		t.Fatal("a 256-byte message_id was published; the client truncates it on the wire")
 	}
 }
+
+// TestNestedBytesStayDistinct: byte arrays and strings that are not UTF-8
+// inside tables and arrays (binary ids) keep their bytes: two different
+// ones never become the same string (JSON would turn both into U+FFFD).
+func TestNestedBytesStayDistinct(t *testing.T) {
+	values := []any{
+		[]any{[]byte{0xff}}, []any{[]byte{0xfe}}, []any{"\xfa"},
+		amqp091.Table{"k\xfe": "v"}, amqp091.Table{"k\xff": "v"},
+		amqp091.Table{"k": []byte{0x80, 0x81}}, amqp091.Table{"k": []byte{0x80, 0x82}},
+	}
+	seen := map[string]int{}
+	for i, v := range values {
+		msg, err := amqpkeys.Marshaler{}.Unmarshal(amqp091.Delivery{Headers: amqp091.Table{"h": v}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := msg.Metadata.Get("h")
+		if j, dup := seen[got]; dup {
+			t.Errorf("values %d (%#v) and %d (%#v) both became %q", j, values[j], i, v, got)
+		}
+		seen[got] = i
+	}
+}
+
+
+// TestBlankUUIDHeaderFallsBackToMessageID: a Watermill UUID header of
+// white space is no UUID; the message_id is.
+func TestBlankUUIDHeaderFallsBackToMessageID(t *testing.T) {
+	msg, err := amqpkeys.Marshaler{}.Unmarshal(amqp091.Delivery{MessageId: "evt-1", Headers: amqp091.Table{amqp.DefaultMessageUUIDHeaderKey: " "}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if msg.UUID != "evt-1" {
+		t.Fatalf("UUID = %q, want the message_id", msg.UUID)
+	}
+}
+
+// TestTimestampBeyondYear9999IsNoTime: a producer that sends milliseconds
+// where AMQP wants seconds (Date.now()) gives a time tens of thousands of
+// years ahead: that is no publication time, and it is not carried.
+func TestTimestampBeyondYear9999IsNoTime(t *testing.T) {
+	msg, err := amqpkeys.Marshaler{}.Unmarshal(amqp091.Delivery{MessageId: "m", Timestamp: time.Unix(1_700_000_000_000, 0)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, ok := msg.Metadata[amqpkeys.MetadataTimestamp]; ok {
+		t.Errorf("a timestamp in milliseconds was carried as %q", v)
+	}
+}
