@@ -24,8 +24,8 @@
 package amqpkeys
 
 import (
-	"encoding/json"
 	"fmt"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -45,14 +45,20 @@ import (
 // events under one key.
 const (
 	// MetadataMessageID is the message_id property. AMQP 0-9-1 carries it
-	// as a short string: at most 255 bytes, which the client refuses to
-	// exceed at publish. A blank one (white space only) is not carried.
+	// as a short string, at most 255 bytes, and the producer's client
+	// enforces that: current clients refuse a longer id at publish, but
+	// some (amqp091-go before v1.11 among them) cut its length to one byte
+	// on the wire, so the consumer receives a shorter, or empty, id and
+	// cannot tell. Producers must keep ids within 255 bytes; combine the id
+	// with a business key (keyfuncs.All) so that a cut id cannot merge two
+	// events. A blank one (white space only) is not carried.
 	MetadataMessageID = "amqp_message_id"
 	// MetadataCorrelationID is the correlation_id property.
 	MetadataCorrelationID = "amqp_correlation_id"
 	// MetadataTimestamp is the timestamp property (whole seconds in AMQP),
 	// in RFC 3339, UTC. A timestamp at or before the Unix epoch (clients
-	// send 0 for "none") is not carried.
+	// send 0 for "none") or after the year 9999 (milliseconds sent where
+	// AMQP wants seconds, as with JavaScript's Date.now()) is not carried.
 	MetadataTimestamp = "amqp_timestamp"
 	// MetadataAppID is the app_id property.
 	MetadataAppID = "amqp_app_id"
@@ -67,14 +73,17 @@ const (
 //   - carries the delivery's message_id, correlation_id, timestamp, app_id
 //     and type properties into metadata (see the Metadata constants);
 //   - uses message_id as the message UUID when Inner found none (no
-//     Watermill UUID header);
+//     Watermill UUID header, or a blank one);
 //   - before that, turns header values that are not strings into strings:
 //     watermill-amqp's default marshaler fails the delivery on them, and
 //     the message would be redelivered for ever. Numbers and booleans are
 //     written as Go formats them, timestamps in RFC 3339 (UTC), byte
 //     arrays as their bytes, decimals in decimal notation ("123.45"), and
-//     tables and arrays as JSON (with the same rules inside), so distinct
-//     values stay distinct;
+//     tables and arrays in a JSON-like notation (keys sorted, strings
+//     quoted as Go quotes them, so bytes that are not UTF-8 stay
+//     distinct), so distinct values of one type stay distinct. Values of
+//     different types can meet: the string "1", the integer 1 and the
+//     bytes "1" all become "1";
 //   - drops headers named like the Metadata constants (see there).
 //
 // A message published by Watermill keeps its UUID.
@@ -122,13 +131,13 @@ func (m Marshaler) Unmarshal(d amqp091.Delivery) (*message.Message, error) {
 	set(MetadataMessageID, d.MessageId)
 	set(MetadataCorrelationID, d.CorrelationId)
 	ts := ""
-	if d.Timestamp.Unix() > 0 {
+	if d.Timestamp.Unix() > 0 && d.Timestamp.Year() <= 9999 {
 		ts = d.Timestamp.UTC().Format(time.RFC3339Nano)
 	}
 	set(MetadataTimestamp, ts)
 	set(MetadataAppID, d.AppId)
 	set(MetadataType, d.Type)
-	if msg.UUID == "" && strings.TrimSpace(d.MessageId) != "" {
+	if strings.TrimSpace(msg.UUID) == "" && strings.TrimSpace(d.MessageId) != "" {
 		msg.UUID = d.MessageId
 	}
 	return msg, nil
@@ -148,36 +157,52 @@ func headerString(v any) string {
 	case nil:
 		return ""
 	case amqp091.Table, []any:
-		b, err := json.Marshal(jsonValue(v))
-		if err != nil { // not reachable for values the AMQP client decodes
-			return fmt.Sprint(v)
-		}
-		return string(b)
+		var b strings.Builder
+		writeNested(&b, v)
+		return b.String()
 	default:
 		return fmt.Sprint(v)
 	}
 }
 
-// jsonValue is v with the AMQP types JSON would misrepresent (byte arrays
-// as base64, decimals and timestamps as objects) replaced by their strings.
-func jsonValue(v any) any {
+// writeNested writes a table or array value in a JSON-like notation that
+// keeps distinct values distinct: table keys sorted, strings (and byte
+// arrays, timestamps) quoted as Go quotes them — bytes that are not UTF-8
+// as \xNN, where JSON would turn them all into U+FFFD — and numbers,
+// booleans, decimals and null bare. {"a":1} and {"a":"1"} differ.
+func writeNested(b *strings.Builder, v any) {
 	switch v := v.(type) {
 	case amqp091.Table:
-		out := make(map[string]any, len(v))
-		for k, x := range v {
-			out[k] = jsonValue(x)
+		keys := make([]string, 0, len(v))
+		for k := range v {
+			keys = append(keys, k)
 		}
-		return out
+		sort.Strings(keys)
+		b.WriteByte('{')
+		for i, k := range keys {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			b.WriteString(strconv.Quote(k))
+			b.WriteByte(':')
+			writeNested(b, v[k])
+		}
+		b.WriteByte('}')
 	case []any:
-		out := make([]any, len(v))
+		b.WriteByte('[')
 		for i, x := range v {
-			out[i] = jsonValue(x)
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			writeNested(b, x)
 		}
-		return out
-	case []byte, time.Time, amqp091.Decimal:
-		return headerString(v)
-	default:
-		return v
+		b.WriteByte(']')
+	case nil:
+		b.WriteString("null")
+	case string, []byte, time.Time:
+		b.WriteString(strconv.Quote(headerString(v)))
+	default: // numbers, booleans, decimals
+		b.WriteString(headerString(v))
 	}
 }
 

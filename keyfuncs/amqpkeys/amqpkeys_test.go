@@ -362,7 +362,6 @@ func TestNestedBytesStayDistinct(t *testing.T) {
 	}
 }
 
-
 // TestBlankUUIDHeaderFallsBackToMessageID: a Watermill UUID header of
 // white space is no UUID; the message_id is.
 func TestBlankUUIDHeaderFallsBackToMessageID(t *testing.T) {

@@ -14,6 +14,7 @@
 package kafkakeys
 
 import (
+	"bytes"
 	"fmt"
 	"strconv"
 	"time"
@@ -59,8 +60,9 @@ func KafkaOffset() keyfuncs.KeyFunc {
 // every event after the first of that key a duplicate. The key's bytes are
 // kept as they are (binary keys too), bounded by keyfuncs.Bound.
 //
-// A record without a key, or a message not consumed with watermill-kafka,
-// gives an error wrapping keyfuncs.ErrNoKey.
+// A record without a key, or with a key of white space only, or a message
+// not consumed with watermill-kafka, gives an error wrapping
+// keyfuncs.ErrNoKey.
 func RecordKey() keyfuncs.KeyFunc {
 	return func(msg *message.Message) ([]string, error) {
 		key, ok := kafka.MessageKeyFromCtx(msg.Context())
@@ -69,6 +71,8 @@ func RecordKey() keyfuncs.KeyFunc {
 			return nil, fmt.Errorf("%w: message %s: no Kafka record key in its context (not consumed with watermill-kafka)", keyfuncs.ErrNoKey, name(msg))
 		case len(key) == 0:
 			return nil, fmt.Errorf("%w: message %s: the Kafka record has no key", keyfuncs.ErrNoKey, name(msg))
+		case len(bytes.TrimSpace(key)) == 0:
+			return nil, fmt.Errorf("%w: message %s: the Kafka record key %q is blank", keyfuncs.ErrNoKey, name(msg), key)
 		}
 		return []string{keyfuncs.Bound(string(key))}, nil
 	}
