@@ -13,9 +13,9 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/watermill-dedup/dedup/acceptance"
-	"github.com/watermill-dedup/dedup/internal/testenv"
 	"github.com/watermill-dedup/dedup/keyfuncs"
 	"github.com/watermill-dedup/dedup/keyfuncs/amqpkeys"
+	"github.com/watermill-dedup/dedup/testkit"
 )
 
 // rabbitMQ is RabbitMQ through watermill-amqp: a durable fanout exchange
@@ -36,7 +36,7 @@ func rabbitMQ() acceptance.Backend {
 			// ones, and competing consumers interleave.
 		},
 		Setup: func(t *testing.T) (acceptance.Env, error) {
-			return acceptance.Env{"url": testenv.RequireAMQP(t)}, nil
+			return acceptance.Env{"url": testkit.RequireAMQP(t)}, nil
 		},
 		CreateTopic: func(t *testing.T, env acceptance.Env, topic string) error {
 			// The publisher and subscribers declare the exchange; remove

@@ -15,7 +15,7 @@
 //
 //	go test -race -count=1 -v -timeout 20m -run TestAcceptance ./acceptance/
 //
-// The services come from internal/testenv (PostgreSQL, MariaDB/MySQL,
+// The services come from testkit (PostgreSQL, MariaDB/MySQL,
 // Redis and RabbitMQ on their loopback ports, or POSTGRES_DSN, MYSQL_DSN,
 // REDIS_ADDR, AMQP_URL). A missing service skips its scenarios loudly on a
 // developer's machine and fails them under CI=1 or

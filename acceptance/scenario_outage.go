@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/watermill-dedup/dedup/internal/testenv"
 	"github.com/watermill-dedup/dedup/middleware"
+	"github.com/watermill-dedup/dedup/testkit"
 )
 
 // scenarioOutage is StoreOutage, fail-closed or fail-open.
@@ -21,7 +21,7 @@ func scenarioOutage(t *testing.T, b Backend, s Store, failOpen bool) {
 		r.notApplicable(noNetworkReason)
 		return
 	}
-	proxy := testenv.NewProxy(t, addr)
+	proxy := testkit.NewProxy(t, addr)
 	senv := r.senv.Clone()
 	senv[EnvAddr] = proxy.Addr()
 	cn := conn{benv: r.benv, opened: r.open(senv)}

@@ -16,10 +16,10 @@ import (
 	_ "modernc.org/sqlite" // SQLite driver "sqlite"
 
 	"github.com/watermill-dedup/dedup/acceptance"
-	"github.com/watermill-dedup/dedup/internal/testenv"
 	"github.com/watermill-dedup/dedup/stores/memstore"
 	"github.com/watermill-dedup/dedup/stores/redisstore"
 	"github.com/watermill-dedup/dedup/stores/sqlstore"
+	"github.com/watermill-dedup/dedup/testkit"
 )
 
 // memStore is the in-process store: no network (no outage scenario), one
@@ -41,7 +41,7 @@ func redisStore() acceptance.Store {
 		Name:         "redis",
 		MultiProcess: true,
 		Setup: func(t *testing.T, id string) (acceptance.Env, error) {
-			addr := testenv.RequireRedis(t)
+			addr := testkit.RequireRedis(t)
 			prefix := "acceptance:" + id + ":"
 			t.Cleanup(func() { deleteRedisPrefix(t, addr, prefix) })
 			return acceptance.Env{acceptance.EnvAddr: addr, "prefix": prefix}, nil
@@ -177,13 +177,13 @@ func sqlStoreConfig(d sqlstore.Dialect, transactional bool, mode string, cfg sql
 // (skipping the test loudly, or failing it in CI, when it is down).
 func sqlServer(t testing.TB, d sqlstore.Dialect) (string, error) {
 	if d == sqlstore.MySQL {
-		cfg, err := mysql.ParseDSN(testenv.RequireMySQL(t))
+		cfg, err := mysql.ParseDSN(testkit.RequireMySQL(t))
 		if err != nil {
 			return "", err
 		}
 		return cfg.Addr, nil
 	}
-	u, err := url.Parse(testenv.RequirePostgres(t))
+	u, err := url.Parse(testkit.RequirePostgres(t))
 	if err != nil {
 		return "", err
 	}
@@ -194,7 +194,7 @@ func sqlServer(t testing.TB, d sqlstore.Dialect) (string, error) {
 func openSQL(d sqlstore.Dialect, env acceptance.Env) (*sql.DB, error) {
 	switch d {
 	case sqlstore.Postgres:
-		u, err := url.Parse(testenv.PostgresDSN())
+		u, err := url.Parse(testkit.PostgresDSN())
 		if err != nil {
 			return nil, err
 		}
@@ -204,7 +204,7 @@ func openSQL(d sqlstore.Dialect, env acceptance.Env) (*sql.DB, error) {
 		u.RawQuery = q.Encode()
 		return boundPool(sql.Open("pgx", u.String()))
 	case sqlstore.MySQL:
-		cfg, err := mysql.ParseDSN(testenv.MySQLDSN())
+		cfg, err := mysql.ParseDSN(testkit.MySQLDSN())
 		if err != nil {
 			return nil, err
 		}

@@ -4,7 +4,7 @@ import (
 	"context"
 	"testing"
 
-	"github.com/watermill-dedup/dedup/internal/benchcases"
+	"github.com/watermill-dedup/dedup/bench/cases"
 )
 
 // runMiddleware measures the cost per message of a bare handler, the
@@ -14,12 +14,12 @@ func runMiddleware(_ context.Context, o *options) ([]result, error) {
 	const sec = "middleware"
 	ns := map[string]float64{}
 	var rs []result
-	for _, c := range benchcases.MiddlewareCases() {
+	for _, c := range cases.MiddlewareCases() {
 		var best testing.BenchmarkResult
 		// Best of a few runs: the figure is a cost floor, not a mean
 		// disturbed by whatever else the machine does.
 		for range o.scale(3, 3) {
-			r := testing.Benchmark(func(b *testing.B) { benchcases.RunMiddleware(b, c) })
+			r := testing.Benchmark(func(b *testing.B) { cases.RunMiddleware(b, c) })
 			if best.N == 0 || r.NsPerOp() < best.NsPerOp() {
 				best = r
 			}

@@ -3,7 +3,7 @@ package middleware_test
 import (
 	"testing"
 
-	"github.com/watermill-dedup/dedup/internal/benchcases"
+	"github.com/watermill-dedup/dedup/bench/cases"
 )
 
 // BenchmarkMiddleware compares, on the same message-id key and the same
@@ -12,7 +12,7 @@ import (
 // claim + complete (or the Deduplicator's check-and-record). The ./bench
 // harness runs the same cases.
 func BenchmarkMiddleware(b *testing.B) {
-	for _, c := range benchcases.MiddlewareCases() {
-		b.Run(c.Name, func(b *testing.B) { benchcases.RunMiddleware(b, c) })
+	for _, c := range cases.MiddlewareCases() {
+		b.Run(c.Name, func(b *testing.B) { cases.RunMiddleware(b, c) })
 	}
 }

@@ -27,7 +27,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/twmb/franz-go/pkg/kfake"
 
-	"github.com/watermill-dedup/dedup/internal/testenv"
+	"github.com/watermill-dedup/dedup/testkit"
 )
 
 // The example binary, built once per test run (with -race when the tests
@@ -190,10 +190,10 @@ func TestExampleRuns(t *testing.T) {
 		needs func(t *testing.T) []string // services; returns extra flags
 		check func(t *testing.T, r exampleRun, runID string)
 	}
-	pg := func(t *testing.T) []string { return []string{"-postgres-dsn=" + testenv.RequirePostgres(t)} }
-	my := func(t *testing.T) []string { return []string{"-mysql-dsn=" + testenv.RequireMySQL(t)} }
-	rd := func(t *testing.T) []string { return []string{"-redis-addr=" + testenv.RequireRedis(t)} }
-	mq := func(t *testing.T) []string { return []string{"-amqp-url=" + testenv.RequireAMQP(t)} }
+	pg := func(t *testing.T) []string { return []string{"-postgres-dsn=" + testkit.RequirePostgres(t)} }
+	my := func(t *testing.T) []string { return []string{"-mysql-dsn=" + testkit.RequireMySQL(t)} }
+	rd := func(t *testing.T) []string { return []string{"-redis-addr=" + testkit.RequireRedis(t)} }
+	mq := func(t *testing.T) []string { return []string{"-amqp-url=" + testkit.RequireAMQP(t)} }
 	both := func(a, b func(*testing.T) []string) func(*testing.T) []string {
 		return func(t *testing.T) []string { return append(a(t), b(t)...) }
 	}
@@ -550,7 +550,7 @@ func requireNoKafkaLeftovers(t *testing.T, r exampleRun, runID string) {
 
 func requireNoRedisKeys(t *testing.T, runID string) {
 	t.Helper()
-	c := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr()})
+	c := redis.NewClient(&redis.Options{Addr: testkit.RedisAddr()})
 	defer c.Close()
 	iter := c.Scan(t.Context(), 0, "dedup:"+runID+":*", 1000).Iterator()
 	for iter.Next(t.Context()) {
@@ -563,7 +563,7 @@ func requireNoRedisKeys(t *testing.T, runID string) {
 
 func requireNoQueue(t *testing.T, queue string) {
 	t.Helper()
-	conn, err := amqp091.Dial(testenv.AMQPURL())
+	conn, err := amqp091.Dial(testkit.AMQPURL())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,7 +8,7 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/watermill-dedup/dedup/internal/testenv"
+	"github.com/watermill-dedup/dedup/testkit"
 )
 
 // run, in process, stops every goroutine it started before it returns:
@@ -28,13 +28,13 @@ func TestRunStopsEveryGoroutine(t *testing.T) {
 		{"kafka-embedded/memory", []string{"-broker=kafka-embedded", "-store=memory"}, nil},
 		{"kafka-embedded/memory/foreign", []string{"-broker=kafka-embedded", "-store=memory", "-producer=foreign"}, nil},
 		{"amqp/redis", []string{"-broker=amqp", "-store=redis"}, func(t *testing.T) []string {
-			return []string{"-amqp-url=" + testenv.RequireAMQP(t), "-redis-addr=" + testenv.RequireRedis(t)}
+			return []string{"-amqp-url=" + testkit.RequireAMQP(t), "-redis-addr=" + testkit.RequireRedis(t)}
 		}},
 		{"amqp/memory/foreign", []string{"-broker=amqp", "-store=memory", "-producer=foreign"}, func(t *testing.T) []string {
-			return []string{"-amqp-url=" + testenv.RequireAMQP(t)}
+			return []string{"-amqp-url=" + testkit.RequireAMQP(t)}
 		}},
 		{"postgres/postgres", []string{"-broker=postgres", "-store=postgres"}, func(t *testing.T) []string {
-			return []string{"-postgres-dsn=" + testenv.RequirePostgres(t)}
+			return []string{"-postgres-dsn=" + testkit.RequirePostgres(t)}
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

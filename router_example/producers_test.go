@@ -10,8 +10,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/watermill-dedup/dedup/internal/testenv"
 	"github.com/watermill-dedup/dedup/keyfuncs/amqpkeys"
+	"github.com/watermill-dedup/dedup/testkit"
 )
 
 // What the consumer receives from each producer, through the broker the
@@ -33,19 +33,19 @@ func TestProducerMessagesAsConsumed(t *testing.T) {
 		{brokerKafkaEmbedded, producerForeign, nil, time.Millisecond},
 		{brokerKafkaEmbedded, producerWatermill, nil, 0},
 		{brokerAMQP, producerForeign, func(t *testing.T) func(*Config) {
-			u := testenv.RequireAMQP(t)
+			u := testkit.RequireAMQP(t)
 			return func(c *Config) { c.AMQPURL = u }
 		}, time.Second},
 		{brokerAMQP, producerWatermill, func(t *testing.T) func(*Config) {
-			u := testenv.RequireAMQP(t)
+			u := testkit.RequireAMQP(t)
 			return func(c *Config) { c.AMQPURL = u }
 		}, 0},
 		{brokerPostgres, producerForeign, func(t *testing.T) func(*Config) {
-			dsn := testenv.RequirePostgres(t)
+			dsn := testkit.RequirePostgres(t)
 			return func(c *Config) { c.PostgresDSN = dsn }
 		}, 0},
 		{brokerMySQL, producerForeign, func(t *testing.T) func(*Config) {
-			dsn := testenv.RequireMySQL(t)
+			dsn := testkit.RequireMySQL(t)
 			return func(c *Config) { c.MySQLDSN = dsn }
 		}, 0},
 	} {

@@ -13,12 +13,12 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
-	"github.com/watermill-dedup/dedup/internal/testenv"
 	"github.com/watermill-dedup/dedup/keyfuncs"
 	"github.com/watermill-dedup/dedup/keyfuncs/amqpkeys"
 	"github.com/watermill-dedup/dedup/middleware"
 	"github.com/watermill-dedup/dedup/stores/memstore"
 	"github.com/watermill-dedup/dedup/stores/storetest"
+	"github.com/watermill-dedup/dedup/testkit"
 )
 
 // TestDefaultMarshalerLosesTheIdentity is the problem Marshaler solves:
@@ -93,7 +93,7 @@ func TestUnmarshalCarriesProperties(t *testing.T) {
 // once. With watermill-amqp's own marshaler the same deliveries have no
 // UUID and no key.
 func TestForeignProducerDeduplicated(t *testing.T) {
-	url := testenv.RequireAMQP(t)
+	url := testkit.RequireAMQP(t)
 	queue := "amqpkeys-test-" + storetest.NewID()
 	cfg := amqp.NewDurableQueueConfig(url)
 	cfg.Marshaler = amqpkeys.Marshaler{Inner: cfg.Marshaler}
@@ -318,7 +318,7 @@ func TestBlankMessageIDIsNoKey(t *testing.T) {
 // one at publish; an older one cut it on the wire, so two ids that share
 // 255 bytes became one key.
 func TestLongMessageIDRefusedNotTruncated(t *testing.T) {
-	url := testenv.RequireAMQP(t)
+	url := testkit.RequireAMQP(t)
 	conn, err := amqp091.Dial(url)
 	if err != nil {
 		t.Fatal(err)

@@ -15,12 +15,12 @@ import (
 	_ "github.com/go-sql-driver/mysql"
 	_ "github.com/jackc/pgx/v5/stdlib"
 
-	"github.com/watermill-dedup/dedup/internal/testenv"
 	"github.com/watermill-dedup/dedup/keyfuncs"
 	"github.com/watermill-dedup/dedup/keyfuncs/sqlkeys"
 	"github.com/watermill-dedup/dedup/middleware"
 	"github.com/watermill-dedup/dedup/stores/memstore"
 	"github.com/watermill-dedup/dedup/stores/storetest"
+	"github.com/watermill-dedup/dedup/testkit"
 )
 
 type dialect struct {
@@ -32,9 +32,9 @@ type dialect struct {
 }
 
 var dialects = []dialect{
-	{"postgres", func(t *testing.T) *sql.DB { return open(t, "pgx", testenv.RequirePostgres(t)) },
+	{"postgres", func(t *testing.T) *sql.DB { return open(t, "pgx", testkit.RequirePostgres(t)) },
 		wsql.DefaultPostgreSQLSchema{}, wsql.DefaultPostgreSQLOffsetsAdapter{}, func(topic string) string { return `"watermill_` + topic + `"` }},
-	{"mysql", func(t *testing.T) *sql.DB { return open(t, "mysql", testenv.RequireMySQL(t)) },
+	{"mysql", func(t *testing.T) *sql.DB { return open(t, "mysql", testkit.RequireMySQL(t)) },
 		wsql.DefaultMySQLSchema{}, wsql.DefaultMySQLOffsetsAdapter{}, func(topic string) string { return "`watermill_" + topic + "`" }},
 }
 
@@ -47,7 +47,7 @@ func open(t *testing.T, driver, dsn string) *sql.DB {
 	db.SetMaxOpenConns(4)
 	t.Cleanup(func() { _ = db.Close() })
 	if err := db.PingContext(context.Background()); err != nil {
-		testenv.Unavailable(t, driver, dsn, err)
+		testkit.Unavailable(t, driver, dsn, err)
 	}
 	return db
 }

@@ -12,10 +12,10 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/watermill-dedup/dedup/internal/testenv"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/redisstore"
 	"github.com/watermill-dedup/dedup/stores/storetest"
+	"github.com/watermill-dedup/dedup/testkit"
 )
 
 // TestConformanceUnbatched runs the suite with batching off (TestConformance
@@ -389,7 +389,7 @@ func (h *refuseSetNXGet) ProcessPipelineHook(next redis.ProcessPipelineHook) red
 // than 7.0), single-key claims fall back to the claim script, for good.
 func TestOldServerClaimsByScript(t *testing.T) {
 	ctx := context.Background()
-	client := newClient(t, testenv.RequireRedis(t))
+	client := newClient(t, testkit.RequireRedis(t))
 	prefix := testPrefix(t, client)
 	h := &refuseSetNXGet{prefix: prefix}
 	client.AddHook(h)

@@ -13,9 +13,9 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/watermill-dedup/dedup/internal/testenv"
 	"github.com/watermill-dedup/dedup/stores/redisstore"
 	"github.com/watermill-dedup/dedup/stores/storetest"
+	"github.com/watermill-dedup/dedup/testkit"
 )
 
 // BenchmarkRedisStore measures claim+complete cycles (what the middleware
@@ -24,7 +24,7 @@ import (
 //
 //	go test -run '^$' -bench BenchmarkRedisStore ./stores/redisstore/
 func BenchmarkRedisStore(b *testing.B) {
-	addr := testenv.RequireRedis(b)
+	addr := testkit.RequireRedis(b)
 	for _, mode := range []struct {
 		name  string
 		batch redisstore.BatchConfig
@@ -60,7 +60,7 @@ func BenchmarkMemory(b *testing.B) {
 		b.Skip("writes 1,000,000 records")
 	}
 	const n = 1_000_000
-	addr := testenv.RequireRedis(b)
+	addr := testkit.RequireRedis(b)
 	c := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 8, ReadTimeout: time.Minute, WriteTimeout: time.Minute})
 	b.Cleanup(func() { _ = c.Close() })
 

@@ -14,10 +14,10 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/watermill-dedup/dedup/internal/testenv"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/redisstore"
 	"github.com/watermill-dedup/dedup/stores/storetest"
+	"github.com/watermill-dedup/dedup/testkit"
 )
 
 // unit is the real-time unit of the conformance suite: leases and
@@ -130,7 +130,7 @@ func requireRedisServer(t testing.TB) string {
 	t.Helper()
 	path, err := exec.LookPath("redis-server")
 	if err != nil {
-		testenv.Unavailable(t, "redis-server (to start test Redis nodes)", "$PATH", err)
+		testkit.Unavailable(t, "redis-server (to start test Redis nodes)", "$PATH", err)
 	}
 	return path
 }
@@ -230,7 +230,7 @@ func startCluster(t testing.TB) *redis.ClusterClient {
 	}
 	cli, err := exec.LookPath("redis-cli")
 	if err != nil {
-		testenv.Unavailable(t, "redis-cli (to create the test Redis Cluster)", "$PATH", err)
+		testkit.Unavailable(t, "redis-cli (to create the test Redis Cluster)", "$PATH", err)
 	}
 	args := append([]string{"--cluster", "create"}, addrs...)
 	args = append(args, "--cluster-replicas", "0", "--cluster-yes")

@@ -14,10 +14,10 @@ import (
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/watermill-dedup/dedup/internal/testenv"
 	"github.com/watermill-dedup/dedup/keyfuncs"
 	"github.com/watermill-dedup/dedup/middleware"
 	"github.com/watermill-dedup/dedup/stores/redisstore"
+	"github.com/watermill-dedup/dedup/testkit"
 )
 
 // TestRouterOutage runs a real Watermill router (gochannel) with the dedup
@@ -28,8 +28,8 @@ import (
 // for a message it could not claim; after the restore every message must
 // be applied exactly once and every delivery acked.
 func TestRouterOutage(t *testing.T) {
-	addr := testenv.RequireRedis(t)
-	proxy := testenv.NewProxy(t, addr)
+	addr := testkit.RequireRedis(t)
+	proxy := testkit.NewProxy(t, addr)
 	direct := newClient(t, addr)
 	viaProxy := redis.NewClient(&redis.Options{
 		Addr:                  proxy.Addr(),

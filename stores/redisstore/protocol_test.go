@@ -5,9 +5,9 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/watermill-dedup/dedup/internal/testenv"
 	"github.com/watermill-dedup/dedup/stores/redisstore"
 	"github.com/watermill-dedup/dedup/stores/storetest"
+	"github.com/watermill-dedup/dedup/testkit"
 )
 
 // TestRESP2 runs the conformance suite and the model of the Store
@@ -16,7 +16,7 @@ import (
 // from RESP3's. RESP3, go-redis v9's default, is what every other test of
 // this package speaks.
 func TestRESP2(t *testing.T) {
-	c := redis.NewClient(&redis.Options{Addr: testenv.RequireRedis(t), Protocol: 2, ContextTimeoutEnabled: true})
+	c := redis.NewClient(&redis.Options{Addr: testkit.RequireRedis(t), Protocol: 2, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = c.Close() })
 	for name, cfg := range map[string]redisstore.Config{
 		"Batched":   {},

@@ -12,17 +12,17 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 
-	"github.com/watermill-dedup/dedup/internal/testenv"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/redisstore"
 	"github.com/watermill-dedup/dedup/stores/storetest"
+	"github.com/watermill-dedup/dedup/testkit"
 )
 
 // sharedRedis returns a client for the shared Redis (REDIS_ADDR or
 // 127.0.0.1:6379), or skips loudly / fails under CI.
 func sharedRedis(t testing.TB) *redis.Client {
 	t.Helper()
-	return newClient(t, testenv.RequireRedis(t))
+	return newClient(t, testkit.RequireRedis(t))
 }
 
 func TestConformance(t *testing.T) {
@@ -315,8 +315,8 @@ func TestRetriedClaimGetsItsClaimBack(t *testing.T) {
 // TestStoreOutage cuts a TCP proxy between the store and Redis: calls fail
 // promptly instead of hanging, and the store works again after Restore.
 func TestStoreOutage(t *testing.T) {
-	addr := testenv.RequireRedis(t)
-	proxy := testenv.NewProxy(t, addr)
+	addr := testkit.RequireRedis(t)
+	proxy := testkit.NewProxy(t, addr)
 	direct := newClient(t, addr)
 	viaProxy := redis.NewClient(&redis.Options{
 		Addr:                  proxy.Addr(),
@@ -385,7 +385,7 @@ func TestStoreOutage(t *testing.T) {
 // TestCloseLeavesClientOpen: Close never closes the caller's client, and
 // stops everything the store started.
 func TestCloseLeavesClientOpen(t *testing.T) {
-	addr := testenv.RequireRedis(t)
+	addr := testkit.RequireRedis(t)
 	prefix := testPrefix(t, newClient(t, addr))
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 	c := redis.NewClient(&redis.Options{Addr: addr})
@@ -411,7 +411,7 @@ func TestCloseLeavesClientOpen(t *testing.T) {
 // TestClientKinds: the store works with whatever UniversalClient it gets;
 // only a plain *redis.Client runs multi-key scripts, others go key by key.
 func TestClientKinds(t *testing.T) {
-	addr := testenv.RequireRedis(t)
+	addr := testkit.RequireRedis(t)
 	direct := newClient(t, addr)
 	universal := redis.NewUniversalClient(&redis.UniversalOptions{Addrs: []string{addr}})
 	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": addr, "b": addr}})

@@ -11,9 +11,9 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/watermill-dedup/dedup/internal/testenv"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/redisstore"
+	"github.com/watermill-dedup/dedup/testkit"
 )
 
 // TestErrorClasses: a Redis that cannot be reached fails every call with
@@ -22,11 +22,11 @@ import (
 // deadline, also as an outage; bad input, a closed store and a context
 // already done are other classes.
 func TestErrorClasses(t *testing.T) {
-	addr := testenv.RequireRedis(t)
+	addr := testkit.RequireRedis(t)
 	for _, batched := range []bool{true, false} {
 		t.Run(fmt.Sprintf("batched=%v", batched), func(t *testing.T) {
 			direct := newClient(t, addr)
-			p := testenv.NewProxy(t, addr)
+			p := testkit.NewProxy(t, addr)
 			c := redis.NewClient(&redis.Options{Addr: p.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1, DialTimeout: time.Second})
 			t.Cleanup(func() { _ = c.Close() })
 			s := newStore(t, c, redisstore.Config{Prefix: testPrefix(t, direct), Batch: redisstore.BatchConfig{Disabled: !batched}})
@@ -110,7 +110,7 @@ func notOutage(t *testing.T, what string, err, target error) {
 // TestHugeDurations: a lease or retention of math.MaxInt64 means "for
 // ever" (capped), not an overflow the server refuses.
 func TestHugeDurations(t *testing.T) {
-	c := newClient(t, testenv.RequireRedis(t))
+	c := newClient(t, testkit.RequireRedis(t))
 	for _, batched := range []bool{true, false} {
 		s := newStore(t, c, redisstore.Config{Batch: redisstore.BatchConfig{Disabled: !batched}})
 		ctx := context.Background()

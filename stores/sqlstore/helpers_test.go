@@ -15,9 +15,9 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib"
 	_ "modernc.org/sqlite"
 
-	"github.com/watermill-dedup/dedup/internal/testenv"
 	"github.com/watermill-dedup/dedup/stores/sqlstore"
 	"github.com/watermill-dedup/dedup/stores/storetest"
+	"github.com/watermill-dedup/dedup/testkit"
 )
 
 // backend is one database the tests run against.
@@ -67,7 +67,7 @@ func sharedDB(t testing.TB, driver, dsn string) *sql.DB {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := db.PingContext(ctx); err != nil {
-		testenv.Unavailable(t, driver, dsn, err)
+		testkit.Unavailable(t, driver, dsn, err)
 	}
 	sharedDBs[dsn] = db
 	return db
@@ -75,12 +75,12 @@ func sharedDB(t testing.TB, driver, dsn string) *sql.DB {
 
 func openPostgres(t testing.TB) *sql.DB {
 	t.Helper()
-	return sharedDB(t, "pgx", testenv.RequirePostgres(t))
+	return sharedDB(t, "pgx", testkit.RequirePostgres(t))
 }
 
 func openMySQL(t testing.TB) *sql.DB {
 	t.Helper()
-	return sharedDB(t, "mysql", testenv.RequireMySQL(t))
+	return sharedDB(t, "mysql", testkit.RequireMySQL(t))
 }
 
 func openSQLite(t testing.TB) *sql.DB {

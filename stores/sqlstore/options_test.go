@@ -11,10 +11,10 @@ import (
 	"github.com/go-sql-driver/mysql"
 	_ "github.com/mattn/go-sqlite3" // the cgo SQLite driver, "sqlite3": tests only
 
-	"github.com/watermill-dedup/dedup/internal/testenv"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/sqlstore"
 	"github.com/watermill-dedup/dedup/stores/storetest"
+	"github.com/watermill-dedup/dedup/testkit"
 )
 
 // driverOption is one driver or server setting users run the store
@@ -94,7 +94,7 @@ func openOption(t *testing.T, driver, dsn, service, addr string) *sql.DB {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := db.PingContext(ctx); err != nil {
-		testenv.Unavailable(t, service, addr, err)
+		testkit.Unavailable(t, service, addr, err)
 	}
 	return db
 }
@@ -104,7 +104,7 @@ func openOption(t *testing.T, driver, dsn, service, addr string) *sql.DB {
 func mysqlOption(set func(c *mysql.Config)) func(t *testing.T) *sql.DB {
 	return func(t *testing.T) *sql.DB {
 		t.Helper()
-		cfg, err := mysql.ParseDSN(testenv.RequireMySQL(t))
+		cfg, err := mysql.ParseDSN(testkit.RequireMySQL(t))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -154,7 +154,7 @@ func mysqlIsolation(level string) func(t *testing.T) *sql.DB {
 func pgxExecMode(mode string) func(t *testing.T) *sql.DB {
 	return func(t *testing.T) *sql.DB {
 		t.Helper()
-		u, err := url.Parse(testenv.RequirePostgres(t))
+		u, err := url.Parse(testkit.RequirePostgres(t))
 		if err != nil {
 			t.Fatal(err)
 		}

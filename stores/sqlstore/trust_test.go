@@ -13,17 +13,17 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 
-	"github.com/watermill-dedup/dedup/internal/testenv"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/sqlstore"
 	"github.com/watermill-dedup/dedup/stores/storetest"
+	"github.com/watermill-dedup/dedup/testkit"
 )
 
 // mysqlWith opens MariaDB/MySQL with the DSN options opts added to the
 // test DSN, and closes it after t.
 func mysqlWith(t *testing.T, opts map[string]string) *sql.DB {
 	t.Helper()
-	cfg, err := mysql.ParseDSN(testenv.RequireMySQL(t))
+	cfg, err := mysql.ParseDSN(testkit.RequireMySQL(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,7 +47,7 @@ func mysqlWith(t *testing.T, opts map[string]string) *sql.DB {
 	db.SetMaxOpenConns(8)
 	t.Cleanup(func() { _ = db.Close() })
 	if err := db.PingContext(context.Background()); err != nil {
-		testenv.Unavailable(t, "MySQL/MariaDB", cfg.Addr, err)
+		testkit.Unavailable(t, "MySQL/MariaDB", cfg.Addr, err)
 	}
 	return db
 }
@@ -252,7 +252,7 @@ func TestJoinedTxAbortedOnPostgres(t *testing.T) {
 // proxiedStore opens the server of b through a TCP proxy the test owns, with
 // a store on a table of its own (created directly, so the proxy can be
 // cut from the start).
-func proxiedStore(t *testing.T, b backend, cfg sqlstore.Config) (*sqlstore.Store, *sql.DB, *testenv.Proxy) {
+func proxiedStore(t *testing.T, b backend, cfg sqlstore.Config) (*sqlstore.Store, *sql.DB, *testkit.Proxy) {
 	t.Helper()
 	direct := b.open(t)
 	var driver, target, dsn string
@@ -262,7 +262,7 @@ func proxiedStore(t *testing.T, b backend, cfg sqlstore.Config) (*sqlstore.Store
 	case sqlstore.MySQL:
 		driver, target = "mysql", "127.0.0.1:3306"
 	}
-	p := testenv.NewProxy(t, target)
+	p := testkit.NewProxy(t, target)
 	switch b.dialect {
 	case sqlstore.Postgres:
 		dsn = "postgres://postgres@" + p.Addr() + "/test?sslmode=disable&connect_timeout=2"

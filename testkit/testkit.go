@@ -1,12 +1,16 @@
-// Package testenv finds the services that integration tests run against and
-// decides what happens when one is missing: a loud skip on a developer's
-// machine, a failure in CI.
+// Package testkit is this module's own kit for its tests, its acceptance
+// suite, its example and its benchmarks. It is not part of the library:
+// no library package imports it, and it makes no compatibility promise.
+//
+// It finds the services that integration tests run against and decides
+// what happens when one is missing: a loud skip on a developer's machine,
+// a failure in CI.
 //
 // Tests need PostgreSQL, MariaDB/MySQL, Redis and RabbitMQ on their standard
 // loopback ports; the environment variables below override the addresses.
 // When CI is set (any non-empty value) or DEDUP_REQUIRE_SERVICES=1, an
 // unreachable service fails the test: CI must never go green by skipping.
-package testenv
+package testkit
 
 import (
 	"fmt"

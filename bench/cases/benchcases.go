@@ -1,7 +1,7 @@
-// Package benchcases holds the benchmark cases shared by the middleware's
+// Package cases holds the benchmark cases shared by the middleware's
 // go test benchmarks and the ./bench harness, so both measure the same
 // thing.
-package benchcases
+package cases
 
 import (
 	"context"
