@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -90,20 +91,32 @@ func TestAsyncCompleteAcksFirstAndCloseWaits(t *testing.T) {
 	if k := <-store.entered; k != "m-1" {
 		t.Fatalf("Complete of %q, want m-1", k)
 	}
-	// A duplicate in the window before the Complete lands is nacked as in
-	// progress, not run again.
-	if _, err := h(message.NewMessage("m-1", nil)); !errors.Is(err, middleware.ErrInProgress) || runs != 1 {
-		t.Fatalf("duplicate before the Complete: err = %v, runs = %d; want ErrInProgress and 1 run", err, runs)
+	// A duplicate in the window before the Complete lands waits for this
+	// middleware's own Complete (as it would have in ModeLease, where the
+	// first delivery's ack waited for it) instead of being nacked as in
+	// progress and redelivered after the broker's nack delay.
+	type result struct {
+		out []*message.Message
+		err error
 	}
-
+	dup := make(chan result, 1)
+	go func() {
+		out, err := h(message.NewMessage("m-1", nil))
+		dup <- result{out, err}
+	}()
 	closed := make(chan error, 1)
 	go func() { closed <- m.Close(context.Background()) }()
 	select {
+	case r := <-dup:
+		t.Fatalf("the duplicate returned (%v, %v) before the Complete landed", r.out, r.err)
 	case err := <-closed:
 		t.Fatalf("Close returned (%v) while a Complete was in flight", err)
 	case <-time.After(50 * time.Millisecond):
 	}
 	close(store.open)
+	if r := <-dup; r.err != nil || len(r.out) != 1 || r.out[0].UUID != "out-1" || runs != 1 {
+		t.Fatalf("duplicate during the Complete: out = %v, err = %v, runs = %d; want the recorded out-1 and 1 run", r.out, r.err, runs)
+	}
 	if err := <-closed; err != nil {
 		t.Fatal(err)
 	}
@@ -179,6 +192,56 @@ func TestAsyncCompleteOnRouterEveryEffectOnce(t *testing.T) {
 		c, err := store.Claim(context.Background(), "async", []string{id}, time.Minute)
 		if err != nil || c.Result != stores.Duplicate {
 			t.Fatalf("%s after Close: %+v, %v; want done", id, c, err)
+		}
+	}
+}
+
+// TestAsyncDuplicateOfAnotherConsumerIsInProgress: only this middleware's
+// own Completes are waited for; keys another consumer holds are in
+// progress, as in ModeLease.
+func TestAsyncDuplicateOfAnotherConsumerIsInProgress(t *testing.T) {
+	store := newGatedStore(t)
+	first := newAsync(t, middleware.Config{Store: store, Scope: "s"})
+	second := newAsync(t, middleware.Config{Store: store, Scope: "s"})
+	ok := func(*message.Message) ([]*message.Message, error) { return nil, nil }
+	if _, err := first.Middleware(ok)(message.NewMessage("m-1", nil)); err != nil {
+		t.Fatal(err)
+	}
+	<-store.entered
+	if _, err := second.Middleware(ok)(message.NewMessage("m-1", nil)); !errors.Is(err, middleware.ErrInProgress) {
+		t.Fatalf("a duplicate of another consumer's run: %v, want ErrInProgress", err)
+	}
+	close(store.open)
+}
+
+// nonBlockingStore is a store that answers without a round trip (as
+// memstore does), recording whether a Complete has run.
+type nonBlockingStore struct {
+	stores.Store
+	completed atomic.Bool
+}
+
+func (s *nonBlockingStore) NonBlocking() bool { return true }
+
+func (s *nonBlockingStore) Complete(ctx context.Context, c *stores.Claim, retention time.Duration, data []byte) error {
+	s.completed.Store(true)
+	return s.Store.Complete(ctx, c, retention, data)
+}
+
+// TestAsyncOnNonBlockingStoreCompletesInline: a store that answers without
+// a round trip has no latency to hide; completing in the background would
+// only add a goroutine and a window for duplicates. The record is done
+// when the handler's result comes back.
+func TestAsyncOnNonBlockingStoreCompletesInline(t *testing.T) {
+	store := &nonBlockingStore{Store: newMemstore(t)}
+	m := newAsync(t, middleware.Config{Store: store, Scope: "s"})
+	for i := range 100 {
+		store.completed.Store(false)
+		if _, err := m.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })(message.NewMessage("m-"+strconv.Itoa(i), nil)); err != nil {
+			t.Fatal(err)
+		}
+		if !store.completed.Load() {
+			t.Fatalf("message %d: acked before its Complete ran on a non-blocking store", i)
 		}
 	}
 }
