@@ -3,10 +3,14 @@ package middleware
 import (
 	"context"
 	"sync"
+
+	"github.com/watermill-dedup/dedup/stores"
 )
 
-// pending counts the Completes running in the background under
-// AsyncComplete, so that Close can wait for them.
+// pending tracks the Completes running in the background under
+// ModeAsyncComplete: how many, so that Close can wait for them, and which
+// keys, so that a duplicate of a message whose Complete is still on its
+// way waits for it instead of being nacked as in progress.
 type pending struct {
 	// stop ends the retries of the Completes still running when Close
 	// gives up waiting.
@@ -17,33 +21,68 @@ type pending struct {
 	n      int
 	closed bool
 	idle   chan struct{} // closed once n is 0 after Close
+	// keys maps scope+"\x00"+key to the flight completing it.
+	keys map[string]*flight
+}
+
+// flight is one background Complete.
+type flight struct {
+	scope string
+	keys  []string
+	done  chan struct{} // closed when the Complete has landed or given up
 }
 
 func newPending() *pending {
-	p := &pending{idle: make(chan struct{})}
+	p := &pending{idle: make(chan struct{}), keys: map[string]*flight{}}
 	p.stop, p.cancel = context.WithCancel(context.Background())
 	return p
 }
 
-// start counts one more Complete, or reports false after Close: the
-// caller then completes synchronously.
-func (p *pending) start() bool {
+func flightKey(scope, key string) string { return scope + "\x00" + key }
+
+// start registers a background Complete of c, or returns nil after Close:
+// the caller then completes synchronously.
+func (p *pending) start(c *stores.Claim) *flight {
+	f := &flight{scope: c.Scope, keys: c.Keys, done: make(chan struct{})}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
-		return false
+		return nil
 	}
 	p.n++
-	return true
+	for _, k := range c.Keys {
+		p.keys[flightKey(c.Scope, k)] = f
+	}
+	return f
 }
 
-func (p *pending) done() {
+// done ends f: its keys are no longer in flight.
+func (p *pending) done(f *flight) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	for _, k := range f.keys {
+		if fk := flightKey(f.scope, k); p.keys[fk] == f {
+			delete(p.keys, fk)
+		}
+	}
+	close(f.done)
 	p.n--
 	if p.n == 0 && p.closed {
 		close(p.idle)
 	}
+}
+
+// landing returns a channel closed when this middleware's background
+// Complete of any of keys has ended, or nil when none is in flight.
+func (p *pending) landing(scope string, keys []string) <-chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, k := range keys {
+		if f, ok := p.keys[flightKey(scope, k)]; ok {
+			return f.done
+		}
+	}
+	return nil
 }
 
 func (p *pending) close(ctx context.Context) error {

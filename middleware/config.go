@@ -73,14 +73,20 @@ const (
 	// (normally one store round trip; through a store outage up to
 	// Tuning.CompleteTimeout after the first failed attempt), in which the
 	// record is still processing:
-	//   - a duplicate arriving in it gets ErrInProgress (nack and retry),
-	//     and nothing runs twice;
+	//   - a duplicate arriving in it at this middleware waits for the
+	//     Complete (as the first delivery's ack would have in ModeLease);
+	//     at another consumer it gets ErrInProgress (nack and retry); either
+	//     way nothing runs twice;
 	//   - a crash in it leaves the record processing until the lease
 	//     expires, after which a duplicate runs the handler again: the
 	//     exposure of a crash between the effect and Complete in
 	//     ModeLease, now also after the ack;
 	//   - outputs are returned before they are recorded, so a lost
 	//     Complete means a later duplicate re-runs instead of re-emitting.
+	//
+	// On a store that never blocks (stores.NonBlocking, such as memstore)
+	// there is no round trip to hide, and the Complete runs before the ack
+	// as in ModeLease.
 	//
 	// Close the Middleware after the router has stopped: Close waits for
 	// the Completes in flight.

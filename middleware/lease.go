@@ -20,6 +20,9 @@ import (
 
 func (m *Middleware) handleLease(h message.HandlerFunc, msg *message.Message, scope string, keys []string) ([]*message.Message, error) {
 	c, err := m.calls.claim(msg.Context(), scope, keys, m.cfg.Lease)
+	if err == nil && c.Result == stores.InProgress && m.async != nil {
+		c, err = m.awaitOwnComplete(msg, c)
+	}
 	if err == nil && c.Result == stores.InProgress && m.cfg.InProgressWait > 0 {
 		c, err = m.waitInProgress(msg, scope, keys)
 	}
@@ -44,6 +47,41 @@ func (m *Middleware) handleLease(h message.HandlerFunc, msg *message.Message, sc
 	m.checkTTL(msg, scope, keys)
 
 	return m.runClaimed(h, msg, c)
+}
+
+// awaitOwnComplete handles keys found in progress under
+// ModeAsyncComplete: when the run holding them is this middleware's own,
+// acked already with its Complete on the way, the duplicate waits for that
+// Complete (as ModeLease would have made the first delivery's ack wait for
+// it), up to Tuning.CompleteTimeout, and claims again. Nacking it instead
+// would cost the broker's redelivery delay. Keys another consumer holds
+// stay in progress.
+func (m *Middleware) awaitOwnComplete(msg *message.Message, c *stores.Claim) (*stores.Claim, error) {
+	var deadline <-chan time.Time
+	for c.Result == stores.InProgress {
+		landed := m.async.landing(c.Scope, c.Keys)
+		if landed == nil {
+			return c, nil
+		}
+		if deadline == nil {
+			t := time.NewTimer(m.cfg.Tuning.CompleteTimeout)
+			defer t.Stop()
+			deadline = t.C
+		}
+		select {
+		case <-landed:
+		case <-deadline:
+			return c, nil
+		case <-msg.Context().Done():
+			return c, nil
+		}
+		again, err := m.calls.claim(msg.Context(), c.Scope, c.Keys, m.cfg.Lease)
+		if err != nil {
+			return nil, err
+		}
+		c = again
+	}
+	return c, nil
 }
 
 // waitInProgress re-claims every InProgressPoll until the keys are no
@@ -104,9 +142,10 @@ func (m *Middleware) runClaimed(h message.HandlerFunc, msg *message.Message, c *
 	data := m.encode(msg, outputs)
 	settled = true
 	hb.completing.Store(true)
-	if m.async != nil && m.async.start() {
+	// A store that never blocks has no round trip to hide: complete inline.
+	if f := m.startAsync(c); f != nil {
 		go func() {
-			defer m.async.done()
+			defer m.async.done(f)
 			m.completeAsync(parent, msg, c, data)
 			m.beats.remove(hb)
 			hb.finish()
@@ -273,4 +312,14 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 	case <-ctx.Done():
 		return false
 	}
+}
+
+// startAsync registers a background Complete of c, or returns nil when c
+// completes before the ack: outside ModeAsyncComplete, on a store that
+// never blocks, and after Close.
+func (m *Middleware) startAsync(c *stores.Claim) *flight {
+	if m.async == nil || m.calls.noTimeout {
+		return nil
+	}
+	return m.async.start(c)
 }
