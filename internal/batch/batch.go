@@ -24,7 +24,7 @@
 //   - A queued call whose context ends leaves the queue and returns its
 //     error. One whose context ends while its batch is running returns its
 //     error at once too; the batch carries on without it, and its result,
-//     if it gets one, goes to the OnOrphaned hook.
+//     if it gets one, goes to the OnOrphaned undo.
 //   - A lone call running in its caller's goroutine runs under its own
 //     context, exactly as an unbatched call: it returns when the backend
 //     honours that context.
@@ -94,7 +94,15 @@ type Batcher[Req, Resp any] struct {
 	exec        Exec[Req, Resp]
 	maxBatch    int
 	maxInFlight int
-	orphaned    func(calls []*Call[Req, Resp])
+
+	// undo, with its timeout, undoes the results of orphaned calls; the
+	// undos running are counted in undos, whose Add undoMu orders against
+	// Close.
+	undo        func(ctx context.Context, calls []*Call[Req, Resp])
+	undoTimeout time.Duration
+	undoMu      sync.Mutex
+	closed      bool
+	undos       sync.WaitGroup
 
 	mu       sync.Mutex
 	queue    []*Call[Req, Resp]
@@ -112,14 +120,53 @@ func New[Req, Resp any](exec Exec[Req, Resp], maxBatch, maxInFlight int) *Batche
 	return &Batcher[Req, Resp]{exec: exec, maxBatch: max(maxBatch, 1), maxInFlight: max(maxInFlight, 1)}
 }
 
-// OnOrphaned sets f to receive, after each batch, the calls of that batch
-// whose callers gave up before their result was delivered (their
-// contexts ended). f runs in the goroutine that ran the batch, after the
-// other calls have their results, and holds up the batches queued behind:
-// it should hand lasting work (undoing a claim nobody will use) to a
-// goroutine of its own. Call it before the first Do.
-func (b *Batcher[Req, Resp]) OnOrphaned(f func(calls []*Call[Req, Resp])) {
-	b.orphaned = f
+// OnOrphaned sets undo to receive, after each batch, the calls of that
+// batch whose callers gave up before their result was delivered (their
+// contexts ended): a claim made for nobody is undone there, so that a
+// redelivery need not wait for its lease. undo runs in a goroutine of its
+// own, under a context that ends after timeout and carries no values, so
+// that it holds up no batch; Close waits for it. Orphans of a batch that
+// ends after Close are dropped (a claim's lease then runs out). Call it
+// before the first Do.
+func (b *Batcher[Req, Resp]) OnOrphaned(timeout time.Duration, undo func(ctx context.Context, calls []*Call[Req, Resp])) {
+	b.undo, b.undoTimeout = undo, timeout
+}
+
+// Close makes later orphans be dropped, and waits until the undos already
+// running (see OnOrphaned) have returned, or ctx ends (ctx's error). It
+// does not stop Do: the store in front stops taking calls. It is
+// idempotent.
+func (b *Batcher[Req, Resp]) Close(ctx context.Context) error {
+	b.undoMu.Lock()
+	b.closed = true
+	b.undoMu.Unlock()
+	done := make(chan struct{})
+	go func() {
+		b.undos.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// orphaned starts the undo of orphans, unless the Batcher is closed.
+func (b *Batcher[Req, Resp]) orphaned(orphans []*Call[Req, Resp]) {
+	b.undoMu.Lock()
+	defer b.undoMu.Unlock()
+	if b.closed {
+		return
+	}
+	b.undos.Add(1)
+	go func() {
+		defer b.undos.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), b.undoTimeout)
+		defer cancel()
+		b.undo(ctx, orphans)
+	}()
 }
 
 type unsetError struct{}
@@ -287,7 +334,7 @@ func (b *Batcher[Req, Resp]) run(calls []*Call[Req, Resp]) {
 			orphans = append(orphans, c)
 		}
 	}
-	if len(orphans) > 0 && b.orphaned != nil {
+	if len(orphans) > 0 && b.undo != nil {
 		b.orphaned(orphans)
 	}
 }

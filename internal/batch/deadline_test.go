@@ -141,13 +141,16 @@ func TestQueuedCallLeavesAtItsDeadline(t *testing.T) {
 
 // A call whose deadline passes while its batch runs returns at once; the
 // batch carries on for the others, and the dropped result goes to the
-// OnOrphaned hook.
+// OnOrphaned undo, which Close waits for.
 func TestRunningCallLeavesAtItsDeadline(t *testing.T) {
 	defer goleak.VerifyNone(t)
 	g := newGatedExec(1, 2)
 	b := batch.New(g.exec, 8, 1)
 	orphans := make(chan []int, 1)
-	b.OnOrphaned(func(calls []*batch.Call[int, int]) {
+	b.OnOrphaned(time.Second, func(ctx context.Context, calls []*batch.Call[int, int]) {
+		if _, ok := ctx.Deadline(); !ok {
+			t.Error("the undo's context has no deadline")
+		}
 		var got []int
 		for _, c := range calls {
 			r, err := c.Result()
@@ -191,7 +194,10 @@ func TestRunningCallLeavesAtItsDeadline(t *testing.T) {
 			t.Fatalf("orphans = %v, want the short call's result [4]", got)
 		}
 	case <-time.After(10 * time.Second):
-		t.Fatal("the orphaned result never reached the OnOrphaned hook")
+		t.Fatal("the orphaned result never reached the OnOrphaned undo")
+	}
+	if err := b.Close(context.Background()); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -268,7 +274,7 @@ func TestDeadlineStress(t *testing.T) {
 		}
 		return nil
 	}, 16, 2)
-	b.OnOrphaned(func(calls []*batch.Call[int, int]) { orphaned.Add(int64(len(calls))) })
+	b.OnOrphaned(time.Second, func(_ context.Context, calls []*batch.Call[int, int]) { orphaned.Add(int64(len(calls))) })
 	var wg sync.WaitGroup
 	var timedOut atomic.Int64
 	for g := range 64 {
@@ -298,6 +304,9 @@ func TestDeadlineStress(t *testing.T) {
 	// Every slot is free again: a lone call runs at once.
 	if r, err := b.Do(context.Background(), 1); err != nil || r != 2 {
 		t.Fatalf("Do after the storm = %d, %v", r, err)
+	}
+	if err := b.Close(context.Background()); err != nil {
+		t.Fatal(err)
 	}
 	t.Logf("%d calls timed out, %d results orphaned", timedOut.Load(), orphaned.Load())
 }
@@ -365,5 +374,60 @@ func TestBatchSkipsCallsWhoseContextEnded(t *testing.T) {
 	g.mu.Unlock()
 	if len(last) != 1 || last[0] != 3 {
 		t.Fatalf("last batch = %v, want [3]", last)
+	}
+}
+
+// Close waits for the undos running, and drops the orphans of batches
+// that end after it.
+func TestCloseWaitsForUndos(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	g := newGatedExec(10, 11, 20, 21)
+	b := batch.New(g.exec, 8, 1)
+	undoing, finish := make(chan struct{}), make(chan struct{})
+	var undone atomic.Int64
+	b.OnOrphaned(time.Minute, func(_ context.Context, calls []*batch.Call[int, int]) {
+		if undone.Add(int64(len(calls))) == 1 {
+			close(undoing)
+			<-finish
+		}
+	})
+	// orphan runs call req+1 in a batch behind one of req, and leaves it
+	// while it runs; it returns once that batch has ended.
+	orphan := func(req int) {
+		first := goDo(b, context.Background(), req)
+		<-g.entered
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		left := goDo(b, ctx, req+1)
+		waitQueued(t, b, 1)
+		g.open(req)
+		<-first
+		<-g.entered
+		cancel()
+		if o := <-left; !errors.Is(o.err, context.Canceled) {
+			t.Fatalf("call that left = %d, %v", o.resp, o.err)
+		}
+		g.open(req + 1)
+		// The next call runs once the orphan's batch has ended.
+		if _, err := b.Do(context.Background(), 0); err != nil {
+			t.Fatal(err)
+		}
+		<-g.entered
+	}
+	orphan(10)
+	<-undoing
+
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if err := b.Close(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Close with an undo running = %v, want it to wait until ctx ends", err)
+	}
+	orphan(20) // dropped: Close has begun
+	close(finish)
+	if err := b.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if n := undone.Load(); n != 1 {
+		t.Fatalf("%d orphans undone, want 1 (none after Close)", n)
 	}
 }

@@ -235,17 +235,8 @@ func (s *Store) now() int64 {
 
 // Claim implements [stores.Store].
 func (s *Store) Claim(ctx context.Context, scope string, keys []string, lease time.Duration) (*stores.Claim, error) {
-	if s.closed.Load() {
-		return nil, stores.ErrClosed
-	}
-	if err := checkKeys(keys); err != nil {
-		return nil, err
-	}
-	if lease <= 0 {
-		return nil, fmt.Errorf("%w: lease must be positive, got %s", stores.ErrInvalidArgument, lease)
-	}
-	if err := ctx.Err(); err != nil {
-		return nil, err
+	if err := stores.CheckCall(ctx, s.closed.Load(), stores.CheckKeys(keys), stores.CheckLease(lease)); err != nil {
+		return nil, fmt.Errorf("memstore: claim: %w", err)
 	}
 	s.noteLease(lease)
 	token := s.tokens.Add(1)
@@ -365,19 +356,11 @@ func (s *Store) unlockShards(idx []int) {
 
 // update applies fn to every record of a Claimed claim after checking that
 // each is still processing under the claim's token.
-func (s *Store) update(ctx context.Context, c *stores.Claim, fn func(sh *shard, h hkey, r *record, now int64)) error {
-	if s.closed.Load() {
-		return stores.ErrClosed
-	}
-	if c == nil || c.Result != stores.Claimed || c.Token == "" || len(c.Keys) == 0 {
-		return fmt.Errorf("%w: not a Claimed claim", stores.ErrInvalidArgument)
-	}
-	token, err := strconv.ParseUint(c.Token, 16, 64)
-	if err != nil || token == 0 {
-		return fmt.Errorf("%w: token %q is not a memstore token", stores.ErrInvalidArgument, c.Token)
-	}
-	if err := ctx.Err(); err != nil {
-		return err
+// arg is the check of the call's other argument (a lease or retention).
+func (s *Store) update(ctx context.Context, op string, c *stores.Claim, arg error, fn func(sh *shard, h hkey, r *record, now int64)) error {
+	token, err := s.claimToken(ctx, c, arg)
+	if err != nil {
+		return fmt.Errorf("memstore: %s: %w", op, err)
 	}
 	// A processing record whose lease ran out still belongs to its owner
 	// until someone takes it over: a slow handler finishing just after its
@@ -390,7 +373,7 @@ func (s *Store) update(ctx context.Context, c *stores.Claim, fn func(sh *shard, 
 		defer sh.mu.Unlock()
 		r := sh.recs.ref(h)
 		if r == nil || r.token != token {
-			return fmt.Errorf("%w: scope %q key %q", stores.ErrLostClaim, c.Scope, c.Keys[0])
+			return fmt.Errorf("memstore: %s: %w: scope %q key %q", op, stores.ErrLostClaim, c.Scope, c.Keys[0])
 		}
 		fn(sh, h, r, s.now())
 		return nil
@@ -401,7 +384,7 @@ func (s *Store) update(ctx context.Context, c *stores.Claim, fn func(sh *shard, 
 	now := s.now()
 	for i, h := range hs {
 		if r, ok := s.shard(h).recs.get(h); !ok || r.token != token {
-			return fmt.Errorf("%w: scope %q key %q", stores.ErrLostClaim, c.Scope, c.Keys[i])
+			return fmt.Errorf("memstore: %s: %w: scope %q key %q", op, stores.ErrLostClaim, c.Scope, c.Keys[i])
 		}
 	}
 	for _, h := range hs {
@@ -416,14 +399,8 @@ func (s *Store) update(ctx context.Context, c *stores.Claim, fn func(sh *shard, 
 
 // Complete implements [stores.Store].
 func (s *Store) Complete(ctx context.Context, c *stores.Claim, retention time.Duration, data []byte) error {
-	if s.closed.Load() {
-		return stores.ErrClosed
-	}
-	if retention <= 0 {
-		return fmt.Errorf("%w: retention must be positive, got %s", stores.ErrInvalidArgument, retention)
-	}
 	d := string(data)
-	return s.update(ctx, c, func(sh *shard, h hkey, r *record, now int64) {
+	return s.update(ctx, "complete", c, stores.CheckRetention(retention), func(sh *shard, h hkey, r *record, now int64) {
 		*r = record{until: after(now, retention)}
 		sh.setData(h, d)
 	})
@@ -431,21 +408,18 @@ func (s *Store) Complete(ctx context.Context, c *stores.Claim, retention time.Du
 
 // Release implements [stores.Store].
 func (s *Store) Release(ctx context.Context, c *stores.Claim) error {
-	return s.update(ctx, c, func(sh *shard, h hkey, _ *record, _ int64) {
+	return s.update(ctx, "release", c, nil, func(sh *shard, h hkey, _ *record, _ int64) {
 		sh.delete(h)
 	})
 }
 
 // Extend implements [stores.Store].
 func (s *Store) Extend(ctx context.Context, c *stores.Claim, lease time.Duration) error {
-	if s.closed.Load() {
-		return stores.ErrClosed
+	arg := stores.CheckLease(lease)
+	if arg == nil {
+		s.noteLease(lease)
 	}
-	if lease <= 0 {
-		return fmt.Errorf("%w: lease must be positive, got %s", stores.ErrInvalidArgument, lease)
-	}
-	s.noteLease(lease)
-	return s.update(ctx, c, func(_ *shard, _ hkey, r *record, now int64) {
+	return s.update(ctx, "extend", c, arg, func(_ *shard, _ hkey, r *record, now int64) {
 		r.until = after(now, lease)
 	})
 }
@@ -533,14 +507,15 @@ func after(t int64, d time.Duration) int64 {
 	return t + int64(d)
 }
 
-func checkKeys(keys []string) error {
-	if len(keys) == 0 {
-		return fmt.Errorf("%w: no keys", stores.ErrInvalidKey)
-	}
-	for i, k := range keys {
-		if k == "" {
-			return fmt.Errorf("%w: key %d is empty", stores.ErrInvalidKey, i)
+// claimToken checks a call on claim c whose other argument's check is arg,
+// and returns c's token.
+func (s *Store) claimToken(ctx context.Context, c *stores.Claim, arg error) (uint64, error) {
+	var token uint64
+	err := stores.CheckClaim(c)
+	if err == nil {
+		if token, err = strconv.ParseUint(c.Token, 16, 64); err != nil || token == 0 {
+			err = fmt.Errorf("%w: token %q is not a memstore token", stores.ErrInvalidArgument, c.Token)
 		}
 	}
-	return nil
+	return token, stores.CheckCall(ctx, s.closed.Load(), err, arg)
 }

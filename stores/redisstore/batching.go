@@ -34,8 +34,9 @@ import (
 // while it waits returns at once with the context's error; a pipeline of
 // several calls runs under the latest of their deadlines, so that one
 // caller giving up never fails the others. A Claim that succeeds for a
-// caller who has already given up is undone by undoOrphans, so the message
-// can be claimed again at once instead of after its lease.
+// caller who has already given up is undone by undoOrphans, which the
+// Batcher runs in the background, so the message can be claimed again at
+// once instead of after its lease.
 
 // run sends one op, batched unless Batch.Disabled.
 func (s *Store) run(ctx context.Context, o op) (any, error) {
@@ -120,15 +121,16 @@ func isSetNXGetRefused(err error) bool {
 	return redis.HasErrorPrefix(err, "syntax error")
 }
 
-// undoOrphans undoes, in the background, the claims that succeeded for
-// callers who had already given up (their context ended while the
-// pipeline was out): nobody holds their tokens, so without this the
-// message could not be claimed again until the lease ran out. Only
-// claims matter: a Complete, Extend or Release that applied for a caller
-// who has gone is what the caller asked for; the caller retries, or the
-// lease runs out, as after any timeout. After Close, orphaned claims are
-// left to their leases.
-func (s *Store) undoOrphans(calls []*batch.Call[op, any]) {
+// undoOrphans undoes the claims that succeeded for callers who had
+// already given up (their context ended while the pipeline was out):
+// nobody holds their tokens, so without this the message could not be
+// claimed again until the lease ran out. Only claims matter: a Complete,
+// Extend or Release that applied for a caller who has gone is what the
+// caller asked for; the caller retries, or the lease runs out, as after
+// any timeout. The Batcher runs it in the background, bounded by
+// undoTimeout (see batch.Batcher.OnOrphaned); after Close, orphaned claims
+// are left to their leases.
+func (s *Store) undoOrphans(ctx context.Context, calls []*batch.Call[op, any]) {
 	var ops []op
 	for _, c := range calls {
 		v, err := c.Result()
@@ -156,19 +158,7 @@ func (s *Store) undoOrphans(calls []*batch.Call[op, any]) {
 		token, leaseMS := c.Req.args[0].(string), c.Req.args[1].(string)
 		ops = append(ops, undoOps(token, string(processingID)+token+leaseMS, held)...)
 	}
-	if len(ops) == 0 {
-		return
-	}
-	s.bgMu.Lock()
-	defer s.bgMu.Unlock()
-	if s.closed.Load() {
-		return
-	}
-	s.bg.Add(1)
-	go func() {
-		defer s.bg.Done()
-		ctx, cancel := context.WithTimeout(context.Background(), undoTimeout)
-		defer cancel()
+	if len(ops) > 0 {
 		s.runAll(ctx, ops)
-	}()
+	}
 }

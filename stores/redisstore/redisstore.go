@@ -53,15 +53,22 @@ const (
 	DefaultPrefix        = "dedup:"
 	DefaultCompactPrefix = "d:" // the default Prefix with CompactKeys
 	DefaultMaxKeyLen     = 1024
-	DefaultMaxBatch      = 128
-	DefaultMaxInFlight   = 4
+
+	// DefaultMaxBatch is the default BatchConfig.MaxBatch.
+	DefaultMaxBatch = 128
+	// MaxBatchLimit bounds BatchConfig.MaxBatch.
+	MaxBatchLimit = 10000
+	// DefaultMaxInFlight is the default BatchConfig.MaxInFlight.
+	DefaultMaxInFlight = 4
+	// MaxInFlightLimit bounds BatchConfig.MaxInFlight.
+	MaxInFlightLimit = 1024
 )
 
-// Bounds of BatchConfig fields.
-const (
-	maxMaxBatch    = 10000
-	maxMaxInFlight = 1024
-)
+// batchLimits are the defaults and bounds of BatchConfig.
+var batchLimits = batch.Limits{
+	DefaultMaxBatch: DefaultMaxBatch, MaxBatch: MaxBatchLimit,
+	DefaultMaxInFlight: DefaultMaxInFlight, MaxInFlight: MaxInFlightLimit,
+}
 
 // serverCheckTimeout bounds the check New starts in the background.
 const serverCheckTimeout = 10 * time.Second
@@ -134,25 +141,23 @@ type Config struct {
 // latency, and batches grow only while calls are waiting anyway. See the
 // README for how it works and what it gains.
 //
+// Its fields, shared with sqlstore.BatchConfig:
+//
+//   - Disabled sends every call on its own, one round trip each.
+//   - MaxBatch is the most calls one pipeline carries. The default is
+//     DefaultMaxBatch (128); at most MaxBatchLimit (10000).
+//   - MaxInFlight is the most pipelines (and lone calls) out at once, so
+//     the most connections the store uses at a time (per node in Redis
+//     Cluster). Calls beyond wait, and go out together in the next
+//     pipeline. The default is DefaultMaxInFlight (4); at most
+//     MaxInFlightLimit (1024).
+//
 // Each call keeps its own context: one that ends while the call waits for
 // a slot, or while its pipeline is out, returns the context's error at
 // once, and a claim taken for a caller that has gone is released. A
 // pipeline of several calls runs until the latest of their deadlines, so
 // set ContextTimeoutEnabled on the client (see [New]).
-type BatchConfig struct {
-	// Disabled sends every call on its own, one round trip each.
-	Disabled bool
-
-	// MaxBatch is the most calls one pipeline carries. The default is 128;
-	// at most 10000.
-	MaxBatch int
-
-	// MaxInFlight is the most pipelines (and lone calls) out at once, so
-	// the most connections the store uses at a time (per node in Redis
-	// Cluster). Calls beyond wait, and go out together in the next
-	// pipeline. The default is 4; at most 1024.
-	MaxInFlight int
-}
+type BatchConfig = batch.Config
 
 // Validate reports the first invalid field.
 func (c Config) Validate() error {
@@ -165,11 +170,8 @@ func (c Config) Validate() error {
 	if c.CompactKeys && c.DigestKeysLongerThan != 0 {
 		return fmt.Errorf("redisstore: DigestKeysLongerThan must be 0 with CompactKeys (every key is a digest then), got %d", c.DigestKeysLongerThan)
 	}
-	if c.Batch.MaxBatch < 0 || c.Batch.MaxBatch > maxMaxBatch {
-		return fmt.Errorf("redisstore: Batch.MaxBatch must be between 0 (default %d) and %d, got %d", DefaultMaxBatch, maxMaxBatch, c.Batch.MaxBatch)
-	}
-	if c.Batch.MaxInFlight < 0 || c.Batch.MaxInFlight > maxMaxInFlight {
-		return fmt.Errorf("redisstore: Batch.MaxInFlight must be between 0 (default %d) and %d, got %d", DefaultMaxInFlight, maxMaxInFlight, c.Batch.MaxInFlight)
+	if err := c.Batch.Validate(batchLimits); err != nil {
+		return fmt.Errorf("redisstore: %w", err)
 	}
 	return nil
 }
@@ -181,12 +183,7 @@ func (c *Config) setDefaults() {
 			c.Prefix = DefaultCompactPrefix
 		}
 	}
-	if c.Batch.MaxBatch == 0 {
-		c.Batch.MaxBatch = DefaultMaxBatch
-	}
-	if c.Batch.MaxInFlight == 0 {
-		c.Batch.MaxInFlight = DefaultMaxInFlight
-	}
+	c.Batch = c.Batch.WithDefaults(batchLimits)
 	if c.MaxKeyLen == 0 {
 		c.MaxKeyLen = DefaultMaxKeyLen
 	}
@@ -216,11 +213,7 @@ type Store struct {
 	closeOnce sync.Once
 	cancel    context.CancelFunc
 	checkDone chan struct{}
-	// bg counts the undos of orphaned claims running in the background;
-	// bgMu orders its Add against Close.
-	bgMu   sync.Mutex
-	bg     sync.WaitGroup
-	closeD chan struct{} // closed when Close has stopped everything
+	closeD    chan struct{} // closed when Close has stopped everything
 }
 
 var _ stores.Store = (*Store)(nil)
@@ -253,9 +246,8 @@ func New(client redis.UniversalClient, cfg Config) (*Store, error) {
 		checkDone: make(chan struct{}),
 		closeD:    make(chan struct{}),
 	}
-	if !cfg.Batch.Disabled {
-		s.batcher = batch.New(s.execBatch, cfg.Batch.MaxBatch, cfg.Batch.MaxInFlight)
-		s.batcher.OnOrphaned(s.undoOrphans)
+	if s.batcher = batch.NewFromConfig(s.execBatch, cfg.Batch); s.batcher != nil {
+		s.batcher.OnOrphaned(undoTimeout, s.undoOrphans)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), serverCheckTimeout)
 	s.cancel = cancel
@@ -301,17 +293,8 @@ func isSharded(client redis.UniversalClient) bool {
 // never run twice). The fixed order makes sure that of two such claims at
 // least one wins the keys they share, as with ordered locking.
 func (s *Store) Claim(ctx context.Context, scope string, keys []string, lease time.Duration) (*stores.Claim, error) {
-	if s.closed.Load() {
-		return nil, fmt.Errorf("redisstore: claim: %w", stores.ErrClosed)
-	}
 	rkeys, err := s.recordKeys(scope, keys)
-	if err != nil {
-		return nil, err
-	}
-	if lease <= 0 {
-		return nil, fmt.Errorf("%w: lease must be positive, got %s", stores.ErrInvalidArgument, lease)
-	}
-	if err := ctx.Err(); err != nil {
+	if err := stores.CheckCall(ctx, s.closed.Load(), err, stores.CheckLease(lease)); err != nil {
 		return nil, fmt.Errorf("redisstore: claim: %w", err)
 	}
 	token := rand.Text()
@@ -326,7 +309,7 @@ func (s *Store) Claim(ctx context.Context, scope string, keys []string, lease ti
 	case 2:
 		rec, err := decodeValue(r.value)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("redisstore: claim: %w", err)
 		}
 		c.Result, c.Data = stores.Duplicate, rec.data
 	default:
@@ -394,15 +377,9 @@ func (s *Store) claimOne(ctx context.Context, rkey, token string, lease time.Dur
 // nobody took over yet is still the claim's: a slow handler finishing just
 // after its lease completes fine, for up to one more lease length.
 func (s *Store) Complete(ctx context.Context, c *stores.Claim, retention time.Duration, data []byte) error {
-	if s.closed.Load() {
-		return fmt.Errorf("redisstore: complete: %w", stores.ErrClosed)
-	}
-	if retention <= 0 {
-		return fmt.Errorf("%w: retention must be positive, got %s", stores.ErrInvalidArgument, retention)
-	}
-	rkeys, err := s.claimKeys(c)
+	rkeys, err := s.claimKeys(ctx, c, stores.CheckRetention(retention))
 	if err != nil {
-		return err
+		return fmt.Errorf("redisstore: complete: %w", err)
 	}
 	return s.fenced(ctx, "complete", c, rkeys, func(keys []string) op {
 		return completeOp(keys, c.Token, retention, data)
@@ -411,12 +388,9 @@ func (s *Store) Complete(ctx context.Context, c *stores.Claim, retention time.Du
 
 // Release implements [stores.Store].
 func (s *Store) Release(ctx context.Context, c *stores.Claim) error {
-	if s.closed.Load() {
-		return fmt.Errorf("redisstore: release: %w", stores.ErrClosed)
-	}
-	rkeys, err := s.claimKeys(c)
+	rkeys, err := s.claimKeys(ctx, c, nil)
 	if err != nil {
-		return err
+		return fmt.Errorf("redisstore: release: %w", err)
 	}
 	return s.fenced(ctx, "release", c, rkeys, func(keys []string) op {
 		return releaseOp(keys, c.Token)
@@ -425,15 +399,9 @@ func (s *Store) Release(ctx context.Context, c *stores.Claim) error {
 
 // Extend implements [stores.Store].
 func (s *Store) Extend(ctx context.Context, c *stores.Claim, lease time.Duration) error {
-	if s.closed.Load() {
-		return fmt.Errorf("redisstore: extend: %w", stores.ErrClosed)
-	}
-	if lease <= 0 {
-		return fmt.Errorf("%w: lease must be positive, got %s", stores.ErrInvalidArgument, lease)
-	}
-	rkeys, err := s.claimKeys(c)
+	rkeys, err := s.claimKeys(ctx, c, stores.CheckLease(lease))
 	if err != nil {
-		return err
+		return fmt.Errorf("redisstore: extend: %w", err)
 	}
 	return s.fenced(ctx, "extend", c, rkeys, func(keys []string) op {
 		return extendOp(keys, c.Token, lease)
@@ -443,9 +411,6 @@ func (s *Store) Extend(ctx context.Context, c *stores.Claim, lease time.Duration
 // fenced runs the token-checked op that build makes for rkeys: as one
 // script on one node, or key by key in Redis Cluster (see fencedSharded).
 func (s *Store) fenced(ctx context.Context, what string, c *stores.Claim, rkeys []string, build func([]string) op) error {
-	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("redisstore: %s: %w", what, err)
-	}
 	if s.sharded && len(rkeys) > 1 {
 		return s.fencedSharded(ctx, what, c, rkeys, build)
 	}
@@ -455,7 +420,7 @@ func (s *Store) fenced(ctx context.Context, what string, c *stores.Claim, rkeys 
 	}
 	lost, err := parseFenced(v)
 	if err != nil {
-		return err
+		return fmt.Errorf("redisstore: %s: %w", what, err)
 	}
 	if lost >= 0 {
 		return s.lostClaim(what, c, rkeys[lost])
@@ -539,16 +504,13 @@ func (s *Store) lostClaim(what string, c *stores.Claim, rkey string) error {
 // recordKeys validates scope and keys and returns the distinct Redis keys
 // of the claim, in the order of their first occurrence.
 func (s *Store) recordKeys(scope string, keys []string) ([]string, error) {
-	if len(keys) == 0 {
-		return nil, fmt.Errorf("%w: no keys", stores.ErrInvalidKey)
+	if err := stores.CheckKeys(keys); err != nil {
+		return nil, err
 	}
 	if len(scope) > s.cfg.MaxKeyLen {
 		return nil, fmt.Errorf("%w: scope is %d bytes, longer than MaxKeyLen (%d)", stores.ErrInvalidArgument, len(scope), s.cfg.MaxKeyLen)
 	}
 	for i, k := range keys {
-		if k == "" {
-			return nil, fmt.Errorf("%w: key %d is empty", stores.ErrInvalidKey, i)
-		}
 		if len(k) > s.cfg.MaxKeyLen && !s.cfg.CompactKeys && !s.digests(k) {
 			return nil, fmt.Errorf("%w: key %d is %d bytes, longer than MaxKeyLen (%d); set DigestKeysLongerThan to store long keys as digests",
 				stores.ErrInvalidKey, i, len(k), s.cfg.MaxKeyLen)
@@ -571,17 +533,20 @@ func (s *Store) recordKeys(scope string, keys []string) ([]string, error) {
 	return rkeys, nil
 }
 
-// claimKeys checks that c is a Claimed result of a redisstore and returns
-// its record keys.
-func (s *Store) claimKeys(c *stores.Claim) ([]string, error) {
-	if c == nil || c.Result != stores.Claimed || len(c.Token) != tokenLen {
-		return nil, fmt.Errorf("%w: not a Claimed claim of a redisstore", stores.ErrInvalidArgument)
+// claimKeys checks a call on claim c whose other argument's check is arg
+// (see stores.CheckCall), and returns c's record keys.
+func (s *Store) claimKeys(ctx context.Context, c *stores.Claim, arg error) ([]string, error) {
+	var rkeys []string
+	err := stores.CheckClaim(c)
+	if err == nil && len(c.Token) != tokenLen {
+		err = fmt.Errorf("%w: not a Claimed claim of a redisstore", stores.ErrInvalidArgument)
 	}
-	rkeys, err := s.recordKeys(c.Scope, c.Keys)
-	if err != nil {
-		return nil, fmt.Errorf("%w: the claim's keys are invalid: %w", stores.ErrInvalidArgument, err)
+	if err == nil {
+		if rkeys, err = s.recordKeys(c.Scope, c.Keys); err != nil {
+			err = fmt.Errorf("%w: the claim's keys are invalid: %w", stores.ErrInvalidArgument, err)
+		}
 	}
-	return rkeys, nil
+	return rkeys, stores.CheckCall(ctx, s.closed.Load(), err, arg)
 }
 
 // Close stops the background server check, if still running, and waits for
@@ -590,13 +555,13 @@ func (s *Store) claimKeys(c *stores.Claim) ([]string, error) {
 // way finish. It never closes the client. It is idempotent.
 func (s *Store) Close(ctx context.Context) error {
 	s.closeOnce.Do(func() {
-		s.bgMu.Lock()
 		s.closed.Store(true)
-		s.bgMu.Unlock()
 		s.cancel()
 		go func() {
 			<-s.checkDone
-			s.bg.Wait()
+			if s.batcher != nil {
+				_ = s.batcher.Close(context.Background())
+			}
 			close(s.closeD)
 		}()
 	})

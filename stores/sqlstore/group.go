@@ -1,10 +1,10 @@
 package sqlstore
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
 	"errors"
-	"fmt"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -62,44 +62,30 @@ const (
 // lock timeout.
 //
 // Multi-key calls, and every call on the DailyPartitions layout, always
-// run on their own. The zero value turns batching on with the defaults.
-type BatchConfig struct {
-	// Disabled turns group commit off: every call runs its own
-	// statements on a connection of its own.
-	Disabled bool
+// run on their own.
+//
+// Its fields, shared with redisstore.BatchConfig:
+//
+//   - Disabled turns group commit off: every call runs its own
+//     statements on a connection of its own.
+//   - MaxBatch is the most calls one batch carries. The default is
+//     DefaultMaxBatch (64); at most MaxBatchLimit (1000).
+//   - MaxInFlight is how many batches run at once, each on a connection
+//     of its own; calls arriving while that many run wait for the next
+//     batch. Fewer batches in flight make larger batches (fewer
+//     statements and commits per call) and longer waits. The default,
+//     DefaultMaxInFlight (1), served the most messages per second and the
+//     least CPU per message on every dialect on a two-core machine
+//     (README.md); on a server with many cores, 2 to 4 can serve more. At
+//     most MaxInFlightLimit (64).
+//
+// The zero value turns batching on with the defaults.
+type BatchConfig = batch.Config
 
-	// MaxBatch is the most calls one batch carries. The default is
-	// DefaultMaxBatch (64); at most MaxBatchLimit.
-	MaxBatch int
-
-	// MaxInFlight is how many batches run at once, each on a connection
-	// of its own; calls arriving while that many run wait for the next
-	// batch. Fewer batches in flight make larger batches (fewer statements
-	// and commits per call) and longer waits. The default,
-	// DefaultMaxInFlight (1), served the most messages per second and
-	// the least CPU per message on every dialect on a two-core machine
-	// (README.md); on a server with many cores, 2 to 4 can serve more.
-	// At most MaxInFlightLimit.
-	MaxInFlight int
-}
-
-func (b BatchConfig) validate() error {
-	if b.MaxBatch < 0 || b.MaxBatch > MaxBatchLimit {
-		return fmt.Errorf("sqlstore: Batch.MaxBatch must be between 1 and %d (0 for the default), got %d", MaxBatchLimit, b.MaxBatch)
-	}
-	if b.MaxInFlight < 0 || b.MaxInFlight > MaxInFlightLimit {
-		return fmt.Errorf("sqlstore: Batch.MaxInFlight must be between 1 and %d (0 for the default), got %d", MaxInFlightLimit, b.MaxInFlight)
-	}
-	return nil
-}
-
-func (b *BatchConfig) setDefaults() {
-	if b.MaxBatch == 0 {
-		b.MaxBatch = DefaultMaxBatch
-	}
-	if b.MaxInFlight == 0 {
-		b.MaxInFlight = DefaultMaxInFlight
-	}
+// batchLimits are the defaults and bounds of BatchConfig.
+var batchLimits = batch.Limits{
+	DefaultMaxBatch: DefaultMaxBatch, MaxBatch: MaxBatchLimit,
+	DefaultMaxInFlight: DefaultMaxInFlight, MaxInFlight: MaxInFlightLimit,
 }
 
 // opKind is the kind of a batched call.
@@ -113,15 +99,9 @@ const (
 	numOpKinds
 )
 
-// States of an op: pending until its batch decides it (delivered) or its
-// caller gives up (abandoned), whichever comes first.
-const (
-	opPending int32 = iota
-	opDelivered
-	opAbandoned
-)
-
-// op is one single-key lease-mode call in a batch.
+// op is one single-key lease-mode call in a batch. The batch writes its
+// results; its caller reads them once the batcher has delivered it (see
+// group.do).
 type op struct {
 	kind  opKind
 	ctx   context.Context // the caller's
@@ -131,11 +111,10 @@ type op struct {
 	d     time.Duration // Claim, Extend: lease; Complete: retention
 	data  []byte        // Complete
 
-	// Set by the batch before it delivers the op.
+	// Set by the batch.
 	res      stores.Claim // Claim: Result, Takeover, Data
 	err      error
 	fallback bool // undecided: the caller runs it on its own
-	state    atomic.Int32
 }
 
 func (o *op) id() recordID { return o.ks.ids[0] }
@@ -143,6 +122,8 @@ func (o *op) id() recordID { return o.ks.ids[0] }
 // group batches a store's single-key lease-mode calls.
 type group struct {
 	s *Store
+	// b delivers each op's error (errFallback: run it on its own); its
+	// other results are in the op.
 	b *batch.Batcher[*op, struct{}]
 
 	// hook, when set (by tests), sees the size of every batch before it
@@ -154,9 +135,14 @@ type group struct {
 
 func newGroup(s *Store) *group {
 	g := &group{s: s}
-	g.b = batch.New(g.exec, s.cfg.Batch.MaxBatch, s.cfg.Batch.MaxInFlight)
+	g.b = batch.NewFromConfig(g.exec, s.cfg.Batch)
+	g.b.OnOrphaned(orphanReleaseTimeout, g.orphaned)
 	return g
 }
+
+// errFallback is the error the batch delivers for an op it could not
+// decide: its caller runs it on its own.
+var errFallback = errors.New("sqlstore: run the call on its own")
 
 // op returns a new op of kind over ks when g batches it (one key), else
 // nil (g may be nil: batching is off).
@@ -175,19 +161,15 @@ func (g *group) do(ctx context.Context, o *op) error {
 		g.inDo.Add(1)
 		defer g.inDo.Add(-1)
 	}
+	// Do returns o's error once the batch has delivered it, and the
+	// op's results are then the caller's; or ctx's error as soon as ctx
+	// ends, and then a batch still running writes them (a claim it makes
+	// is released: see orphaned).
 	_, err := g.b.Do(ctx, o)
-	if o.state.CompareAndSwap(opPending, opAbandoned) {
-		// No batch decided it: the caller gave up first (a batch that
-		// decides it later undoes a claim; see orphaned).
-		if err == nil {
-			err = errors.New("sqlstore: batch returned without deciding the call")
-		}
-		return err
-	}
-	if o.fallback {
+	if errors.Is(err, errFallback) {
 		return g.s.direct(o)
 	}
-	return o.err
+	return err
 }
 
 // direct runs o on its own statements under its caller's context, as an
@@ -206,35 +188,29 @@ func (s *Store) direct(o *op) error {
 	}
 }
 
-// exec runs one batch (batch.Exec).
+// exec runs one batch (batch.Exec); the batcher has left out the calls
+// whose callers gave up before it started.
 func (g *group) exec(ctx context.Context, calls []*batch.Call[*op, struct{}]) error {
 	ops := make([]*op, len(calls))
-	live := make([]*op, 0, len(calls))
 	for i, c := range calls {
-		c.Set(struct{}{}, nil) // the result travels in the op
-		o := c.Req
-		ops[i] = o
-		if err := o.ctx.Err(); err != nil {
-			o.err = err // its caller has given up
-			continue
-		}
-		live = append(live, o)
+		ops[i] = c.Req
 	}
-	switch {
-	case len(live) == 1:
+	if len(ops) == 1 {
 		// Alone: exactly what an unbatched call runs, under its own ctx
 		// (a pipeline of one, with the batch settings, would cost a lone
 		// call about 10% more latency on PostgreSQL).
 		if g.hook != nil {
 			_ = g.hook(1)
 		}
-		live[0].err = g.s.direct(live[0])
-	case len(live) > 1:
-		g.run(ctx, live)
+		ops[0].err = g.s.direct(ops[0])
+	} else {
+		g.run(ctx, ops)
 	}
-	for _, o := range ops {
-		if !o.state.CompareAndSwap(opPending, opDelivered) {
-			g.orphaned(o)
+	for i, c := range calls {
+		if o := ops[i]; o.fallback {
+			c.Set(struct{}{}, errFallback)
+		} else {
+			c.Set(struct{}{}, o.err)
 		}
 	}
 	return nil
@@ -257,7 +233,7 @@ func (g *group) run(ctx context.Context, ops []*op) {
 	}
 	// Ascending ids: concurrent batches (and multi-key claims) take row
 	// locks in one order, so they cannot deadlock on each other's inserts.
-	slices.SortFunc(in, func(a, b *op) int { return bytesCompare(a.ks.ids[0][:], b.ks.ids[0][:]) })
+	slices.SortFunc(in, func(a, b *op) int { return bytes.Compare(a.ks.ids[0][:], b.ks.ids[0][:]) })
 	var err error
 	if g.hook != nil {
 		err = g.hook(len(in))
@@ -288,25 +264,20 @@ func (g *group) run(ctx context.Context, ops []*op) {
 // orphanReleaseTimeout bounds the release of a claim nobody waits for.
 const orphanReleaseTimeout = 10 * time.Second
 
-// orphaned handles an op whose caller gave up before its batch delivered
-// it. A claim the batch made for it is released in the background, so a
-// redelivery of the message does not find it in progress for a whole
-// lease; anything else needs nothing (a Complete that committed is found
-// done by the redelivery).
-func (g *group) orphaned(o *op) {
-	if o.kind != opClaim || o.err != nil || o.fallback || o.res.Result != stores.Claimed {
-		return
+// orphaned handles the ops whose callers gave up before their batch
+// delivered them; the batcher runs it in the background, and Close waits
+// for it. A claim the batch made is released, so a redelivery of the
+// message does not find it in progress for a whole lease; anything else
+// needs nothing (a Complete that committed is found done by the
+// redelivery).
+func (g *group) orphaned(ctx context.Context, calls []*batch.Call[*op, struct{}]) {
+	for _, c := range calls {
+		o := c.Req
+		if _, err := c.Result(); err != nil || o.kind != opClaim || o.res.Result != stores.Claimed {
+			continue
+		}
+		_ = g.s.releaseDirect(ctx, &stores.Claim{Result: stores.Claimed}, o.ks, o.token)
 	}
-	s := g.s
-	if !s.bgAdd() {
-		return // the lease runs out instead
-	}
-	go func() {
-		defer s.bg.Done()
-		ctx, cancel := context.WithTimeout(s.life, orphanReleaseTimeout)
-		defer cancel()
-		_ = s.releaseDirect(ctx, &stores.Claim{Result: stores.Claimed}, o.ks, o.token)
-	}()
 }
 
 // decideClaim applies the state machine to the existing record r of a

@@ -85,20 +85,8 @@ func (s *Store) outerTx(ctx context.Context) (*sql.Tx, bool) {
 // transaction (at its AckDeadline) and delivered again in a new one. On
 // MySQL the check costs a joined Begin one more statement.
 func (s *Store) Begin(ctx context.Context, scope string, keys []string, retention time.Duration) (stores.InboxTx, error) {
-	if s.closed.Load() {
-		return nil, fmt.Errorf("sqlstore: Begin: %w", stores.ErrClosed)
-	}
-	if err := checkKeys(keys); err != nil {
-		return nil, err
-	}
-	if retention <= 0 {
-		return nil, fmt.Errorf("%w: retention must be positive, got %s", stores.ErrInvalidArgument, retention)
-	}
-	if err := s.checkHorizon("retention", retention); err != nil {
-		return nil, err
-	}
-	if err := s.checkSession(ctx); err != nil {
-		return nil, fmt.Errorf("sqlstore: begin in scope %q: %w", scope, err)
+	if err := s.checkCall(ctx, stores.CheckKeys(keys), stores.CheckRetention(retention), s.checkHorizon("retention", retention)); err != nil {
+		return nil, fmt.Errorf("sqlstore: begin: %w", err)
 	}
 	ks := newKeySet(scope, keys)
 	if tx, ok := s.outerTx(ctx); ok {

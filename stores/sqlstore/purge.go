@@ -25,7 +25,7 @@ import (
 // purged or not. Several processes may purge the same table at once.
 func (s *Store) Purge(ctx context.Context) (int64, error) {
 	if s.closed.Load() {
-		return 0, fmt.Errorf("sqlstore: Purge: %w", stores.ErrClosed)
+		return 0, fmt.Errorf("sqlstore: purge: %w", stores.ErrClosed)
 	}
 	if s.q.partitioned {
 		return s.purgePartitions(ctx)

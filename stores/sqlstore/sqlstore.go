@@ -51,6 +51,7 @@
 package sqlstore
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -209,8 +210,8 @@ func (c Config) Validate() error {
 	if c.PartitionDaysAhead < 0 || c.PartitionDaysAhead > 366 {
 		return fmt.Errorf("sqlstore: PartitionDaysAhead must be between 1 and 366 (0 for the default), got %d", c.PartitionDaysAhead)
 	}
-	if err := c.Batch.validate(); err != nil {
-		return err
+	if err := c.Batch.Validate(batchLimits); err != nil {
+		return fmt.Errorf("sqlstore: %w", err)
 	}
 	if c.DailyPartitions {
 		if c.Dialect != "" && c.Dialect != Postgres {
@@ -236,7 +237,7 @@ func (c *Config) setDefaults() {
 	if c.PartitionDaysAhead == 0 {
 		c.PartitionDaysAhead = DefaultPartitionDaysAhead
 	}
-	c.Batch.setDefaults()
+	c.Batch = c.Batch.WithDefaults(batchLimits)
 	c.Clock = stores.ClockOrSystem(c.Clock)
 	if c.Logger == nil {
 		c.Logger = watermill.NopLogger{}
@@ -253,13 +254,11 @@ type Store struct {
 
 	closed    atomic.Bool
 	closeOnce sync.Once
-	life      context.Context // cancelled by Close
-	cancel    context.CancelFunc
+	cancel    context.CancelFunc // stops the purge job
 	done      chan struct{}
 
 	// group coalesces concurrent single-key lease-mode calls (nil when
-	// batching is off); bg tracks the releases of claims whose callers
-	// gave up while their batch ran.
+	// batching is off).
 	group  *group
 	notPgx atomic.Bool // a PostgreSQL driver other than pgx: no pipelines
 	// busyBlind reports that the driver waits for SQLite's lock
@@ -267,9 +266,6 @@ type Store struct {
 	// Begin waits for it in a goroutine of its own. Asked once, at the
 	// first Begin (New does no I/O, and asks nothing of db).
 	busyBlind func() bool
-	bgMu      sync.Mutex
-	bgClosed  bool
-	bg        sync.WaitGroup
 
 	savepoints atomic.Uint64
 	// maxLease is the longest lease given (ns): the purge keeps expired
@@ -332,7 +328,7 @@ func New(db *sql.DB, cfg Config) (*Store, error) {
 		return cfg.Dialect == SQLite && strings.Contains(driverPkg(db), "mattn/go-sqlite3")
 	})
 	ctx, cancel := context.WithCancel(context.Background())
-	s.life, s.cancel = ctx, cancel
+	s.cancel = cancel
 	if !cfg.Batch.Disabled && !cfg.DailyPartitions {
 		s.group = newGroup(s)
 	}
@@ -361,7 +357,7 @@ func (s *Store) SchemaStatements() []string { return s.q.schemaStatements() }
 // otherwise.
 func (s *Store) CreateSchema(ctx context.Context) error {
 	if s.closed.Load() {
-		return fmt.Errorf("sqlstore: CreateSchema: %w", stores.ErrClosed)
+		return fmt.Errorf("sqlstore: create schema: %w", stores.ErrClosed)
 	}
 	for _, stmt := range s.q.schemaStatements() {
 		if _, err := s.db.ExecContext(ctx, stmt); err != nil {
@@ -476,21 +472,9 @@ func newKeySet(scope string, keys []string) keySet {
 		ks.order[i] = digest(scope, k)
 	}
 	ks.ids = slices.Clone(ks.order)
-	slices.SortFunc(ks.ids, func(a, b recordID) int { return bytesCompare(a[:], b[:]) })
+	slices.SortFunc(ks.ids, func(a, b recordID) int { return bytes.Compare(a[:], b[:]) })
 	ks.ids = slices.Compact(ks.ids)
 	return ks
-}
-
-func bytesCompare(a, b []byte) int {
-	for i := range a {
-		if a[i] != b[i] {
-			if a[i] < b[i] {
-				return -1
-			}
-			return 1
-		}
-	}
-	return 0
 }
 
 func (s *Store) idArgs(prefix []any, ids []recordID) []any {
@@ -624,16 +608,13 @@ func (s *Store) retry(ctx context.Context, op func() error) error {
 	}
 }
 
-func checkKeys(keys []string) error {
-	if len(keys) == 0 {
-		return fmt.Errorf("%w: no keys", stores.ErrInvalidKey)
+// checkCall is [stores.CheckCall], then the session check: every
+// failure a call meets before its own statements.
+func (s *Store) checkCall(ctx context.Context, args ...error) error {
+	if err := stores.CheckCall(ctx, s.closed.Load(), args...); err != nil {
+		return err
 	}
-	for i, k := range keys {
-		if k == "" {
-			return fmt.Errorf("%w: key %d is empty", stores.ErrInvalidKey, i)
-		}
-	}
-	return nil
+	return s.checkSession(ctx)
 }
 
 // Claim implements [stores.Store].
@@ -648,20 +629,8 @@ func checkKeys(keys []string) error {
 // commit, or roll back when any key is live, so the claim is
 // all-or-nothing.
 func (s *Store) Claim(ctx context.Context, scope string, keys []string, lease time.Duration) (*stores.Claim, error) {
-	if s.closed.Load() {
-		return nil, fmt.Errorf("sqlstore: Claim: %w", stores.ErrClosed)
-	}
-	if err := checkKeys(keys); err != nil {
-		return nil, err
-	}
-	if lease <= 0 {
-		return nil, fmt.Errorf("%w: lease must be positive, got %s", stores.ErrInvalidArgument, lease)
-	}
-	if err := s.checkHorizon("lease", lease); err != nil {
-		return nil, err
-	}
-	if err := s.checkSession(ctx); err != nil {
-		return nil, fmt.Errorf("sqlstore: claim in scope %q: %w", scope, err)
+	if err := s.checkCall(ctx, stores.CheckKeys(keys), stores.CheckLease(lease), s.checkHorizon("lease", lease)); err != nil {
+		return nil, fmt.Errorf("sqlstore: claim: %w", err)
 	}
 	s.noteLease(lease)
 	ks := newKeySet(scope, keys)
@@ -750,17 +719,18 @@ func (s *Store) claimOnce(ctx context.Context, ks keySet, token int64, lease tim
 	})
 }
 
-// claimArgs checks a claim handed to Complete, Release or Extend.
-func (s *Store) claimArgs(c *stores.Claim) (keySet, int64, error) {
-	if s.closed.Load() {
-		return keySet{}, 0, stores.ErrClosed
+// claimArgs checks a call on claim c (Complete, Release, Extend), whose
+// other arguments' checks are args, and returns c's keys and token.
+func (s *Store) claimArgs(ctx context.Context, c *stores.Claim, args ...error) (keySet, int64, error) {
+	var token int64
+	err := stores.CheckClaim(c)
+	if err == nil {
+		if token, err = strconv.ParseInt(c.Token, 36, 64); err != nil || token <= 0 {
+			err = fmt.Errorf("%w: token %q is not a sqlstore token", stores.ErrInvalidArgument, c.Token)
+		}
 	}
-	if c == nil || c.Result != stores.Claimed || c.Token == "" || len(c.Keys) == 0 {
-		return keySet{}, 0, fmt.Errorf("%w: not a Claimed claim", stores.ErrInvalidArgument)
-	}
-	token, err := strconv.ParseInt(c.Token, 36, 64)
-	if err != nil || token <= 0 {
-		return keySet{}, 0, fmt.Errorf("%w: token %q is not a sqlstore token", stores.ErrInvalidArgument, c.Token)
+	if err := s.checkCall(ctx, append([]error{err}, args...)...); err != nil {
+		return keySet{}, 0, err
 	}
 	return newKeySet(c.Scope, c.Keys), token, nil
 }
@@ -822,26 +792,17 @@ func (s *Store) countOwned(ctx context.Context, db querier, ks keySet, token int
 }
 
 func opError(op string, err error) error {
-	if err == nil || errors.Is(err, stores.ErrLostClaim) || errors.Is(err, stores.ErrInvalidArgument) {
-		return err
+	if err == nil {
+		return nil
 	}
 	return fmt.Errorf("sqlstore: %s: %w", op, classify(err))
 }
 
 // Complete implements [stores.Store].
 func (s *Store) Complete(ctx context.Context, c *stores.Claim, retention time.Duration, data []byte) error {
-	ks, token, err := s.claimArgs(c)
+	ks, token, err := s.claimArgs(ctx, c, stores.CheckRetention(retention), s.checkHorizon("retention", retention))
 	if err != nil {
-		return opError("Complete", err)
-	}
-	if err := s.checkSession(ctx); err != nil {
-		return opError("Complete", err)
-	}
-	if retention <= 0 {
-		return fmt.Errorf("%w: retention must be positive, got %s", stores.ErrInvalidArgument, retention)
-	}
-	if err := s.checkHorizon("retention", retention); err != nil {
-		return err
+		return opError("complete", err)
 	}
 	if o := s.group.op(ctx, opComplete, ks); o != nil {
 		o.claim, o.token, o.d, o.data = c, token, retention, data
@@ -857,12 +818,9 @@ func (s *Store) completeDirect(ctx context.Context, c *stores.Claim, ks keySet, 
 
 // Release implements [stores.Store].
 func (s *Store) Release(ctx context.Context, c *stores.Claim) error {
-	ks, token, err := s.claimArgs(c)
+	ks, token, err := s.claimArgs(ctx, c)
 	if err != nil {
-		return opError("Release", err)
-	}
-	if err := s.checkSession(ctx); err != nil {
-		return opError("Release", err)
+		return opError("release", err)
 	}
 	if o := s.group.op(ctx, opRelease, ks); o != nil {
 		o.claim, o.token = c, token
@@ -877,18 +835,9 @@ func (s *Store) releaseDirect(ctx context.Context, c *stores.Claim, ks keySet, t
 
 // Extend implements [stores.Store].
 func (s *Store) Extend(ctx context.Context, c *stores.Claim, lease time.Duration) error {
-	ks, token, err := s.claimArgs(c)
+	ks, token, err := s.claimArgs(ctx, c, stores.CheckLease(lease), s.checkHorizon("lease", lease))
 	if err != nil {
-		return opError("Extend", err)
-	}
-	if err := s.checkSession(ctx); err != nil {
-		return opError("Extend", err)
-	}
-	if lease <= 0 {
-		return fmt.Errorf("%w: lease must be positive, got %s", stores.ErrInvalidArgument, lease)
-	}
-	if err := s.checkHorizon("lease", lease); err != nil {
-		return err
+		return opError("extend", err)
 	}
 	s.noteLease(lease)
 	if o := s.group.op(ctx, opExtend, ks); o != nil {
@@ -928,18 +877,6 @@ func (s *Store) checkSession(ctx context.Context) error {
 	return s.sessionErr
 }
 
-// bgAdd counts one more background goroutine for Close to wait for, or
-// reports false once Close has begun waiting.
-func (s *Store) bgAdd() bool {
-	s.bgMu.Lock()
-	defer s.bgMu.Unlock()
-	if s.bgClosed {
-		return false
-	}
-	s.bg.Add(1)
-	return true
-}
-
 // lostClaim is the error of a fenced call whose token no longer owns its
 // records.
 func lostClaim(c *stores.Claim) error {
@@ -954,7 +891,9 @@ func dataArg(data []byte) any {
 	return data
 }
 
-// Close stops the purge job and waits for it. The *sql.DB is not closed.
+// Close stops the purge job and waits for it, and for the releases of
+// claims made for callers that gave up while their batch ran (each bounded
+// by 10s). The *sql.DB is not closed.
 // Every later call returns [stores.ErrClosed]; transactions already begun
 // can still be committed or rolled back. It is idempotent. A MySQL COMMIT
 // or ROLLBACK abandoned at its context's deadline (go-sql-driver cannot
@@ -970,21 +909,11 @@ func (s *Store) Close(ctx context.Context) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-	// Releases of orphaned claims (see group.orphaned), cancelled above.
-	s.bgMu.Lock()
-	s.bgClosed = true
-	s.bgMu.Unlock()
-	bg := make(chan struct{})
-	go func() {
-		s.bg.Wait()
-		close(bg)
-	}()
-	select {
-	case <-bg:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
+	if s.group != nil {
+		// Releases of claims whose callers gave up (see group.orphaned).
+		return s.group.b.Close(ctx)
 	}
+	return nil
 }
 
 // SQLiteDSN returns a modernc.org/sqlite data source name for the database
