@@ -4,7 +4,10 @@
 //
 // It finds the services that integration tests run against and decides
 // what happens when one is missing: a loud skip on a developer's machine,
-// a failure in CI.
+// a failure in CI. It opens any dedup store on them with one call
+// (OpenStore, with its own StoreParams), keeps the exactly-once record of
+// the effects a handler applies (Ledger: MemLedger, SQLLedger), and puts a
+// TCP proxy a test controls between a client and a service (Proxy).
 //
 // Tests need PostgreSQL, MariaDB/MySQL, Redis and RabbitMQ on their standard
 // loopback ports; the environment variables below override the addresses.
@@ -99,14 +102,19 @@ func RequirePostgres(t testing.TB) string {
 func RequireMySQL(t testing.TB) string {
 	t.Helper()
 	dsn := MySQLDSN()
+	RequireTCP(t, "MySQL/MariaDB", mysqlAddr(dsn))
+	return dsn
+}
+
+// mysqlAddr is the host:port of a go-sql-driver DSN.
+func mysqlAddr(dsn string) string {
 	addr := "127.0.0.1:3306"
 	if i := strings.Index(dsn, "tcp("); i >= 0 {
 		if j := strings.Index(dsn[i:], ")"); j > 0 {
 			addr = dsn[i+4 : i+j]
 		}
 	}
-	RequireTCP(t, "MySQL/MariaDB", addr)
-	return dsn
+	return addr
 }
 
 // RequireAMQP returns the RabbitMQ URL after checking the server answers.

@@ -1,0 +1,451 @@
+package testkit
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver
+	"github.com/redis/go-redis/v9"
+	_ "modernc.org/sqlite" // the "sqlite" database/sql driver, pure Go
+
+	"github.com/watermill-dedup/dedup/stores"
+	"github.com/watermill-dedup/dedup/stores/memstore"
+	"github.com/watermill-dedup/dedup/stores/redisstore"
+	"github.com/watermill-dedup/dedup/stores/sqlstore"
+)
+
+// StoreKind names a dedup store and the service behind it.
+type StoreKind string
+
+// The stores OpenStore opens.
+const (
+	StoreMemory       StoreKind = "memory"        // memstore, in the process
+	StoreRedis        StoreKind = "redis"         // redisstore on one Redis
+	StoreRedisCluster StoreKind = "redis-cluster" // redisstore on a Redis Cluster
+	StorePostgres     StoreKind = "postgres"      // sqlstore on PostgreSQL
+	StoreMySQL        StoreKind = "mysql"         // sqlstore on MySQL/MariaDB
+	StoreSQLite       StoreKind = "sqlite"        // sqlstore on a SQLite file
+)
+
+// StoreKinds lists every StoreKind.
+func StoreKinds() []StoreKind {
+	return []StoreKind{StoreMemory, StoreRedis, StoreRedisCluster, StorePostgres, StoreMySQL, StoreSQLite}
+}
+
+// SQLDialect returns the sqlstore dialect of a SQL kind, and false for the
+// others.
+func (k StoreKind) SQLDialect() (sqlstore.Dialect, bool) {
+	switch k {
+	case StorePostgres:
+		return sqlstore.Postgres, true
+	case StoreMySQL:
+		return sqlstore.MySQL, true
+	case StoreSQLite:
+		return sqlstore.SQLite, true
+	}
+	return "", false
+}
+
+// StoreParams says which store OpenStore opens and where. The zero value
+// of every field but Kind means a default.
+type StoreParams struct {
+	// Kind is the store. Required.
+	Kind StoreKind
+
+	// DSN is the database to connect to (postgres, mysql). The default is
+	// PostgresDSN() or MySQLDSN(): the local test database or the
+	// environment's.
+	DSN string
+
+	// Addr replaces the host:port of the service (redis, postgres, mysql):
+	// a test's Proxy, say. The default is the DSN's, or RedisAddr(). For
+	// redis-cluster it is the comma-separated seed nodes, required.
+	Addr string
+
+	// Path is the SQLite file. The default is a file in a new temporary
+	// directory that the cleanup removes.
+	Path string
+
+	// Name is the table (SQL) or the key prefix (Redis) the store keeps
+	// its records under: unique to the test or run, since tests share the
+	// services. The default is a new random one ("dedup_<hex>",
+	// "dedup:<hex>:").
+	Name string
+
+	// CreateSchema creates the SQL table (if it does not exist). Create it
+	// once per Name: several processes creating it at once may collide.
+	CreateSchema bool
+
+	// Teardown makes the cleanup also delete what the store kept under
+	// Name: drop the table, delete the Redis keys under the prefix (and
+	// only those: never FLUSHDB or TRUNCATE a shared service).
+	Teardown bool
+
+	// PoolSize bounds the connections: the SQL pool (default 8; SQLite 1,
+	// so handlers queue in database/sql instead of spinning on SQLite's
+	// write lock), the Redis pool (default go-redis's).
+	PoolSize int
+
+	// DialTimeout bounds connecting and the first ping. The default is 2
+	// seconds.
+	DialTimeout time.Duration
+
+	// RedisOptions, if set, adjusts the Redis client's options (redis
+	// kind) before the client is made: retries, timeouts.
+	RedisOptions func(*redis.Options)
+
+	// The stores' own configurations. OpenStore sets the name (Table,
+	// Prefix) and the Dialect; everything else is passed on.
+	Memory memstore.Config
+	Redis  redisstore.Config
+	SQL    sqlstore.Config
+}
+
+// OpenedStore is a store OpenStore opened, with what is behind it.
+type OpenedStore struct {
+	Store stores.Store
+	Kind  StoreKind
+
+	// Addr says where the store is, without a password: host:port
+	// (host:port/database for SQL), the SQLite file, "in-process".
+	Addr string
+
+	// Name is the table or key prefix (empty for memory).
+	Name string
+
+	// DB is the database of a SQL store, Dialect its flavour.
+	DB      *sql.DB
+	Dialect sqlstore.Dialect
+
+	// Redis is the client of a Redis store.
+	Redis redis.UniversalClient
+
+	// Path is the SQLite file.
+	Path string
+}
+
+// Default sizes of OpenStore's pools and dials.
+const (
+	DefaultPoolSize    = 8
+	DefaultDialTimeout = 2 * time.Second
+)
+
+// UnreachableError is OpenStore's error when the service does not answer.
+type UnreachableError struct {
+	Service string // "PostgreSQL"
+	Addr    string // where, without a password
+	Setting string // the environment variable that moves it
+	Err     error
+}
+
+func (e *UnreachableError) Error() string {
+	return fmt.Sprintf("%s is not reachable at %s (set %s): %v", e.Service, e.Addr, e.Setting, e.Err)
+}
+
+func (e *UnreachableError) Unwrap() error { return e.Err }
+
+// UniqueName returns prefix followed by 10 random hex digits: a table or
+// key name no other test or run uses.
+func UniqueName(prefix string) string {
+	var b [5]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(err)
+	}
+	return prefix + hex.EncodeToString(b[:])
+}
+
+// OpenStore opens the store p describes and returns it with its cleanup,
+// which closes the store and every client OpenStore made (and, with
+// Teardown, deletes the records first) and reports what failed. When it
+// returns an error, nothing stays open. An unreachable service is an
+// *UnreachableError.
+//
+// It never closes a client it did not make: there is none to hand in. A
+// test that needs its own client builds the store itself.
+func OpenStore(ctx context.Context, p StoreParams) (*OpenedStore, func(context.Context) error, error) {
+	if p.DialTimeout <= 0 {
+		p.DialTimeout = DefaultDialTimeout
+	}
+	var cl closers
+	o, err := p.open(ctx, &cl)
+	if err != nil {
+		_ = cl.run(context.Background())
+		return nil, nil, err
+	}
+	return o, cl.run, nil
+}
+
+func (p StoreParams) open(ctx context.Context, cl *closers) (*OpenedStore, error) {
+	switch p.Kind {
+	case StoreMemory:
+		s, err := memstore.New(p.Memory)
+		if err != nil {
+			return nil, err
+		}
+		cl.add(s.Close)
+		return &OpenedStore{Store: s, Kind: p.Kind, Addr: "in-process"}, nil
+	case StoreRedis, StoreRedisCluster:
+		return p.openRedis(ctx, cl)
+	case StorePostgres, StoreMySQL, StoreSQLite:
+		return p.openSQL(ctx, cl)
+	case "":
+		return nil, errors.New("testkit: StoreParams.Kind is required")
+	}
+	return nil, fmt.Errorf("testkit: unknown store kind %q (want one of %v)", p.Kind, StoreKinds())
+}
+
+// RequireStore checks that the service behind kind answers (see
+// Unavailable) and returns its host:port: the target of a Proxy, the
+// StoreParams.Addr that goes through it. Memory and SQLite have no
+// service: it returns "". A redis-cluster has no default service here;
+// it fails the test.
+func RequireStore(t testing.TB, kind StoreKind) string {
+	t.Helper()
+	switch kind {
+	case StoreRedis:
+		return RequireRedis(t)
+	case StorePostgres:
+		return hostPort(RequirePostgres(t), "127.0.0.1:5432")
+	case StoreMySQL:
+		return mysqlAddr(RequireMySQL(t))
+	case StoreMemory, StoreSQLite:
+		return ""
+	}
+	t.Fatalf("testkit: RequireStore: no default service for store kind %q", kind)
+	return ""
+}
+
+func (p StoreParams) openRedis(ctx context.Context, cl *closers) (*OpenedStore, error) {
+	var (
+		client  redis.UniversalClient
+		addr    = p.Addr
+		service = "Redis"
+		setting = "REDIS_ADDR"
+	)
+	if p.Kind == StoreRedisCluster {
+		service, setting = "Redis Cluster", "StoreParams.Addr"
+		if addr == "" {
+			return nil, errors.New("testkit: a redis-cluster store needs StoreParams.Addr, its seed nodes")
+		}
+		client = redis.NewClusterClient(&redis.ClusterOptions{
+			Addrs:                 strings.Split(addr, ","),
+			ContextTimeoutEnabled: true,
+			DialTimeout:           p.DialTimeout,
+			PoolTimeout:           2 * p.DialTimeout,
+			PoolSize:              p.PoolSize,
+		})
+	} else {
+		if addr == "" {
+			addr = RedisAddr()
+		}
+		opts := &redis.Options{
+			Addr: addr,
+			// The caller's context (the middleware's StoreTimeout) then
+			// bounds every call.
+			ContextTimeoutEnabled: true,
+			DialTimeout:           p.DialTimeout,
+			PoolTimeout:           2 * p.DialTimeout,
+			PoolSize:              p.PoolSize,
+		}
+		if p.RedisOptions != nil {
+			p.RedisOptions(opts)
+		}
+		client = redis.NewClient(opts)
+	}
+	cl.add(func(context.Context) error { return client.Close() })
+	pctx, cancel := context.WithTimeout(ctx, p.DialTimeout)
+	defer cancel()
+	if err := client.Ping(pctx).Err(); err != nil {
+		return nil, &UnreachableError{service, addr, setting, err}
+	}
+	name := p.Name
+	if name == "" {
+		name = UniqueName("dedup:") + ":"
+	}
+	cfg := p.Redis
+	cfg.Prefix = name
+	s, err := redisstore.New(client, cfg)
+	if err != nil {
+		return nil, err
+	}
+	if p.Teardown {
+		cl.add(func(ctx context.Context) error { return DeleteRedisPrefix(ctx, client, name) })
+	}
+	cl.add(s.Close)
+	return &OpenedStore{Store: s, Kind: p.Kind, Addr: addr, Name: name, Redis: client}, nil
+}
+
+// DeleteRedisPrefix deletes the keys under prefix, and only those (SCAN
+// and UNLINK, never FLUSHDB a shared Redis); on a cluster, on every
+// master.
+func DeleteRedisPrefix(ctx context.Context, client redis.UniversalClient, prefix string) error {
+	if cc, ok := client.(*redis.ClusterClient); ok {
+		return cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+			return deletePrefix(ctx, c, prefix)
+		})
+	}
+	return deletePrefix(ctx, client, prefix)
+}
+
+func deletePrefix(ctx context.Context, c redis.Cmdable, prefix string) error {
+	const batch = 500
+	iter := c.Scan(ctx, 0, prefix+"*", 1000).Iterator()
+	keys := make([]string, 0, batch)
+	for iter.Next(ctx) {
+		keys = append(keys, iter.Val())
+		if len(keys) == batch {
+			if err := c.Unlink(ctx, keys...).Err(); err != nil {
+				return fmt.Errorf("testkit: delete %s*: %w", prefix, err)
+			}
+			keys = keys[:0]
+		}
+	}
+	if err := iter.Err(); err != nil {
+		return fmt.Errorf("testkit: scan %s*: %w", prefix, err)
+	}
+	if len(keys) > 0 {
+		if err := c.Unlink(ctx, keys...).Err(); err != nil {
+			return fmt.Errorf("testkit: delete %s*: %w", prefix, err)
+		}
+	}
+	return nil
+}
+
+func (p StoreParams) openSQL(ctx context.Context, cl *closers) (*OpenedStore, error) {
+	d, _ := p.Kind.SQLDialect()
+	db, addr, err := p.openDB(ctx, cl)
+	if err != nil {
+		return nil, err
+	}
+	name := p.Name
+	if name == "" {
+		name = UniqueName("dedup_")
+	}
+	cfg := p.SQL
+	cfg.Dialect, cfg.Table = d, name
+	s, err := sqlstore.New(db, cfg)
+	if err != nil {
+		return nil, err
+	}
+	if p.Teardown {
+		// Registered before the store's Close, so it runs after it: the
+		// purge job (if any) has stopped.
+		cl.add(func(ctx context.Context) error {
+			_, err := db.ExecContext(ctx, "DROP TABLE IF EXISTS "+name)
+			return err
+		})
+	}
+	cl.add(s.Close)
+	if p.CreateSchema {
+		if err := s.CreateSchema(ctx); err != nil {
+			return nil, fmt.Errorf("testkit: create the table %s on %s: %w", name, addr, err)
+		}
+	}
+	return &OpenedStore{Store: s, Kind: p.Kind, Addr: addr, Name: name, DB: db, Dialect: d, Path: p.Path}, nil
+}
+
+// openDB opens and pings the database of a SQL kind.
+func (p StoreParams) openDB(ctx context.Context, cl *closers) (*sql.DB, string, error) {
+	var (
+		driver, dsn, addr, service, setting string
+		conns                               = p.PoolSize
+	)
+	switch p.Kind {
+	case StoreSQLite:
+		path := p.Path
+		if path == "" {
+			dir, err := os.MkdirTemp("", "testkit-sqlite-")
+			if err != nil {
+				return nil, "", err
+			}
+			cl.add(func(context.Context) error { return os.RemoveAll(dir) })
+			path = filepath.Join(dir, "dedup.db")
+		}
+		driver, dsn, addr, service, setting = "sqlite", sqlstore.SQLiteDSN(path), path, "SQLite", "StoreParams.Path"
+		if conns <= 0 {
+			conns = 1
+		}
+	case StorePostgres:
+		service, setting = "PostgreSQL", "POSTGRES_DSN"
+		u, err := url.Parse(or(p.DSN, PostgresDSN()))
+		if err != nil {
+			return nil, "", fmt.Errorf("testkit: PostgreSQL DSN: %w", err)
+		}
+		if p.Addr != "" {
+			u.Host = p.Addr
+		}
+		q := u.Query()
+		if q.Get("connect_timeout") == "" {
+			q.Set("connect_timeout", strconv.Itoa(max(1, int(p.DialTimeout.Seconds()))))
+		}
+		u.RawQuery = q.Encode()
+		driver, dsn, addr = "pgx", u.String(), u.Host+u.Path
+	case StoreMySQL:
+		service, setting = "MySQL/MariaDB", "MYSQL_DSN"
+		mc, err := mysql.ParseDSN(or(p.DSN, MySQLDSN()))
+		if err != nil {
+			return nil, "", fmt.Errorf("testkit: MySQL DSN: %w", err)
+		}
+		if p.Addr != "" {
+			mc.Addr = p.Addr
+		}
+		if mc.Timeout == 0 {
+			mc.Timeout = p.DialTimeout
+		}
+		driver, dsn, addr = "mysql", mc.FormatDSN(), mc.Addr+"/"+mc.DBName
+	}
+	if conns <= 0 {
+		conns = DefaultPoolSize
+	}
+	db, err := sql.Open(driver, dsn)
+	if err != nil {
+		return nil, "", err
+	}
+	cl.add(func(context.Context) error { return db.Close() })
+	// A bounded pool: the servers are shared, and a router runs every
+	// message in flight in its own goroutine.
+	db.SetMaxOpenConns(conns)
+	db.SetMaxIdleConns(conns)
+	pctx, cancel := context.WithTimeout(ctx, p.DialTimeout)
+	defer cancel()
+	if err := db.PingContext(pctx); err != nil {
+		return nil, "", &UnreachableError{service, addr, setting, err}
+	}
+	return db, addr, nil
+}
+
+func or(s, def string) string {
+	if s != "" {
+		return s
+	}
+	return def
+}
+
+// closers runs cleanups in reverse order of registration, each whatever
+// the others returned.
+type closers []func(context.Context) error
+
+func (c *closers) add(f func(context.Context) error) { *c = append(*c, f) }
+
+func (c *closers) run(ctx context.Context) error {
+	var errs []error
+	for i := len(*c) - 1; i >= 0; i-- {
+		if err := (*c)[i](ctx); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	*c = nil
+	return errors.Join(errs...)
+}

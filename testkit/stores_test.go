@@ -1,0 +1,94 @@
+package testkit_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/watermill-dedup/dedup/stores"
+	"github.com/watermill-dedup/dedup/stores/redisstore"
+	"github.com/watermill-dedup/dedup/testkit"
+)
+
+func TestOpenStore(t *testing.T) {
+	for _, kind := range []testkit.StoreKind{testkit.StoreMemory, testkit.StoreRedis, testkit.StorePostgres, testkit.StoreMySQL, testkit.StoreSQLite} {
+		t.Run(string(kind), func(t *testing.T) {
+			testkit.RequireStore(t, kind)
+			ctx := context.Background()
+			p := testkit.StoreParams{Kind: kind, CreateSchema: true, Teardown: true, Redis: redisstore.Config{SkipServerCheck: true}}
+			o, cleanup, err := testkit.OpenStore(ctx, p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c, err := o.Store.Claim(ctx, "scope", []string{"k1"}, time.Minute)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := o.Store.Complete(ctx, c, time.Hour, nil); err != nil {
+				t.Fatal(err)
+			}
+
+			// A second store on the same name shares the records.
+			p.Name, p.Teardown, p.CreateSchema = o.Name, false, false
+			if kind != testkit.StoreMemory && kind != testkit.StoreSQLite {
+				o2, cleanup2, err := testkit.OpenStore(ctx, p)
+				if err != nil {
+					t.Fatal(err)
+				}
+				c2, err := o2.Store.Claim(ctx, "scope", []string{"k1"}, time.Minute)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if c2.Result != stores.Duplicate {
+					t.Errorf("second store on %s: claim result %v, want duplicate", o.Name, c2.Result)
+				}
+				if err := cleanup2(ctx); err != nil {
+					t.Error(err)
+				}
+			}
+			if err := cleanup(ctx); err != nil {
+				t.Fatal(err)
+			}
+
+			// Teardown removed the records.
+			switch {
+			case o.Redis != nil:
+				client := redis.NewClient(&redis.Options{Addr: testkit.RedisAddr()})
+				defer client.Close()
+				keys, err := client.Keys(ctx, o.Name+"*").Result()
+				if err != nil || len(keys) > 0 {
+					t.Errorf("keys left under %s: %v (%v)", o.Name, keys, err)
+				}
+			case o.DB != nil && kind != testkit.StoreSQLite:
+				o3, cleanup3, err := testkit.OpenStore(ctx, testkit.StoreParams{Kind: kind})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer cleanup3(ctx) //nolint:errcheck
+				var n int
+				if err := o3.DB.QueryRowContext(ctx, "SELECT COUNT(*) FROM "+o.Name).Scan(&n); err == nil {
+					t.Errorf("table %s still exists after Teardown", o.Name)
+				}
+			}
+		})
+	}
+}
+
+func TestOpenStoreUnreachable(t *testing.T) {
+	for _, kind := range []testkit.StoreKind{testkit.StoreRedis, testkit.StorePostgres, testkit.StoreMySQL} {
+		_, _, err := testkit.OpenStore(context.Background(), testkit.StoreParams{Kind: kind, Addr: "127.0.0.1:1", DialTimeout: 500 * time.Millisecond})
+		var u *testkit.UnreachableError
+		if !errors.As(err, &u) || u.Addr == "" || u.Service == "" {
+			t.Errorf("%s on a closed port: %v, want an *UnreachableError", kind, err)
+		}
+	}
+	if _, _, err := testkit.OpenStore(context.Background(), testkit.StoreParams{Kind: "oracle"}); err == nil {
+		t.Error("an unknown kind opened")
+	}
+	if _, _, err := testkit.OpenStore(context.Background(), testkit.StoreParams{Kind: testkit.StoreRedisCluster}); err == nil {
+		t.Error("a redis-cluster without Addr opened")
+	}
+}
