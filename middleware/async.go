@@ -3,6 +3,7 @@ package middleware
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 
 	"github.com/watermill-dedup/dedup/stores"
 )
@@ -23,6 +24,8 @@ type pending struct {
 	idle   chan struct{} // closed once n is 0 after Close
 	// keys maps scope+"\x00"+key to the flight completing it.
 	keys map[string]*flight
+	// landings counts the flights that have ended.
+	landings atomic.Uint64
 }
 
 // flight is one background Complete.
@@ -66,6 +69,7 @@ func (p *pending) done(f *flight) {
 		}
 	}
 	close(f.done)
+	p.landings.Add(1)
 	p.n--
 	if p.n == 0 && p.closed {
 		close(p.idle)

@@ -245,3 +245,48 @@ func TestAsyncOnNonBlockingStoreCompletesInline(t *testing.T) {
 		}
 	}
 }
+
+// heldClaimStore holds the reply of the Claims it is told to hold, after
+// the store has answered them.
+type heldClaimStore struct {
+	*gatedStore
+	hold     atomic.Bool
+	answered chan *stores.Claim
+	release  chan struct{}
+}
+
+func (s *heldClaimStore) Claim(ctx context.Context, scope string, keys []string, lease time.Duration) (*stores.Claim, error) {
+	c, err := s.gatedStore.Claim(ctx, scope, keys, lease)
+	if s.hold.CompareAndSwap(true, false) {
+		s.answered <- c
+		<-s.release
+	}
+	return c, err
+}
+
+// TestAsyncDuplicateRacingItsComplete: the store reads the record as
+// processing, then this middleware's Complete lands before the duplicate
+// looks for it. The duplicate claims once more and is acked, not nacked.
+func TestAsyncDuplicateRacingItsComplete(t *testing.T) {
+	store := &heldClaimStore{gatedStore: newGatedStore(t), answered: make(chan *stores.Claim, 1), release: make(chan struct{})}
+	m := newAsync(t, middleware.Config{Store: store, Scope: "s"})
+	h := m.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })
+	if _, err := h(message.NewMessage("m-1", nil)); err != nil {
+		t.Fatal(err)
+	}
+	<-store.entered
+	store.hold.Store(true)
+	dup := make(chan error, 1)
+	go func() { _, err := h(message.NewMessage("m-1", nil)); dup <- err }()
+	if c := <-store.answered; c.Result != stores.InProgress {
+		t.Fatalf("the duplicate's claim = %s, want in progress", c.Result)
+	}
+	close(store.open)
+	if err := m.Close(context.Background()); err != nil { // the Complete has landed
+		t.Fatal(err)
+	}
+	close(store.release)
+	if err := <-dup; err != nil {
+		t.Fatalf("a duplicate whose Complete landed under its claim: %v, want acked", err)
+	}
+}

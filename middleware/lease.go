@@ -19,9 +19,13 @@ import (
 )
 
 func (m *Middleware) handleLease(h message.HandlerFunc, msg *message.Message, scope string, keys []string) ([]*message.Message, error) {
+	var landings uint64
+	if m.async != nil {
+		landings = m.async.landings.Load()
+	}
 	c, err := m.calls.claim(msg.Context(), scope, keys, m.cfg.Lease)
 	if err == nil && c.Result == stores.InProgress && m.async != nil {
-		c, err = m.awaitOwnComplete(msg, c)
+		c, err = m.awaitOwnComplete(msg, scope, keys, c, landings)
 	}
 	if err == nil && c.Result == stores.InProgress && m.cfg.InProgressWait > 0 {
 		c, err = m.waitInProgress(msg, scope, keys)
@@ -56,12 +60,20 @@ func (m *Middleware) handleLease(h message.HandlerFunc, msg *message.Message, sc
 // it), up to Tuning.CompleteTimeout, and claims again. Nacking it instead
 // would cost the broker's redelivery delay. Keys another consumer holds
 // stay in progress.
-func (m *Middleware) awaitOwnComplete(msg *message.Message, c *stores.Claim) (*stores.Claim, error) {
+//
+// landings is the count of ended background Completes before the claim
+// that found the keys in progress: when it moved, one of ours may have
+// landed between the store reading the record and the lookup here, and
+// the keys are claimed once more.
+func (m *Middleware) awaitOwnComplete(msg *message.Message, scope string, keys []string, c *stores.Claim, landings uint64) (*stores.Claim, error) {
 	var deadline <-chan time.Time
-	for c.Result == stores.InProgress {
-		landed := m.async.landing(c.Scope, c.Keys)
+	for tries := 0; c.Result == stores.InProgress; tries++ {
+		landed := m.async.landing(scope, keys)
 		if landed == nil {
-			return c, nil
+			if tries > 0 || m.async.landings.Load() == landings {
+				return c, nil
+			}
+			landed = closedChan
 		}
 		if deadline == nil {
 			t := time.NewTimer(m.cfg.Tuning.CompleteTimeout)
@@ -75,7 +87,7 @@ func (m *Middleware) awaitOwnComplete(msg *message.Message, c *stores.Claim) (*s
 		case <-msg.Context().Done():
 			return c, nil
 		}
-		again, err := m.calls.claim(msg.Context(), c.Scope, c.Keys, m.cfg.Lease)
+		again, err := m.calls.claim(msg.Context(), scope, keys, m.cfg.Lease)
 		if err != nil {
 			return nil, err
 		}
@@ -83,6 +95,9 @@ func (m *Middleware) awaitOwnComplete(msg *message.Message, c *stores.Claim) (*s
 	}
 	return c, nil
 }
+
+// closedChan is a channel that is always ready.
+var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
 
 // waitInProgress re-claims every InProgressPoll until the keys are no
 // longer in progress or InProgressWait has passed.
