@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"sync"
@@ -18,9 +19,8 @@ import (
 
 	"github.com/watermill-dedup/dedup/keyfuncs"
 	"github.com/watermill-dedup/dedup/middleware"
-	"github.com/watermill-dedup/dedup/stores"
-	"github.com/watermill-dedup/dedup/stores/memstore"
 	"github.com/watermill-dedup/dedup/stores/redisstore"
+	"github.com/watermill-dedup/dedup/testkit"
 )
 
 // e2eBroker is a broker the e2e section drives: a publisher, and a way to
@@ -32,8 +32,6 @@ type e2eBroker struct {
 	topic  func(run string) string
 	close  func()
 }
-
-func amqpURL() string { return envOr("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/") }
 
 func openKfake() (*e2eBroker, error) {
 	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.DefaultNumPartitions(4))
@@ -78,7 +76,7 @@ func openKfake() (*e2eBroker, error) {
 }
 
 func openRabbit() (*e2eBroker, error) {
-	url := amqpURL()
+	url := testkit.AMQPURL()
 	cfg := amqp.NewDurableQueueConfig(url)
 	pub, err := amqp.NewPublisher(cfg, watermill.NopLogger{})
 	if err != nil {
@@ -181,18 +179,22 @@ func consumeRate(ctx context.Context, b *e2eBroker, n int, mw message.HandlerMid
 // dedup middleware (redisstore, message id + business key).
 func runE2E(ctx context.Context, o *options) ([]result, error) {
 	const sec = "e2e"
-	rc, err := openRedis(ctx, 64)
+	opened, cleanup, err := testkit.OpenStore(ctx, testkit.StoreParams{
+		Kind:     testkit.StoreRedis,
+		Name:     "dedupbench:e2e:" + runID() + ":",
+		PoolSize: 64,
+		Teardown: true,
+		Redis:    redisstore.Config{SkipServerCheck: true},
+	})
 	if err != nil {
-		return skipped(sec, err.Error()), nil
-	}
-	defer rc.Close()
-	prefix := "dedupbench:e2e:" + runID() + ":"
-	defer deletePrefix(context.Background(), rc, prefix)
-	store, err := redisstore.New(rc, redisstore.Config{Prefix: prefix, SkipServerCheck: true})
-	if err != nil {
+		var u *testkit.UnreachableError
+		if errors.As(err, &u) {
+			return skipped(sec, err.Error()), nil
+		}
 		return nil, err
 	}
-	defer store.Close(context.Background())
+	defer cleanup(context.Background()) //nolint:errcheck
+	store, rc := opened.Store, opened.Redis
 	// The floor under every store call: one sequential round trip.
 	var pings []time.Duration
 	for range o.scale(2000, 50) {
@@ -207,15 +209,16 @@ func runE2E(ctx context.Context, o *options) ([]result, error) {
 	// A diagnostic beside the goal: the same middleware on memstore, a
 	// store without a network round trip, shows what the middleware costs
 	// the router by itself.
-	mem, err := memstore.New(memstore.Config{})
+	memOpened, memCleanup, err := testkit.OpenStore(ctx, testkit.StoreParams{Kind: testkit.StoreMemory})
 	if err != nil {
 		return nil, err
 	}
-	defer mem.Close(context.Background())
+	defer memCleanup(context.Background()) //nolint:errcheck
+	mem := memOpened.Store
 
 	lat := &storeLatencies{}
 	newMW := func(v e2eVariant) (*middleware.Middleware, error) {
-		s := stores.Store(store)
+		s := store
 		if v.memstore {
 			s = mem
 		}

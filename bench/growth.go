@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/watermill-dedup/dedup/stores"
-	"github.com/watermill-dedup/dedup/stores/memstore"
+	"github.com/watermill-dedup/dedup/testkit"
 )
 
 // benchStore is a store under measurement.
@@ -31,14 +31,14 @@ func storeOpeners() []func(ctx context.Context) (*benchStore, error) {
 	}
 }
 
-func openMemstore(context.Context) (*benchStore, error) {
-	s, err := memstore.New(memstore.Config{})
+func openMemstore(ctx context.Context) (*benchStore, error) {
+	o, cleanup, err := testkit.OpenStore(ctx, testkit.StoreParams{Kind: testkit.StoreMemory})
 	if err != nil {
 		return nil, err
 	}
 	return &benchStore{
 		name:  "memstore",
-		store: s,
+		store: o.Store,
 		mem: func(context.Context) (int64, error) {
 			runtime.GC()
 			runtime.GC()
@@ -46,7 +46,7 @@ func openMemstore(context.Context) (*benchStore, error) {
 			runtime.ReadMemStats(&m)
 			return int64(m.HeapAlloc), nil
 		},
-		cleanup: func() { _ = s.Close(context.Background()) },
+		cleanup: func() { _ = cleanup(context.Background()) },
 	}, nil
 }
 

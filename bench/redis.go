@@ -7,7 +7,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
-	"os"
 	"os/exec"
 	"regexp"
 	"strconv"
@@ -20,14 +19,8 @@ import (
 
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/redisstore"
+	"github.com/watermill-dedup/dedup/testkit"
 )
-
-func redisAddr() string {
-	if a := os.Getenv("REDIS_ADDR"); a != "" {
-		return a
-	}
-	return "127.0.0.1:6379"
-}
 
 func runID() string {
 	var b [6]byte
@@ -35,33 +28,7 @@ func runID() string {
 	return hex.EncodeToString(b[:])
 }
 
-// openRedis connects and pings, naming the address when it fails.
-func openRedis(ctx context.Context, poolSize int) (*redis.Client, error) {
-	c := redis.NewClient(&redis.Options{Addr: redisAddr(), PoolSize: poolSize})
-	if err := c.Ping(ctx).Err(); err != nil {
-		_ = c.Close()
-		return nil, fmt.Errorf("Redis is not reachable at %s (set REDIS_ADDR): %w", redisAddr(), err)
-	}
-	return c, nil
-}
-
-// deletePrefix removes every key under prefix (SCAN + UNLINK, never FLUSHDB).
-func deletePrefix(ctx context.Context, c *redis.Client, prefix string) {
-	iter := c.Scan(ctx, 0, prefix+"*", 10000).Iterator()
-	batch := make([]string, 0, 1000)
-	for iter.Next(ctx) {
-		batch = append(batch, iter.Val())
-		if len(batch) == cap(batch) {
-			c.Unlink(ctx, batch...)
-			batch = batch[:0]
-		}
-	}
-	if len(batch) > 0 {
-		c.Unlink(ctx, batch...)
-	}
-}
-
-func redisUsedMemory(ctx context.Context, c *redis.Client) (int64, error) {
+func redisUsedMemory(ctx context.Context, c redis.UniversalClient) (int64, error) {
 	info, err := c.Info(ctx, "memory").Result()
 	if err != nil {
 		return 0, err
@@ -75,27 +42,24 @@ func redisUsedMemory(ctx context.Context, c *redis.Client) (int64, error) {
 }
 
 func openRedisBench(ctx context.Context) (*benchStore, error) {
-	c, err := openRedis(ctx, 64)
+	o, cleanup, err := testkit.OpenStore(ctx, testkit.StoreParams{
+		Kind: testkit.StoreRedis,
+		// As long as the default prefix ("dedup:"), so bytes per record
+		// are those of the default layout; unique, so the cleanup deletes
+		// only ours.
+		Name:     "b" + runID()[:4] + ":",
+		PoolSize: 64,
+		Teardown: true,
+		Redis:    redisstore.Config{SkipServerCheck: true},
+	})
 	if err != nil {
-		return nil, err
-	}
-	// As long as the default prefix ("dedup:"), so bytes per record are
-	// those of the default layout; unique, so cleanup deletes only ours.
-	prefix := "b" + runID()[:4] + ":"
-	s, err := redisstore.New(c, redisstore.Config{Prefix: prefix, SkipServerCheck: true})
-	if err != nil {
-		_ = c.Close()
 		return nil, err
 	}
 	return &benchStore{
-		name:  "redis",
-		store: s,
-		mem:   func(ctx context.Context) (int64, error) { return redisUsedMemory(ctx, c) },
-		cleanup: func() {
-			_ = s.Close(context.Background())
-			deletePrefix(context.Background(), c, prefix)
-			_ = c.Close()
-		},
+		name:    "redis",
+		store:   o.Store,
+		mem:     func(ctx context.Context) (int64, error) { return redisUsedMemory(ctx, o.Redis) },
+		cleanup: func() { _ = cleanup(context.Background()) },
 	}, nil
 }
 
@@ -152,7 +116,7 @@ func redisBenchmark(ctx context.Context, clients, requests int) (float64, error)
 	if err != nil {
 		return 0, fmt.Errorf("redis-benchmark is not installed")
 	}
-	host, port, _ := strings.Cut(redisAddr(), ":")
+	host, port, _ := strings.Cut(testkit.RedisAddr(), ":")
 	prefix := "dedupbench:rb:" + runID() + ":"
 	cmd := exec.CommandContext(ctx, bin, "-h", host, "-p", port, "-q", "-c", strconv.Itoa(clients),
 		"-n", strconv.Itoa(requests), "-r", "100000000", "SET", prefix+"__rand_int__", "v", "NX", "PX", "60000")
@@ -170,10 +134,9 @@ func redisBenchmark(ctx context.Context, clients, requests int) (float64, error)
 	if last == "" {
 		return 0, fmt.Errorf("redis-benchmark printed no rate: %q", out)
 	}
-	if c, err := openRedis(ctx, 4); err == nil {
-		deletePrefix(ctx, c, prefix)
-		_ = c.Close()
-	}
+	c := redis.NewClient(&redis.Options{Addr: testkit.RedisAddr()})
+	_ = testkit.DeleteRedisPrefix(ctx, c, prefix)
+	_ = c.Close()
 	return strconv.ParseFloat(last, 64)
 }
 

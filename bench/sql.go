@@ -11,28 +11,10 @@ import (
 	"strconv"
 	"time"
 
-	_ "github.com/go-sql-driver/mysql"
-	_ "github.com/jackc/pgx/v5/stdlib"
-	_ "modernc.org/sqlite"
-
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/sqlstore"
+	"github.com/watermill-dedup/dedup/testkit"
 )
-
-func envOr(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
-}
-
-func postgresDSN() string {
-	return envOr("POSTGRES_DSN", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable")
-}
-
-func mysqlDSN() string {
-	return envOr("MYSQL_DSN", "root@tcp(127.0.0.1:3306)/test?parseTime=true")
-}
 
 // sqlBench is an open database with a store on a table of its own.
 type sqlBench struct {
@@ -42,31 +24,21 @@ type sqlBench struct {
 	drop  func()
 }
 
-func openSQL(ctx context.Context, name, driver, dsn, what string, conns int) (*sqlBench, error) {
-	db, err := sql.Open(driver, dsn)
+// openSQL opens kind's store on a new table with a pool of conns, and
+// names the service and its setting when it is unreachable.
+func openSQL(ctx context.Context, kind testkit.StoreKind, conns int) (*sqlBench, error) {
+	o, cleanup, err := testkit.OpenStore(ctx, testkit.StoreParams{
+		Kind:         kind,
+		Name:         "dedup_bench_" + runID(),
+		PoolSize:     conns,
+		CreateSchema: true,
+		Teardown:     true,
+	})
 	if err != nil {
 		return nil, err
 	}
-	db.SetMaxOpenConns(conns)
-	db.SetMaxIdleConns(conns)
-	if err := db.PingContext(ctx); err != nil {
-		_ = db.Close()
-		return nil, fmt.Errorf("%s is not reachable (%s): %w", what, redactDSN(dsn), err)
-	}
-	table := "dedup_bench_" + runID()
-	s, err := sqlstore.New(db, sqlstore.Config{Table: table})
-	if err != nil {
-		_ = db.Close()
-		return nil, err
-	}
-	if err := s.CreateSchema(ctx); err != nil {
-		_ = db.Close()
-		return nil, err
-	}
-	return &sqlBench{name: name, db: db, store: s, drop: func() {
-		_ = s.Close(context.Background())
-		_, _ = db.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+table)
-		_ = db.Close()
+	return &sqlBench{name: string(kind), db: o.DB, store: o.Store.(*sqlstore.Store), drop: func() {
+		_ = cleanup(context.Background())
 	}}, nil
 }
 
@@ -75,7 +47,7 @@ var passwordRe = regexp.MustCompile(`:[^:@/]*@`)
 func redactDSN(dsn string) string { return passwordRe.ReplaceAllString(dsn, ":***@") }
 
 func openPostgresBench(ctx context.Context) (*benchStore, error) {
-	b, err := openSQL(ctx, "postgres", "pgx", postgresDSN(), "PostgreSQL (set POSTGRES_DSN)", 32)
+	b, err := openSQL(ctx, testkit.StorePostgres, 32)
 	if err != nil {
 		return nil, err
 	}
@@ -144,7 +116,7 @@ func pgbench(ctx context.Context, db *sql.DB, clients int, d time.Duration, inTx
 		return 0, err
 	}
 	cmd := exec.CommandContext(ctx, bin, "-n", "-c", strconv.Itoa(clients), "-j", strconv.Itoa(min(clients, 2)),
-		"-T", strconv.Itoa(int(d.Seconds())), "-f", script, postgresDSN())
+		"-T", strconv.Itoa(int(d.Seconds())), "-f", script, testkit.PostgresDSN())
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		return 0, fmt.Errorf("pgbench: %w: %s", err, out)
@@ -167,24 +139,14 @@ func runSQL(ctx context.Context, o *options) ([]result, error) {
 		d, rounds = time.Second, 1
 	}
 	var rs []result
-	dir, err := os.MkdirTemp("", "dedup-bench-sqlite")
-	if err != nil {
-		return nil, err
-	}
-	defer os.RemoveAll(dir)
-	dbs := []struct{ name, driver, dsn, what string }{
-		{"postgres", "pgx", postgresDSN(), "PostgreSQL (set POSTGRES_DSN)"},
-		{"mysql", "mysql", mysqlDSN(), "MySQL/MariaDB (set MYSQL_DSN)"},
-		{"sqlite", "sqlite", sqlstore.SQLiteDSN(filepath.Join(dir, "bench.db")), "SQLite"},
-	}
-	for _, spec := range dbs {
-		b, err := openSQL(ctx, spec.name, spec.driver, spec.dsn, spec.what, 32)
+	for _, kind := range []testkit.StoreKind{testkit.StorePostgres, testkit.StoreMySQL, testkit.StoreSQLite} {
+		b, err := openSQL(ctx, kind, 32)
 		if err != nil {
 			rs = append(rs, skipped(sec, err.Error())...)
 			continue
 		}
 		for _, c := range []int{1, 16} {
-			if spec.name == "postgres" {
+			if b.name == "postgres" {
 				prs, err := comparePostgres(ctx, b, c, d, rounds)
 				rs = append(rs, prs...)
 				if err != nil {
@@ -196,16 +158,16 @@ func runSQL(ctx context.Context, o *options) ([]result, error) {
 			lease, err := throughput(ctx, b.store, c, d, fmt.Sprintf("l%d-", c))
 			if err != nil {
 				b.drop()
-				return rs, fmt.Errorf("%s lease: %w", spec.name, err)
+				return rs, fmt.Errorf("%s lease: %w", b.name, err)
 			}
 			tx, err := txThroughput(ctx, b.store, c, d, fmt.Sprintf("t%d-", c))
 			if err != nil {
 				b.drop()
-				return rs, fmt.Errorf("%s transactional: %w", spec.name, err)
+				return rs, fmt.Errorf("%s transactional: %w", b.name, err)
 			}
 			rs = append(rs,
-				result{sec, fmt.Sprintf("sql_%s_lease_c%d_msgs_per_s", spec.name, c), lease, "msgs/s", "claim+complete"},
-				result{sec, fmt.Sprintf("sql_%s_tx_c%d_msgs_per_s", spec.name, c), tx, "msgs/s", "begin+commit"},
+				result{sec, fmt.Sprintf("sql_%s_lease_c%d_msgs_per_s", b.name, c), lease, "msgs/s", "claim+complete"},
+				result{sec, fmt.Sprintf("sql_%s_tx_c%d_msgs_per_s", b.name, c), tx, "msgs/s", "begin+commit"},
 			)
 		}
 		b.drop()
