@@ -8,6 +8,7 @@ import (
 	"os"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -100,6 +101,10 @@ type Config struct {
 	MetricsAddr string
 	Linger      time.Duration
 	Verbose     bool
+
+	// given holds the flags set on the command line or in the file, for
+	// the warnings about flags the chosen broker, store or mode ignores.
+	given map[string]bool
 }
 
 func defaultConfig() Config {
@@ -124,8 +129,12 @@ func defaultConfig() Config {
 		Concurrency:   8,
 		Timeout:       2 * time.Minute,
 
-		Dedup:              true,
-		Lease:              5 * time.Second,
+		Dedup: true,
+		// Short, so that the takeovers of -crash-rate, one lease each and
+		// one after another on a sequential consumer (RabbitMQ's, a Kafka
+		// partition's), take seconds; the handler is far shorter, and the
+		// heartbeat extends the lease of a slow one.
+		Lease:              time.Second,
 		Retention:          48 * time.Hour,
 		KafkaGroupRecovery: 15 * time.Minute,
 		OutageBudget:       24 * time.Hour,
@@ -181,21 +190,21 @@ func newFlagSet(c *Config, output io.Writer) *flag.FlagSet {
 	fs.Float64Var(&c.CrashRate, "crash-rate", c.CrashRate, "fraction of messages whose consumer 'crashes' after the side effect, before the record is done (lease: taken over when the lease expires; transactional: rolled back)")
 	fs.IntVar(&c.StaleEvents, "stale-events", c.StaleEvents, "extra events published with a published_at older than the retention window (each is a ttl miss)")
 	fs.IntVar(&c.Concurrency, "concurrency", c.Concurrency, "most messages handled at once (the consumer's worker pool)")
-	fs.DurationVar(&c.Timeout, "timeout", c.Timeout, "how long to wait for every message to be handled before giving up")
+	durationVar(fs, &c.Timeout, "timeout", "how long to wait for every message to be handled before giving up")
 
 	fs.BoolVar(&c.Dedup, "dedup", c.Dedup, "use the dedup middleware; -dedup=false shows what duplicates do to the ledger")
-	fs.DurationVar(&c.Lease, "lease", c.Lease, "lease of a claim in lease mode: how long a crashed consumer blocks its message")
-	fs.DurationVar(&c.InProgressWait, "in-progress-wait", c.InProgressWait, "how long a delivery whose keys another run holds waits for it (default: 1.5 x -lease)")
-	fs.DurationVar(&c.Retention, "retention", c.Retention, "how long done records are kept (the dedup window)")
-	fs.DurationVar(&c.RedeliveryHorizon, "redelivery-horizon", c.RedeliveryHorizon, "the broker's longest redelivery delay; default: derived from -kafka-group-recovery or -outage-budget")
-	fs.DurationVar(&c.KafkaGroupRecovery, "kafka-group-recovery", c.KafkaGroupRecovery, "Kafka: longest time until a stalled consumer group is detected and restarted (the redelivery horizon)")
-	fs.DurationVar(&c.OutageBudget, "outage-budget", c.OutageBudget, "RabbitMQ, SQL and gochannel: longest consumer outage you plan to tolerate (the redelivery horizon)")
+	durationVar(fs, &c.Lease, "lease", "lease of a claim in lease mode: how long a crashed consumer blocks its message")
+	durationVar(fs, &c.InProgressWait, "in-progress-wait", "how long a delivery whose keys another run holds waits for it (default: 1.5 x -lease)")
+	durationVar(fs, &c.Retention, "retention", "how long done records are kept (the dedup window)")
+	durationVar(fs, &c.RedeliveryHorizon, "redelivery-horizon", "the broker's longest redelivery delay; default: derived from -kafka-group-recovery or -outage-budget")
+	durationVar(fs, &c.KafkaGroupRecovery, "kafka-group-recovery", "Kafka: longest time until a stalled consumer group is detected and restarted (the redelivery horizon)")
+	durationVar(fs, &c.OutageBudget, "outage-budget", "RabbitMQ, SQL and gochannel: longest consumer outage you plan to tolerate (the redelivery horizon)")
 	fs.BoolVar(&c.StrictRetention, "strict-retention", c.StrictRetention, "fail at start-up instead of warning when -retention < 1.3 x the redelivery horizon")
 	fs.StringVar(&c.OnStoreError, "on-store-error", c.OnStoreError, "when the store is down: fail-closed (nack and retry) | fail-open (run unprotected, counted as bypassed)")
 	fs.BoolVar(&c.AsyncComplete, "async-complete", c.AsyncComplete, "lease mode: ack as soon as the handler succeeds and record the message done in the background (one store round trip a message instead of two)")
 
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", c.MetricsAddr, "serve Prometheus metrics on this `host:port` at /metrics (port 0: any free port); default: off")
-	fs.DurationVar(&c.Linger, "linger", c.Linger, "keep serving metrics this long after the summary (Ctrl-C ends it sooner)")
+	durationVar(fs, &c.Linger, "linger", "keep serving metrics this long after the summary (Ctrl-C ends it sooner)")
 	fs.BoolVar(&c.Verbose, "v", c.Verbose, "log Watermill's and the middleware's info messages to stderr")
 
 	fs.VisitAll(func(f *flag.Flag) {
@@ -213,10 +222,12 @@ Flags (each also read from the environment variable shown, and from the
 YAML file of -config under the flag's name; flags win over the environment,
 which wins over the file):
 `)
-		fs.PrintDefaults()
+		printDefaults(fs)
 		fmt.Fprintf(fs.Output(), `
 Exit status: 0 the invariant holds, 1 it is broken or the run did not finish,
-2 bad configuration or an unreachable service.
+2 bad configuration or a service that cannot be used. Under "go run" the
+shell sees 1 for any failure (go run prints "exit status 2"): build the
+binary (go build -o router_example ./router_example) to see the status.
 `)
 	}
 	return fs
@@ -225,11 +236,20 @@ Exit status: 0 the invariant holds, 1 it is broken or the run did not finish,
 // loadConfig builds the Config from the defaults, the YAML file, the
 // environment and the command line, in increasing precedence.
 func loadConfig(args []string, getenv func(string) string, output io.Writer) (Config, error) {
-	// First pass: only to find -config (and to answer -help).
+	// First pass: only to find -config (and to answer -help), and which
+	// flags the command line sets.
+	// An error is returned, not printed with the whole usage after it.
 	probe := defaultConfig()
-	if err := newFlagSet(&probe, output).Parse(args); err != nil {
+	probeFS := newFlagSet(&probe, io.Discard)
+	if err := probeFS.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			probeFS.SetOutput(output)
+			probeFS.Usage()
+		}
 		return Config{}, err
 	}
+	given := map[string]bool{}
+	probeFS.Visit(func(f *flag.Flag) { given[f.Name] = true })
 	path := probe.ConfigFile
 	if path == "" {
 		path = getenv(envName("config"))
@@ -238,7 +258,7 @@ func loadConfig(args []string, getenv func(string) string, output io.Writer) (Co
 	cfg := defaultConfig()
 	fs := newFlagSet(&cfg, io.Discard)
 	if path != "" {
-		if err := applyYAML(fs, path); err != nil {
+		if err := applyYAML(fs, path, given); err != nil {
 			return Config{}, err
 		}
 	}
@@ -263,11 +283,13 @@ func loadConfig(args []string, getenv func(string) string, output io.Writer) (Co
 		return Config{}, fmt.Errorf("unexpected arguments %q (flags only; see -help)", fs.Args())
 	}
 	cfg.ConfigFile = path
+	cfg.given = given
 	return cfg, cfg.Validate()
 }
 
-// applyYAML sets the flags named by the keys of the YAML mapping in path.
-func applyYAML(fs *flag.FlagSet, path string) error {
+// applyYAML sets the flags named by the keys of the YAML mapping in path,
+// and adds their names to given.
+func applyYAML(fs *flag.FlagSet, path string, given map[string]bool) error {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return fmt.Errorf("config file (-config): %w", err)
@@ -283,12 +305,20 @@ func applyYAML(fs *flag.FlagSet, path string) error {
 	if root.Kind != yaml.MappingNode {
 		return fmt.Errorf("config file %s line %d: want a mapping of flag names to values", path, root.Line)
 	}
+	lines := map[string]int{} // key -> its line
 	for i := 0; i+1 < len(root.Content); i += 2 {
 		k, v := root.Content[i], root.Content[i+1]
 		name := k.Value
 		if name == "config" || fs.Lookup(name) == nil {
 			return fmt.Errorf("config file %s line %d: unknown key %q (the keys are the flag names; see -help)", path, k.Line, name)
 		}
+		// yaml.v3 refuses a duplicate key only when it decodes into a map
+		// or a struct: the second would silently win.
+		if first, dup := lines[name]; dup {
+			return fmt.Errorf("config file %s line %d: key %s is given twice (first on line %d)", path, k.Line, name, first)
+		}
+		lines[name] = k.Line
+		given[name] = true
 		value, err := yamlValue(v)
 		if err != nil {
 			return fmt.Errorf("config file %s line %d: key %s: %w", path, v.Line, name, err)
@@ -389,8 +419,8 @@ func (c Config) Validate() error {
 			return fmt.Errorf("-%s must be at least %s, got %s", d.name, d.min, d.v)
 		}
 	}
-	if _, err := c.storeErrorPolicy(); err != nil {
-		return err
+	if c.OnStoreError != middleware.FailClosed.String() && c.OnStoreError != middleware.FailOpen.String() {
+		return fmt.Errorf("-on-store-error must be fail-closed or fail-open, got %q", c.OnStoreError)
 	}
 	if c.AsyncComplete && c.mode() == modeTransactional && c.Dedup {
 		return errors.New("-async-complete cannot be combined with transactional mode (the record commits with the handler's writes): use -mode=lease")
@@ -415,15 +445,125 @@ func (c Config) mode() string {
 	return modeLease
 }
 
-func (c Config) storeErrorPolicy() (middleware.StoreErrorPolicy, error) {
-	switch c.OnStoreError {
-	case middleware.FailClosed.String():
-		return middleware.FailClosed, nil
-	case middleware.FailOpen.String():
-		return middleware.FailOpen, nil
-	default:
-		return 0, fmt.Errorf("-on-store-error must be fail-closed or fail-open, got %q", c.OnStoreError)
+// storeErrorPolicy is -on-store-error, which Validate checked.
+func (c Config) storeErrorPolicy() middleware.StoreErrorPolicy {
+	if c.OnStoreError == middleware.FailOpen.String() {
+		return middleware.FailOpen
 	}
+	return middleware.FailClosed
+}
+
+// warnings lists the flags given on the command line or in the file that
+// the chosen broker, store or mode ignores. Environment variables are not
+// checked: a shell's REDIS_ADDR may well be meant for other programs.
+func (c Config) warnings() []string {
+	var out []string
+	ignored := func(name, why string) {
+		if c.given[name] {
+			out = append(out, fmt.Sprintf("-%s is ignored %s", name, why))
+		}
+	}
+	if c.Broker != brokerKafka {
+		ignored("kafka-brokers", "without -broker=kafka")
+		ignored("kafka-replication-factor", "without -broker=kafka")
+	}
+	if c.Broker != brokerAMQP {
+		ignored("amqp-url", "without -broker=amqp")
+	}
+	if c.Store != storeRedis {
+		ignored("redis-addr", "without -store=redis")
+	}
+	if c.Broker != brokerPostgres && c.Store != storePostgres {
+		ignored("postgres-dsn", "without -broker=postgres or -store=postgres")
+	}
+	if c.Broker != brokerMySQL && c.Store != storeMySQL {
+		ignored("mysql-dsn", "without -broker=mysql or -store=mysql")
+	}
+	if c.Store != storeSQLite {
+		ignored("dir", "without -store=sqlite")
+	}
+	switch {
+	case !c.Dedup:
+		for _, name := range []string{"mode", "lease", "in-progress-wait", "on-store-error", "async-complete"} {
+			ignored(name, "with -dedup=false (no middleware)")
+		}
+	case c.mode() == modeTransactional:
+		ignored("lease", "in transactional mode (it has no lease)")
+		ignored("in-progress-wait", "in transactional mode (a duplicate waits on the record's lock)")
+	}
+	switch {
+	case c.RedeliveryHorizon > 0:
+		ignored("kafka-group-recovery", "with -redelivery-horizon")
+		ignored("outage-budget", "with -redelivery-horizon")
+	case isKafkaBroker(c.Broker):
+		ignored("outage-budget", "with Kafka (its redelivery horizon is -kafka-group-recovery)")
+	default:
+		ignored("kafka-group-recovery", "without a Kafka broker (the redelivery horizon is -outage-budget)")
+	}
+	return out
+}
+
+// durationVar defines a duration flag whose error says a unit is needed:
+// flag's own says only "parse error" for -lease=5.
+func durationVar(fs *flag.FlagSet, p *time.Duration, name, usage string) {
+	fs.Var(durationValue{p}, name, usage)
+}
+
+type durationValue struct{ d *time.Duration }
+
+func (v durationValue) String() string {
+	if v.d == nil {
+		return "0s"
+	}
+	return v.d.String()
+}
+
+func (v durationValue) Set(s string) error {
+	d, err := time.ParseDuration(strings.TrimSpace(s))
+	if err != nil {
+		if _, nerr := strconv.ParseFloat(strings.TrimSpace(s), 64); nerr == nil {
+			return fmt.Errorf("a duration needs a unit, such as %[1]ss, %[1]sms, %[1]sm or %[1]sh", strings.TrimSpace(s))
+		}
+		return errors.New("not a duration: write a number and a unit, such as 5s, 300ms, 2m or 1h")
+	}
+	*v.d = d
+	return nil
+}
+
+// printDefaults is flag.PrintDefaults, naming a durationValue's type.
+func printDefaults(fs *flag.FlagSet) {
+	fs.VisitAll(func(f *flag.Flag) {
+		typ, usage := flag.UnquoteUsage(f)
+		if _, ok := f.Value.(durationValue); ok && !strings.Contains(f.Usage, "`") {
+			typ = "duration"
+		}
+		var b strings.Builder
+		b.WriteString("  -" + f.Name)
+		if typ != "" {
+			b.WriteString(" " + typ)
+		}
+		b.WriteString("\n    \t" + strings.ReplaceAll(usage, "\n", "\n    \t"))
+		var zero bool
+		if g, ok := f.Value.(flag.Getter); ok {
+			switch g.Get().(type) {
+			case string:
+				zero = f.DefValue == ""
+				if !zero {
+					f.DefValue = strconv.Quote(f.DefValue)
+				}
+			case bool:
+				zero = f.DefValue == "false"
+			default:
+				zero = f.DefValue == "0"
+			}
+		} else {
+			zero = f.DefValue == "0s"
+		}
+		if !zero {
+			fmt.Fprintf(&b, " (default %s)", f.DefValue)
+		}
+		fmt.Fprintln(fs.Output(), b.String())
+	})
 }
 
 // inProgressWait defaults to 1.5 x the lease: a delivery blocked by a
@@ -494,6 +634,23 @@ func (c Config) retentionCheck() retentionCheck {
 		minimum:   time.Duration(float64(h.d) * middleware.RetentionSafetyFactor),
 	}
 }
+
+// retentionAdvice explains a failed middleware.CheckRetention with the
+// example's flags; it wraps err (middleware.ErrRetentionTooShort).
+func retentionAdvice(c Config, err error) error {
+	return &retentionError{detail: c.retentionCheck().detail(), err: err}
+}
+
+type retentionError struct {
+	detail string
+	err    error
+}
+
+func (e *retentionError) Error() string {
+	return "the dedup window is too short: " + e.detail + ". A redelivery arriving after the window runs the handler again (counted as ttl_miss). Raise -retention, or correct the horizon (-redelivery-horizon, -kafka-group-recovery, -outage-budget)"
+}
+
+func (e *retentionError) Unwrap() error { return e.err }
 
 func (r retentionCheck) ok() bool { return r.horizon.d == 0 || r.retention >= r.minimum }
 

@@ -7,6 +7,11 @@ import (
 	"net"
 	"net/url"
 	"time"
+
+	"github.com/go-sql-driver/mysql"
+	"github.com/jackc/pgx/v5/pgconn"
+	amqp091 "github.com/rabbitmq/amqp091-go"
+	"github.com/redis/go-redis/v9"
 )
 
 // teardown is a stack of named steps run in reverse order, like
@@ -49,8 +54,10 @@ func (t *teardown) names() []string {
 	return out
 }
 
-// unreachableError says which service could not be reached, at which
-// address, and which flag (or environment variable) changes it.
+// unreachableError says which service could not be used, at which
+// address, and which flag (or environment variable) changes it: either
+// nothing answered there, or the server answered and refused (a wrong
+// password, an unknown role, database or virtual host).
 type unreachableError struct {
 	service string
 	addr    string
@@ -59,7 +66,32 @@ type unreachableError struct {
 }
 
 func (e *unreachableError) Error() string {
+	if refusal := serverRefusal(e.err); refusal != nil {
+		return fmt.Sprintf("%s at %s refused the connection (check the user, password and database or virtual host in %s): %v", e.service, e.addr, e.setting, refusal)
+	}
 	return fmt.Sprintf("%s is not reachable at %s (change it with %s): %v", e.service, e.addr, e.setting, e.err)
+}
+
+// serverRefusal returns the error a server answered with, found in err's
+// chain, or nil when err is not one (nothing answered, or a timeout).
+func serverRefusal(err error) error {
+	var (
+		pg    *pgconn.PgError
+		my    *mysql.MySQLError
+		amqp  *amqp091.Error
+		redis redis.Error
+	)
+	switch {
+	case errors.As(err, &pg):
+		return pg
+	case errors.As(err, &my):
+		return my
+	case errors.As(err, &amqp):
+		return amqp
+	case errors.As(err, &redis):
+		return redis
+	}
+	return nil
 }
 
 func (e *unreachableError) Unwrap() error { return e.err }

@@ -1,7 +1,16 @@
-// Command router_example is a runnable payments -> loyalty router: a
-// Watermill router whose handler awards loyalty points for payment.completed
-// events, with the dedup middleware in front of it. The broker and the store
-// are chosen by configuration; the handler is the same for all of them.
+// Command router_example is a payments -> loyalty consumer: a Watermill
+// router whose handler awards loyalty points for payment.completed events,
+// with the dedup middleware in front of it.
+//
+// This file is the router, the part to copy into a service: the handler,
+// Recoverer, a poison queue, the dedup middleware, Prometheus metrics and a
+// graceful shutdown. brokers.go and stores.go open the broker and the store
+// that -broker and -store choose (take the one you use); config.go reads
+// flags, environment variables and a YAML file. Everything else in the
+// directory is the simulator that drives the router and checks it
+// (simulation.go, scenario.go, producers.go, ledger.go, summary.go): it
+// publishes the events, injects redeliveries, keeps the loyalty ledger and
+// prints a summary. The lines that call it all go through sim.
 //
 //	go run ./router_example                                  # gochannel + SQLite, nothing to install
 //	go run ./router_example -broker=kafka-embedded           # Kafka protocol, in process
@@ -9,37 +18,34 @@
 //	go run ./router_example -broker=amqp -producer=foreign   # published with amqp091, not Watermill
 //	go run ./router_example -help                            # every flag, its env variable
 //
-// It publishes -events payments (republishing some under new message ids,
-// like a retrying producer) with Watermill's publisher, or with the
-// broker's own client under -producer=foreign (a producer that is not
-// Watermill), injects redeliveries (transient failures, lost acks,
-// optionally crashes), then prints a summary and checks the invariant:
-// every payment awarded exactly once. The exit status is 0 when the
-// invariant holds, 1 when it does not, 2 for a configuration error or an
-// unreachable service.
+// The exit status is 0 when every payment was awarded exactly once, 1 when
+// not, 2 for a configuration error or a service that cannot be used.
+// `go run` itself exits 1 whenever the program fails (it prints "exit
+// status 2"): build the binary to see the status.
 package main
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	wmw "github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/watermill-dedup/dedup/keyfuncs"
 	"github.com/watermill-dedup/dedup/middleware"
-	"github.com/watermill-dedup/dedup/stores"
+	"github.com/watermill-dedup/dedup/middleware/prommetrics"
 )
 
 // Exit statuses.
@@ -53,6 +59,8 @@ const (
 const handlerName = "loyalty"
 
 func main() {
+	// Graceful shutdown: SIGINT or SIGTERM cancels ctx; run then closes the
+	// router, waits for the handlers running, and closes the middleware.
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr, os.Getenv)
 	stop()
@@ -69,334 +77,192 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		fmt.Fprintf(stderr, "router_example: %v\n", err)
 		return exitConfig
 	}
-	a := &app{cfg: cfg, runID: cfg.RunID, stdout: stdout, stderr: stderr, logger: newLogger(stderr, cfg.Verbose)}
-	if a.runID == "" {
-		a.runID = newRunID()
-	}
-	defer func() {
-		if err := a.closers.run(context.WithoutCancel(ctx), 15*time.Second); err != nil {
-			fmt.Fprintf(stderr, "router_example: closing: %v\n", err)
-		}
-	}()
-
-	if err := a.setup(ctx); err != nil {
+	sim := newSimulation(cfg, stdout, stderr) // closes (and under -cleanup drops) what the run opened
+	defer sim.close(ctx)
+	router, dedup, err := setUp(ctx, cfg, sim)
+	if err != nil {
 		fmt.Fprintf(stderr, "router_example: %v\n", err)
-		a.removeCreated(ctx)
 		return exitConfig
 	}
-	res := a.run(ctx)
-	res.print(stdout)
-	a.removeCreated(ctx)
-	a.linger(ctx)
-	if res.verdict().ok {
-		return exitOK
+
+	routerCtx, stopRouter := context.WithCancel(ctx)
+	defer stopRouter()
+	var runErr error
+	stopped := make(chan struct{})
+	go func() { runErr = router.Run(routerCtx); close(stopped) }()
+	// A service runs until it is signalled; the simulator publishes its
+	// events and returns once every one was acked (or -timeout passed).
+	sim.drive(ctx, router.Running(), stopped)
+
+	// Stop consuming, wait up to CloseTimeout for the handlers running,
+	// then for the Completes ModeAsyncComplete still has in flight.
+	stopRouter()
+	sim.fail("closing the router", router.Close())
+	<-stopped
+	sim.fail("router", runErr)
+	if dedup != nil {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		sim.fail("dedup middleware", dedup.Close(cctx))
+		cancel()
 	}
-	return exitBroken
-}
-
-func newRunID() string {
-	b := make([]byte, 4)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
-}
-
-// app is one run of the example.
-type app struct {
-	cfg    Config
-	runID  string
-	stdout io.Writer
-	stderr io.Writer
-	logger watermill.LoggerAdapter
-
-	// closers close what the run opened, always; removers drop what it
-	// created on shared services, under -cleanup.
-	closers, removers teardown
-
-	retention retentionCheck
-	registry  *prometheus.Registry
-	tally     *tally
-	metrics   *metricsServer
-	broker    *broker
-	store     *dedupStore
-	ledger    ledger
-	plan      plan
-	faults    *faults
-	tracker   *tracker
-	progress  progress
-	router    *message.Router
-	dedup     *middleware.Middleware // nil with -dedup=false
-	keying    keying
-}
-
-func (a *app) setup(ctx context.Context) error {
-	cfg := a.cfg
-	if err := a.checkRetention(); err != nil {
-		return err
+	if !sim.report(ctx) {
+		return exitBroken
 	}
-	var err error
-	if a.registry, a.tally, err = newMetrics(); err != nil {
-		return err
+	return exitOK
+}
+
+// setUp opens the broker and the store and builds the router. Every error
+// is a configuration error or a service the example cannot use.
+func setUp(ctx context.Context, cfg Config, sim *simulation) (*message.Router, *middleware.Middleware, error) {
+	logger := sim.logger
+	// Start-up check: records must outlive the broker's redeliveries.
+	if err := middleware.CheckRetention(cfg.Retention, cfg.redeliveryHorizon().d); err != nil {
+		err = retentionAdvice(cfg, err)
+		if cfg.StrictRetention {
+			return nil, nil, fmt.Errorf("%w (-strict-retention)", err)
+		}
+		sim.warn(err.Error() + "; -strict-retention makes this an error")
+	}
+
+	// Prometheus: the middleware's outcomes and store latencies, plus the
+	// Go runtime, on /metrics.
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	metrics, err := prommetrics.New(prommetrics.Config{Registerer: reg, Scopes: []string{handlerName}})
+	if err != nil {
+		return nil, nil, err
 	}
 	if cfg.MetricsAddr != "" {
-		if a.metrics, err = serveMetrics(cfg.MetricsAddr, a.registry); err != nil {
-			return err
+		if err := sim.serveMetrics(cfg.MetricsAddr, reg); err != nil {
+			return nil, nil, err
 		}
-		a.closers.add("stop the metrics server", a.metrics.Close)
-		fmt.Fprintf(a.stderr, "router_example: serving metrics at http://%s/metrics\n", a.metrics.addr)
 	}
-	if a.broker, err = openBroker(ctx, cfg, a.runID, a.logger, &a.closers, &a.removers); err != nil {
-		return fmt.Errorf("broker %s: %w", cfg.Broker, err)
-	}
-	if a.store, err = openStore(ctx, cfg, a.runID, a.logger, &a.closers, &a.removers); err != nil {
-		return fmt.Errorf("store %s: %w", cfg.Store, err)
-	}
-	if a.store.db != nil {
-		removers := &a.removers
-		if a.store.ephemeral {
-			removers = &teardown{}
-		}
-		if a.ledger, err = newSQLLedger(ctx, a.store.db, a.store.dialect, a.runID, removers); err != nil {
-			return fmt.Errorf("store %s: %w", cfg.Store, err)
-		}
-	} else {
-		a.ledger = newMemLedger()
-	}
-	a.plan = makePlan(cfg, a.runID, time.Now())
-	a.progress = newProgress(a.stdout, len(a.plan.messages))
-	a.tracker = newTracker(a.progress.advance)
-	return a.buildRouter()
-}
 
-// checkRetention surfaces the retention-window rule (window >= 1.3 x
-// redelivery horizon) at
-// start-up (middleware.CheckRetention's rule): a warning, or an error under
-// -strict-retention.
-func (a *app) checkRetention() error {
-	a.retention = a.cfg.retentionCheck()
-	if a.retention.ok() {
-		return nil
-	}
-	msg := fmt.Sprintf("the dedup window is too short: %s. A redelivery arriving after the window runs the handler again (counted as ttl_miss). Raise -retention, or correct the horizon (-redelivery-horizon, -kafka-group-recovery, -outage-budget)", a.retention.detail())
-	if a.cfg.StrictRetention {
-		return &retentionError{msg}
-	}
-	fmt.Fprintf(a.stderr, "router_example: WARNING: %s; -strict-retention makes this an error.\n", msg)
-	return nil
-}
-
-// retentionError is the start-up failure under -strict-retention; it wraps
-// middleware.ErrRetentionTooShort.
-type retentionError struct{ msg string }
-
-func (e *retentionError) Error() string { return e.msg + " (-strict-retention)" }
-func (e *retentionError) Unwrap() error { return middleware.ErrRetentionTooShort }
-
-// buildRouter wires the router: tracking, recovery, the poison queue, the
-// dedup middleware and the handler.
-func (a *app) buildRouter() error {
-	cfg := a.cfg
-	var (
-		store   = a.store.store
-		abandon func(*stores.Claim)
-	)
-	if cfg.CrashRate > 0 && cfg.mode() == modeLease {
-		cs := newCrashStore(store)
-		store, abandon = cs, cs.abandon
-	}
-	a.faults = newFaults(cfg, abandon)
-	a.keying = consumerKeying(cfg)
-
-	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 15 * time.Second}, a.logger)
+	b, err := openBroker(ctx, cfg, sim.runID, logger, &sim.closers, &sim.removers)
 	if err != nil {
-		return err
+		return nil, nil, fmt.Errorf("broker %s: %w", cfg.Broker, err)
 	}
-	a.router = router
-	poison, err := wmw.PoisonQueueWithFilter(a.broker.pub, a.broker.poisonTopic, a.tracker.poison)
+	st, err := openStore(ctx, cfg, sim.runID, logger, &sim.closers, &sim.removers)
 	if err != nil {
-		return err
+		return nil, nil, fmt.Errorf("store %s: %w", cfg.Store, err)
 	}
-	// Outermost first. The dedup middleware is innermost but for the
-	// injected failures and crashes, which happen while a message is
-	// claimed; a lost ack happens after it was recorded done.
-	router.AddMiddleware(a.tracker.middleware, limit(cfg.Concurrency), wmw.Recoverer, poison, a.faults.outer)
-	if cfg.Dedup {
-		policy, _ := cfg.storeErrorPolicy()
+	ledger, err := sim.start(ctx, b, st) // the plan, the ledger, the injected faults
+	if err != nil {
+		return nil, nil, fmt.Errorf("store %s: %w", cfg.Store, err)
+	}
+
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 15 * time.Second}, logger)
+	if err != nil {
+		return nil, nil, err
+	}
+	// A message no retry will fix (a malformed event, a key reused for
+	// other content) goes to the poison topic instead of coming back for
+	// ever; every other error nacks it for a redelivery.
+	poison, err := wmw.PoisonQueueWithFilter(b.pub, b.poisonTopic, func(err error) bool {
+		return middleware.IsPermanent(err) || errors.Is(err, errBadEvent)
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	// Outermost first; sim.outer counts deliveries, bounds concurrency and
+	// loses acks, sim.inner fails or crashes the handler.
+	router.AddMiddleware(sim.outer, wmw.Recoverer, poison)
+
+	var dedup *middleware.Middleware
+	if cfg.Dedup { // -dedup=false shows what the duplicates do without it
 		mode := middleware.ModeLease
 		switch {
 		case cfg.mode() == modeTransactional:
-			mode = middleware.ModeTransactional
+			mode = middleware.ModeTransactional // the ledger commits with the record
 		case cfg.AsyncComplete:
 			mode = middleware.ModeAsyncComplete
 		}
-		dedup, err := middleware.New(middleware.Config{
-			Store: store,
-			Mode:  mode,
-			// Two keys in one record: the message's own (catches broker
-			// redeliveries) and the payment id (a producer republishing
-			// the same payment under a new message id). Which key is the
-			// message's own depends on who published it: consumerKeying.
-			Key:            a.keying.key,
+		key, publishedAt := consumerKeys(cfg)
+		dedup, err = middleware.New(middleware.Config{
+			Store:          sim.crashing(st.store),
+			Mode:           mode,
+			Key:            key,
 			Lease:          cfg.Lease,
 			InProgressWait: cfg.inProgressWait(),
 			Retention:      cfg.Retention,
-			PublishedAt:    a.keying.publishedAt,
-			OnStoreError:   policy,
+			PublishedAt:    publishedAt, // counts deliveries older than Retention (ttl misses)
+			OnStoreError:   cfg.storeErrorPolicy(),
 			Fingerprint:    middleware.PayloadFingerprint,
-			Logger:         a.logger,
-			Metrics:        a.tally,
+			Logger:         logger,
+			Metrics:        sim.tally(metrics),
 		})
 		if err != nil {
-			return fmt.Errorf("dedup middleware: %w", err)
+			return nil, nil, fmt.Errorf("dedup middleware: %w", err)
 		}
-		a.dedup = dedup
 		router.AddMiddleware(dedup.Middleware)
 	}
-	router.AddMiddleware(a.faults.inner)
+	router.AddMiddleware(sim.inner)
 
-	l := &loyalty{ledger: a.ledger}
-	router.AddNoPublisherHandler(handlerName, a.broker.topic, a.broker.sub, l.awardPoints)
-	return nil
+	l := &loyalty{ledger: ledger}
+	router.AddNoPublisherHandler(handlerName, b.topic, b.sub, l.awardPoints)
+	return router, dedup, nil
 }
 
-// run starts the router, publishes the plan and waits until every message
-// was acked, -timeout passes or the process is interrupted.
-func (a *app) run(ctx context.Context) *result {
-	start := time.Now()
-	res := &result{
-		cfg: a.cfg, runID: a.runID, mode: a.cfg.mode(), topic: a.broker.topic,
-		broker: a.broker.addr, store: a.store.addr, retention: a.retention,
-		plan: a.plan, outcome: a.tally.count,
-		producer: a.broker.producerText, keys: a.keying.text,
+// consumerKeys is what the middleware keys and dates a message by: two
+// keys in one record, the message id (a redelivery by the broker) and the
+// payment id (the producer republishing a payment under a new message id),
+// and published_at for the ttl-miss check. Producers that are not
+// Watermill carry them elsewhere (foreignKeys, producers.go).
+func consumerKeys(cfg Config) (keyfuncs.KeyFunc, func(*message.Message) (time.Time, bool)) {
+	payment := keyfuncs.Prefix("payment:", keyfuncs.JSON("payment_id"))
+	if cfg.Producer == producerForeign {
+		return foreignKeys(cfg, payment)
 	}
-	runCtx, cancel := context.WithCancel(ctx)
-	defer cancel()
-
-	routerDone := make(chan error, 1)
-	go func() { routerDone <- a.router.Run(runCtx) }()
-	select {
-	case <-a.router.Running():
-	case err := <-routerDone:
-		res.runErr = fmt.Errorf("the router stopped before it ran: %w", err)
-		return res
-	}
-
-	type published struct {
-		failures int
-		err      error
-	}
-	publishDone := make(chan published, 1)
-	go func() {
-		n, err := publishAll(runCtx, a.broker.producer, a.broker.topic, a.plan, a.tracker)
-		publishDone <- published{n, err}
-	}()
-
-	timeout := time.NewTimer(a.cfg.Timeout)
-	defer timeout.Stop()
-	pubResult := published{err: errors.New("not finished")}
-	pubFinished := false
-	for waiting := true; waiting; {
-		select {
-		case <-a.tracker.done:
-			res.finished = true
-			waiting = false
-		case p := <-publishDone:
-			pubResult, pubFinished = p, true
-			if p.err != nil {
-				res.runErr = p.err
-				waiting = false
-			}
-			publishDone = nil // received; wait for the acks
-		case <-timeout.C:
-			waiting = false
-		case <-ctx.Done():
-			res.runErr = errors.New("interrupted")
-			waiting = false
-		}
-	}
-	if res.finished {
-		a.waitDrained(ctx)
-	}
-	cancel()
-	if !pubFinished {
-		pubResult = <-publishDone
-	}
-	res.publishFailures = pubResult.failures
-	if err := a.router.Close(); err != nil {
-		a.logger.Error("Closing the router", err, nil)
-	}
-	if err := <-routerDone; err != nil && res.runErr == nil {
-		res.runErr = fmt.Errorf("router: %w", err)
-	}
-	if a.dedup != nil {
-		// With -async-complete, the Completes still in flight land now.
-		cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-		if err := a.dedup.Close(cctx); err != nil && res.runErr == nil {
-			res.runErr = fmt.Errorf("dedup middleware: %w", err)
-		}
-		ccancel()
-	}
-	a.progress.finish()
-	res.elapsed = time.Since(start)
-
-	res.stats = a.tracker.stats()
-	res.published = a.tracker.expectedCount()
-	res.failures, res.crashes, res.lostAcks = a.faults.counts()
-	lctx, lcancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-	defer lcancel()
-	res.ledger, res.ledgerErr = a.ledger.Snapshot(lctx)
-	return res
+	return keyfuncs.All(keyfuncs.Prefix("msg:", keyfuncs.MessageID()), payment), middleware.MetadataTime(metaPublishedAt)
 }
 
-// waitDrained waits, for brokers that commit acks after the handler
-// returned, until every ack is durable (see broker.drained).
-func (a *app) waitDrained(ctx context.Context) {
-	if a.broker.drained == nil {
-		return
-	}
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		ok, err := a.broker.drained(ctx)
-		if ok {
-			return
-		}
-		select {
-		case <-ctx.Done():
-			a.logger.Error("The broker did not record every ack in time: the last messages may come again on the next start", err, nil)
-			return
-		case <-tick.C:
-		}
-	}
+// paymentCompleted is the event the producer publishes: a payment done.
+type paymentCompleted struct {
+	EventID    string      `json:"event_id"`
+	Type       string      `json:"type"`
+	PaymentID  string      `json:"payment_id"`
+	CustomerID string      `json:"customer_id"`
+	Amount     json.Number `json:"amount"`
 }
 
-// removeCreated drops, under -cleanup, what the run created on shared
-// services; without it, says what was kept.
-func (a *app) removeCreated(ctx context.Context) {
-	if len(a.removers.steps) == 0 {
-		return
+// errBadEvent marks a message no retry will fix: the poison topic's.
+var errBadEvent = errors.New("bad payment.completed event")
+
+// points is one loyalty point per whole unit of the amount, read from the
+// decimal string, never through a float.
+func (e paymentCompleted) points() (int64, error) {
+	whole, _, _ := strings.Cut(e.Amount.String(), ".")
+	p, err := strconv.ParseInt(whole, 10, 64)
+	if err != nil || p < 0 {
+		return 0, fmt.Errorf("%w: amount %q", errBadEvent, e.Amount)
 	}
-	if !a.cfg.Cleanup {
-		fmt.Fprintf(a.stderr, "router_example: kept for inspection (run with -cleanup to remove): %s\n", strings.Join(a.removers.names(), "; "))
-		return
-	}
-	if err := a.removers.run(context.WithoutCancel(ctx), 30*time.Second); err != nil {
-		fmt.Fprintf(a.stderr, "router_example: cleanup: %v\n", err)
-	}
+	return p, nil
 }
 
-// linger keeps the metrics endpoint up after the summary for -linger, or
-// until interrupted.
-func (a *app) linger(ctx context.Context) {
-	if a.metrics == nil || a.cfg.Linger <= 0 {
-		return
+// loyalty is the consumer.
+type loyalty struct {
+	ledger ledger
+}
+
+// awardPoints is the handler: the same code for every broker, store and
+// mode. It adds the payment's points to the customer's balance, which is
+// not idempotent, and does nothing about duplicates: the middleware does.
+// In ModeTransactional the SQL ledger writes in the record's transaction,
+// found by sqlstore.TxFromContext(msg.Context()) (ledger.go).
+func (l *loyalty) awardPoints(msg *message.Message) error {
+	var ev paymentCompleted
+	if err := json.Unmarshal(msg.Payload, &ev); err != nil {
+		return fmt.Errorf("%w: message %s: %w", errBadEvent, messageRef(msg), err)
 	}
-	fmt.Fprintf(a.stderr, "router_example: metrics stay at http://%s/metrics for %s (Ctrl-C to stop)\n", a.metrics.addr, a.cfg.Linger)
-	t := time.NewTimer(a.cfg.Linger)
-	defer t.Stop()
-	select {
-	case <-t.C:
-	case <-ctx.Done():
+	if ev.PaymentID == "" || ev.CustomerID == "" {
+		return fmt.Errorf("%w: message %s: payment_id and customer_id are required", errBadEvent, messageRef(msg))
 	}
+	pts, err := ev.points()
+	if err != nil {
+		return fmt.Errorf("message %s: %w", messageRef(msg), err)
+	}
+	return l.ledger.Award(msg.Context(), award{
+		EventID: ev.EventID, PaymentID: ev.PaymentID, CustomerID: ev.CustomerID,
+		Points: pts, MessageUUID: messageRef(msg),
+	})
 }

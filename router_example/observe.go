@@ -139,23 +139,49 @@ func newLogger(w io.Writer, verbose bool) watermill.LoggerAdapter {
 	if verbose {
 		level = slog.LevelInfo
 	}
-	return quietLogger{watermill.NewSlogLogger(slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level})))}
+	return slogLogger{slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level}))}
 }
 
-// quietLogger logs the router's "Handler returned error" for the faults
-// the scenario injects, and for ErrInProgress (a retryable nack), at info
-// level: they are the point of the demo, not errors. So are the errors of
-// queries cancelled by the shutdown.
-type quietLogger struct{ watermill.LoggerAdapter }
+// slogLogger is watermill.NewSlogLogger with two differences. An error
+// without an error value (the middleware's ttl miss) has no error=<nil>.
+// The router's "Handler returned error" for the faults the simulation
+// injects, for ErrInProgress (a retryable nack) and for the queries the
+// shutdown cancels is logged at info level: they are the point of the
+// demo, not errors.
+type slogLogger struct{ l *slog.Logger }
 
-func (l quietLogger) Error(msg string, err error, fields watermill.LogFields) {
-	if errors.Is(err, errInjected) || errors.Is(err, middleware.ErrInProgress) || errors.Is(err, context.Canceled) {
-		l.LoggerAdapter.Info(msg+" (expected): "+err.Error(), fields)
-		return
+func (g slogLogger) Error(msg string, err error, fields watermill.LogFields) {
+	args := slogArgs(fields)
+	switch {
+	case err == nil:
+		g.l.Error(msg, args...)
+	case errors.Is(err, errInjected) || errors.Is(err, middleware.ErrInProgress) || errors.Is(err, context.Canceled):
+		g.l.Info(msg+" (expected): "+err.Error(), args...)
+	default:
+		g.l.Error(msg, append(args, "error", err)...)
 	}
-	l.LoggerAdapter.Error(msg, err, fields)
 }
 
-func (l quietLogger) With(fields watermill.LogFields) watermill.LoggerAdapter {
-	return quietLogger{l.LoggerAdapter.With(fields)}
+func (g slogLogger) Info(msg string, fields watermill.LogFields) {
+	g.l.Info(msg, slogArgs(fields)...)
+}
+
+func (g slogLogger) Debug(msg string, fields watermill.LogFields) {
+	g.l.Debug(msg, slogArgs(fields)...)
+}
+
+func (g slogLogger) Trace(msg string, fields watermill.LogFields) {
+	g.l.Log(context.Background(), watermill.LevelTrace, msg, slogArgs(fields)...)
+}
+
+func (g slogLogger) With(fields watermill.LogFields) watermill.LoggerAdapter {
+	return slogLogger{g.l.With(slogArgs(fields)...)}
+}
+
+func slogArgs(fields watermill.LogFields) []any {
+	args := make([]any, 0, 2*len(fields))
+	for k, v := range fields {
+		args = append(args, k, v)
+	}
+	return args
 }

@@ -201,43 +201,36 @@ func kafkaRef(partition int32, offset int64) string {
 	return "kafka:" + strconv.FormatInt(int64(partition), 10) + "/" + strconv.FormatInt(offset, 10)
 }
 
-// keying is what the dedup middleware keys and dates a message by.
-type keying struct {
-	key         keyfuncs.KeyFunc
-	publishedAt func(*message.Message) (time.Time, bool)
-	text        string // for the summary
-}
-
-// consumerKeying chooses the keys by who published: always two keys in one
-// record, one for the message (catches the broker's redeliveries) and the
-// payment id (catches a producer that republishes the payment under a new
-// message id).
-func consumerKeying(cfg Config) keying {
-	payment := keyfuncs.Prefix("payment:", keyfuncs.JSON("payment_id"))
-	k := keying{
-		key:         keyfuncs.All(keyfuncs.Prefix("msg:", keyfuncs.MessageID()), payment),
-		publishedAt: middleware.MetadataTime(metaPublishedAt),
-		text:        "msg:<message id> + payment:<payment_id>; published_at from metadata",
-	}
-	if cfg.Producer != producerForeign {
-		return k
-	}
+// foreignKeys is consumerKeys for -producer=foreign: what each broker
+// carries when the producer is not Watermill, beside the payment key.
+func foreignKeys(cfg Config, payment keyfuncs.KeyFunc) (keyfuncs.KeyFunc, func(*message.Message) (time.Time, bool)) {
 	switch {
 	case isKafkaBroker(cfg.Broker):
 		// No UUID: the record key is the event's id (a Watermill
 		// producer's record key is the customer id, which RecordKey must
 		// never be used with).
-		k.key = keyfuncs.All(keyfuncs.Prefix("record:", kafkakeys.RecordKey()), payment)
-		k.publishedAt = kafkakeys.PublishedAt
-		k.text = "record:<Kafka record key> + payment:<payment_id>; published_at = the record timestamp (kafkakeys)"
+		return keyfuncs.All(keyfuncs.Prefix("record:", kafkakeys.RecordKey()), payment), kafkakeys.PublishedAt
 	case cfg.Broker == brokerAMQP:
 		// amqpkeys.Marshaler made the message_id property the UUID.
-		k.publishedAt = amqpkeys.PublishedAt
-		k.text = "msg:<AMQP message_id, via amqpkeys.Marshaler> + payment:<payment_id>; published_at = the AMQP timestamp (amqpkeys)"
-	case isSQLBroker(cfg.Broker):
-		k.text = "msg:<the row's uuid column> + payment:<payment_id>; published_at from the row's metadata column"
+		return keyfuncs.All(keyfuncs.Prefix("msg:", keyfuncs.MessageID()), payment), amqpkeys.PublishedAt
+	default:
+		// The SQL brokers: the row's uuid column is the UUID.
+		return keyfuncs.All(keyfuncs.Prefix("msg:", keyfuncs.MessageID()), payment), middleware.MetadataTime(metaPublishedAt)
 	}
-	return k
+}
+
+// keysText says what consumerKeys keys by, for the summary.
+func keysText(cfg Config) string {
+	switch {
+	case cfg.Producer != producerForeign:
+		return "msg:<message id> + payment:<payment_id>; published_at from metadata"
+	case isKafkaBroker(cfg.Broker):
+		return "record:<Kafka record key> + payment:<payment_id>; published_at = the record timestamp (kafkakeys)"
+	case cfg.Broker == brokerAMQP:
+		return "msg:<AMQP message_id, via amqpkeys.Marshaler> + payment:<payment_id>; published_at = the AMQP timestamp (amqpkeys)"
+	default:
+		return "msg:<the row's uuid column> + payment:<payment_id>; published_at from the row's metadata column"
+	}
 }
 
 // errNoForeignProducer is the start-up error for a broker without a client

@@ -97,7 +97,7 @@ func TestProducerMessagesAsConsumed(t *testing.T) {
 			}
 			msg.Ack()
 
-			k := consumerKeying(cfg)
+			key, publishedAt := consumerKeys(cfg)
 			wantUUID, wantFirstKey := pm.uuid, "msg:"+pm.uuid
 			if tc.producer == producerForeign && isKafkaBroker(tc.broker) {
 				wantUUID, wantFirstKey = "", "record:"+pm.event.EventID
@@ -108,11 +108,11 @@ func TestProducerMessagesAsConsumed(t *testing.T) {
 			if got := messageRef(msg); got != ref || got == "" {
 				t.Errorf("messageRef = %q, want the producer's %q", got, ref)
 			}
-			keys, err := k.key(msg)
+			keys, err := key(msg)
 			if want := []string{wantFirstKey, "payment:" + pm.event.PaymentID}; err != nil || !slices.Equal(keys, want) {
 				t.Errorf("keys = %q, %v; want %q", keys, err, want)
 			}
-			at, ok := k.publishedAt(msg)
+			at, ok := publishedAt(msg)
 			if want := pm.publishedAt.Truncate(max(tc.precision, 1)); !ok || !at.Equal(want) {
 				t.Errorf("published at %v (%v), want %v", at, ok, want)
 			}

@@ -56,6 +56,10 @@ func openStore(ctx context.Context, cfg Config, runID string, logger watermill.L
 }
 
 func openRedisStore(ctx context.Context, cfg Config, runID string, logger watermill.LoggerAdapter, closers, removers *teardown) (*dedupStore, error) {
+	// Probed first: go-redis would log its failed dials before the error.
+	if err := probeTCP(ctx, "Redis", cfg.RedisAddr, "-redis-addr or REDIS_ADDR"); err != nil {
+		return nil, err
+	}
 	client := redis.NewClient(&redis.Options{
 		Addr: cfg.RedisAddr,
 		// The middleware's StoreTimeout then bounds every call.

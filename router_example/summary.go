@@ -92,15 +92,6 @@ func (r *result) verdict() verdict {
 }
 
 func (r *result) print(w io.Writer) {
-	modeText := r.mode
-	switch {
-	case !r.cfg.Dedup:
-		modeText = "NOT USED (-dedup=false)"
-	case r.mode == modeTransactional:
-		modeText = "transactional inbox"
-	case r.mode == modeLease:
-		modeText = "lease (claim -> handler -> complete)"
-	}
 	fmt.Fprintf(w, "\nrouter_example: payments -> loyalty, run %s\n", r.runID)
 	fmt.Fprintf(w, "  broker     %s (%s), topic %s\n", r.cfg.Broker, r.broker, r.topic)
 	if r.producer != "" {
@@ -109,7 +100,7 @@ func (r *result) print(w io.Writer) {
 	if r.keys != "" && r.cfg.Dedup {
 		fmt.Fprintf(w, "  keys       %s\n", r.keys)
 	}
-	fmt.Fprintf(w, "  store      %s (%s), mode %s\n", r.cfg.Store, r.store, modeText)
+	fmt.Fprintf(w, "  store      %s (%s), mode %s\n", r.cfg.Store, r.store, modeText(r.cfg))
 	fmt.Fprintf(w, "  retention  %s\n\n", r.retention)
 
 	row := func(label string, n int64, note string) {
@@ -153,4 +144,26 @@ func (r *result) publishedNote() string {
 		parts = append(parts, fmt.Sprintf("%d failed publishes retried", r.publishFailures))
 	}
 	return strings.Join(parts, ", ")
+}
+
+// modeText names the middleware's mode, for the start line and the summary.
+func modeText(c Config) string {
+	switch {
+	case !c.Dedup:
+		return "NOT USED (-dedup=false)"
+	case c.mode() == modeTransactional:
+		return "transactional inbox"
+	case c.AsyncComplete:
+		return "lease, async complete (claim -> handler -> ack, complete in the background)"
+	default:
+		return "lease (claim -> handler -> complete)"
+	}
+}
+
+// producerNote names a producer that is not Watermill, for the start line.
+func producerNote(c Config) string {
+	if c.Producer == producerForeign {
+		return ", producer foreign (the broker's own client)"
+	}
+	return ""
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -83,7 +84,7 @@ func TestVerdict(t *testing.T) {
 func TestSummaryPrint(t *testing.T) {
 	r := sampleResult(modeTransactional, map[string]int64{"A": 1, "B": 1})
 	r.runID, r.topic, r.broker, r.store, r.elapsed = "abc", "payment.completed.abc", "in-process", "/tmp/x.db", time.Second
-	r.producer, r.keys = watermillProducerText, consumerKeying(r.cfg).text
+	r.producer, r.keys = watermillProducerText, keysText(r.cfg)
 	var b strings.Builder
 	r.print(&b)
 	for _, want := range []string{
@@ -138,8 +139,14 @@ func TestPlan(t *testing.T) {
 	if q.expectedTotal() != p.expectedTotal() || q.retries != p.retries || q.messages[0].uuid != p.messages[0].uuid {
 		t.Fatal("the plan is not determined by the seed and the run id")
 	}
-	if o := makePlan(cfg, "r2", now); o.messages[0].uuid == p.messages[0].uuid || o.expectedTotal() != p.expectedTotal() {
-		t.Fatal("another run id must change the message ids, and only them")
+	// Another run id changes the payment ids only: -seed alone reproduces
+	// the messages, hence the faults (TestSeedReproducesFaults).
+	o := makePlan(cfg, "r2", now)
+	for i := range p.messages {
+		pm, om := p.messages[i], o.messages[i]
+		if pm.uuid != om.uuid || pm.event.EventID != om.event.EventID || pm.event.PaymentID == om.event.PaymentID || o.expectedTotal() != p.expectedTotal() {
+			t.Fatalf("another run id: message %d is %+v, was %+v; want other payment ids only", i, om, pm)
+		}
 	}
 	if !regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$`).MatchString(p.messages[0].uuid) {
 		t.Fatalf("not a v4 UUID: %s", p.messages[0].uuid)
@@ -157,5 +164,36 @@ func TestPoints(t *testing.T) {
 		if _, err := (paymentCompleted{Amount: json.Number(bad)}).points(); !errors.Is(err, errBadEvent) {
 			t.Errorf("points(%q): got %v, want errBadEvent", bad, err)
 		}
+	}
+}
+
+// -seed alone reproduces which messages the faults hit, whatever the run
+// id; another seed hits others.
+func TestSeedReproducesFaults(t *testing.T) {
+	cfg := defaultConfig()
+	cfg.Events, cfg.CrashRate = 500, 0.05
+	hits := func(seed uint64, runID string) []string {
+		c := cfg
+		c.Seed = seed
+		f := newFaults(c, nil)
+		var out []string
+		for _, m := range makePlan(c, runID, time.Now()).messages {
+			for _, k := range []struct {
+				kind string
+				rate float64
+			}{{"fail", c.FailRate}, {"crash", c.CrashRate}, {"lostack", c.LostAckRate}} {
+				if f.hit(m.uuid, k.kind, k.rate) {
+					out = append(out, k.kind+" "+m.event.EventID)
+				}
+			}
+		}
+		return out
+	}
+	a, b := hits(7, "run1"), hits(7, "run2")
+	if len(a) == 0 || !slices.Equal(a, b) {
+		t.Fatalf("seed 7: run1 hits %d messages, run2 %d, not the same ones", len(a), len(b))
+	}
+	if slices.Equal(a, hits(8, "run1")) {
+		t.Fatal("seeds 7 and 8 hit the same messages")
 	}
 }
