@@ -18,6 +18,7 @@ import (
 	"github.com/watermill-dedup/dedup/keyfuncs"
 	"github.com/watermill-dedup/dedup/middleware"
 	"github.com/watermill-dedup/dedup/stores"
+	"github.com/watermill-dedup/dedup/testkit"
 )
 
 // Metadata set on every message the suite publishes.
@@ -567,7 +568,7 @@ func (c *consumerCore) handle(msg *message.Message) ([]*message.Message, error) 
 		if c.ledger != nil {
 			// Transactional: write the effect, then fail: the rollback
 			// must take it away.
-			if err := c.ledger.Apply(ctx, event); err != nil {
+			if err := c.ledger.Record(ctx, testkit.Effect{Event: event}); err != nil {
 				return nil, err
 			}
 		}
@@ -600,7 +601,7 @@ func (c *consumerCore) handle(msg *message.Message) ([]*message.Message, error) 
 // apply records the effect of d.
 func (c *consumerCore) apply(ctx context.Context, d *delivery, event string) error {
 	if c.ledger != nil {
-		return c.ledger.Apply(ctx, event)
+		return c.ledger.Record(ctx, testkit.Effect{Event: event})
 	}
 	if !d.proc.do(func() {
 		c.sink.effect(d, event)

@@ -149,13 +149,14 @@
 //
 // # Adding a store
 //
-// Write a Store (see stores_test.go): Setup provisions names unique to
-// the scenario id (a table, a key prefix), registers their removal and
-// returns an Env with EnvAddr set when a network service is behind it;
-// Open connects from the Env (dialing Env[EnvAddr], which the outage
-// scenario replaces with a proxy) and registers the closing of its client.
-// For transactional mode set Transactional and return a Ledger that
-// writes in the inbox transaction found in the handler's context. Set
+// Write a Store (see stores_test.go, which opens this module's stores
+// with testkit.OpenStore): Setup provisions names unique to the scenario
+// id (a table, a key prefix), registers their removal and returns an Env
+// with EnvAddr set when a network service is behind it; Open connects from
+// the Env (dialing Env[EnvAddr], which the outage scenario replaces with a
+// proxy) and registers the closing of its client. For transactional mode
+// set Transactional and return a Ledger that writes in the inbox
+// transaction found in the handler's context (testkit.SQLLedger). Set
 // MultiProcess when every process opening the Env shares the records.
 // Set AsyncComplete to run the middleware with
 // middleware.Config.AsyncComplete (see redis-async).

@@ -19,6 +19,7 @@ import (
 
 	"github.com/watermill-dedup/dedup/middleware"
 	"github.com/watermill-dedup/dedup/stores"
+	"github.com/watermill-dedup/dedup/testkit"
 )
 
 // run is one scenario's state in the test process.
@@ -34,7 +35,7 @@ type run struct {
 
 	benv, senv Env
 	opened     Opened
-	mem        *memLedger // nil when the store keeps the ledger
+	mem        *testkit.MemLedger // nil when the store keeps the ledger
 	pub        message.Publisher
 	pubMu      sync.Mutex // see publishOne
 
@@ -153,7 +154,7 @@ func newRun(t *testing.T, b Backend, s Store, sc Scenario, variant string) *run 
 	}
 	r.opened = r.open(r.senv)
 	if r.opened.Ledger == nil {
-		r.mem = &memLedger{}
+		r.mem = testkit.NewMemLedger()
 	}
 	// Count the effects while the store is still open; the cleanups of
 	// consumers and topics, registered later, run before this one.
@@ -473,7 +474,7 @@ func (r *run) effect(d *delivery, event string) {
 	r.mu.Lock()
 	r.effectBy[d.key()] = true
 	r.mu.Unlock()
-	_ = r.mem.Apply(context.Background(), event)
+	_ = r.mem.Record(context.Background(), testkit.Effect{Event: event})
 }
 
 func (r *run) entered(d *delivery) {
@@ -546,7 +547,7 @@ func (r *run) hangReleased(event string) bool {
 		defer r.mu.Unlock()
 		return r.enteredN[event] >= 2
 	}
-	return r.mem.count(event) >= 1
+	return r.mem.Count(event) >= 1
 }
 
 // ---- waiting and reading
@@ -630,13 +631,13 @@ func (r *run) effects() []string {
 	r.t.Helper()
 	if r.mem != nil {
 		e, _ := r.mem.Effects(context.Background())
-		return e
+		return testkit.EventsOf(e)
 	}
 	e, err := r.opened.Ledger.Effects(context.Background())
 	if err != nil {
 		r.t.Fatalf("reading the ledger: %v", err)
 	}
-	return e
+	return testkit.EventsOf(e)
 }
 
 // allApplied is an extra condition for waitSettled: every event has an
@@ -665,10 +666,10 @@ func (r *run) allApplied(events []string) func() (bool, string) {
 func (r *run) effectsQuiet() []string {
 	if r.mem != nil {
 		e, _ := r.mem.Effects(context.Background())
-		return e
+		return testkit.EventsOf(e)
 	}
 	e, _ := r.opened.Ledger.Effects(context.Background())
-	return e
+	return testkit.EventsOf(e)
 }
 
 func (r *run) outcome(o middleware.Outcome) int {
@@ -683,9 +684,9 @@ func (r *run) outcome(o middleware.Outcome) int {
 func (r *run) countEffects() {
 	n := 0
 	if r.mem != nil {
-		n = r.mem.len()
-	} else if e, err := r.opened.Ledger.Effects(context.Background()); err == nil {
-		n = len(e)
+		n = r.mem.Len()
+	} else if t, err := r.opened.Ledger.Totals(context.Background()); err == nil {
+		n = int(t.Effects)
 	}
 	r.mu.Lock()
 	r.effectCount = n
@@ -729,45 +730,6 @@ func (r *run) record() {
 	sort.Strings(notes)
 	row.Note = strings.Join(notes, "; ")
 	recordRow(row)
-}
-
-// ---- the memory ledger
-
-// memLedger is the ledger of a non-transactional store: a
-// concurrency-safe list of effects.
-type memLedger struct {
-	mu      sync.Mutex
-	effects []string
-	counts  map[string]int
-}
-
-func (l *memLedger) Apply(_ context.Context, event string) error {
-	l.mu.Lock()
-	l.effects = append(l.effects, event)
-	if l.counts == nil {
-		l.counts = map[string]int{}
-	}
-	l.counts[event]++
-	l.mu.Unlock()
-	return nil
-}
-
-func (l *memLedger) Effects(context.Context) ([]string, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return append([]string(nil), l.effects...), nil
-}
-
-func (l *memLedger) count(event string) int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.counts[event]
-}
-
-func (l *memLedger) len() int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return len(l.effects)
 }
 
 // logger returns a Watermill logger: ACCEPTANCE_LOG=debug (or trace) logs

@@ -17,6 +17,7 @@ import (
 	"github.com/watermill-dedup/dedup/keyfuncs/sqlkeys"
 	"github.com/watermill-dedup/dedup/middleware"
 	"github.com/watermill-dedup/dedup/stores/sqlstore"
+	"github.com/watermill-dedup/dedup/testkit"
 )
 
 // sqlAckDeadline is how long the watermill-sql subscriber waits for an
@@ -41,8 +42,7 @@ func sqlPubSub(d sqlstore.Dialect) acceptance.Backend {
 			Restartable:    true,
 		},
 		Setup: func(t *testing.T) (acceptance.Env, error) {
-			addr, err := sqlServer(t, d)
-			return acceptance.Env{acceptance.EnvAddr: addr}, err
+			return acceptance.Env{acceptance.EnvAddr: testkit.RequireStore(t, sqlKind(d))}, nil
 		},
 		CreateTopic: func(t *testing.T, env acceptance.Env, topic string) error {
 			db, err := openSQL(d, env)

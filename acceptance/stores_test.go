@@ -3,20 +3,14 @@ package acceptance_test
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
-	"net/url"
 	"path/filepath"
 	"testing"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
-	_ "github.com/jackc/pgx/v5/stdlib" // PostgreSQL driver "pgx"
 	"github.com/redis/go-redis/v9"
-	_ "modernc.org/sqlite" // SQLite driver "sqlite"
 
 	"github.com/watermill-dedup/dedup/acceptance"
-	"github.com/watermill-dedup/dedup/stores/memstore"
 	"github.com/watermill-dedup/dedup/stores/redisstore"
 	"github.com/watermill-dedup/dedup/stores/sqlstore"
 	"github.com/watermill-dedup/dedup/testkit"
@@ -27,11 +21,35 @@ import (
 func memStore() acceptance.Store {
 	return acceptance.Store{
 		Name: "memstore",
-		Open: func(testing.TB, acceptance.Env) (acceptance.Opened, error) {
-			s, err := memstore.New(memstore.Config{})
-			return acceptance.Opened{Store: s}, err
+		Open: func(t testing.TB, _ acceptance.Env) (acceptance.Opened, error) {
+			return openStore(t, testkit.StoreParams{Kind: testkit.StoreMemory})
 		},
 	}
+}
+
+// openStore opens p with testkit.OpenStore, closing what it opened with
+// t.Cleanup.
+func openStore(t testing.TB, p testkit.StoreParams) (acceptance.Opened, error) {
+	o, err := openTestkit(t, p)
+	if err != nil {
+		return acceptance.Opened{}, err
+	}
+	return acceptance.Opened{Store: o.Store}, nil
+}
+
+func openTestkit(t testing.TB, p testkit.StoreParams) (*testkit.OpenedStore, error) {
+	o, cleanup, err := testkit.OpenStore(context.Background(), p)
+	if err != nil {
+		return nil, err
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := cleanup(ctx); err != nil {
+			t.Logf("closing the %s store %s: %v", p.Kind, o.Name, err)
+		}
+	})
+	return o, nil
 }
 
 // redisStore is redisstore on the shared Redis, under a key prefix unique
@@ -41,21 +59,27 @@ func redisStore() acceptance.Store {
 		Name:         "redis",
 		MultiProcess: true,
 		Setup: func(t *testing.T, id string) (acceptance.Env, error) {
-			addr := testkit.RequireRedis(t)
+			addr := testkit.RequireStore(t, testkit.StoreRedis)
 			prefix := "acceptance:" + id + ":"
-			t.Cleanup(func() { deleteRedisPrefix(t, addr, prefix) })
+			t.Cleanup(func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				defer cancel()
+				client := redis.NewClient(&redis.Options{Addr: addr})
+				defer client.Close()
+				if err := testkit.DeleteRedisPrefix(ctx, client, prefix); err != nil {
+					t.Logf("redis cleanup of %s*: %v", prefix, err)
+				}
+			})
 			return acceptance.Env{acceptance.EnvAddr: addr, "prefix": prefix}, nil
 		},
 		Open: func(t testing.TB, env acceptance.Env) (acceptance.Opened, error) {
-			client := redis.NewClient(&redis.Options{
-				Addr:                  env[acceptance.EnvAddr],
-				ContextTimeoutEnabled: true,
-				DialTimeout:           time.Second,
-				PoolTimeout:           2 * time.Second,
+			return openStore(t, testkit.StoreParams{
+				Kind:        testkit.StoreRedis,
+				Addr:        env[acceptance.EnvAddr],
+				Name:        env["prefix"],
+				DialTimeout: time.Second,
+				Redis:       redisstore.Config{SkipServerCheck: true},
 			})
-			t.Cleanup(func() { _ = client.Close() })
-			s, err := redisstore.New(client, redisstore.Config{Prefix: env["prefix"], SkipServerCheck: true})
-			return acceptance.Opened{Store: s}, err
 		},
 	}
 }
@@ -70,34 +94,9 @@ func redisAsyncStore() acceptance.Store {
 	return s
 }
 
-// deleteRedisPrefix deletes the keys under prefix, and only those.
-func deleteRedisPrefix(t testing.TB, addr, prefix string) {
-	client := redis.NewClient(&redis.Options{Addr: addr})
-	defer client.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	iter := client.Scan(ctx, 0, prefix+"*", 1000).Iterator()
-	var keys []string
-	for iter.Next(ctx) {
-		keys = append(keys, iter.Val())
-	}
-	if err := iter.Err(); err != nil {
-		t.Logf("redis cleanup of %s*: %v", prefix, err)
-		return
-	}
-	for len(keys) > 0 {
-		n := min(len(keys), 500)
-		if err := client.Del(ctx, keys[:n]...).Err(); err != nil {
-			t.Logf("redis cleanup of %s*: %v", prefix, err)
-			return
-		}
-		keys = keys[n:]
-	}
-}
-
 // sqlStore is sqlstore on one dialect, in lease or transactional mode, in
 // a table unique to the scenario. In transactional mode the business
-// ledger is a table of the same database, written in the inbox
+// ledger is a testkit.SQLLedger in the same database, written in the inbox
 // transaction.
 func sqlStore(d sqlstore.Dialect, transactional bool) acceptance.Store {
 	mode := "lease"
@@ -115,7 +114,41 @@ func sqlStoreJoinedTx(d sqlstore.Dialect) acceptance.Store {
 	return sqlStoreConfig(d, true, "tx-joined", sqlstore.Config{JoinWatermillTx: true})
 }
 
-// sqlStoreConfig is sqlStore with cfg (Dialect and Table are set here).
+// sqlKind is the testkit store kind of d.
+func sqlKind(d sqlstore.Dialect) testkit.StoreKind {
+	switch d {
+	case sqlstore.Postgres:
+		return testkit.StorePostgres
+	case sqlstore.MySQL:
+		return testkit.StoreMySQL
+	}
+	return testkit.StoreSQLite
+}
+
+// sqlParams are the testkit parameters of the database in env.
+func sqlParams(d sqlstore.Dialect, env acceptance.Env) testkit.StoreParams {
+	return testkit.StoreParams{
+		Kind: sqlKind(d),
+		Addr: env[acceptance.EnvAddr],
+		Path: env["path"],
+		Name: env["table"],
+		// The database servers are shared with other tests, and a router
+		// runs every message in flight in its own goroutine. SQLite: one
+		// writer at a time, queued in Go rather than busy-waiting in
+		// SQLite (the handlers use no connection besides the inbox one).
+		PoolSize: maxConns(d),
+	}
+}
+
+func maxConns(d sqlstore.Dialect) int {
+	if d == sqlstore.SQLite {
+		return 1
+	}
+	return 6
+}
+
+// sqlStoreConfig is sqlStore with cfg (Dialect and Table are set by
+// testkit).
 func sqlStoreConfig(d sqlstore.Dialect, transactional bool, mode string, cfg sqlstore.Config) acceptance.Store {
 	return acceptance.Store{
 		Name:          fmt.Sprintf("sql-%s-%s", d, mode),
@@ -126,129 +159,60 @@ func sqlStoreConfig(d sqlstore.Dialect, transactional bool, mode string, cfg sql
 			if d == sqlstore.SQLite {
 				env["path"] = filepath.Join(t.TempDir(), "dedup.db")
 			} else {
-				addr, err := sqlServer(t, d)
-				if err != nil {
-					return nil, err
+				env[acceptance.EnvAddr] = testkit.RequireStore(t, sqlKind(d))
+			}
+			p := sqlParams(d, env)
+			p.CreateSchema, p.Teardown = true, true
+			o, err := openTestkit(t, p)
+			if err != nil {
+				return nil, err
+			}
+			// Idle until the cleanup: hold no connection of the shared
+			// server meanwhile.
+			o.DB.SetMaxIdleConns(0)
+			l, err := testkit.NewSQLLedger(o.DB, testkit.SQLLedgerConfig{Dialect: d, Table: env["ledger"]})
+			if err != nil {
+				return nil, err
+			}
+			if err := l.CreateTables(context.Background()); err != nil {
+				return nil, err
+			}
+			t.Cleanup(func() { // before the store's cleanup: the database is open
+				if err := l.DropTables(context.Background()); err != nil {
+					t.Logf("sql cleanup: %v", err)
 				}
-				env[acceptance.EnvAddr] = addr
-			}
-			db, err := openSQL(d, env)
-			if err != nil {
-				return nil, err
-			}
-			defer db.Close()
-			s, err := sqlstore.New(db, sqlstore.Config{Dialect: d, Table: env["table"]})
-			if err != nil {
-				return nil, err
-			}
-			defer s.Close(context.Background())
-			ctx := context.Background()
-			if err := s.CreateSchema(ctx); err != nil {
-				return nil, fmt.Errorf("create schema: %w", err)
-			}
-			if _, err := db.ExecContext(ctx, ledgerDDL(d, env["ledger"])); err != nil {
-				return nil, fmt.Errorf("create ledger: %w", err)
-			}
-			t.Cleanup(func() { dropTables(t, d, env, env["table"], env["ledger"]) })
+			})
 			return env, nil
 		},
 		Open: func(t testing.TB, env acceptance.Env) (acceptance.Opened, error) {
-			db, err := openSQL(d, env)
+			p := sqlParams(d, env)
+			p.SQL = cfg
+			o, err := openTestkit(t, p)
 			if err != nil {
 				return acceptance.Opened{}, err
 			}
-			t.Cleanup(func() { _ = db.Close() })
-			c := cfg // per call: scenarios open stores concurrently
-			c.Dialect, c.Table = d, env["table"]
-			s, err := sqlstore.New(db, c)
-			if err != nil {
-				return acceptance.Opened{}, err
-			}
-			o := acceptance.Opened{Store: s}
+			opened := acceptance.Opened{Store: o.Store}
 			if transactional {
-				o.Ledger = &sqlLedger{db: db, d: d, table: env["ledger"]}
+				// RequireTx: an effect written beside the inbox
+				// transaction is a failure of the suite to see, not to
+				// paper over.
+				l, err := testkit.NewSQLLedger(o.DB, testkit.SQLLedgerConfig{Dialect: d, Table: env["ledger"], RequireTx: true})
+				if err != nil {
+					return acceptance.Opened{}, err
+				}
+				opened.Ledger = l
 			}
-			return o, nil
+			return opened, nil
 		},
 	}
 }
 
-// sqlServer returns the host:port of the PostgreSQL or MySQL server
-// (skipping the test loudly, or failing it in CI, when it is down).
-func sqlServer(t testing.TB, d sqlstore.Dialect) (string, error) {
-	if d == sqlstore.MySQL {
-		cfg, err := mysql.ParseDSN(testkit.RequireMySQL(t))
-		if err != nil {
-			return "", err
-		}
-		return cfg.Addr, nil
-	}
-	u, err := url.Parse(testkit.RequirePostgres(t))
-	if err != nil {
-		return "", err
-	}
-	return u.Host, nil
-}
-
-// openSQL opens the database of env, through env[EnvAddr].
+// openSQL opens the database of env, through env[EnvAddr]: for the
+// watermill-sql pub/sub on the stores' database. The caller closes it.
 func openSQL(d sqlstore.Dialect, env acceptance.Env) (*sql.DB, error) {
-	switch d {
-	case sqlstore.Postgres:
-		u, err := url.Parse(testkit.PostgresDSN())
-		if err != nil {
-			return nil, err
-		}
-		u.Host = env[acceptance.EnvAddr]
-		q := u.Query()
-		q.Set("connect_timeout", "2")
-		u.RawQuery = q.Encode()
-		return boundPool(sql.Open("pgx", u.String()))
-	case sqlstore.MySQL:
-		cfg, err := mysql.ParseDSN(testkit.MySQLDSN())
-		if err != nil {
-			return nil, err
-		}
-		cfg.Addr = env[acceptance.EnvAddr]
-		cfg.Timeout = 2 * time.Second
-		return boundPool(sql.Open("mysql", cfg.FormatDSN()))
-	case sqlstore.SQLite:
-		db, err := sql.Open("sqlite", sqlstore.SQLiteDSN(env["path"]))
-		if err != nil {
-			return nil, err
-		}
-		// One writer at a time: queue in Go rather than busy-wait in
-		// SQLite (the handlers use no connection besides the inbox one).
-		db.SetMaxOpenConns(sqliteConns)
-		return db, nil
-	}
-	return nil, fmt.Errorf("unknown dialect %q", d)
-}
-
-// sqliteConns bounds a SQLite pool.
-const sqliteConns = 1
-
-// maxConns bounds each pool: the database servers are shared with other
-// tests, and a router runs every message in flight in its own goroutine.
-const maxConns = 6
-
-func boundPool(db *sql.DB, err error) (*sql.DB, error) {
-	if err != nil {
-		return nil, err
-	}
-	db.SetMaxOpenConns(maxConns)
-	db.SetMaxIdleConns(maxConns)
-	return db, nil
-}
-
-func ledgerDDL(d sqlstore.Dialect, table string) string {
-	switch d {
-	case sqlstore.Postgres:
-		return `CREATE TABLE ` + table + ` (seq BIGSERIAL PRIMARY KEY, event VARCHAR(255) NOT NULL)`
-	case sqlstore.MySQL:
-		return "CREATE TABLE `" + table + "` (seq BIGINT AUTO_INCREMENT PRIMARY KEY, event VARCHAR(255) NOT NULL) ENGINE = InnoDB"
-	default:
-		return `CREATE TABLE ` + table + ` (seq INTEGER PRIMARY KEY AUTOINCREMENT, event TEXT NOT NULL)`
-	}
+	p := sqlParams(d, env)
+	p.Name = ""
+	return testkit.OpenDB(context.Background(), p)
 }
 
 // dropTables drops the scenario's tables, and only those.
@@ -274,44 +238,4 @@ func quoteIdent(d sqlstore.Dialect, name string) string {
 		return "`" + name + "`"
 	}
 	return `"` + name + `"`
-}
-
-// sqlLedger is the business ledger of the transactional mode: one row per
-// effect, written in the inbox transaction.
-type sqlLedger struct {
-	db    *sql.DB
-	d     sqlstore.Dialect
-	table string
-}
-
-var errNoTx = errors.New("ledger: no inbox transaction in the handler's context")
-
-func (l *sqlLedger) Apply(ctx context.Context, event string) error {
-	tx, ok := sqlstore.TxFromContext(ctx)
-	if !ok {
-		return errNoTx
-	}
-	ph := "?"
-	if l.d == sqlstore.Postgres {
-		ph = "$1"
-	}
-	_, err := tx.ExecContext(ctx, "INSERT INTO "+quoteIdent(l.d, l.table)+" (event) VALUES ("+ph+")", event)
-	return err
-}
-
-func (l *sqlLedger) Effects(ctx context.Context) ([]string, error) {
-	rows, err := l.db.QueryContext(ctx, "SELECT event FROM "+quoteIdent(l.d, l.table)+" ORDER BY seq")
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var out []string
-	for rows.Next() {
-		var e string
-		if err := rows.Scan(&e); err != nil {
-			return nil, err
-		}
-		out = append(out, e)
-	}
-	return out, rows.Err()
 }

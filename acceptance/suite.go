@@ -1,7 +1,6 @@
 package acceptance
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/watermill-dedup/dedup/keyfuncs"
 	"github.com/watermill-dedup/dedup/stores"
+	"github.com/watermill-dedup/dedup/testkit"
 )
 
 // Env holds the settings a backend or a store needs to connect: addresses,
@@ -269,20 +269,14 @@ type Opened struct {
 	Ledger Ledger
 }
 
-// Ledger counts the side effects of the handlers under test: one entry per
-// effect, named by the logical event it belongs to. The invariant of every
-// scenario is that each event has exactly one entry.
-type Ledger interface {
-	// Apply records one effect of event. For a transactional store it
-	// writes in the transaction that ctx carries (the store's
-	// TxFromContext), so the effect commits or rolls back with the dedup
-	// record.
-	Apply(ctx context.Context, event string) error
-
-	// Effects returns every recorded effect's event, in the order they
-	// were recorded.
-	Effects(ctx context.Context) ([]string, error)
-}
+// Ledger counts the side effects of the handlers under test: one effect
+// per delivery that applied it, named by the logical event it belongs to
+// (testkit.Effect.Event; the suite sets nothing else). The invariant of
+// every scenario is that each event has exactly one effect. For a
+// transactional store, Record writes in the transaction that ctx carries
+// (sqlstore.TxFromContext), so the effect commits or rolls back with the
+// dedup record: testkit.SQLLedger with RequireTx does.
+type Ledger = testkit.Ledger
 
 func (b Backend) validate() error {
 	switch {

@@ -71,7 +71,7 @@ type StoreParams struct {
 
 	// Addr replaces the host:port of the service (redis, postgres, mysql):
 	// a test's Proxy, say. The default is the DSN's, or RedisAddr(). For
-	// redis-cluster it is the comma-separated seed nodes, required.
+	// redis-cluster it is the comma-separated addresses of some of its nodes, required.
 	Addr string
 
 	// Path is the SQLite file. The default is a file in a new temporary
@@ -237,7 +237,7 @@ func (p StoreParams) openRedis(ctx context.Context, cl *closers) (*OpenedStore, 
 	if p.Kind == StoreRedisCluster {
 		service, setting = "Redis Cluster", "StoreParams.Addr"
 		if addr == "" {
-			return nil, errors.New("testkit: a redis-cluster store needs StoreParams.Addr, its seed nodes")
+			return nil, errors.New("testkit: a redis-cluster store needs StoreParams.Addr, the addresses of its nodes")
 		}
 		client = redis.NewClusterClient(&redis.ClusterOptions{
 			Addrs:                 strings.Split(addr, ","),
@@ -325,10 +325,19 @@ func deletePrefix(ctx context.Context, c redis.Cmdable, prefix string) error {
 
 func (p StoreParams) openSQL(ctx context.Context, cl *closers) (*OpenedStore, error) {
 	d, _ := p.Kind.SQLDialect()
-	db, addr, err := p.openDB(ctx, cl)
+	if p.Kind == StoreSQLite && p.Path == "" {
+		dir, err := os.MkdirTemp("", "testkit-sqlite-")
+		if err != nil {
+			return nil, err
+		}
+		cl.add(func(context.Context) error { return os.RemoveAll(dir) })
+		p.Path = filepath.Join(dir, "dedup.db")
+	}
+	db, addr, err := p.openDB(ctx)
 	if err != nil {
 		return nil, err
 	}
+	cl.add(func(context.Context) error { return db.Close() })
 	name := p.Name
 	if name == "" {
 		name = UniqueName("dedup_")
@@ -356,24 +365,33 @@ func (p StoreParams) openSQL(ctx context.Context, cl *closers) (*OpenedStore, er
 	return &OpenedStore{Store: s, Kind: p.Kind, Addr: addr, Name: name, DB: db, Dialect: d, Path: p.Path}, nil
 }
 
+// OpenDB opens and pings the database of a SQL kind the way OpenStore
+// does (DSN, Addr, Path, PoolSize and DialTimeout of p), without a store:
+// for a pub/sub on the store's database, say. The caller closes it. SQLite
+// needs p.Path. An unreachable server is an *UnreachableError.
+func OpenDB(ctx context.Context, p StoreParams) (*sql.DB, error) {
+	if _, ok := p.Kind.SQLDialect(); !ok {
+		return nil, fmt.Errorf("testkit: OpenDB: %q is not a SQL store kind", p.Kind)
+	}
+	if p.Kind == StoreSQLite && p.Path == "" {
+		return nil, errors.New("testkit: OpenDB: SQLite needs StoreParams.Path")
+	}
+	if p.DialTimeout <= 0 {
+		p.DialTimeout = DefaultDialTimeout
+	}
+	db, _, err := p.openDB(ctx)
+	return db, err
+}
+
 // openDB opens and pings the database of a SQL kind.
-func (p StoreParams) openDB(ctx context.Context, cl *closers) (*sql.DB, string, error) {
+func (p StoreParams) openDB(ctx context.Context) (*sql.DB, string, error) {
 	var (
 		driver, dsn, addr, service, setting string
 		conns                               = p.PoolSize
 	)
 	switch p.Kind {
 	case StoreSQLite:
-		path := p.Path
-		if path == "" {
-			dir, err := os.MkdirTemp("", "testkit-sqlite-")
-			if err != nil {
-				return nil, "", err
-			}
-			cl.add(func(context.Context) error { return os.RemoveAll(dir) })
-			path = filepath.Join(dir, "dedup.db")
-		}
-		driver, dsn, addr, service, setting = "sqlite", sqlstore.SQLiteDSN(path), path, "SQLite", "StoreParams.Path"
+		driver, dsn, addr, service, setting = "sqlite", sqlstore.SQLiteDSN(p.Path), p.Path, "SQLite", "StoreParams.Path"
 		if conns <= 0 {
 			conns = 1
 		}
@@ -413,7 +431,6 @@ func (p StoreParams) openDB(ctx context.Context, cl *closers) (*sql.DB, string, 
 	if err != nil {
 		return nil, "", err
 	}
-	cl.add(func(context.Context) error { return db.Close() })
 	// A bounded pool: the servers are shared, and a router runs every
 	// message in flight in its own goroutine.
 	db.SetMaxOpenConns(conns)
@@ -421,6 +438,7 @@ func (p StoreParams) openDB(ctx context.Context, cl *closers) (*sql.DB, string, 
 	pctx, cancel := context.WithTimeout(ctx, p.DialTimeout)
 	defer cancel()
 	if err := db.PingContext(pctx); err != nil {
+		_ = db.Close()
 		return nil, "", &UnreachableError{service, addr, setting, err}
 	}
 	return db, addr, nil
