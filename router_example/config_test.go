@@ -102,6 +102,8 @@ func TestConfigErrors(t *testing.T) {
 	badYAML := writeFile(t, "bad.yml", "brokr: kafka\n")
 	listOfMaps := writeFile(t, "maps.yml", "kafka-brokers:\n  - {a: 1}\n")
 	notMapping := writeFile(t, "list.yml", "- broker\n")
+	leaseNoUnit := writeFile(t, "lease.yml", "lease: 5\n")
+	twice := writeFile(t, "twice.yml", "store: memory\nevents: 10\nstore: redis\n")
 	for _, tc := range []struct {
 		args []string
 		env  map[string]string
@@ -128,6 +130,11 @@ func TestConfigErrors(t *testing.T) {
 		{[]string{"-config", badYAML}, nil, `unknown key "brokr"`},
 		{[]string{"-config", listOfMaps}, nil, "plain values"},
 		{[]string{"-config", notMapping}, nil, "want a mapping"},
+		{[]string{"-lease", "5"}, nil, "a duration needs a unit, such as 5s"},
+		{[]string{"-timeout", "soon"}, nil, "not a duration: write a number and a unit"},
+		{nil, map[string]string{"DEDUP_LEASE": "2"}, "a duration needs a unit"},
+		{[]string{"-config", leaseNoUnit}, nil, "line 1: key lease: a duration needs a unit, such as 5s"},
+		{[]string{"-config", twice}, nil, "line 3: key store is given twice (first on line 1)"},
 		{[]string{"-config", filepath.Join(t.TempDir(), "missing.yml")}, nil, "config file (-config)"},
 	} {
 		_, err := loadConfig(tc.args, env(tc.env), io.Discard)
@@ -237,8 +244,12 @@ func TestReadmeCommandsParse(t *testing.T) {
 					continue
 				}
 				commands++
-				if _, err := loadConfig(f[3:], env(nil), io.Discard); err != nil && !errors.Is(err, flag.ErrHelp) {
+				cfg, err := loadConfig(f[3:], env(nil), io.Discard)
+				if err != nil && !errors.Is(err, flag.ErrHelp) {
 					t.Errorf("%s: %q: %v", path, line, err)
+				}
+				if w := cfg.warnings(); len(w) > 0 {
+					t.Errorf("%s: %q: warns %q", path, line, w)
 				}
 			}
 		}
@@ -251,5 +262,43 @@ func TestReadmeCommandsParse(t *testing.T) {
 	}
 	if commands < 12 {
 		t.Fatalf("found %d go run ./router_example commands in the READMEs; the broker and store lists are missing", commands)
+	}
+}
+
+// A flag the chosen broker, store or mode ignores is warned about when it
+// was given on the command line or in the file; the environment is not
+// checked (a shell's REDIS_ADDR may be meant for other programs).
+func TestConfigWarnings(t *testing.T) {
+	file := writeFile(t, "c.yml", "store: memory\ndir: ./data\n")
+	for _, tc := range []struct {
+		args []string
+		env  map[string]string
+		want []string
+	}{
+		{[]string{"-store=memory", "-dir=x"}, nil, []string{"-dir is ignored without -store=sqlite"}},
+		{[]string{"-redis-addr=r:1"}, nil, []string{"-redis-addr is ignored without -store=redis"}},
+		{[]string{"-store=memory", "-dedup=false", "-async-complete"}, nil, []string{"-async-complete is ignored with -dedup=false"}},
+		{[]string{"-lease=2s"}, nil, []string{"-lease is ignored in transactional mode"}},
+		{[]string{"-broker=kafka-embedded", "-kafka-brokers=k:9092", "-outage-budget=1h"}, nil, []string{"-kafka-brokers is ignored without -broker=kafka", "-outage-budget is ignored with Kafka"}},
+		{[]string{"-amqp-url=amqp://x/"}, nil, []string{"-amqp-url is ignored without -broker=amqp"}},
+		{[]string{"-config=" + file}, nil, []string{"-dir is ignored without -store=sqlite"}},
+		{nil, map[string]string{"REDIS_ADDR": "r:1", "DEDUP_DIR": "x", "DEDUP_STORE": "memory"}, nil},
+		{[]string{"-store=redis", "-redis-addr=r:1", "-lease=2s", "-mode=lease"}, nil, nil},
+		{[]string{"-broker=postgres", "-store=sqlite", "-postgres-dsn=postgres://x/y", "-dir=d"}, nil, nil},
+	} {
+		cfg, err := loadConfig(tc.args, env(tc.env), io.Discard)
+		if err != nil {
+			t.Fatalf("%q: %v", tc.args, err)
+		}
+		got := cfg.warnings()
+		if len(got) != len(tc.want) {
+			t.Errorf("args %q env %v: warnings %q, want %q", tc.args, tc.env, got, tc.want)
+			continue
+		}
+		for i, w := range tc.want {
+			if !strings.HasPrefix(got[i], w) {
+				t.Errorf("args %q: warning %q, want %q", tc.args, got[i], w)
+			}
+		}
 	}
 }

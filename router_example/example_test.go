@@ -12,6 +12,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -23,6 +24,7 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/go-sql-driver/mysql"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
 	"github.com/twmb/franz-go/pkg/kfake"
@@ -163,6 +165,8 @@ func runExampleEnv(t *testing.T, runID string, env []string, args ...string) exa
 	return r
 }
 
+var startLine = regexp.MustCompile(`(?m)^router_example: run [a-z0-9]+ \(seed \d+\): broker [a-z-]+, store [a-z]+, mode \S.*; publishing \d+ messages of \d+ events$`)
+
 // requireOK checks a run that must hold the invariant.
 func requireOK(t *testing.T, r exampleRun) {
 	t.Helper()
@@ -174,6 +178,13 @@ func requireOK(t *testing.T, r exampleRun) {
 	}
 	if strings.Contains(r.stderr, "cleanup:") {
 		t.Fatalf("cleanup failed\n%s", r)
+	}
+	// What runs is said when it starts, not only in the summary.
+	if !startLine.MatchString(r.stderr) {
+		t.Fatalf("no start line naming the broker, store and mode\n%s", r)
+	}
+	if strings.Contains(r.stderr, "error=<nil>") {
+		t.Fatalf("an error logged without an error\n%s", r)
 	}
 	t.Log(r.invariant())
 }
@@ -340,6 +351,7 @@ func TestExampleConfigErrors(t *testing.T) {
 		{[]string{"-store=postgres", "-postgres-dsn=postgres://postgres@" + closed + "/test"}, []string{"PostgreSQL is not reachable at " + closed, "-postgres-dsn or POSTGRES_DSN"}},
 		{[]string{"-store=mysql", "-mysql-dsn=root@tcp(" + closed + ")/test"}, []string{"MySQL/MariaDB is not reachable at " + closed, "-mysql-dsn or MYSQL_DSN"}},
 		{[]string{"-retention=1h", "-strict-retention"}, []string{"too short", "-retention", "(-strict-retention)"}},
+		{[]string{"-lease=5"}, []string{"-lease", "a duration needs a unit, such as 5s"}},
 	} {
 		r := runExample(t, newTestRunID(), tc.args...)
 		if r.code != exitConfig {
@@ -354,6 +366,73 @@ func TestExampleConfigErrors(t *testing.T) {
 		if strings.Contains(r.stderr, "secret") || strings.Contains(r.stderr, "panic") {
 			t.Errorf("%v: stderr shows a password or a panic\n%s", tc.args, r)
 		}
+		requireOnlyOwnLines(t, r)
+	}
+}
+
+// requireOnlyOwnLines checks that a failed start printed its error and
+// nothing else: no client library's log lines, no usage text.
+func requireOnlyOwnLines(t *testing.T, r exampleRun) {
+	t.Helper()
+	for _, l := range strings.Split(strings.TrimSpace(r.stderr), "\n") {
+		if !strings.HasPrefix(l, "router_example: ") {
+			t.Errorf("%v: stderr line %q is not the example's\n%s", r.args, l, r)
+		}
+	}
+}
+
+// A server that answers and refuses (a wrong password, an unknown role,
+// database or virtual host) is not "not reachable": the error says it
+// refused, and what it said.
+func TestExampleServiceRefuses(t *testing.T) {
+	t.Parallel()
+	pgURL, err := url.Parse(testkit.RequirePostgres(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pgRole, pgDB := *pgURL, *pgURL
+	pgRole.User = url.User("nosuchrole")
+	pgDB.Path = "/nosuchdb"
+	pg := pgRole.String()
+	my, err := mysql.ParseDSN(testkit.RequireMySQL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	myPass, myDB := my.Clone(), my.Clone()
+	myPass.Passwd = "wrong-secret"
+	myDB.DBName = "nosuchdb"
+	mq, err := url.Parse(testkit.RequireAMQP(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mqPass, mqHost := *mq, *mq
+	mqPass.User = url.UserPassword(mq.User.Username(), "wrong-secret")
+	mqHost.Path = "/nosuchvhost"
+	for _, tc := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"-store=postgres", "-postgres-dsn=" + pg}, []string{"PostgreSQL at ", "refused the connection", `role "nosuchrole" does not exist`}},
+		{[]string{"-store=postgres", "-postgres-dsn=" + pgDB.String()}, []string{"PostgreSQL at ", "refused the connection", `database "nosuchdb" does not exist`}},
+		{[]string{"-store=mysql", "-mysql-dsn=" + myPass.FormatDSN()}, []string{"MySQL/MariaDB at ", "refused the connection", "Access denied"}},
+		{[]string{"-store=mysql", "-mysql-dsn=" + myDB.FormatDSN()}, []string{"MySQL/MariaDB at ", "refused the connection", "nosuchdb"}},
+		{[]string{"-broker=amqp", "-amqp-url=" + mqPass.String()}, []string{"RabbitMQ at ", "refused the connection", "403"}},
+		{[]string{"-broker=amqp", "-amqp-url=" + mqHost.String()}, []string{"RabbitMQ at ", "refused the connection", "nosuchvhost"}},
+	} {
+		r := runExample(t, newTestRunID(), tc.args...)
+		if r.code != exitConfig {
+			t.Errorf("%v: exit %d, want %d\n%s", tc.args, r.code, exitConfig, r)
+			continue
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(r.stderr, w) {
+				t.Errorf("%v: stderr lacks %q\n%s", tc.args, w, r)
+			}
+		}
+		if strings.Contains(r.stderr, "not reachable") || strings.Contains(r.stderr, "wrong-secret") {
+			t.Errorf("%v: says not reachable, or shows the password\n%s", tc.args, r)
+		}
+		requireOnlyOwnLines(t, r)
 	}
 }
 
@@ -364,6 +443,10 @@ func TestExampleRetentionWarning(t *testing.T) {
 	requireOK(t, r)
 	if !strings.Contains(r.stderr, "WARNING: the dedup window is too short") || !strings.Contains(r.stdout, "retention  TOO SHORT") {
 		t.Fatalf("no retention warning\n%s", r)
+	}
+	// Once: the middleware no longer logs it itself.
+	if n := strings.Count(r.stderr, "too short"); n != 1 {
+		t.Fatalf("the retention warning is printed %d times, want once\n%s", n, r)
 	}
 }
 

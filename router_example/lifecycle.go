@@ -67,7 +67,11 @@ type unreachableError struct {
 
 func (e *unreachableError) Error() string {
 	if refusal := serverRefusal(e.err); refusal != nil {
-		return fmt.Sprintf("%s at %s refused the connection (check the user, password and database or virtual host in %s): %v", e.service, e.addr, e.setting, refusal)
+		what := "user, password and database"
+		if e.service == "RabbitMQ" {
+			what = "user, password and virtual host"
+		}
+		return fmt.Sprintf("%s at %s refused the connection (check the %s in %s): %v", e.service, e.addr, what, e.setting, refusal)
 	}
 	return fmt.Sprintf("%s is not reachable at %s (change it with %s): %v", e.service, e.addr, e.setting, e.err)
 }

@@ -2,26 +2,21 @@
 // router whose handler awards loyalty points for payment.completed events,
 // with the dedup middleware in front of it.
 //
-// This file is the router, the part to copy into a service: the handler,
-// Recoverer, a poison queue, the dedup middleware, Prometheus metrics and a
-// graceful shutdown. brokers.go and stores.go open the broker and the store
-// that -broker and -store choose (take the one you use); config.go reads
-// flags, environment variables and a YAML file. Everything else in the
-// directory is the simulator that drives the router and checks it
-// (simulation.go, scenario.go, producers.go, ledger.go, summary.go): it
-// publishes the events, injects redeliveries, keeps the loyalty ledger and
-// prints a summary. The lines that call it all go through sim.
+// This file is the router to copy into a service: the handler, Recoverer,
+// a poison queue, the dedup middleware, Prometheus metrics and a graceful
+// shutdown. brokers.go and stores.go open the broker and the store that
+// -broker and -store choose; config.go reads flags, environment and YAML.
+// The rest of the directory is the simulator that drives the router
+// through sim (simulation.go): it publishes events, injects redeliveries,
+// keeps the loyalty ledger and checks it in a summary.
 //
-//	go run ./router_example                                  # gochannel + SQLite, nothing to install
-//	go run ./router_example -broker=kafka-embedded           # Kafka protocol, in process
-//	go run ./router_example -broker=amqp -store=redis        # RabbitMQ + Redis
-//	go run ./router_example -broker=amqp -producer=foreign   # published with amqp091, not Watermill
-//	go run ./router_example -help                            # every flag, its env variable
+//	go run ./router_example                            # gochannel + SQLite, nothing to install
+//	go run ./router_example -broker=amqp -store=redis  # RabbitMQ + Redis
+//	go run ./router_example -help                      # every flag, its env variable
 //
 // The exit status is 0 when every payment was awarded exactly once, 1 when
-// not, 2 for a configuration error or a service that cannot be used.
-// `go run` itself exits 1 whenever the program fails (it prints "exit
-// status 2"): build the binary to see the status.
+// not, 2 for a configuration error or a service that cannot be used (under
+// `go run` the shell sees 1: go run prints "exit status 2").
 package main
 
 import (
@@ -48,15 +43,10 @@ import (
 	"github.com/watermill-dedup/dedup/middleware/prommetrics"
 )
 
-// Exit statuses.
 const (
-	exitOK     = 0
-	exitBroken = 1
-	exitConfig = 2
+	exitOK, exitBroken, exitConfig = 0, 1, 2   // exit statuses
+	handlerName                    = "loyalty" // the router handler's name, hence the dedup scope
 )
-
-// handlerName is the router handler's name, hence the dedup scope.
-const handlerName = "loyalty"
 
 func main() {
 	// Graceful shutdown: SIGINT or SIGTERM cancels ctx; run then closes the
@@ -105,10 +95,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		sim.fail("dedup middleware", dedup.Close(cctx))
 		cancel()
 	}
-	if !sim.report(ctx) {
-		return exitBroken
+	if sim.report(ctx) { // the summary, and the check of the ledger
+		return exitOK
 	}
-	return exitOK
+	return exitBroken
 }
 
 // setUp opens the broker and the store and builds the router. Every error
@@ -216,19 +206,10 @@ func consumerKeys(cfg Config) (keyfuncs.KeyFunc, func(*message.Message) (time.Ti
 	return keyfuncs.All(keyfuncs.Prefix("msg:", keyfuncs.MessageID()), payment), middleware.MetadataTime(metaPublishedAt)
 }
 
-// paymentCompleted is the event the producer publishes: a payment done.
-type paymentCompleted struct {
-	EventID    string      `json:"event_id"`
-	Type       string      `json:"type"`
-	PaymentID  string      `json:"payment_id"`
-	CustomerID string      `json:"customer_id"`
-	Amount     json.Number `json:"amount"`
-}
-
 // errBadEvent marks a message no retry will fix: the poison topic's.
 var errBadEvent = errors.New("bad payment.completed event")
 
-// points is one loyalty point per whole unit of the amount, read from the
+// points (of a paymentCompleted, scenario.go) is one loyalty point per whole unit of the amount, read from the
 // decimal string, never through a float.
 func (e paymentCompleted) points() (int64, error) {
 	whole, _, _ := strings.Cut(e.Amount.String(), ".")

@@ -27,6 +27,15 @@ const (
 	metaAttempt     = "producer_attempt"
 )
 
+// paymentCompleted is the event the producer publishes: a payment done.
+type paymentCompleted struct {
+	EventID    string      `json:"event_id"`
+	Type       string      `json:"type"`
+	PaymentID  string      `json:"payment_id"`
+	CustomerID string      `json:"customer_id"`
+	Amount     json.Number `json:"amount"`
+}
+
 // plannedMessage is one message the producer will publish.
 type plannedMessage struct {
 	uuid        string
