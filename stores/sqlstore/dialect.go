@@ -3,23 +3,14 @@ package sqlstore
 import (
 	"context"
 	"database/sql"
-	"database/sql/driver"
-	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"hash/fnv"
-	"io"
-	"math"
-	"net"
+	"iter"
 	"reflect"
 	"regexp"
-	"strconv"
 	"strings"
 	"time"
-
-	"github.com/go-sql-driver/mysql"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/watermill-dedup/dedup/stores"
 )
@@ -45,29 +36,142 @@ const (
 	SQLite Dialect = "sqlite"
 )
 
-// Record states: the state column on MySQL and SQLite; on PostgreSQL,
-// which has no such column, a record is processing while it has a token
-// and done once its token is NULL (see queries.stateExpr).
+// dialect is a SQL flavour as the store uses it. postgres.go, mysql.go
+// and sqlite.go each implement it, and each holds everything that differs
+// between databases: its SQL text, its batch executor, its error
+// classification and its quirks. The rest of the package calls this
+// interface and never asks which dialect it has, as database/sql never
+// asks which driver it has. A dialect is handed what it works on (a
+// *sql.DB, a transaction, the ops of a batch); it never calls back into
+// the Store.
+type dialect interface {
+	// sql returns the statements on the store's table.
+	sql() *statements
+	// schema returns the DDL of the table, one idempotent statement per
+	// element (README.md shows the same text).
+	schema() []string
+	// idArg and timeArg are the query arguments for a record id and an
+	// instant (at the database's microsecond, rounded up: see roundUp).
+	idArg(id recordID) any
+	timeArg(t time.Time) any
+	// inserted reports whether a single-row INSERT with the dialect's
+	// on-conflict clause inserted its row (false: the id existed).
+	inserted(res sql.Result) (bool, error)
+
+	// execBatch runs ops, two or more single-key lease-mode calls on
+	// distinct ids in ascending id order, as one batch: it decides each
+	// op (see op) or fails as a whole, having then changed nothing, or
+	// with an unknown outcome after a broken connection.
+	execBatch(ctx context.Context, db *sql.DB, ops []*op, now time.Time) error
+
+	// classify tells which of the classes the store acts on an error
+	// belongs to.
+	classify(err error) errClass
+
+	// quirks are the ways the dialect's server or driver departs from
+	// what the generic code would otherwise assume.
+	quirks() quirks
+	// checkSession checks, once per store, that the database session
+	// settings suit the store (see ErrSessionSettings).
+	checkSession(ctx context.Context, db *sql.DB) error
+	// joinCheck runs, right after Begin set savepoint sp in a transaction
+	// it joins, the checks the dialect needs before writing there.
+	joinCheck(ctx context.Context, tx *sql.Tx, sp string) error
+	// purgePlan returns the statement that deletes expired records
+	// (args: now, graceCutoff, limit, then a range's own arguments) and
+	// the ranges to run it over, each until a statement deletes fewer
+	// than limit records. chunk is the size of a range, where the
+	// dialect has ranges.
+	purgePlan(ctx context.Context, db *sql.DB, chunk int64) (string, iter.Seq[[]any], error)
+}
+
+// partitioner is implemented by a dialect that can keep the table in
+// daily partitions of expires_at (PostgreSQL; Config.DailyPartitions).
+type partitioner interface {
+	// lockIDs takes, in tx, the locks that keep ids unique across
+	// partitions. Every claim and Begin takes them before it reads or
+	// inserts.
+	lockIDs(ctx context.Context, tx *sql.Tx, ids []recordID) error
+	// createPartitions creates the partitions from the day before today
+	// to daysAhead+1 days after it that do not exist yet.
+	createPartitions(ctx context.Context, db *sql.DB, today time.Time, daysAhead int) error
+	// dropPartitions drops every partition whose day ended before cutoff,
+	// and reports each one's estimated row count to dropped.
+	dropPartitions(ctx context.Context, db *sql.DB, cutoff time.Time, dropped func(rows int64)) (int64, error)
+}
+
+// errClass is the set of classes an error belongs to, for the store.
+type errClass uint8
+
 const (
-	stateProcessing = 1
-	stateDone       = 2
+	// errUnavailable: the database could not be reached, or said it
+	// cannot serve now (stores.ErrUnavailable).
+	errUnavailable errClass = 1 << iota
+	// errRetryable: a transient conflict that a fresh attempt of the
+	// whole operation resolves (a deadlock, a serialization failure, a
+	// busy SQLite).
+	errRetryable
+	// errTxDead: the transaction the statement ran in is over on the
+	// server although the client's *sql.Tx is still open.
+	errTxDead
 )
+
+// quirks are a dialect's departures from the generic code's defaults.
+type quirks struct {
+	// txOptions are the options of the store's own transactions.
+	txOptions *sql.TxOptions
+	// noopUpdateMatchesNothing: an UPDATE that leaves a row as it was
+	// reports 0 rows affected (MySQL without CLIENT_FOUND_ROWS), so a
+	// fenced Extend to the same instant must count its rows instead.
+	noopUpdateMatchesNothing bool
+	// endIgnoresContext: the driver's Commit and Rollback wait for the
+	// server whatever the transaction's context (go-sql-driver/mysql),
+	// so the store waits for them in a goroutine of its own.
+	endIgnoresContext bool
+	// lockWaitIgnoresContext reports that the driver waits for the
+	// database's lock without watching the statement's context
+	// (mattn/go-sqlite3), so Begin waits for it in a goroutine of its
+	// own. nil means never.
+	lockWaitIgnoresContext func() bool
+}
+
+// base gives a dialect the defaults of the optional behaviours.
+type base struct{}
+
+func (base) quirks() quirks                                   { return quirks{} }
+func (base) checkSession(context.Context, *sql.DB) error      { return nil }
+func (base) joinCheck(context.Context, *sql.Tx, string) error { return nil }
+
+// dialectInfo describes a dialect to New, Validate and DetectDialect.
+type dialectInfo struct {
+	// drivers are substrings of the package paths of its drivers.
+	drivers []string
+	// noSchema: the table name takes no schema prefix.
+	noSchema bool
+	// partitions: the dialect is a partitioner (Config.DailyPartitions).
+	partitions bool
+	// open returns the dialect for a table (validated) and layout; db is
+	// only asked about its driver, never used.
+	open func(table string, partitioned bool, db *sql.DB) dialect
+}
+
+// dialects are the supported dialects, registered by their files.
+var dialects = map[Dialect]dialectInfo{}
 
 // DetectDialect returns the dialect of db's driver: pgx or lib/pq are
 // Postgres, go-sql-driver/mysql is MySQL, modernc.org/sqlite or
 // mattn/go-sqlite3 are SQLite. It fails for any other driver; set
 // Config.Dialect then.
 func DetectDialect(db *sql.DB) (Dialect, error) {
-	switch pkg := driverPkg(db); {
-	case strings.Contains(pkg, "jackc/pgx"), strings.Contains(pkg, "lib/pq"):
-		return Postgres, nil
-	case strings.Contains(pkg, "go-sql-driver/mysql"):
-		return MySQL, nil
-	case strings.Contains(pkg, "sqlite"):
-		return SQLite, nil
-	default:
-		return "", fmt.Errorf("sqlstore: cannot tell the dialect of driver %T (package %s): set Config.Dialect", db.Driver(), pkg)
+	pkg := driverPkg(db)
+	for name, info := range dialects {
+		for _, d := range info.drivers {
+			if strings.Contains(pkg, d) {
+				return name, nil
+			}
+		}
 	}
+	return "", fmt.Errorf("sqlstore: cannot tell the dialect of driver %T (package %s): set Config.Dialect", db.Driver(), pkg)
 }
 
 // driverPkg is the package path of db's driver.
@@ -93,7 +197,7 @@ const maxTableLen = 48
 // form is not available on SQLite).
 func checkTable(name string, d Dialect) error {
 	parts := strings.Split(name, ".")
-	if len(parts) > 2 || (len(parts) == 2 && d == SQLite) {
+	if len(parts) > 2 || (len(parts) == 2 && dialects[d].noSchema) {
 		return fmt.Errorf("%w: Table %q: want table or schema.table (schema not on SQLite)", ErrInvalidTable, name)
 	}
 	for _, p := range parts {
@@ -110,177 +214,52 @@ func checkTable(name string, d Dialect) error {
 	return nil
 }
 
-// queries builds every SQL statement the store runs, for one dialect and
-// one table. All SQL text lives here, so that a later batched (group
-// commit) claim only has to add builders.
-type queries struct {
-	d      Dialect
-	schema string // unquoted schema, "" when none
-	name   string // unquoted table name
-	table  string // quoted, possibly schema-qualified table
-
-	insertProcessing string // id, token, expires
-	insertDone       string // id, expires
-
-	// partitioned is the PostgreSQL daily-partitioned layout: the primary
-	// key is (id, expires_at), so uniqueness of id is kept by an advisory
-	// lock per id (lockClass, id prefix) taken before reading and inserting.
-	partitioned bool
-	lockClass   int32
-}
-
-func newQueries(d Dialect, table string, partitioned bool) *queries {
-	q := &queries{d: d, name: table, partitioned: partitioned}
-	h := fnv.New32a()
-	h.Write([]byte("sqlstore:" + table))
-	q.lockClass = int32(h.Sum32())
+// splitTable returns the schema ("" when none) and the table part of a
+// validated table name.
+func splitTable(table string) (schema, name string) {
 	if i := strings.IndexByte(table, '.'); i >= 0 {
-		q.schema, q.name = table[:i], table[i+1:]
-		q.table = q.quote(q.schema) + "." + q.quote(q.name)
-	} else {
-		q.table = q.quote(table)
+		return table[:i], table[i+1:]
 	}
-	if d == Postgres {
-		ins := "INSERT INTO " + q.table + " (id, token, expires_at) VALUES (%s, %s, %s)"
-		q.insertProcessing = fmt.Sprintf(ins, q.ph(1), q.ph(2), q.ph(3))
-		q.insertDone = fmt.Sprintf(ins, q.ph(1), "NULL", q.ph(2))
-	} else {
-		ins := "INSERT INTO " + q.table + " (id, state, token, expires_at) VALUES (%s, %d, %s, %s)"
-		q.insertProcessing = fmt.Sprintf(ins, q.ph(1), stateProcessing, q.ph(2), q.ph(3))
-		q.insertDone = fmt.Sprintf(ins, q.ph(1), stateDone, "NULL", q.ph(2))
-	}
-	if !partitioned {
-		// Partitioned: a plain INSERT, made under the id's advisory lock
-		// after reading that no row exists.
-		q.insertProcessing += q.onConflictDoNothing()
-		q.insertDone += q.onConflictDoNothing()
-	}
-	return q
+	return "", table
 }
 
-// insertProcessingRows (MySQL) inserts n processing records, leaving
-// existing ones alone. Args: (id, token, expires) per record.
-func (q *queries) insertProcessingRows(n int) string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "INSERT INTO %s (id, state, token, expires_at) VALUES ", q.table)
-	for i := range n {
-		if i > 0 {
-			b.WriteString(", ")
-		}
-		fmt.Fprintf(&b, "(?, %d, ?, ?)", stateProcessing)
-	}
-	b.WriteString(q.onConflictDoNothing())
-	return b.String()
+// Record states: the state column on MySQL and SQLite; on PostgreSQL,
+// which has no such column, a record is processing while it has a token
+// and done once its token is NULL (see postgres.go).
+const (
+	stateProcessing = 1
+	stateDone       = 2
+)
+
+// syntax is what a dialect tells the shared statement builder.
+type syntax struct {
+	table string // quoted, possibly schema-qualified
+	// ph is the i-th (1-based) placeholder.
+	ph func(i int) string
+	// setState is the SET clause part that stores state st ("" where the
+	// token stores it).
+	setState func(st int) string
+	// forUpdate locks the rows a SELECT reads ("" where a transaction's
+	// first write already serialises).
+	forUpdate string
+	// selectFrom is the start of a read of records, up to "WHERE": id (as
+	// idArg gives it), state, live (1 or 0 at the first placeholder),
+	// data and token.
+	selectFrom string
+	// setDataTable is the table as setData names it.
+	setDataTable string
+	// insertProcessing (id, token, expires) and insertDone (id, expires)
+	// insert one record, leaving an existing one unchanged (but on the
+	// partitioned layout, which inserts under a lock).
+	insertProcessing, insertDone string
 }
 
-// fencedRows (MySQL) applies n calls of kind k to records the batch has
-// locked and found owned by the calls' tokens. Args:
-//
-//	complete: (id, expires) per record, (id, data) per record, ids
-//	extend:   (id, expires) per record, ids
-//	release:  ids
-func (q *queries) fencedRows(k opKind, n int) string {
-	cases := func() string {
-		var b strings.Builder
-		b.WriteString("CASE id")
-		for range n {
-			b.WriteString(" WHEN ? THEN ?")
-		}
-		b.WriteString(" END")
-		return b.String()
-	}
-	in := q.list(1, n)
-	switch k {
-	case opComplete:
-		return fmt.Sprintf("UPDATE %s SET state = %d, token = NULL, expires_at = %s, data = %s WHERE id IN %s", q.table, stateDone, cases(), cases(), in)
-	case opExtend:
-		return fmt.Sprintf("UPDATE %s SET expires_at = %s WHERE id IN %s", q.table, cases(), in)
-	default:
-		return fmt.Sprintf("DELETE FROM %s WHERE id IN %s", q.table, in)
-	}
-}
-
-// stateExpr is a record's state (stateProcessing or stateDone). The
-// PostgreSQL table has no state column: a processing record always has a
-// token and a done record never has one, so the token's nullness is the
-// state, and a done record is 8 bytes smaller (48 instead of 56, with the
-// alignment of its columns).
-func (q *queries) stateExpr() string {
-	if q.d == Postgres {
-		return fmt.Sprintf("CASE WHEN token IS NULL THEN %d ELSE %d END", stateDone, stateProcessing)
-	}
-	return "state"
-}
-
-// setState is the SET clause part that stores state st ("" on
-// PostgreSQL, where the token stores it).
-func (q *queries) setState(st int) string {
-	if q.d == Postgres {
-		return ""
-	}
-	return fmt.Sprintf("state = %d, ", st)
-}
-
-// isDone is a predicate true for done records.
-func (q *queries) isDone() string {
-	if q.d == Postgres {
-		return "token IS NULL"
-	}
-	return fmt.Sprintf("state = %d", stateDone)
-}
-
-// advisoryLock serialises every claim and Begin of one id on the
-// partitioned layout. Args: lockClass, id prefix (int32 each). Two ids
-// sharing a prefix only wait for each other.
-const advisoryLock = "SELECT pg_advisory_xact_lock($1, $2)"
-
-func (q *queries) lockArgs(id recordID) []any {
-	return []any{q.lockClass, int32(binary.BigEndian.Uint32(id[:4]))}
-}
-
-// partitionSuffix is appended to the table name for a day's partition.
-const partitionSuffix = "_p20060102"
-
-func (q *queries) partitionName(day time.Time) string {
-	return q.name + day.UTC().Format(partitionSuffix)
-}
-
-func (q *queries) qualified(name string) string {
-	if q.schema != "" {
-		return q.quote(q.schema) + "." + q.quote(name)
-	}
-	return q.quote(name)
-}
-
-// createPartition creates the partition holding the records that expire
-// on day (UTC).
-func (q *queries) createPartition(day time.Time) string {
-	from := day.UTC().Truncate(24 * time.Hour)
-	return fmt.Sprintf("CREATE TABLE IF NOT EXISTS %s PARTITION OF %s FOR VALUES FROM ('%s') TO ('%s')",
-		q.qualified(q.partitionName(from)), q.table, from.Format("2006-01-02 15:04:05-07"), from.Add(24*time.Hour).Format("2006-01-02 15:04:05-07"))
-}
-
-// listPartitions lists the partitions: name and estimated row count.
-// Args: the quoted table name.
-const listPartitions = `SELECT c.relname, GREATEST(c.reltuples, 0)::bigint FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = $1::regclass`
-
-func (q *queries) quote(ident string) string {
-	if q.d == MySQL {
-		return "`" + ident + "`"
-	}
-	return `"` + ident + `"`
-}
-
-// ph is the i-th (1-based) placeholder.
-func (q *queries) ph(i int) string {
-	if q.d == Postgres {
-		return "$" + strconv.Itoa(i)
-	}
-	return "?"
-}
+// statements builds the SQL the generic code runs, from a dialect's
+// syntax.
+type statements struct{ syntax }
 
 // list is "(p_from, ..., p_from+n-1)".
-func (q *queries) list(from, n int) string {
+func (q *statements) list(from, n int) string {
 	var b strings.Builder
 	b.WriteByte('(')
 	for i := range n {
@@ -293,94 +272,34 @@ func (q *queries) list(from, n int) string {
 	return b.String()
 }
 
-// existedMark is the last insert id a MySQL INSERT with
-// onConflictDoNothing reports when the id existed: no AUTO_INCREMENT
-// column a user may add to the table ever reaches it.
-const existedMark = math.MaxInt64
-
-// onConflictDoNothing makes an INSERT leave an existing record unchanged.
-// Whether it inserted is told by [queries.inserted].
-//
-// On MySQL the row keeps its state, and the statement's last insert id is
-// set to existedMark when the row existed; a fresh row reports 0, or the
-// value of an AUTO_INCREMENT column a user added. The rows-affected count
-// cannot tell the two apart on every connection: with go-sql-driver's
-// clientFoundRows=true (CLIENT_FOUND_ROWS) a row found and left unchanged
-// counts as 1, as an insert does. Unlike INSERT IGNORE, it locks the
-// existing row exclusively (no shared lock to upgrade, so no deadlock
-// between two duplicates) and turns no other error into a warning.
-func (q *queries) onConflictDoNothing() string {
-	if q.d == MySQL {
-		return fmt.Sprintf(" ON DUPLICATE KEY UPDATE state = IF(LAST_INSERT_ID(%d) > 0, state, state)", existedMark)
-	}
-	return " ON CONFLICT (id) DO NOTHING"
-}
-
-// inserted reports whether a single-row INSERT with onConflictDoNothing
-// inserted its row (false: the id existed).
-func (q *queries) inserted(res sql.Result) (bool, error) {
-	if q.d == MySQL {
-		id, err := res.LastInsertId()
-		if err != nil {
-			return false, err
-		}
-		return id != existedMark, nil
-	}
-	n, err := res.RowsAffected()
-	if err != nil {
-		return false, err
-	}
-	return n == 1, nil
-}
-
-func (q *queries) forUpdate() string {
-	if q.d == SQLite {
-		return "" // the write lock taken by the first INSERT already serialises
-	}
-	return " FOR UPDATE"
-}
-
 // selectRows reads the records of n ids: id, state, live (1 or 0), data
 // and token. Args: now, ids...
-func (q *queries) selectRows(n int, lock bool) string {
-	idExpr := "id"
-	if q.d == Postgres {
-		idExpr = "id::text"
-	}
-	s := "SELECT " + idExpr + ", " + q.stateExpr() + ", CASE WHEN expires_at > " + q.ph(1) + " THEN 1 ELSE 0 END, data, token FROM " +
-		q.table + " WHERE id IN " + q.list(2, n)
+func (q *statements) selectRows(n int, lock bool) string {
+	s := q.selectFrom + " WHERE id IN " + q.list(2, n)
 	if lock {
-		s += q.forUpdate()
+		s += q.forUpdate
 	}
 	return s
 }
 
 // takeover turns n expired records into processing records of a new
 // claim. Args: token, expires, ids...
-func (q *queries) takeover(n int) string {
+func (q *statements) takeover(n int) string {
 	return fmt.Sprintf("UPDATE %s SET %stoken = %s, expires_at = %s, data = NULL WHERE id IN %s",
 		q.table, q.setState(stateProcessing), q.ph(1), q.ph(2), q.list(3, n))
 }
 
 // replaceDone turns n expired records into done records of an inbox
 // transaction. Args: expires, ids...
-func (q *queries) replaceDone(n int) string {
+func (q *statements) replaceDone(n int) string {
 	return fmt.Sprintf("UPDATE %s SET %stoken = NULL, expires_at = %s, data = NULL WHERE id IN %s",
 		q.table, q.setState(stateDone), q.ph(1), q.list(2, n))
 }
 
 // setData stores data on n records an inbox transaction inserted, which
 // expire at expires. Args: data, expires, ids...
-//
-// The records are found by primary key: MySQL would otherwise use the
-// expires_at index, and lock the index range after them, where every
-// newer record goes, until the (possibly long, joined) transaction ends.
-func (q *queries) setData(n int) string {
-	table := q.table
-	if q.d == MySQL {
-		table += " FORCE INDEX (PRIMARY)"
-	}
-	return fmt.Sprintf("UPDATE %s SET data = %s WHERE expires_at = %s AND id IN %s", table, q.ph(1), q.ph(2), q.list(3, n))
+func (q *statements) setData(n int) string {
+	return fmt.Sprintf("UPDATE %s SET data = %s WHERE expires_at = %s AND id IN %s", q.setDataTable, q.ph(1), q.ph(2), q.list(3, n))
 }
 
 // The fenced statements end in "WHERE token = ? AND id IN (...)": their
@@ -388,151 +307,51 @@ func (q *queries) setData(n int) string {
 // NULL token, so they never match.
 
 // complete: args expires, data, token, ids...
-func (q *queries) complete(n int) string {
+func (q *statements) complete(n int) string {
 	return fmt.Sprintf("UPDATE %s SET %stoken = NULL, expires_at = %s, data = %s WHERE token = %s AND id IN %s",
 		q.table, q.setState(stateDone), q.ph(1), q.ph(2), q.ph(3), q.list(4, n))
 }
 
 // extend: args expires, token, ids...
-func (q *queries) extend(n int) string {
+func (q *statements) extend(n int) string {
 	return fmt.Sprintf("UPDATE %s SET expires_at = %s WHERE token = %s AND id IN %s",
 		q.table, q.ph(1), q.ph(2), q.list(3, n))
 }
 
 // release: args token, ids...
-func (q *queries) release(n int) string {
+func (q *statements) release(n int) string {
 	return fmt.Sprintf("DELETE FROM %s WHERE token = %s AND id IN %s", q.table, q.ph(1), q.list(2, n))
 }
 
 // owned counts the records of n ids still owned by a token, locking them.
 // Args: token, ids...
-func (q *queries) owned(n int, lock bool) string {
+func (q *statements) owned(n int, lock bool) string {
 	s := fmt.Sprintf("SELECT id FROM %s WHERE token = %s AND id IN %s", q.table, q.ph(1), q.list(2, n))
 	if lock {
-		s += q.forUpdate()
+		s += q.forUpdate
 	}
 	return s
 }
 
-// purge deletes at most limit expired records: done records whose
-// retention ended before now, and processing records whose lease ended
-// before graceCutoff. Args: now, graceCutoff, limit.
-func (q *queries) purge() string {
-	pred := fmt.Sprintf("expires_at < %s AND (%s OR expires_at < %s)", q.ph(1), q.isDone(), q.ph(2))
-	switch q.d {
-	case Postgres:
-		// A TID scan over a bounded, locked batch: no long row-by-row
-		// statement, and SKIP LOCKED never waits on a row a claim holds.
-		return fmt.Sprintf("DELETE FROM %s WHERE ctid = ANY(ARRAY(SELECT ctid FROM %s WHERE %s LIMIT %s FOR UPDATE SKIP LOCKED)) AND %s",
-			q.table, q.table, pred, q.ph(3), pred)
-	case MySQL:
-		return fmt.Sprintf("DELETE FROM %s WHERE %s ORDER BY expires_at LIMIT %s", q.table, pred, q.ph(3))
-	default:
-		return fmt.Sprintf("DELETE FROM %s WHERE id IN (SELECT id FROM %s WHERE %s LIMIT %s)", q.table, q.table, pred, q.ph(3))
-	}
+// purgePredicate is true for the records a purge deletes: done records
+// whose retention ended before now, processing records whose lease ended
+// before graceCutoff (the placeholders).
+func purgePredicate(isDone, now, graceCutoff string) string {
+	return fmt.Sprintf("expires_at < %s AND (%s OR expires_at < %s)", now, isDone, graceCutoff)
 }
 
-// purgeBlocks (PostgreSQL, plain layout) deletes at most limit expired
-// records (as purge) within a range of heap blocks [from, to): a TID range
-// scan (PostgreSQL 14 and later) reads only those blocks, so no index on
-// expires_at is needed. Args: now, graceCutoff, limit, from and to as
-// '(block,0)' tid literals.
-func (q *queries) purgeBlocks() string {
-	pred := fmt.Sprintf("expires_at < $1 AND (%s OR expires_at < $2)", q.isDone())
-	return fmt.Sprintf("DELETE FROM %s WHERE ctid = ANY(ARRAY(SELECT ctid FROM %s WHERE ctid >= $4::text::tid AND ctid < $5::text::tid AND %s LIMIT $3 FOR UPDATE SKIP LOCKED)) AND %s",
-		q.table, q.table, pred, pred)
-}
+// one is a purge plan's single range, without arguments of its own.
+func one(yield func([]any) bool) { yield(nil) }
 
-// heapBlocks returns the number of blocks of the table's heap. Args: the
-// quoted table name.
-const heapBlocks = "SELECT pg_relation_size($1::regclass) / current_setting('block_size')::bigint, current_setting('server_version_num')::int"
-
-// schema is the DDL that CreateSchema runs, one statement per element.
-// Every statement is idempotent. README.md shows the same text for the
-// default table name (a test keeps them in sync).
-func (q *queries) schemaStatements() []string {
-	idx := q.name + "_expires_idx" // MySQL, SQLite
-	switch {
-	case q.partitioned:
-		return []string{
-			`CREATE TABLE IF NOT EXISTS ` + q.table + ` (
-    id         uuid        NOT NULL,
-    token      bigint,
-    expires_at timestamptz NOT NULL,
-    data       bytea,
-    PRIMARY KEY (id, expires_at)
-) PARTITION BY RANGE (expires_at)`,
-		}
-	case q.d == Postgres:
-		// No index on expires_at: Complete changes it, and an update of
-		// an indexed column is never HOT before PostgreSQL 16 (it would
-		// add a primary-key entry per record). The purge scans block
-		// ranges instead (purgeBlocks).
-		return []string{
-			`CREATE TABLE IF NOT EXISTS ` + q.table + ` (
-    id         uuid        NOT NULL,
-    token      bigint,
-    expires_at timestamptz NOT NULL,
-    data       bytea,
-    PRIMARY KEY (id)
-)`,
-		}
-	case q.d == MySQL:
-		return []string{
-			"CREATE TABLE IF NOT EXISTS " + q.table + " (\n" +
-				"    id         BINARY(16) NOT NULL,\n" +
-				"    state      TINYINT    NOT NULL,\n" +
-				"    token      BIGINT     NULL,\n" +
-				"    expires_at BIGINT     NOT NULL,\n" +
-				"    data       MEDIUMBLOB NULL,\n" +
-				"    PRIMARY KEY (id),\n" +
-				"    KEY " + q.quote(idx) + " (expires_at)\n" +
-				") ENGINE = InnoDB",
-		}
-	default:
-		return []string{
-			`CREATE TABLE IF NOT EXISTS ` + q.table + ` (
-    id         BLOB    NOT NULL PRIMARY KEY,
-    state      INTEGER NOT NULL,
-    token      INTEGER,
-    expires_at INTEGER NOT NULL,
-    data       BLOB
-) WITHOUT ROWID`,
-			`CREATE INDEX IF NOT EXISTS ` + q.quote(idx) + ` ON ` + q.table + ` (expires_at)`,
-		}
-	}
-}
-
-// idArg is the query argument for a record id: a uuid literal on
-// PostgreSQL (valid in every pgx query mode), the 16 bytes elsewhere.
-func (q *queries) idArg(id recordID) any {
-	if q.d == Postgres {
-		return id.uuid()
-	}
-	return id[:]
-}
-
-// idKey is what selectRows returns in its id column for id, as a string.
-func (q *queries) idKey(id recordID) string {
-	if q.d == Postgres {
-		return id.uuid()
-	}
-	return string(id[:])
-}
-
-// timeArg is the query argument for an instant: a timestamptz on
-// PostgreSQL, unix microseconds elsewhere (time zone free). The database
-// keeps microseconds: t is rounded up to one, so that an expiry computed
-// as now (already truncated, see Store.now) plus a duration never loses a
-// lease or retention shorter than a microsecond, or a fraction of one.
-func (q *queries) timeArg(t time.Time) any {
+// roundUp rounds t up to the database's microsecond, so that an expiry
+// computed as now (already truncated, see Store.now) plus a duration
+// never loses a lease or retention shorter than a microsecond, or a
+// fraction of one.
+func roundUp(t time.Time) time.Time {
 	if r := t.Truncate(time.Microsecond); !r.Equal(t) {
-		t = r.Add(time.Microsecond)
+		return r.Add(time.Microsecond)
 	}
-	if q.d == Postgres {
-		return t.UTC()
-	}
-	return t.UnixMicro()
+	return t
 }
 
 // recordID is the 128-bit digest of (scope, key) that keys the table.
@@ -552,191 +371,289 @@ func (id recordID) uuid() string {
 	return string(b[:])
 }
 
-// txDead reports an error after which the transaction the statement ran
-// in is over on the server although the client's *sql.Tx is still open:
-// MySQL rolls a whole transaction back on a deadlock, and then knows none
-// of its savepoints; PostgreSQL refuses every statement of a transaction
-// aborted by an earlier error until it is rolled back.
-func (q *queries) txDead(err error) bool {
-	if err == nil {
-		return false
-	}
-	var pg interface{ SQLState() string }
-	if errors.As(err, &pg) {
-		switch pg.SQLState() {
-		case "25P02", "3B001": // in_failed_sql_transaction, invalid_savepoint_specification
-			return true
-		}
-		return false
-	}
-	var my *mysql.MySQLError
-	if errors.As(err, &my) {
-		switch my.Number {
-		case 1213, 1305: // deadlock (the whole transaction rolled back), savepoint does not exist
-			return true
-		}
-	}
-	return false
+// The kit the dialects and the Store share: records, their reads, the
+// state machine, the batched op and the portable batch executor.
+
+// errRetry makes an operation start again: a record it saw vanished
+// between two statements.
+var errRetry = errors.New("sqlstore: record changed concurrently")
+
+// errRollback rolls a transaction back without failing the operation.
+var errRollback = errors.New("sqlstore: roll back")
+
+// keySet is the keys of one operation as record ids: ids is sorted and
+// without repeats (lock order, so concurrent multi-key operations cannot
+// deadlock), order maps each key, in the caller's order, to its id.
+type keySet struct {
+	ids   []recordID
+	order []recordID
 }
 
-// joinedError marks err with stores.ErrTxAborted when it says that the
-// transaction a joined Begin works in is over (txDead).
-func (q *queries) joinedError(err error) error {
-	if q.txDead(err) && !errors.Is(err, stores.ErrTxAborted) {
-		return fmt.Errorf("%w: %w", stores.ErrTxAborted, err)
+// idArgs returns prefix followed by the query arguments of ids.
+func idArgs(d dialect, prefix []any, ids []recordID) []any {
+	args := make([]any, 0, len(prefix)+len(ids))
+	args = append(args, prefix...)
+	for _, id := range ids {
+		args = append(args, d.idArg(id))
 	}
-	return err
+	return args
 }
 
-// classify marks an error of a database that cannot be reached, or says
-// it cannot serve now, with stores.ErrUnavailable (the outage class of the
-// stores contract). Other errors are returned as they are.
-func classify(err error) error {
-	if err == nil || errors.Is(err, stores.ErrUnavailable) || !isUnavailable(err) {
+// idKey is what a read of records returns in its id column for id, as a
+// string: the id's query argument, which is what the column holds.
+func idKey(d dialect, id recordID) string {
+	switch a := d.idArg(id).(type) {
+	case string:
+		return a
+	case []byte:
+		return string(a)
+	default:
+		panic(fmt.Sprintf("sqlstore: id argument of type %T", a))
+	}
+}
+
+type querier interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+}
+
+// record is one row as selectRows reads it.
+type record struct {
+	state int
+	live  bool
+	data  []byte
+	token int64 // 0 when NULL (a done record)
+}
+
+// fetch reads the records of ids, keyed by idKey.
+func fetch(ctx context.Context, db querier, d dialect, ids []recordID, now time.Time, lock bool) (map[string]record, error) {
+	rows, err := db.QueryContext(ctx, d.sql().selectRows(len(ids), lock), idArgs(d, []any{d.timeArg(now)}, ids)...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	return scanRecords(rows)
+}
+
+// rowScanner is what scanRecords needs of *sql.Rows or pgx.Rows.
+type rowScanner interface {
+	Next() bool
+	Scan(dest ...any) error
+	Err() error
+}
+
+// scanRecords reads the rows of a selectRows query, keyed by idKey.
+func scanRecords(rows rowScanner) (map[string]record, error) {
+	out := make(map[string]record)
+	for rows.Next() {
+		var (
+			id    string
+			r     record
+			live  int
+			token sql.NullInt64
+		)
+		if err := rows.Scan(&id, &r.state, &live, &r.data, &token); err != nil {
+			return nil, err
+		}
+		r.live, r.token = live == 1, token.Int64
+		out[id] = r
+	}
+	return out, rows.Err()
+}
+
+// decide applies the state machine (see the stores package) to recs,
+// the existing records of the ids of a claim, or of a Begin, in the
+// caller's key order, for a claim under token (0 for a Begin, which has
+// none):
+//
+//   - a live done record makes Duplicate, with the data of the first in
+//     order;
+//   - else a live processing record that is not the claim's own makes
+//     InProgress;
+//   - else, when every record is the claim's own (an earlier attempt
+//     wrote it) or there is none, Claimed: nothing is left to do;
+//   - else 0: the records that are not the claim's own have expired, and
+//     the claim takes them over; takeover reports that one of them was
+//     processing (an expired lease, worth reporting).
+//
+// Every path that decides a claim or a Begin asks it: the lone claim,
+// the transaction of a multi-key claim or a takeover, each dialect's
+// batch, and Begin.
+func decide(recs map[string]record, order []string, token int64) (res stores.Result, data []byte, takeover bool) {
+	ours := func(r record) bool { return token != 0 && r.state == stateProcessing && r.token == token }
+	for _, k := range order {
+		if r, ok := recs[k]; ok && r.live && r.state == stateDone {
+			return stores.Duplicate, r.data, false
+		}
+	}
+	free := true
+	for _, k := range order {
+		r, ok := recs[k]
+		switch {
+		case !ok || ours(r):
+		case r.live:
+			return stores.InProgress, nil, false
+		default:
+			free = false
+			takeover = takeover || r.state == stateProcessing
+		}
+	}
+	if free {
+		return stores.Claimed, nil, false
+	}
+	return 0, nil, takeover
+}
+
+// inTx runs fn in a short transaction on db: commit when fn returns nil,
+// rollback otherwise (errRollback: rollback, no error).
+func inTx(ctx context.Context, db *sql.DB, opts *sql.TxOptions, fn func(tx *sql.Tx) error) error {
+	tx, err := db.BeginTx(ctx, opts)
+	if err != nil {
 		return err
 	}
-	return fmt.Errorf("%w: %w", stores.ErrUnavailable, err)
+	if err := fn(tx); err != nil {
+		_ = tx.Rollback()
+		if errors.Is(err, errRollback) {
+			return nil
+		}
+		return err
+	}
+	return tx.Commit()
 }
 
-// isUnavailable reports a failure to reach the database or a database that
-// cannot serve now: a connection refused, reset, closed or timed out by the
-// network, or a server starting, shutting down, out of connections or
-// disk, or (SQLite) still locked by another writer after the retries.
-func isUnavailable(err error) bool {
-	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-		// The caller's context ended: its own class, not an outage
-		// (context.DeadlineExceeded is also a net.Error).
-		return false
+// lostClaim is the error of a fenced call whose token no longer owns its
+// records.
+func lostClaim(c *stores.Claim) error {
+	return fmt.Errorf("%w: scope %q keys %q", stores.ErrLostClaim, c.Scope, c.Keys)
+}
+
+// dataArg stores empty data as NULL.
+func dataArg(data []byte) any {
+	if len(data) == 0 {
+		return nil
 	}
-	if errors.Is(err, driver.ErrBadConn) || errors.Is(err, mysql.ErrInvalidConn) ||
-		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) {
+	return data
+}
+
+// opKind is the kind of a batched call.
+type opKind uint8
+
+const (
+	opClaim opKind = iota
+	opComplete
+	opRelease
+	opExtend
+	numOpKinds
+)
+
+// op is one single-key lease-mode call in a batch. The batch writes its
+// results; its caller reads them once the batcher has delivered it (see
+// group.do).
+type op struct {
+	kind  opKind
+	ctx   context.Context // the caller's
+	ks    keySet          // exactly one id
+	claim *stores.Claim   // Complete, Release, Extend: the caller's claim
+	token int64
+	d     time.Duration // Claim, Extend: lease; Complete: retention
+	data  []byte        // Complete
+
+	// Set by the batch.
+	res      stores.Claim // Claim: Result, Takeover, Data
+	err      error
+	fallback bool // undecided: the caller runs it on its own
+}
+
+func (o *op) id() recordID { return o.ks.ids[0] }
+
+// settle decides, from its existing record r, a batched claim that did
+// not insert its row: Claimed (the record is its own), Duplicate or
+// InProgress, or, when it returns true, an expired record the claim must
+// take over, under a lock.
+func settle(o *op, r record) (takeover bool) {
+	res, data, _ := decide(map[string]record{"": r}, []string{""}, o.token)
+	o.res.Result, o.res.Data = res, data
+	return res == 0
+}
+
+// opStatement is the single-row statement that runs o on its own (the
+// statement an unbatched call runs first), and its arguments.
+func opStatement(d dialect, o *op, now time.Time) (string, []any) {
+	q := d.sql()
+	id := d.idArg(o.id())
+	switch o.kind {
+	case opClaim:
+		return q.insertProcessing, []any{id, o.token, d.timeArg(now.Add(o.d))}
+	case opComplete:
+		return q.complete(1), []any{d.timeArg(now.Add(o.d)), dataArg(o.data), o.token, id}
+	case opRelease:
+		return q.release(1), []any{o.token, id}
+	default:
+		return q.extend(1), []any{d.timeArg(now.Add(o.d)), o.token, id}
+	}
+}
+
+// applied records the rows affected by o's statement: a claim that
+// inserted its record is Claimed (one that did not is returned as a
+// conflict, to be settled); a fenced call that matched nothing lost its
+// claim.
+func applied(o *op, n int64) (conflict bool) {
+	switch {
+	case o.kind == opClaim && n == 1:
+		o.res.Result = stores.Claimed
+	case o.kind == opClaim:
 		return true
-	}
-	var ne net.Error
-	if errors.As(err, &ne) {
-		return true
-	}
-	var ce *pgconn.ConnectError
-	if errors.As(err, &ce) {
-		return true
-	}
-	var pg interface{ SQLState() string }
-	if errors.As(err, &pg) {
-		code := pg.SQLState()
-		switch {
-		case strings.HasPrefix(code, "08"): // connection_exception
-			return true
-		case code == "57P01", code == "57P02", code == "57P03": // admin_shutdown, crash_shutdown, cannot_connect_now
-			return true
-		case code == "53300", code == "53100", code == "58030": // too_many_connections, disk_full, io_error
-			return true
-		}
-		return false
-	}
-	var my *mysql.MySQLError
-	if errors.As(err, &my) {
-		switch my.Number {
-		case 1040, 1203, // too many connections (server, user)
-			1053,                   // server shutdown in progress
-			1152, 1159, 1160, 1161, // aborted connection, network read/write errors and timeouts
-			1021,                         // disk full
-			2002, 2003, 2006, 2013, 2055: // client: cannot connect, server gone, lost connection
-			return true
-		}
-		return false
-	}
-	if code, ok := sqliteCode(err); ok {
-		switch code & 0xff {
-		case 5, 6, 10, 13, 14: // BUSY, LOCKED, IOERR, FULL, CANTOPEN
-			return true
-		}
+	case n != 1:
+		o.err = lostClaim(o.claim)
 	}
 	return false
 }
 
-// isRetryable reports a transient conflict that a fresh attempt of the
-// whole operation resolves: a serialization failure or deadlock, a lock
-// wait timeout, a busy SQLite database, or errRetry.
-func isRetryable(err error) bool {
-	if err == nil {
-		return false
-	}
-	if errors.Is(err, errRetry) {
-		return true
-	}
-	var pg interface{ SQLState() string }
-	if errors.As(err, &pg) {
-		switch pg.SQLState() {
-		case "40001", "40P01": // serialization_failure, deadlock_detected
-			return true
-		}
-		return false
-	}
-	var my *mysql.MySQLError
-	if errors.As(err, &my) {
-		switch my.Number {
-		case 1213, 1205, 1020: // deadlock, lock wait timeout, record changed (MariaDB snapshot isolation)
-			return true
-		}
-		return false
-	}
-	if code, ok := sqliteCode(err); ok {
-		switch code & 0xff {
-		case 5, 6: // SQLITE_BUSY, SQLITE_LOCKED
-			return true
-		}
-	}
-	return false
-}
-
-// sqliteCode returns the (extended) result code of a SQLite error in err's
-// tree: modernc.org/sqlite's errors have a Code() int method,
-// github.com/mattn/go-sqlite3's sqlite3.Error has a Code field (the
-// package is not imported: it needs cgo).
-func sqliteCode(err error) (int, bool) {
-	var coder interface{ Code() int }
-	if errors.As(err, &coder) {
-		return coder.Code(), true
-	}
-	found, code := false, 0
-	walkErrors(err, func(e error) bool {
-		v := reflect.ValueOf(e)
-		if v.Kind() == reflect.Pointer {
-			v = v.Elem()
-		}
-		if v.Kind() != reflect.Struct || !strings.Contains(v.Type().PkgPath(), "mattn/go-sqlite3") {
-			return false
-		}
-		f := v.FieldByName("Code")
-		if !f.IsValid() || !f.CanInt() {
-			return false
-		}
-		found, code = true, int(f.Int())
-		return true
-	})
-	return code, found
-}
-
-// walkErrors calls fn on err and every error it wraps, depth first, until
-// fn returns true.
-func walkErrors(err error, fn func(error) bool) bool {
-	for err != nil {
-		if fn(err) {
-			return true
-		}
-		switch u := err.(type) {
-		case interface{ Unwrap() []error }:
-			for _, e := range u.Unwrap() {
-				if walkErrors(e, fn) {
-					return true
-				}
+// execInTx is the portable batch executor: one transaction of the calls'
+// own single-row statements, after prelude (transaction settings) when
+// not empty, so one commit for the batch. A claim that finds a record
+// reads it locked in the same transaction and takes an expired one over
+// there.
+func execInTx(ctx context.Context, db *sql.DB, d dialect, ops []*op, now time.Time, prelude string) error {
+	q := d.sql()
+	return inTx(ctx, db, d.quirks().txOptions, func(tx *sql.Tx) error {
+		if prelude != "" {
+			if _, err := tx.ExecContext(ctx, prelude); err != nil {
+				return err
 			}
-			return false
-		case interface{ Unwrap() error }:
-			err = u.Unwrap()
-		default:
-			return false
 		}
-	}
-	return false
+		for _, o := range ops {
+			stmt, args := opStatement(d, o, now)
+			res, err := tx.ExecContext(ctx, stmt, args...)
+			if err != nil {
+				return err
+			}
+			n, err := res.RowsAffected()
+			if err != nil {
+				return err
+			}
+			if !applied(o, n) {
+				continue
+			}
+			recs, err := fetch(ctx, tx, d, o.ks.ids, now, true)
+			if err != nil {
+				return err
+			}
+			r, ok := recs[idKey(d, o.id())]
+			if !ok {
+				o.fallback = true // deleted since the INSERT found it
+				continue
+			}
+			if !settle(o, r) {
+				continue
+			}
+			// Expired, and locked (SQLite: the transaction holds the
+			// database's write lock).
+			if _, err := tx.ExecContext(ctx, q.takeover(1), o.token, d.timeArg(now.Add(o.d)), d.idArg(o.id())); err != nil {
+				return err
+			}
+			o.res.Result, o.res.Takeover = stores.Claimed, r.state == stateProcessing
+		}
+		return nil
+	})
 }

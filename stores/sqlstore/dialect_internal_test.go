@@ -11,12 +11,12 @@ import (
 // (a stray comma is a syntax error that sends every batched claim down the
 // one-by-one path).
 func TestInsertProcessingRows(t *testing.T) {
-	q := newQueries(MySQL, "dedup", false)
+	d := newMySQL("dedup")
 	row := fmt.Sprintf("(?, %d, ?, ?)", stateProcessing)
 	for _, n := range []int{1, 2, 5} {
 		rows := strings.TrimSuffix(strings.Repeat(row+", ", n), ", ")
-		want := "INSERT INTO " + q.table + " (id, state, token, expires_at) VALUES " + rows + q.onConflictDoNothing()
-		if got := q.insertProcessingRows(n); got != want {
+		want := "INSERT INTO " + d.q.table + " (id, state, token, expires_at) VALUES " + rows + mysqlOnConflict
+		if got := d.insertProcessingRows(n); got != want {
 			t.Errorf("insertProcessingRows(%d) =\n%s\nwant\n%s", n, got, want)
 		}
 	}

@@ -92,13 +92,13 @@ func (s *Store) Begin(ctx context.Context, scope string, keys []string, retentio
 	if tx, ok := s.outerTx(ctx); ok {
 		itx, err := s.beginSavepoint(ctx, tx, ks, retention)
 		if err != nil {
-			return nil, fmt.Errorf("sqlstore: begin in scope %q: %w", scope, classify(err))
+			return nil, fmt.Errorf("sqlstore: begin in scope %q: %w", scope, s.classify(err))
 		}
 		return itx, nil
 	}
 	var itx *inboxTx
 	err := s.retry(ctx, func() (err error) {
-		if s.busyBlind() {
+		if s.qk.lockWaitIgnoresContext != nil && s.qk.lockWaitIgnoresContext() {
 			itx, err = s.watched(ctx, func() (*inboxTx, error) { return s.beginOwnOnce(ctx, ks, retention) })
 		} else {
 			itx, err = s.beginOwnOnce(ctx, ks, retention)
@@ -106,7 +106,7 @@ func (s *Store) Begin(ctx context.Context, scope string, keys []string, retentio
 		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("sqlstore: begin in scope %q: %w", scope, classify(err))
+		return nil, fmt.Errorf("sqlstore: begin in scope %q: %w", scope, s.classify(err))
 	}
 	return itx, nil
 }
@@ -207,7 +207,7 @@ type ownTx struct {
 func (s *Store) beginOwn(ctx context.Context) (*ownTx, error) {
 	life, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	stop := context.AfterFunc(ctx, cancel)
-	tx, err := s.db.BeginTx(life, s.txOpts)
+	tx, err := s.db.BeginTx(life, s.qk.txOptions)
 	if err != nil {
 		stop()
 		cancel()
@@ -236,16 +236,16 @@ const ownRollbackTimeout = 5 * time.Second
 // answers or ctx ends, whichever comes first; then the outcome is unknown
 // (the error wraps ctx's). database/sql's Commit and Rollback take no
 // context: pgx bounds them by the transaction's context, which end
-// cancels when ctx ends; go-sql-driver (MySQL) bounds them by nothing but
-// its DSN's readTimeout, so there the call runs in a goroutine of its own
-// (see bounded).
+// cancels when ctx ends; a driver that ignores it (go-sql-driver/mysql:
+// nothing but its DSN's readTimeout bounds them; quirks.endIgnoresContext)
+// has the call run in a goroutine of its own (see bounded).
 func (t *ownTx) end(ctx context.Context, commit bool) error {
 	do := t.tx.Rollback
 	if commit {
 		do = t.tx.Commit
 	}
 	defer t.cancel()
-	if t.s.cfg.Dialect != MySQL {
+	if !t.s.qk.endIgnoresContext {
 		stop := context.AfterFunc(ctx, t.cancel)
 		err := do()
 		stop()
@@ -278,30 +278,12 @@ func withCtxErr(ctx context.Context, err error) error {
 const maxSavepointAttempts = 3
 
 func (s *Store) beginSavepoint(ctx context.Context, tx *sql.Tx, ks keySet, retention time.Duration) (*inboxTx, error) {
-	if s.q.partitioned {
-		var iso string
-		if err := tx.QueryRowContext(ctx, "SELECT current_setting('transaction_isolation')").Scan(&iso); err != nil {
-			return nil, s.q.joinedError(err)
-		}
-		if iso == "repeatable read" {
-			return nil, fmt.Errorf("%w: DailyPartitions cannot join a REPEATABLE READ transaction (its snapshot may miss a record committed in another partition); use the plain layout, or READ COMMITTED or SERIALIZABLE", stores.ErrInvalidArgument)
-		}
-	}
 	sp := fmt.Sprintf("sqlstore_%d", s.savepoints.Add(1))
 	if _, err := tx.ExecContext(ctx, "SAVEPOINT "+sp); err != nil {
-		return nil, s.q.joinedError(err)
+		return nil, s.joinedError(err)
 	}
-	if s.cfg.Dialect == MySQL {
-		// A MySQL transaction rolled back by the server (a deadlock, a
-		// lock wait timeout under innodb_rollback_on_timeout) leaves the
-		// client's *sql.Tx open, and every later statement in it runs in
-		// autocommit: SAVEPOINT succeeds doing nothing, and the record
-		// below would commit at once, whatever the handler does. Rolling
-		// back to the savepoint just set is a no-op in a live
-		// transaction, and fails with 1305 in a dead one.
-		if _, err := tx.ExecContext(ctx, "ROLLBACK TO SAVEPOINT "+sp); err != nil {
-			return nil, s.q.joinedError(err)
-		}
+	if err := s.d.joinCheck(ctx, tx, sp); err != nil {
+		return nil, s.joinedError(err)
 	}
 	for attempt := 1; ; attempt++ {
 		exp := s.now().Add(retention)
@@ -309,12 +291,12 @@ func (s *Store) beginSavepoint(ctx context.Context, tx *sql.Tx, ks keySet, reten
 		if err == nil && res == stores.Claimed {
 			return &inboxTx{s: s, tx: tx, ks: ks, exp: exp, savepoint: sp, result: stores.Claimed}, nil
 		}
-		if err != nil && s.q.txDead(err) {
+		if s.is(err, errTxDead) {
 			// Nothing to roll back to: the server ended the transaction.
-			return nil, s.q.joinedError(err)
+			return nil, s.joinedError(err)
 		}
 		if rerr := rollbackTo(ctx, tx, sp, err == nil || (errors.Is(err, errRetry) && attempt < maxSavepointAttempts)); rerr != nil {
-			return nil, errors.Join(err, s.q.joinedError(rerr))
+			return nil, errors.Join(err, s.joinedError(rerr))
 		}
 		if err == nil {
 			return &inboxTx{result: res, data: data}, nil
@@ -345,21 +327,17 @@ func rollbackTo(ctx context.Context, tx *sql.Tx, sp string, keep bool) error {
 // rolls back unless Claimed.
 func (s *Store) insertDone(ctx context.Context, tx *sql.Tx, ks keySet, expires time.Time) (stores.Result, []byte, error) {
 	now := s.now()
-	exp := s.q.timeArg(expires)
+	exp := s.d.timeArg(expires)
 	rest, recs, err := s.acquire(ctx, tx, ks, now, s.q.insertDone, func(id recordID) []any {
-		return []any{s.q.idArg(id), exp}
+		return []any{s.d.idArg(id), exp}
 	})
 	if err != nil {
 		return 0, nil, err
 	}
-	if len(rest) == 0 {
-		return stores.Claimed, nil, nil
+	if res, data, _ := decide(recs, s.orderKeys(ks), 0); res != 0 {
+		return res, data, nil
 	}
-	var c stores.Claim
-	if s.decide(&c, ks, recs) {
-		return c.Result, c.Data, nil
-	}
-	if _, err := tx.ExecContext(ctx, s.q.replaceDone(len(rest)), s.idArgs([]any{exp}, rest)...); err != nil {
+	if _, err := tx.ExecContext(ctx, s.q.replaceDone(len(rest)), idArgs(s.d, []any{exp}, rest)...); err != nil {
 		return 0, nil, err
 	}
 	return stores.Claimed, nil, nil
@@ -416,13 +394,13 @@ func (t *inboxTx) Commit(ctx context.Context, data []byte) error {
 		return fmt.Errorf("sqlstore: commit: %w", err)
 	}
 	t.finished = true
-	q := t.s.q
+	s, q := t.s, t.s.q
 	if len(data) > 0 {
 		// Only the records this transaction inserted match (their exact
 		// expiry): in a transaction the server has rolled back (MySQL
 		// then runs the statement in autocommit) there are none, and a
 		// record another consumer committed meanwhile is left alone.
-		res, err := t.tx.ExecContext(ctx, q.setData(len(t.ks.ids)), t.s.idArgs([]any{data, q.timeArg(t.exp)}, t.ks.ids)...)
+		res, err := t.tx.ExecContext(ctx, q.setData(len(t.ks.ids)), idArgs(s.d, []any{data, s.d.timeArg(t.exp)}, t.ks.ids)...)
 		if err == nil {
 			var n int64
 			if n, err = res.RowsAffected(); err == nil && n != int64(len(t.ks.ids)) {
@@ -430,19 +408,19 @@ func (t *inboxTx) Commit(ctx context.Context, data []byte) error {
 			}
 		}
 		if err != nil {
-			return errors.Join(fmt.Errorf("sqlstore: commit: storing data: %w", classify(q.joinedError(err))), t.abort(ctx))
+			return errors.Join(fmt.Errorf("sqlstore: commit: storing data: %w", s.classify(s.joinedError(err))), t.abort(ctx))
 		}
 	}
 	if t.own == nil {
 		if _, err := t.tx.ExecContext(ctx, "RELEASE SAVEPOINT "+t.savepoint); err != nil {
-			return errors.Join(fmt.Errorf("sqlstore: commit: releasing savepoint: %w", classify(q.joinedError(err))), t.abort(ctx))
+			return errors.Join(fmt.Errorf("sqlstore: commit: releasing savepoint: %w", s.classify(s.joinedError(err))), t.abort(ctx))
 		}
 		return nil
 	}
 	if err := t.own.end(ctx, true); err != nil {
 		// The outcome is unknown when the connection broke during COMMIT:
 		// a redelivery finds the record (Duplicate) or not (runs again).
-		return fmt.Errorf("sqlstore: commit: %w", classify(err))
+		return fmt.Errorf("sqlstore: commit: %w", s.classify(err))
 	}
 	return nil
 }
@@ -462,14 +440,14 @@ func (t *inboxTx) Rollback(ctx context.Context) error {
 	}
 	t.finished = true
 	if err := t.abort(ctx); err != nil {
-		return fmt.Errorf("sqlstore: rollback: %w", classify(err))
+		return fmt.Errorf("sqlstore: rollback: %w", t.s.classify(err))
 	}
 	return nil
 }
 
 func (t *inboxTx) abort(ctx context.Context) error {
 	if t.own == nil {
-		return t.s.q.joinedError(rollbackTo(ctx, t.tx, t.savepoint, false))
+		return t.s.joinedError(rollbackTo(ctx, t.tx, t.savepoint, false))
 	}
 	if err := t.own.end(ctx, false); err != nil && !errors.Is(err, sql.ErrTxDone) {
 		return err

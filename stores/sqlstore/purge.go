@@ -3,9 +3,7 @@ package sqlstore
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -27,39 +25,36 @@ func (s *Store) Purge(ctx context.Context) (int64, error) {
 	if s.closed.Load() {
 		return 0, fmt.Errorf("sqlstore: purge: %w", stores.ErrClosed)
 	}
-	if s.q.partitioned {
+	if s.part != nil {
 		return s.purgePartitions(ctx)
 	}
 	now := s.now()
-	args := []any{s.q.timeArg(now), s.q.timeArg(now.Add(-s.grace())), s.cfg.PurgeBatch}
-	if s.cfg.Dialect == Postgres {
-		var blocks int64
-		var version int
-		if err := s.db.QueryRowContext(ctx, heapBlocks, s.q.table).Scan(&blocks, &version); err != nil {
-			return 0, fmt.Errorf("sqlstore: purge of table %s: %w", s.cfg.Table, err)
-		}
-		if version >= 140000 {
-			return s.purgeBlocks(ctx, args, blocks)
-		}
-		// Before PostgreSQL 14 a ctid range is no scan bound: purge with
-		// one statement per batch (it scans from the start of the table,
-		// or uses an index on expires_at if the table has one).
+	args := []any{s.d.timeArg(now), s.d.timeArg(now.Add(-s.grace())), s.cfg.PurgeBatch}
+	stmt, ranges, err := s.d.purgePlan(ctx, s.db, s.purgeChunk)
+	if err != nil {
+		return 0, fmt.Errorf("sqlstore: purge of table %s: %w", s.cfg.Table, s.classify(err))
 	}
-	stmt := s.q.purge()
 	var total int64
-	for {
-		n, err := s.purgeStatement(ctx, stmt, args)
-		total += n
-		if err != nil {
-			return total, err
-		}
-		if n < int64(s.cfg.PurgeBatch) {
-			return total, nil
-		}
+	for r := range ranges {
 		if err := ctx.Err(); err != nil {
 			return total, err
 		}
+		rargs := append(args[:3:3], r...)
+		for {
+			n, err := s.purgeStatement(ctx, stmt, rargs)
+			total += n
+			if err != nil {
+				return total, err
+			}
+			if n < int64(s.cfg.PurgeBatch) {
+				break // no more expired records in the range
+			}
+			if err := ctx.Err(); err != nil {
+				return total, err
+			}
+		}
 	}
+	return total, nil
 }
 
 // grace is how long after its lease ended the purge keeps a processing
@@ -80,35 +75,9 @@ func (s *Store) noteLease(lease time.Duration) {
 }
 
 // purgeChunkBlocks is the number of heap blocks (8 kB each by default,
-// about 100 records) one purge statement reads on PostgreSQL.
+// about 100 records) one purge statement reads on PostgreSQL (see its
+// purgePlan).
 const purgeChunkBlocks = 1024
-
-// purgeBlocks is Purge on PostgreSQL 14 and later: it walks the heap once,
-// from its first block to the last one it had when the purge started, in
-// ranges of purgeChunkBlocks blocks, deleting at most PurgeBatch records
-// per statement (a range with more expired records is read again). Each
-// statement reads at most one range, and a purge reads the table once:
-// the cost of dropping the index on expires_at that made every Complete a
-// non-HOT update.
-func (s *Store) purgeBlocks(ctx context.Context, args []any, blocks int64) (int64, error) {
-	stmt := s.q.purgeBlocks()
-	var total int64
-	for from := int64(0); from < blocks; {
-		to := from + s.purgeChunk
-		n, err := s.purgeStatement(ctx, stmt, append(args[:3:3], fmt.Sprintf("(%d,0)", from), fmt.Sprintf("(%d,0)", to)))
-		total += n
-		if err != nil {
-			return total, err
-		}
-		if n < int64(s.cfg.PurgeBatch) {
-			from = to
-		}
-		if err := ctx.Err(); err != nil {
-			return total, err
-		}
-	}
-	return total, nil
-}
 
 // purgeStatement runs one purge statement in a short transaction of its
 // own and returns how many records it deleted.
@@ -127,7 +96,7 @@ func (s *Store) purgeStatement(ctx context.Context, stmt string, args []any) (in
 		})
 	})
 	if err != nil {
-		return 0, fmt.Errorf("sqlstore: purge of table %s: %w", s.cfg.Table, err)
+		return 0, fmt.Errorf("sqlstore: purge of table %s: %w", s.cfg.Table, s.classify(err))
 	}
 	if s.onPurgeBatch != nil {
 		s.onPurgeBatch(n)
@@ -162,87 +131,10 @@ func (s *Store) purgeLoop(ctx context.Context) {
 	}
 }
 
-// partitionLockTimeout bounds how long creating or dropping a partition
-// waits for its lock on the parent table. Both take a lock that queues
-// every claim and Begin behind them, and they wait for any long
-// transaction on the table (an open inbox transaction, a slow report):
-// give up soon instead, and try again at the next run (within a minute
-// after a failed one).
-const partitionLockTimeout = "500ms"
-
-// partition is one of the table's partitions.
-type partition struct {
-	name string
-	day  time.Time // the UTC day of expires_at it holds
-	rows int64     // estimated (pg_class.reltuples)
-}
-
-// partitions lists the table's partitions that this store names.
-func (s *Store) partitions(ctx context.Context) (map[string]partition, error) {
-	rows, err := s.db.QueryContext(ctx, listPartitions, s.q.table)
-	if err != nil {
-		return nil, fmt.Errorf("sqlstore: listing partitions of table %s: %w", s.cfg.Table, err)
-	}
-	defer rows.Close()
-	parts := map[string]partition{}
-	for rows.Next() {
-		var p partition
-		if err := rows.Scan(&p.name, &p.rows); err != nil {
-			return nil, err
-		}
-		suffix, ok := strings.CutPrefix(p.name, s.q.name)
-		if !ok {
-			continue
-		}
-		if p.day, err = time.Parse(partitionSuffix, suffix); err != nil {
-			continue // not one of ours
-		}
-		parts[p.name] = p
-	}
-	return parts, rows.Err()
-}
-
-// partitionDDL runs a statement that locks the parent table (creating or
-// dropping a partition) under partitionLockTimeout.
-func (s *Store) partitionDDL(ctx context.Context, stmt string) error {
-	return s.inTx(ctx, func(tx *sql.Tx) error {
-		if _, err := tx.ExecContext(ctx, "SET LOCAL lock_timeout = '"+partitionLockTimeout+"'"); err != nil {
-			return err
-		}
-		_, err := tx.ExecContext(ctx, stmt)
-		return err
-	})
-}
-
 // createPartitions creates the partitions from yesterday to
-// PartitionDaysAhead+1 days ahead (UTC days) that do not exist yet. The
-// extra day is for the records written after the next UTC midnight,
-// before the purge job runs again (at most a day later: PurgeInterval is
-// at most a day): one with a lease or retention of PartitionDaysAhead
-// days then expires on the day after today+PartitionDaysAhead. Only a
-// missing partition takes the lock on the parent table.
+// PartitionDaysAhead+1 days ahead (UTC days) that do not exist yet.
 func (s *Store) createPartitions(ctx context.Context) error {
-	parts, err := s.partitions(ctx)
-	if err != nil {
-		return err
-	}
-	today := s.now().UTC().Truncate(24 * time.Hour)
-	for d := -1; d <= s.cfg.PartitionDaysAhead+1; d++ {
-		day := today.AddDate(0, 0, d)
-		if _, ok := parts[s.q.partitionName(day)]; ok {
-			continue
-		}
-		if err := s.partitionDDL(ctx, s.q.createPartition(day)); err != nil {
-			// Another process creating the same partition at the same
-			// moment: IF NOT EXISTS is not race-free in PostgreSQL.
-			var pg interface{ SQLState() string }
-			if errors.As(err, &pg) && (pg.SQLState() == "42P07" || pg.SQLState() == "23505") {
-				continue
-			}
-			return err
-		}
-	}
-	return nil
+	return s.part.createPartitions(ctx, s.db, s.now().UTC().Truncate(24*time.Hour), s.cfg.PartitionDaysAhead)
 }
 
 // purgePartitions is Purge on the partitioned layout: it creates the
@@ -251,25 +143,15 @@ func (s *Store) createPartitions(ctx context.Context) error {
 // ago. It returns the dropped partitions' estimated row count.
 func (s *Store) purgePartitions(ctx context.Context) (int64, error) {
 	if err := s.createPartitions(ctx); err != nil {
-		return 0, fmt.Errorf("sqlstore: creating partitions of table %s: %w", s.cfg.Table, err)
+		return 0, fmt.Errorf("sqlstore: creating partitions of table %s: %w", s.cfg.Table, s.classify(err))
 	}
-	parts, err := s.partitions(ctx)
-	if err != nil {
-		return 0, err
-	}
-	cutoff := s.now().Add(-s.grace())
-	var total int64
-	for _, p := range parts {
-		if p.day.Add(24 * time.Hour).After(cutoff) {
-			continue
-		}
-		if err := s.partitionDDL(ctx, "DROP TABLE IF EXISTS "+s.q.qualified(p.name)); err != nil {
-			return total, fmt.Errorf("sqlstore: dropping partition %s: %w", p.name, err)
-		}
-		total += p.rows
+	n, err := s.part.dropPartitions(ctx, s.db, s.now().Add(-s.grace()), func(rows int64) {
 		if s.onPurgeBatch != nil {
-			s.onPurgeBatch(p.rows)
+			s.onPurgeBatch(rows)
 		}
+	})
+	if err != nil {
+		return n, fmt.Errorf("sqlstore: purge of table %s: %w", s.cfg.Table, s.classify(err))
 	}
-	return total, nil
+	return n, nil
 }

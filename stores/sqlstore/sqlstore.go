@@ -56,13 +56,15 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"database/sql"
+	"database/sql/driver"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	mrand "math/rand/v2"
+	"net"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -83,13 +85,6 @@ var ErrInvalidTable = errors.New("sqlstore: invalid table name")
 // setting. It is checked once, at the first call that reaches the
 // database.
 var ErrSessionSettings = errors.New("sqlstore: a database session setting breaks the store")
-
-// errRetry makes an operation start again: a record it saw vanished
-// between two statements.
-var errRetry = errors.New("sqlstore: record changed concurrently")
-
-// errRollback rolls a transaction back without failing the operation.
-var errRollback = errors.New("sqlstore: roll back")
 
 // Default values of Config fields.
 const (
@@ -188,9 +183,7 @@ type Config struct {
 
 // Validate reports the first invalid field.
 func (c Config) Validate() error {
-	switch c.Dialect {
-	case "", Postgres, MySQL, SQLite:
-	default:
+	if _, ok := dialects[c.Dialect]; !ok && c.Dialect != "" {
 		return fmt.Errorf("sqlstore: Dialect must be %q, %q or %q, got %q", Postgres, MySQL, SQLite, c.Dialect)
 	}
 	if c.Table != "" {
@@ -214,7 +207,7 @@ func (c Config) Validate() error {
 		return fmt.Errorf("sqlstore: %w", err)
 	}
 	if c.DailyPartitions {
-		if c.Dialect != "" && c.Dialect != Postgres {
+		if c.Dialect != "" && !dialects[c.Dialect].partitions {
 			return fmt.Errorf("sqlstore: DailyPartitions is for PostgreSQL only, Dialect is %q", c.Dialect)
 		}
 		if c.PurgeInterval <= 0 || c.PurgeInterval > 24*time.Hour {
@@ -247,10 +240,14 @@ func (c *Config) setDefaults() {
 // Store is the SQL store. Create it with New. It is safe for concurrent
 // use, and any number of processes may share its table.
 type Store struct {
-	db     *sql.DB
-	cfg    Config
-	q      *queries
-	txOpts *sql.TxOptions
+	db  *sql.DB
+	cfg Config
+	// d is the dialect; q its statements and qk its quirks. part is the
+	// partitioned layout's dialect, nil on the plain layout.
+	d    dialect
+	q    *statements
+	qk   quirks
+	part partitioner
 
 	closed    atomic.Bool
 	closeOnce sync.Once
@@ -259,13 +256,7 @@ type Store struct {
 
 	// group coalesces concurrent single-key lease-mode calls (nil when
 	// batching is off).
-	group  *group
-	notPgx atomic.Bool // a PostgreSQL driver other than pgx: no pipelines
-	// busyBlind reports that the driver waits for SQLite's lock
-	// (busy_timeout) without watching the context (mattn/go-sqlite3), so
-	// Begin waits for it in a goroutine of its own. Asked once, at the
-	// first Begin (New does no I/O, and asks nothing of db).
-	busyBlind func() bool
+	group *group
 
 	savepoints atomic.Uint64
 	// maxLease is the longest lease given (ns): the purge keeps expired
@@ -311,25 +302,23 @@ func New(db *sql.DB, cfg Config) (*Store, error) {
 		}
 	}
 	cfg.setDefaults()
+	d := dialects[cfg.Dialect].open(cfg.Table, cfg.DailyPartitions, db)
 	s := &Store{
 		db:   db,
 		cfg:  cfg,
-		q:    newQueries(cfg.Dialect, cfg.Table, cfg.DailyPartitions),
+		d:    d,
+		q:    d.sql(),
+		qk:   d.quirks(),
 		done: make(chan struct{}),
 
 		purgeChunk: purgeChunkBlocks,
 	}
-	if cfg.Dialect != SQLite {
-		// READ COMMITTED: locking reads see the latest committed row, and
-		// MySQL takes no gap locks (fewer deadlocks between claims).
-		s.txOpts = &sql.TxOptions{Isolation: sql.LevelReadCommitted}
+	if cfg.DailyPartitions {
+		s.part = d.(partitioner) // Validate admits DailyPartitions only for such a dialect
 	}
-	s.busyBlind = sync.OnceValue(func() bool {
-		return cfg.Dialect == SQLite && strings.Contains(driverPkg(db), "mattn/go-sqlite3")
-	})
 	ctx, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel
-	if !cfg.Batch.Disabled && !cfg.DailyPartitions {
+	if !cfg.Batch.Disabled && s.part == nil {
 		s.group = newGroup(s)
 	}
 	if cfg.PurgeInterval > 0 {
@@ -348,7 +337,7 @@ func (s *Store) Table() string { return s.cfg.Table }
 
 // SchemaStatements returns the DDL that CreateSchema runs, one statement
 // per element, for DBAs who apply it themselves.
-func (s *Store) SchemaStatements() []string { return s.q.schemaStatements() }
+func (s *Store) SchemaStatements() []string { return s.d.schema() }
 
 // CreateSchema creates the table and its index if they do not exist (and,
 // with DailyPartitions, the partitions from yesterday to
@@ -359,12 +348,12 @@ func (s *Store) CreateSchema(ctx context.Context) error {
 	if s.closed.Load() {
 		return fmt.Errorf("sqlstore: create schema: %w", stores.ErrClosed)
 	}
-	for _, stmt := range s.q.schemaStatements() {
+	for _, stmt := range s.d.schema() {
 		if _, err := s.db.ExecContext(ctx, stmt); err != nil {
 			return fmt.Errorf("sqlstore: creating schema for table %s: %w", s.cfg.Table, err)
 		}
 	}
-	if s.q.partitioned {
+	if s.part != nil {
 		if err := s.createPartitions(ctx); err != nil {
 			return fmt.Errorf("sqlstore: creating partitions of table %s: %w", s.cfg.Table, err)
 		}
@@ -375,7 +364,7 @@ func (s *Store) CreateSchema(ctx context.Context) error {
 // checkHorizon fails for a lease or retention that would put expires_at
 // past the partitions created ahead.
 func (s *Store) checkHorizon(what string, d time.Duration) error {
-	if s.q.partitioned && d > time.Duration(s.cfg.PartitionDaysAhead)*24*time.Hour {
+	if s.part != nil && d > time.Duration(s.cfg.PartitionDaysAhead)*24*time.Hour {
 		return fmt.Errorf("%w: %s %s is longer than PartitionDaysAhead (%d days)", stores.ErrInvalidArgument, what, d, s.cfg.PartitionDaysAhead)
 	}
 	return nil
@@ -386,22 +375,20 @@ func (s *Store) checkHorizon(what string, d time.Duration) error {
 // already had one, with their records, locked. On the plain layout the
 // INSERT ... ON CONFLICT DO NOTHING comes first (one statement in the
 // common case, and it waits for a concurrent uncommitted insert of the
-// same id); on the partitioned layout an advisory lock per id comes first,
-// then a locking read across partitions, then the inserts.
+// same id); on the partitioned layout the ids' locks come first, then a
+// locking read across partitions, then the inserts.
 func (s *Store) acquire(ctx context.Context, tx *sql.Tx, ks keySet, now time.Time, insert string, args func(id recordID) []any) ([]recordID, map[string]record, error) {
 	var rest []recordID
-	if s.q.partitioned {
-		for _, id := range ks.ids {
-			if _, err := tx.ExecContext(ctx, advisoryLock, s.q.lockArgs(id)...); err != nil {
-				return nil, nil, err
-			}
+	if s.part != nil {
+		if err := s.part.lockIDs(ctx, tx, ks.ids); err != nil {
+			return nil, nil, err
 		}
-		recs, err := s.fetch(ctx, tx, ks.ids, now, true)
+		recs, err := fetch(ctx, tx, s.d, ks.ids, now, true)
 		if err != nil {
 			return nil, nil, err
 		}
 		for _, id := range ks.ids {
-			if _, ok := recs[s.q.idKey(id)]; ok {
+			if _, ok := recs[idKey(s.d, id)]; ok {
 				rest = append(rest, id)
 			} else if _, err := tx.ExecContext(ctx, insert, args(id)...); err != nil {
 				return nil, nil, err
@@ -414,7 +401,7 @@ func (s *Store) acquire(ctx context.Context, tx *sql.Tx, ks keySet, now time.Tim
 		if err != nil {
 			return nil, nil, err
 		}
-		if ins, err := s.q.inserted(res); err != nil {
+		if ins, err := s.d.inserted(res); err != nil {
 			return nil, nil, err
 		} else if !ins {
 			rest = append(rest, id)
@@ -423,7 +410,7 @@ func (s *Store) acquire(ctx context.Context, tx *sql.Tx, ks keySet, now time.Tim
 	if len(rest) == 0 {
 		return nil, nil, nil
 	}
-	recs, err := s.fetch(ctx, tx, rest, now, true)
+	recs, err := fetch(ctx, tx, s.d, rest, now, true)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -458,14 +445,6 @@ func digest(scope, key string) recordID {
 	return id
 }
 
-// keySet is the keys of one operation as record ids: ids is sorted and
-// without repeats (lock order, so concurrent multi-key operations cannot
-// deadlock), order maps each key, in the caller's order, to its id.
-type keySet struct {
-	ids   []recordID
-	order []recordID
-}
-
 func newKeySet(scope string, keys []string) keySet {
 	ks := keySet{order: make([]recordID, len(keys))}
 	for i, k := range keys {
@@ -475,15 +454,6 @@ func newKeySet(scope string, keys []string) keySet {
 	slices.SortFunc(ks.ids, func(a, b recordID) int { return bytes.Compare(a[:], b[:]) })
 	ks.ids = slices.Compact(ks.ids)
 	return ks
-}
-
-func (s *Store) idArgs(prefix []any, ids []recordID) []any {
-	args := make([]any, 0, len(prefix)+len(ids))
-	args = append(args, prefix...)
-	for _, id := range ids {
-		args = append(args, s.q.idArg(id))
-	}
-	return args
 }
 
 // now is the clock's time at the database's (microsecond) precision.
@@ -502,90 +472,18 @@ func newToken() int64 {
 	return t
 }
 
-type querier interface {
-	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
-	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
-}
-
-// record is one row as selectRows reads it.
-type record struct {
-	state int
-	live  bool
-	data  []byte
-	token int64 // 0 when NULL (a done record)
-}
-
-// fetch reads the records of ids, keyed by idKey.
-func (s *Store) fetch(ctx context.Context, db querier, ids []recordID, now time.Time, lock bool) (map[string]record, error) {
-	rows, err := db.QueryContext(ctx, s.q.selectRows(len(ids), lock), s.idArgs([]any{s.q.timeArg(now)}, ids)...)
-	if err != nil {
-		return nil, err
+// orderKeys returns the idKeys of ks's ids in the caller's order.
+func (s *Store) orderKeys(ks keySet) []string {
+	keys := make([]string, len(ks.order))
+	for i, id := range ks.order {
+		keys[i] = idKey(s.d, id)
 	}
-	defer rows.Close()
-	return scanRecords(rows)
+	return keys
 }
 
-// rowScanner is what scanRecords needs of *sql.Rows or pgx.Rows.
-type rowScanner interface {
-	Next() bool
-	Scan(dest ...any) error
-	Err() error
-}
-
-// scanRecords reads the rows of a selectRows query, keyed by idKey.
-func scanRecords(rows rowScanner) (map[string]record, error) {
-	out := make(map[string]record)
-	for rows.Next() {
-		var (
-			id    string
-			r     record
-			live  int
-			token sql.NullInt64
-		)
-		if err := rows.Scan(&id, &r.state, &live, &r.data, &token); err != nil {
-			return nil, err
-		}
-		r.live, r.token = live == 1, token.Int64
-		out[id] = r
-	}
-	return out, rows.Err()
-}
-
-// decide applies the state machine to the records of the keys that are
-// not ours: a live done record makes a Duplicate (with the data of the
-// first such key in the caller's order), else a live processing record
-// makes InProgress. It reports whether one of them applied.
-func (s *Store) decide(c *stores.Claim, ks keySet, recs map[string]record) bool {
-	for _, id := range ks.order {
-		if r, ok := recs[s.q.idKey(id)]; ok && r.live && r.state == stateDone {
-			c.Result, c.Data = stores.Duplicate, r.data
-			return true
-		}
-	}
-	for _, id := range ks.order {
-		if r, ok := recs[s.q.idKey(id)]; ok && r.live {
-			c.Result = stores.InProgress
-			return true
-		}
-	}
-	return false
-}
-
-// inTx runs fn in a short transaction of the store's own: commit when fn
-// returns nil, rollback otherwise (errRollback: rollback, no error).
+// inTx runs fn in a short transaction of the store's own.
 func (s *Store) inTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
-	tx, err := s.db.BeginTx(ctx, s.txOpts)
-	if err != nil {
-		return err
-	}
-	if err := fn(tx); err != nil {
-		_ = tx.Rollback()
-		if errors.Is(err, errRollback) {
-			return nil
-		}
-		return err
-	}
-	return tx.Commit()
+	return inTx(ctx, s.db, s.qk.txOptions, fn)
 }
 
 // retry runs op until it succeeds, fails with a non-transient error, or
@@ -593,7 +491,7 @@ func (s *Store) inTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
 func (s *Store) retry(ctx context.Context, op func() error) error {
 	for attempt := 1; ; attempt++ {
 		err := op()
-		if err == nil || !isRetryable(err) || attempt == maxAttempts {
+		if err == nil || !s.is(err, errRetryable) || attempt == maxAttempts {
 			return err
 		}
 		d := time.Duration(1<<min(attempt, 6)) * time.Millisecond
@@ -648,7 +546,7 @@ func (s *Store) Claim(ctx context.Context, scope string, keys []string, lease ti
 		err = s.claimDirect(ctx, ks, token, lease, c)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("sqlstore: claim in scope %q: %w", scope, classify(err))
+		return nil, fmt.Errorf("sqlstore: claim in scope %q: %w", scope, s.classify(err))
 	}
 	if c.Result == stores.Claimed {
 		c.Token = strconv.FormatInt(token, 36)
@@ -664,54 +562,47 @@ func (s *Store) claimDirect(ctx context.Context, ks keySet, token int64, lease t
 
 func (s *Store) claimOnce(ctx context.Context, ks keySet, token int64, lease time.Duration, c *stores.Claim) error {
 	now := s.now()
-	exp := s.q.timeArg(now.Add(lease))
+	exp := s.d.timeArg(now.Add(lease))
 	c.Result, c.Takeover, c.Data = 0, false, nil
-	if len(ks.ids) == 1 && !s.q.partitioned {
-		res, err := s.db.ExecContext(ctx, s.q.insertProcessing, s.q.idArg(ks.ids[0]), token, exp)
+	if len(ks.ids) == 1 && s.part == nil {
+		res, err := s.db.ExecContext(ctx, s.q.insertProcessing, s.d.idArg(ks.ids[0]), token, exp)
 		if err != nil {
 			return err
 		}
-		if ins, err := s.q.inserted(res); err != nil {
+		if ins, err := s.d.inserted(res); err != nil {
 			return err
 		} else if ins {
 			c.Result = stores.Claimed
 			return nil
 		}
-		recs, err := s.fetch(ctx, s.db, ks.ids, now, false)
+		recs, err := fetch(ctx, s.db, s.d, ks.ids, now, false)
 		if err != nil {
 			return err
 		}
-		if r, ok := recs[s.q.idKey(ks.ids[0])]; ok && r.live && r.state == stateProcessing && r.token == token {
-			// Ours: an earlier attempt (or a batch whose outcome was
-			// unknown) inserted it.
-			c.Result = stores.Claimed
-			return nil
-		}
-		if s.decide(c, ks, recs) {
-			return nil
+		if len(recs) == 1 {
+			// Claimed when the record is ours: an earlier attempt (or a
+			// batch whose outcome was unknown) inserted it.
+			if c.Result, c.Data, _ = decide(recs, s.orderKeys(ks), token); c.Result != 0 {
+				return nil
+			}
 		}
 		// Expired (or gone since the INSERT): take over under a lock.
 	}
 	return s.inTx(ctx, func(tx *sql.Tx) error {
 		rest, recs, err := s.acquire(ctx, tx, ks, now, s.q.insertProcessing, func(id recordID) []any {
-			return []any{s.q.idArg(id), token, exp}
+			return []any{s.d.idArg(id), token, exp}
 		})
 		if err != nil {
 			return err
 		}
-		if len(rest) == 0 {
-			c.Result = stores.Claimed
+		c.Result, c.Data, c.Takeover = decide(recs, s.orderKeys(ks), token)
+		switch c.Result {
+		case stores.Claimed:
 			return nil
-		}
-		if s.decide(c, ks, recs) {
+		case stores.Duplicate, stores.InProgress:
 			return errRollback // undo the records we inserted
 		}
-		for _, r := range recs {
-			if r.state == stateProcessing {
-				c.Takeover = true
-			}
-		}
-		if _, err := tx.ExecContext(ctx, s.q.takeover(len(rest)), s.idArgs([]any{token, exp}, rest)...); err != nil {
+		if _, err := tx.ExecContext(ctx, s.q.takeover(len(rest)), idArgs(s.d, []any{token, exp}, rest)...); err != nil {
 			return err
 		}
 		c.Result = stores.Claimed
@@ -739,9 +630,9 @@ func (s *Store) claimArgs(ctx context.Context, c *stores.Claim, args ...error) (
 // key is one autocommit statement; several keys lock and count their
 // records first, in a transaction, so a partly lost claim changes nothing.
 // mayBeNoop marks a statement that can leave a row unchanged (Extend to
-// the same instant), which MySQL reports as 0 rows affected.
+// the same instant), which some dialects report as 0 rows affected.
 func (s *Store) fenced(ctx context.Context, c *stores.Claim, ks keySet, token int64, stmt string, set []any, mayBeNoop bool) error {
-	args := s.idArgs(append(set, token), ks.ids)
+	args := idArgs(s.d, append(set, token), ks.ids)
 	lost := lostClaim(c)
 	return s.retry(ctx, func() error {
 		if len(ks.ids) == 1 {
@@ -753,7 +644,7 @@ func (s *Store) fenced(ctx context.Context, c *stores.Claim, ks keySet, token in
 			if err != nil {
 				return err
 			}
-			if n == 0 && mayBeNoop && s.cfg.Dialect == MySQL {
+			if n == 0 && mayBeNoop && s.qk.noopUpdateMatchesNothing {
 				n, err = s.countOwned(ctx, s.db, ks, token, false)
 				if err != nil {
 					return err
@@ -779,7 +670,7 @@ func (s *Store) fenced(ctx context.Context, c *stores.Claim, ks keySet, token in
 }
 
 func (s *Store) countOwned(ctx context.Context, db querier, ks keySet, token int64, lock bool) (int64, error) {
-	rows, err := db.QueryContext(ctx, s.q.owned(len(ks.ids), lock), s.idArgs([]any{token}, ks.ids)...)
+	rows, err := db.QueryContext(ctx, s.q.owned(len(ks.ids), lock), idArgs(s.d, []any{token}, ks.ids)...)
 	if err != nil {
 		return 0, err
 	}
@@ -791,28 +682,29 @@ func (s *Store) countOwned(ctx context.Context, db querier, ks keySet, token int
 	return n, rows.Err()
 }
 
-func opError(op string, err error) error {
+// opError prefixes the error of a Complete, Release or Extend.
+func (s *Store) opError(op string, err error) error {
 	if err == nil {
 		return nil
 	}
-	return fmt.Errorf("sqlstore: %s: %w", op, classify(err))
+	return fmt.Errorf("sqlstore: %s: %w", op, s.classify(err))
 }
 
 // Complete implements [stores.Store].
 func (s *Store) Complete(ctx context.Context, c *stores.Claim, retention time.Duration, data []byte) error {
 	ks, token, err := s.claimArgs(ctx, c, stores.CheckRetention(retention), s.checkHorizon("retention", retention))
 	if err != nil {
-		return opError("complete", err)
+		return s.opError("complete", err)
 	}
 	if o := s.group.op(ctx, opComplete, ks); o != nil {
 		o.claim, o.token, o.d, o.data = c, token, retention, data
-		return opError("complete", s.group.do(ctx, o))
+		return s.opError("complete", s.group.do(ctx, o))
 	}
-	return opError("complete", s.completeDirect(ctx, c, ks, token, retention, data))
+	return s.opError("complete", s.completeDirect(ctx, c, ks, token, retention, data))
 }
 
 func (s *Store) completeDirect(ctx context.Context, c *stores.Claim, ks keySet, token int64, retention time.Duration, data []byte) error {
-	exp := s.q.timeArg(s.now().Add(retention))
+	exp := s.d.timeArg(s.now().Add(retention))
 	return s.fenced(ctx, c, ks, token, s.q.complete(len(ks.ids)), []any{exp, dataArg(data)}, false)
 }
 
@@ -820,13 +712,13 @@ func (s *Store) completeDirect(ctx context.Context, c *stores.Claim, ks keySet, 
 func (s *Store) Release(ctx context.Context, c *stores.Claim) error {
 	ks, token, err := s.claimArgs(ctx, c)
 	if err != nil {
-		return opError("release", err)
+		return s.opError("release", err)
 	}
 	if o := s.group.op(ctx, opRelease, ks); o != nil {
 		o.claim, o.token = c, token
-		return opError("release", s.group.do(ctx, o))
+		return s.opError("release", s.group.do(ctx, o))
 	}
-	return opError("release", s.releaseDirect(ctx, c, ks, token))
+	return s.opError("release", s.releaseDirect(ctx, c, ks, token))
 }
 
 func (s *Store) releaseDirect(ctx context.Context, c *stores.Claim, ks keySet, token int64) error {
@@ -837,27 +729,26 @@ func (s *Store) releaseDirect(ctx context.Context, c *stores.Claim, ks keySet, t
 func (s *Store) Extend(ctx context.Context, c *stores.Claim, lease time.Duration) error {
 	ks, token, err := s.claimArgs(ctx, c, stores.CheckLease(lease), s.checkHorizon("lease", lease))
 	if err != nil {
-		return opError("extend", err)
+		return s.opError("extend", err)
 	}
 	s.noteLease(lease)
 	if o := s.group.op(ctx, opExtend, ks); o != nil {
 		o.claim, o.token, o.d = c, token, lease
-		return opError("extend", s.group.do(ctx, o))
+		return s.opError("extend", s.group.do(ctx, o))
 	}
-	return opError("extend", s.extendDirect(ctx, c, ks, token, lease))
+	return s.opError("extend", s.extendDirect(ctx, c, ks, token, lease))
 }
 
 func (s *Store) extendDirect(ctx context.Context, c *stores.Claim, ks keySet, token int64, lease time.Duration) error {
-	exp := s.q.timeArg(s.now().Add(lease))
+	exp := s.d.timeArg(s.now().Add(lease))
 	return s.fenced(ctx, c, ks, token, s.q.extend(len(ks.ids)), []any{exp}, true)
 }
 
 // checkSession makes sure, once, that the database session settings suit
-// the store (see ErrSessionSettings). Only MySQL has such a setting.
+// the store (see ErrSessionSettings), as the dialect checks them. A check
+// that fails for another reason (the database is down) runs again at the
+// next call.
 func (s *Store) checkSession(ctx context.Context) error {
-	if s.cfg.Dialect != MySQL {
-		return nil
-	}
 	if s.sessionChecked.Load() {
 		return s.sessionErr // written before sessionChecked
 	}
@@ -866,29 +757,14 @@ func (s *Store) checkSession(ctx context.Context) error {
 	if s.sessionChecked.Load() {
 		return s.sessionErr
 	}
-	var autocommit int
-	if err := s.db.QueryRowContext(ctx, "SELECT @@autocommit").Scan(&autocommit); err != nil {
-		return classify(err) // not known yet: checked again next time
-	}
-	if autocommit != 1 {
-		s.sessionErr = fmt.Errorf("%w: the MySQL session runs with autocommit=%d (autocommit=0 in the DSN?): the store's statements outside transactions would never commit; remove the setting", ErrSessionSettings, autocommit)
+	if err := s.d.checkSession(ctx, s.db); err != nil {
+		if !errors.Is(err, ErrSessionSettings) {
+			return s.classify(err) // not known yet: checked again next time
+		}
+		s.sessionErr = err
 	}
 	s.sessionChecked.Store(true)
 	return s.sessionErr
-}
-
-// lostClaim is the error of a fenced call whose token no longer owns its
-// records.
-func lostClaim(c *stores.Claim) error {
-	return fmt.Errorf("%w: scope %q keys %q", stores.ErrLostClaim, c.Scope, c.Keys)
-}
-
-// dataArg stores empty data as NULL.
-func dataArg(data []byte) any {
-	if len(data) == 0 {
-		return nil
-	}
-	return data
 }
 
 // Close stops the purge job and waits for it, and for the releases of
@@ -925,4 +801,51 @@ func (s *Store) Close(ctx context.Context) error {
 // broker was acked for must survive a power cut.
 func SQLiteDSN(path string) string {
 	return "file:" + path + "?_busy_timeout=10000&_journal_mode=WAL&_txlock=immediate"
+}
+
+// classify marks an error of a database that cannot be reached, or says
+// it cannot serve now, with stores.ErrUnavailable (the outage class of the
+// stores contract). Other errors are returned as they are.
+func (s *Store) classify(err error) error {
+	if err == nil || errors.Is(err, stores.ErrUnavailable) || !s.is(err, errUnavailable) {
+		return err
+	}
+	return fmt.Errorf("%w: %w", stores.ErrUnavailable, err)
+}
+
+// is reports whether err belongs to class c: the failures every driver
+// shares, then the dialect's own.
+func (s *Store) is(err error, c errClass) bool {
+	if err == nil {
+		return false
+	}
+	switch c {
+	case errUnavailable:
+		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+			// The caller's context ended: its own class, not an outage
+			// (context.DeadlineExceeded is also a net.Error).
+			return false
+		}
+		if errors.Is(err, driver.ErrBadConn) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) {
+			return true
+		}
+		var ne net.Error
+		if errors.As(err, &ne) {
+			return true
+		}
+	case errRetryable:
+		if errors.Is(err, errRetry) {
+			return true
+		}
+	}
+	return s.d.classify(err)&c != 0
+}
+
+// joinedError marks err with stores.ErrTxAborted when it says that the
+// transaction a joined Begin works in is over.
+func (s *Store) joinedError(err error) error {
+	if s.is(err, errTxDead) && !errors.Is(err, stores.ErrTxAborted) {
+		return fmt.Errorf("%w: %w", stores.ErrTxAborted, err)
+	}
+	return err
 }

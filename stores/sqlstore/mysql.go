@@ -1,0 +1,294 @@
+package sqlstore
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"iter"
+	"math"
+	"strings"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+
+	"github.com/watermill-dedup/dedup/stores"
+)
+
+// MySQL and MariaDB: a state column, ids as BINARY(16), unix microseconds,
+// no RETURNING, an on-conflict clause that reports through the last
+// insert id, batches of multi-row statements, autocommit and COMMIT
+// quirks.
+
+func init() {
+	dialects[MySQL] = dialectInfo{
+		drivers: []string{"go-sql-driver/mysql"},
+		open: func(table string, _ bool, _ *sql.DB) dialect {
+			return newMySQL(table)
+		},
+	}
+}
+
+type mysqlDialect struct {
+	base
+	q    statements
+	name string // unquoted table name
+}
+
+var _ dialect = (*mysqlDialect)(nil)
+
+// existedMark is the last insert id an INSERT with onConflict reports
+// when the id existed: no AUTO_INCREMENT column a user may add to the
+// table ever reaches it.
+const existedMark = math.MaxInt64
+
+// onConflict makes an INSERT leave an existing record unchanged. The row
+// keeps its state, and the statement's last insert id is set to
+// existedMark when the row existed; a fresh row reports 0, or the value
+// of an AUTO_INCREMENT column a user added. The rows-affected count
+// cannot tell the two apart on every connection: with go-sql-driver's
+// clientFoundRows=true (CLIENT_FOUND_ROWS) a row found and left unchanged
+// counts as 1, as an insert does. Unlike INSERT IGNORE, it locks the
+// existing row exclusively (no shared lock to upgrade, so no deadlock
+// between two duplicates) and turns no other error into a warning.
+var mysqlOnConflict = fmt.Sprintf(" ON DUPLICATE KEY UPDATE state = IF(LAST_INSERT_ID(%d) > 0, state, state)", existedMark)
+
+func newMySQL(table string) *mysqlDialect {
+	d := &mysqlDialect{}
+	var schema string
+	schema, d.name = splitTable(table)
+	q := &d.q
+	q.table = mysqlQuote(d.name)
+	if schema != "" {
+		q.table = mysqlQuote(schema) + "." + q.table
+	}
+	q.ph = func(int) string { return "?" }
+	q.setState = func(st int) string { return fmt.Sprintf("state = %d, ", st) }
+	q.forUpdate = " FOR UPDATE"
+	q.selectFrom = "SELECT id, state, CASE WHEN expires_at > ? THEN 1 ELSE 0 END, data, token FROM " + q.table
+	// setData finds the records by primary key: MySQL would otherwise use
+	// the expires_at index, and lock the index range after them, where
+	// every newer record goes, until the (possibly long, joined)
+	// transaction ends.
+	q.setDataTable = q.table + " FORCE INDEX (PRIMARY)"
+	ins := "INSERT INTO " + q.table + " (id, state, token, expires_at) VALUES (?, %d, %s, ?)" + mysqlOnConflict
+	q.insertProcessing = fmt.Sprintf(ins, stateProcessing, "?")
+	q.insertDone = fmt.Sprintf(ins, stateDone, "NULL")
+	return d
+}
+
+func mysqlQuote(ident string) string { return "`" + ident + "`" }
+
+func (d *mysqlDialect) sql() *statements { return &d.q }
+
+func (d *mysqlDialect) schema() []string {
+	return []string{
+		"CREATE TABLE IF NOT EXISTS " + d.q.table + " (\n" +
+			"    id         BINARY(16) NOT NULL,\n" +
+			"    state      TINYINT    NOT NULL,\n" +
+			"    token      BIGINT     NULL,\n" +
+			"    expires_at BIGINT     NOT NULL,\n" +
+			"    data       MEDIUMBLOB NULL,\n" +
+			"    PRIMARY KEY (id),\n" +
+			"    KEY " + mysqlQuote(d.name+"_expires_idx") + " (expires_at)\n" +
+			") ENGINE = InnoDB",
+	}
+}
+
+func (d *mysqlDialect) idArg(id recordID) any { return id[:] }
+
+// timeArg is unix microseconds: time zone free.
+func (d *mysqlDialect) timeArg(t time.Time) any { return roundUp(t).UnixMicro() }
+
+func (d *mysqlDialect) inserted(res sql.Result) (bool, error) {
+	id, err := res.LastInsertId()
+	if err != nil {
+		return false, err
+	}
+	return id != existedMark, nil
+}
+
+func (d *mysqlDialect) quirks() quirks {
+	return quirks{
+		// READ COMMITTED: no gap locks (fewer deadlocks between claims,
+		// and a purge never blocks the inserts of new records).
+		txOptions:                &sql.TxOptions{Isolation: sql.LevelReadCommitted},
+		noopUpdateMatchesNothing: true,
+		endIgnoresContext:        true,
+	}
+}
+
+func (d *mysqlDialect) classify(err error) errClass {
+	if errors.Is(err, mysql.ErrInvalidConn) {
+		return errUnavailable
+	}
+	var my *mysql.MySQLError
+	if !errors.As(err, &my) {
+		return 0
+	}
+	switch my.Number {
+	case 1040, 1203, // too many connections (server, user)
+		1053,                   // server shutdown in progress
+		1152, 1159, 1160, 1161, // aborted connection, network read/write errors and timeouts
+		1021,                         // disk full
+		2002, 2003, 2006, 2013, 2055: // client: cannot connect, server gone, lost connection
+		return errUnavailable
+	case 1213: // deadlock: the whole transaction rolled back
+		return errRetryable | errTxDead
+	case 1205, 1020: // lock wait timeout, record changed (MariaDB snapshot isolation)
+		return errRetryable
+	case 1305: // savepoint does not exist: the transaction is gone
+		return errTxDead
+	}
+	return 0
+}
+
+// checkSession refuses autocommit off (autocommit=0 in the DSN), under
+// which the store's single statements open transactions nobody commits.
+func (d *mysqlDialect) checkSession(ctx context.Context, db *sql.DB) error {
+	var autocommit int
+	if err := db.QueryRowContext(ctx, "SELECT @@autocommit").Scan(&autocommit); err != nil {
+		return err
+	}
+	if autocommit != 1 {
+		return fmt.Errorf("%w: the MySQL session runs with autocommit=%d (autocommit=0 in the DSN?): the store's statements outside transactions would never commit; remove the setting", ErrSessionSettings, autocommit)
+	}
+	return nil
+}
+
+// joinCheck makes sure the joined transaction is alive. A MySQL
+// transaction rolled back by the server (a deadlock, a lock wait timeout
+// under innodb_rollback_on_timeout) leaves the client's *sql.Tx open, and
+// every later statement in it runs in autocommit: SAVEPOINT succeeds
+// doing nothing, and the records Begin writes would commit at once,
+// whatever the handler does. Rolling back to the savepoint just set is a
+// no-op in a live transaction, and fails with 1305 in a dead one.
+func (d *mysqlDialect) joinCheck(ctx context.Context, tx *sql.Tx, sp string) error {
+	_, err := tx.ExecContext(ctx, "ROLLBACK TO SAVEPOINT "+sp)
+	return err
+}
+
+func (d *mysqlDialect) purgePlan(context.Context, *sql.DB, int64) (string, iter.Seq[[]any], error) {
+	return fmt.Sprintf("DELETE FROM %s WHERE %s ORDER BY expires_at LIMIT ?", d.q.table, purgePredicate(fmt.Sprintf("state = %d", stateDone), "?", "?")), one, nil
+}
+
+// insertProcessingRows inserts n processing records, leaving existing
+// ones alone. Args: (id, token, expires) per record.
+func (d *mysqlDialect) insertProcessingRows(n int) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "INSERT INTO %s (id, state, token, expires_at) VALUES ", d.q.table)
+	for i := range n {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "(?, %d, ?, ?)", stateProcessing)
+	}
+	b.WriteString(mysqlOnConflict)
+	return b.String()
+}
+
+// fencedRows applies n calls of kind k to records the batch has locked
+// and found owned by the calls' tokens. Args:
+//
+//	complete: (id, expires) per record, (id, data) per record, ids
+//	extend:   (id, expires) per record, ids
+//	release:  ids
+func (d *mysqlDialect) fencedRows(k opKind, n int) string {
+	cases := func() string {
+		var b strings.Builder
+		b.WriteString("CASE id")
+		for range n {
+			b.WriteString(" WHEN ? THEN ?")
+		}
+		b.WriteString(" END")
+		return b.String()
+	}
+	in := d.q.list(1, n)
+	switch k {
+	case opComplete:
+		return fmt.Sprintf("UPDATE %s SET state = %d, token = NULL, expires_at = %s, data = %s WHERE id IN %s", d.q.table, stateDone, cases(), cases(), in)
+	case opExtend:
+		return fmt.Sprintf("UPDATE %s SET expires_at = %s WHERE id IN %s", d.q.table, cases(), in)
+	default:
+		return fmt.Sprintf("DELETE FROM %s WHERE id IN %s", d.q.table, in)
+	}
+}
+
+// execBatch runs a batch in one transaction: one multi-row INSERT ... ON
+// DUPLICATE KEY UPDATE for the claims, one SELECT ... FOR UPDATE of every
+// record of the batch, then for the records still owned by their
+// caller's token one UPDATE (Complete, Extend) or DELETE (Release) per
+// kind, and the takeovers of expired records, one UPDATE each. MySQL has
+// no RETURNING: the locked read tells which claims inserted their row
+// (the row carries their token) and which fenced calls still own theirs.
+func (d *mysqlDialect) execBatch(ctx context.Context, db *sql.DB, ops []*op, now time.Time) error {
+	q := &d.q
+	return inTx(ctx, db, d.quirks().txOptions, func(tx *sql.Tx) error {
+		ids := make([]recordID, len(ops))
+		var claims []any
+		nClaims := 0
+		for i, o := range ops {
+			ids[i] = o.id()
+			if o.kind == opClaim {
+				claims = append(claims, d.idArg(o.id()), o.token, d.timeArg(now.Add(o.d)))
+				nClaims++
+			}
+		}
+		if nClaims > 0 {
+			if _, err := tx.ExecContext(ctx, d.insertProcessingRows(nClaims), claims...); err != nil {
+				return err
+			}
+		}
+		recs, err := fetch(ctx, tx, d, ids, now, true)
+		if err != nil {
+			return err
+		}
+		var fenced [numOpKinds][]*op
+		for _, o := range ops {
+			r, ok := recs[idKey(d, o.id())]
+			if o.kind != opClaim {
+				if !ok || r.state != stateProcessing || r.token != o.token {
+					o.err = lostClaim(o.claim)
+					continue
+				}
+				fenced[o.kind] = append(fenced[o.kind], o)
+				continue
+			}
+			if !ok {
+				o.fallback = true // deleted since the INSERT found it
+				continue
+			}
+			if !settle(o, r) {
+				continue
+			}
+			if _, err := tx.ExecContext(ctx, q.takeover(1), o.token, d.timeArg(now.Add(o.d)), d.idArg(o.id())); err != nil {
+				return err
+			}
+			o.res.Result, o.res.Takeover = stores.Claimed, r.state == stateProcessing
+		}
+		// The rows are locked and owned: the statements below match them all.
+		for k, os := range fenced {
+			if len(os) == 0 {
+				continue
+			}
+			var args []any
+			if opKind(k) != opRelease {
+				for _, o := range os {
+					args = append(args, d.idArg(o.id()), d.timeArg(now.Add(o.d)))
+				}
+			}
+			if opKind(k) == opComplete {
+				for _, o := range os {
+					args = append(args, d.idArg(o.id()), dataArg(o.data))
+				}
+			}
+			for _, o := range os {
+				args = append(args, d.idArg(o.id()))
+			}
+			if _, err := tx.ExecContext(ctx, d.fencedRows(opKind(k), len(os)), args...); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}

@@ -1,0 +1,165 @@
+package sqlstore
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"iter"
+	"reflect"
+	"strings"
+	"sync"
+	"time"
+)
+
+// SQLite: a state column, ids as BLOB, unix microseconds, a database-wide
+// write lock instead of row locks, batches as one transaction (one WAL
+// sync), error codes read from two drivers.
+
+func init() {
+	dialects[SQLite] = dialectInfo{
+		drivers:  []string{"sqlite"},
+		noSchema: true,
+		open: func(table string, _ bool, db *sql.DB) dialect {
+			// Asked at the first Begin: New does no I/O and asks nothing
+			// of db.
+			return newSQLite(table, sync.OnceValue(func() bool {
+				return strings.Contains(driverPkg(db), "mattn/go-sqlite3")
+			}))
+		},
+	}
+}
+
+type sqlite struct {
+	base
+	q     statements
+	name  string
+	mattn func() bool // the driver is github.com/mattn/go-sqlite3
+}
+
+var _ dialect = (*sqlite)(nil)
+
+func newSQLite(table string, mattn func() bool) *sqlite {
+	d := &sqlite{name: table, mattn: mattn}
+	q := &d.q
+	q.table = `"` + table + `"`
+	q.ph = func(int) string { return "?" }
+	q.setState = func(st int) string { return fmt.Sprintf("state = %d, ", st) }
+	q.forUpdate = "" // the write lock taken by the first INSERT already serialises
+	q.selectFrom = "SELECT id, state, CASE WHEN expires_at > ? THEN 1 ELSE 0 END, data, token FROM " + q.table
+	q.setDataTable = q.table
+	ins := "INSERT INTO " + q.table + " (id, state, token, expires_at) VALUES (?, %d, %s, ?) ON CONFLICT (id) DO NOTHING"
+	q.insertProcessing = fmt.Sprintf(ins, stateProcessing, "?")
+	q.insertDone = fmt.Sprintf(ins, stateDone, "NULL")
+	return d
+}
+
+func (d *sqlite) sql() *statements { return &d.q }
+
+func (d *sqlite) schema() []string {
+	return []string{
+		`CREATE TABLE IF NOT EXISTS ` + d.q.table + ` (
+    id         BLOB    NOT NULL PRIMARY KEY,
+    state      INTEGER NOT NULL,
+    token      INTEGER,
+    expires_at INTEGER NOT NULL,
+    data       BLOB
+) WITHOUT ROWID`,
+		`CREATE INDEX IF NOT EXISTS "` + d.name + `_expires_idx" ON ` + d.q.table + ` (expires_at)`,
+	}
+}
+
+func (d *sqlite) idArg(id recordID) any { return id[:] }
+
+// timeArg is unix microseconds: time zone free.
+func (d *sqlite) timeArg(t time.Time) any { return roundUp(t).UnixMicro() }
+
+func (d *sqlite) inserted(res sql.Result) (bool, error) {
+	n, err := res.RowsAffected()
+	return n == 1, err
+}
+
+// quirks: the store's transactions take the driver's default (BEGIN
+// IMMEDIATE with SQLiteDSN); mattn/go-sqlite3 waits for the write lock
+// (busy_timeout) without watching the context.
+func (d *sqlite) quirks() quirks {
+	return quirks{lockWaitIgnoresContext: d.mattn}
+}
+
+func (d *sqlite) classify(err error) errClass {
+	code, ok := sqliteCode(err)
+	if !ok {
+		return 0
+	}
+	switch code & 0xff {
+	case 5, 6: // BUSY, LOCKED: still locked by another writer (after the retries)
+		return errUnavailable | errRetryable
+	case 10, 13, 14: // IOERR, FULL, CANTOPEN
+		return errUnavailable
+	}
+	return 0
+}
+
+func (d *sqlite) purgePlan(context.Context, *sql.DB, int64) (string, iter.Seq[[]any], error) {
+	return fmt.Sprintf("DELETE FROM %s WHERE id IN (SELECT id FROM %s WHERE %s LIMIT ?)", d.q.table, d.q.table,
+		purgePredicate(fmt.Sprintf("state = %d", stateDone), "?", "?")), one, nil
+}
+
+// execBatch runs a batch in one transaction of the calls' own single-row
+// statements: they cost no round trip (SQLite runs in process) while
+// each commit syncs the WAL to disk.
+func (d *sqlite) execBatch(ctx context.Context, db *sql.DB, ops []*op, now time.Time) error {
+	return execInTx(ctx, db, d, ops, now, "")
+}
+
+// sqliteCode returns the (extended) result code of a SQLite error in err's
+// tree: modernc.org/sqlite's errors have a Code() int method,
+// github.com/mattn/go-sqlite3's sqlite3.Error has a Code field (the
+// package is not imported: it needs cgo).
+func sqliteCode(err error) (int, bool) {
+	var coder interface{ Code() int }
+	if errors.As(err, &coder) {
+		return coder.Code(), true
+	}
+	found, code := false, 0
+	walkErrors(err, func(e error) bool {
+		v := reflect.ValueOf(e)
+		if v.Kind() == reflect.Pointer {
+			v = v.Elem()
+		}
+		if v.Kind() != reflect.Struct || !strings.Contains(v.Type().PkgPath(), "mattn/go-sqlite3") {
+			return false
+		}
+		f := v.FieldByName("Code")
+		if !f.IsValid() || !f.CanInt() {
+			return false
+		}
+		found, code = true, int(f.Int())
+		return true
+	})
+	return code, found
+}
+
+// walkErrors calls fn on err and every error it wraps, depth first, until
+// fn returns true.
+func walkErrors(err error, fn func(error) bool) bool {
+	for err != nil {
+		if fn(err) {
+			return true
+		}
+		switch u := err.(type) {
+		case interface{ Unwrap() []error }:
+			for _, e := range u.Unwrap() {
+				if walkErrors(e, fn) {
+					return true
+				}
+			}
+			return false
+		case interface{ Unwrap() error }:
+			err = u.Unwrap()
+		default:
+			return false
+		}
+	}
+	return false
+}
