@@ -123,11 +123,6 @@ var (
 	// fail (PostgreSQL).
 	ErrTxAborted = errors.New("dedup store: the database aborted the transaction")
 
-	// ErrFingerprintMismatch reports a duplicate key whose stored payload
-	// fingerprint differs from the delivered message's: the same key was
-	// reused for different content. It is returned instead of silently
-	// acking the message, so it can go to a poison queue for a human.
-	ErrFingerprintMismatch = errors.New("dedup: key reused with a different payload fingerprint")
 )
 
 // Result is the outcome of a Claim.
