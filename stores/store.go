@@ -122,7 +122,6 @@ var (
 	// transaction would otherwise run outside any transaction (MySQL) or
 	// fail (PostgreSQL).
 	ErrTxAborted = errors.New("dedup store: the database aborted the transaction")
-
 )
 
 // Result is the outcome of a Claim.
