@@ -73,7 +73,14 @@ func (e *unreachableError) Error() string {
 		}
 		return fmt.Sprintf("%s at %s refused the connection (check the %s in %s): %v", e.service, e.addr, what, e.setting, refusal)
 	}
-	return fmt.Sprintf("%s is not reachable at %s (change it with %s): %v", e.service, e.addr, e.setting, e.err)
+	// The dial error alone: a client may list every attempt, on lines of
+	// their own.
+	cause := e.err
+	var dial *net.OpError
+	if errors.As(cause, &dial) {
+		cause = dial
+	}
+	return fmt.Sprintf("%s is not reachable at %s (change it with %s): %v", e.service, e.addr, e.setting, cause)
 }
 
 // serverRefusal returns the error a server answered with, found in err's

@@ -172,9 +172,12 @@ var (
 	errInjectedLostAck = fmt.Errorf("%w: ack lost after the message was handled", errInjected)
 )
 
-// faults injects the redeliveries of the scenario, each at most once per
-// message id, chosen by a hash of the seed and the id (so concurrency does
-// not change which messages are hit):
+// faults injects the redeliveries of the scenario, chosen by a hash of the
+// seed and an id, so that neither concurrency nor the run id changes what
+// is hit. A failure and a crash hit an event (its event_id) at most once,
+// at the handler's first run for it, whichever of the event's messages
+// (the original or a producer retry) claims it first; a lost ack hits a
+// message (its id) at most once:
 //
 //   - failure: the handler's first run fails before its side effect;
 //   - crash: the consumer dies after the side effect and before the record
@@ -191,7 +194,7 @@ type faults struct {
 	abandon                       func(*stores.Claim) // lease mode's crash, nil otherwise
 
 	mu                        sync.Mutex
-	ran                       map[string]bool // messages (messageRef) whose handler already ran once
+	ran                       map[string]bool // events whose handler already ran once
 	acked                     map[string]bool // messages already considered for a lost ack
 	failures, crashes, losses int
 }
@@ -234,14 +237,14 @@ func (f *faults) firstRun(ref string) bool {
 // crashes happen while the message is claimed.
 func (f *faults) inner(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
-		ref := messageRef(msg)
-		first := f.firstRun(ref)
-		if first && f.hit(ref, "fail", f.failRate) {
+		ev := eventOf(msg)
+		first := f.firstRun(ev)
+		if first && f.hit(ev, "fail", f.failRate) {
 			f.count(&f.failures)
 			return nil, errInjectedFailure
 		}
 		out, err := h(msg)
-		if err != nil || !first || !f.hit(ref, "crash", f.crashRate) {
+		if err != nil || !first || !f.hit(ev, "crash", f.crashRate) {
 			return out, err
 		}
 		f.count(&f.crashes)
@@ -250,6 +253,18 @@ func (f *faults) inner(h message.HandlerFunc) message.HandlerFunc {
 		}
 		return nil, errInjectedCrash
 	}
+}
+
+// eventOf is the event_id of msg's payload, or its messageRef when it has
+// none (a bad event: the handler refuses it anyway).
+func eventOf(msg *message.Message) string {
+	var ev struct {
+		EventID string `json:"event_id"`
+	}
+	if json.Unmarshal(msg.Payload, &ev) == nil && ev.EventID != "" {
+		return "event:" + ev.EventID
+	}
+	return messageRef(msg)
 }
 
 // outer wraps the dedup middleware: the ack of a handled message is lost.

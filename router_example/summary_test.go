@@ -178,12 +178,16 @@ func TestSeedReproducesFaults(t *testing.T) {
 		f := newFaults(c, nil)
 		var out []string
 		for _, m := range makePlan(c, runID, time.Now()).messages {
+			msg, err := m.message()
+			if err != nil {
+				t.Fatal(err)
+			}
 			for _, k := range []struct {
-				kind string
-				rate float64
-			}{{"fail", c.FailRate}, {"crash", c.CrashRate}, {"lostack", c.LostAckRate}} {
-				if f.hit(m.uuid, k.kind, k.rate) {
-					out = append(out, k.kind+" "+m.event.EventID)
+				kind, id string
+				rate     float64
+			}{{"fail", eventOf(msg), c.FailRate}, {"crash", eventOf(msg), c.CrashRate}, {"lostack", messageRef(msg), c.LostAckRate}} {
+				if f.hit(k.id, k.kind, k.rate) {
+					out = append(out, k.kind+" "+k.id)
 				}
 			}
 		}

@@ -1,0 +1,226 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"os"
+	"os/exec"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/watermill-dedup/dedup/testkit"
+)
+
+// documentedCommand is a `go run ./router_example ...` line of the READMEs
+// or of main.go's doc comment.
+type documentedCommand struct {
+	where string // file
+	line  string
+	args  []string
+}
+
+var docComment = regexp.MustCompile(`(?m)^//\t(go run \./router_example.*)$`)
+
+// documentedCommands finds every command the docs show, once each.
+func documentedCommands(t *testing.T) []documentedCommand {
+	t.Helper()
+	var (
+		out  []documentedCommand
+		seen = map[string]bool{}
+	)
+	add := func(where, line string) {
+		f := shellFields(line)
+		if len(f) < 3 || f[0] != "go" || f[1] != "run" || f[2] != "./router_example" {
+			return
+		}
+		key := strings.Join(f[3:], " ")
+		if seen[key] {
+			return
+		}
+		seen[key] = true
+		out = append(out, documentedCommand{where, line, f[3:]})
+	}
+	for _, path := range []string{"../README.md", "README.md"} {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, block := range shBlock.FindAllStringSubmatch(string(data), -1) {
+			for _, line := range strings.Split(block[1], "\n") {
+				add(path, line)
+			}
+		}
+	}
+	data, err := os.ReadFile("main.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range docComment.FindAllStringSubmatch(string(data), -1) {
+		add("main.go", m[1])
+	}
+	return out
+}
+
+// kafkaForDocs is the cluster the documented -broker=kafka commands run
+// against: KAFKA_BROKERS, or else one in-process kfake cluster for the
+// whole test.
+var kafkaForDocs struct {
+	once  sync.Once
+	addrs string
+	err   error
+}
+
+func docsKafka(t *testing.T) string {
+	t.Helper()
+	if a := os.Getenv("KAFKA_BROKERS"); a != "" {
+		return a
+	}
+	kafkaForDocs.once.Do(func() {
+		c, err := kfake.NewCluster(kfake.NumBrokers(1))
+		if err != nil {
+			kafkaForDocs.err = err
+			return
+		}
+		kafkaForDocs.addrs = strings.Join(c.ListenAddrs(), ",")
+		// Closed when the test binary exits: the commands' tests run in
+		// parallel and end in any order.
+	})
+	if kafkaForDocs.err != nil {
+		t.Fatal(kafkaForDocs.err)
+	}
+	return kafkaForDocs.addrs
+}
+
+// serviceFlags checks the services a command needs and points it at the
+// test's addresses, which win over the documented ones (the same defaults,
+// unless the environment moves them).
+func serviceFlags(t *testing.T, args []string) []string {
+	t.Helper()
+	cfg, err := loadConfig(args, func(string) string { return "" }, io.Discard)
+	if err != nil {
+		return nil // -help; a bad command fails TestReadmeCommandsParse
+	}
+	uses := func(name string) bool { return cfg.Broker == name || cfg.Store == name }
+	var out []string
+	if cfg.Broker == brokerKafka {
+		out = append(out, "-kafka-brokers="+docsKafka(t))
+	}
+	if uses(brokerAMQP) {
+		out = append(out, "-amqp-url="+testkit.RequireAMQP(t))
+	}
+	if uses(storeRedis) {
+		out = append(out, "-redis-addr="+testkit.RequireRedis(t))
+	}
+	if uses(storePostgres) {
+		out = append(out, "-postgres-dsn="+testkit.RequirePostgres(t))
+	}
+	if uses(storeMySQL) {
+		out = append(out, "-mysql-dsn="+testkit.RequireMySQL(t))
+	}
+	return out
+}
+
+// runDocumented runs the binary with args as they are documented (the
+// default events and -timeout), plus -cleanup and a unique run id.
+func runDocumented(t *testing.T, args []string) exampleRun {
+	t.Helper()
+	bin := buildExample(t)
+	args = append(append([]string{"-cleanup", "-run-id=" + newTestRunID()}, args...), serviceFlags(t, args)...)
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd.Env = exampleEnv()
+	cmd.Dir = t.TempDir() // -dir=./loyalty and the like land there
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	r := exampleRun{args: args, stdout: stdout.String(), stderr: stderr.String()}
+	var exit *exec.ExitError
+	switch {
+	case errors.As(err, &exit):
+		r.code = exit.ExitCode()
+	case err != nil:
+		t.Fatalf("run %v: %v", args, err)
+	}
+	return r
+}
+
+// Every command the docs show runs, exactly as written (but for -cleanup,
+// a run id and the services' addresses), holds the invariant within its
+// default -timeout, and warns about nothing: a documented command must
+// pass every time. Among them the lease-mode crash demo on RabbitMQ, whose
+// takeovers cost one lease each, one after another.
+func TestReadmeCommandsRun(t *testing.T) {
+	buildExample(t)
+	cmds := documentedCommands(t)
+	crashDemo := false
+	for _, c := range cmds {
+		crashDemo = crashDemo || strings.Join(c.args, " ") == "-broker=amqp -store=redis -crash-rate=0.02"
+		t.Run(strings.Join(c.args, " "), func(t *testing.T) {
+			t.Parallel()
+			r := runDocumented(t, c.args)
+			if len(c.args) == 1 && c.args[0] == "-help" {
+				if r.code != exitOK || !strings.Contains(r.stderr, "Usage: go run ./router_example") {
+					t.Fatalf("%s: %s: want the usage and exit 0\n%s", c.where, c.line, r)
+				}
+				return
+			}
+			requireOK(t, r)
+			if strings.Contains(r.stderr, "WARNING") {
+				t.Errorf("%s: %s: a documented command warns\n%s", c.where, c.line, r)
+			}
+		})
+	}
+	if !crashDemo {
+		t.Error("the READMEs no longer show the crash demo -broker=amqp -store=redis -crash-rate=0.02")
+	}
+	// The YAML sample, with the metrics on any free port.
+	data, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, block := range yamlBlock.FindAllStringSubmatch(string(data), -1) {
+		t.Run("yaml sample", func(t *testing.T) {
+			t.Parallel()
+			file := writeFile(t, "loyalty.yml", block[1])
+			cfg, err := loadConfig([]string{"-config=" + file}, func(string) string { return "" }, io.Discard)
+			if err != nil {
+				t.Fatal(err)
+			}
+			args := []string{"-config=" + file, "-metrics-addr=127.0.0.1:0"}
+			if cfg.Broker == brokerKafka {
+				args = append(args, "-kafka-brokers="+docsKafka(t))
+			}
+			if cfg.Store == storePostgres {
+				args = append(args, "-postgres-dsn="+testkit.RequirePostgres(t))
+			}
+			requireOK(t, runDocumented(t, args))
+		})
+	}
+}
+
+// -seed alone reproduces a run: two runs under different run ids inject
+// the same faults into the same messages.
+func TestExampleSeedReproducesARun(t *testing.T) {
+	t.Parallel()
+	args := []string{"-store=memory", "-seed=7", "-crash-rate=0.03", "-lease=300ms"}
+	a, b := runExample(t, newTestRunID(), args...), runExample(t, newTestRunID(), args...)
+	requireOK(t, a)
+	requireOK(t, b)
+	row := regexp.MustCompile(`(?m)^  (redelivered|published messages|expected) .*$`)
+	ra, rb := row.FindAllString(a.stdout, -1), row.FindAllString(b.stdout, -1)
+	// The redelivered count itself may differ (a republished event's
+	// duplicate meets its original in progress, or not); the injections
+	// may not.
+	note := regexp.MustCompile(`\d+ injected failures, \d+ lost acks, \d+ crashes`)
+	if len(ra) != 3 || note.FindString(ra[1]) != note.FindString(rb[1]) || ra[0] != rb[0] || ra[2] != rb[2] {
+		t.Fatalf("same seed, other run id, other run:\n%s\n%s\n%s\n%s", strings.Join(ra, "\n"), strings.Join(rb, "\n"), a, b)
+	}
+}
