@@ -8,6 +8,7 @@
 //	go run ./bench                 # every section the machine can run
 //	go run ./bench -only=middleware,growth
 //	go run ./bench -quick          # smaller counts, for a smoke run
+//	go run ./bench -only=e2e -brokers=kfake16 -cases=dedup_redis -cpuprofile cpu.prof
 //
 // Sections: middleware (middleware + memstore vs a bare handler vs
 // Watermill's Deduplicator), redis (redisstore vs redis-benchmark), sql
@@ -46,6 +47,9 @@ type section struct {
 
 type options struct {
 	quick bool
+	// brokers and cases, when not empty, pick the e2e brokers and cases
+	// to run (plain always runs: the others are measured against it).
+	brokers, cases map[string]bool
 }
 
 // scale returns n, or n/div under -quick (at least 1).
@@ -67,6 +71,8 @@ var sections = []section{
 func main() {
 	only := flag.String("only", "", "comma-separated sections to run (default: all): "+sectionNames())
 	quick := flag.Bool("quick", false, "smaller counts, for a smoke run")
+	brokers := flag.String("brokers", "", "comma-separated e2e brokers to run (default: all): "+strings.Join(e2eBrokerNames, ","))
+	cases := flag.String("cases", "", "comma-separated e2e cases to run besides plain (default: all): "+strings.Join(e2eCaseNames(), ","))
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run (this process only) to `file`")
 	flag.Parse()
 	if *cpuprofile != "" {
@@ -84,19 +90,12 @@ func main() {
 		}()
 	}
 
-	o := &options{quick: *quick}
-	want := map[string]bool{}
-	for _, s := range strings.Split(*only, ",") {
-		if s = strings.TrimSpace(s); s != "" {
-			want[s] = true
-		}
+	o := &options{
+		quick:   *quick,
+		brokers: listFlag("brokers", *brokers, e2eBrokerNames),
+		cases:   listFlag("cases", *cases, e2eCaseNames()),
 	}
-	for name := range want {
-		if !slices.ContainsFunc(sections, func(s section) bool { return s.name == name }) {
-			fmt.Fprintf(os.Stderr, "bench: unknown section %q (have %s)\n", name, sectionNames())
-			os.Exit(2)
-		}
-	}
+	want := listFlag("only", *only, strings.Split(sectionNames(), ","))
 
 	ctx := context.Background()
 	var all []result
@@ -129,6 +128,23 @@ func main() {
 		pprof.StopCPUProfile()
 		os.Exit(1)
 	}
+}
+
+// listFlag splits a comma-separated flag into a set, and exits if a name
+// is not one of have.
+func listFlag(flagName, value string, have []string) map[string]bool {
+	set := map[string]bool{}
+	for _, s := range strings.Split(value, ",") {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		if !slices.Contains(have, s) {
+			fmt.Fprintf(os.Stderr, "bench: -%s: unknown name %q (have %s)\n", flagName, s, strings.Join(have, ","))
+			os.Exit(2)
+		}
+		set[s] = true
+	}
+	return set
 }
 
 func sectionNames() string {
