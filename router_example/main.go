@@ -209,8 +209,8 @@ func consumerKeys(cfg Config) (keyfuncs.KeyFunc, func(*message.Message) (time.Ti
 // errBadEvent marks a message no retry will fix: the poison topic's.
 var errBadEvent = errors.New("bad payment.completed event")
 
-// points (of a paymentCompleted, scenario.go) is one loyalty point per whole unit of the amount, read from the
-// decimal string, never through a float.
+// points is one loyalty point per whole unit of the event's amount (see
+// paymentCompleted, scenario.go), read from the decimal string.
 func (e paymentCompleted) points() (int64, error) {
 	whole, _, _ := strings.Cut(e.Amount.String(), ".")
 	p, err := strconv.ParseInt(whole, 10, 64)

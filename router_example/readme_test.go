@@ -163,7 +163,11 @@ func TestReadmeCommandsRun(t *testing.T) {
 	crashDemo := false
 	for _, c := range cmds {
 		crashDemo = crashDemo || strings.Join(c.args, " ") == "-broker=amqp -store=redis -crash-rate=0.02"
-		t.Run(strings.Join(c.args, " "), func(t *testing.T) {
+		name := strings.Join(c.args, " ")
+		if name == "" {
+			name = "no flags"
+		}
+		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			r := runDocumented(t, c.args)
 			if len(c.args) == 1 && c.args[0] == "-help" {
