@@ -18,7 +18,7 @@ import (
 	"github.com/watermill-dedup/dedup/keyfuncs"
 	"github.com/watermill-dedup/dedup/middleware"
 	"github.com/watermill-dedup/dedup/stores"
-	"github.com/watermill-dedup/dedup/testkit"
+	"github.com/watermill-dedup/dedup/testkit/ledger"
 )
 
 // Metadata set on every message the suite publishes.
@@ -568,7 +568,7 @@ func (c *consumerCore) handle(msg *message.Message) ([]*message.Message, error) 
 		if c.ledger != nil {
 			// Transactional: write the effect, then fail: the rollback
 			// must take it away.
-			if err := c.ledger.Record(ctx, testkit.Effect{Event: event}); err != nil {
+			if err := c.ledger.Record(ctx, ledger.Effect{Event: event}); err != nil {
 				return nil, err
 			}
 		}
@@ -601,7 +601,7 @@ func (c *consumerCore) handle(msg *message.Message) ([]*message.Message, error) 
 // apply records the effect of d.
 func (c *consumerCore) apply(ctx context.Context, d *delivery, event string) error {
 	if c.ledger != nil {
-		return c.ledger.Record(ctx, testkit.Effect{Event: event})
+		return c.ledger.Record(ctx, ledger.Effect{Event: event})
 	}
 	if !d.proc.do(func() {
 		c.sink.effect(d, event)

@@ -156,7 +156,7 @@
 // the Env (dialing Env[EnvAddr], which the outage scenario replaces with a
 // proxy) and registers the closing of its client. For transactional mode
 // set Transactional and return a Ledger that writes in the inbox
-// transaction found in the handler's context (testkit.SQLLedger). Set
+// transaction found in the handler's context (ledger.SQL). Set
 // MultiProcess when every process opening the Env shares the records.
 // Set AsyncComplete to run the middleware with
 // middleware.Config.AsyncComplete (see redis-async).

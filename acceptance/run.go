@@ -19,7 +19,7 @@ import (
 
 	"github.com/watermill-dedup/dedup/middleware"
 	"github.com/watermill-dedup/dedup/stores"
-	"github.com/watermill-dedup/dedup/testkit"
+	"github.com/watermill-dedup/dedup/testkit/ledger"
 )
 
 // run is one scenario's state in the test process.
@@ -35,7 +35,7 @@ type run struct {
 
 	benv, senv Env
 	opened     Opened
-	mem        *testkit.MemLedger // nil when the store keeps the ledger
+	mem        *ledger.Mem // nil when the store keeps the ledger
 	pub        message.Publisher
 	pubMu      sync.Mutex // see publishOne
 
@@ -154,7 +154,7 @@ func newRun(t *testing.T, b Backend, s Store, sc Scenario, variant string) *run 
 	}
 	r.opened = r.open(r.senv)
 	if r.opened.Ledger == nil {
-		r.mem = testkit.NewMemLedger()
+		r.mem = ledger.NewMem()
 	}
 	// Count the effects while the store is still open; the cleanups of
 	// consumers and topics, registered later, run before this one.
@@ -474,7 +474,7 @@ func (r *run) effect(d *delivery, event string) {
 	r.mu.Lock()
 	r.effectBy[d.key()] = true
 	r.mu.Unlock()
-	_ = r.mem.Record(context.Background(), testkit.Effect{Event: event})
+	_ = r.mem.Record(context.Background(), ledger.Effect{Event: event})
 }
 
 func (r *run) entered(d *delivery) {
@@ -631,13 +631,13 @@ func (r *run) effects() []string {
 	r.t.Helper()
 	if r.mem != nil {
 		e, _ := r.mem.Effects(context.Background())
-		return testkit.EventsOf(e)
+		return ledger.EventsOf(e)
 	}
 	e, err := r.opened.Ledger.Effects(context.Background())
 	if err != nil {
 		r.t.Fatalf("reading the ledger: %v", err)
 	}
-	return testkit.EventsOf(e)
+	return ledger.EventsOf(e)
 }
 
 // allApplied is an extra condition for waitSettled: every event has an
@@ -666,10 +666,10 @@ func (r *run) allApplied(events []string) func() (bool, string) {
 func (r *run) effectsQuiet() []string {
 	if r.mem != nil {
 		e, _ := r.mem.Effects(context.Background())
-		return testkit.EventsOf(e)
+		return ledger.EventsOf(e)
 	}
 	e, _ := r.opened.Ledger.Effects(context.Background())
-	return testkit.EventsOf(e)
+	return ledger.EventsOf(e)
 }
 
 func (r *run) outcome(o middleware.Outcome) int {

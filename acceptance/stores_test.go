@@ -14,6 +14,7 @@ import (
 	"github.com/watermill-dedup/dedup/stores/redisstore"
 	"github.com/watermill-dedup/dedup/stores/sqlstore"
 	"github.com/watermill-dedup/dedup/testkit"
+	"github.com/watermill-dedup/dedup/testkit/ledger"
 )
 
 // memStore is the in-process store: no network (no outage scenario), one
@@ -96,7 +97,7 @@ func redisAsyncStore() acceptance.Store {
 
 // sqlStore is sqlstore on one dialect, in lease or transactional mode, in
 // a table unique to the scenario. In transactional mode the business
-// ledger is a testkit.SQLLedger in the same database, written in the inbox
+// ledger is a ledger.SQL in the same database, written in the inbox
 // transaction.
 func sqlStore(d sqlstore.Dialect, transactional bool) acceptance.Store {
 	mode := "lease"
@@ -170,7 +171,7 @@ func sqlStoreConfig(d sqlstore.Dialect, transactional bool, mode string, cfg sql
 			// Idle until the cleanup: hold no connection of the shared
 			// server meanwhile.
 			o.DB.SetMaxIdleConns(0)
-			l, err := testkit.NewSQLLedger(o.DB, testkit.SQLLedgerConfig{Dialect: d, Table: env["ledger"]})
+			l, err := ledger.NewSQL(o.DB, ledger.SQLConfig{Dialect: d, Table: env["ledger"]})
 			if err != nil {
 				return nil, err
 			}
@@ -196,7 +197,7 @@ func sqlStoreConfig(d sqlstore.Dialect, transactional bool, mode string, cfg sql
 				// RequireTx: an effect written beside the inbox
 				// transaction is a failure of the suite to see, not to
 				// paper over.
-				l, err := testkit.NewSQLLedger(o.DB, testkit.SQLLedgerConfig{Dialect: d, Table: env["ledger"], RequireTx: true})
+				l, err := ledger.NewSQL(o.DB, ledger.SQLConfig{Dialect: d, Table: env["ledger"], RequireTx: true})
 				if err != nil {
 					return acceptance.Opened{}, err
 				}

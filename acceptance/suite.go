@@ -12,7 +12,7 @@ import (
 
 	"github.com/watermill-dedup/dedup/keyfuncs"
 	"github.com/watermill-dedup/dedup/stores"
-	"github.com/watermill-dedup/dedup/testkit"
+	"github.com/watermill-dedup/dedup/testkit/ledger"
 )
 
 // Env holds the settings a backend or a store needs to connect: addresses,
@@ -271,12 +271,12 @@ type Opened struct {
 
 // Ledger counts the side effects of the handlers under test: one effect
 // per delivery that applied it, named by the logical event it belongs to
-// (testkit.Effect.Event; the suite sets nothing else). The invariant of
+// (ledger.Effect.Event; the suite sets nothing else). The invariant of
 // every scenario is that each event has exactly one effect. For a
 // transactional store, Record writes in the transaction that ctx carries
 // (sqlstore.TxFromContext), so the effect commits or rolls back with the
-// dedup record: testkit.SQLLedger with RequireTx does.
-type Ledger = testkit.Ledger
+// dedup record: ledger.SQL with RequireTx does.
+type Ledger = ledger.Ledger
 
 func (b Backend) validate() error {
 	switch {

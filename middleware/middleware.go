@@ -256,7 +256,7 @@ func (m *Middleware) checkTTL(msg *message.Message, scope string, keys []string)
 		f := m.fields(msg, scope, keys)
 		f["age"] = age.String()
 		f["retention"] = m.cfg.Retention.String()
-		m.cfg.Logger.Error("Message is older than the dedup retention window: if it was handled before, its record has expired and it runs again (ttl_miss)", nil, f)
+		m.cfg.Logger.Error("Message is older than the dedup retention window: if it was handled before, its record has expired and it runs again (ttl_miss)", fmt.Errorf("%w: published %s ago, retention %s", errTTLMiss, age, m.cfg.Retention), f)
 	}
 }
 
@@ -267,6 +267,9 @@ func (m *Middleware) encode(msg *message.Message, outputs []*message.Message) []
 	}
 	return encodeData(fp, outputs)
 }
+
+// errTTLMiss is the error logged with a ttl miss.
+var errTTLMiss = errors.New("dedup: message older than the retention window")
 
 // inProgress counts and returns ErrInProgress for a message whose keys
 // another consumer holds.

@@ -515,8 +515,9 @@ func TestFingerprintMismatch(t *testing.T) {
 
 func TestTTLMissCounted(t *testing.T) {
 	metrics := newCountingMetrics()
+	logger := watermill.NewCaptureLogger()
 	mw := dedupMiddleware(t, middleware.Config{
-		Store: newMemstore(t), Retention: time.Hour, Metrics: metrics,
+		Store: newMemstore(t), Retention: time.Hour, Metrics: metrics, Logger: logger,
 		PublishedAt: middleware.MetadataTime("published_at"),
 	})
 	h := func(*message.Message) ([]*message.Message, error) { return nil, nil }
@@ -533,6 +534,12 @@ func TestTTLMissCounted(t *testing.T) {
 	}
 	if got := metrics.get(middleware.OutcomeTTLMiss); got != 1 {
 		t.Fatalf("%d ttl misses, want 1", got)
+	}
+	// Logged at error level with an error that says what happened (a nil
+	// error printed "error=<nil>").
+	logged := logger.Captured()[watermill.ErrorLogLevel]
+	if len(logged) != 1 || logged[0].Err == nil || !strings.Contains(logged[0].Err.Error(), "retention") {
+		t.Fatalf("ttl miss logged as %+v, want one error-level line with an error naming the retention", logged)
 	}
 }
 

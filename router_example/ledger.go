@@ -6,7 +6,7 @@ import (
 	"strings"
 
 	"github.com/watermill-dedup/dedup/stores/sqlstore"
-	"github.com/watermill-dedup/dedup/testkit"
+	kit "github.com/watermill-dedup/dedup/testkit/ledger"
 )
 
 // award is one application of the loyalty side effect.
@@ -39,17 +39,17 @@ type ledgerSnapshot struct {
 	PerPayment   map[string]int64 // payment id -> times awarded
 }
 
-// kitLedger is the ledger on the module's test kit: testkit.MemLedger for
+// kitLedger is the ledger on the module's test kit: kit.Mem for
 // the memory and Redis stores (the effect lives in the process, like a
-// call to another service would), testkit.SQLLedger in the SQL store's
+// call to another service would), kit.SQL in the SQL store's
 // database otherwise.
-type kitLedger struct{ l testkit.Ledger }
+type kitLedger struct{ l kit.Ledger }
 
-func newMemLedger() kitLedger { return kitLedger{testkit.NewMemLedger()} }
+func newMemLedger() kitLedger { return kitLedger{kit.NewMem()} }
 
 // newSQLLedger creates the ledger's tables; dropping them goes to removers.
 func newSQLLedger(ctx context.Context, db *sql.DB, dialect sqlstore.Dialect, runID string, removers *teardown) (kitLedger, error) {
-	l, err := testkit.NewSQLLedger(db, testkit.SQLLedgerConfig{Dialect: dialect, Table: "loyalty_ledger_" + runID})
+	l, err := kit.NewSQL(db, kit.SQLConfig{Dialect: dialect, Table: "loyalty_ledger_" + runID})
 	if err != nil {
 		return kitLedger{}, err
 	}
@@ -61,7 +61,7 @@ func newSQLLedger(ctx context.Context, db *sql.DB, dialect sqlstore.Dialect, run
 }
 
 func (k kitLedger) Award(ctx context.Context, a award) error {
-	return k.l.Record(ctx, testkit.Effect{
+	return k.l.Record(ctx, kit.Effect{
 		Event: a.EventID, Key: a.PaymentID,
 		Account: a.CustomerID, Amount: a.Points,
 		Message: a.MessageUUID,

@@ -1,4 +1,4 @@
-package testkit
+package ledger
 
 import (
 	"context"
@@ -9,8 +9,8 @@ import (
 	"github.com/watermill-dedup/dedup/stores/sqlstore"
 )
 
-// SQLLedgerConfig configures a SQLLedger.
-type SQLLedgerConfig struct {
+// SQLConfig configures a SQL.
+type SQLConfig struct {
 	// Dialect is the database's SQL flavour: sqlstore.Postgres,
 	// sqlstore.MySQL or sqlstore.SQLite. Required.
 	Dialect sqlstore.Dialect
@@ -28,43 +28,43 @@ type SQLLedgerConfig struct {
 	RequireTx bool
 }
 
-// SQLLedger is a Ledger in two tables of a SQL database (PostgreSQL,
+// SQL is a Ledger in two tables of a SQL database (PostgreSQL,
 // MySQL/MariaDB or SQLite): one row per effect, and a balance per account.
 // Inside a transactional-inbox handler Record writes in the inbox
 // transaction, so the effect commits or rolls back with the dedup record.
 //
-// NewSQLLedger creates no table: call CreateTables once (a test's setup),
+// NewSQL creates no table: call CreateTables once (a test's setup),
 // and DropTables at the end; a process that only records (a child
 // consumer) just opens the ledger.
-type SQLLedger struct {
+type SQL struct {
 	db        *sql.DB
-	cfg       SQLLedgerConfig
+	cfg       SQLConfig
 	balance   string
 	insert    string
 	upsert    string
 	selectAll string
 }
 
-var _ Ledger = (*SQLLedger)(nil)
+var _ Ledger = (*SQL)(nil)
 
-// maxLedgerTable bounds SQLLedgerConfig.Table, leaving room for the
+// maxLedgerTable bounds SQLConfig.Table, leaving room for the
 // balance table's suffix under MySQL's 64-byte identifiers.
 const maxLedgerTable = 48
 
-// NewSQLLedger returns the ledger in cfg.Table of db. It runs no SQL.
-func NewSQLLedger(db *sql.DB, cfg SQLLedgerConfig) (*SQLLedger, error) {
+// NewSQL returns the ledger in cfg.Table of db. It runs no SQL.
+func NewSQL(db *sql.DB, cfg SQLConfig) (*SQL, error) {
 	if db == nil {
-		return nil, errors.New("testkit: NewSQLLedger: db is nil")
+		return nil, errors.New("testkit: NewSQL: db is nil")
 	}
 	switch cfg.Dialect {
 	case sqlstore.Postgres, sqlstore.MySQL, sqlstore.SQLite:
 	default:
-		return nil, fmt.Errorf("testkit: SQLLedgerConfig.Dialect must be %q, %q or %q, got %q", sqlstore.Postgres, sqlstore.MySQL, sqlstore.SQLite, cfg.Dialect)
+		return nil, fmt.Errorf("testkit: SQLConfig.Dialect must be %q, %q or %q, got %q", sqlstore.Postgres, sqlstore.MySQL, sqlstore.SQLite, cfg.Dialect)
 	}
 	if err := checkIdent(cfg.Table, maxLedgerTable); err != nil {
-		return nil, fmt.Errorf("testkit: SQLLedgerConfig.Table: %w", err)
+		return nil, fmt.Errorf("testkit: SQLConfig.Table: %w", err)
 	}
-	l := &SQLLedger{db: db, cfg: cfg, balance: cfg.Table + "_balance"}
+	l := &SQL{db: db, cfg: cfg, balance: cfg.Table + "_balance"}
 	l.insert = l.bind("INSERT INTO " + cfg.Table + " (event_id, effect_key, account, amount, message_id) VALUES (?, ?, ?, ?, ?)")
 	if cfg.Dialect == sqlstore.MySQL {
 		l.upsert = "INSERT INTO " + l.balance + " (account, amount) VALUES (?, ?) ON DUPLICATE KEY UPDATE amount = amount + VALUES(amount)"
@@ -97,10 +97,10 @@ func checkIdent(name string, max int) error {
 }
 
 // Tables returns the ledger's tables: effects, then balances.
-func (l *SQLLedger) Tables() []string { return []string{l.cfg.Table, l.balance} }
+func (l *SQL) Tables() []string { return []string{l.cfg.Table, l.balance} }
 
 // CreateTables creates the ledger's tables if they do not exist.
-func (l *SQLLedger) CreateTables(ctx context.Context) error {
+func (l *SQL) CreateTables(ctx context.Context) error {
 	for _, stmt := range l.schema() {
 		if _, err := l.db.ExecContext(ctx, stmt); err != nil {
 			return fmt.Errorf("testkit: create the ledger tables %s: %w", l.cfg.Table, err)
@@ -110,7 +110,7 @@ func (l *SQLLedger) CreateTables(ctx context.Context) error {
 }
 
 // DropTables drops the ledger's tables, and only those.
-func (l *SQLLedger) DropTables(ctx context.Context) error {
+func (l *SQL) DropTables(ctx context.Context) error {
 	var errs []error
 	for _, t := range l.Tables() {
 		if _, err := l.db.ExecContext(ctx, "DROP TABLE IF EXISTS "+t); err != nil {
@@ -120,7 +120,7 @@ func (l *SQLLedger) DropTables(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-func (l *SQLLedger) schema() []string {
+func (l *SQL) schema() []string {
 	t, b := l.cfg.Table, l.balance
 	switch l.cfg.Dialect {
 	case sqlstore.Postgres:
@@ -166,7 +166,7 @@ func (l *SQLLedger) schema() []string {
 }
 
 // bind rewrites ? placeholders as $1, $2... for PostgreSQL.
-func (l *SQLLedger) bind(q string) string {
+func (l *SQL) bind(q string) string {
 	if l.cfg.Dialect != sqlstore.Postgres {
 		return q
 	}
@@ -191,7 +191,7 @@ type execer interface {
 // Record writes e: in the inbox transaction ctx carries when there is one
 // (the middleware commits or rolls it back), otherwise in a transaction of
 // its own, or fails with ErrNoTx under RequireTx.
-func (l *SQLLedger) Record(ctx context.Context, e Effect) error {
+func (l *SQL) Record(ctx context.Context, e Effect) error {
 	if e.Event == "" {
 		return errNoEvent
 	}
@@ -218,7 +218,7 @@ func (l *SQLLedger) Record(ctx context.Context, e Effect) error {
 	return nil
 }
 
-func (l *SQLLedger) write(ctx context.Context, x execer, e Effect) error {
+func (l *SQL) write(ctx context.Context, x execer, e Effect) error {
 	if _, err := x.ExecContext(ctx, l.insert, e.Event, e.Key, e.Account, e.Amount, e.Message); err != nil {
 		return fmt.Errorf("testkit: ledger entry: %w", err)
 	}
@@ -232,7 +232,7 @@ func (l *SQLLedger) write(ctx context.Context, x execer, e Effect) error {
 }
 
 // Effects returns every committed effect, in the order recorded.
-func (l *SQLLedger) Effects(ctx context.Context) ([]Effect, error) {
+func (l *SQL) Effects(ctx context.Context) ([]Effect, error) {
 	rows, err := l.db.QueryContext(ctx, l.selectAll)
 	if err != nil {
 		return nil, err
@@ -250,8 +250,8 @@ func (l *SQLLedger) Effects(ctx context.Context) ([]Effect, error) {
 }
 
 // Totals sums up the committed effects and balances.
-func (l *SQLLedger) Totals(ctx context.Context) (LedgerTotals, error) {
-	t := LedgerTotals{PerEvent: map[string]int64{}, PerKey: map[string]int64{}}
+func (l *SQL) Totals(ctx context.Context) (Totals, error) {
+	t := Totals{PerEvent: map[string]int64{}, PerKey: map[string]int64{}}
 	if err := l.group(ctx, "SELECT event_id, COUNT(*), COALESCE(SUM(amount), 0) FROM "+l.cfg.Table+" GROUP BY event_id", func(id string, n, amount int64) {
 		t.PerEvent[id] = n
 		t.Effects += n
@@ -268,7 +268,7 @@ func (l *SQLLedger) Totals(ctx context.Context) (LedgerTotals, error) {
 	return t, err
 }
 
-func (l *SQLLedger) group(ctx context.Context, q string, each func(id string, n, amount int64)) error {
+func (l *SQL) group(ctx context.Context, q string, each func(id string, n, amount int64)) error {
 	rows, err := l.db.QueryContext(ctx, q)
 	if err != nil {
 		return err

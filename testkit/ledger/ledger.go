@@ -1,4 +1,4 @@
-package testkit
+package ledger
 
 import (
 	"context"
@@ -10,9 +10,9 @@ import (
 // check the promise of the dedup middleware: each logical event has exactly
 // one effect, none lost, none doubled.
 //
-// Two ledgers implement it: [MemLedger], the effect living in the process
+// Two ledgers implement it: [Mem], the effect living in the process
 // like a call to another service would, for the memory and Redis stores;
-// and [SQLLedger], tables in the dedup store's database that a
+// and [SQL], tables in the dedup store's database that a
 // transactional-inbox handler writes in the inbox transaction, so effect
 // and dedup record commit or roll back together.
 //
@@ -21,7 +21,7 @@ import (
 // of it: per payment (Key) it credits Amount points to a customer
 // (Account), and checks the Totals:
 //
-//	err := l.Record(msg.Context(), testkit.Effect{
+//	err := l.Record(msg.Context(), ledger.Effect{
 //		Event: ev.EventID, Key: ev.PaymentID,
 //		Account: ev.CustomerID, Amount: points,
 //		Message: msg.UUID,
@@ -34,7 +34,7 @@ import (
 // middleware stands between a redelivery and a doubled balance.
 type Ledger interface {
 	// Record applies e: appends it and adds e.Amount to e.Account's
-	// balance (when e.Account is set), atomically. A SQLLedger writes in
+	// balance (when e.Account is set), atomically. A SQL writes in
 	// the transaction sqlstore.TxFromContext finds in ctx when there is
 	// one.
 	Record(ctx context.Context, e Effect) error
@@ -43,7 +43,7 @@ type Ledger interface {
 	Effects(ctx context.Context) ([]Effect, error)
 
 	// Totals sums up what was recorded.
-	Totals(ctx context.Context) (LedgerTotals, error)
+	Totals(ctx context.Context) (Totals, error)
 }
 
 // Effect is one application of the side effect under test.
@@ -53,11 +53,11 @@ type Effect struct {
 	Event string
 
 	// Key is a business key the effects are also counted by
-	// (LedgerTotals.PerKey), such as a payment id. Optional.
+	// (Totals.PerKey), such as a payment id. Optional.
 	Key string
 
 	// Account is the account whose balance Amount is added to. Empty: no
-	// balance is kept for this effect (a SQLLedger then writes one row,
+	// balance is kept for this effect (a SQL then writes one row,
 	// not two).
 	Account string
 
@@ -69,8 +69,8 @@ type Effect struct {
 	Message string
 }
 
-// LedgerTotals is what a Ledger holds, summed up.
-type LedgerTotals struct {
+// Totals is what a Ledger holds, summed up.
+type Totals struct {
 	Effects  int64            // effects recorded
 	Amount   int64            // sum of the effects' amounts
 	Balance  int64            // sum of the accounts' balances; equals Amount unless a write was torn
@@ -78,7 +78,7 @@ type LedgerTotals struct {
 	PerKey   map[string]int64 // key -> effects, for effects with a Key
 }
 
-// ErrNoTx is returned by a SQLLedger configured with RequireTx when ctx
+// ErrNoTx is returned by a SQL configured with RequireTx when ctx
 // carries no inbox transaction.
 var ErrNoTx = errors.New("testkit: ledger: no inbox transaction in the handler's context")
 
@@ -86,23 +86,23 @@ var ErrNoTx = errors.New("testkit: ledger: no inbox transaction in the handler's
 // checked.
 var errNoEvent = errors.New("testkit: ledger: Effect.Event is empty")
 
-// MemLedger is a Ledger in memory, safe for concurrent use. Its zero
+// Mem is a Ledger in memory, safe for concurrent use. Its zero
 // value is ready to use.
-type MemLedger struct {
+type Mem struct {
 	mu       sync.Mutex
 	effects  []Effect
 	perEvent map[string]int64
 	balances map[string]int64
 }
 
-var _ Ledger = (*MemLedger)(nil)
+var _ Ledger = (*Mem)(nil)
 
-// NewMemLedger returns an empty MemLedger.
-func NewMemLedger() *MemLedger { return &MemLedger{} }
+// NewMem returns an empty Mem.
+func NewMem() *Mem { return &Mem{} }
 
 // Record appends e and credits its account. It fails only for an effect
 // without an Event.
-func (l *MemLedger) Record(_ context.Context, e Effect) error {
+func (l *Mem) Record(_ context.Context, e Effect) error {
 	if e.Event == "" {
 		return errNoEvent
 	}
@@ -121,17 +121,17 @@ func (l *MemLedger) Record(_ context.Context, e Effect) error {
 }
 
 // Effects returns a copy of the recorded effects, in order.
-func (l *MemLedger) Effects(context.Context) ([]Effect, error) {
+func (l *Mem) Effects(context.Context) ([]Effect, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return append([]Effect(nil), l.effects...), nil
 }
 
 // Totals sums up the recorded effects.
-func (l *MemLedger) Totals(context.Context) (LedgerTotals, error) {
+func (l *Mem) Totals(context.Context) (Totals, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	t := LedgerTotals{
+	t := Totals{
 		Effects:  int64(len(l.effects)),
 		PerEvent: make(map[string]int64, len(l.perEvent)),
 		PerKey:   map[string]int64{},
@@ -152,14 +152,14 @@ func (l *MemLedger) Totals(context.Context) (LedgerTotals, error) {
 }
 
 // Count returns the number of effects of event: cheap enough to poll.
-func (l *MemLedger) Count(event string) int {
+func (l *Mem) Count(event string) int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return int(l.perEvent[event])
 }
 
 // Len returns the number of effects recorded.
-func (l *MemLedger) Len() int {
+func (l *Mem) Len() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return len(l.effects)

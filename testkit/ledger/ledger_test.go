@@ -1,4 +1,4 @@
-package testkit_test
+package ledger_test
 
 import (
 	"context"
@@ -16,6 +16,7 @@ import (
 
 	"github.com/watermill-dedup/dedup/stores/sqlstore"
 	"github.com/watermill-dedup/dedup/testkit"
+	"github.com/watermill-dedup/dedup/testkit/ledger"
 )
 
 func uniqueTable(t testing.TB) string {
@@ -28,10 +29,10 @@ func uniqueTable(t testing.TB) string {
 
 // checkLedger records effects with and without accounts and checks what
 // the ledger returns.
-func checkLedger(t *testing.T, l testkit.Ledger) {
+func checkLedger(t *testing.T, l ledger.Ledger) {
 	t.Helper()
 	ctx := context.Background()
-	in := []testkit.Effect{
+	in := []ledger.Effect{
 		{Event: "e1"},
 		{Event: "e2", Key: "p2", Account: "c1", Amount: 5, Message: "m2"},
 		{Event: "e3", Key: "p2", Account: "c1", Amount: 7, Message: "m3"},
@@ -42,7 +43,7 @@ func checkLedger(t *testing.T, l testkit.Ledger) {
 			t.Fatalf("Record(%+v): %v", e, err)
 		}
 	}
-	if err := l.Record(ctx, testkit.Effect{Key: "x"}); err == nil {
+	if err := l.Record(ctx, ledger.Effect{Key: "x"}); err == nil {
 		t.Error("Record of an effect without Event succeeded")
 	}
 	got, err := l.Effects(ctx)
@@ -52,14 +53,14 @@ func checkLedger(t *testing.T, l testkit.Ledger) {
 	if !reflect.DeepEqual(got, in) {
 		t.Errorf("Effects = %+v, want %+v", got, in)
 	}
-	if ev := testkit.EventsOf(got); !reflect.DeepEqual(ev, []string{"e1", "e2", "e3", "e3"}) {
+	if ev := ledger.EventsOf(got); !reflect.DeepEqual(ev, []string{"e1", "e2", "e3", "e3"}) {
 		t.Errorf("EventsOf = %v", ev)
 	}
 	tot, err := l.Totals(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := testkit.LedgerTotals{
+	want := ledger.Totals{
 		Effects: 4, Amount: 13, Balance: 13,
 		PerEvent: map[string]int64{"e1": 1, "e2": 1, "e3": 2},
 		PerKey:   map[string]int64{"p2": 2, "p3": 1},
@@ -70,7 +71,7 @@ func checkLedger(t *testing.T, l testkit.Ledger) {
 }
 
 func TestMemLedger(t *testing.T) {
-	var l testkit.MemLedger // the zero value is ready
+	var l ledger.Mem // the zero value is ready
 	checkLedger(t, &l)
 	if l.Count("e3") != 2 || l.Count("none") != 0 || l.Len() != 4 {
 		t.Errorf("Count(e3)=%d Count(none)=%d Len=%d, want 2 0 4", l.Count("e3"), l.Count("none"), l.Len())
@@ -82,7 +83,7 @@ func TestSQLLedger(t *testing.T) {
 		t.Run(string(d), func(t *testing.T) {
 			db := openTestDB(t, d)
 			ctx := context.Background()
-			l, err := testkit.NewSQLLedger(db, testkit.SQLLedgerConfig{Dialect: d, Table: uniqueTable(t)})
+			l, err := ledger.NewSQL(db, ledger.SQLConfig{Dialect: d, Table: uniqueTable(t)})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -101,7 +102,7 @@ func TestSQLLedger(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := l.Record(sqlstore.WithTx(ctx, tx), testkit.Effect{Event: "rolled-back", Account: "c1", Amount: 100}); err != nil {
+			if err := l.Record(sqlstore.WithTx(ctx, tx), ledger.Effect{Event: "rolled-back", Account: "c1", Amount: 100}); err != nil {
 				t.Fatal(err)
 			}
 			if err := tx.Rollback(); err != nil {
@@ -115,11 +116,11 @@ func TestSQLLedger(t *testing.T) {
 				t.Errorf("after a rolled-back Record: %d effects, balance %d; want 4, 13", tot.Effects, tot.Balance)
 			}
 
-			strict, err := testkit.NewSQLLedger(db, testkit.SQLLedgerConfig{Dialect: d, Table: l.Tables()[0], RequireTx: true})
+			strict, err := ledger.NewSQL(db, ledger.SQLConfig{Dialect: d, Table: l.Tables()[0], RequireTx: true})
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := strict.Record(ctx, testkit.Effect{Event: "e9"}); !errors.Is(err, testkit.ErrNoTx) {
+			if err := strict.Record(ctx, ledger.Effect{Event: "e9"}); !errors.Is(err, ledger.ErrNoTx) {
 				t.Errorf("RequireTx without a transaction: %v, want ErrNoTx", err)
 			}
 		})
@@ -132,14 +133,14 @@ func TestSQLLedgerConfig(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	for _, c := range []testkit.SQLLedgerConfig{
+	for _, c := range []ledger.SQLConfig{
 		{Dialect: sqlstore.SQLite},
 		{Dialect: sqlstore.SQLite, Table: "Bad-Name"},
 		{Dialect: sqlstore.SQLite, Table: "x; DROP TABLE y"},
 		{Dialect: "oracle", Table: "ok"},
 	} {
-		if _, err := testkit.NewSQLLedger(db, c); err == nil {
-			t.Errorf("NewSQLLedger(%+v) succeeded", c)
+		if _, err := ledger.NewSQL(db, c); err == nil {
+			t.Errorf("NewSQL(%+v) succeeded", c)
 		}
 	}
 }
