@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"iter"
 	"reflect"
-	"regexp"
 	"strings"
 	"time"
 
@@ -35,6 +34,14 @@ const (
 	// calls only by that busy timeout.
 	SQLite Dialect = "sqlite"
 )
+
+// ErrSessionSettings is returned by every call on a database whose session
+// settings break an assumption of the store: MySQL's autocommit off
+// (autocommit=0 in the DSN), under which the store's single statements
+// open transactions nobody commits. Fix the DSN; the error names the
+// setting. It is checked once, at the first call that reaches the
+// database.
+var ErrSessionSettings = errors.New("sqlstore: a database session setting breaks the store")
 
 // dialect is a SQL flavour as the store uses it. postgres.go, mysql.go
 // and sqlite.go each implement it, and each holds everything that differs
@@ -155,25 +162,6 @@ type dialectInfo struct {
 	open func(table string, partitioned bool, db *sql.DB) dialect
 }
 
-// dialects are the supported dialects, registered by their files.
-var dialects = map[Dialect]dialectInfo{}
-
-// DetectDialect returns the dialect of db's driver: pgx or lib/pq are
-// Postgres, go-sql-driver/mysql is MySQL, modernc.org/sqlite or
-// mattn/go-sqlite3 are SQLite. It fails for any other driver; set
-// Config.Dialect then.
-func DetectDialect(db *sql.DB) (Dialect, error) {
-	pkg := driverPkg(db)
-	for name, info := range dialects {
-		for _, d := range info.drivers {
-			if strings.Contains(pkg, d) {
-				return name, nil
-			}
-		}
-	}
-	return "", fmt.Errorf("sqlstore: cannot tell the dialect of driver %T (package %s): set Config.Dialect", db.Driver(), pkg)
-}
-
 // driverPkg is the package path of db's driver.
 func driverPkg(db *sql.DB) string {
 	t := reflect.TypeOf(db.Driver())
@@ -181,37 +169,6 @@ func driverPkg(db *sql.DB) string {
 		t = t.Elem()
 	}
 	return t.PkgPath()
-}
-
-// identPart is the strict pattern of a table name (and of its optional
-// schema prefix): lowercase ASCII letters, digits and underscores, not
-// starting with a digit. Lowercase only, so the name means the same table
-// quoted or not, on every dialect and file system.
-var identPart = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
-
-// maxTableLen bounds the table part of the name, leaving room for the
-// suffixes of index and partition names within PostgreSQL's 63 bytes.
-const maxTableLen = 48
-
-// checkTable validates a table name, "table" or "schema.table" (the schema
-// form is not available on SQLite).
-func checkTable(name string, d Dialect) error {
-	parts := strings.Split(name, ".")
-	if len(parts) > 2 || (len(parts) == 2 && dialects[d].noSchema) {
-		return fmt.Errorf("%w: Table %q: want table or schema.table (schema not on SQLite)", ErrInvalidTable, name)
-	}
-	for _, p := range parts {
-		if !identPart.MatchString(p) {
-			return fmt.Errorf("%w: Table %q must match %s (lowercase letters, digits, underscores)", ErrInvalidTable, name, identPart)
-		}
-		if len(p) > 63 {
-			return fmt.Errorf("%w: Table %q: %q is longer than 63 bytes", ErrInvalidTable, name, p)
-		}
-	}
-	if t := parts[len(parts)-1]; len(t) > maxTableLen {
-		return fmt.Errorf("%w: Table %q: table part must be at most %d bytes, got %d", ErrInvalidTable, name, maxTableLen, len(t))
-	}
-	return nil
 }
 
 // splitTable returns the schema ("" when none) and the table part of a

@@ -5,99 +5,15 @@ import (
 	"context"
 	"errors"
 	"slices"
-	"sync/atomic"
 	"time"
 
 	"github.com/watermill-dedup/dedup/internal/batch"
 	"github.com/watermill-dedup/dedup/stores"
 )
 
-// Defaults and bounds of BatchConfig.
-const (
-	// DefaultMaxBatch is the default BatchConfig.MaxBatch.
-	DefaultMaxBatch = 64
-	// MaxBatchLimit bounds BatchConfig.MaxBatch.
-	MaxBatchLimit = 1000
-	// DefaultMaxInFlight is the default BatchConfig.MaxInFlight.
-	DefaultMaxInFlight = 1
-	// MaxInFlightLimit bounds BatchConfig.MaxInFlight.
-	MaxInFlightLimit = 64
-)
-
-// BatchConfig configures group commit in lease mode. Concurrent
-// single-key Claim, Complete, Release and Extend calls that arrive while
-// a batch is running queue, and run together as the next batch: one
-// round trip and one commit for all of them, each call still with its own
-// result and error.
-//
-//   - PostgreSQL (pgx): each call's own single-row statement, all in one
-//     pipeline (one network write, one implicit transaction, one commit).
-//     With another PostgreSQL driver, one transaction of those statements.
-//   - MySQL: one transaction: a multi-row INSERT for the claims, a locked
-//     read of every record of the batch, one UPDATE or DELETE per kind.
-//   - SQLite: one transaction of the calls' statements (one WAL sync).
-//
-// There is no timer: a call that finds fewer than MaxInFlight batches
-// running runs at once, alone, on exactly the statements an unbatched call
-// runs, so a lone caller waits for nothing and pays nothing. Only calls
-// that would otherwise wait for the database are grouped, and batches grow
-// with the load by themselves.
-//
-// A claim whose record exists is decided from it (Duplicate with its
-// data, InProgress); one that must take an expired record over, and any
-// call whose batch failed as a whole (a deadlock, a lock wait past 200ms
-// on PostgreSQL, a broken connection, one call's bad input), runs again on
-// its own statements, in its caller's goroutine. A claim made for a
-// caller that gave up while its batch ran is released in the background.
-//
-// A running batch, or lone call, holds its slot until it ends: one that
-// waits for a row lock (a key held by a long transaction, such as an open
-// inbox transaction of a handler sharing the scope) holds the calls queued
-// behind it. A PostgreSQL batch gives such a wait up after 200ms; a lone
-// call, and a MySQL batch, wait as an unbatched call does, up to their
-// context's deadline (the middleware's StoreTimeout) or the database's
-// lock timeout.
-//
-// Multi-key calls, and every call on the DailyPartitions layout, always
-// run on their own.
-//
-// Its fields, shared with redisstore.BatchConfig:
-//
-//   - Disabled turns group commit off: every call runs its own
-//     statements on a connection of its own.
-//   - MaxBatch is the most calls one batch carries. The default is
-//     DefaultMaxBatch (64); at most MaxBatchLimit (1000).
-//   - MaxInFlight is how many batches run at once, each on a connection
-//     of its own; calls arriving while that many run wait for the next
-//     batch. Fewer batches in flight make larger batches (fewer
-//     statements and commits per call) and longer waits. The default,
-//     DefaultMaxInFlight (1), served the most messages per second and the
-//     least CPU per message on every dialect on a two-core machine
-//     (README.md); on a server with many cores, 2 to 4 can serve more. At
-//     most MaxInFlightLimit (64).
-//
-// The zero value turns batching on with the defaults.
-type BatchConfig = batch.Config
-
-// batchLimits are the defaults and bounds of BatchConfig.
-var batchLimits = batch.Limits{
-	DefaultMaxBatch: DefaultMaxBatch, MaxBatch: MaxBatchLimit,
-	DefaultMaxInFlight: DefaultMaxInFlight, MaxInFlight: MaxInFlightLimit,
-}
-
-// group batches a store's single-key lease-mode calls.
-type group struct {
-	s *Store
-	// b delivers each op's error (errFallback: run it on its own); its
-	// other results are in the op.
-	b *batch.Batcher[*op, struct{}]
-
-	// hook, when set (by tests), sees the size of every batch before it
-	// runs; an error it returns stands for a failed batch statement.
-	// inDo then counts the calls inside do.
-	hook func(n int) error
-	inDo atomic.Int64
-}
+// Group commit of single-key lease-mode calls, on internal/batch. The
+// group type, BatchConfig and its bounds are in store.go, beside the
+// Store and its Config, which hold them.
 
 func newGroup(s *Store) *group {
 	g := &group{s: s}

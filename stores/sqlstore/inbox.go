@@ -454,3 +454,12 @@ func (t *inboxTx) abort(ctx context.Context) error {
 	}
 	return nil
 }
+
+// joinedError marks err with stores.ErrTxAborted when it says that the
+// transaction a joined Begin works in is over.
+func (s *Store) joinedError(err error) error {
+	if s.is(err, errTxDead) && !errors.Is(err, stores.ErrTxAborted) {
+		return fmt.Errorf("%w: %w", stores.ErrTxAborted, err)
+	}
+	return err
+}

@@ -20,13 +20,12 @@ import (
 // insert id, batches of multi-row statements, autocommit and COMMIT
 // quirks.
 
-func init() {
-	dialects[MySQL] = dialectInfo{
-		drivers: []string{"go-sql-driver/mysql"},
-		open: func(table string, _ bool, _ *sql.DB) dialect {
-			return newMySQL(table)
-		},
-	}
+// mysqlInfo describes MySQL and MariaDB to New, Validate and DetectDialect.
+var mysqlInfo = dialectInfo{
+	drivers: []string{"go-sql-driver/mysql"},
+	open: func(table string, _ bool, _ *sql.DB) dialect {
+		return newMySQL(table)
+	},
 }
 
 type mysqlDialect struct {

@@ -23,17 +23,16 @@ import (
 // as uuid, timestamptz, pipelined batches with pgx, and the daily
 // partitioned layout.
 
-func init() {
-	dialects[Postgres] = dialectInfo{
-		drivers:    []string{"jackc/pgx", "lib/pq"},
-		partitions: true,
-		open: func(table string, partitioned bool, _ *sql.DB) dialect {
-			return newPostgres(table, partitioned)
-		},
-	}
+// postgresInfo describes PostgreSQL to New, Validate and DetectDialect.
+var postgresInfo = dialectInfo{
+	drivers:    []string{"jackc/pgx", "lib/pq"},
+	partitions: true,
+	open: func(table string, partitioned bool, _ *sql.DB) dialect {
+		return newPostgres(table, partitioned)
+	},
 }
 
-type postgres struct {
+type postgresDialect struct {
 	base
 	q            statements
 	schemaName   string // unquoted, "" when none
@@ -45,12 +44,12 @@ type postgres struct {
 }
 
 var (
-	_ dialect     = (*postgres)(nil)
-	_ partitioner = (*postgres)(nil)
+	_ dialect     = (*postgresDialect)(nil)
+	_ partitioner = (*postgresDialect)(nil)
 )
 
-func newPostgres(table string, partitioned bool) *postgres {
-	d := &postgres{partitioned: partitioned, readCommited: &sql.TxOptions{Isolation: sql.LevelReadCommitted}}
+func newPostgres(table string, partitioned bool) *postgresDialect {
+	d := &postgresDialect{partitioned: partitioned, readCommited: &sql.TxOptions{Isolation: sql.LevelReadCommitted}}
 	d.schemaName, d.name = splitTable(table)
 	h := fnv.New32a()
 	h.Write([]byte("sqlstore:" + table))
@@ -79,18 +78,18 @@ func newPostgres(table string, partitioned bool) *postgres {
 	return d
 }
 
-func (d *postgres) sql() *statements { return &d.q }
+func (d *postgresDialect) sql() *statements { return &d.q }
 
-func (d *postgres) quote(ident string) string { return `"` + ident + `"` }
+func (d *postgresDialect) quote(ident string) string { return `"` + ident + `"` }
 
-func (d *postgres) qualified(name string) string {
+func (d *postgresDialect) qualified(name string) string {
 	if d.schemaName != "" {
 		return d.quote(d.schemaName) + "." + d.quote(name)
 	}
 	return d.quote(name)
 }
 
-func (d *postgres) schema() []string {
+func (d *postgresDialect) schema() []string {
 	if d.partitioned {
 		return []string{
 			`CREATE TABLE IF NOT EXISTS ` + d.q.table + ` (
@@ -118,21 +117,21 @@ func (d *postgres) schema() []string {
 }
 
 // idArg is a uuid literal, valid in every pgx query mode.
-func (d *postgres) idArg(id recordID) any { return id.uuid() }
+func (d *postgresDialect) idArg(id recordID) any { return id.uuid() }
 
-func (d *postgres) timeArg(t time.Time) any { return roundUp(t).UTC() }
+func (d *postgresDialect) timeArg(t time.Time) any { return roundUp(t).UTC() }
 
-func (d *postgres) inserted(res sql.Result) (bool, error) {
+func (d *postgresDialect) inserted(res sql.Result) (bool, error) {
 	n, err := res.RowsAffected()
 	return n == 1, err
 }
 
-func (d *postgres) quirks() quirks {
+func (d *postgresDialect) quirks() quirks {
 	// READ COMMITTED: locking reads see the latest committed row.
 	return quirks{txOptions: d.readCommited}
 }
 
-func (d *postgres) classify(err error) errClass {
+func (d *postgresDialect) classify(err error) errClass {
 	var ce *pgconn.ConnectError
 	if errors.As(err, &ce) {
 		return errUnavailable
@@ -161,7 +160,7 @@ func (d *postgres) classify(err error) errClass {
 // joinCheck refuses, on the partitioned layout, a REPEATABLE READ
 // transaction: its snapshot could miss a record committed in another
 // partition.
-func (d *postgres) joinCheck(ctx context.Context, tx *sql.Tx, _ string) error {
+func (d *postgresDialect) joinCheck(ctx context.Context, tx *sql.Tx, _ string) error {
 	if !d.partitioned {
 		return nil
 	}
@@ -188,7 +187,7 @@ const heapBlocks = "SELECT pg_relation_size($1::regclass) / current_setting('blo
 // waits on a row a claim holds. Before PostgreSQL 14 a ctid range is no
 // scan bound: one statement per batch scans from the start of the table
 // (or uses an index on expires_at if the table has one).
-func (d *postgres) purgePlan(ctx context.Context, db *sql.DB, chunk int64) (string, iter.Seq[[]any], error) {
+func (d *postgresDialect) purgePlan(ctx context.Context, db *sql.DB, chunk int64) (string, iter.Seq[[]any], error) {
 	var blocks int64
 	var version int
 	if err := db.QueryRowContext(ctx, heapBlocks, d.q.table).Scan(&blocks, &version); err != nil {
@@ -249,7 +248,7 @@ var errNotPgx = errors.New("sqlstore: not a pgx connection")
 // over the pipeline, and its join plans, cached for the table's size when
 // first planned, go wrong as a fresh table grows. With another driver it
 // runs them in a transaction (one commit, a round trip each).
-func (d *postgres) execBatch(ctx context.Context, db *sql.DB, ops []*op, now time.Time) error {
+func (d *postgresDialect) execBatch(ctx context.Context, db *sql.DB, ops []*op, now time.Time) error {
 	if d.notPgx.Load() {
 		return execInTx(ctx, db, d, ops, now, batchSettings)
 	}
@@ -306,7 +305,7 @@ func (d *postgres) execBatch(ctx context.Context, db *sql.DB, ops []*op, now tim
 // InProgress from a live record. An expired record (a takeover, which
 // needs a lock), one gone since, or a failed read leaves the claim to its
 // caller.
-func (d *postgres) resolveClaims(ctx context.Context, c *pgx.Conn, claims []*op, now time.Time) {
+func (d *postgresDialect) resolveClaims(ctx context.Context, c *pgx.Conn, claims []*op, now time.Time) {
 	if len(claims) == 0 {
 		return
 	}
@@ -347,7 +346,7 @@ func (d *postgres) resolveClaims(ctx context.Context, c *pgx.Conn, claims []*op,
 
 const advisoryLock = "SELECT pg_advisory_xact_lock($1, $2)"
 
-func (d *postgres) lockIDs(ctx context.Context, tx *sql.Tx, ids []recordID) error {
+func (d *postgresDialect) lockIDs(ctx context.Context, tx *sql.Tx, ids []recordID) error {
 	for _, id := range ids {
 		if _, err := tx.ExecContext(ctx, advisoryLock, d.lockClass, int32(binary.BigEndian.Uint32(id[:4]))); err != nil {
 			return err
@@ -359,7 +358,7 @@ func (d *postgres) lockIDs(ctx context.Context, tx *sql.Tx, ids []recordID) erro
 // partitionSuffix is appended to the table name for a day's partition.
 const partitionSuffix = "_p20060102"
 
-func (d *postgres) partitionName(day time.Time) string {
+func (d *postgresDialect) partitionName(day time.Time) string {
 	return d.name + day.UTC().Format(partitionSuffix)
 }
 
@@ -383,7 +382,7 @@ type partition struct {
 }
 
 // partitions lists the table's partitions that this store names.
-func (d *postgres) partitions(ctx context.Context, db *sql.DB) (map[string]partition, error) {
+func (d *postgresDialect) partitions(ctx context.Context, db *sql.DB) (map[string]partition, error) {
 	rows, err := db.QueryContext(ctx, listPartitions, d.q.table)
 	if err != nil {
 		return nil, fmt.Errorf("listing partitions: %w", err)
@@ -409,7 +408,7 @@ func (d *postgres) partitions(ctx context.Context, db *sql.DB) (map[string]parti
 
 // partitionDDL runs a statement that locks the parent table (creating or
 // dropping a partition) under partitionLockTimeout.
-func (d *postgres) partitionDDL(ctx context.Context, db *sql.DB, stmt string) error {
+func (d *postgresDialect) partitionDDL(ctx context.Context, db *sql.DB, stmt string) error {
 	return inTx(ctx, db, d.readCommited, func(tx *sql.Tx) error {
 		if _, err := tx.ExecContext(ctx, "SET LOCAL lock_timeout = '"+partitionLockTimeout+"'"); err != nil {
 			return err
@@ -425,7 +424,7 @@ func (d *postgres) partitionDDL(ctx context.Context, db *sql.DB, stmt string) er
 // PurgeInterval is at most a day): one with a lease or retention of
 // daysAhead days then expires on the day after today+daysAhead. Only a
 // missing partition takes the lock on the parent table.
-func (d *postgres) createPartitions(ctx context.Context, db *sql.DB, today time.Time, daysAhead int) error {
+func (d *postgresDialect) createPartitions(ctx context.Context, db *sql.DB, today time.Time, daysAhead int) error {
 	parts, err := d.partitions(ctx, db)
 	if err != nil {
 		return err
@@ -450,7 +449,7 @@ func (d *postgres) createPartitions(ctx context.Context, db *sql.DB, today time.
 	return nil
 }
 
-func (d *postgres) dropPartitions(ctx context.Context, db *sql.DB, cutoff time.Time, dropped func(rows int64)) (int64, error) {
+func (d *postgresDialect) dropPartitions(ctx context.Context, db *sql.DB, cutoff time.Time, dropped func(rows int64)) (int64, error) {
 	parts, err := d.partitions(ctx, db)
 	if err != nil {
 		return 0, err

@@ -16,31 +16,30 @@ import (
 // write lock instead of row locks, batches as one transaction (one WAL
 // sync), error codes read from two drivers.
 
-func init() {
-	dialects[SQLite] = dialectInfo{
-		drivers:  []string{"sqlite"},
-		noSchema: true,
-		open: func(table string, _ bool, db *sql.DB) dialect {
-			// Asked at the first Begin: New does no I/O and asks nothing
-			// of db.
-			return newSQLite(table, sync.OnceValue(func() bool {
-				return strings.Contains(driverPkg(db), "mattn/go-sqlite3")
-			}))
-		},
-	}
+// sqliteInfo describes SQLite to New, Validate and DetectDialect.
+var sqliteInfo = dialectInfo{
+	drivers:  []string{"sqlite"},
+	noSchema: true,
+	open: func(table string, _ bool, db *sql.DB) dialect {
+		// Asked at the first Begin: New does no I/O and asks nothing
+		// of db.
+		return newSQLite(table, sync.OnceValue(func() bool {
+			return strings.Contains(driverPkg(db), "mattn/go-sqlite3")
+		}))
+	},
 }
 
-type sqlite struct {
+type sqliteDialect struct {
 	base
 	q     statements
 	name  string
 	mattn func() bool // the driver is github.com/mattn/go-sqlite3
 }
 
-var _ dialect = (*sqlite)(nil)
+var _ dialect = (*sqliteDialect)(nil)
 
-func newSQLite(table string, mattn func() bool) *sqlite {
-	d := &sqlite{name: table, mattn: mattn}
+func newSQLite(table string, mattn func() bool) *sqliteDialect {
+	d := &sqliteDialect{name: table, mattn: mattn}
 	q := &d.q
 	q.table = `"` + table + `"`
 	q.ph = func(int) string { return "?" }
@@ -54,9 +53,9 @@ func newSQLite(table string, mattn func() bool) *sqlite {
 	return d
 }
 
-func (d *sqlite) sql() *statements { return &d.q }
+func (d *sqliteDialect) sql() *statements { return &d.q }
 
-func (d *sqlite) schema() []string {
+func (d *sqliteDialect) schema() []string {
 	return []string{
 		`CREATE TABLE IF NOT EXISTS ` + d.q.table + ` (
     id         BLOB    NOT NULL PRIMARY KEY,
@@ -69,12 +68,12 @@ func (d *sqlite) schema() []string {
 	}
 }
 
-func (d *sqlite) idArg(id recordID) any { return id[:] }
+func (d *sqliteDialect) idArg(id recordID) any { return id[:] }
 
 // timeArg is unix microseconds: time zone free.
-func (d *sqlite) timeArg(t time.Time) any { return roundUp(t).UnixMicro() }
+func (d *sqliteDialect) timeArg(t time.Time) any { return roundUp(t).UnixMicro() }
 
-func (d *sqlite) inserted(res sql.Result) (bool, error) {
+func (d *sqliteDialect) inserted(res sql.Result) (bool, error) {
 	n, err := res.RowsAffected()
 	return n == 1, err
 }
@@ -82,11 +81,11 @@ func (d *sqlite) inserted(res sql.Result) (bool, error) {
 // quirks: the store's transactions take the driver's default (BEGIN
 // IMMEDIATE with SQLiteDSN); mattn/go-sqlite3 waits for the write lock
 // (busy_timeout) without watching the context.
-func (d *sqlite) quirks() quirks {
+func (d *sqliteDialect) quirks() quirks {
 	return quirks{lockWaitIgnoresContext: d.mattn}
 }
 
-func (d *sqlite) classify(err error) errClass {
+func (d *sqliteDialect) classify(err error) errClass {
 	code, ok := sqliteCode(err)
 	if !ok {
 		return 0
@@ -100,7 +99,7 @@ func (d *sqlite) classify(err error) errClass {
 	return 0
 }
 
-func (d *sqlite) purgePlan(context.Context, *sql.DB, int64) (string, iter.Seq[[]any], error) {
+func (d *sqliteDialect) purgePlan(context.Context, *sql.DB, int64) (string, iter.Seq[[]any], error) {
 	return fmt.Sprintf("DELETE FROM %s WHERE id IN (SELECT id FROM %s WHERE %s LIMIT ?)", d.q.table, d.q.table,
 		purgePredicate(fmt.Sprintf("state = %d", stateDone), "?", "?")), one, nil
 }
@@ -108,7 +107,7 @@ func (d *sqlite) purgePlan(context.Context, *sql.DB, int64) (string, iter.Seq[[]
 // execBatch runs a batch in one transaction of the calls' own single-row
 // statements: they cost no round trip (SQLite runs in process) while
 // each commit syncs the WAL to disk.
-func (d *sqlite) execBatch(ctx context.Context, db *sql.DB, ops []*op, now time.Time) error {
+func (d *sqliteDialect) execBatch(ctx context.Context, db *sql.DB, ops []*op, now time.Time) error {
 	return execInTx(ctx, db, d, ops, now, "")
 }
 
