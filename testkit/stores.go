@@ -98,8 +98,9 @@ type StoreParams struct {
 	// write lock), the Redis pool (default go-redis's).
 	PoolSize int
 
-	// DialTimeout bounds connecting and the first ping. The default is 2
-	// seconds.
+	// DialTimeout bounds each connection attempt. The default is 2
+	// seconds. The first ping, which proves the service is up, may take
+	// up to 15 seconds: a loaded CI machine can be that slow to answer.
 	DialTimeout time.Duration
 
 	// RedisOptions, if set, adjusts the Redis client's options (redis
@@ -140,6 +141,10 @@ type OpenedStore struct {
 const (
 	DefaultPoolSize    = 8
 	DefaultDialTimeout = 2 * time.Second
+	// minPingTimeout bounds the first ping from below: a loaded CI
+	// machine can take seconds to answer a service that is up, and a
+	// store that fails to open fails its whole test.
+	minPingTimeout = 15 * time.Second
 )
 
 // UnreachableError is OpenStore's error when the service does not answer.
@@ -265,7 +270,7 @@ func (p StoreParams) openRedis(ctx context.Context, cl *closers) (*OpenedStore, 
 		client = redis.NewClient(opts)
 	}
 	cl.add(func(context.Context) error { return client.Close() })
-	pctx, cancel := context.WithTimeout(ctx, p.DialTimeout)
+	pctx, cancel := context.WithTimeout(ctx, pingTimeout(p.DialTimeout))
 	defer cancel()
 	if err := client.Ping(pctx).Err(); err != nil {
 		return nil, &UnreachableError{service, addr, setting, err}
@@ -435,7 +440,7 @@ func (p StoreParams) openDB(ctx context.Context) (*sql.DB, string, error) {
 	// message in flight in its own goroutine.
 	db.SetMaxOpenConns(conns)
 	db.SetMaxIdleConns(conns)
-	pctx, cancel := context.WithTimeout(ctx, p.DialTimeout)
+	pctx, cancel := context.WithTimeout(ctx, pingTimeout(p.DialTimeout))
 	defer cancel()
 	if err := db.PingContext(pctx); err != nil {
 		_ = db.Close()
@@ -467,3 +472,6 @@ func (c *closers) run(ctx context.Context) error {
 	*c = nil
 	return errors.Join(errs...)
 }
+
+// pingTimeout is how long the first ping of an opened client may take.
+func pingTimeout(dial time.Duration) time.Duration { return max(dial, minPingTimeout) }
