@@ -290,3 +290,19 @@ func TestAsyncDuplicateRacingItsComplete(t *testing.T) {
 		t.Fatalf("a duplicate whose Complete landed under its claim: %v, want acked", err)
 	}
 }
+
+// TestAsyncCloseWithNothingPending: Close with a context already done
+// returns nil when no Complete is in flight: there was nothing to wait for.
+func TestAsyncCloseWithNothingPending(t *testing.T) {
+	for i := range 50 {
+		m, err := middleware.New(middleware.Config{Store: newGatedStore(t), Mode: middleware.ModeAsyncComplete})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		if err := m.Close(ctx); err != nil {
+			t.Fatalf("attempt %d: Close with nothing pending = %v, want nil", i, err)
+		}
+	}
+}

@@ -857,3 +857,21 @@ func TestDefaultLoggerIsNotSilent(t *testing.T) {
 		t.Fatalf("nothing logged through slog.Default(): %q", buf.String())
 	}
 }
+
+// TestDefaultLoggerFollowsSetDefault: the default logger is log/slog's
+// default at the time of each log line, not at New: a program that sets
+// its slog handler after building the middleware still sees its errors at
+// error level.
+func TestDefaultLoggerFollowsSetDefault(t *testing.T) {
+	prev := slog.Default()
+	t.Cleanup(func() { slog.SetDefault(prev) })
+	mw := dedupMiddleware(t, middleware.Config{Store: newMemstore(t), Scope: "s", Key: keyfuncs.JSON("id")})
+	var buf bytes.Buffer
+	slog.SetDefault(slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelWarn})))
+	if _, err := mw(func(*message.Message) ([]*message.Message, error) { return nil, nil })(message.NewMessage("m-1", []byte(`{}`))); !errors.Is(err, keyfuncs.ErrNoKey) {
+		t.Fatal(err)
+	}
+	if !strings.Contains(buf.String(), `"level":"ERROR"`) || !strings.Contains(buf.String(), `"outcome":"no_key"`) {
+		t.Fatalf("the handler set after New got %q, want the no-key error at ERROR with its fields", buf.String())
+	}
+}
