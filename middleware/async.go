@@ -98,6 +98,12 @@ func (p *pending) close(ctx context.Context) error {
 		}
 	}
 	p.mu.Unlock()
+	select { // nothing in flight: nothing to give up on, whatever ctx says
+	case <-p.idle:
+		p.cancel()
+		return nil
+	default:
+	}
 	select {
 	case <-p.idle:
 		p.cancel()

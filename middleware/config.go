@@ -204,9 +204,10 @@ type Config struct {
 
 	// Logger receives what the middleware reports: every message it fails
 	// for good (no key, fingerprint mismatch, corrupt record) and every
-	// bypass, takeover, ttl miss and store failure. The default logs to
-	// slog.Default() (watermill.NewSlogLogger(nil)); pass
-	// watermill.NopLogger{} to discard.
+	// bypass, takeover, ttl miss and store failure. The default logs
+	// through log/slog's default logger as it is at each line (so
+	// slog.SetDefault after New applies); pass watermill.NopLogger{} to
+	// discard.
 	Logger watermill.LoggerAdapter
 
 	// Metrics receives every outcome and store latency. The default
@@ -365,7 +366,7 @@ func (c *Config) setDefaults() {
 		c.Tuning.InProgressPoll = DefaultInProgressPoll
 	}
 	if c.Logger == nil {
-		c.Logger = watermill.NewSlogLogger(nil)
+		c.Logger = slogDefault{}
 	}
 	if c.Metrics == nil {
 		c.Metrics = NopMetrics{}

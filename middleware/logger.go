@@ -1,0 +1,36 @@
+package middleware
+
+import (
+	"log/slog"
+
+	"github.com/ThreeDotsLabs/watermill"
+)
+
+// slogDefault is the default Config.Logger: log/slog's default logger as it
+// is when each line is logged, so a program that calls slog.SetDefault
+// after New still gets the middleware's errors through its own handler.
+type slogDefault struct {
+	fields watermill.LogFields
+}
+
+func (l slogDefault) logger() watermill.LoggerAdapter {
+	var a watermill.LoggerAdapter = watermill.NewSlogLogger(slog.Default())
+	if len(l.fields) > 0 {
+		a = a.With(l.fields)
+	}
+	return a
+}
+
+func (l slogDefault) Error(msg string, err error, fields watermill.LogFields) {
+	l.logger().Error(msg, err, fields)
+}
+
+func (l slogDefault) Info(msg string, fields watermill.LogFields) { l.logger().Info(msg, fields) }
+
+func (l slogDefault) Debug(msg string, fields watermill.LogFields) { l.logger().Debug(msg, fields) }
+
+func (l slogDefault) Trace(msg string, fields watermill.LogFields) { l.logger().Trace(msg, fields) }
+
+func (l slogDefault) With(fields watermill.LogFields) watermill.LoggerAdapter {
+	return slogDefault{fields: l.fields.Add(fields)}
+}
