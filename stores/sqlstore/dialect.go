@@ -41,7 +41,7 @@ const (
 // open transactions nobody commits. Fix the DSN; the error names the
 // setting. It is checked once, at the first call that reaches the
 // database.
-var ErrSessionSettings = errors.New("sqlstore: a database session setting breaks the store")
+var ErrSessionSettings = errors.New("a database session setting breaks the store")
 
 // dialect is a SQL flavour as the store uses it. postgres.go, mysql.go
 // and sqlite.go each implement it, and each holds everything that differs
