@@ -71,7 +71,7 @@ func ExampleBatchConfig() {
 	store, err := redisstore.New(client, redisstore.Config{
 		Batch: redisstore.BatchConfig{
 			MaxBatch:    128, // default; at most 10000
-			MaxInFlight: 4,   // default; at most 1024: pipelines (connections, per node) at once
+			MaxInFlight: 2,   // default; at most 1024: pipelines (connections, per node) at once
 			// Disabled: true, // one round trip per call
 		},
 	})
