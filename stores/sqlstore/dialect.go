@@ -572,7 +572,6 @@ func applied(o *op, n int64) (conflict bool) {
 // reads it locked in the same transaction and takes an expired one over
 // there.
 func execInTx(ctx context.Context, db *sql.DB, d dialect, ops []*op, now time.Time, prelude string) error {
-	q := d.sql()
 	return inTx(ctx, db, d.quirks().txOptions, func(tx *sql.Tx) error {
 		if prelude != "" {
 			if _, err := tx.ExecContext(ctx, prelude); err != nil {
@@ -597,20 +596,30 @@ func execInTx(ctx context.Context, db *sql.DB, d dialect, ops []*op, now time.Ti
 				return err
 			}
 			r, ok := recs[idKey(d, o.id())]
-			if !ok {
-				o.fallback = true // deleted since the INSERT found it
-				continue
-			}
-			if !settle(o, r) {
-				continue
-			}
-			// Expired, and locked (SQLite: the transaction holds the
-			// database's write lock).
-			if _, err := tx.ExecContext(ctx, q.takeover(1), o.token, d.timeArg(now.Add(o.d)), d.idArg(o.id())); err != nil {
+			if err := claimLocked(ctx, tx, d, o, r, ok, now); err != nil {
 				return err
 			}
-			o.res.Result, o.res.Takeover = stores.Claimed, r.state == stateProcessing
 		}
 		return nil
 	})
+}
+
+// claimLocked ends a batched claim that found its record r (ok: it
+// exists), locked in tx: a record deleted since the INSERT found it sends
+// the claim on to run alone; a live one settles it (Duplicate or
+// InProgress); an expired one is taken over (SQLite: the transaction holds
+// the database's write lock).
+func claimLocked(ctx context.Context, tx *sql.Tx, d dialect, o *op, r record, ok bool, now time.Time) error {
+	if !ok {
+		o.fallback = true
+		return nil
+	}
+	if !settle(o, r) {
+		return nil
+	}
+	if _, err := tx.ExecContext(ctx, d.sql().takeover(1), o.token, d.timeArg(now.Add(o.d)), d.idArg(o.id())); err != nil {
+		return err
+	}
+	o.res.Result, o.res.Takeover = stores.Claimed, r.state == stateProcessing
+	return nil
 }

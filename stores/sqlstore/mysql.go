@@ -11,8 +11,6 @@ import (
 	"time"
 
 	"github.com/go-sql-driver/mysql"
-
-	"github.com/watermill-dedup/dedup/stores"
 )
 
 // MySQL and MariaDB: a state column, ids as BINARY(16), unix microseconds,
@@ -221,7 +219,6 @@ func (d *mysqlDialect) fencedRows(k opKind, n int) string {
 // no RETURNING: the locked read tells which claims inserted their row
 // (the row carries their token) and which fenced calls still own theirs.
 func (d *mysqlDialect) execBatch(ctx context.Context, db *sql.DB, ops []*op, now time.Time) error {
-	q := &d.q
 	return inTx(ctx, db, d.quirks().txOptions, func(tx *sql.Tx) error {
 		ids := make([]recordID, len(ops))
 		var claims []any
@@ -253,17 +250,9 @@ func (d *mysqlDialect) execBatch(ctx context.Context, db *sql.DB, ops []*op, now
 				fenced[o.kind] = append(fenced[o.kind], o)
 				continue
 			}
-			if !ok {
-				o.fallback = true // deleted since the INSERT found it
-				continue
-			}
-			if !settle(o, r) {
-				continue
-			}
-			if _, err := tx.ExecContext(ctx, q.takeover(1), o.token, d.timeArg(now.Add(o.d)), d.idArg(o.id())); err != nil {
+			if err := claimLocked(ctx, tx, d, o, r, ok, now); err != nil {
 				return err
 			}
-			o.res.Result, o.res.Takeover = stores.Claimed, r.state == stateProcessing
 		}
 		// The rows are locked and owned: the statements below match them all.
 		for k, os := range fenced {
