@@ -22,8 +22,8 @@ type pending struct {
 	n      int
 	closed bool
 	idle   chan struct{} // closed once n is 0 after Close
-	// keys maps scope+"\x00"+key to the flight completing it.
-	keys map[string]*flight
+	// keys maps each (scope, key) in flight to the flight completing it.
+	keys map[flightKey]*flight
 	// landings counts the flights that have ended.
 	landings atomic.Uint64
 }
@@ -36,12 +36,14 @@ type flight struct {
 }
 
 func newPending() *pending {
-	p := &pending{idle: make(chan struct{}), keys: map[string]*flight{}}
+	p := &pending{idle: make(chan struct{}), keys: map[flightKey]*flight{}}
 	p.stop, p.cancel = context.WithCancel(context.Background())
 	return p
 }
 
-func flightKey(scope, key string) string { return scope + "\x00" + key }
+// flightKey is one record a flight completes; a struct, so that a lookup
+// builds no string.
+type flightKey struct{ scope, key string }
 
 // start registers a background Complete of c, or returns nil after Close:
 // the caller then completes synchronously.
@@ -54,7 +56,7 @@ func (p *pending) start(c *stores.Claim) *flight {
 	}
 	p.n++
 	for _, k := range c.Keys {
-		p.keys[flightKey(c.Scope, k)] = f
+		p.keys[flightKey{c.Scope, k}] = f
 	}
 	return f
 }
@@ -64,7 +66,7 @@ func (p *pending) done(f *flight) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, k := range f.keys {
-		if fk := flightKey(f.scope, k); p.keys[fk] == f {
+		if fk := (flightKey{f.scope, k}); p.keys[fk] == f {
 			delete(p.keys, fk)
 		}
 	}
@@ -82,7 +84,7 @@ func (p *pending) landing(scope string, keys []string) <-chan struct{} {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, k := range keys {
-		if f, ok := p.keys[flightKey(scope, k)]; ok {
+		if f, ok := p.keys[flightKey{scope, k}]; ok {
 			return f.done
 		}
 	}
