@@ -378,11 +378,18 @@ func (s *Store) checkHorizon(what string, d time.Duration) error {
 
 // acquire makes sure every key of ks has a record in tx: it inserts the
 // missing ones with insert (arguments from args) and returns the ids that
-// already had one, with their records, locked. On the plain layout the
-// INSERT ... ON CONFLICT DO NOTHING comes first (one statement in the
-// common case, and it waits for a concurrent uncommitted insert of the
-// same id); on the partitioned layout the ids' locks come first, then a
-// locking read across partitions, then the inserts.
+// already had one, with their records, locked. It takes the ids' locks in
+// their sorted order, one id after the other, so concurrent multi-key
+// claims and Begins never wait on each other in a cycle.
+//
+// On the plain layout each id is an INSERT ... ON CONFLICT DO NOTHING
+// (which waits for a concurrent uncommitted insert of the same id), and,
+// when the id has a record, a locking read of it. A record that its owner
+// deletes between the two (a Release, a purge) is gone when the read
+// gets its lock: the id is inserted again, up to maxAttempts times, where
+// giving up would have made the whole transaction start again behind
+// every lock it held. On the partitioned layout the ids' locks come
+// first, then a locking read across partitions, then the inserts.
 func (s *Store) acquire(ctx context.Context, tx *sql.Tx, ks keySet, now time.Time, insert string, args func(id recordID) []any) ([]recordID, map[string]record, error) {
 	var rest []recordID
 	if s.part != nil {
@@ -402,26 +409,34 @@ func (s *Store) acquire(ctx context.Context, tx *sql.Tx, ks keySet, now time.Tim
 		}
 		return rest, recs, nil
 	}
+	var recs map[string]record
 	for _, id := range ks.ids {
-		res, err := tx.ExecContext(ctx, insert, args(id)...)
-		if err != nil {
-			return nil, nil, err
+		for attempt := 1; ; attempt++ {
+			res, err := tx.ExecContext(ctx, insert, args(id)...)
+			if err != nil {
+				return nil, nil, err
+			}
+			if ins, err := s.d.inserted(res); err != nil {
+				return nil, nil, err
+			} else if ins {
+				break
+			}
+			one, err := fetch(ctx, tx, s.d, []recordID{id}, now, true)
+			if err != nil {
+				return nil, nil, err
+			}
+			if r, ok := one[idKey(s.d, id)]; ok {
+				if recs == nil {
+					recs = make(map[string]record, len(ks.ids))
+				}
+				recs[idKey(s.d, id)] = r
+				rest = append(rest, id)
+				break
+			}
+			if attempt == maxAttempts {
+				return nil, nil, errRetry // deleted under us every time
+			}
 		}
-		if ins, err := s.d.inserted(res); err != nil {
-			return nil, nil, err
-		} else if !ins {
-			rest = append(rest, id)
-		}
-	}
-	if len(rest) == 0 {
-		return nil, nil, nil
-	}
-	recs, err := fetch(ctx, tx, s.d, rest, now, true)
-	if err != nil {
-		return nil, nil, err
-	}
-	if len(recs) != len(rest) {
-		return nil, nil, errRetry // deleted between our INSERT and SELECT
 	}
 	return rest, recs, nil
 }
