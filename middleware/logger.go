@@ -13,6 +13,11 @@ type slogDefault struct {
 	fields watermill.LogFields
 }
 
+// DefaultLogger returns the default Config.Logger: log/slog's default
+// logger as it is when each line is logged. The publisher package uses it
+// too.
+func DefaultLogger() watermill.LoggerAdapter { return slogDefault{} }
+
 func (l slogDefault) logger() watermill.LoggerAdapter {
 	var a watermill.LoggerAdapter = watermill.NewSlogLogger(slog.Default())
 	if len(l.fields) > 0 {

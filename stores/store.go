@@ -307,3 +307,13 @@ type InboxTx interface {
 	// transaction. It is safe to call after Commit or Rollback (a no-op).
 	Rollback(ctx context.Context) error
 }
+
+// TxJoiner is implemented by an [Inbox] whose Begin can work inside a
+// transaction the caller carries in ctx (sqlstore.WithTx) instead of
+// opening its own. JoinsTx reports whether Begin(ctx, ...) would join
+// one. Callers whose guarantee needs the record to commit with their own
+// writes (the transactional publisher writing to an outbox) check it
+// before Begin.
+type TxJoiner interface {
+	JoinsTx(ctx context.Context) bool
+}

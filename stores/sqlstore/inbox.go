@@ -54,6 +54,14 @@ func (s *Store) outerTx(ctx context.Context) (*sql.Tx, bool) {
 	return tx, ok && tx != nil
 }
 
+// JoinsTx implements [stores.TxJoiner]: it reports whether ctx carries a
+// transaction Begin joins (one given with [WithTx], or watermill-sql's
+// subscriber transaction under Config.JoinWatermillTx).
+func (s *Store) JoinsTx(ctx context.Context) bool {
+	_, ok := s.outerTx(ctx)
+	return ok
+}
+
 // Begin implements [stores.Inbox].
 //
 // Without a transaction in ctx it opens one (READ COMMITTED; on SQLite the

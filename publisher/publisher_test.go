@@ -1,0 +1,496 @@
+package publisher_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/watermill-dedup/dedup/keyfuncs"
+	"github.com/watermill-dedup/dedup/middleware"
+	"github.com/watermill-dedup/dedup/publisher"
+	"github.com/watermill-dedup/dedup/stores"
+	"github.com/watermill-dedup/dedup/stores/memstore"
+	"github.com/watermill-dedup/dedup/stores/storetest"
+)
+
+// recorder is a message.Publisher that keeps what it is given, and fails
+// the calls failNext says.
+type recorder struct {
+	mu       sync.Mutex
+	got      []*message.Message
+	calls    int
+	failNext int // fail this many calls, then succeed
+	closed   bool
+}
+
+func (r *recorder) Publish(topic string, msgs ...*message.Message) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.calls++
+	if r.failNext > 0 {
+		r.failNext--
+		return errBroker
+	}
+	r.got = append(r.got, msgs...)
+	return nil
+}
+
+func (r *recorder) Close() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.closed = true
+	return nil
+}
+
+func (r *recorder) uuids() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []string
+	for _, m := range r.got {
+		out = append(out, m.UUID)
+	}
+	return out
+}
+
+var errBroker = errors.New("broker said no")
+
+// counts is a middleware.Metrics that counts outcomes per scope.
+type counts struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (c *counts) Observe(scope string, o middleware.Outcome) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.n == nil {
+		c.n = map[string]int{}
+	}
+	c.n[scope+"/"+o.String()]++
+}
+
+func (c *counts) ObserveStore(string, string, time.Duration, error) {}
+
+func (c *counts) get(scope string, o middleware.Outcome) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n[scope+"/"+o.String()]
+}
+
+func newMem(t *testing.T, clock stores.Clock) *memstore.Store {
+	t.Helper()
+	s, err := memstore.New(memstore.Config{Clock: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close(context.Background()) })
+	return s
+}
+
+func decorate(t *testing.T, cfg publisher.Config, pub message.Publisher) message.Publisher {
+	t.Helper()
+	if cfg.Logger == nil {
+		cfg.Logger = watermill.NopLogger{}
+	}
+	d, err := publisher.New(cfg)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	p, err := d.Decorate(pub)
+	if err != nil {
+		t.Fatalf("Decorate: %v", err)
+	}
+	return p
+}
+
+func msg(uuid, payload string) *message.Message {
+	return message.NewMessage(uuid, []byte(payload))
+}
+
+// TestSixCopiesPublishOnce is Watermill's own Deduplicator publisher
+// test: six messages with one payload, one on the topic.
+func TestSixCopiesPublishOnce(t *testing.T) {
+	rec := &recorder{}
+	pub := decorate(t, publisher.Config{Store: newMem(t, nil), Key: keyfuncs.PayloadSHA256()}, rec)
+	for i := range 6 {
+		if err := pub.Publish("topic", msg(watermill.NewUUID(), "same payload")); err != nil {
+			t.Fatalf("publish %d: %v", i, err)
+		}
+	}
+	if got := len(rec.uuids()); got != 1 {
+		t.Fatalf("published %d messages, want 1", got)
+	}
+}
+
+func TestBatchFiltersDuplicates(t *testing.T) {
+	rec := &recorder{}
+	m := &counts{}
+	pub := decorate(t, publisher.Config{Store: newMem(t, nil), Metrics: m}, rec)
+	if err := pub.Publish("t", msg("a", "1")); err != nil {
+		t.Fatal(err)
+	}
+	// a: published before; b twice in the call; c once.
+	if err := pub.Publish("t", msg("a", "1"), msg("b", "2"), msg("b", "2"), msg("c", "3")); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := rec.uuids(), []string{"a", "b", "c"}; !slices.Equal(got, want) {
+		t.Fatalf("published %v, want %v", got, want)
+	}
+	if rec.calls != 2 {
+		t.Fatalf("%d publish calls, want 2 (the batch in one call)", rec.calls)
+	}
+	if got := m.get("publish:t", middleware.OutcomeDuplicate); got != 2 {
+		t.Fatalf("%d duplicates counted, want 2", got)
+	}
+	if got := m.get("publish:t", middleware.OutcomeClaimed); got != 3 {
+		t.Fatalf("%d claims counted, want 3", got)
+	}
+	// Only duplicates: the decorated publisher is not called.
+	if err := pub.Publish("t", msg("a", "1"), msg("c", "3")); err != nil {
+		t.Fatal(err)
+	}
+	if rec.calls != 2 {
+		t.Fatalf("a call of duplicates reached the publisher")
+	}
+}
+
+func TestScopeIsPerTopic(t *testing.T) {
+	rec := &recorder{}
+	pub := decorate(t, publisher.Config{Store: newMem(t, nil)}, rec)
+	for _, topic := range []string{"orders", "audit", "orders"} {
+		if err := pub.Publish(topic, msg("x", "")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := len(rec.uuids()); got != 2 {
+		t.Fatalf("published %d, want 2 (once per topic)", got)
+	}
+	rec2 := &recorder{}
+	pub2 := decorate(t, publisher.Config{Store: newMem(t, nil), Scope: "all"}, rec2)
+	for _, topic := range []string{"orders", "audit"} {
+		if err := pub2.Publish(topic, msg("x", "")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := len(rec2.uuids()); got != 1 {
+		t.Fatalf("published %d with a shared Scope, want 1", got)
+	}
+}
+
+// TestFailedPublishReleases: the first publish fails, its claims are
+// released, and the caller's retry publishes every message once.
+func TestFailedPublishReleases(t *testing.T) {
+	rec := &recorder{failNext: 1}
+	m := &counts{}
+	pub := decorate(t, publisher.Config{Store: newMem(t, nil), Metrics: m}, rec)
+	batch := []*message.Message{msg("a", ""), msg("b", "")}
+	err := pub.Publish("t", batch...)
+	if !errors.Is(err, errBroker) {
+		t.Fatalf("first publish: %v, want the broker's error", err)
+	}
+	if got := m.get("publish:t", middleware.OutcomeReleased); got != 2 {
+		t.Fatalf("%d released, want 2", got)
+	}
+	if err := pub.Publish("t", batch...); err != nil {
+		t.Fatalf("retry: %v", err)
+	}
+	if err := pub.Publish("t", batch...); err != nil {
+		t.Fatalf("second retry: %v", err)
+	}
+	if got, want := rec.uuids(), []string{"a", "b"}; !slices.Equal(got, want) {
+		t.Fatalf("published %v, want %v", got, want)
+	}
+}
+
+func TestWindow(t *testing.T) {
+	clock := storetest.NewFakeClock(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
+	rec := &recorder{}
+	pub := decorate(t, publisher.Config{Store: newMem(t, clock), Window: time.Minute}, rec)
+	publish := func() {
+		t.Helper()
+		if err := pub.Publish("t", msg("a", "")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	publish()
+	clock.Advance(59 * time.Second)
+	publish()
+	if n := len(rec.uuids()); n != 1 {
+		t.Fatalf("published %d times within the window, want 1", n)
+	}
+	clock.Advance(2 * time.Second)
+	publish()
+	if n := len(rec.uuids()); n != 2 {
+		t.Fatalf("published %d times, want 2 (again after the window)", n)
+	}
+}
+
+func TestNoKeyPublishesNothing(t *testing.T) {
+	rec := &recorder{}
+	m := &counts{}
+	pub := decorate(t, publisher.Config{Store: newMem(t, nil), Metrics: m, Key: keyfuncs.JSON("order_id")}, rec)
+	err := pub.Publish("t", msg("a", `{"order_id":"1"}`), msg("b", `{"other":1}`))
+	if !errors.Is(err, keyfuncs.ErrNoKey) || !middleware.IsPermanent(err) {
+		t.Fatalf("got %v, want a permanent ErrNoKey", err)
+	}
+	if rec.calls != 0 {
+		t.Fatal("a call with an unkeyable message reached the publisher")
+	}
+	if got := m.get("publish:t", middleware.OutcomeNoKey); got != 1 {
+		t.Fatalf("%d no_key counted, want 1", got)
+	}
+	// The keyable message was not claimed: it publishes on its own.
+	if err := pub.Publish("t", msg("a", `{"order_id":"1"}`)); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(rec.uuids()); n != 1 {
+		t.Fatalf("published %d, want 1", n)
+	}
+}
+
+// TestInProgress: a key another producer holds fails the publish with
+// ErrInProgress, or, with InProgressWait, waits for that producer: its
+// Complete makes the message a duplicate, its Release lets it publish.
+func TestInProgress(t *testing.T) {
+	ctx := context.Background()
+	store := newMem(t, nil)
+	other := func(key string) *stores.Claim {
+		t.Helper()
+		c, err := store.Claim(ctx, "publish:t", []string{key}, time.Minute)
+		if err != nil || c.Result != stores.Claimed {
+			t.Fatalf("other producer's claim: %v %v", c, err)
+		}
+		return c
+	}
+	rec := &recorder{}
+	pub := decorate(t, publisher.Config{Store: store}, rec)
+	c := other("a")
+	if err := pub.Publish("t", msg("a", ""), msg("b", "")); !errors.Is(err, publisher.ErrInProgress) {
+		t.Fatalf("got %v, want ErrInProgress", err)
+	}
+	if rec.calls != 0 {
+		t.Fatal("published while a key was in progress")
+	}
+	// b's claim was released: it is free.
+	if err := pub.Publish("t", msg("b", "")); err != nil {
+		t.Fatal(err)
+	}
+	_ = store.Release(ctx, c)
+
+	waiting := decorate(t, publisher.Config{Store: store, InProgressWait: 10 * time.Second, InProgressPoll: time.Millisecond}, rec)
+	for _, end := range []string{"complete", "release"} {
+		t.Run(end, func(t *testing.T) {
+			key := "w-" + end
+			c := other(key)
+			before := len(rec.uuids())
+			done := make(chan error, 1)
+			go func() { done <- waiting.Publish("t", msg(key, "")) }()
+			// End the other publish once the waiting one has tried.
+			deadline := time.Now().Add(10 * time.Second)
+			for rec.callsNow() == 0 && time.Now().Before(deadline) {
+				if c2, err := store.Claim(ctx, "publish:t", []string{key}, time.Minute); err == nil && c2.Result == stores.InProgress {
+					break
+				}
+			}
+			var err error
+			if end == "complete" {
+				err = store.Complete(ctx, c, time.Minute, nil)
+			} else {
+				err = store.Release(ctx, c)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := <-done; err != nil {
+				t.Fatalf("waiting publish: %v", err)
+			}
+			want := before
+			if end == "release" {
+				want++
+			}
+			if got := len(rec.uuids()); got != want {
+				t.Fatalf("published %d, want %d", got-before, want-before)
+			}
+		})
+	}
+}
+
+func (r *recorder) callsNow() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.calls
+}
+
+// failingStore fails every Claim with err, and counts Completes.
+type failingStore struct {
+	stores.Store
+	claimErr    error
+	completeErr error
+}
+
+func (f *failingStore) Claim(ctx context.Context, scope string, keys []string, lease time.Duration) (*stores.Claim, error) {
+	if f.claimErr != nil {
+		return nil, f.claimErr
+	}
+	return f.Store.Claim(ctx, scope, keys, lease)
+}
+
+func (f *failingStore) Complete(ctx context.Context, c *stores.Claim, retention time.Duration, data []byte) error {
+	if f.completeErr != nil {
+		return f.completeErr
+	}
+	return f.Store.Complete(ctx, c, retention, data)
+}
+
+func TestStoreFailures(t *testing.T) {
+	outage := fmt.Errorf("%w: connection refused", stores.ErrUnavailable)
+	t.Run("fail-closed", func(t *testing.T) {
+		rec := &recorder{}
+		m := &counts{}
+		pub := decorate(t, publisher.Config{Store: &failingStore{Store: newMem(t, nil), claimErr: outage}, Metrics: m}, rec)
+		err := pub.Publish("t", msg("a", ""))
+		if !errors.Is(err, middleware.ErrStore) || !errors.Is(err, stores.ErrUnavailable) {
+			t.Fatalf("got %v, want ErrStore wrapping the outage", err)
+		}
+		if rec.calls != 0 || m.get("publish:t", middleware.OutcomeStoreError) != 1 {
+			t.Fatalf("calls %d, store errors %d", rec.calls, m.get("publish:t", middleware.OutcomeStoreError))
+		}
+	})
+	t.Run("fail-open outage", func(t *testing.T) {
+		rec := &recorder{}
+		m := &counts{}
+		pub := decorate(t, publisher.Config{Store: &failingStore{Store: newMem(t, nil), claimErr: outage}, Metrics: m, OnStoreError: middleware.FailOpen}, rec)
+		if err := pub.Publish("t", msg("a", "")); err != nil {
+			t.Fatal(err)
+		}
+		if len(rec.uuids()) != 1 || m.get("publish:t", middleware.OutcomeBypassed) != 1 {
+			t.Fatalf("published %d, bypassed %d: want 1 and 1", len(rec.uuids()), m.get("publish:t", middleware.OutcomeBypassed))
+		}
+	})
+	t.Run("fail-open not an outage", func(t *testing.T) {
+		rec := &recorder{}
+		pub := decorate(t, publisher.Config{Store: &failingStore{Store: newMem(t, nil), claimErr: errors.New("permission denied")}, OnStoreError: middleware.FailOpen}, rec)
+		if err := pub.Publish("t", msg("a", "")); !errors.Is(err, middleware.ErrStore) {
+			t.Fatalf("got %v, want ErrStore", err)
+		}
+		if rec.calls != 0 {
+			t.Fatal("published unprotected on an error that is not an outage")
+		}
+	})
+	t.Run("complete fails", func(t *testing.T) {
+		rec := &recorder{}
+		m := &counts{}
+		base := newMem(t, nil)
+		pub := decorate(t, publisher.Config{Store: &failingStore{Store: base, completeErr: errors.New("disk full")}, Metrics: m}, rec)
+		if err := pub.Publish("t", msg("a", "")); err != nil {
+			t.Fatalf("the message went out, the publish must succeed: %v", err)
+		}
+		if m.get("publish:t", middleware.OutcomeStoreError) != 1 {
+			t.Fatal("the unwritten record was not counted")
+		}
+		// The claim is still processing: a retry within the lease waits.
+		if err := pub.Publish("t", msg("a", "")); !errors.Is(err, publisher.ErrInProgress) {
+			t.Fatalf("retry: %v, want ErrInProgress", err)
+		}
+	})
+	t.Run("closed store", func(t *testing.T) {
+		s := newMem(t, nil)
+		_ = s.Close(context.Background())
+		rec := &recorder{}
+		pub := decorate(t, publisher.Config{Store: s, OnStoreError: middleware.FailOpen}, rec)
+		if err := pub.Publish("t", msg("a", "")); !errors.Is(err, stores.ErrClosed) {
+			t.Fatalf("got %v, want ErrClosed", err)
+		}
+		if rec.calls != 0 {
+			t.Fatal("published through a closed store")
+		}
+	})
+	t.Run("cancelled message", func(t *testing.T) {
+		rec := &recorder{}
+		m := &counts{}
+		pub := decorate(t, publisher.Config{Store: &failingStore{Store: newMem(t, nil), claimErr: context.Canceled}, Metrics: m, OnStoreError: middleware.FailOpen}, rec)
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		mm := msg("a", "")
+		mm.SetContext(ctx)
+		if err := pub.Publish("t", mm); !errors.Is(err, context.Canceled) {
+			t.Fatalf("got %v, want context.Canceled", err)
+		}
+		if rec.calls != 0 || m.get("publish:t", middleware.OutcomeCancelled) != 1 {
+			t.Fatal("a cancelled message was published or not counted")
+		}
+	})
+}
+
+func TestValidate(t *testing.T) {
+	mem := newMem(t, nil)
+	for name, cfg := range map[string]publisher.Config{
+		"no store":         {},
+		"negative window":  {Store: mem, Window: -1},
+		"negative lease":   {Store: mem, Lease: -1},
+		"bad mode":         {Store: mem, Mode: 7},
+		"tx without inbox": {Store: mem, Mode: publisher.ModeTransactional},
+		"bad policy":       {Store: mem, OnStoreError: 9},
+		"negative wait":    {Store: mem, InProgressWait: -time.Second},
+		"negative poll":    {Store: mem, InProgressPoll: -time.Second},
+		"negative timeout": {Store: mem, StoreTimeout: -time.Second},
+	} {
+		if _, err := publisher.New(cfg); !errors.Is(err, middleware.ErrInvalidConfig) {
+			t.Errorf("%s: got %v, want ErrInvalidConfig", name, err)
+		}
+	}
+	d, err := publisher.New(publisher.Config{Store: mem})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Decorate(nil); !errors.Is(err, middleware.ErrInvalidConfig) {
+		t.Fatalf("Decorate(nil): %v", err)
+	}
+}
+
+func TestCloseClosesDecorated(t *testing.T) {
+	rec := &recorder{}
+	pub := decorate(t, publisher.Config{Store: newMem(t, nil)}, rec)
+	if err := pub.Close(); err != nil || !rec.closed {
+		t.Fatalf("Close: %v, closed %v", err, rec.closed)
+	}
+}
+
+// TestConcurrentProducers: many producers sharing one store publish the
+// same events at once; each event is published once.
+func TestConcurrentProducers(t *testing.T) {
+	store := newMem(t, nil)
+	rec := &recorder{}
+	var pubs []message.Publisher
+	for range 4 {
+		pubs = append(pubs, decorate(t, publisher.Config{Store: store, InProgressWait: 5 * time.Second, InProgressPoll: time.Millisecond}, rec))
+	}
+	var wg sync.WaitGroup
+	var errs atomic.Int32
+	for _, p := range pubs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 200 {
+				if err := p.Publish("t", msg(fmt.Sprint("e", i), ""), msg(fmt.Sprint("e", i+1), "")); err != nil {
+					t.Error(err)
+					errs.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	got := rec.uuids()
+	slices.Sort(got)
+	if len(got) != 201 || len(slices.Compact(got)) != 201 {
+		t.Fatalf("published %d messages, %d distinct; want 201 once each", len(rec.uuids()), len(slices.Compact(got)))
+	}
+}
