@@ -74,3 +74,37 @@ func CheckClaim(c *Claim) error {
 	}
 	return nil
 }
+
+// CheckRecordKey checks the key of a Get or Delete: not empty.
+func CheckRecordKey(key string) error {
+	if key == "" {
+		return fmt.Errorf("%w: key is empty", ErrInvalidKey)
+	}
+	return nil
+}
+
+// CheckState checks the state of a Delete: StateProcessing or StateDone.
+func CheckState(want RecordState) error {
+	if want != StateProcessing && want != StateDone {
+		return fmt.Errorf("%w: state must be processing or done, got %s", ErrInvalidArgument, want)
+	}
+	return nil
+}
+
+// CheckListOptions checks the options of a List and returns them with
+// the default Limit filled in. Whether the layout can filter on Scope and
+// KeyPrefix, and what a cursor holds, is the store's to check.
+func CheckListOptions(opts ListOptions) (ListOptions, error) {
+	if opts.State != 0 {
+		if err := CheckState(opts.State); err != nil {
+			return opts, err
+		}
+	}
+	switch {
+	case opts.Limit < 0 || opts.Limit > MaxListLimit:
+		return opts, fmt.Errorf("%w: limit must be between 1 and %d (0 for %d), got %d", ErrInvalidArgument, MaxListLimit, DefaultListLimit, opts.Limit)
+	case opts.Limit == 0:
+		opts.Limit = DefaultListLimit
+	}
+	return opts, nil
+}

@@ -48,6 +48,23 @@
 // documented bound of its own (sqlstore's daily partitions) refuses
 // longer durations with [ErrInvalidArgument].
 //
+// # Admin
+//
+// A store that implements [Admin] lets an operator read a record, list
+// records, count them, delete one whoever holds it, and purge the
+// expired ones: the dedupctl command is built on it. Its calls are for
+// people and scripts, not for the message path, and List and Stats may
+// read every record.
+//
+// Get and Delete find a record by (scope, key) on every layout. Listing
+// and counting by scope need a layout that keeps the scope: memstore and
+// sqlstore keep each record under a digest of (scope, key), and so does
+// redisstore with CompactKeys. There a record is known by its ID only,
+// a List by Scope or KeyPrefix fails with [ErrNotSupported], and Stats
+// has no per-scope counts. redisstore's default layout keeps the scope
+// and the key (but for keys it stores as digests, DigestKeysLongerThan),
+// and lists and counts by scope.
+//
 // # Errors
 //
 // Every error a store returns belongs to one of these classes, told apart
@@ -72,6 +89,9 @@
 //     Nothing was done.
 //   - [ErrTxAborted] ([Inbox] only): the transaction Begin had to join
 //     is no longer usable. Nothing was written.
+//   - [ErrNotFound], [ErrWrongState], [ErrNotSupported] ([Admin] only):
+//     no such record, a record in the other state, a request the
+//     layout cannot serve. Nothing was done.
 //   - Anything else: the backend answered with an error the store does not
 //     classify (a missing table, a denied permission, a record it did not
 //     write). A fault to fix, never a reason to bypass the store.
@@ -97,14 +117,16 @@ var (
 
 	// ErrInvalidKey is returned by Claim for an empty key list, an empty
 	// key, or a key longer than the store accepts (a documented bound of
-	// the store's; keyfuncs bounds keys to 256 bytes). A store must not
-	// touch its backend for it.
+	// the store's; keyfuncs bounds keys to 256 bytes), and by Admin's Get
+	// and Delete for such a key. A store must not touch its backend for
+	// it.
 	ErrInvalidKey = errors.New("dedup store: invalid key")
 
 	// ErrInvalidArgument is returned for a non-positive lease or retention
 	// (or one past a documented bound of the store), a scope longer than
-	// the store accepts, or a claim that is not a Claimed result of this
-	// store. A store must not touch its backend for it.
+	// the store accepts, a claim that is not a Claimed result of this
+	// store, or an Admin call's bad state, limit or cursor. A store must
+	// not touch its backend for it.
 	ErrInvalidArgument = errors.New("dedup store: invalid argument")
 
 	// ErrUnavailable is wrapped by every error that means the backend

@@ -28,7 +28,7 @@ func newStore(t *testing.T, clock stores.Clock) stores.Store {
 }
 
 func TestConformance(t *testing.T) {
-	storetest.Run(t, newStore)
+	storetest.Run(t, newStore, storetest.AdminNoScopes())
 }
 
 func TestConformanceOneShard(t *testing.T) {
@@ -39,7 +39,7 @@ func TestConformanceOneShard(t *testing.T) {
 		}
 		t.Cleanup(func() { _ = s.Close(context.Background()) })
 		return s
-	})
+	}, storetest.AdminNoScopes())
 }
 
 // On the system clock the store keeps monotonic time; leases and

@@ -18,6 +18,10 @@
 // ignores the clock and passes [RealTime]: the suite then uses
 // sub-second leases and really waits.
 //
+// On a store that implements [stores.Admin], Run also checks the admin
+// interface (Get, List, Delete, Stats, Purge); [AdminNoScopes] and
+// [AdminNoKeys] tell it what the store's layout cannot list.
+//
 // [RunModel] checks the same contract another way: it runs long random
 // sequences of calls (edge durations, cancelled contexts, forged claims,
 // concurrent calls, Close) and checks every answer against a reference
@@ -71,6 +75,10 @@ type Option func(*options)
 type options struct {
 	realTime bool
 	unit     time.Duration
+
+	// Used by Run's admin tests only (see admin.go).
+	adminNoScopes bool
+	adminNoKeys   bool
 
 	// Used by RunModel only; Run ignores them.
 	precision   time.Duration
@@ -204,6 +212,12 @@ func Run(t *testing.T, newStore Factory, opts ...Option) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.fn(s.newEnv(t))
+		})
+	}
+	for _, tc := range adminTests {
+		t.Run(tc.name, func(t *testing.T) {
+			e := s.newEnv(t)
+			tc.fn(e, e.admin())
 		})
 	}
 }
