@@ -28,7 +28,7 @@ func TestConformanceUnbatched(t *testing.T) {
 // TestConformanceCompact runs the suite with compact keys.
 func TestConformanceCompact(t *testing.T) {
 	c := sharedRedis(t)
-	storetest.Run(t, factory(c, redisstore.Config{CompactKeys: true}), storetest.RealTime(unit))
+	storetest.Run(t, factory(c, redisstore.Config{CompactKeys: true}), storetest.RealTime(unit), storetest.AdminNoScopes())
 }
 
 // cmdHook is a go-redis hook that sees the store's commands: those whose

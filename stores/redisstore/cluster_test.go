@@ -33,6 +33,10 @@ func TestCluster(t *testing.T) {
 		testBatching(t, cc)
 	})
 
+	t.Run("AdminPages", func(t *testing.T) {
+		testAdminPages(t, cc)
+	})
+
 	t.Run("KeysOfOneClaimOnDifferentSlots", func(t *testing.T) {
 		ctx := context.Background()
 		s := newStore(t, cc, redisstore.Config{})

@@ -476,3 +476,200 @@ func parseFenced(v any) (int, error) {
 	}
 	return int(n) - 1, nil
 }
+
+// The inverse of the key layout, for the admin interface (admin.go).
+
+// decodeKey returns the (scope, key) a Redis key of this store stands
+// for, as far as the layout keeps them: nothing with CompactKeys, the
+// scope alone for a digested key. A key under the prefix that this store
+// would not have written (its re-encoding differs) decodes to nothing.
+func (s *Store) decodeKey(rkey string) (scope, key string, scopeOK, keyOK bool) {
+	rest, ok := strings.CutPrefix(rkey, s.cfg.Prefix)
+	if !ok || s.cfg.CompactKeys {
+		return "", "", false, false
+	}
+	// esc(scope) holds no kind byte: the first one ends it.
+	i := strings.IndexAny(rest, string([]byte{kindRaw, kindUUID, kindDigest}))
+	if i < 0 {
+		return "", "", false, false
+	}
+	scope, ok = unescape(rest[:i])
+	if !ok {
+		return "", "", false, false
+	}
+	body := rest[i+1:]
+	switch rest[i] {
+	case kindDigest:
+		if len(body) != digestLen {
+			return "", "", false, false
+		}
+		return scope, "", true, false
+	case kindUUID:
+		if len(body) < 16 {
+			return "", "", false, false
+		}
+		head, ok := unescape(body[:len(body)-16])
+		if !ok {
+			return "", "", false, false
+		}
+		key = head + formatUUID(body[len(body)-16:])
+	default:
+		if key, ok = unescape(body); !ok {
+			return "", "", false, false
+		}
+	}
+	if s.encodeKey(scope, key) != rkey {
+		return "", "", false, false
+	}
+	return scope, key, true, true
+}
+
+// unescape is the inverse of appendEscaped: %XX (upper-case hexadecimal)
+// is the byte XX. ok is false for a malformed escape.
+func unescape(s string) (string, bool) {
+	if strings.IndexByte(s, '%') < 0 {
+		return s, true
+	}
+	b := make([]byte, 0, len(s))
+	for i := 0; i < len(s); i++ {
+		if s[i] != '%' {
+			b = append(b, s[i])
+			continue
+		}
+		if i+2 >= len(s) {
+			return "", false
+		}
+		hi, lo := strings.IndexByte(hexDigits, s[i+1]), strings.IndexByte(hexDigits, s[i+2])
+		if hi < 0 || lo < 0 {
+			return "", false
+		}
+		b = append(b, byte(hi<<4|lo))
+		i += 2
+	}
+	return string(b), true
+}
+
+// formatUUID is the inverse of appendUUID.
+func formatUUID(b string) string {
+	const hex = "0123456789abcdef"
+	out := make([]byte, 0, uuidLen)
+	for i := 0; i < 16; i++ {
+		if i == 4 || i == 6 || i == 8 || i == 10 {
+			out = append(out, '-')
+		}
+		out = append(out, hex[b[i]>>4], hex[b[i]&15])
+	}
+	return string(out)
+}
+
+// printable writes a Redis key as redis-cli shows it between quotes:
+// printable ASCII as it is, but for '\' and '"'; \n, \r, \t, \a, \b; any
+// other byte as \xhh.
+func printable(rkey string) string {
+	var b strings.Builder
+	for i := 0; i < len(rkey); i++ {
+		switch c := rkey[i]; c {
+		case '\\', '"':
+			b.WriteByte('\\')
+			b.WriteByte(c)
+		case '\n':
+			b.WriteString(`\n`)
+		case '\r':
+			b.WriteString(`\r`)
+		case '\t':
+			b.WriteString(`\t`)
+		case '\a':
+			b.WriteString(`\a`)
+		case '\b':
+			b.WriteString(`\b`)
+		default:
+			if c >= 0x20 && c < 0x7f {
+				b.WriteByte(c)
+			} else {
+				fmt.Fprintf(&b, `\x%02x`, c)
+			}
+		}
+	}
+	return b.String()
+}
+
+// globEscape makes s match itself in a SCAN MATCH pattern.
+func globEscape(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		switch s[i] {
+		case '*', '?', '[', ']', '\\':
+			b.WriteByte('\\')
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// matchPattern is the SCAN MATCH pattern of the store's records, or of
+// the records of one scope (readable layout only).
+func (s *Store) matchPattern(scope string, byScope bool) string {
+	if !byScope {
+		return globEscape(s.cfg.Prefix) + "*"
+	}
+	esc := appendEscaped(nil, scope, isScopeSpecial)
+	return globEscape(s.cfg.Prefix+string(esc)) + "[" + string([]byte{kindRaw, kindUUID, kindDigest}) + "]*"
+}
+
+// leaseMS returns the lease, in milliseconds, of a processing value.
+func leaseMS(v string) (int64, error) {
+	n, err := strconv.ParseInt(v[1+tokenLen:], 10, 64)
+	if err != nil || n <= 0 {
+		return 0, fmt.Errorf("redisstore: a processing record with a malformed lease (%q…)", v[:min(len(v), 16)])
+	}
+	return n, nil
+}
+
+// The admin scripts. Each touches one key.
+var (
+	// readScript reads a record and its remaining TTL at once.
+	//
+	// Reply: {} when the key does not exist, else {value, PTTL in ms}.
+	readScript = redis.NewScript(`
+local v = redis.call('GET', KEYS[1])
+if not v then
+  return {}
+end
+return {v, redis.call('PTTL', KEYS[1])}
+`)
+
+	// peekScript reads what Stats needs of a record: the start of its
+	// value (the state, a processing record's lease), its remaining TTL,
+	// and its memory use (-1 when MEMORY USAGE is refused).
+	//
+	// Reply: {} when the key does not exist, else {head, PTTL, bytes}.
+	peekScript = redis.NewScript(`
+local v = redis.call('GET', KEYS[1])
+if not v then
+  return {}
+end
+local m = redis.pcall('MEMORY', 'USAGE', KEYS[1], 'SAMPLES', '0')
+if type(m) ~= 'number' then
+  m = -1
+end
+return {string.sub(v, 1, 64), redis.call('PTTL', KEYS[1]), m}
+`)
+
+	// deleteStateScript deletes KEYS[1] if it holds a processing record
+	// (ARGV[1] = "p") or a done one (ARGV[1] = "d").
+	//
+	// Reply: {} when the key does not exist, else {1 deleted or 0 in the
+	// other state, value, PTTL in ms}.
+	deleteStateScript = redis.NewScript(expandLua(`
+local v = redis.call('GET', KEYS[1])
+if not v then
+  return {}
+end
+local pttl = redis.call('PTTL', KEYS[1])
+if (string.byte(v, 1) ~= P) == (ARGV[1] == 'd') then
+  redis.call('DEL', KEYS[1])
+  return {1, v, pttl}
+end
+return {0, v, pttl}
+`))
+)

@@ -1,67 +1,14 @@
 package redisstore
 
 import (
-	"encoding/hex"
-	"fmt"
 	"strings"
 	"testing"
 )
 
-// decodeKey inverts encodeKey for raw and UUID-packed keys. That it exists
-// is the proof that the layout is injective: two (scope, key) pairs with
-// the same Redis key would decode to the same pair.
-func decodeKey(prefix, rk string) (scope, key string, err error) {
-	rest, ok := strings.CutPrefix(rk, prefix)
-	if !ok {
-		return "", "", fmt.Errorf("no prefix")
-	}
-	i := strings.IndexAny(rest, ":=#")
-	if i < 0 {
-		return "", "", fmt.Errorf("no kind byte")
-	}
-	if scope, err = unescape(rest[:i]); err != nil {
-		return "", "", err
-	}
-	body := rest[i+1:]
-	switch rest[i] {
-	case kindRaw:
-		key, err = unescape(body)
-	case kindUUID:
-		if len(body) < 16 {
-			return "", "", fmt.Errorf("short UUID body")
-		}
-		head, err := unescape(body[:len(body)-16])
-		if err != nil {
-			return "", "", err
-		}
-		h := hex.EncodeToString([]byte(body[len(body)-16:]))
-		key = head + h[:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
-	default:
-		return "", "", fmt.Errorf("digest keys do not decode")
-	}
-	return scope, key, err
-}
-
-func unescape(s string) (string, error) {
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] != '%' {
-			b.WriteByte(s[i])
-			continue
-		}
-		if i+2 >= len(s) {
-			return "", fmt.Errorf("truncated escape")
-		}
-		v, err := hex.DecodeString(s[i+1 : i+3])
-		if err != nil {
-			return "", err
-		}
-		b.WriteByte(v[0])
-		i += 2
-	}
-	return b.String(), nil
-}
-
+// FuzzEncodeKey checks that decodeKey inverts encodeKey for raw and
+// UUID-packed keys. That it can is the proof that the layout is
+// injective: two (scope, key) pairs with the same Redis key would decode
+// to the same pair.
 func FuzzEncodeKey(f *testing.F) {
 	for _, seed := range [][2]string{
 		{"orders", "0b9e5c3a-7f0d-4c1e-9a55-1d2f3e4a5b6c"},
@@ -85,9 +32,9 @@ func FuzzEncodeKey(f *testing.F) {
 		if strings.ContainsRune(text, '{') {
 			t.Fatalf("encodeKey(%q, %q) = %q opens a hash tag", scope, key, rk)
 		}
-		gs, gk, err := decodeKey(DefaultPrefix, rk)
-		if err != nil || gs != scope || gk != key {
-			t.Fatalf("encodeKey(%q, %q) = %q decodes to (%q, %q, %v)", scope, key, rk, gs, gk, err)
+		gs, gk, sok, kok := s.decodeKey(rk)
+		if !sok || !kok || gs != scope || gk != key {
+			t.Fatalf("encodeKey(%q, %q) = %q decodes to (%q, %q, %v, %v)", scope, key, rk, gs, gk, sok, kok)
 		}
 	})
 }
@@ -166,5 +113,73 @@ func TestParseReplies(t *testing.T) {
 	}
 	if _, err := parseFenced("x"); err == nil {
 		t.Error("parseFenced accepted a string")
+	}
+}
+
+func TestDecodeKeyLayouts(t *testing.T) {
+	const id = "0b9e5c3a-7f0d-4c1e-9a55-1d2f3e4a5b6c"
+	digest := &Store{cfg: Config{Prefix: "p:", DigestKeysLongerThan: 16}}
+	for _, tc := range []struct {
+		s          *Store
+		scope, key string
+		keyOK      bool
+	}{
+		{digest, "orders", "short", true},
+		{digest, "orders", id, true},
+		{digest, "or:ders", "msg:" + id, false}, // digested: the scope only
+		{digest, "a{b}", strings.Repeat("k", 40), false},
+		{&Store{cfg: Config{Prefix: "{x}:"}}, "%3A", "msg:" + id, true},
+	} {
+		rk := tc.s.encodeKey(tc.scope, tc.key)
+		scope, key, sok, kok := tc.s.decodeKey(rk)
+		if !sok || scope != tc.scope || kok != tc.keyOK || (kok && key != tc.key) {
+			t.Errorf("decodeKey(encodeKey(%q, %q)) = %q, %q, %v, %v", tc.scope, tc.key, scope, key, sok, kok)
+		}
+	}
+	compact := &Store{cfg: Config{Prefix: "d:", CompactKeys: true}}
+	if _, _, sok, kok := compact.decodeKey(compact.encodeKey("s", "k")); sok || kok {
+		t.Error("a compact key decodes to a scope or key")
+	}
+	plain := &Store{cfg: Config{Prefix: "p:"}}
+	for _, rk := range []string{"q:s:k", "p:", "p:sk", "p:s%zz:k", "p:s:%4", "p:s=short", "p:s#" + strings.Repeat("x", 15), "p:s:%7b"} {
+		if _, _, sok, kok := plain.decodeKey(rk); sok || kok {
+			t.Errorf("decodeKey(%q) decodes a key the store does not write", rk)
+		}
+	}
+}
+
+func TestPrintable(t *testing.T) {
+	for in, want := range map[string]string{
+		"dedup:loyalty:msg:1":     "dedup:loyalty:msg:1",
+		"a\"b\\c":                 `a\"b\\c`,
+		"\x00\xff\n\r\t\a\b\x7f ": `\x00\xff\n\r\t\a\b\x7f `,
+	} {
+		if got := printable(in); got != want {
+			t.Errorf("printable(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+func TestMatchPattern(t *testing.T) {
+	s := &Store{cfg: Config{Prefix: "a*[b]?\\:"}}
+	if got, want := s.matchPattern("", false), `a\*\[b\]\?\\:*`; got != want {
+		t.Errorf("matchPattern(all) = %q, want %q", got, want)
+	}
+	if got, want := s.matchPattern("s:*{", true), `a\*\[b\]\?\\:s%3A\*%7B[:=#]*`; got != want {
+		t.Errorf("matchPattern(scope) = %q, want %q", got, want)
+	}
+}
+
+func TestListCursor(t *testing.T) {
+	for _, c := range []listCursor{{addr: "127.0.0.1:6379"}, {addr: "h:1", scan: 1 << 63, last: "dedup:s=\x00\xff{"}} {
+		got, err := parseCursor(c.String())
+		if err != nil || got != c {
+			t.Errorf("parseCursor(%v.String()) = %v, %v", c, got, err)
+		}
+	}
+	for _, s := range []string{"", "x", "AA", listCursor{}.String(), "AQ"} {
+		if _, err := parseCursor(s); err == nil {
+			t.Errorf("parseCursor(%q) accepted a malformed cursor", s)
+		}
 	}
 }

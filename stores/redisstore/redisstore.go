@@ -25,6 +25,14 @@
 // noeviction. The store checks the policy when it starts and logs an error
 // when the server would evict live records (see [Store.CheckServer]).
 //
+// The Store implements [stores.Admin], which the dedupctl command uses:
+// List and Stats SCAN the keys under the prefix on every node. The
+// default layout keeps each record's scope and key readable, so records
+// are listed and counted by scope (but for keys stored as digests, whose
+// key is unknown); with CompactKeys they are known by their Redis key
+// only, and a List by scope or key prefix fails with
+// [stores.ErrNotSupported].
+//
 // The README next to this file describes the key layout, the memory each
 // record takes and how to size Redis for a message rate and window.
 package redisstore

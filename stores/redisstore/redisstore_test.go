@@ -37,7 +37,7 @@ func TestConformanceDigest(t *testing.T) {
 		t.Skip("the digest layout is also covered by TestBadInput")
 	}
 	c := sharedRedis(t)
-	storetest.Run(t, factory(c, redisstore.Config{DigestKeysLongerThan: 16}), storetest.RealTime(unit))
+	storetest.Run(t, factory(c, redisstore.Config{DigestKeysLongerThan: 16}), storetest.RealTime(unit), storetest.AdminNoKeys())
 }
 
 func TestConfigValidate(t *testing.T) {

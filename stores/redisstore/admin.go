@@ -1,0 +1,482 @@
+package redisstore
+
+import (
+	"cmp"
+	"context"
+	"encoding/base64"
+	"encoding/binary"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/watermill-dedup/dedup/stores"
+)
+
+// The admin interface. A record's ID is its Redis key, written as
+// redis-cli shows it. List and Stats SCAN the keys under the prefix on
+// every node (every master in Redis Cluster, every shard of a Ring) and
+// read each record with a one-key script. The readable layout keeps the
+// scope of every record and the key of every record but those stored as
+// digests (DigestKeysLongerThan): List selects by scope with a SCAN
+// pattern, and Stats counts by scope. With CompactKeys neither is kept:
+// a List by Scope or KeyPrefix fails with stores.ErrNotSupported, and
+// Stats has no per-scope counts.
+//
+// Redis deletes a record when its PX runs out, so an expired done record
+// is never seen, and Purge has nothing to do. A processing record whose
+// lease ran out stays for one more lease length: it is reported Expired.
+
+var _ stores.Admin = (*Store)(nil)
+
+// scanCount is the COUNT hint of the admin SCANs.
+const scanCount = 1000
+
+// Get implements [stores.Admin].
+func (s *Store) Get(ctx context.Context, scope, key string) (stores.Record, error) {
+	rkey, err := s.adminKey(ctx, scope, key, nil)
+	if err != nil {
+		return stores.Record{}, fmt.Errorf("redisstore: get: %w", err)
+	}
+	v, err := s.runOne(ctx, op{readScript, []string{rkey}, nil})
+	if err != nil {
+		return stores.Record{}, fmt.Errorf("redisstore: get: %w", classify(err))
+	}
+	value, pttl, ok, err := parseRead(v)
+	if err != nil {
+		return stores.Record{}, fmt.Errorf("redisstore: get: %w", err)
+	}
+	if !ok {
+		return stores.Record{}, fmt.Errorf("redisstore: get: %w: scope %q key %q", stores.ErrNotFound, scope, key)
+	}
+	rec, err := s.record(rkey, value, pttl, time.Now())
+	if err != nil {
+		return stores.Record{}, fmt.Errorf("redisstore: get: %w", err)
+	}
+	rec.Scope, rec.Key, rec.ScopeKnown, rec.KeyKnown = scope, key, true, true
+	return rec, nil
+}
+
+// Delete implements [stores.Admin]: one script, atomic on the key's node.
+func (s *Store) Delete(ctx context.Context, scope, key string, want stores.RecordState) (stores.Record, error) {
+	rkey, err := s.adminKey(ctx, scope, key, stores.CheckState(want))
+	if err != nil {
+		return stores.Record{}, fmt.Errorf("redisstore: delete: %w", err)
+	}
+	arg := "d"
+	if want == stores.StateProcessing {
+		arg = "p"
+	}
+	v, err := s.runOne(ctx, op{deleteStateScript, []string{rkey}, []any{arg}})
+	if err != nil {
+		return stores.Record{}, fmt.Errorf("redisstore: delete: %w", classify(err))
+	}
+	a, ok := v.([]any)
+	if !ok {
+		return stores.Record{}, fmt.Errorf("redisstore: delete: unexpected reply %v", v)
+	}
+	if len(a) == 0 {
+		return stores.Record{}, fmt.Errorf("redisstore: delete: %w: scope %q key %q", stores.ErrNotFound, scope, key)
+	}
+	deleted, ok1 := a[0].(int64)
+	value, pttl, ok2, err := parseRead(a[1:])
+	if !ok1 || !ok2 || err != nil {
+		return stores.Record{}, fmt.Errorf("redisstore: delete: unexpected reply %v", v)
+	}
+	rec, err := s.record(rkey, value, pttl, time.Now())
+	if err != nil {
+		return stores.Record{}, fmt.Errorf("redisstore: delete: %w", err)
+	}
+	rec.Scope, rec.Key, rec.ScopeKnown, rec.KeyKnown = scope, key, true, true
+	if deleted != 1 {
+		return rec, fmt.Errorf("redisstore: delete: %w: scope %q key %q is %s, not %s", stores.ErrWrongState, scope, key, rec.State, want)
+	}
+	return rec, nil
+}
+
+// List implements [stores.Admin]: records in SCAN order, node by node.
+func (s *Store) List(ctx context.Context, opts stores.ListOptions) ([]stores.Record, string, error) {
+	opts, err := stores.CheckListOptions(opts)
+	var cur listCursor
+	if err == nil && opts.After != "" {
+		cur, err = parseCursor(opts.After)
+	}
+	if err := stores.CheckCall(ctx, s.closed.Load(), err); err != nil {
+		return nil, "", fmt.Errorf("redisstore: list: %w", err)
+	}
+	if s.cfg.CompactKeys && (opts.Scope != "" || opts.KeyPrefix != "") {
+		return nil, "", fmt.Errorf("redisstore: list: %w: with CompactKeys every record is stored under a digest of (scope, key), so records cannot be listed by scope or key; Get finds one by its scope and key", stores.ErrNotSupported)
+	}
+	nodes, err := s.nodes(ctx)
+	if err != nil {
+		return nil, "", fmt.Errorf("redisstore: list: %w", err)
+	}
+	first := 0
+	if opts.After != "" {
+		if first = slices.IndexFunc(nodes, func(n node) bool { return n.addr == cur.addr }); first < 0 {
+			return nil, "", fmt.Errorf("redisstore: list: %w: the cursor's node %s is not a node of the store's Redis now", stores.ErrInvalidArgument, cur.addr)
+		}
+	}
+	pattern := s.matchPattern(opts.Scope, opts.Scope != "")
+	var out []stores.Record
+	for ni := first; ni < len(nodes); ni++ {
+		n := nodes[ni]
+		var at uint64 // the SCAN cursor
+		skipTo := ""
+		if ni == first {
+			at, skipTo = cur.scan, cur.last
+		}
+		for {
+			keys, next, err := n.client.Scan(ctx, at, pattern, scanCount).Result()
+			if err != nil {
+				return nil, "", fmt.Errorf("redisstore: list: scan %s: %w", n.addr, classify(err))
+			}
+			if skipTo != "" {
+				// Resume after the last key of the previous page, listed
+				// from the middle of this batch; a key gone since makes
+				// the whole batch listed again.
+				if i := slices.Index(keys, skipTo); i >= 0 {
+					keys = keys[i+1:]
+				}
+				skipTo = ""
+			}
+			recs, err := s.readAll(ctx, keys)
+			if err != nil {
+				return nil, "", fmt.Errorf("redisstore: list: %w", err)
+			}
+			for i, r := range recs {
+				if r == nil || !matches(*r, opts) {
+					continue
+				}
+				out = append(out, *r)
+				if len(out) < opts.Limit {
+					continue
+				}
+				// A full page: the cursor resumes after keys[i].
+				c := listCursor{addr: n.addr, scan: at, last: keys[i]}
+				if i == len(keys)-1 {
+					c = listCursor{addr: n.addr, scan: next}
+					if next == 0 {
+						if ni+1 == len(nodes) {
+							return out, "", nil
+						}
+						c.addr = nodes[ni+1].addr
+					}
+				}
+				return out, c.String(), nil
+			}
+			if next == 0 {
+				break
+			}
+			at = next
+		}
+	}
+	return out, "", nil
+}
+
+// matches reports whether r is one opts selects (the SCAN pattern has
+// selected its scope).
+func matches(r stores.Record, opts stores.ListOptions) bool {
+	if opts.State != 0 && r.State != opts.State {
+		return false
+	}
+	return opts.KeyPrefix == "" || (r.KeyKnown && strings.HasPrefix(r.Key, opts.KeyPrefix))
+}
+
+// Stats implements [stores.Admin]. Bytes is the sum of MEMORY USAGE of
+// every record (-1 when the server refuses MEMORY USAGE).
+func (s *Store) Stats(ctx context.Context) (stores.Stats, error) {
+	if err := stores.CheckCall(ctx, s.closed.Load()); err != nil {
+		return stores.Stats{}, fmt.Errorf("redisstore: stats: %w", err)
+	}
+	nodes, err := s.nodes(ctx)
+	if err != nil {
+		return stores.Stats{}, fmt.Errorf("redisstore: stats: %w", err)
+	}
+	st := stores.Stats{PerScope: !s.cfg.CompactKeys}
+	total := &stores.ScopeStats{}
+	scopes := map[string]*stores.ScopeStats{}
+	pattern := s.matchPattern("", false)
+	for _, n := range nodes {
+		var at uint64
+		for {
+			keys, next, err := n.client.Scan(ctx, at, pattern, scanCount).Result()
+			if err != nil {
+				return stores.Stats{}, fmt.Errorf("redisstore: stats: scan %s: %w", n.addr, classify(err))
+			}
+			ops := make([]op, len(keys))
+			for i, k := range keys {
+				ops[i] = op{peekScript, []string{k}, nil}
+			}
+			vals, errs := s.runAll(ctx, ops)
+			now := time.Now()
+			for i, k := range keys {
+				if errs[i] != nil {
+					return stores.Stats{}, fmt.Errorf("redisstore: stats: key %q: %w", printable(k), classify(errs[i]))
+				}
+				p, ok := vals[i].([]any)
+				if !ok || (len(p) != 0 && len(p) != 3) {
+					return stores.Stats{}, fmt.Errorf("redisstore: stats: key %q: unexpected reply %v", printable(k), vals[i])
+				}
+				if len(p) == 0 {
+					continue // gone since the SCAN
+				}
+				head, ok1 := p[0].(string)
+				pttl, ok2 := p[1].(int64)
+				mem, ok3 := p[2].(int64)
+				if !ok1 || !ok2 || !ok3 {
+					return stores.Stats{}, fmt.Errorf("redisstore: stats: key %q: unexpected reply %v", printable(k), vals[i])
+				}
+				r, err := s.peek(head, pttl, now)
+				if err != nil {
+					return stores.Stats{}, fmt.Errorf("redisstore: stats: key %q: %w", printable(k), err)
+				}
+				if st.Bytes >= 0 {
+					st.Bytes += mem
+					if mem < 0 {
+						st.Bytes = -1
+					}
+				}
+				count(total, r)
+				if st.PerScope {
+					scope, _, ok, _ := s.decodeKey(k)
+					if !ok {
+						return stores.Stats{}, fmt.Errorf("redisstore: stats: key %q under the prefix %q is not one the store writes (is the Prefix right?)", printable(k), s.cfg.Prefix)
+					}
+					sc := scopes[scope]
+					if sc == nil {
+						sc = &stores.ScopeStats{Scope: scope}
+						scopes[scope] = sc
+					}
+					count(sc, r)
+				}
+			}
+			if next == 0 {
+				break
+			}
+			at = next
+		}
+	}
+	st.Counts, st.OldestExpiry, st.NewestExpiry = total.Counts, total.OldestExpiry, total.NewestExpiry
+	if st.PerScope {
+		st.Scopes = make([]stores.ScopeStats, 0, len(scopes))
+		for _, sc := range scopes {
+			st.Scopes = append(st.Scopes, *sc)
+		}
+		slices.SortFunc(st.Scopes, func(a, b stores.ScopeStats) int { return cmp.Compare(a.Scope, b.Scope) })
+	}
+	return st, nil
+}
+
+// count adds r to st.
+func count(st *stores.ScopeStats, r stores.Record) {
+	switch {
+	case r.Expired:
+		st.Expired++
+	case r.State == stores.StateDone:
+		st.Done++
+	default:
+		st.Processing++
+	}
+	if r.State != stores.StateDone {
+		return
+	}
+	if st.OldestExpiry.IsZero() || r.ExpiresAt.Before(st.OldestExpiry) {
+		st.OldestExpiry = r.ExpiresAt
+	}
+	if r.ExpiresAt.After(st.NewestExpiry) {
+		st.NewestExpiry = r.ExpiresAt
+	}
+}
+
+// Purge implements [stores.Admin]. Redis deletes every record when its
+// time is up (a processing record one lease after its lease ends, as
+// the contract allows): there is nothing to purge, and Purge returns 0.
+func (s *Store) Purge(ctx context.Context) (int64, error) {
+	if err := stores.CheckCall(ctx, s.closed.Load()); err != nil {
+		return 0, fmt.Errorf("redisstore: purge: %w", err)
+	}
+	return 0, nil
+}
+
+// adminKey checks the arguments of a Get or Delete (arg: the check of
+// its other argument) and returns the record's Redis key.
+func (s *Store) adminKey(ctx context.Context, scope, key string, arg error) (string, error) {
+	err := stores.CheckRecordKey(key)
+	if err == nil {
+		_, err = s.recordKeys(scope, []string{key})
+	}
+	if err := stores.CheckCall(ctx, s.closed.Load(), err, arg); err != nil {
+		return "", err
+	}
+	return s.encodeKey(scope, key), nil
+}
+
+// parseRead decodes a readScript reply (or the tail of a
+// deleteStateScript one): ok is false when the key did not exist.
+func parseRead(v any) (value string, pttl int64, ok bool, err error) {
+	a, isList := v.([]any)
+	switch {
+	case isList && len(a) == 0:
+		return "", 0, false, nil
+	case isList && len(a) == 2:
+		value, ok1 := a[0].(string)
+		pttl, ok2 := a[1].(int64)
+		if ok1 && ok2 {
+			return value, pttl, true, nil
+		}
+	}
+	return "", 0, false, fmt.Errorf("redisstore: unexpected reply %v", v)
+}
+
+// record describes the record value of rkey, whose remaining TTL is pttl
+// ms at now. Its scope and key are filled in as far as the layout keeps
+// them.
+func (s *Store) record(rkey, value string, pttl int64, now time.Time) (stores.Record, error) {
+	r, err := s.peek(value, pttl, now)
+	if err != nil {
+		return stores.Record{}, fmt.Errorf("key %q: %w", printable(rkey), err)
+	}
+	rec, _ := decodeValue(value) // peek decoded it
+	r.Data = rec.data
+	r.ID = printable(rkey)
+	r.Scope, r.Key, r.ScopeKnown, r.KeyKnown = s.decodeKey(rkey)
+	return r, nil
+}
+
+// peek describes a record from the start of its value (at least its
+// first 64 bytes: all of a processing value), without its data.
+func (s *Store) peek(head string, pttl int64, now time.Time) (stores.Record, error) {
+	if pttl < 0 {
+		// -1: no expiry, which this store never writes.
+		return stores.Record{}, fmt.Errorf("redisstore: a record without an expiry: not written by this store")
+	}
+	rec, err := decodeValue(head)
+	if err != nil {
+		return stores.Record{}, err
+	}
+	if !rec.processing {
+		return stores.Record{State: stores.StateDone, ExpiresAt: now.Add(time.Duration(pttl) * time.Millisecond)}, nil
+	}
+	lease, err := leaseMS(head)
+	if err != nil {
+		return stores.Record{}, err
+	}
+	return stores.Record{
+		State:      stores.StateProcessing,
+		Token:      rec.token,
+		LeaseUntil: now.Add(time.Duration(pttl-lease) * time.Millisecond),
+		// The claim script's test of a live lease is PTTL > lease.
+		Expired: pttl <= lease,
+	}, nil
+}
+
+// readAll reads the records of keys, in one pipeline (split per node by
+// go-redis). A key gone since the SCAN is nil.
+func (s *Store) readAll(ctx context.Context, keys []string) ([]*stores.Record, error) {
+	ops := make([]op, len(keys))
+	for i, k := range keys {
+		ops[i] = op{readScript, []string{k}, nil}
+	}
+	vals, errs := s.runAll(ctx, ops)
+	now := time.Now()
+	out := make([]*stores.Record, len(keys))
+	for i, k := range keys {
+		if errs[i] != nil {
+			return nil, fmt.Errorf("key %q: %w", printable(k), classify(errs[i]))
+		}
+		value, pttl, ok, err := parseRead(vals[i])
+		if err != nil {
+			return nil, fmt.Errorf("key %q: %w", printable(k), err)
+		}
+		if !ok {
+			continue
+		}
+		r, err := s.record(k, value, pttl, now)
+		if err != nil {
+			return nil, err
+		}
+		out[i] = &r
+	}
+	return out, nil
+}
+
+// node is a Redis server holding records: the one of a *redis.Client, a
+// master of a Cluster, a shard of a Ring.
+type node struct {
+	addr   string
+	client *redis.Client
+}
+
+// nodes returns the nodes to SCAN, by address.
+func (s *Store) nodes(ctx context.Context) ([]node, error) {
+	var (
+		mu    sync.Mutex
+		nodes []node
+		add   = func(_ context.Context, c *redis.Client) error {
+			mu.Lock()
+			nodes = append(nodes, node{c.Options().Addr, c})
+			mu.Unlock()
+			return nil
+		}
+		err error
+	)
+	switch c := s.client.(type) {
+	case *redis.Client:
+		return []node{{c.Options().Addr, c}}, nil
+	case *redis.ClusterClient:
+		err = c.ForEachMaster(ctx, add)
+	case *redis.Ring:
+		err = c.ForEachShard(ctx, add)
+	default:
+		return nil, fmt.Errorf("%w: cannot SCAN the nodes of a %T", stores.ErrNotSupported, s.client)
+	}
+	if err != nil {
+		return nil, classify(err)
+	}
+	slices.SortFunc(nodes, func(a, b node) int { return cmp.Compare(a.addr, b.addr) })
+	return nodes, nil
+}
+
+// listCursor is where a List resumes: on the node at addr, at SCAN
+// cursor scan, after the key last of that SCAN's batch ("" for none).
+type listCursor struct {
+	addr string
+	scan uint64
+	last string
+}
+
+const cursorVersion = 1
+
+func (c listCursor) String() string {
+	b := []byte{cursorVersion}
+	b = binary.AppendUvarint(b, uint64(len(c.addr)))
+	b = append(b, c.addr...)
+	b = binary.AppendUvarint(b, c.scan)
+	b = append(b, c.last...)
+	return base64.RawURLEncoding.EncodeToString(b)
+}
+
+func parseCursor(s string) (listCursor, error) {
+	bad := fmt.Errorf("%w: %q is not a redisstore List cursor", stores.ErrInvalidArgument, s)
+	b, err := base64.RawURLEncoding.DecodeString(s)
+	if err != nil || len(b) < 1 || b[0] != cursorVersion {
+		return listCursor{}, bad
+	}
+	b = b[1:]
+	n, k := binary.Uvarint(b)
+	if k <= 0 || n > uint64(len(b)-k) {
+		return listCursor{}, bad
+	}
+	c := listCursor{addr: string(b[k : k+int(n)])}
+	b = b[k+int(n):]
+	scan, k := binary.Uvarint(b)
+	if k <= 0 || c.addr == "" {
+		return listCursor{}, bad
+	}
+	c.scan, c.last = scan, string(b[k:])
+	return c, nil
+}
