@@ -1,0 +1,266 @@
+package publisher_test
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/watermill-dedup/dedup/keyfuncs"
+	"github.com/watermill-dedup/dedup/middleware"
+	"github.com/watermill-dedup/dedup/publisher"
+	"github.com/watermill-dedup/dedup/stores/sqlstore"
+	"github.com/watermill-dedup/dedup/testkit"
+)
+
+// outbox is a watermill-sql topic on a database, with a dedup store on
+// the same database, for the outbox pattern.
+type outbox struct {
+	db     *sql.DB
+	kind   testkit.StoreKind
+	schema sqlSchema
+	topic  string
+	d      *publisher.Decorator
+	store  *sqlstore.Store
+}
+
+func newOutbox(t *testing.T, kind testkit.StoreKind) *outbox {
+	ctx := context.Background()
+	db := openDB(t, kind)
+	dialect, _ := kind.SQLDialect()
+	table := testkit.UniqueName("dedup_")
+	store, err := sqlstore.New(db, sqlstore.Config{Dialect: dialect, Table: table})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.CreateSchema(ctx); err != nil {
+		t.Fatal(err)
+	}
+	schema, offsets := sqlAdapters(kind)
+	topic := testkit.UniqueName("outbox_")
+	// The outbox table is created up front: a publisher on a transaction
+	// cannot create it.
+	init, err := wsql.NewSubscriber(db, wsql.SubscriberConfig{ConsumerGroup: "readers", SchemaAdapter: schema, OffsetsAdapter: offsets, InitializeSchema: true}, watermill.NopLogger{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := init.SubscribeInitialize(topic); err != nil {
+		t.Fatal(err)
+	}
+	_ = init.Close()
+	t.Cleanup(func() {
+		_ = store.Close(ctx)
+		dropTables(t, db, kind, table, schema.MessagesTable(topic), offsets.MessagesOffsetsTable(topic))
+	})
+	d, err := publisher.New(publisher.Config{
+		Store:  store,
+		Mode:   publisher.ModeTransactional,
+		Key:    keyfuncs.Metadata("event_id"),
+		Logger: watermill.NopLogger{},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &outbox{db: db, kind: kind, schema: schema, topic: topic, d: d, store: store}
+}
+
+// publishIn publishes the events in a transaction of their own, as a
+// service writing its business rows and its outbox rows together would,
+// and commits it unless rollback; wrap adjusts the outbox publisher.
+func (o *outbox) publishIn(ctx context.Context, events []string, rollback bool, wrap func(message.Publisher) message.Publisher) error {
+	tx, err := o.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback() }()
+	var inner message.Publisher
+	inner, err = wsql.NewPublisher(tx, wsql.PublisherConfig{SchemaAdapter: o.schema}, watermill.NopLogger{})
+	if err != nil {
+		return err
+	}
+	if wrap != nil {
+		inner = wrap(inner)
+	}
+	pub, err := o.d.Decorate(inner)
+	if err != nil {
+		return err
+	}
+	txCtx := sqlstore.WithTx(ctx, tx)
+	var msgs []*message.Message
+	for _, e := range events {
+		m := message.NewMessage(watermill.NewUUID(), []byte(fmt.Sprintf(`{"event":%q}`, e)))
+		m.Metadata.Set("event_id", e)
+		m.SetContext(txCtx)
+		msgs = append(msgs, m)
+	}
+	if err := pub.Publish(o.topic, msgs...); err != nil {
+		return err
+	}
+	if rollback {
+		return tx.Rollback()
+	}
+	return tx.Commit()
+}
+
+// rows counts the outbox rows of each event.
+func (o *outbox) rows(t *testing.T) map[string]int {
+	t.Helper()
+	rows, err := o.db.QueryContext(context.Background(), "SELECT metadata FROM "+o.schema.MessagesTable(o.topic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	out := map[string]int{}
+	for rows.Next() {
+		var md []byte
+		if err := rows.Scan(&md); err != nil {
+			t.Fatal(err)
+		}
+		var m message.Metadata
+		if err := jsonUnmarshal(md, &m); err != nil {
+			t.Fatal(err)
+		}
+		out[m.Get("event_id")]++
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func forEachSQL(t *testing.T, fn func(t *testing.T, kind testkit.StoreKind)) {
+	for _, kind := range []testkit.StoreKind{testkit.StorePostgres, testkit.StoreMySQL} {
+		t.Run(string(kind), func(t *testing.T) { fn(t, kind) })
+	}
+}
+
+// TestTransactionalOutbox: the record commits with the outbox row, so an
+// event enters the outbox once, whatever the producer retries and
+// whichever transaction rolls back.
+func TestTransactionalOutbox(t *testing.T) {
+	forEachSQL(t, func(t *testing.T, kind testkit.StoreKind) {
+		ctx := context.Background()
+		o := newOutbox(t, kind)
+
+		// A transaction rolled back after the publish (the service
+		// failed later): neither the record nor the row stays.
+		if err := o.publishIn(ctx, []string{"a"}, true, nil); err != nil {
+			t.Fatal(err)
+		}
+		if n := o.rows(t)["a"]; n != 0 {
+			t.Fatalf("a rolled-back transaction left %d outbox rows", n)
+		}
+		// The retry commits; a second retry and a batch repeating it
+		// within the call add nothing for it.
+		if err := o.publishIn(ctx, []string{"a"}, false, nil); err != nil {
+			t.Fatal(err)
+		}
+		if err := o.publishIn(ctx, []string{"a", "b", "b", "c"}, false, nil); err != nil {
+			t.Fatal(err)
+		}
+		// The outbox publisher fails in the middle of the transaction:
+		// the records roll back to their savepoints, the transaction
+		// stays usable, and the same transaction publishes again.
+		tx, err := o.db.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		inner, err := wsql.NewPublisher(tx, wsql.PublisherConfig{SchemaAdapter: o.schema}, watermill.NopLogger{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		pub, err := o.d.Decorate(&flaky{Publisher: inner})
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := func(e string) *message.Message {
+			mm := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
+			mm.Metadata.Set("event_id", e)
+			mm.SetContext(sqlstore.WithTx(ctx, tx))
+			return mm
+		}
+		if err := pub.Publish(o.topic, m("d"), m("e")); !errors.Is(err, errBroker) {
+			t.Fatalf("first publish in the transaction: %v, want the outbox's error", err)
+		}
+		if err := pub.Publish(o.topic, m("d"), m("e"), m("a")); err != nil {
+			t.Fatalf("publish again in the same transaction: %v", err)
+		}
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+		want := map[string]int{"a": 1, "b": 1, "c": 1, "d": 1, "e": 1}
+		if got := o.rows(t); fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("outbox rows per event %v, want %v", got, want)
+		}
+
+		// Without a transaction in the context: refused, nothing written.
+		free, err := wsql.NewPublisher(o.db, wsql.PublisherConfig{SchemaAdapter: o.schema}, watermill.NopLogger{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		dp, _ := o.d.Decorate(free)
+		mm := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
+		mm.Metadata.Set("event_id", "f")
+		if err := dp.Publish(o.topic, mm); !errors.Is(err, publisher.ErrNoTransaction) {
+			t.Fatalf("got %v, want ErrNoTransaction", err)
+		}
+		if n := o.rows(t)["f"]; n != 0 {
+			t.Fatal("a message without a transaction was published")
+		}
+	})
+}
+
+// TestTransactionalConcurrentProducers: producers in concurrent
+// transactions publish the same events; the second waits for the first
+// transaction on the record, and each event enters the outbox once.
+func TestTransactionalConcurrentProducers(t *testing.T) {
+	forEachSQL(t, func(t *testing.T, kind testkit.StoreKind) {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		o := newOutbox(t, kind)
+		const events = 20
+		var wg sync.WaitGroup
+		for p := range 4 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for e := range events {
+					// Each producer rolls back one transaction in five, as
+					// a service failing after its publish would.
+					rollback := (e+p)%5 == 0
+					evs := []string{fmt.Sprint(e), fmt.Sprint(e + 1)}
+					for {
+						err := o.publishIn(ctx, evs, rollback, nil)
+						if err == nil {
+							break
+						}
+						// A deadlock or lock wait between two producers'
+						// transactions: roll back and try again, as a
+						// service would.
+						if ctx.Err() != nil || !errors.Is(err, middleware.ErrStore) {
+							t.Errorf("producer %d, events %v: %v", p, evs, err)
+							return
+						}
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		got := o.rows(t)
+		for e := range events + 1 {
+			if n := got[fmt.Sprint(e)]; n != 1 {
+				t.Errorf("event %d entered the outbox %d times, want 1", e, n)
+			}
+		}
+	})
+}
+
+func jsonUnmarshal(b []byte, v any) error { return json.Unmarshal(b, v) }
