@@ -90,6 +90,13 @@ type dialect interface {
 	// than limit records. chunk is the size of a range, where the
 	// dialect has ranges.
 	purgePlan(ctx context.Context, db *sql.DB, chunk int64) (string, iter.Seq[[]any], error)
+
+	// adminSyntax tells the admin statements (admin.go) how to read the
+	// columns.
+	adminSyntax() adminSyntax
+	// tableBytes returns the space the table and its indexes take, as
+	// the database reports it.
+	tableBytes(ctx context.Context, db *sql.DB) (int64, error)
 }
 
 // partitioner is implemented by a dialect that can keep the table in

@@ -28,8 +28,9 @@ var mysqlInfo = dialectInfo{
 
 type mysqlDialect struct {
 	base
-	q    statements
-	name string // unquoted table name
+	q          statements
+	schemaName string // unquoted, "" when none
+	name       string // unquoted table name
 }
 
 var _ dialect = (*mysqlDialect)(nil)
@@ -52,12 +53,11 @@ var mysqlOnConflict = fmt.Sprintf(" ON DUPLICATE KEY UPDATE state = IF(LAST_INSE
 
 func newMySQL(table string) *mysqlDialect {
 	d := &mysqlDialect{}
-	var schema string
-	schema, d.name = splitTable(table)
+	d.schemaName, d.name = splitTable(table)
 	q := &d.q
 	q.table = mysqlQuote(d.name)
-	if schema != "" {
-		q.table = mysqlQuote(schema) + "." + q.table
+	if d.schemaName != "" {
+		q.table = mysqlQuote(d.schemaName) + "." + q.table
 	}
 	q.ph = func(int) string { return "?" }
 	q.setState = func(st int) string { return fmt.Sprintf("state = %d, ", st) }
@@ -167,6 +167,25 @@ func (d *mysqlDialect) joinCheck(ctx context.Context, tx *sql.Tx, sp string) err
 
 func (d *mysqlDialect) purgePlan(context.Context, *sql.DB, int64) (string, iter.Seq[[]any], error) {
 	return fmt.Sprintf("DELETE FROM %s WHERE %s ORDER BY expires_at LIMIT ?", d.q.table, purgePredicate(fmt.Sprintf("state = %d", stateDone), "?", "?")), one, nil
+}
+
+// adminSyntax: the id as 16 bytes, the state column, unix microseconds.
+func (d *mysqlDialect) adminSyntax() adminSyntax {
+	return adminSyntax{id: "id", state: "state", micros: func(expr string) string { return expr }}
+}
+
+// mysqlTableSize is InnoDB's estimate of the table's data and indexes. Args:
+// the schema (NULL: the connection's database), the table.
+const mysqlTableSize = "SELECT COALESCE(SUM(DATA_LENGTH + INDEX_LENGTH), 0) FROM information_schema.TABLES WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ?"
+
+func (d *mysqlDialect) tableBytes(ctx context.Context, db *sql.DB) (int64, error) {
+	var schema any
+	if d.schemaName != "" {
+		schema = d.schemaName
+	}
+	var n int64
+	err := db.QueryRowContext(ctx, mysqlTableSize, schema, d.name).Scan(&n)
+	return n, err
 }
 
 // insertProcessingRows inserts n processing records, leaving existing

@@ -69,7 +69,7 @@ func TestDriverOptions(t *testing.T) {
 			t.Run("Store", func(t *testing.T) {
 				storetest.Run(t, func(t *testing.T, clock stores.Clock) stores.Store {
 					return newStore(t, db, o.dialect, sqlstore.Config{Clock: clock})
-				})
+				}, storetest.AdminNoScopes())
 			})
 			t.Run("Inbox", func(t *testing.T) {
 				storetest.RunInbox(t, func(t *testing.T, clock stores.Clock) storetest.InboxFixture {

@@ -20,7 +20,7 @@ func TestPartitionedConformance(t *testing.T) {
 	db := openPostgres(t)
 	storetest.Run(t, func(t *testing.T, clock stores.Clock) stores.Store {
 		return newStore(t, db, sqlstore.Postgres, partitionedConfig(clock))
-	})
+	}, storetest.AdminNoScopes())
 }
 
 func TestPartitionedInboxLedger(t *testing.T) {

@@ -209,6 +209,28 @@ func (d *postgresDialect) purgePlan(ctx context.Context, db *sql.DB, chunk int64
 	}, nil
 }
 
+// adminSyntax: the id as uuid text, the state from the token, times
+// through EXTRACT(EPOCH), exact (a numeric) from PostgreSQL 14 on.
+func (d *postgresDialect) adminSyntax() adminSyntax {
+	return adminSyntax{
+		id:    "id::text",
+		state: fmt.Sprintf("CASE WHEN token IS NULL THEN %d ELSE %d END", stateDone, stateProcessing),
+		micros: func(expr string) string {
+			return "(EXTRACT(EPOCH FROM " + expr + ") * 1000000)::bigint"
+		},
+	}
+}
+
+// pgTableSize is the size of the table, its indexes and TOAST, and of
+// every partition of it. Args: the quoted table name.
+const pgTableSize = `SELECT (pg_total_relation_size($1::regclass) + COALESCE((SELECT SUM(pg_total_relation_size(inhrelid)) FROM pg_inherits WHERE inhparent = $1::regclass), 0))::bigint`
+
+func (d *postgresDialect) tableBytes(ctx context.Context, db *sql.DB) (int64, error) {
+	var n int64
+	err := db.QueryRowContext(ctx, pgTableSize, d.q.table).Scan(&n)
+	return n, err
+}
+
 // batchSettings are the transaction-local settings of a batch:
 //
 //   - lock_timeout 200ms: a batch holds a slot other calls queue for, so

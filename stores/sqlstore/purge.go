@@ -21,9 +21,11 @@ import (
 //
 // Purging is for space only: an expired record is never treated as live,
 // purged or not. Several processes may purge the same table at once.
+//
+// Purge implements [stores.Admin]'s Purge too.
 func (s *Store) Purge(ctx context.Context) (int64, error) {
-	if s.closed.Load() {
-		return 0, fmt.Errorf("sqlstore: purge: %w", stores.ErrClosed)
+	if err := stores.CheckCall(ctx, s.closed.Load()); err != nil {
+		return 0, fmt.Errorf("sqlstore: purge: %w", err)
 	}
 	if s.part != nil {
 		return s.purgePartitions(ctx)

@@ -104,6 +104,23 @@ func (d *sqliteDialect) purgePlan(context.Context, *sql.DB, int64) (string, iter
 		purgePredicate(fmt.Sprintf("state = %d", stateDone), "?", "?")), one, nil
 }
 
+// adminSyntax: the id as 16 bytes, the state column, unix microseconds.
+func (d *sqliteDialect) adminSyntax() adminSyntax {
+	return adminSyntax{id: "id", state: "state", micros: func(expr string) string { return expr }}
+}
+
+// sqliteTableSize sums the pages of the table and its index, from the dbstat
+// virtual table (modernc.org/sqlite has it; a SQLite built without
+// SQLITE_ENABLE_DBSTAT_VTAB fails). Args: the table's and the index's
+// names.
+const sqliteTableSize = "SELECT COALESCE(SUM(pgsize), 0) FROM dbstat WHERE name IN (?, ?)"
+
+func (d *sqliteDialect) tableBytes(ctx context.Context, db *sql.DB) (int64, error) {
+	var n int64
+	err := db.QueryRowContext(ctx, sqliteTableSize, d.name, d.name+"_expires_idx").Scan(&n)
+	return n, err
+}
+
 // execBatch runs a batch in one transaction of the calls' own single-row
 // statements: they cost no round trip (SQLite runs in process) while
 // each commit syncs the WAL to disk.

@@ -26,7 +26,7 @@ func TestConformance(t *testing.T) {
 			t.Run(name, func(t *testing.T) {
 				storetest.Run(t, func(t *testing.T, clock stores.Clock) stores.Store {
 					return newStore(t, b.open(t), b.dialect, sqlstore.Config{Clock: clock, Batch: sqlstore.BatchConfig{Disabled: off}})
-				})
+				}, storetest.AdminNoScopes())
 			})
 		}
 	})
