@@ -308,22 +308,34 @@ func deletePrefix(ctx context.Context, c redis.Cmdable, prefix string) error {
 	const batch = 500
 	iter := c.Scan(ctx, 0, prefix+"*", 1000).Iterator()
 	keys := make([]string, 0, batch)
+	// One key per UNLINK: the keys of one Cluster node hash to different
+	// slots, which one command may not mix (CROSSSLOT).
+	unlink := func() error {
+		_, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for _, k := range keys {
+				p.Unlink(ctx, k)
+			}
+			return nil
+		})
+		keys = keys[:0]
+		if err != nil {
+			return fmt.Errorf("testkit: delete %s*: %w", prefix, err)
+		}
+		return nil
+	}
 	for iter.Next(ctx) {
 		keys = append(keys, iter.Val())
 		if len(keys) == batch {
-			if err := c.Unlink(ctx, keys...).Err(); err != nil {
-				return fmt.Errorf("testkit: delete %s*: %w", prefix, err)
+			if err := unlink(); err != nil {
+				return err
 			}
-			keys = keys[:0]
 		}
 	}
 	if err := iter.Err(); err != nil {
 		return fmt.Errorf("testkit: scan %s*: %w", prefix, err)
 	}
 	if len(keys) > 0 {
-		if err := c.Unlink(ctx, keys...).Err(); err != nil {
-			return fmt.Errorf("testkit: delete %s*: %w", prefix, err)
-		}
+		return unlink()
 	}
 	return nil
 }
