@@ -19,6 +19,10 @@
 // them is n/2^128 (about 3e-30 at a billion records). The seeds never
 // leave the process, so nobody can craft colliding keys.
 //
+// The Store implements [stores.Admin]. Since a record keeps no scope or
+// key, List lists records by their hash (the ID) and cannot select a
+// scope or a key prefix, and Stats does not count by scope.
+//
 // # Memory
 //
 // Each shard keeps its records in an open-addressing table of 32-byte

@@ -52,7 +52,7 @@ func (s *Store) Get(ctx context.Context, scope, key string) (stores.Record, erro
 	if !ok {
 		return stores.Record{}, fmt.Errorf("redisstore: get: %w: scope %q key %q", stores.ErrNotFound, scope, key)
 	}
-	rec, err := s.record(rkey, value, pttl, time.Now())
+	rec, err := s.record(rkey, value, pttl, msNow())
 	if err != nil {
 		return stores.Record{}, fmt.Errorf("redisstore: get: %w", err)
 	}
@@ -86,7 +86,7 @@ func (s *Store) Delete(ctx context.Context, scope, key string, want stores.Recor
 	if !ok1 || !ok2 || err != nil {
 		return stores.Record{}, fmt.Errorf("redisstore: delete: unexpected reply %v", v)
 	}
-	rec, err := s.record(rkey, value, pttl, time.Now())
+	rec, err := s.record(rkey, value, pttl, msNow())
 	if err != nil {
 		return stores.Record{}, fmt.Errorf("redisstore: delete: %w", err)
 	}
@@ -212,7 +212,7 @@ func (s *Store) Stats(ctx context.Context) (stores.Stats, error) {
 				ops[i] = op{peekScript, []string{k}, nil}
 			}
 			vals, errs := s.runAll(ctx, ops)
-			now := time.Now()
+			now := msNow()
 			for i, k := range keys {
 				if errs[i] != nil {
 					return stores.Stats{}, fmt.Errorf("redisstore: stats: key %q: %w", printable(k), classify(errs[i]))
@@ -382,7 +382,7 @@ func (s *Store) readAll(ctx context.Context, keys []string) ([]*stores.Record, e
 		ops[i] = op{readScript, []string{k}, nil}
 	}
 	vals, errs := s.runAll(ctx, ops)
-	now := time.Now()
+	now := msNow()
 	out := make([]*stores.Record, len(keys))
 	for i, k := range keys {
 		if errs[i] != nil {
@@ -480,3 +480,6 @@ func parseCursor(s string) (listCursor, error) {
 	c.scan, c.last = scan, string(b[k:])
 	return c, nil
 }
+
+// msNow is the time to add a remaining TTL to: Redis counts milliseconds.
+func msNow() time.Time { return time.Now().Truncate(time.Millisecond) }
