@@ -51,7 +51,11 @@
 // crash scenario asserts the duplicates are at least the planned crashes
 // and at most the deliveries any crash caught in that window; with
 // Store.AsyncComplete the window lasts after the ack, until the Complete
-// lands in the background), and a
+// lands in the background); under fail-open, a message whose store calls
+// failed during the outage may run once more per failed call (a bypassed
+// run leaves no record; the outage scenario checks every doubled event
+// against the calls the probe saw fail, and that an event none of whose
+// calls failed ran exactly once); and a
 // redelivery after the retention window runs again (the retention
 // scenario asserts it happens exactly for the late redeliveries, counted
 // as ttl misses). See Scenario for the ten scenarios: nack redelivery,

@@ -2,6 +2,7 @@ package acceptance
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -75,7 +76,13 @@ func scenarioOutage(t *testing.T, b Backend, s Store, failOpen bool) {
 		r.publish(in, ev.message())
 	}
 	r.waitSettled(n, r.allApplied(ids(evs)))
-	AssertExactlyOnce(t, r.effects(), ids(evs))
+	if failOpen {
+		if doubled := assertFailOpenEffects(t, r.effects(), ids(evs), r.calls()); doubled > 0 {
+			r.note("%d events applied more than once, each after failed store calls (the fail-open exposure)", doubled)
+		}
+	} else {
+		AssertExactlyOnce(t, r.effects(), ids(evs))
+	}
 	storeErrors := r.outcome(middleware.OutcomeStoreError)
 	bypassed := r.outcome(middleware.OutcomeBypassed)
 	r.note("cut after %d effects, held %s, store_error=%d, bypassed=%d", cutAt, held.Round(100*time.Millisecond), storeErrors, bypassed)
@@ -91,4 +98,49 @@ func scenarioOutage(t *testing.T, b Backend, s Store, failOpen bool) {
 	if !shared {
 		AssertAtLeast(t, "store errors during the outage (fail-closed)", storeErrors, 1)
 	}
+}
+
+// assertFailOpenEffects checks the effects of a fail-open run against
+// the claims the probe store traced: every event applied at least once,
+// nothing else applied, and an event applied more than once only as often
+// as its failed store calls allow, the exposures the guarantee table
+// names: a failed claim may have run the handler unprotected (a bypass),
+// which leaves no record, so another delivery of the message (the
+// broker's redelivery of a message whose ack the outage also caught) runs
+// again; a Complete or Extend that failed through an outage longer than
+// the lease leaves the record processing, to be taken over by such a
+// redelivery. An event none of whose store calls failed is applied
+// exactly once. It returns how many events were applied more than once.
+func assertFailOpenEffects(t testing.TB, effects, events []string, calls []storeCall) int {
+	t.Helper()
+	failed := map[string]int{}
+	for _, c := range calls {
+		if c.err && (c.op == opClaim || c.op == opComplete || c.op == opExtend) {
+			failed[c.event]++
+		}
+	}
+	got := countEffects(effects)
+	want := make(map[string]bool, len(events))
+	var bad []string
+	doubled := 0
+	for _, ev := range events {
+		want[ev] = true
+		switch g := got[ev]; {
+		case g == 0:
+			bad = append(bad, fmt.Sprintf("%s: lost (no effect)", ev))
+		case g > 1+failed[ev]:
+			bad = append(bad, fmt.Sprintf("%s: %d effects after %d failed store calls (at most %d)", ev, g, failed[ev], 1+failed[ev]))
+		case g > 1:
+			doubled++
+		}
+	}
+	for ev, g := range got {
+		if !want[ev] {
+			bad = append(bad, fmt.Sprintf("%s: unexpected (%d effects)", ev, g))
+		}
+	}
+	if len(bad) > 0 {
+		t.Errorf("fail-open effects: %d events wrong: %s", len(bad), strings.Join(bad, "; "))
+	}
+	return doubled
 }
