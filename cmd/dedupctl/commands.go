@@ -1,0 +1,432 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"strconv"
+	"time"
+
+	"github.com/watermill-dedup/dedup/middleware"
+	"github.com/watermill-dedup/dedup/stores"
+)
+
+// cli runs one command; errors go to its caller.
+type cli struct {
+	cfg *config
+	out io.Writer
+}
+
+// notFoundError is a record or a selection that does not exist: exit 3.
+type notFoundError struct{ msg string }
+
+func (e *notFoundError) Error() string { return e.msg }
+
+func (c *cli) exec(ctx context.Context, cmd string, pos []string) error {
+	if err := c.checkArgs(cmd, pos); err != nil {
+		return err
+	}
+	if cmd == "window" {
+		return c.window()
+	}
+	a, err := openStore(ctx, c.cfg)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = a.close(cctx)
+	}()
+	switch cmd {
+	case "stats":
+		return c.stats(ctx, a)
+	case "get":
+		return c.get(ctx, a, pos[0], pos[1])
+	case "list":
+		var scope string
+		if len(pos) == 1 {
+			scope = pos[0]
+		}
+		return c.list(ctx, a, scope)
+	case "forget":
+		return c.remove(ctx, a, stores.StateDone, pos)
+	case "release":
+		return c.remove(ctx, a, stores.StateProcessing, pos)
+	default: // purge
+		return c.purge(ctx, a)
+	}
+}
+
+// checkArgs checks a command's arguments before anything connects.
+func (c *cli) checkArgs(cmd string, pos []string) error {
+	n := len(pos)
+	switch cmd {
+	case "get":
+		if n != 2 {
+			return usagef("get takes SCOPE and KEY, got %s", args(n))
+		}
+	case "list":
+		if n > 1 {
+			return usagef("list takes at most a SCOPE, got %s", args(n))
+		}
+	case "forget", "release":
+		switch {
+		case n < 1 || n > 2:
+			return usagef("%s takes SCOPE and KEY (or SCOPE and -prefix), got %s", cmd, args(n))
+		case n == 2 && c.cfg.keyPrefix != "":
+			return usagef("%s takes KEY or -prefix, not both", cmd)
+		case n == 1 && c.cfg.keyPrefix == "" && !c.cfg.all:
+			return usagef("%s needs the KEY, or -prefix=KEY_PREFIX, or -all for every record of scope %q", cmd, pos[0])
+		}
+	case "window":
+		if n != 0 {
+			return usagef("window takes no arguments, got %s", args(n))
+		}
+		if c.cfg.horizon <= 0 {
+			return usagef("window needs -horizon, the broker's longest redelivery horizon (such as -horizon=24h)")
+		}
+		if c.cfg.rate <= 0 || math.IsInf(c.cfg.rate, 0) || math.IsNaN(c.cfg.rate) {
+			return usagef("window needs -rate, messages per second (such as -rate=500), got %v", c.cfg.rate)
+		}
+		if c.cfg.keysPerMessage < 1 {
+			return usagef("-keys-per-message must be at least 1, got %d", c.cfg.keysPerMessage)
+		}
+		if c.cfg.bytesPerRecord < 0 || math.IsInf(c.cfg.bytesPerRecord, 0) || math.IsNaN(c.cfg.bytesPerRecord) {
+			return usagef("-bytes-per-record must be positive, got %v", c.cfg.bytesPerRecord)
+		}
+	default: // stats, purge
+		if n != 0 {
+			return usagef("%s takes no arguments, got %s", cmd, args(n))
+		}
+	}
+	return nil
+}
+
+// digestNote explains what a store keeping (scope, key) as a digest
+// cannot do, and what works instead.
+const digestNote = "the store keeps each record under a digest of (scope, key), which cannot be read back: `dedupctl get SCOPE KEY` reads one record, `dedupctl list` (without SCOPE or -prefix) lists every record by id"
+
+// notByScope turns ErrNotSupported into the explanation of what does not
+// work, why, and what does.
+func notByScope(cmd string, a *admin, err error) error {
+	if errors.Is(err, stores.ErrNotSupported) {
+		return &usageError{fmt.Sprintf("%s cannot select records by scope or key on %s: %s", cmd, a.where, digestNote)}
+	}
+	return err
+}
+
+func (c *cli) get(ctx context.Context, a *admin, scope, key string) error {
+	r, err := a.Get(ctx, scope, key)
+	if errors.Is(err, stores.ErrNotFound) {
+		return &notFoundError{fmt.Sprintf("no record for key %q in scope %q on %s", key, scope, a.where)}
+	}
+	if err != nil {
+		return err
+	}
+	if c.cfg.json {
+		return writeJSON(c.out, recordView(r))
+	}
+	writeRecord(c.out, r, time.Now())
+	return nil
+}
+
+func (c *cli) list(ctx context.Context, a *admin, scope string) error {
+	opts := stores.ListOptions{Scope: scope, KeyPrefix: c.cfg.keyPrefix, After: c.cfg.after, Limit: c.cfg.limit}
+	if c.cfg.state != "" {
+		opts.State, _ = stores.ParseRecordState(c.cfg.state) // validated
+	}
+	recs, next, err := a.List(ctx, opts)
+	if err != nil {
+		return notByScope("list", a, err)
+	}
+	if c.cfg.json {
+		out := struct {
+			Records []recordJSON `json:"records"`
+			Next    string       `json:"next,omitempty"`
+		}{Records: make([]recordJSON, len(recs)), Next: next}
+		for i, r := range recs {
+			out.Records[i] = recordView(r)
+		}
+		return writeJSON(c.out, out)
+	}
+	if len(recs) == 0 {
+		fmt.Fprintf(c.out, "no records on %s\n", a.where)
+		return nil
+	}
+	writeRecords(c.out, recs, time.Now())
+	if next != "" {
+		fmt.Fprintf(c.out, "\nmore records: add -after=%s\n", next)
+	}
+	return nil
+}
+
+// remove is forget (want done) and release (want processing).
+func (c *cli) remove(ctx context.Context, a *admin, want stores.RecordState, pos []string) error {
+	verb := "forget"
+	if want == stores.StateProcessing {
+		verb = "release"
+	}
+	scope := pos[0]
+	var targets []stores.Record
+	if len(pos) == 2 {
+		r, err := a.Get(ctx, scope, pos[1])
+		if err != nil {
+			return removeError(verb, a, scope, pos[1], r, err)
+		}
+		if r.State != want {
+			return wrongState(verb, r)
+		}
+		targets = []stores.Record{r}
+	} else {
+		recs, err := listAll(ctx, a, stores.ListOptions{Scope: scope, KeyPrefix: c.cfg.keyPrefix, State: want})
+		if err != nil {
+			return notByScope(verb, a, err)
+		}
+		sel := fmt.Sprintf("scope %q", scope)
+		if c.cfg.keyPrefix != "" {
+			sel = fmt.Sprintf("scope %q with a key starting %q", scope, c.cfg.keyPrefix)
+		}
+		if len(recs) == 0 {
+			return &notFoundError{fmt.Sprintf("no %s record in %s on %s: nothing to %s", want, sel, a.where, verb)}
+		}
+		if len(recs) > 1 && !c.cfg.all {
+			if c.cfg.json {
+				return &refusedError{fmt.Sprintf("%d %s records in %s: add -all to %s them all; nothing deleted", len(recs), want, sel, verb)}
+			}
+			shown := recs[:min(len(recs), 10)]
+			writeRecords(c.out, shown, time.Now())
+			return &refusedError{fmt.Sprintf("%d %s records in %s (%d shown above): add -all to %s them all; nothing deleted", len(recs), want, sel, len(shown), verb)}
+		}
+		targets = recs
+	}
+
+	if !c.cfg.yes {
+		if c.cfg.json {
+			if err := writeJSON(c.out, removeResult{WouldDelete: views(targets)}); err != nil {
+				return err
+			}
+		} else {
+			fmt.Fprintf(c.out, "would %s %d %s on %s:\n", verb, len(targets), plural(len(targets), "record", "records"), a.where)
+			writeRecords(c.out, targets, time.Now())
+		}
+		return &refusedError{fmt.Sprintf("nothing deleted: add -yes to %s %s", verb, plural(len(targets), "this record", "these records"))}
+	}
+
+	if len(pos) == 2 {
+		r, err := a.Delete(ctx, scope, pos[1], want)
+		if err != nil {
+			return removeError(verb, a, scope, pos[1], r, err)
+		}
+		return c.writeRemoved(verb, removeResult{Deleted: []recordJSON{recordView(r)}})
+	}
+	var res removeResult
+	for _, t := range targets {
+		if !t.KeyKnown {
+			res.Skipped = append(res.Skipped, skipped{recordView(t), "its key is stored as a digest: only get, forget or release SCOPE KEY reach it"})
+			continue
+		}
+		r, err := a.Delete(ctx, scope, t.Key, want)
+		switch {
+		case err == nil:
+			res.Deleted = append(res.Deleted, recordView(r))
+		case errors.Is(err, stores.ErrNotFound):
+			res.Skipped = append(res.Skipped, skipped{recordView(t), "gone since it was listed"})
+		case errors.Is(err, stores.ErrWrongState):
+			res.Skipped = append(res.Skipped, skipped{recordView(r), "it is " + r.State.String() + " now"})
+		default:
+			if werr := c.writeRemoved(verb, res); werr != nil {
+				return werr
+			}
+			return fmt.Errorf("%s stopped after %d of %d records: %w", verb, len(res.Deleted), len(targets), err)
+		}
+	}
+	return c.writeRemoved(verb, res)
+}
+
+// removeError explains the failure of a forget or release of one key.
+func removeError(verb string, a *admin, scope, key string, r stores.Record, err error) error {
+	switch {
+	case errors.Is(err, stores.ErrNotFound):
+		return &notFoundError{fmt.Sprintf("no record for key %q in scope %q on %s: nothing to %s", key, scope, a.where, verb)}
+	case errors.Is(err, stores.ErrWrongState):
+		return wrongState(verb, r)
+	}
+	return err
+}
+
+// writeRemoved prints what a forget or release deleted and skipped.
+func (c *cli) writeRemoved(verb string, res removeResult) error {
+	if c.cfg.json {
+		return writeJSON(c.out, res)
+	}
+	past := map[string]string{"forget": "forgot", "release": "released"}[verb]
+	now := time.Now()
+	for _, r := range res.Deleted {
+		fmt.Fprintf(c.out, "%s %s\n", past, describe(r, now))
+	}
+	for _, s := range res.Skipped {
+		fmt.Fprintf(c.out, "skipped %s: %s\n", describe(s.Record, now), s.Reason)
+	}
+	return nil
+}
+
+// wrongState is the refusal to forget a processing record or release a
+// done one.
+func wrongState(verb string, r stores.Record) error {
+	now := time.Now()
+	if r.State == stores.StateProcessing {
+		return &refusedError{fmt.Sprintf("the record for key %q in scope %q is processing (a claim under token %s, lease until %s): forget deletes done records; release frees a claim; nothing deleted",
+			r.Key, r.Scope, r.Token, fmtTime(r.LeaseUntil, now))}
+	}
+	return &refusedError{fmt.Sprintf("the record for key %q in scope %q is done (expires at %s): release frees processing claims; forget deletes a done record so its message is processed again; nothing deleted",
+		r.Key, r.Scope, fmtTime(r.ExpiresAt, now))}
+}
+
+type removeResult struct {
+	WouldDelete []recordJSON `json:"would_delete,omitempty"`
+	Deleted     []recordJSON `json:"deleted,omitempty"`
+	Skipped     []skipped    `json:"skipped,omitempty"`
+}
+
+type skipped struct {
+	Record recordJSON `json:"record"`
+	Reason string     `json:"reason"`
+}
+
+// listAll lists every page of opts.
+func listAll(ctx context.Context, a *admin, opts stores.ListOptions) ([]stores.Record, error) {
+	opts.Limit = stores.MaxListLimit
+	var out []stores.Record
+	seen := map[string]bool{}
+	for {
+		recs, next, err := a.List(ctx, opts)
+		if err != nil {
+			return nil, err
+		}
+		for _, r := range recs {
+			if !seen[r.ID] { // a SCAN may list a record twice
+				seen[r.ID] = true
+				out = append(out, r)
+			}
+		}
+		if next == "" {
+			return out, nil
+		}
+		opts.After = next
+	}
+}
+
+func (c *cli) purge(ctx context.Context, a *admin) error {
+	n, err := a.Purge(ctx)
+	if err != nil {
+		return err
+	}
+	if c.cfg.json {
+		return writeJSON(c.out, struct {
+			Purged int64 `json:"purged"`
+		}{n})
+	}
+	if c.cfg.store == storeRedis {
+		fmt.Fprintf(c.out, "nothing to purge on %s: Redis deletes expired records by itself\n", a.where)
+		return nil
+	}
+	fmt.Fprintf(c.out, "purged %d expired %s on %s\n", n, plural(int(n), "record", "records"), a.where)
+	return nil
+}
+
+func (c *cli) stats(ctx context.Context, a *admin) error {
+	st, err := a.Stats(ctx)
+	if err != nil {
+		return err
+	}
+	if c.cfg.json {
+		return writeJSON(c.out, statsView(a.where, st))
+	}
+	writeStats(c.out, a, st, time.Now())
+	return nil
+}
+
+// Bytes a done record without data takes, from BENCHMARKS.md (the
+// "memory ≤ 110 B/record" row of the goals table: 10⁶ done records of
+// 36-byte keys): memstore 67.2 B, PostgreSQL 104.1 B, Redis 110.7 B with
+// the default layout and 97.1 B with CompactKeys. MySQL and SQLite have no
+// figure there.
+var benchmarkBytes = map[string]float64{
+	storeMemory:   67.2,
+	storePostgres: 104.1,
+	storeRedis:    110.7,
+}
+
+const benchmarkBytesCompact = 97.1
+
+// bytesPerRecord is the figure window uses, and where it comes from.
+func bytesPerRecord(c *config) (float64, string, error) {
+	if c.bytesPerRecord > 0 {
+		return c.bytesPerRecord, "-bytes-per-record", nil
+	}
+	switch c.store {
+	case storeRedis:
+		if c.compactKeys {
+			return benchmarkBytesCompact, "Redis with CompactKeys, BENCHMARKS.md", nil
+		}
+		return benchmarkBytes[storeRedis], "Redis, default layout, BENCHMARKS.md", nil
+	case storePostgres:
+		return benchmarkBytes[storePostgres], "PostgreSQL, BENCHMARKS.md", nil
+	case storeMemory:
+		return benchmarkBytes[storeMemory], "memstore, BENCHMARKS.md", nil
+	case storeMySQL, storeSQLite:
+		return 0, "", usagef("no benchmark figure for %s: give -bytes-per-record (dedupctl stats on a table of representative records prints its bytes a record)", c.store)
+	case "":
+		return 0, "", usagef("window needs -store (memory, redis, postgres) for the benchmarks' bytes a record, or -bytes-per-record")
+	}
+	return 0, "", usagef("unknown store %q: set -store to one of memory, %s", c.store, "redis, postgres, mysql, sqlite")
+}
+
+func (c *cli) window() error {
+	bpr, source, err := bytesPerRecord(c.cfg)
+	if err != nil {
+		return err
+	}
+	h := c.cfg.horizon
+	if float64(h)*middleware.RetentionSafetyFactor >= math.MaxInt64 {
+		return usagef("-horizon %s is too long: %.1f times it is no duration", h, middleware.RetentionSafetyFactor)
+	}
+	// RetentionSafetyFactor x the horizon as middleware.CheckRetention
+	// computes it, rounded up to a second.
+	minimum := time.Duration(float64(h) * middleware.RetentionSafetyFactor)
+	retention := minimum.Truncate(time.Second)
+	if retention < minimum {
+		retention += time.Second
+	}
+	records := c.cfg.rate * float64(c.cfg.keysPerMessage) * retention.Seconds()
+	w := windowView{
+		Horizon:        h.String(),
+		Factor:         middleware.RetentionSafetyFactor,
+		Retention:      retention.String(),
+		RetentionSec:   retention.Seconds(),
+		Rate:           c.cfg.rate,
+		KeysPerMessage: c.cfg.keysPerMessage,
+		Records:        math.Ceil(records),
+		BytesPerRecord: bpr,
+		Source:         source,
+		Bytes:          math.Ceil(records * bpr),
+	}
+	if c.cfg.json {
+		return writeJSON(c.out, w)
+	}
+	writeWindow(c.out, w)
+	return nil
+}
+
+// args is "1 argument", "n arguments".
+func args(n int) string { return strconv.Itoa(n) + " " + plural(n, "argument", "arguments") }
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
+}

@@ -1,0 +1,294 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/watermill-dedup/dedup/stores"
+)
+
+// The stores dedupctl connects to: router_example's -store names, but for
+// memory, which lives inside its process.
+const (
+	storeRedis    = "redis"
+	storePostgres = "postgres"
+	storeMySQL    = "mysql"
+	storeSQLite   = "sqlite"
+	storeMemory   = "memory" // window only
+)
+
+var storeNames = []string{storeRedis, storePostgres, storeMySQL, storeSQLite}
+
+// Defaults of the connection flags: router_example's.
+const (
+	defaultRedisAddr   = "127.0.0.1:6379"
+	defaultPostgresDSN = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+	defaultMySQLDSN    = "root@tcp(127.0.0.1:3306)/test?parseTime=true"
+	defaultTimeout     = time.Minute
+	// sqliteFile is the file router_example keeps in -dir.
+	sqliteFile = "loyalty.db"
+)
+
+// config is what the command line and the environment say.
+type config struct {
+	// Where the records are. These flags are also read from the
+	// environment (envName).
+	store                string
+	redisAddr            string
+	redisCluster         bool
+	redisPrefix          string
+	compactKeys          bool
+	digestKeysLongerThan int
+	postgresDSN          string
+	mysqlDSN             string
+	dir                  string
+	sqliteFile           string
+	table                string
+	runID                string
+	purgeGrace           time.Duration
+	timeout              time.Duration
+
+	// How to answer, and the commands' own flags: command line only.
+	json           bool
+	state          string
+	keyPrefix      string
+	limit          int
+	after          string
+	yes            bool
+	all            bool
+	horizon        time.Duration
+	rate           float64
+	keysPerMessage int
+	bytesPerRecord float64
+}
+
+// commandFlags are the flags each command takes besides the connection
+// flags and -json.
+var commandFlags = map[string][]string{
+	"stats":   nil,
+	"get":     nil,
+	"list":    {"state", "prefix", "limit", "after"},
+	"forget":  {"prefix", "all", "yes"},
+	"release": {"prefix", "all", "yes"},
+	"purge":   nil,
+	"window":  {"horizon", "rate", "keys-per-message", "bytes-per-record"},
+}
+
+// connectionFlags are read from the environment too.
+var connectionFlags = []string{
+	"store", "redis-addr", "redis-cluster", "redis-prefix", "compact-keys", "digest-keys-longer-than",
+	"postgres-dsn", "mysql-dsn", "dir", "sqlite-file", "table", "run-id", "purge-grace", "timeout",
+}
+
+// envNames are the environment variables that do not follow the
+// DEDUP_<FLAG> pattern: router_example's.
+var envNames = map[string]string{
+	"redis-addr":   "REDIS_ADDR",
+	"postgres-dsn": "POSTGRES_DSN",
+	"mysql-dsn":    "MYSQL_DSN",
+}
+
+// envName is the environment variable of a connection flag.
+func envName(flagName string) string {
+	if n, ok := envNames[flagName]; ok {
+		return n
+	}
+	return "DEDUP_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+func newFlagSet(c *config) *flag.FlagSet {
+	fs := flag.NewFlagSet("dedupctl", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+
+	fs.StringVar(&c.store, "store", "", "the store: "+strings.Join(storeNames, " | "))
+	fs.StringVar(&c.redisAddr, "redis-addr", defaultRedisAddr, "Redis `host:port`; with -redis-cluster, comma-separated addresses of some of its nodes")
+	fs.BoolVar(&c.redisCluster, "redis-cluster", false, "Redis is a Redis Cluster")
+	fs.StringVar(&c.redisPrefix, "redis-prefix", "", "the store's key prefix, Config.Prefix (default \"dedup:\", \"d:\" with -compact-keys, \"dedup:<run id>:\" with -run-id)")
+	fs.BoolVar(&c.compactKeys, "compact-keys", false, "the store runs with Config.CompactKeys")
+	fs.IntVar(&c.digestKeysLongerThan, "digest-keys-longer-than", 0, "the store's Config.DigestKeysLongerThan")
+	fs.StringVar(&c.postgresDSN, "postgres-dsn", defaultPostgresDSN, "PostgreSQL `DSN`")
+	fs.StringVar(&c.mysqlDSN, "mysql-dsn", defaultMySQLDSN, "MySQL/MariaDB `DSN` in go-sql-driver form")
+	fs.StringVar(&c.dir, "dir", "", "`directory` of router_example's SQLite file, "+sqliteFile)
+	fs.StringVar(&c.sqliteFile, "sqlite-file", "", "SQLite database `file` (instead of -dir)")
+	fs.StringVar(&c.table, "table", "", "the SQL table, Config.Table (default \"dedup_inbox\", \"dedup_<run id>\" with -run-id)")
+	fs.StringVar(&c.runID, "run-id", "", "router_example's run id: sets -redis-prefix to \"dedup:<run id>:\" and -table to \"dedup_<run id>\"")
+	durationVar(fs, &c.purgeGrace, "purge-grace", "purge (SQL): keep processing records whose lease ended less than this `duration` ago; keep it above your longest lease (default 15m, sqlstore's)")
+	c.timeout = defaultTimeout
+	durationVar(fs, &c.timeout, "timeout", "give up after this `duration`")
+
+	fs.BoolVar(&c.json, "json", false, "write JSON instead of a table")
+	fs.StringVar(&c.state, "state", "", "list: only records in this state, processing | done")
+	fs.StringVar(&c.keyPrefix, "prefix", "", "list, forget, release: only records whose key starts with this `prefix` (needs a layout that keeps keys)")
+	fs.IntVar(&c.limit, "limit", stores.DefaultListLimit, "list: most records to show")
+	fs.StringVar(&c.after, "after", "", "list: the `cursor` a previous list printed, to show the next records")
+	fs.BoolVar(&c.yes, "yes", false, "forget, release: do it (without -yes they only show what they would change)")
+	fs.BoolVar(&c.all, "all", false, "forget, release: change every record -prefix matches, not just one")
+	durationVar(fs, &c.horizon, "horizon", "window: the broker's longest redelivery horizon, a `duration` (SQS: maxReceiveCount x visibility timeout; RabbitMQ: your consumer-outage budget; Kafka: group recovery time)")
+	fs.Float64Var(&c.rate, "rate", 0, "window: messages per second")
+	fs.IntVar(&c.keysPerMessage, "keys-per-message", 1, "window: dedup keys per message, one record each (router_example: 2, message id and payment id)")
+	fs.Float64Var(&c.bytesPerRecord, "bytes-per-record", 0, "window: bytes a record takes (default: the store's benchmark figure; required for mysql and sqlite)")
+	return fs
+}
+
+// usageError is a bad command line: exit status 2.
+type usageError struct{ msg string }
+
+func (e *usageError) Error() string { return e.msg }
+
+func usagef(format string, args ...any) error {
+	return &usageError{fmt.Sprintf(format, args...)}
+}
+
+// parseArgs reads the environment and the command line: flags may come
+// before and after the command and its arguments; "--" ends the flags.
+// It returns flag.ErrHelp for -help.
+func parseArgs(args []string, getenv func(string) string) (cfg config, cmd string, pos []string, err error) {
+	fs := newFlagSet(&cfg)
+	for _, name := range connectionFlags {
+		if v := getenv(envName(name)); v != "" {
+			if err := fs.Set(name, v); err != nil {
+				return cfg, "", nil, usagef("environment variable %s=%q: %v", envName(name), v, err)
+			}
+		}
+	}
+	var tail []string
+	if i := slices.Index(args, "--"); i >= 0 {
+		args, tail = args[:i], args[i+1:]
+	}
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return cfg, "", nil, err
+			}
+			return cfg, "", nil, &usageError{err.Error()}
+		}
+		if fs.NArg() == 0 {
+			break
+		}
+		pos = append(pos, fs.Arg(0))
+		args = fs.Args()[1:]
+	}
+	pos = append(pos, tail...)
+	if len(pos) == 0 {
+		return cfg, "", nil, usagef("no command: want one of %s (see -help)", strings.Join(commands(), ", "))
+	}
+	cmd, pos = pos[0], pos[1:]
+	if cmd == "help" {
+		return cfg, "", nil, flag.ErrHelp
+	}
+	own, ok := commandFlags[cmd]
+	if !ok {
+		return cfg, "", nil, usagef("unknown command %q: want one of %s (see -help)", cmd, strings.Join(commands(), ", "))
+	}
+	var bad []string
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name != "json" && !slices.Contains(connectionFlags, f.Name) && !slices.Contains(own, f.Name) {
+			bad = append(bad, "-"+f.Name)
+		}
+	})
+	if len(bad) > 0 {
+		return cfg, "", nil, usagef("%s does not take %s (see -help)", cmd, strings.Join(bad, ", "))
+	}
+	return cfg, cmd, pos, cfg.validate(cmd)
+}
+
+func commands() []string {
+	return []string{"stats", "get", "list", "forget", "release", "purge", "window"}
+}
+
+var runIDRE = regexp.MustCompile(`^[a-z0-9]{1,16}$`)
+
+// validate reports the first bad setting.
+func (c *config) validate(cmd string) error {
+	if c.runID != "" && !runIDRE.MatchString(c.runID) {
+		return usagef("-run-id must be 1-16 lowercase letters or digits (router_example's), got %q", c.runID)
+	}
+	if c.timeout <= 0 {
+		return usagef("-timeout must be positive, got %s", c.timeout)
+	}
+	if c.purgeGrace < 0 {
+		return usagef("-purge-grace must not be negative, got %s", c.purgeGrace)
+	}
+	if c.state != "" {
+		if _, err := stores.ParseRecordState(c.state); err != nil {
+			return usagef("-state must be processing or done, got %q", c.state)
+		}
+	}
+	if c.limit < 1 || c.limit > stores.MaxListLimit {
+		return usagef("-limit must be between 1 and %d, got %d", stores.MaxListLimit, c.limit)
+	}
+	if cmd == "window" {
+		return nil // it connects to nothing
+	}
+	switch c.store {
+	case storeRedis, storePostgres, storeMySQL, storeSQLite:
+	case "":
+		return usagef("no store: set -store (or DEDUP_STORE) to one of %s", strings.Join(storeNames, ", "))
+	case storeMemory:
+		return usagef("the memory store lives inside its process: dedupctl cannot reach it (a service can call its stores.Admin methods itself); -store must be one of %s", strings.Join(storeNames, ", "))
+	default:
+		return usagef("unknown store %q: set -store (or DEDUP_STORE) to one of %s", c.store, strings.Join(storeNames, ", "))
+	}
+	if c.store == storeSQLite && c.dir == "" && c.sqliteFile == "" {
+		return usagef("-store=sqlite needs the database file: -sqlite-file, or -dir (router_example's directory, holding %s)", sqliteFile)
+	}
+	return nil
+}
+
+// prefix is the Redis key prefix the flags name.
+func (c *config) prefix() string {
+	switch {
+	case c.redisPrefix != "":
+		return c.redisPrefix
+	case c.runID != "":
+		return "dedup:" + c.runID + ":"
+	}
+	return "" // the store's default
+}
+
+// tableName is the SQL table the flags name.
+func (c *config) tableName() string {
+	switch {
+	case c.table != "":
+		return c.table
+	case c.runID != "":
+		return "dedup_" + c.runID
+	}
+	return "" // the store's default
+}
+
+// durationVar defines a duration flag whose error says a unit is needed.
+func durationVar(fs *flag.FlagSet, p *time.Duration, name, usage string) {
+	fs.Var(durationValue{p}, name, usage)
+}
+
+type durationValue struct{ d *time.Duration }
+
+func (v durationValue) String() string {
+	if v.d == nil {
+		return "0s"
+	}
+	return v.d.String()
+}
+
+func (v durationValue) Set(s string) error {
+	s = strings.TrimSpace(s)
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		if _, nerr := strconv.ParseFloat(s, 64); nerr == nil {
+			return fmt.Errorf("a duration needs a unit, such as %[1]ss, %[1]sm or %[1]sh", s)
+		}
+		return errors.New("not a duration: write a number and a unit, such as 30s, 2m or 24h")
+	}
+	*v.d = d
+	return nil
+}
+
+func isConnectionFlag(name string) bool { return slices.Contains(connectionFlags, name) }

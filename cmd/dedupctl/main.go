@@ -1,0 +1,182 @@
+// Command dedupctl shows and changes the records of a watermill-dedup
+// store: what an operator needs when a consumer misbehaves, without
+// writing SQL or Lua by hand.
+//
+//	go run ./cmd/dedupctl -store=redis stats
+//	go run ./cmd/dedupctl -store=postgres get loyalty msg:0b9e5c3a-7f0d-4c1e-9a55-1d2f3e4a5b6c
+//	go install github.com/watermill-dedup/dedup/cmd/dedupctl@latest
+//
+// It reaches Redis (standalone, or a Redis Cluster with -redis-cluster),
+// PostgreSQL, MySQL/MariaDB and SQLite with router_example's flags and
+// environment variables: -store (DEDUP_STORE), -redis-addr (REDIS_ADDR),
+// -postgres-dsn (POSTGRES_DSN), -mysql-dsn (MYSQL_DSN), -dir (the
+// directory of the example's SQLite file), -run-id; -redis-prefix and
+// -table point at the store's records, -sqlite-file at any SQLite file.
+// Every connection flag -some-name is also the environment variable
+// DEDUP_SOME_NAME, but for the three addresses; a flag wins over the
+// environment. Flags may come before or after the command.
+//
+// Commands:
+//
+//	stats                  records by state (processing, done, expired and not yet
+//	                       purged) and by scope, oldest and newest expiry, approximate size
+//	get SCOPE KEY          one record: state, token, lease until, expires at,
+//	                       payload fingerprint, number of stored outputs
+//	list [SCOPE]           records; -state=processing|done, -prefix=KEY_PREFIX,
+//	                       -limit=N, -after=CURSOR (the next page)
+//	forget SCOPE KEY       delete a done record: its message is processed again
+//	release SCOPE KEY      delete a processing record: frees a stuck claim
+//	purge                  delete expired records now
+//	window                 the retention to configure for a redelivery horizon
+//	                       (-horizon) and the storage it needs at a rate (-rate)
+//
+// forget and release change nothing without -yes: they show what they
+// would delete. Instead of KEY they take -prefix=KEY_PREFIX (or, with
+// -all alone, every record of the scope) and then refuse to delete more
+// than one record without -all. They print every record they deleted.
+//
+// A record is found by its scope and key on every store, but sqlstore
+// keeps each record under a digest of (scope, key) (sqlstore.RecordID),
+// and so does redisstore with -compact-keys: there list, forget and
+// release cannot select a scope or key prefix, and stats does not count
+// by scope. get SCOPE KEY still reads any record, and list without SCOPE
+// lists every record by id. Redis's default layout keeps scopes and keys
+// (but for keys stored as digests, -digest-keys-longer-than).
+//
+// Output is a table for people; -json writes JSON for scripts. The exit
+// status is:
+//
+//	0  done
+//	1  the store failed, or could not be reached
+//	2  bad usage: an unknown command, store or flag, a bad argument, or a
+//	   request the store's layout cannot serve
+//	3  not found: no record for SCOPE KEY, or none matching -prefix
+//	4  refused, nothing deleted: forget or release without -yes, several
+//	   records without -all, or a record in the other state
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/watermill-dedup/dedup/stores"
+)
+
+// Exit statuses.
+const (
+	exitOK       = 0
+	exitError    = 1
+	exitUsage    = 2
+	exitNotFound = 3
+	exitRefused  = 4
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr, os.Getenv)
+	stop()
+	os.Exit(code)
+}
+
+// run is main without the process: it returns the exit status.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int {
+	cfg, cmd, pos, err := parseArgs(args, getenv)
+	if errors.Is(err, flag.ErrHelp) {
+		printUsage(stdout)
+		return exitOK
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "dedupctl: %v\n", err)
+		return exitUsage
+	}
+	ctx, cancel := context.WithTimeout(ctx, cfg.timeout)
+	defer cancel()
+	c := &cli{cfg: &cfg, out: stdout}
+	if err := c.exec(ctx, cmd, pos); err != nil {
+		fmt.Fprintf(stderr, "dedupctl: %v\n", err)
+		return exitCode(err)
+	}
+	return exitOK
+}
+
+// refusedError is a destructive command that changed nothing: exit 4.
+type refusedError struct{ msg string }
+
+func (e *refusedError) Error() string { return e.msg }
+
+// exitCode is the exit status of a command's error.
+func exitCode(err error) int {
+	var (
+		usage    *usageError
+		notFound *notFoundError
+		refused  *refusedError
+	)
+	switch {
+	case errors.As(err, &usage), errors.Is(err, stores.ErrNotSupported), errors.Is(err, stores.ErrInvalidKey), errors.Is(err, stores.ErrInvalidArgument):
+		return exitUsage
+	case errors.As(err, &notFound), errors.Is(err, stores.ErrNotFound):
+		return exitNotFound
+	case errors.As(err, &refused), errors.Is(err, stores.ErrWrongState):
+		return exitRefused
+	}
+	return exitError
+}
+
+func printUsage(w io.Writer) {
+	fmt.Fprint(w, `Usage: dedupctl [flags] COMMAND [ARGS] [flags]
+
+Shows and changes the records of a watermill-dedup store.
+
+Commands:
+  stats               records by state and scope, oldest and newest expiry, approximate size
+  get SCOPE KEY       one record: state, token, lease, expiry, fingerprint, stored outputs
+  list [SCOPE]        records (-state, -prefix, -limit, -after)
+  forget SCOPE KEY    delete a done record, so its message is processed again (-yes)
+  release SCOPE KEY   delete a processing record, freeing a stuck claim (-yes)
+  purge               delete expired records now
+  window              retention for a redelivery horizon, and the storage it needs (-horizon, -rate)
+
+forget and release show what they would delete and change nothing without -yes.
+Instead of KEY they take -prefix (or -all alone: the whole scope), and refuse to
+delete more than one record without -all.
+
+On SQL stores and Redis with -compact-keys, records are stored under a digest of
+(scope, key): list, forget and release cannot select a scope or key prefix there,
+and stats does not count by scope. get SCOPE KEY reads any record; list without
+SCOPE lists every record by id.
+
+Where the records are (each flag also read from the environment variable shown):
+`)
+	printFlags(w, func(name string) bool { return isConnectionFlag(name) })
+	fmt.Fprint(w, "\nOutput and commands:\n")
+	printFlags(w, func(name string) bool { return !isConnectionFlag(name) })
+	fmt.Fprint(w, `
+Exit status: 0 done; 1 the store failed or could not be reached; 2 bad usage, or a
+request the store's layout cannot serve; 3 no such record; 4 refused, nothing deleted
+(no -yes, several records without -all, or a record in the other state).
+`)
+}
+
+// printFlags prints the usage of the flags keep selects.
+func printFlags(w io.Writer, keep func(name string) bool) {
+	var cfg config
+	sub := flag.NewFlagSet("dedupctl", flag.ContinueOnError)
+	sub.SetOutput(w)
+	newFlagSet(&cfg).VisitAll(func(f *flag.Flag) {
+		if !keep(f.Name) {
+			return
+		}
+		usage := f.Usage
+		if isConnectionFlag(f.Name) {
+			usage += " [env " + envName(f.Name) + "]"
+		}
+		sub.Var(f.Value, f.Name, usage)
+	})
+	sub.PrintDefaults()
+}

@@ -1,0 +1,344 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/watermill-dedup/dedup/middleware"
+	"github.com/watermill-dedup/dedup/stores"
+)
+
+// recordJSON is a record as dedupctl shows it: its data decoded as the
+// middleware wrote it.
+type recordJSON struct {
+	// Scope and Key are absent when the store does not know them.
+	Scope      *string    `json:"scope,omitempty"`
+	Key        *string    `json:"key,omitempty"`
+	ID         string     `json:"id"`
+	State      string     `json:"state"`
+	Token      string     `json:"token,omitempty"`
+	LeaseUntil *time.Time `json:"lease_until,omitempty"`
+	ExpiresAt  *time.Time `json:"expires_at,omitempty"`
+	Expired    bool       `json:"expired"`
+	DataBytes  int        `json:"data_bytes"`
+	// Fingerprint (hexadecimal) and Outputs are a done record's, decoded
+	// by middleware.InspectRecordData; DataError says why its data did
+	// not decode.
+	Fingerprint string `json:"fingerprint,omitempty"`
+	Outputs     *int   `json:"outputs,omitempty"`
+	DataError   string `json:"data_error,omitempty"`
+}
+
+func recordView(r stores.Record) recordJSON {
+	v := recordJSON{ID: r.ID, State: r.State.String(), Token: r.Token, Expired: r.Expired, DataBytes: len(r.Data)}
+	if r.ScopeKnown {
+		v.Scope = &r.Scope
+	}
+	if r.KeyKnown {
+		v.Key = &r.Key
+	}
+	if !r.LeaseUntil.IsZero() {
+		t := r.LeaseUntil.UTC()
+		v.LeaseUntil = &t
+	}
+	if !r.ExpiresAt.IsZero() {
+		t := r.ExpiresAt.UTC()
+		v.ExpiresAt = &t
+	}
+	if r.State == stores.StateDone {
+		info, err := middleware.InspectRecordData(r.Data)
+		if err != nil {
+			v.DataError = err.Error()
+		} else {
+			v.Fingerprint, v.Outputs = info.FingerprintHex(), &info.Outputs
+		}
+	}
+	return v
+}
+
+func views(recs []stores.Record) []recordJSON {
+	out := make([]recordJSON, len(recs))
+	for i, r := range recs {
+		out[i] = recordView(r)
+	}
+	return out
+}
+
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+// fmtTime is t in UTC, to the second, and how far from now it is.
+func fmtTime(t, now time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	d := t.Sub(now).Round(time.Second)
+	rel := "now"
+	switch {
+	case d > 0:
+		rel = "in " + d.String()
+	case d < 0:
+		rel = (-d).String() + " ago"
+	}
+	return t.UTC().Format(time.RFC3339) + " (" + rel + ")"
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return "?"
+	}
+	return *s
+}
+
+// describe is a record on one line.
+func describe(r recordJSON, now time.Time) string {
+	var b strings.Builder
+	if r.Scope != nil {
+		fmt.Fprintf(&b, "scope %q ", *r.Scope)
+	}
+	if r.Key != nil {
+		fmt.Fprintf(&b, "key %q ", *r.Key)
+	}
+	fmt.Fprintf(&b, "(id %s): %s", r.ID, r.State)
+	if r.LeaseUntil != nil {
+		fmt.Fprintf(&b, ", token %s, lease until %s", r.Token, fmtTime(*r.LeaseUntil, now))
+	}
+	if r.ExpiresAt != nil {
+		fmt.Fprintf(&b, ", expires at %s", fmtTime(*r.ExpiresAt, now))
+	}
+	if r.Expired {
+		b.WriteString(", expired")
+	}
+	return b.String()
+}
+
+// writeRecord writes one record, a line a field.
+func writeRecord(w io.Writer, r stores.Record, now time.Time) {
+	v := recordView(r)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	defer tw.Flush()
+	row := func(k, v string) { fmt.Fprintf(tw, "%s\t%s\n", k, v) }
+	row("scope", strconv.Quote(deref(v.Scope)))
+	row("key", strconv.Quote(deref(v.Key)))
+	row("id", v.ID)
+	row("state", v.State)
+	if r.State == stores.StateProcessing {
+		row("token", v.Token)
+		lease := fmtTime(r.LeaseUntil, now)
+		if r.Expired {
+			lease += ", ran out: the next delivery takes the claim over"
+		}
+		row("lease until", lease)
+		return
+	}
+	exp := fmtTime(r.ExpiresAt, now)
+	if r.Expired {
+		exp += ", expired: the next delivery runs the handler again"
+	}
+	row("expires at", exp)
+	switch {
+	case v.DataError != "":
+		row("data", fmt.Sprintf("%d bytes, not the middleware's: %s", v.DataBytes, v.DataError))
+	default:
+		fp := "none"
+		if v.Fingerprint != "" {
+			fp = fmt.Sprintf("%s (%d bytes)", v.Fingerprint, len(v.Fingerprint)/2)
+		}
+		row("fingerprint", fp)
+		row("outputs", strconv.Itoa(*v.Outputs))
+		row("data", fmt.Sprintf("%d bytes", v.DataBytes))
+	}
+}
+
+// writeRecords writes records as a table: by scope and key where the
+// store knows them, with their ID where it does not know every key.
+func writeRecords(w io.Writer, recs []stores.Record, now time.Time) {
+	scoped, keyed := false, true
+	for _, r := range recs {
+		scoped = scoped || r.ScopeKnown
+		keyed = keyed && r.KeyKnown
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	defer tw.Flush()
+	var head []string
+	if scoped {
+		head = append(head, "SCOPE", "KEY")
+	}
+	head = append(head, "STATE", "UNTIL", "TOKEN", "FINGERPRINT", "OUTPUTS")
+	if !keyed {
+		head = append(head, "ID")
+	}
+	fmt.Fprintln(tw, strings.Join(head, "\t"))
+	for _, r := range recs {
+		v := recordView(r)
+		var cols []string
+		if scoped {
+			cols = append(cols, quoteOr(v.Scope), quoteOr(v.Key))
+		}
+		until := r.LeaseUntil
+		if r.State == stores.StateDone {
+			until = r.ExpiresAt
+		}
+		state := v.State
+		if r.Expired {
+			state += " (expired)"
+		}
+		fp, outputs := "-", "-"
+		if r.State == stores.StateDone {
+			if v.Fingerprint != "" {
+				fp = v.Fingerprint
+			}
+			if v.Outputs != nil {
+				outputs = strconv.Itoa(*v.Outputs)
+			} else {
+				outputs = "? (" + v.DataError + ")"
+			}
+		}
+		cols = append(cols, state, fmtTime(until, now), or(v.Token, "-"), fp, outputs)
+		if !keyed {
+			cols = append(cols, v.ID)
+		}
+		fmt.Fprintln(tw, strings.Join(cols, "\t"))
+	}
+}
+
+func quoteOr(s *string) string {
+	if s == nil {
+		return "?"
+	}
+	return strconv.Quote(*s)
+}
+
+func or(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+// statsJSON is stores.Stats for -json.
+type statsJSON struct {
+	Store string `json:"store"`
+	countsJSON
+	Bytes int64 `json:"bytes"`
+	// PerScope is false where the layout keeps no scopes: Scopes is
+	// then absent.
+	PerScope bool         `json:"per_scope"`
+	Scopes   []countsJSON `json:"scopes,omitempty"`
+}
+
+type countsJSON struct {
+	Scope        *string    `json:"scope,omitempty"`
+	Processing   int64      `json:"processing"`
+	Done         int64      `json:"done"`
+	Expired      int64      `json:"expired"`
+	Total        int64      `json:"total"`
+	OldestExpiry *time.Time `json:"oldest_expiry,omitempty"`
+	NewestExpiry *time.Time `json:"newest_expiry,omitempty"`
+}
+
+func counts(c stores.Counts, oldest, newest time.Time) countsJSON {
+	v := countsJSON{Processing: c.Processing, Done: c.Done, Expired: c.Expired, Total: c.Total()}
+	if !oldest.IsZero() {
+		o, n := oldest.UTC(), newest.UTC()
+		v.OldestExpiry, v.NewestExpiry = &o, &n
+	}
+	return v
+}
+
+func statsView(where string, st stores.Stats) statsJSON {
+	v := statsJSON{Store: where, countsJSON: counts(st.Counts, st.OldestExpiry, st.NewestExpiry), Bytes: st.Bytes, PerScope: st.PerScope}
+	for _, sc := range st.Scopes {
+		c := counts(sc.Counts, sc.OldestExpiry, sc.NewestExpiry)
+		c.Scope = &sc.Scope
+		v.Scopes = append(v.Scopes, c)
+	}
+	return v
+}
+
+func writeStats(w io.Writer, a *admin, st stores.Stats, now time.Time) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "store\t%s\n", a.where)
+	fmt.Fprintf(tw, "records\t%d: %d processing, %d done, %d expired (not yet purged)\n", st.Total(), st.Processing, st.Done, st.Expired)
+	if !st.OldestExpiry.IsZero() {
+		fmt.Fprintf(tw, "expiry\toldest %s, newest %s\n", fmtTime(st.OldestExpiry, now), fmtTime(st.NewestExpiry, now))
+	}
+	switch {
+	case st.Bytes < 0:
+		fmt.Fprintf(tw, "size\tunknown (the backend does not tell)\n")
+	case st.Total() > 0:
+		fmt.Fprintf(tw, "size\tabout %s, %.1f bytes a record\n", fmtBytes(float64(st.Bytes)), float64(st.Bytes)/float64(st.Total()))
+	default:
+		fmt.Fprintf(tw, "size\tabout %s\n", fmtBytes(float64(st.Bytes)))
+	}
+	tw.Flush()
+	if !st.PerScope {
+		fmt.Fprintf(w, "\nno counts by scope: %s\n", digestNote)
+		return
+	}
+	if len(st.Scopes) == 0 {
+		fmt.Fprintf(w, "\nno records: is this the store's prefix? (-redis-prefix, -run-id)\n")
+		return
+	}
+	fmt.Fprintln(w)
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "SCOPE\tPROCESSING\tDONE\tEXPIRED\tOLDEST EXPIRY\tNEWEST EXPIRY")
+	for _, sc := range st.Scopes {
+		fmt.Fprintf(tw, "%q\t%d\t%d\t%d\t%s\t%s\n", sc.Scope, sc.Processing, sc.Done, sc.Expired, fmtTime(sc.OldestExpiry, now), fmtTime(sc.NewestExpiry, now))
+	}
+	tw.Flush()
+}
+
+// fmtBytes is n bytes with a decimal unit.
+func fmtBytes(n float64) string {
+	units := []string{"B", "kB", "MB", "GB", "TB", "PB"}
+	i := 0
+	for n >= 1000 && i < len(units)-1 {
+		n /= 1000
+		i++
+	}
+	if i == 0 {
+		return fmt.Sprintf("%.0f B", n)
+	}
+	return fmt.Sprintf("%.1f %s", n, units[i])
+}
+
+// windowView is window's answer.
+type windowView struct {
+	Horizon        string  `json:"horizon"`
+	Factor         float64 `json:"factor"`
+	Retention      string  `json:"retention"`
+	RetentionSec   float64 `json:"retention_seconds"`
+	Rate           float64 `json:"rate"`
+	KeysPerMessage int     `json:"keys_per_message"`
+	Records        float64 `json:"records"`
+	BytesPerRecord float64 `json:"bytes_per_record"`
+	Source         string  `json:"bytes_per_record_source"`
+	Bytes          float64 `json:"bytes"`
+}
+
+func writeWindow(w io.Writer, v windowView) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	defer tw.Flush()
+	fmt.Fprintf(tw, "retention\t%s\t(%.1f x redelivery horizon %s): set Config.Retention to at least this\n", v.Retention, v.Factor, v.Horizon)
+	fmt.Fprintf(tw, "records\t%s\t(%g messages/s x %d %s x %s)\n", thousands(v.Records), v.Rate, v.KeysPerMessage, plural(v.KeysPerMessage, "key", "keys"), v.Retention)
+	fmt.Fprintf(tw, "bytes a record\t%g\t(%s; records without data: add what a fingerprint and stored outputs take)\n", v.BytesPerRecord, v.Source)
+	fmt.Fprintf(tw, "storage\t%s\t(%s bytes)\n", fmtBytes(v.Bytes), thousands(v.Bytes))
+}
+
+// thousands writes a whole number with commas between thousands.
+func thousands(n float64) string {
+	s := strconv.FormatFloat(n, 'f', 0, 64)
+	for i := len(s) - 3; i > 0; i -= 3 {
+		s = s[:i] + "," + s[i:]
+	}
+	return s
+}
