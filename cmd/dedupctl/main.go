@@ -25,6 +25,7 @@
 //	list [SCOPE]           records; -state=processing|done, -prefix=KEY_PREFIX,
 //	                       -limit=N, -after=CURSOR (the next page)
 //	forget SCOPE KEY       delete a done record: its message is processed again
+//	                       (unless another of its keys still has a done record)
 //	release SCOPE KEY      delete a processing record: frees a stuck claim
 //	purge                  delete expired records now
 //	window                 the retention to configure for a redelivery horizon
