@@ -1,0 +1,196 @@
+package natsstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/watermill-dedup/dedup/stores"
+)
+
+// errConnLost cancels the calls in flight when the connection to NATS is
+// lost: nats.go would let a request whose connection dropped wait for
+// its reply until the caller's deadline, and buffer new ones while it
+// reconnects. The store fails them at once, as outages, instead.
+var errConnLost = errors.New("natsstore: connection to NATS lost")
+
+// connWatch follows the state of the connection. up is a context that
+// is cancelled (with errConnLost) as soon as the connection is lost, and
+// replaced by a new one once it is back; every call runs under a
+// context that ends with it.
+type connWatch struct {
+	nc *nats.Conn
+	ch chan nats.Status
+
+	mu     sync.Mutex
+	up     context.Context
+	cancel context.CancelCauseFunc
+
+	done chan struct{}
+}
+
+func newConnWatch(nc *nats.Conn) *connWatch {
+	w := &connWatch{nc: nc, done: make(chan struct{})}
+	w.up, w.cancel = context.WithCancelCause(context.Background())
+	w.ch = nc.StatusChanged()
+	if nc.Status() != nats.CONNECTED {
+		w.cancel(errConnLost)
+	}
+	go w.run()
+	return w
+}
+
+func (w *connWatch) run() {
+	defer close(w.done)
+	for st := range w.ch {
+		if st == nats.CONNECTED {
+			w.connected()
+		} else {
+			// Whatever the status is now, the connection was lost: a
+			// request in flight may never be answered.
+			w.mu.Lock()
+			w.cancel(errConnLost)
+			w.mu.Unlock()
+		}
+	}
+}
+
+// connected makes a new up context if the connection is up and the
+// current one was cancelled.
+func (w *connWatch) connected() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.up.Err() != nil && w.nc.Status() == nats.CONNECTED {
+		w.up, w.cancel = context.WithCancelCause(context.Background())
+	}
+}
+
+// current returns the up context, or an ErrUnavailable error when the
+// connection is not up.
+func (w *connWatch) current() (context.Context, error) {
+	st := w.nc.Status()
+	if st != nats.CONNECTED {
+		return nil, fmt.Errorf("%w: the NATS connection is %s", stores.ErrUnavailable, st)
+	}
+	w.mu.Lock()
+	up := w.up
+	w.mu.Unlock()
+	if up.Err() != nil {
+		// Connected again, and the watcher has not caught up yet (or
+		// missed the event: nats.go drops events a listener is too slow
+		// for).
+		w.connected()
+		w.mu.Lock()
+		up = w.up
+		w.mu.Unlock()
+		if up.Err() != nil {
+			return nil, fmt.Errorf("%w: the NATS connection was lost", stores.ErrUnavailable)
+		}
+	}
+	return up, nil
+}
+
+// stop ends the watcher and waits for it (briefly: it only updates a
+// context per event).
+func (w *connWatch) stop() {
+	w.nc.RemoveStatusListener(w.ch)
+	<-w.done
+	w.mu.Lock()
+	w.cancel(errConnLost)
+	w.mu.Unlock()
+}
+
+// callCtx returns the context one call's I/O runs under: ctx, also
+// cancelled when the connection is lost. release must be called when
+// the call is over.
+func (w *connWatch) callCtx(ctx context.Context) (cctx context.Context, release func(), err error) {
+	up, err := w.current()
+	if err != nil {
+		return nil, nil, err
+	}
+	cctx, cancel := context.WithCancelCause(ctx)
+	stop := context.AfterFunc(up, func() { cancel(errConnLost) })
+	return cctx, func() { stop(); cancel(nil) }, nil
+}
+
+// classify puts err, from I/O made under cctx (see callCtx) for a caller
+// whose context is ctx, into its class of the stores contract.
+func classify(ctx, cctx context.Context, err error) error {
+	if err == nil {
+		return nil
+	}
+	if cerr := ctx.Err(); cerr != nil {
+		// The caller's context ended: its class, whatever else failed.
+		if errors.Is(err, cerr) {
+			return err
+		}
+		return fmt.Errorf("%w (%v)", cerr, err)
+	}
+	if errors.Is(err, stores.ErrUnavailable) {
+		return err
+	}
+	if cctx != nil && errors.Is(context.Cause(cctx), errConnLost) {
+		return fmt.Errorf("%w: %w", stores.ErrUnavailable, errConnLost)
+	}
+	if isUnavailable(err) {
+		return fmt.Errorf("%w: %w", stores.ErrUnavailable, err)
+	}
+	return err
+}
+
+// unavailableErrs are the nats.go and jetstream errors of a server that
+// cannot be reached or cannot serve now.
+var unavailableErrs = []error{
+	nats.ErrConnectionClosed, nats.ErrConnectionDraining, nats.ErrConnectionReconnecting,
+	nats.ErrDisconnected, nats.ErrTimeout, nats.ErrNoResponders, nats.ErrNoServers,
+	nats.ErrReconnectBufExceeded, nats.ErrStaleConnection, nats.ErrMaxConnectionsExceeded,
+	nats.ErrInvalidConnection,
+	jetstream.ErrNoStreamResponse, jetstream.ErrJetStreamNotEnabled, jetstream.ErrServerShutdown,
+	// The caller's context is alive (classify checked): a deadline that
+	// passed is the client's own request timeout.
+	context.DeadlineExceeded,
+	io.EOF, io.ErrUnexpectedEOF, net.ErrClosed,
+}
+
+// unavailableCodes are JetStream API error codes of a system that cannot
+// serve now: no meta leader or quorum, a stream without a leader, a
+// server out of resources.
+var unavailableCodes = map[jetstream.ErrorCode]bool{
+	10008: true, // JetStream system temporarily unavailable
+	10023: true, // insufficient resources
+	10076: true, // JetStream not enabled (a server starting)
+	10118: true, // stream is offline
+}
+
+// isUnavailable reports an error that means NATS could not be reached or
+// could not serve the call now.
+func isUnavailable(err error) bool {
+	for _, target := range unavailableErrs {
+		if errors.Is(err, target) {
+			return true
+		}
+	}
+	var ne net.Error
+	if errors.As(err, &ne) {
+		return true
+	}
+	var ae *jetstream.APIError
+	if errors.As(err, &ae) {
+		return ae.Code == 503 || unavailableCodes[ae.ErrorCode]
+	}
+	return false
+}
+
+// isConflict reports a write refused because the key's last revision was
+// not the one it expected: someone wrote the key in between.
+func isConflict(err error) bool {
+	var ae *jetstream.APIError
+	return errors.As(err, &ae) &&
+		(ae.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence || ae.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant)
+}

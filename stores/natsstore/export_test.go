@@ -1,0 +1,12 @@
+package natsstore
+
+// SetAfterWrite makes s call fn after each write of a multi-key Claim,
+// Complete, Release or Extend but the last, with the call ("claim",
+// "complete", ...) and the write's index in the fixed order.
+func (s *Store) SetAfterWrite(fn func(op string, i int)) { s.testAfterWrite = fn }
+
+// RecordKey is the KV key of (scope, key).
+func RecordKey(scope, key string) string { return recordKey(scope, key) }
+
+// Subject is the subject (scope, key) is written under.
+func (s *Store) Subject(scope, key string) string { return s.records(scope, []string{key})[0].subj }

@@ -1,0 +1,104 @@
+package natsstore_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/watermill-dedup/dedup/stores"
+	"github.com/watermill-dedup/dedup/stores/natsstore"
+	"github.com/watermill-dedup/dedup/stores/storetest"
+	"github.com/watermill-dedup/dedup/testkit"
+)
+
+// connect returns a connection to url, closed when the test ends.
+func connect(t testing.TB, url string, opts ...nats.Option) *nats.Conn {
+	t.Helper()
+	nc, err := nats.Connect(url, append([]nats.Option{nats.Timeout(2 * time.Second)}, opts...)...)
+	if err != nil {
+		testkit.Unavailable(t, "NATS", url, err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
+// sharedConn returns a connection to the test NATS server (NATS_URL or
+// nats://127.0.0.1:4222), or skips loudly / fails under CI.
+func sharedConn(t testing.TB) *nats.Conn {
+	t.Helper()
+	return connect(t, testkit.RequireNATS(t))
+}
+
+// testBucket returns a bucket name no other test uses.
+func testBucket() string { return "test_" + storetest.NewID() }
+
+// deleteBuckets deletes the buckets of cfg when the test ends.
+func deleteBuckets(t testing.TB, nc *nats.Conn, cfg natsstore.Config) {
+	t.Helper()
+	t.Cleanup(func() {
+		js, err := jetstream.New(nc)
+		if err != nil {
+			t.Errorf("cleanup: %v", err)
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		for _, b := range cfg.Buckets() {
+			if err := js.DeleteKeyValue(ctx, b); err != nil && !errors.Is(err, jetstream.ErrBucketNotFound) {
+				t.Errorf("cleanup: delete bucket %s: %v", b, err)
+			}
+		}
+	})
+}
+
+// newStore returns a store on nc in a bucket of its own (unless cfg
+// names one), deleted and closed when the test ends.
+func newStore(t testing.TB, nc *nats.Conn, cfg natsstore.Config) *natsstore.Store {
+	t.Helper()
+	if cfg.Bucket == "" {
+		cfg.Bucket = testBucket()
+	}
+	deleteBuckets(t, nc, cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	s, err := natsstore.New(ctx, nc, cfg)
+	if err != nil {
+		t.Fatalf("natsstore.New: %v", err)
+	}
+	t.Cleanup(func() { _ = s.Close(context.Background()) })
+	return s
+}
+
+// factory makes stores with cfg and the suite's clock, each in a bucket
+// of its own.
+func factory(nc *nats.Conn, cfg natsstore.Config) storetest.Factory {
+	return func(t *testing.T, clock stores.Clock) stores.Store {
+		c := cfg
+		c.Clock = clock
+		return newStore(t, nc, c)
+	}
+}
+
+// streamMsgs is the number of messages in the stream of bucket.
+func streamMsgs(t testing.TB, nc *nats.Conn, bucket string) uint64 {
+	t.Helper()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	st, err := js.Stream(ctx, "KV_"+bucket)
+	if err != nil {
+		t.Fatalf("stream of %s: %v", bucket, err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		t.Fatalf("stream info of %s: %v", bucket, err)
+	}
+	return info.State.Msgs
+}

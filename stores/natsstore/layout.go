@@ -1,0 +1,130 @@
+package natsstore
+
+import (
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+)
+
+// This file is the single place that knows how records are laid out in
+// the bucket: the KV key of a (scope, key) pair, the subject it is
+// written under and the bytes of its value.
+
+// Key layout: one KV key per (scope, key), the URL-safe base64 (no
+// padding) of the first 16 bytes of
+//
+//	SHA-256("watermill-dedup/natsstore/v1" ‖ 0x00 ‖ uvarint(len(scope)) ‖ scope ‖ key)
+//
+// 22 characters of [A-Za-z0-9_-], all of which NATS allows in a KV key
+// (and none of which is the token separator '.'), whatever bytes, and
+// however many, the scope and the key hold. The length prefix makes the
+// hashed input injective in (scope, key): ("a:", "b") and ("a", ":b")
+// hash different inputs. Two pairs share a record only if SHA-256
+// collides on its first 128 bits: about n²/2¹²⁹ for n live records.
+const (
+	digestLen = 16
+	// KeyLen is the length of every KV key the store writes.
+	KeyLen = 22
+)
+
+// digestDomain separates this store's digests from any other use of
+// SHA-256 on the same bytes.
+const digestDomain = "watermill-dedup/natsstore/v1\x00"
+
+// recordKey returns the KV key of (scope, key).
+func recordKey(scope, key string) string {
+	h := sha256.New()
+	var n [binary.MaxVarintLen64]byte
+	h.Write([]byte(digestDomain))
+	h.Write(n[:binary.PutUvarint(n[:], uint64(len(scope)))])
+	h.Write([]byte(scope))
+	h.Write([]byte(key))
+	var sum [sha256.Size]byte
+	return base64.RawURLEncoding.EncodeToString(h.Sum(sum[:0])[:digestLen])
+}
+
+// streamName is the JetStream stream behind bucket, as the KV API names
+// it.
+func streamName(bucket string) string { return "KV_" + bucket }
+
+// subjectPrefix is what a key of bucket is written under: the subject of
+// key is subjectPrefix(bucket) + key.
+func subjectPrefix(bucket string) string { return "$KV." + bucket + "." }
+
+// Value layout (the message body of the key's latest revision):
+//
+//	processing: 'p' ‖ lease_until (int64, big endian, Unix ns) ‖ token
+//	done:       'd' ‖ expires_at  (int64, big endian, Unix ns) ‖ data
+//
+// A revision that is a KV delete or purge marker (header KV-Operation)
+// is no record. Times are the store's Clock, to the nanosecond; a
+// record's state is decided from them, not from the message's age.
+const (
+	tagProcessing = 'p'
+	tagDone       = 'd'
+	valueHeadLen  = 9
+)
+
+// errForeign reports a value the store did not write.
+var errForeign = errors.New("natsstore: the bucket holds a value this store did not write")
+
+type state uint8
+
+const (
+	stateNone state = iota
+	stateProcessing
+	stateDone
+)
+
+// entry is what a read found under one key.
+type entry struct {
+	rev   uint64 // revision of the key's last message; 0 when it has none
+	state state
+	at    int64  // lease_until or expires_at, Unix ns
+	token string // processing
+	data  []byte // done
+	raw   []byte // the value as read (to put a record back exactly)
+}
+
+func appendHead(b []byte, tag byte, at int64) []byte {
+	b = append(b, tag)
+	return binary.BigEndian.AppendUint64(b, uint64(at))
+}
+
+func processingValue(until int64, token string) []byte {
+	return append(appendHead(make([]byte, 0, valueHeadLen+len(token)), tagProcessing, until), token...)
+}
+
+func doneValue(expires int64, data []byte) []byte {
+	return append(appendHead(make([]byte, 0, valueHeadLen+len(data)), tagDone, expires), data...)
+}
+
+// decodeValue fills e from the value of a put revision.
+func decodeValue(e *entry, v []byte) error {
+	if len(v) < valueHeadLen || (v[0] != tagProcessing && v[0] != tagDone) {
+		return fmt.Errorf("%w (%d bytes)", errForeign, len(v))
+	}
+	e.raw = v
+	e.at = int64(binary.BigEndian.Uint64(v[1:valueHeadLen]))
+	if v[0] == tagProcessing {
+		e.state, e.token = stateProcessing, string(v[valueHeadLen:])
+		return nil
+	}
+	e.state = stateDone
+	if len(v) > valueHeadLen {
+		e.data = v[valueHeadLen:]
+	}
+	return nil
+}
+
+// addNanos returns t+d for Unix nanoseconds, capped at math.MaxInt64.
+func addNanos(t int64, d time.Duration) int64 {
+	if d > 0 && t > math.MaxInt64-int64(d) {
+		return math.MaxInt64
+	}
+	return t + int64(d)
+}

@@ -1,0 +1,23 @@
+package testkit
+
+import "testing"
+
+// DefaultNATSURL is the NATS server (with JetStream) the natsstore tests
+// use unless NATS_URL says otherwise.
+const DefaultNATSURL = "nats://127.0.0.1:4222"
+
+// NATSURL is NATS_URL or nats://127.0.0.1:4222.
+func NATSURL() string { return env("NATS_URL", DefaultNATSURL) }
+
+// NATSAddr is the host:port of NATSURL.
+func NATSAddr() string { return hostPort(NATSURL(), "127.0.0.1:4222") }
+
+// RequireNATS returns the NATS URL after checking the server answers, or
+// skips loudly (fails under CI=1 or DEDUP_REQUIRE_SERVICES=1) when it does
+// not. JetStream must be enabled on it (nats-server -js).
+func RequireNATS(t testing.TB) string {
+	t.Helper()
+	u := NATSURL()
+	RequireTCP(t, "NATS", NATSAddr())
+	return u
+}
