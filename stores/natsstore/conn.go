@@ -21,9 +21,16 @@ import (
 var errConnLost = errors.New("natsstore: connection to NATS lost")
 
 // connWatch follows the state of the connection. up is a context that
-// is cancelled (with errConnLost) as soon as the connection is lost, and
-// replaced by a new one once it is back; every call runs under a
-// context that ends with it.
+// is cancelled (with errConnLost) as soon as the connection it was made
+// for is lost, and replaced by a new one once a connection is up again;
+// every call runs under a context that ends with it.
+//
+// A connection is told from the next by nats.go's count of reconnects:
+// up belongs to the connection of count gen. The watcher syncs on every
+// status event, and every call syncs before its I/O: a disconnection
+// (even one nats.go already recovered from, its events still queued)
+// cancels up, and an event that arrives late cancels nothing made after
+// it.
 type connWatch struct {
 	nc *nats.Conn
 	ch chan nats.Status
@@ -31,6 +38,7 @@ type connWatch struct {
 	mu     sync.Mutex
 	up     context.Context
 	cancel context.CancelCauseFunc
+	gen    uint64
 
 	done chan struct{}
 }
@@ -38,60 +46,55 @@ type connWatch struct {
 func newConnWatch(nc *nats.Conn) *connWatch {
 	w := &connWatch{nc: nc, done: make(chan struct{})}
 	w.up, w.cancel = context.WithCancelCause(context.Background())
+	w.cancel(errConnLost) // sync makes the first one
 	w.ch = nc.StatusChanged()
-	if nc.Status() != nats.CONNECTED {
-		w.cancel(errConnLost)
-	}
+	w.sync()
 	go w.run()
 	return w
 }
 
 func (w *connWatch) run() {
 	defer close(w.done)
-	for st := range w.ch {
-		if st == nats.CONNECTED {
-			w.connected()
-		} else {
-			// Whatever the status is now, the connection was lost: a
-			// request in flight may never be answered.
-			w.mu.Lock()
-			w.cancel(errConnLost)
-			w.mu.Unlock()
+	for range w.ch {
+		w.sync()
+	}
+}
+
+// state returns the connection's status and its count of reconnects, read
+// together.
+func (w *connWatch) state() (nats.Status, uint64) {
+	for {
+		gen := w.nc.Stats().Reconnects
+		st := w.nc.Status()
+		if w.nc.Stats().Reconnects == gen {
+			return st, gen
 		}
 	}
 }
 
-// connected makes a new up context if the connection is up and the
-// current one was cancelled.
-func (w *connWatch) connected() {
+// sync brings up in line with the connection and returns it: cancelled
+// when the connection it was made for is gone (or none is up), new when
+// a connection is up and the last one was cancelled.
+func (w *connWatch) sync() context.Context {
+	st, gen := w.state()
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.up.Err() != nil && w.nc.Status() == nats.CONNECTED {
-		w.up, w.cancel = context.WithCancelCause(context.Background())
+	if w.up.Err() == nil && (st != nats.CONNECTED || gen != w.gen) {
+		w.cancel(errConnLost)
 	}
+	if w.up.Err() != nil && st == nats.CONNECTED {
+		w.up, w.cancel = context.WithCancelCause(context.Background())
+		w.gen = gen
+	}
+	return w.up
 }
 
-// current returns the up context, or an ErrUnavailable error when the
-// connection is not up.
+// current returns the up context, or an ErrUnavailable error when no
+// connection is up.
 func (w *connWatch) current() (context.Context, error) {
-	st := w.nc.Status()
-	if st != nats.CONNECTED {
-		return nil, fmt.Errorf("%w: the NATS connection is %s", stores.ErrUnavailable, st)
-	}
-	w.mu.Lock()
-	up := w.up
-	w.mu.Unlock()
+	up := w.sync()
 	if up.Err() != nil {
-		// Connected again, and the watcher has not caught up yet (or
-		// missed the event: nats.go drops events a listener is too slow
-		// for).
-		w.connected()
-		w.mu.Lock()
-		up = w.up
-		w.mu.Unlock()
-		if up.Err() != nil {
-			return nil, fmt.Errorf("%w: the NATS connection was lost", stores.ErrUnavailable)
-		}
+		return nil, fmt.Errorf("%w: the NATS connection is %s", stores.ErrUnavailable, w.nc.Status())
 	}
 	return up, nil
 }

@@ -1,0 +1,189 @@
+package natsstore_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/watermill-dedup/dedup/stores"
+	"github.com/watermill-dedup/dedup/stores/natsstore"
+	"github.com/watermill-dedup/dedup/testkit"
+)
+
+// proxied returns a store whose connection goes through a TCP proxy the
+// test owns, the proxy, and a direct connection to the same server.
+func proxied(t *testing.T, cfg natsstore.Config) (*natsstore.Store, *testkit.Proxy, *nats.Conn, *nats.Conn) {
+	t.Helper()
+	direct := sharedConn(t)
+	p := testkit.NewProxy(t, testkit.NATSAddr())
+	nc := connect(t, "nats://"+p.Addr(),
+		nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond), nats.ReconnectJitter(0, 0),
+		nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {})) // not nats.go's print to stderr
+	if cfg.Bucket == "" {
+		cfg.Bucket = testBucket()
+	}
+	deleteBuckets(t, direct, cfg) // through the direct connection: the proxy may be cut
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	s, err := natsstore.New(ctx, nc, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close(context.Background()) })
+	return s, p, nc, direct
+}
+
+// restore restores p and waits for nc to be connected again: on a new
+// connection (the proxy closes the ones a Blackhole held, which the
+// client notices only then).
+func restore(t *testing.T, p *testkit.Proxy, nc *nats.Conn) {
+	t.Helper()
+	before := nc.Stats().Reconnects
+	p.Restore()
+	deadline := time.Now().Add(10 * time.Second)
+	for !nc.IsConnected() || nc.Stats().Reconnects == before {
+		if time.Now().After(deadline) {
+			t.Fatalf("the connection is %s 10s after Restore", nc.Status())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestErrorClasses: a NATS that cannot be reached fails every call at
+// once with an error wrapping stores.ErrUnavailable, the only class a
+// fail-open consumer may bypass, not at the caller's deadline; one that
+// does not answer fails it by the call's deadline, also as an outage;
+// bad input, a closed store and a context already done are other
+// classes.
+func TestErrorClasses(t *testing.T) {
+	s, p, nc, _ := proxied(t, natsstore.Config{})
+	bg := context.Background()
+	claimOK := func(key string) *stores.Claim {
+		t.Helper()
+		cl, err := s.Claim(bg, "s", []string{key}, time.Minute)
+		if err != nil || cl.Result != stores.Claimed {
+			t.Fatalf("Claim(%q) = %+v, %v", key, cl, err)
+		}
+		return cl
+	}
+	held := claimOK("held")
+
+	p.Cut()
+	ctx, cancel := context.WithTimeout(bg, 5*time.Second)
+	defer cancel()
+	for name, call := range map[string]func() error{
+		"Claim":    func() error { _, err := s.Claim(ctx, "s", []string{"a"}, time.Minute); return err },
+		"Extend":   func() error { return s.Extend(ctx, held, time.Minute) },
+		"Complete": func() error { return s.Complete(ctx, held, time.Hour, nil) },
+		"Release":  func() error { return s.Release(ctx, held) },
+		"Claim of two keys": func() error {
+			_, err := s.Claim(ctx, "s", []string{"b", "c"}, time.Minute)
+			return err
+		},
+	} {
+		start := time.Now()
+		err := call()
+		mustWrap(t, name+", connection cut", err, stores.ErrUnavailable)
+		if d := time.Since(start); d > time.Second {
+			t.Errorf("%s took %s to fail on a cut connection, want at once", name, d)
+		}
+	}
+	restore(t, p, nc)
+
+	held = claimOK("held2")
+	p.Blackhole()
+	for name, call := range map[string]func(context.Context) error{
+		"Claim":    func(ctx context.Context) error { _, err := s.Claim(ctx, "s", []string{"d"}, time.Minute); return err },
+		"Complete": func(ctx context.Context) error { return s.Complete(ctx, held, time.Hour, nil) },
+	} {
+		start := time.Now()
+		ctx, cancel := context.WithTimeout(bg, 300*time.Millisecond)
+		err := call(ctx)
+		cancel()
+		if !errors.Is(err, stores.ErrUnavailable) && !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("%s on a NATS that does not answer: err = %v, want an outage (ErrUnavailable or DeadlineExceeded)", name, err)
+		}
+		if d := time.Since(start); d > 3*time.Second {
+			t.Errorf("%s on a NATS that does not answer returned after %s, its deadline was 300ms", name, d)
+		}
+	}
+	restore(t, p, nc)
+	// Nothing of the blackholed calls landed: the claim completes.
+	if err := s.Complete(bg, held, time.Hour, []byte("ok")); err != nil {
+		t.Fatalf("Complete after Restore: %v", err)
+	}
+
+	// Not outages.
+	done, cancelDone := context.WithCancel(bg)
+	cancelDone()
+	_, err := s.Claim(done, "s", []string{"k"}, time.Minute)
+	notOutage(t, "Claim with a cancelled context", err, context.Canceled)
+	expired, cancelExpired := context.WithDeadline(bg, time.Now().Add(-time.Second))
+	defer cancelExpired()
+	_, err = s.Claim(expired, "s", []string{"k"}, time.Minute)
+	notOutage(t, "Claim with an expired context", err, context.DeadlineExceeded)
+	notOutage(t, "Complete with an expired context", s.Complete(expired, held, time.Hour, nil), context.DeadlineExceeded)
+	_, err = s.Claim(bg, "s", []string{""}, time.Minute)
+	notOutage(t, "Claim of an empty key", err, stores.ErrInvalidKey)
+	if err := s.Close(bg); err != nil {
+		t.Fatal(err)
+	}
+	_, err = s.Claim(bg, "s", []string{"k"}, time.Minute)
+	notOutage(t, "Claim after Close", err, stores.ErrClosed)
+}
+
+// TestStoreOutage cuts the proxy between the store and NATS: calls fail
+// at once, nothing they tried reaches the bucket, and after Restore the
+// store works again with nothing doubled: the claim held across the cut
+// completes, the keys tried during the cut are free, the completed key
+// is a duplicate.
+func TestStoreOutage(t *testing.T) {
+	cfg := natsstore.Config{Bucket: testBucket()}
+	s, p, nc, direct := proxied(t, cfg)
+	const lease = 5 * time.Second
+	call := func(keys ...string) (*stores.Claim, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		defer cancel()
+		return s.Claim(ctx, "h", keys, lease)
+	}
+	held, err := call("before")
+	if err != nil || held.Result != stores.Claimed {
+		t.Fatalf("Claim before the cut = %v, %v", held, err)
+	}
+	msgs := streamMsgs(t, direct, cfg.Bucket)
+
+	p.Cut()
+	for _, keys := range [][]string{{"during-1"}, {"during-2", "during-3"}, {"before"}} {
+		if _, err := call(keys...); !errors.Is(err, stores.ErrUnavailable) {
+			t.Fatalf("Claim(%q) during the cut = %v, want ErrUnavailable", keys, err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	err = s.Complete(ctx, held, time.Minute, nil)
+	cancel()
+	if !errors.Is(err, stores.ErrUnavailable) {
+		t.Fatalf("Complete during the cut: %v, want ErrUnavailable", err)
+	}
+	if n := streamMsgs(t, direct, cfg.Bucket); n != msgs {
+		t.Fatalf("%d messages in the bucket after the cut, %d before: a call during the cut reached NATS", n, msgs)
+	}
+
+	restore(t, p, nc)
+	ctx, cancel = context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := s.Complete(ctx, held, time.Minute, []byte("ok")); err != nil {
+		t.Fatalf("Complete after Restore: %v", err)
+	}
+	for _, keys := range [][]string{{"during-1"}, {"during-2", "during-3"}} {
+		c, err := s.Claim(ctx, "h", keys, lease)
+		if err != nil || c.Result != stores.Claimed || c.Takeover {
+			t.Fatalf("Claim(%q) after Restore = %+v, %v; want a fresh claim", keys, c, err)
+		}
+	}
+	if d, err := s.Claim(ctx, "h", []string{"before"}, lease); err != nil || d.Result != stores.Duplicate || string(d.Data) != "ok" {
+		t.Fatalf("Claim of the completed key after Restore = %+v, %v", d, err)
+	}
+}
