@@ -240,7 +240,7 @@ func (s *Store) Stats(ctx context.Context) (stores.Stats, error) {
 						st.Bytes = -1
 					}
 				}
-				count(total, r)
+				tally(total, r)
 				if st.PerScope {
 					scope, _, ok, _ := s.decodeKey(k)
 					if !ok {
@@ -251,7 +251,7 @@ func (s *Store) Stats(ctx context.Context) (stores.Stats, error) {
 						sc = &stores.ScopeStats{Scope: scope}
 						scopes[scope] = sc
 					}
-					count(sc, r)
+					tally(sc, r)
 				}
 			}
 			if next == 0 {
@@ -271,8 +271,8 @@ func (s *Store) Stats(ctx context.Context) (stores.Stats, error) {
 	return st, nil
 }
 
-// count adds r to st.
-func count(st *stores.ScopeStats, r stores.Record) {
+// tally adds r to st.
+func tally(st *stores.ScopeStats, r stores.Record) {
 	switch {
 	case r.Expired:
 		st.Expired++
