@@ -10,3 +10,11 @@ func RecordKey(scope, key string) string { return recordKey(scope, key) }
 
 // Subject is the subject (scope, key) is written under.
 func (s *Store) Subject(scope, key string) string { return s.records(scope, []string{key})[0].subj }
+
+// SetLeaderReads makes s read every bucket from its stream leader, as it
+// does a replicated one, instead of by direct gets.
+func (s *Store) SetLeaderReads(on bool) {
+	for _, sh := range s.shards {
+		sh.leaderReads = on
+	}
+}

@@ -32,6 +32,7 @@ package natsstore
 import (
 	"context"
 	"crypto/rand"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"regexp"
@@ -69,6 +70,9 @@ const (
 	maxClaimAttempts = 8
 	// undoTimeout bounds giving back what a failed call wrote.
 	undoTimeout = 2 * time.Second
+	// defaultRequestTimeout bounds a request made under a context
+	// without a deadline, as the jetstream package does.
+	defaultRequestTimeout = 5 * time.Second
 )
 
 // Headers the store writes.
@@ -216,6 +220,11 @@ type shard struct {
 	bucket string
 	stream jetstream.Stream
 	prefix string // subject prefix of its keys
+	// leaderReads sends reads to the stream's leader (the STREAM.MSG.GET
+	// API) instead of direct gets, which any replica may answer: on a
+	// replicated bucket, or one without direct gets.
+	leaderReads bool
+	msgGet      string // the leader API's subject
 }
 
 // Store is the NATS JetStream KV store. Create it with New or Connect.
@@ -233,9 +242,11 @@ type Store struct {
 	closeErr  error
 
 	// Background undos of calls whose callers had gone.
-	bg       sync.WaitGroup
-	bgCtx    context.Context
-	bgCancel context.CancelFunc
+	bg        sync.WaitGroup
+	bgMu      sync.Mutex
+	bgStopped bool // set by Close: no new background undo
+	bgCtx     context.Context
+	bgCancel  context.CancelFunc
 
 	// testAfterWrite, when set, runs after each successful write of a
 	// multi-key call, with the index of the write (tests only).
@@ -340,7 +351,11 @@ func (s *Store) openBucket(ctx context.Context, bucket string) (*shard, error) {
 		return nil, fmt.Errorf("%w: bucket %q has %s, the config needs at least %s (max(MaxRetention, 2 × MaxLease) + ClockSkew): lower MaxLease or MaxRetention, or raise the bucket's MaxAge (nats stream edit %s --max-age)",
 			ErrBucketConfig, bucket, have, need, conf.Name)
 	}
-	return &shard{bucket: bucket, stream: st, prefix: prefix}, nil
+	return &shard{
+		bucket: bucket, stream: st, prefix: prefix,
+		leaderReads: conf.Replicas > 1 || !conf.AllowDirect,
+		msgGet:      "$JS.API.STREAM.MSG.GET." + conf.Name,
+	}, nil
 }
 
 // record is one (scope, key) of a call.
@@ -404,22 +419,94 @@ func writeOrder(recs []record) []int {
 }
 
 // read returns the latest revision of r.
+//
+// A single-replica bucket answers a direct get from its one server. A
+// replicated one is read from its stream leader: a direct get may be
+// answered by a follower that has not applied the last writes yet, and
+// such a stale read would make a Complete right after its Claim find no
+// record (ErrLostClaim), or a Claim miss a done record (the write that
+// follows fails its revision check and the claim reads again, up to
+// InProgress). Writes are safe either way: each is checked against the
+// key's last revision by the leader.
 func (s *Store) read(ctx context.Context, r record) (entry, error) {
-	m, err := r.sh.stream.GetLastMsgForSubject(ctx, r.subj)
+	var (
+		rev    uint64
+		marker bool
+		data   []byte
+		err    error
+	)
+	if r.sh.leaderReads {
+		rev, marker, data, err = s.leaderRead(ctx, r)
+	} else {
+		var m *jetstream.RawStreamMsg
+		m, err = r.sh.stream.GetLastMsgForSubject(ctx, r.subj)
+		if err == nil {
+			rev, marker, data = m.Sequence, m.Header.Get(hdrOperation) != "", m.Data
+		}
+	}
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return entry{}, nil
 	}
 	if err != nil {
 		return entry{}, err
 	}
-	e := entry{rev: m.Sequence}
-	if m.Header.Get(hdrOperation) != "" {
+	e := entry{rev: rev}
+	if marker {
 		return e, nil // a delete or purge marker
 	}
-	if err := decodeValue(&e, m.Data); err != nil {
-		return entry{}, fmt.Errorf("%w: subject %s, revision %d", err, r.subj, m.Sequence)
+	if err := decodeValue(&e, data); err != nil {
+		return entry{}, fmt.Errorf("%w: subject %s, revision %d", err, r.subj, rev)
 	}
 	return e, nil
+}
+
+// msgGetResponse is the stream leader's answer to STREAM.MSG.GET.
+type msgGetResponse struct {
+	Error   *jetstream.APIError `json:"error,omitempty"`
+	Message *struct {
+		Sequence uint64 `json:"seq"`
+		Header   []byte `json:"hdrs,omitempty"`
+		Data     []byte `json:"data,omitempty"`
+	} `json:"message,omitempty"`
+}
+
+// leaderRead reads the last message of r from its stream's leader.
+func (s *Store) leaderRead(ctx context.Context, r record) (rev uint64, marker bool, data []byte, err error) {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, defaultRequestTimeout)
+		defer cancel()
+	}
+	req, err := json.Marshal(struct {
+		LastFor string `json:"last_by_subj"`
+	}{r.subj})
+	if err != nil {
+		return 0, false, nil, err
+	}
+	m, err := s.nc.RequestWithContext(ctx, r.sh.msgGet, req)
+	if err != nil {
+		return 0, false, nil, err
+	}
+	var resp msgGetResponse
+	if err := json.Unmarshal(m.Data, &resp); err != nil {
+		return 0, false, nil, fmt.Errorf("natsstore: bad STREAM.MSG.GET reply: %w", err)
+	}
+	switch {
+	case resp.Error != nil && resp.Error.ErrorCode == jetstream.JSErrCodeMessageNotFound:
+		return 0, false, nil, jetstream.ErrMsgNotFound
+	case resp.Error != nil:
+		return 0, false, nil, fmt.Errorf("nats: %w", resp.Error)
+	case resp.Message == nil:
+		return 0, false, nil, errors.New("natsstore: empty STREAM.MSG.GET reply")
+	}
+	if len(resp.Message.Header) > 0 {
+		h, err := nats.DecodeHeadersMsg(resp.Message.Header)
+		if err != nil {
+			return 0, false, nil, err
+		}
+		marker = h.Get(hdrOperation) != ""
+	}
+	return resp.Message.Sequence, marker, resp.Message.Data, nil
 }
 
 // write puts value under r, or a purge marker when value is nil, if the
@@ -592,7 +679,13 @@ func (s *Store) undo(ctx context.Context, items []undoItem) {
 		s.undoNow(uctx, items)
 		return
 	}
+	s.bgMu.Lock()
+	if s.bgStopped {
+		s.bgMu.Unlock()
+		return // closed: the leases will run out
+	}
 	s.bg.Add(1)
+	s.bgMu.Unlock()
 	go func() {
 		defer s.bg.Done()
 		uctx, cancel := context.WithTimeout(s.bgCtx, undoTimeout)
@@ -737,6 +830,9 @@ func (s *Store) classify(ctx, cctx context.Context, err error) error {
 func (s *Store) Close(ctx context.Context) error {
 	s.closeOnce.Do(func() {
 		s.closed.Store(true)
+		s.bgMu.Lock()
+		s.bgStopped = true
+		s.bgMu.Unlock()
 		done := make(chan struct{})
 		go func() {
 			s.bg.Wait()

@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/natsstore"
 	"github.com/watermill-dedup/dedup/stores/storetest"
 )
@@ -20,6 +21,27 @@ func TestConformance(t *testing.T) {
 // three buckets: the keys of a claim then live in different streams.
 func TestConformanceShards(t *testing.T) {
 	storetest.Run(t, factory(sharedConn(t), natsstore.Config{Shards: 3}))
+}
+
+// TestConformanceLeaderReads runs the suite reading from the stream
+// leader (STREAM.MSG.GET), as the store does on a replicated bucket.
+func TestConformanceLeaderReads(t *testing.T) {
+	nc := sharedConn(t)
+	storetest.Run(t, func(t *testing.T, clock stores.Clock) stores.Store {
+		s := newStore(t, nc, natsstore.Config{Clock: clock})
+		s.SetLeaderReads(true)
+		return s
+	})
+}
+
+// TestModelLeaderReads is TestModel reading from the stream leader.
+func TestModelLeaderReads(t *testing.T) {
+	nc := sharedConn(t)
+	storetest.RunModel(t, func(t *testing.T, clock stores.Clock) stores.Store {
+		s := newStore(t, nc, natsstore.Config{MaxLease: modelMax, MaxRetention: modelMax, Clock: clock})
+		s.SetLeaderReads(true)
+		return s
+	}, storetest.MaxDuration(modelMax))
 }
 
 // TestConformanceSystemClock runs the suite on the wall clock, sleeping
