@@ -7,7 +7,7 @@
 // the README), whose value says processing (token, lease_until) or done
 // (expires_at, data). Every change is a write conditional on the key's
 // revision, the KV compare-and-set: a Claim creates a key at the
-// revision it read (none, a delete marker, an expired record), and
+// revision it read (none, a purge marker, an expired record), and
 // Complete, Release and Extend rewrite a record only at the revision at
 // which they read it processing under their token. So a write never
 // lands on a record that changed since it was read, and two consumers
@@ -24,6 +24,14 @@
 // takes them one by one in a fixed order and gives back the ones it took
 // when a later one turns out taken; see [Store.Claim] for the exact
 // guarantee.
+//
+// A replicated bucket is read from its stream leader, so a read sees
+// every write acknowledged before it; a single-replica one by direct
+// gets. Config.Shards spreads the records over
+// several buckets, whose leaders JetStream places on different servers
+// of a cluster.
+//
+// The Store implements neither [stores.Admin] nor [stores.Inbox].
 //
 // The README next to this file describes the layout, the bytes each
 // record takes, the limits and clustering.
