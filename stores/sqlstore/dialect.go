@@ -241,9 +241,22 @@ func (q *statements) list(from, n int) string {
 func (q *statements) selectRows(n int, lock bool) string {
 	s := q.selectFrom + " WHERE id IN " + q.list(2, n)
 	if lock {
-		s += q.forUpdate
+		s += q.lockInIDOrder()
 	}
 	return s
+}
+
+// lockInIDOrder ends a SELECT that locks the rows it reads so that it
+// takes their locks in ascending id order: the order of every other
+// statement and transaction that locks several records (acquire's one
+// id after the other, the sorted batches), so none of them can wait on
+// another in a cycle. PostgreSQL otherwise locks in the order its plan
+// reads the rows, which is heap order for a bitmap or sequential scan.
+func (q *statements) lockInIDOrder() string {
+	if q.forUpdate == "" {
+		return ""
+	}
+	return " ORDER BY id" + q.forUpdate
 }
 
 // takeover turns n expired records into processing records of a new
@@ -292,7 +305,7 @@ func (q *statements) release(n int) string {
 func (q *statements) owned(n int, lock bool) string {
 	s := fmt.Sprintf("SELECT id FROM %s WHERE token = %s AND id IN %s", q.table, q.ph(1), q.list(2, n))
 	if lock {
-		s += q.forUpdate
+		s += q.lockInIDOrder()
 	}
 	return s
 }

@@ -22,3 +22,18 @@ func SetBatchHook(s *Store, f func(n int) error) bool {
 // BatchCallers returns how many calls are inside the batcher (queued,
 // running or deciding), once SetBatchHook was called.
 func BatchCallers(s *Store) int64 { return s.group.inDo.Load() }
+
+// LockingRead is a statement that locks several records, with its args.
+type LockingRead struct {
+	Stmt string
+	Args []any
+}
+
+// LockingReads returns s's reads that lock the records of two ids.
+func LockingReads(s *Store) map[string]LockingRead {
+	ids := []recordID{digest("s", "a"), digest("s", "b")}
+	return map[string]LockingRead{
+		"owned":      {s.q.owned(2, true), idArgs(s.d, []any{int64(1)}, ids)},
+		"selectRows": {s.q.selectRows(2, true), idArgs(s.d, []any{s.d.timeArg(s.now())}, ids)},
+	}
+}
