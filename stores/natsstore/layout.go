@@ -35,8 +35,8 @@ const (
 // SHA-256 on the same bytes.
 const digestDomain = "watermill-dedup/natsstore/v1\x00"
 
-// recordKey returns the KV key of (scope, key).
-func recordKey(scope, key string) string {
+// digest returns the first 16 bytes of the SHA-256 above.
+func digest(scope, key string) [digestLen]byte {
 	h := sha256.New()
 	var n [binary.MaxVarintLen64]byte
 	h.Write([]byte(digestDomain))
@@ -44,7 +44,19 @@ func recordKey(scope, key string) string {
 	h.Write([]byte(scope))
 	h.Write([]byte(key))
 	var sum [sha256.Size]byte
-	return base64.RawURLEncoding.EncodeToString(h.Sum(sum[:0])[:digestLen])
+	return [digestLen]byte(h.Sum(sum[:0]))
+}
+
+// encodeKey returns the KV key of a digest.
+func encodeKey(d [digestLen]byte) string { return base64.RawURLEncoding.EncodeToString(d[:]) }
+
+// recordKey returns the KV key of (scope, key).
+func recordKey(scope, key string) string { return encodeKey(digest(scope, key)) }
+
+// shardOf returns the shard, of n, of a digest: its last 8 bytes modulo
+// n (uniform to within n/2⁶⁴).
+func shardOf(d [digestLen]byte, n int) int {
+	return int(binary.BigEndian.Uint64(d[digestLen-8:]) % uint64(n))
 }
 
 // streamName is the JetStream stream behind bucket, as the KV API names

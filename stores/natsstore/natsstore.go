@@ -377,34 +377,14 @@ type record struct {
 func (s *Store) records(scope string, keys []string) []record {
 	out := make([]record, 0, len(keys))
 	for _, k := range keys {
-		rk := recordKey(scope, k)
-		sh := s.shards[0]
-		if n := len(s.shards); n > 1 {
-			// The digest's last character, 6 uniform bits, picks the
-			// shard; the rest of the digest stays uniform within it.
-			sh = s.shards[int(base64Index(rk[KeyLen-2]))%n]
-		}
-		r := record{sh: sh, subj: sh.prefix + rk}
+		d := digest(scope, k)
+		sh := s.shards[shardOf(d, len(s.shards))]
+		r := record{sh: sh, subj: sh.prefix + encodeKey(d)}
 		if !slices.ContainsFunc(out, func(o record) bool { return o.subj == r.subj }) {
 			out = append(out, r)
 		}
 	}
 	return out
-}
-
-// base64Index is the value of a character of the URL-safe alphabet.
-func base64Index(c byte) byte {
-	switch {
-	case c >= 'A' && c <= 'Z':
-		return c - 'A'
-	case c >= 'a' && c <= 'z':
-		return c - 'a' + 26
-	case c >= '0' && c <= '9':
-		return c - '0' + 52
-	case c == '-':
-		return 62
-	}
-	return 63
 }
 
 // writeOrder returns the indexes of recs in the order every call writes

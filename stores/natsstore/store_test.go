@@ -205,6 +205,12 @@ func TestLayout(t *testing.T) {
 	if got := s.Subject(scope, key); got != "$KV."+cfg.Bucket+"."+want {
 		t.Fatalf("Subject = %q", got)
 	}
+	// With shards, the last 8 bytes of the digest, big endian, modulo
+	// the number of shards pick the bucket.
+	sharded := natsstore.Config{Bucket: testBucket(), Shards: 3}
+	if got := newStore(t, nc, sharded).Subject(scope, key); got != "$KV."+sharded.Bucket+"-1."+want {
+		t.Fatalf("Subject with 3 shards = %q, want bucket %s-1", got, sharded.Bucket)
+	}
 	for _, p := range [][2][2]string{
 		{{"a:", "b"}, {"a", ":b"}},
 		{{"", "ab"}, {"a", "b"}},
