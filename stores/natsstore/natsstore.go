@@ -540,7 +540,10 @@ func (s *Store) checkSize(data []byte) error {
 
 // Claim implements [stores.Store].
 //
-// It reads every key, in the caller's order, and answers Duplicate at
+// A claim of one key first tries to create it (a write at revision 0):
+// a key never written, the common case of a new message, is claimed in
+// one round trip. Otherwise, and for several keys, it reads every key,
+// in the caller's order, and answers Duplicate at
 // the first live done record and InProgress when a key is processing
 // under a live lease, without writing anything. Otherwise it writes a
 // processing record under a new token to every key, one key after the
@@ -577,6 +580,16 @@ func (s *Store) Claim(ctx context.Context, scope string, keys []string, lease ti
 		return nil, fmt.Errorf("natsstore: claim: %w", err)
 	}
 	defer release()
+	if len(recs) == 1 {
+		// The common case, a new message: one create, one round trip.
+		ok, err := s.claimNew(ctx, cctx, recs[0], lease, c)
+		if err != nil {
+			return nil, fmt.Errorf("natsstore: claim: %w", s.classify(ctx, cctx, err))
+		}
+		if ok {
+			return c, nil
+		}
+	}
 	for attempt := 1; ; attempt++ {
 		res, err := s.claimOnce(ctx, cctx, recs, lease, c)
 		if err != nil {
@@ -589,6 +602,24 @@ func (s *Store) Claim(ctx context.Context, scope string, keys []string, lease ti
 			return c, nil
 		}
 	}
+}
+
+// claimNew claims r if it has never been written (or MaxAge removed
+// its last message): a write at revision 0, the KV create. It reports
+// false, having written nothing, when the key has a message (a record or
+// a purge marker): the claim then reads it.
+func (s *Store) claimNew(ctx, cctx context.Context, r record, lease time.Duration, c *stores.Claim) (bool, error) {
+	token := newToken()
+	_, err := s.write(cctx, r, processingValue(addNanos(s.clock.Now().UnixNano(), lease), token), 0)
+	switch {
+	case err == nil:
+		c.Result, c.Token = stores.Claimed, token
+		return true, nil
+	case isConflict(err):
+		return false, nil
+	}
+	s.undo(ctx, []undoItem{{rec: r, token: token}}) // the outcome is unknown
+	return false, err
 }
 
 // claimOnce runs one round of Claim. It reports false, with c
