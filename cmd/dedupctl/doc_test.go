@@ -68,9 +68,9 @@ func TestDocumentedCommands(t *testing.T) {
 	if len(cmds) < 10 {
 		t.Fatalf("found %d documented commands, want the READMEs' and main.go's", len(cmds))
 	}
-	type seeded struct{ kind, runID string }
+	type exampleRun struct{ kind, runID string }
 	var runs []documentedCommand
-	seeds := map[seeded]bool{}
+	runIDs := map[exampleRun]bool{}
 	for _, c := range cmds {
 		cfg, cmd, pos, err := parseArgs(c.args, func(string) string { return "" })
 		if err == nil {
@@ -83,22 +83,22 @@ func TestDocumentedCommands(t *testing.T) {
 		if cfg.runID != "" || cmd == "window" {
 			runs = append(runs, c)
 			if cfg.runID != "" {
-				seeds[seeded{cfg.store, cfg.runID}] = true
+				runIDs[exampleRun{cfg.store, cfg.runID}] = true
 			}
 		}
 	}
-	if len(seeds) == 0 {
+	if len(runIDs) == 0 {
 		t.Fatal("the docs show no command on an example run (-run-id)")
 	}
 
 	// The records the commands read: the example's scope and keys, under
 	// run ids of the test's own (the services are shared).
 	ids := map[string]string{}
-	for s := range seeds {
+	for s := range runIDs {
 		ids[s.runID] = storetest.NewID()[:8]
 	}
 	t.Chdir(t.TempDir()) // -dir=./loyalty
-	for s := range seeds {
+	for s := range runIDs {
 		s.runID = ids[s.runID]
 		p := testkit.StoreParams{Teardown: true, CreateSchema: true}
 		switch s.kind {
@@ -110,7 +110,7 @@ func TestDocumentedCommands(t *testing.T) {
 			}
 			p.Kind, p.Path, p.Name = testkit.StoreSQLite, filepath.Join("loyalty", sqliteFile), "dedup_"+s.runID
 		default:
-			t.Fatalf("the docs show a run of the %s store, which this test does not seed", s.kind)
+			t.Fatalf("the docs show a run of the %s store, for which this test writes no records", s.kind)
 		}
 		o, closeStore, err := testkit.OpenStore(context.Background(), p)
 		if err != nil {

@@ -331,10 +331,10 @@ func (e *env) sameRecord(listed, got stores.Record) {
 	}
 }
 
-// seedList writes, in scope, done records under keys d-0..d-4 (two with
+// writeList writes, in scope, done records under keys d-0..d-4 (two with
 // data) and processing records under p-0..p-2, and returns Get's view of
 // each, by key.
-func (e *env) seedList(a stores.Admin, scope string) map[string]stores.Record {
+func (e *env) writeList(a stores.Admin, scope string) map[string]stores.Record {
 	e.t.Helper()
 	want := map[string]stores.Record{}
 	for i := range 5 {
@@ -358,7 +358,7 @@ func (e *env) seedList(a stores.Admin, scope string) map[string]stores.Record {
 }
 
 func testAdminList(e *env, a stores.Admin) {
-	want := e.seedList(a, e.scope)
+	want := e.writeList(a, e.scope)
 	other := e.scope + "-other"
 	e.done(other, e.key("d-0"), e.long(), nil)
 	want["other"] = e.get(a, other, e.key("d-0"))
@@ -386,7 +386,7 @@ func testAdminList(e *env, a stores.Admin) {
 
 func testAdminListByScope(e *env, a stores.Admin) {
 	if e.opts.adminNoScopes {
-		e.seedList(a, e.scope)
+		e.writeList(a, e.scope)
 		for _, opts := range []stores.ListOptions{
 			{Scope: e.scope}, {KeyPrefix: e.key("d-")}, {Scope: e.scope, KeyPrefix: e.key("d-"), State: stores.StateDone},
 		} {
@@ -395,7 +395,7 @@ func testAdminListByScope(e *env, a stores.Admin) {
 		}
 		return
 	}
-	want := e.seedList(a, e.scope)
+	want := e.writeList(a, e.scope)
 	// Scopes that a naive prefix match would take for e.scope, and
 	// scopes of the bytes a layout must escape.
 	neighbours := []string{e.scope + "-other", e.scope + ":a", e.scope + "{a}", e.scope + "%3A", e.scope + "=x", e.scope + "#"}
