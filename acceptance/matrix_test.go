@@ -63,6 +63,11 @@ func TestAcceptance(t *testing.T) {
 	}
 	acceptance.Run(t, rabbitMQ(), redisStore())
 	acceptance.Run(t, rabbitMQ(), redisAsyncStore())
+	for _, b := range []acceptance.Backend{natsJetStream()} {
+		acceptance.Run(t, b, redisStore())
+		acceptance.Run(t, b, redisAsyncStore())
+		acceptance.Run(t, b, sqlStore(sqlstore.Postgres, false))
+	}
 	for _, d := range []sqlstore.Dialect{sqlstore.Postgres, sqlstore.MySQL} {
 		acceptance.Run(t, sqlPubSub(d), sqlStore(d, true))
 		// The inbox joining the subscriber's transaction
