@@ -63,7 +63,7 @@ func TestAcceptance(t *testing.T) {
 	}
 	acceptance.Run(t, rabbitMQ(), redisStore())
 	acceptance.Run(t, rabbitMQ(), redisAsyncStore())
-	for _, b := range []acceptance.Backend{natsJetStream()} {
+	for _, b := range []acceptance.Backend{natsJetStream(), redisStreams()} {
 		acceptance.Run(t, b, redisStore())
 		acceptance.Run(t, b, redisAsyncStore())
 		acceptance.Run(t, b, sqlStore(sqlstore.Postgres, false))
