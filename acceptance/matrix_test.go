@@ -14,6 +14,7 @@ func stores() []acceptance.Store {
 		memStore(),
 		redisStore(),
 		redisAsyncStore(),
+		natsStore(),
 		sqlStore(sqlstore.SQLite, false),
 		sqlStore(sqlstore.SQLite, true),
 		sqlStore(sqlstore.Postgres, false),
@@ -57,6 +58,7 @@ func TestAcceptance(t *testing.T) {
 	}
 
 	acceptance.Run(t, goChannel(), memStore())
+	acceptance.Run(t, goChannel(), natsStore())
 	for _, k := range kafkas {
 		acceptance.Run(t, k, redisStore())
 		acceptance.Run(t, k, redisAsyncStore())
@@ -86,7 +88,7 @@ func TestAcceptance(t *testing.T) {
 	}
 
 	for _, s := range stores() {
-		if s.Name != "memstore" { // memstore ran every scenario above
+		if s.Name != "memstore" && s.Name != "nats" { // they ran every scenario above
 			acceptance.Run(t, goChannel(), s, storeScenarios...)
 		}
 		if s.Name != "redis" && s.Name != "redis-async" { // they ran every scenario above

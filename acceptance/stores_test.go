@@ -8,9 +8,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/watermill-dedup/dedup/acceptance"
+	"github.com/watermill-dedup/dedup/stores/natsstore"
 	"github.com/watermill-dedup/dedup/stores/redisstore"
 	"github.com/watermill-dedup/dedup/stores/sqlstore"
 	"github.com/watermill-dedup/dedup/testkit"
@@ -93,6 +95,41 @@ func redisAsyncStore() acceptance.Store {
 	s.Name = "redis-async"
 	s.AsyncComplete = true
 	return s
+}
+
+// natsStore is natsstore on the shared NATS server, in a KV bucket
+// unique to the scenario, deleted at its end. Every Open dials
+// env[EnvAddr], the server or the outage scenario's proxy.
+func natsStore() acceptance.Store {
+	return acceptance.Store{
+		Name:         "nats",
+		MultiProcess: true,
+		Setup: func(t *testing.T, id string) (acceptance.Env, error) {
+			addr := testkit.RequireStore(t, testkit.StoreNATS)
+			bucket := "acceptance_" + id
+			t.Cleanup(func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				defer cancel()
+				nc, err := nats.Connect("nats://" + addr)
+				if err == nil {
+					defer nc.Close()
+					err = testkit.DeleteNATSBuckets(ctx, nc, natsstore.Config{Bucket: bucket})
+				}
+				if err != nil {
+					t.Logf("nats cleanup of bucket %s: %v", bucket, err)
+				}
+			})
+			return acceptance.Env{acceptance.EnvAddr: addr, "bucket": bucket}, nil
+		},
+		Open: func(t testing.TB, env acceptance.Env) (acceptance.Opened, error) {
+			return openStore(t, testkit.StoreParams{
+				Kind:        testkit.StoreNATS,
+				Addr:        env[acceptance.EnvAddr],
+				Name:        env["bucket"],
+				DialTimeout: time.Second,
+			})
+		},
+	}
 }
 
 // sqlStore is sqlstore on one dialect, in lease or transactional mode, in

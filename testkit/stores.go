@@ -17,11 +17,14 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
 	_ "modernc.org/sqlite" // the "sqlite" database/sql driver, pure Go
 
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/memstore"
+	"github.com/watermill-dedup/dedup/stores/natsstore"
 	"github.com/watermill-dedup/dedup/stores/redisstore"
 	"github.com/watermill-dedup/dedup/stores/sqlstore"
 )
@@ -37,11 +40,12 @@ const (
 	StorePostgres     StoreKind = "postgres"      // sqlstore on PostgreSQL
 	StoreMySQL        StoreKind = "mysql"         // sqlstore on MySQL/MariaDB
 	StoreSQLite       StoreKind = "sqlite"        // sqlstore on a SQLite file
+	StoreNATS         StoreKind = "nats"          // natsstore on NATS JetStream
 )
 
 // StoreKinds lists every StoreKind.
 func StoreKinds() []StoreKind {
-	return []StoreKind{StoreMemory, StoreRedis, StoreRedisCluster, StorePostgres, StoreMySQL, StoreSQLite}
+	return []StoreKind{StoreMemory, StoreRedis, StoreRedisCluster, StorePostgres, StoreMySQL, StoreSQLite, StoreNATS}
 }
 
 // SQLDialect returns the sqlstore dialect of a SQL kind, and false for the
@@ -69,8 +73,9 @@ type StoreParams struct {
 	// environment's.
 	DSN string
 
-	// Addr replaces the host:port of the service (redis, postgres, mysql):
-	// a test's Proxy, say. The default is the DSN's, or RedisAddr(). For
+	// Addr replaces the host:port of the service (redis, postgres, mysql,
+	// nats): a test's Proxy, say. The default is the DSN's, RedisAddr()
+	// or NATSAddr(). For
 	// redis-cluster it is the comma-separated addresses of some of its nodes, required.
 	Addr string
 
@@ -78,10 +83,10 @@ type StoreParams struct {
 	// directory that the cleanup removes.
 	Path string
 
-	// Name is the table (SQL) or the key prefix (Redis) the store keeps
-	// its records under: unique to the test or run, since tests share the
-	// services. The default is a new random one ("dedup_<hex>",
-	// "dedup:<hex>:").
+	// Name is the table (SQL), the key prefix (Redis) or the KV bucket
+	// (NATS) the store keeps its records under: unique to the test or
+	// run, since tests share the services. The default is a new random
+	// one ("dedup_<hex>", "dedup:<hex>:").
 	Name string
 
 	// CreateSchema creates the SQL table (if it does not exist). Create it
@@ -89,8 +94,9 @@ type StoreParams struct {
 	CreateSchema bool
 
 	// Teardown makes the cleanup also delete what the store kept under
-	// Name: drop the table, delete the Redis keys under the prefix (and
-	// only those: never FLUSHDB or TRUNCATE a shared service).
+	// Name: drop the table, delete the Redis keys under the prefix, delete
+	// the NATS buckets (and only those: never FLUSHDB or TRUNCATE a shared
+	// service).
 	Teardown bool
 
 	// PoolSize bounds the connections: the SQL pool (default 8; SQLite 1,
@@ -112,6 +118,7 @@ type StoreParams struct {
 	Memory memstore.Config
 	Redis  redisstore.Config
 	SQL    sqlstore.Config
+	NATS   natsstore.Config
 }
 
 // OpenedStore is a store OpenStore opened, with what is behind it.
@@ -132,6 +139,9 @@ type OpenedStore struct {
 
 	// Redis is the client of a Redis store.
 	Redis redis.UniversalClient
+
+	// NATS is the connection of a NATS store.
+	NATS *nats.Conn
 
 	// Path is the SQLite file.
 	Path string
@@ -205,6 +215,8 @@ func (p StoreParams) open(ctx context.Context, cl *closers) (*OpenedStore, error
 		return p.openRedis(ctx, cl)
 	case StorePostgres, StoreMySQL, StoreSQLite:
 		return p.openSQL(ctx, cl)
+	case StoreNATS:
+		return p.openNATS(ctx, cl)
 	case "":
 		return nil, errors.New("testkit: StoreParams.Kind is required")
 	}
@@ -225,6 +237,9 @@ func RequireStore(t testing.TB, kind StoreKind) string {
 		return hostPort(RequirePostgres(t), "127.0.0.1:5432")
 	case StoreMySQL:
 		return mysqlAddr(RequireMySQL(t))
+	case StoreNATS:
+		RequireNATS(t)
+		return NATSAddr()
 	case StoreMemory, StoreSQLite:
 		return ""
 	}
@@ -338,6 +353,52 @@ func deletePrefix(ctx context.Context, c redis.Cmdable, prefix string) error {
 		return unlink()
 	}
 	return nil
+}
+
+func (p StoreParams) openNATS(ctx context.Context, cl *closers) (*OpenedStore, error) {
+	addr := or(p.Addr, NATSAddr())
+	nc, err := nats.Connect("nats://"+addr,
+		nats.Timeout(p.DialTimeout),
+		nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond),
+		// The store reports what the connection goes through.
+		nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
+	if err != nil {
+		return nil, &UnreachableError{"NATS", addr, "NATS_URL", err}
+	}
+	cl.add(func(context.Context) error { nc.Close(); return nil })
+	cfg := p.NATS
+	cfg.Bucket = or(p.Name, UniqueName("dedup_"))
+	if p.Teardown {
+		// Registered before the store's Close, so it runs after it.
+		cl.add(func(ctx context.Context) error { return DeleteNATSBuckets(ctx, nc, cfg) })
+	}
+	pctx, cancel := context.WithTimeout(ctx, pingTimeout(p.DialTimeout))
+	defer cancel()
+	s, err := natsstore.New(pctx, nc, cfg)
+	if err != nil {
+		if errors.Is(err, stores.ErrUnavailable) {
+			return nil, &UnreachableError{"NATS JetStream", addr, "NATS_URL", err}
+		}
+		return nil, err
+	}
+	cl.add(s.Close)
+	return &OpenedStore{Store: s, Kind: p.Kind, Addr: addr, Name: cfg.Bucket, NATS: nc}, nil
+}
+
+// DeleteNATSBuckets deletes the KV buckets of cfg (every shard's), and
+// only those.
+func DeleteNATSBuckets(ctx context.Context, nc *nats.Conn, cfg natsstore.Config) error {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, b := range cfg.Buckets() {
+		if err := js.DeleteKeyValue(ctx, b); err != nil && !errors.Is(err, jetstream.ErrBucketNotFound) {
+			errs = append(errs, fmt.Errorf("testkit: delete bucket %s: %w", b, err))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 func (p StoreParams) openSQL(ctx context.Context, cl *closers) (*OpenedStore, error) {
