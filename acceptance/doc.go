@@ -9,15 +9,21 @@
 // struct that says what a backend can do, a unique id per scenario for
 // its topics, groups, tables and key prefixes, and exported Assert
 // helpers. This module runs it from acceptance/*_test.go over the matrix
-// described in TestAcceptance (matrix_test.go).
+// described in TestAcceptance (matrix_test.go): every scenario on
+// gochannel with memstore and with natsstore; on Kafka, RabbitMQ, NATS
+// JetStream and Redis Streams with redisstore in lease mode, with and
+// without AsyncComplete; on NATS JetStream and Redis Streams also with
+// sqlstore on PostgreSQL in lease mode; on each watermill-sql pub/sub with
+// sqlstore in transactional mode on the same database; and every store,
+// in every mode, through scenarios 1-4 and 6 on gochannel and on Kafka.
 //
 // # Running it
 //
 //	go test -race -count=1 -v -timeout 20m -run TestAcceptance ./acceptance/
 //
 // The services come from testkit (PostgreSQL, MariaDB/MySQL,
-// Redis and RabbitMQ on their loopback ports, or POSTGRES_DSN, MYSQL_DSN,
-// REDIS_ADDR, AMQP_URL). A missing service skips its scenarios loudly on a
+// Redis, RabbitMQ and NATS with JetStream on their loopback ports, or
+// POSTGRES_DSN, MYSQL_DSN, REDIS_ADDR, AMQP_URL, NATS_URL). A missing service skips its scenarios loudly on a
 // developer's machine and fails them under CI=1 or
 // DEDUP_REQUIRE_SERVICES=1. Kafka is kfake, an in-process Kafka-protocol
 // broker, plus the cluster in KAFKA_BROKERS when set
@@ -36,7 +42,7 @@
 //     scale with it. Any other value fails the suite.
 //   - ACCEPTANCE_PARALLEL: scenarios run at once (default 8, or
 //     -test.parallel). They mostly wait on brokers and leases, so this
-//     keeps the whole matrix at about three to four minutes on two cores.
+//     keeps the whole matrix at about four to five minutes on two cores.
 //   - ACCEPTANCE_LOG=info|debug|trace: log the routers, the middleware and
 //     the broker clients to stderr.
 //
@@ -88,14 +94,18 @@
 // The crash scenario kills consumers in the most realistic way the pair
 // allows (Features decide):
 //
-//   - Restartable backend and MultiProcess store (Kafka, RabbitMQ or
-//     watermill-sql with Redis or a SQL server): each consumer is a child
+//   - Restartable backend and MultiProcess store (Kafka, RabbitMQ, NATS
+//     JetStream, Redis Streams or watermill-sql with Redis, NATS or a SQL
+//     server): each consumer is a child
 //     process — the test binary re-run with -test.run selecting the
 //     scenario and the spec in the ACCEPTANCE_CHILD variable — that reports
 //     what it does on a pipe; the test SIGKILLs it at the crash point and
 //     starts the next one in the same group. A killed Kafka member's
 //     partitions move after its session timeout; RabbitMQ requeues its
-//     unacked messages; the database rolls its open transactions back.
+//     unacked messages; JetStream redelivers them once the consumer's
+//     AckWait ran out; another member of a Redis Streams group claims the
+//     entries left pending once they were idle for the claim idle time;
+//     the database rolls its open transactions back.
 //   - Persistent backend otherwise (an in-process store such as memstore):
 //     the consumer's process state is killed (its store calls fail, its
 //     open transactions roll back, it applies no more effects) and its
@@ -107,8 +117,9 @@
 //
 // # Adding a broker
 //
-// Write a Backend (see kafka_test.go, amqp_test.go, sqlpubsub_test.go,
-// gochannel_test.go) and add it to TestAcceptance:
+// Write a Backend (see kafka_test.go, amqp_test.go, nats_test.go,
+// redisstream_test.go, sqlpubsub_test.go, gochannel_test.go) and add it to
+// TestAcceptance:
 //
 //   - Setup starts what the scenario needs (an in-process broker) and
 //     returns an Env: strings only, since a Restartable backend is

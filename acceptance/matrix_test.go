@@ -39,13 +39,14 @@ var storeScenarios = []acceptance.Scenario{
 //   - every scenario on every broker (the foreign producer is n/a on
 //     gochannel, which has no client but Watermill's): gochannel with
 //     memstore (and with Redis for the outage, which memstore cannot
-//     have), Kafka and RabbitMQ
-//     with Redis in lease mode and with Redis in lease mode with
-//     AsyncComplete (redis-async: ack first, Complete in the background),
-//     each watermill-sql pub/sub with sqlstore in transactional mode on
-//     the same database (joining the subscriber's transaction, the
-//     default; and in its own transaction for the crash and lease expiry
-//     scenarios);
+//     have) and with natsstore; Kafka, RabbitMQ, NATS JetStream and
+//     Redis Streams with Redis in lease mode and with Redis in lease mode
+//     with AsyncComplete (redis-async: ack first, Complete in the
+//     background); NATS JetStream and Redis Streams also with sqlstore on
+//     PostgreSQL in lease mode; each watermill-sql pub/sub with sqlstore
+//     in transactional mode on the same database (joining the
+//     subscriber's transaction, the default; and in its own transaction
+//     for the crash and lease expiry scenarios);
 //   - every store, in every mode, through scenarios 1-4 and 6 on gochannel
 //     and on Kafka.
 //
