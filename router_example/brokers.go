@@ -45,6 +45,10 @@ type broker struct {
 	// router before that commit rolls it back and the message would come
 	// again on the next start. The run waits for it before closing.
 	drained func(ctx context.Context) (bool, error)
+
+	// brokerDedup, when set, describes what the broker's own dedup
+	// caught, for the summary (JetStream's Nats-Msg-Id window).
+	brokerDedup func() string
 }
 
 // Names of what a run creates. The run id keeps concurrent runs (and
@@ -82,6 +86,10 @@ func openBroker(ctx context.Context, cfg Config, runID string, logger watermill.
 		err = b.openAMQP(ctx, cfg, logger, closers, removers)
 	case brokerPostgres, brokerMySQL:
 		err = b.openSQL(ctx, cfg, logger, closers, removers)
+	case brokerNATS:
+		err = b.openNATS(ctx, cfg, logger, closers, removers)
+	case brokerRedisStreams:
+		err = b.openRedisStreams(ctx, cfg, logger, closers, removers)
 	default:
 		err = fmt.Errorf("unknown broker %q (set -broker)", cfg.Broker)
 	}

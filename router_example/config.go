@@ -19,7 +19,7 @@ import (
 
 // Brokers and stores the example can run on.
 var (
-	brokerNames   = []string{brokerGoChannel, brokerKafka, brokerKafkaEmbedded, brokerAMQP, brokerPostgres, brokerMySQL}
+	brokerNames   = []string{brokerGoChannel, brokerKafka, brokerKafkaEmbedded, brokerAMQP, brokerPostgres, brokerMySQL, brokerNATS, brokerRedisStreams}
 	storeNames    = []string{storeMemory, storeRedis, storePostgres, storeMySQL, storeSQLite}
 	modeNames     = []string{modeAuto, modeLease, modeTransactional}
 	producerNames = []string{producerWatermill, producerForeign}
@@ -32,6 +32,8 @@ const (
 	brokerAMQP          = "amqp"
 	brokerPostgres      = "postgres"
 	brokerMySQL         = "mysql"
+	brokerNATS          = "nats"
+	brokerRedisStreams  = "redis-streams"
 
 	storeMemory   = "memory"
 	storeRedis    = "redis"
@@ -53,7 +55,7 @@ const (
 // Config is everything the example can be told, by flag, environment
 // variable or YAML file. Every flag -some-name has the environment variable
 // DEDUP_SOME_NAME (the service addresses use their usual names instead:
-// KAFKA_BROKERS, AMQP_URL, REDIS_ADDR, POSTGRES_DSN, MYSQL_DSN) and the YAML
+// KAFKA_BROKERS, AMQP_URL, NATS_URL, REDIS_ADDR, POSTGRES_DSN, MYSQL_DSN) and the YAML
 // key some-name. Precedence: flag, then environment, then file, then default.
 type Config struct {
 	ConfigFile string
@@ -66,6 +68,7 @@ type Config struct {
 	KafkaBrokers string
 	KafkaRF      int
 	AMQPURL      string
+	NATSURL      string
 	RedisAddr    string
 	PostgresDSN  string
 	MySQLDSN     string
@@ -116,6 +119,7 @@ func defaultConfig() Config {
 		KafkaBrokers: "127.0.0.1:9092",
 		KafkaRF:      1,
 		AMQPURL:      "amqp://guest:guest@127.0.0.1:5672/",
+		NATSURL:      "nats://127.0.0.1:4222",
 		RedisAddr:    "127.0.0.1:6379",
 		PostgresDSN:  "postgres://postgres@127.0.0.1:5432/test?sslmode=disable",
 		MySQLDSN:     "root@tcp(127.0.0.1:3306)/test?parseTime=true",
@@ -147,6 +151,7 @@ func defaultConfig() Config {
 var envNames = map[string]string{
 	"kafka-brokers": "KAFKA_BROKERS",
 	"amqp-url":      "AMQP_URL",
+	"nats-url":      "NATS_URL",
 	"redis-addr":    "REDIS_ADDR",
 	"postgres-dsn":  "POSTGRES_DSN",
 	"mysql-dsn":     "MYSQL_DSN",
@@ -174,7 +179,8 @@ func newFlagSet(c *Config, output io.Writer) *flag.FlagSet {
 	fs.StringVar(&c.KafkaBrokers, "kafka-brokers", c.KafkaBrokers, "comma-separated Kafka bootstrap `addresses` (-broker=kafka)")
 	fs.IntVar(&c.KafkaRF, "kafka-replication-factor", c.KafkaRF, "replication factor of the topics the example creates (-broker=kafka)")
 	fs.StringVar(&c.AMQPURL, "amqp-url", c.AMQPURL, "RabbitMQ `URL` (-broker=amqp)")
-	fs.StringVar(&c.RedisAddr, "redis-addr", c.RedisAddr, "Redis `host:port` (-store=redis)")
+	fs.StringVar(&c.NATSURL, "nats-url", c.NATSURL, "NATS `URL`, a server with JetStream (-broker=nats)")
+	fs.StringVar(&c.RedisAddr, "redis-addr", c.RedisAddr, "Redis `host:port` (-store=redis, -broker=redis-streams)")
 	fs.StringVar(&c.PostgresDSN, "postgres-dsn", c.PostgresDSN, "PostgreSQL `DSN` (-broker=postgres, -store=postgres)")
 	fs.StringVar(&c.MySQLDSN, "mysql-dsn", c.MySQLDSN, "MySQL/MariaDB `DSN` in go-sql-driver form (-broker=mysql, -store=mysql)")
 	fs.StringVar(&c.Dir, "dir", c.Dir, "`directory` of the SQLite file (-store=sqlite); default: a temporary directory removed at exit")
@@ -470,8 +476,11 @@ func (c Config) warnings() []string {
 	if c.Broker != brokerAMQP {
 		ignored("amqp-url", "without -broker=amqp")
 	}
-	if c.Store != storeRedis {
-		ignored("redis-addr", "without -store=redis")
+	if c.Broker != brokerNATS {
+		ignored("nats-url", "without -broker=nats")
+	}
+	if c.Store != storeRedis && c.Broker != brokerRedisStreams {
+		ignored("redis-addr", "without -store=redis or -broker=redis-streams")
 	}
 	if c.Broker != brokerPostgres && c.Store != storePostgres {
 		ignored("postgres-dsn", "without -broker=postgres or -store=postgres")
@@ -614,6 +623,14 @@ func (c Config) redeliveryHorizon() horizon {
 		return horizon{c.KafkaGroupRecovery, "Kafka consumer-group recovery time, -kafka-group-recovery"}
 	case c.Broker == brokerAMQP:
 		return horizon{c.OutageBudget, "RabbitMQ consumer-outage budget, -outage-budget"}
+	case c.Broker == brokerNATS:
+		// Unlimited MaxDeliver: a message waits in the stream (MaxAge
+		// natsMaxAge) until a member of the group acks it.
+		return horizon{min(c.OutageBudget, natsMaxAge), "NATS JetStream consumer-outage budget, -outage-budget, within the stream's MaxAge"}
+	case c.Broker == brokerRedisStreams:
+		// A pending entry waits until a live member claims it, after
+		// redisClaimIdle, for as long as the stream keeps it.
+		return horizon{c.OutageBudget + redisClaimIdle, "Redis Streams consumer-outage budget, -outage-budget, + the claim idle time"}
 	default:
 		return horizon{c.OutageBudget, "consumer-outage budget, -outage-budget"}
 	}

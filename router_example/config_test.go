@@ -109,7 +109,7 @@ func TestConfigErrors(t *testing.T) {
 		env  map[string]string
 		want string // in the error
 	}{
-		{[]string{"-broker", "nats"}, nil, "set -broker (or DEDUP_BROKER)"},
+		{[]string{"-broker", "pulsar"}, nil, "set -broker (or DEDUP_BROKER)"},
 		{nil, map[string]string{"DEDUP_STORE": "etcd"}, "set -store (or DEDUP_STORE)"},
 		{[]string{"-mode", "magic"}, nil, "-mode"},
 		{[]string{"-producer", "kafka"}, nil, "set -producer (or DEDUP_PRODUCER) to one of watermill, foreign"},
@@ -167,6 +167,9 @@ func TestRedeliveryHorizon(t *testing.T) {
 		{func(c *Config) { c.Broker = brokerKafka }, 15 * time.Minute, "-kafka-group-recovery"},
 		{func(c *Config) { c.Broker = brokerKafkaEmbedded; c.KafkaGroupRecovery = time.Hour }, time.Hour, "-kafka-group-recovery"},
 		{func(c *Config) { c.Broker = brokerAMQP }, 24 * time.Hour, "RabbitMQ consumer-outage budget"},
+		{func(c *Config) { c.Broker = brokerNATS }, 24 * time.Hour, "NATS JetStream consumer-outage budget"},
+		{func(c *Config) { c.Broker = brokerNATS; c.OutageBudget = 30 * 24 * time.Hour }, natsMaxAge, "within the stream's MaxAge"},
+		{func(c *Config) { c.Broker = brokerRedisStreams }, 24*time.Hour + redisClaimIdle, "Redis Streams consumer-outage budget"},
 		{func(c *Config) { c.Broker = brokerPostgres; c.OutageBudget = 2 * time.Hour }, 2 * time.Hour, "-outage-budget"},
 		{func(c *Config) { c.Broker = brokerKafka; c.RedeliveryHorizon = 3 * time.Hour }, 3 * time.Hour, "-redelivery-horizon"},
 	} {

@@ -25,6 +25,8 @@ import (
 
 	"github.com/IBM/sarama"
 	"github.com/go-sql-driver/mysql"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
 	"github.com/twmb/franz-go/pkg/kfake"
@@ -205,6 +207,7 @@ func TestExampleRuns(t *testing.T) {
 	my := func(t *testing.T) []string { return []string{"-mysql-dsn=" + testkit.RequireMySQL(t)} }
 	rd := func(t *testing.T) []string { return []string{"-redis-addr=" + testkit.RequireRedis(t)} }
 	mq := func(t *testing.T) []string { return []string{"-amqp-url=" + testkit.RequireAMQP(t)} }
+	nt := func(t *testing.T) []string { return []string{"-nats-url=" + testkit.RequireNATS(t)} }
 	both := func(a, b func(*testing.T) []string) func(*testing.T) []string {
 		return func(t *testing.T) []string { return append(a(t), b(t)...) }
 	}
@@ -292,6 +295,25 @@ func TestExampleRuns(t *testing.T) {
 		{name: "amqp/sqlite", args: []string{"-broker=amqp"}, needs: mq,
 			check: func(t *testing.T, _ exampleRun, runID string) { requireNoQueue(t, topicName(brokerAMQP, runID)) }},
 		{name: "amqp/redis/lease", args: []string{"-broker=amqp", "-store=redis"}, needs: both(mq, rd)},
+		// JetStream: its Nats-Msg-Id window drops the publisher's same-id
+		// resends; the middleware catches the rest.
+		{name: "nats/redis/lease", args: []string{"-broker=nats", "-store=redis"}, needs: both(nt, rd),
+			check: func(t *testing.T, r exampleRun, runID string) {
+				line := regexp.MustCompile(`(?m)^  broker dedup JetStream publish dedup .* dropped (\d+) of (\d+) same-id publish retries; it cannot catch redeliveries`).FindStringSubmatch(r.stdout)
+				if line == nil || line[1] != line[2] || line[1] == "0" {
+					t.Errorf("the summary does not show JetStream dropping every same-id resend\n%s", r)
+				}
+				if r.count(t, "duplicates dropped") == 0 {
+					t.Errorf("the middleware dropped no duplicate: the broker's dedup cannot catch redeliveries\n%s", r)
+				}
+				requireNoRedisKeys(t, runID)
+				requireNoNATSStreams(t, runID)
+			}},
+		{name: "redis-streams/redis/lease", args: []string{"-broker=redis-streams", "-store=redis"}, needs: rd,
+			check: func(t *testing.T, _ exampleRun, runID string) {
+				requireNoRedisKeys(t, runID)
+				requireNoRedisStream(t, topicName(brokerRedisStreams, runID))
+			}},
 		// The SQL pub/subs with the inbox on the same database: the record
 		// joins the subscriber's transaction.
 		{name: "postgres/postgres/transactional", args: []string{"-broker=postgres", "-store=postgres"}, needs: pg, check: noTables(pg, "pgx")},
@@ -641,6 +663,39 @@ func requireNoRedisKeys(t *testing.T, runID string) {
 	}
 	if err := iter.Err(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// requireNoNATSStreams fails when -cleanup left a stream of the run.
+func requireNoNATSStreams(t *testing.T, runID string) {
+	t.Helper()
+	nc, err := nats.Connect(testkit.NATSURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := js.StreamNames(t.Context())
+	for name := range names.Name() {
+		if strings.Contains(name, runID) {
+			t.Errorf("-cleanup left JetStream stream %s", name)
+		}
+	}
+	if err := names.Err(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// requireNoRedisStream fails when -cleanup left the stream key.
+func requireNoRedisStream(t *testing.T, key string) {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: testkit.RedisAddr()})
+	defer c.Close()
+	if n, err := c.Exists(t.Context(), key, key+".poison").Result(); err != nil || n != 0 {
+		t.Errorf("-cleanup left the Redis stream %s (exists=%d, %v)", key, n, err)
 	}
 }
 

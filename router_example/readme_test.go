@@ -115,7 +115,10 @@ func serviceFlags(t *testing.T, args []string) []string {
 	if uses(brokerAMQP) {
 		out = append(out, "-amqp-url="+testkit.RequireAMQP(t))
 	}
-	if uses(storeRedis) {
+	if cfg.Broker == brokerNATS {
+		out = append(out, "-nats-url="+testkit.RequireNATS(t))
+	}
+	if uses(storeRedis) || cfg.Broker == brokerRedisStreams {
 		out = append(out, "-redis-addr="+testkit.RequireRedis(t))
 	}
 	if uses(storePostgres) {

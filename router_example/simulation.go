@@ -246,6 +246,9 @@ func (s *simulation) report(ctx context.Context) bool {
 	res.stats = s.tracker.stats()
 	res.published = s.tracker.expectedCount()
 	res.failures, res.crashes, res.lostAcks = s.faults.counts()
+	if s.broker != nil && s.broker.brokerDedup != nil {
+		res.brokerDup = s.broker.brokerDedup()
+	}
 	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	res.ledger, res.ledgerErr = s.ledger.Snapshot(lctx)
 	cancel()

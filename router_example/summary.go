@@ -16,6 +16,7 @@ type result struct {
 	mode      string
 	topic     string
 	broker    string // description
+	brokerDup string // what the broker's own dedup caught, if it has one
 	producer  string // description
 	keys      string // what the middleware keys by
 	store     string // description
@@ -94,6 +95,9 @@ func (r *result) verdict() verdict {
 func (r *result) print(w io.Writer) {
 	fmt.Fprintf(w, "\nrouter_example: payments -> loyalty, run %s\n", r.runID)
 	fmt.Fprintf(w, "  broker     %s (%s), topic %s\n", r.cfg.Broker, r.broker, r.topic)
+	if r.brokerDup != "" {
+		fmt.Fprintf(w, "  broker dedup %s\n", r.brokerDup)
+	}
 	if r.producer != "" {
 		fmt.Fprintf(w, "  producer   %s\n", r.producer)
 	}

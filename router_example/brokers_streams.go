@@ -1,0 +1,232 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	wmjs "github.com/ThreeDotsLabs/watermill-nats/v2/pkg/jetstream"
+	wmnats "github.com/ThreeDotsLabs/watermill-nats/v2/pkg/nats"
+	"github.com/ThreeDotsLabs/watermill-redisstream/pkg/redisstream"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/redis/go-redis/v9"
+)
+
+// NATS JetStream settings of the example's streams and consumers.
+const (
+	// natsDuplicates is the streams' Duplicates window: JetStream drops
+	// a publish whose Nats-Msg-Id it stored within it.
+	natsDuplicates = 2 * time.Minute
+	// natsMaxAge is how long a stream keeps a message, acked or not: past
+	// it no redelivery can come.
+	natsMaxAge = 7 * 24 * time.Hour
+	// natsAckWait: a delivery not acked within it (a crashed consumer's)
+	// is delivered again, to any member of the group. MaxDeliver is
+	// unlimited.
+	natsAckWait = 30 * time.Second
+	// natsRetryEvery: one message in natsRetryEvery is sent twice under
+	// its Nats-Msg-Id, as a client does that retries a publish whose ack
+	// it did not get, to show what the stream's dedup catches.
+	natsRetryEvery = 20
+)
+
+// Redis Streams claim settings: an entry pending (delivered, not acked)
+// for redisClaimIdle is claimed by a live member of the group, which looks
+// every redisClaimInterval.
+const (
+	redisClaimIdle     = 30 * time.Second
+	redisClaimInterval = 5 * time.Second
+)
+
+// natsStreamName is the JetStream stream of a topic: stream names may not
+// hold dots, subjects may.
+func natsStreamName(topic string) string { return strings.ReplaceAll(topic, ".", "_") }
+
+func natsStreamConfig(topic string) jetstream.StreamConfig {
+	return jetstream.StreamConfig{
+		Name:       natsStreamName(topic),
+		Subjects:   []string{topic},
+		Retention:  jetstream.LimitsPolicy,
+		Storage:    jetstream.FileStorage,
+		Duplicates: natsDuplicates,
+		MaxAge:     natsMaxAge,
+	}
+}
+
+// openNATS is NATS JetStream through watermill-nats: a stream per topic,
+// a durable consumer per group (explicit acks, AckWait natsAckWait,
+// unlimited MaxDeliver; a nack is a Nak, redelivered at once), and a
+// publisher that sets Nats-Msg-Id to the message UUID, so that the stream
+// drops a resend of one message within natsDuplicates: the broker's first
+// line of defence against the producer's own publish retries.
+func (b *broker) openNATS(ctx context.Context, cfg Config, logger watermill.LoggerAdapter, closers, removers *teardown) error {
+	const setting = "-nats-url or NATS_URL"
+	b.addr = redactURL(cfg.NATSURL)
+	hostPort, err := urlHostPort(cfg.NATSURL, "4222")
+	if err != nil {
+		return fmt.Errorf("-nats-url (or NATS_URL): %w", err)
+	}
+	if err := probeTCP(ctx, "NATS", hostPort, setting); err != nil {
+		return err
+	}
+	nc, err := nats.Connect(cfg.NATSURL, nats.Timeout(dialTimeout))
+	if err != nil {
+		return &unreachableError{"NATS", b.addr, setting, err}
+	}
+	closers.add("close the NATS connection", func(context.Context) error { nc.Close(); return nil })
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	if _, err := js.AccountInfo(ctx); err != nil {
+		return fmt.Errorf("NATS at %s: JetStream is not available (start nats-server with -js): %w", b.addr, err)
+	}
+	pub := &natsPublisher{js: js}
+	b.pub = pub
+	b.brokerDedup = pub.summary
+	sub, err := wmjs.NewSubscriber(wmjs.SubscriberConfig{
+		URL:             cfg.NATSURL,
+		Logger:          logger,
+		AckWaitTimeout:  natsAckWait,
+		ConfigureStream: natsStreamConfig,
+		ResourceInitializer: func(ctx context.Context, js jetstream.JetStream, topic string) (jetstream.Consumer, func(context.Context, watermill.LoggerAdapter), error) {
+			c, err := js.CreateOrUpdateConsumer(ctx, natsStreamName(topic), jetstream.ConsumerConfig{
+				Durable:       b.group,
+				AckPolicy:     jetstream.AckExplicitPolicy,
+				AckWait:       natsAckWait,
+				MaxDeliver:    -1,
+				DeliverPolicy: jetstream.DeliverAllPolicy,
+			})
+			return c, nil, err // the group outlives the subscriber: -cleanup deletes it
+		},
+	})
+	if err != nil {
+		return &unreachableError{"NATS", b.addr, setting, err}
+	}
+	closers.add("close the NATS subscriber", func(context.Context) error { return sub.Close() })
+	b.sub = sub
+	removers.add("delete JetStream streams "+natsStreamName(b.topic)+", "+natsStreamName(b.poisonTopic)+" (and their consumers)", func(ctx context.Context) error {
+		nc, err := nats.Connect(cfg.NATSURL, nats.Timeout(dialTimeout))
+		if err != nil {
+			return err
+		}
+		defer nc.Close()
+		js, err := jetstream.New(nc)
+		if err != nil {
+			return err
+		}
+		var errs []error
+		for _, t := range []string{b.topic, b.poisonTopic} {
+			if err := js.DeleteStream(ctx, natsStreamName(t)); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+				errs = append(errs, fmt.Errorf("delete stream %s: %w", natsStreamName(t), err))
+			}
+		}
+		return errors.Join(errs...)
+	})
+	return nil
+}
+
+// natsPublisher publishes as watermill-nats does (the UUID and metadata
+// in headers), with the Nats-Msg-Id header set to the UUID, and waits for
+// the stream's ack. One message in natsRetryEvery it sends twice, as a
+// client retrying a publish whose ack was lost; it counts what the stream
+// dropped as duplicates.
+type natsPublisher struct {
+	js      jetstream.JetStream
+	retried atomic.Int64 // same-id resends
+	dropped atomic.Int64 // publishes the stream dropped as duplicates
+}
+
+func (p *natsPublisher) Publish(topic string, msgs ...*message.Message) error {
+	for _, m := range msgs {
+		nm, err := (&wmnats.NATSMarshaler{}).Marshal(topic, m)
+		if err != nil {
+			return err
+		}
+		nm.Header.Set(nats.MsgIdHdr, m.UUID)
+		sends := 1
+		if retryPublish(m.UUID) {
+			sends = 2
+			p.retried.Add(1)
+		}
+		for range sends {
+			ack, err := p.js.PublishMsg(m.Context(), nm)
+			if err != nil {
+				return fmt.Errorf("publish %s to %s: %w", m.UUID, topic, err)
+			}
+			if ack.Duplicate {
+				p.dropped.Add(1)
+			}
+		}
+	}
+	return nil
+}
+
+func (p *natsPublisher) Close() error { return nil } // the connection is closed by the broker's closers
+
+// retryPublish picks the messages natsPublisher sends twice: a fixed
+// share of UUIDs, so a -seed reproduces them.
+func retryPublish(uuid string) bool {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(uuid))
+	return h.Sum32()%natsRetryEvery == 0
+}
+
+func (p *natsPublisher) summary() string {
+	return fmt.Sprintf("JetStream publish dedup (Nats-Msg-Id, %s window) dropped %d of %d same-id publish retries; "+
+		"it cannot catch redeliveries (nacks, lost acks, a crashed consumer's messages after AckWait) "+
+		"nor republishes under a new message id: the middleware does",
+		natsDuplicates, p.dropped.Load(), p.retried.Load())
+}
+
+// openRedisStreams is Redis Streams through watermill-redisstream: a
+// stream per topic and a consumer group (XREADGROUP); a nack resends the
+// entry to the same consumer, and an entry left pending for
+// redisClaimIdle (a crashed consumer's) is claimed by a live member. The
+// publisher and the subscriber each have a client of their own, which
+// their Close closes.
+func (b *broker) openRedisStreams(ctx context.Context, cfg Config, logger watermill.LoggerAdapter, closers, removers *teardown) error {
+	const setting = "-redis-addr or REDIS_ADDR"
+	b.addr = cfg.RedisAddr
+	if err := probeTCP(ctx, "Redis", cfg.RedisAddr, setting); err != nil {
+		return err
+	}
+	client := func() *redis.Client {
+		return redis.NewClient(&redis.Options{Addr: cfg.RedisAddr, DialTimeout: dialTimeout})
+	}
+	pub, err := redisstream.NewPublisher(redisstream.PublisherConfig{Client: client()}, logger)
+	if err != nil {
+		return err
+	}
+	closers.add("close the Redis Streams publisher", func(context.Context) error { return pub.Close() })
+	sub, err := redisstream.NewSubscriber(redisstream.SubscriberConfig{
+		Client:                        client(),
+		ConsumerGroup:                 b.group,
+		NackResendSleep:               50 * time.Millisecond,
+		ClaimInterval:                 redisClaimInterval,
+		MaxIdleTime:                   redisClaimIdle,
+		OldestId:                      "0",
+		DisableIndefiniteInitialBlock: true,
+		ShouldStopOnReadErrors: func(err error) bool {
+			return errors.Is(err, context.Canceled) || errors.Is(err, redis.ErrClosed)
+		},
+	}, logger)
+	if err != nil {
+		return err
+	}
+	closers.add("close the Redis Streams subscriber", func(context.Context) error { return sub.Close() })
+	b.pub, b.sub = pub, sub
+	removers.add("delete Redis streams "+b.topic+", "+b.poisonTopic+" (and their groups)", func(ctx context.Context) error {
+		c := client()
+		defer c.Close()
+		return c.Del(ctx, b.topic, b.poisonTopic).Err()
+	})
+	return nil
+}
