@@ -63,11 +63,13 @@ func (d *Decorator) completeOnce(parent context.Context, c *stores.Claim) error 
 	return err
 }
 
+// begin is bounded by the message's context only: it works in the
+// caller's transaction, where it waits for a concurrent transaction that
+// published the same key to end, and a cancelled statement would end the
+// caller's connection with it.
 func (d *Decorator) begin(parent context.Context, scope string, keys []string) (stores.InboxTx, error) {
-	ctx, cancel := d.ctx(parent, false)
-	defer cancel()
 	start := d.now()
-	tx, err := d.inbox.Begin(ctx, scope, keys, d.cfg.Window)
+	tx, err := d.inbox.Begin(parent, scope, keys, d.cfg.Window)
 	d.observe(scope, middleware.OpBegin, start, err)
 	return tx, err
 }

@@ -26,8 +26,9 @@ const (
 	// on the same transaction: the outbox pattern) writes for the message.
 	// Store must implement stores.Inbox and stores.TxJoiner (sqlstore does),
 	// and every message's context must carry the transaction
-	// (sqlstore.WithTx); a message without one fails with
-	// ErrNoTransaction and nothing is published. Record and outbox row
+	// (sqlstore.WithTx), the same for every message of a call; a message
+	// without it fails the call with ErrNoTransaction and nothing is
+	// published. Record and outbox row
 	// commit or roll back together, so the event enters the outbox once,
 	// whatever crashes. There is no lease: a concurrent publish of the
 	// same key waits on the record until the first transaction ends.
@@ -92,11 +93,19 @@ type Config struct {
 	// Lease is how long a claim holds a message's keys while it is being
 	// published (ModeLease). A producer that dies between its publish and
 	// the record leaves the keys held this long; a retry after it publishes
-	// again. Keep it above the longest publish call. The default is 30s.
+	// again. The lease is not extended while the decorated publisher runs:
+	// a publish call that outlasts it lets another producer take the keys
+	// over and publish the message again. Keep it well above the longest
+	// publish call (the publisher's own timeouts and retries included).
+	// The default is 30s.
 	Lease time.Duration
 
-	// StoreTimeout bounds every store call. The default is
-	// middleware.DefaultStoreTimeout (5s).
+	// StoreTimeout bounds every store call but the Begin of
+	// ModeTransactional, which the message's context bounds: it works in
+	// the caller's transaction and waits there for a concurrent
+	// transaction that published the same key to end (a statement
+	// cancelled by a timeout would end the caller's connection). The
+	// default is middleware.DefaultStoreTimeout (5s).
 	StoreTimeout time.Duration
 
 	// OnStoreError is the policy when a Claim fails because the store is

@@ -53,6 +53,10 @@
 //	                                             (again, for messages it sent)     publishes
 //	producer dies between publish and record     keys held for Lease, then a       nothing is committed: record
 //	                                             retry publishes again             and outbox row go together
+//	a publish call outlasts Lease                another producer may take the     — (no lease)
+//	                                             keys over and publish again
+//	the decorated publisher panics               claims released, panic goes on    savepoints rolled back, panic
+//	                                                                               goes on
 //	the record cannot be written after publish   logged, counted (store_error);    Publish fails; the caller
 //	                                             a retry within Lease gets         rolls its transaction back
 //	                                             ErrInProgress, after it publishes
@@ -219,7 +223,7 @@ func (d *Decorator) publishLease(pub message.Publisher, topic, scope string, ite
 	if len(send) == 0 {
 		return nil
 	}
-	if err := pub.Publish(topic, send...); err != nil {
+	if err := guarded(pub, topic, send, func() { d.releaseAll(scope, items, true) }); err != nil {
 		n := d.releaseAll(scope, items, true)
 		return fmt.Errorf("dedup: publish: %d message(s) to topic %q failed (%d claim(s) released, so a retry publishes them): %w", len(send), topic, n, err)
 	}
@@ -263,7 +267,16 @@ func (d *Decorator) claimAll(scope string, items []item) error {
 		}
 		wait := min(d.cfg.InProgressPoll/2+rand.N(d.cfg.InProgressPoll), time.Until(deadline))
 		d.releaseAll(scope, items, false)
-		if wait <= 0 || !sleepCtx(items[0].msg.Context(), wait) {
+		if wait > 0 {
+			sleepCtx(items[0].msg.Context(), wait)
+		}
+		for i := range items {
+			if ctx := items[i].msg.Context(); ctx.Err() != nil {
+				d.cfg.Metrics.Observe(scope, middleware.OutcomeCancelled)
+				return fmt.Errorf("dedup: publish: scope %q: message %s: its context ended while it waited for another producer: %w", scope, keyfuncs.Name(items[i].msg), context.Cause(ctx))
+			}
+		}
+		if wait <= 0 {
 			for i := range items {
 				if it := &items[i]; it.busy {
 					d.cfg.Metrics.Observe(scope, middleware.OutcomeInProgress)
@@ -272,6 +285,20 @@ func (d *Decorator) claimAll(scope string, items []item) error {
 			}
 		}
 	}
+}
+
+// guarded publishes send with pub; when pub panics, it runs undo (which
+// gives the call's claims or records back) before the panic goes on up.
+func guarded(pub message.Publisher, topic string, send []*message.Message, undo func()) error {
+	done := false
+	defer func() {
+		if !done {
+			undo()
+		}
+	}()
+	err := pub.Publish(topic, send...)
+	done = true
+	return err
 }
 
 // toSend counts what the claims decided, and returns the messages to

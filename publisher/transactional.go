@@ -19,11 +19,23 @@ import (
 // outbox rows together. The messages are handled one after the other:
 // they share a transaction.
 func (d *Decorator) publishTx(pub message.Publisher, topic, scope string, items []item) error {
+	var first any
 	for i := range items {
-		if !d.joiner.JoinsTx(items[i].msg.Context()) {
+		tx, ok := d.joiner.JoinedTx(items[i].msg.Context())
+		var err error
+		switch {
+		case !ok:
+			err = fmt.Errorf("%w: message %s, scope %q", ErrNoTransaction, keyfuncs.Name(items[i].msg), scope)
+		case i == 0:
+			first = tx
+		case tx != first:
+			// The publisher writes every message into one transaction: a
+			// record committed with another one could outlive its row.
+			err = fmt.Errorf("%w: message %s, scope %q, carries another transaction than message %s of the same call: publish each transaction's messages in a call of their own", ErrNoTransaction, keyfuncs.Name(items[i].msg), scope, keyfuncs.Name(items[0].msg))
+		}
+		if err != nil {
 			d.cfg.Metrics.Observe(scope, middleware.OutcomeStoreError)
-			err := fmt.Errorf("%w: message %s, scope %q", ErrNoTransaction, keyfuncs.Name(items[i].msg), scope)
-			d.cfg.Logger.Error("Dedup: transactional publish without a transaction: nothing published", err, d.fields(items[i].msg, scope, items[i].keys))
+			d.cfg.Logger.Error("Dedup: transactional publish without its transaction: nothing published", err, d.fields(items[i].msg, scope, items[i].keys))
 			return err
 		}
 	}
@@ -49,7 +61,8 @@ func (d *Decorator) publishTx(pub message.Publisher, topic, scope string, items 
 	if len(send) == 0 {
 		return nil
 	}
-	if err := pub.Publish(topic, send...); err != nil {
+	err := guarded(pub, topic, send, func() { _ = d.rollbackAll(scope, items) })
+	if err != nil {
 		return errors.Join(fmt.Errorf("dedup: publish: %d message(s) to topic %q failed (their records rolled back to their savepoints): %w", len(send), topic, err), d.rollbackAll(scope, items))
 	}
 	for i := len(items) - 1; i >= 0; i-- {

@@ -264,3 +264,6 @@ func TestTransactionalConcurrentProducers(t *testing.T) {
 }
 
 func jsonUnmarshal(b []byte, v any) error { return json.Unmarshal(b, v) }
+
+// key is the outbox's key function.
+func (o *outbox) key() keyfuncs.KeyFunc { return keyfuncs.Metadata("event_id") }

@@ -332,10 +332,11 @@ type InboxTx interface {
 
 // TxJoiner is implemented by an [Inbox] whose Begin can work inside a
 // transaction the caller carries in ctx (sqlstore.WithTx) instead of
-// opening its own. JoinsTx reports whether Begin(ctx, ...) would join
-// one. Callers whose guarantee needs the record to commit with their own
-// writes (the transactional publisher writing to an outbox) check it
-// before Begin.
+// opening its own. JoinedTx returns the transaction Begin(ctx, ...) would
+// join (a comparable value: the same transaction gives equal values), and
+// false when it would open its own. Callers whose guarantee needs the
+// record to commit with their own writes (the transactional publisher
+// writing to an outbox) check it before Begin.
 type TxJoiner interface {
-	JoinsTx(ctx context.Context) bool
+	JoinedTx(ctx context.Context) (tx any, ok bool)
 }

@@ -54,12 +54,15 @@ func (s *Store) outerTx(ctx context.Context) (*sql.Tx, bool) {
 	return tx, ok && tx != nil
 }
 
-// JoinsTx implements [stores.TxJoiner]: it reports whether ctx carries a
-// transaction Begin joins (one given with [WithTx], or watermill-sql's
+// JoinedTx implements [stores.TxJoiner]: it returns the *sql.Tx that ctx
+// carries for Begin to join (one given with [WithTx], or watermill-sql's
 // subscriber transaction under Config.JoinWatermillTx).
-func (s *Store) JoinsTx(ctx context.Context) bool {
-	_, ok := s.outerTx(ctx)
-	return ok
+func (s *Store) JoinedTx(ctx context.Context) (any, bool) {
+	tx, ok := s.outerTx(ctx)
+	if !ok {
+		return nil, false
+	}
+	return tx, true
 }
 
 // Begin implements [stores.Inbox].
