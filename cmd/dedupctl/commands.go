@@ -80,6 +80,10 @@ func (c *cli) checkArgs(cmd string, pos []string) error {
 			return usagef("%s takes KEY or -prefix, not both", cmd)
 		case n == 1 && c.cfg.keyPrefix == "" && !c.cfg.all:
 			return usagef("%s needs the KEY, or -prefix=KEY_PREFIX, or -all for every record of scope %q", cmd, pos[0])
+		case n == 1 && pos[0] == "":
+			// A listing without a scope lists every scope: -all would
+			// reach far beyond what the operator named.
+			return usagef("%s with -prefix or -all needs a SCOPE: an empty one would select the records of every scope", cmd)
 		}
 	case "window":
 		if n != 0 {

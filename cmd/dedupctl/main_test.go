@@ -596,6 +596,8 @@ func TestUsage(t *testing.T) {
 		{[]string{"-store=redis", "get", "s", "k", "-all"}, nil, "get does not take -all"},
 		{[]string{"-store=redis", "forget", "s"}, nil, "forget needs the KEY, or -prefix=KEY_PREFIX, or -all"},
 		{[]string{"-store=redis", "release", "s", "k", "-prefix=x"}, nil, "release takes KEY or -prefix, not both"},
+		{[]string{"-store=redis", "forget", "", "-all", "-yes"}, nil, "forget with -prefix or -all needs a SCOPE"},
+		{[]string{"-store=redis", "release", "", "-prefix=k"}, nil, "release with -prefix or -all needs a SCOPE"},
 		{[]string{"-store=redis", "-timeout=5", "stats"}, nil, "a duration needs a unit"},
 		{[]string{"-store=redis", "-run-id=Run-1", "stats"}, nil, "-run-id must be 1-16 lowercase letters or digits"},
 		{[]string{"-store=redis", "list", "-state=gone"}, nil, "-state must be processing or done"},
