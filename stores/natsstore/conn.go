@@ -185,10 +185,20 @@ func isUnavailable(err error) bool {
 	}
 	var ae *jetstream.APIError
 	if errors.As(err, &ae) {
+		if ae.ErrorCode == jsErrCodeStoreLimit {
+			// A bucket at its configured MaxMsgs or MaxBytes (discard-new)
+			// answers 503 too, but that is a setting to fix, not an
+			// outage a fail-open consumer may run through.
+			return false
+		}
 		return ae.Code == 503 || unavailableCodes[ae.ErrorCode]
 	}
 	return false
 }
+
+// jsErrCodeStoreLimit is JetStream's error code for a write refused by a
+// stream limit ("maximum messages exceeded", "maximum bytes exceeded").
+const jsErrCodeStoreLimit jetstream.ErrorCode = 10077
 
 // isConflict reports a write refused because the key's last revision was
 // not the one it expected: someone wrote the key in between.

@@ -70,15 +70,23 @@ func subjectPrefix(bucket string) string { return "$KV." + bucket + "." }
 // Value layout (the message body of the key's latest revision):
 //
 //	processing: 'p' ‖ lease_until (int64, big endian, Unix ns) ‖ token
-//	done:       'd' ‖ expires_at  (int64, big endian, Unix ns) ‖ data
+//	done:       'D' ‖ expires_at  (int64, big endian, Unix ns) ‖ by (8 bytes) ‖ data
+//
+// where by is the first 8 bytes of SHA-256 of the token and the keys of
+// the claim that completed the record (completedBy): a Complete cut between the keys of its claim
+// (one written, the connection lost before the next) tells its own done
+// keys from others' when it is retried, and completes the rest. A done
+// value tagged 'd' (no by) is read too.
 //
 // A revision that is a KV delete or purge marker (header KV-Operation)
 // is no record. Times are the store's Clock, to the nanosecond; a
 // record's state is decided from them, not from the message's age.
 const (
 	tagProcessing = 'p'
-	tagDone       = 'd'
+	tagDone       = 'D'
+	tagDoneNoBy   = 'd'
 	valueHeadLen  = 9
+	byLen         = 8
 )
 
 // errForeign reports a value the store did not write.
@@ -96,10 +104,11 @@ const (
 type entry struct {
 	rev   uint64 // revision of the key's last message; 0 when it has none
 	state state
-	at    int64  // lease_until or expires_at, Unix ns
-	token string // processing
-	data  []byte // done
-	raw   []byte // the value as read (to put a record back exactly)
+	at    int64       // lease_until or expires_at, Unix ns
+	token string      // processing
+	data  []byte      // done
+	by    [byLen]byte // done: completedBy of the claim's token (zero when unknown)
+	raw   []byte      // the value as read (to put a record back exactly)
 }
 
 func appendHead(b []byte, tag byte, at int64) []byte {
@@ -111,24 +120,47 @@ func processingValue(until int64, token string) []byte {
 	return append(appendHead(make([]byte, 0, valueHeadLen+len(token)), tagProcessing, until), token...)
 }
 
-func doneValue(expires int64, data []byte) []byte {
-	return append(appendHead(make([]byte, 0, valueHeadLen+len(data)), tagDone, expires), data...)
+func doneValue(expires int64, by [byLen]byte, data []byte) []byte {
+	b := appendHead(make([]byte, 0, valueHeadLen+byLen+len(data)), tagDone, expires)
+	b = append(b, by[:]...)
+	return append(b, data...)
+}
+
+// completedBy is what a done record keeps of the Complete that wrote it:
+// the claim's token and the subjects of all its keys, in write order. A
+// retried Complete of the same claim recognises its own done keys by it;
+// anything else that shares the token but not the keys (a claim value
+// altered to name fewer keys) does not.
+func completedBy(token string, subjects []string) [byLen]byte {
+	h := sha256.New()
+	h.Write([]byte(token))
+	for _, s := range subjects {
+		h.Write([]byte{0})
+		h.Write([]byte(s))
+	}
+	return [byLen]byte(h.Sum(nil)[:byLen])
 }
 
 // decodeValue fills e from the value of a put revision.
 func decodeValue(e *entry, v []byte) error {
-	if len(v) < valueHeadLen || (v[0] != tagProcessing && v[0] != tagDone) {
+	if len(v) < valueHeadLen || (v[0] == tagDone && len(v) < valueHeadLen+byLen) ||
+		(v[0] != tagProcessing && v[0] != tagDone && v[0] != tagDoneNoBy) {
 		return fmt.Errorf("%w (%d bytes)", errForeign, len(v))
 	}
 	e.raw = v
 	e.at = int64(binary.BigEndian.Uint64(v[1:valueHeadLen]))
-	if v[0] == tagProcessing {
-		e.state, e.token = stateProcessing, string(v[valueHeadLen:])
+	rest := v[valueHeadLen:]
+	switch v[0] {
+	case tagProcessing:
+		e.state, e.token = stateProcessing, string(rest)
 		return nil
+	case tagDone:
+		e.by = [byLen]byte(rest[:byLen])
+		rest = rest[byLen:]
 	}
 	e.state = stateDone
-	if len(v) > valueHeadLen {
-		e.data = v[valueHeadLen:]
+	if len(rest) > 0 {
+		e.data = rest
 	}
 	return nil
 }

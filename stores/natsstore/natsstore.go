@@ -359,6 +359,13 @@ func (s *Store) openBucket(ctx context.Context, bucket string) (*shard, error) {
 		return nil, fmt.Errorf("%w: bucket %q has %s, the config needs at least %s (max(MaxRetention, 2 × MaxLease) + ClockSkew): lower MaxLease or MaxRetention, or raise the bucket's MaxAge (nats stream edit %s --max-age)",
 			ErrBucketConfig, bucket, have, need, conf.Name)
 	}
+	if conf.Discard == jetstream.DiscardOld && (conf.MaxMsgs > 0 || conf.MaxBytes > 0) {
+		// The stream would drop the oldest records to make room, done
+		// records within their retention among them: their duplicates
+		// would run again.
+		return nil, fmt.Errorf("%w: bucket %q has MaxMsgs %d and MaxBytes %d with the discard-old policy, which drops records before their retention ends: remove the limits or use discard-new (writes then fail when the bucket is full)",
+			ErrBucketConfig, bucket, conf.MaxMsgs, conf.MaxBytes)
+	}
 	return &shard{
 		bucket: bucket, stream: st, prefix: prefix,
 		leaderReads: conf.Replicas > 1 || !conf.AllowDirect,
@@ -389,6 +396,15 @@ func (s *Store) records(scope string, keys []string) []record {
 
 // writeOrder returns the indexes of recs in the order every call writes
 // them: by subject, a total order all processes agree on.
+// subjects returns the subjects of recs in write order.
+func subjects(recs []record) []string {
+	out := make([]string, 0, len(recs))
+	for _, i := range writeOrder(recs) {
+		out = append(out, recs[i].subj)
+	}
+	return out
+}
+
 func writeOrder(recs []record) []int {
 	idx := make([]int, len(recs))
 	for i := range idx {
@@ -744,7 +760,8 @@ func (s *Store) Complete(ctx context.Context, c *stores.Claim, retention time.Du
 		checkDuration("retention", retention, s.cfg.MaxRetention), s.checkSize(data)); err != nil {
 		return fmt.Errorf("natsstore: complete: %w", err)
 	}
-	return s.fenced(ctx, "complete", c, func(now int64) []byte { return doneValue(addNanos(now, retention), data) })
+	by := completedBy(c.Token, subjects(s.records(c.Scope, c.Keys)))
+	return s.fenced(ctx, "complete", c, func(now int64) []byte { return doneValue(addNanos(now, retention), by, data) })
 }
 
 // Release implements [stores.Store]. The records become KV purge
@@ -772,7 +789,11 @@ func (s *Store) Extend(ctx context.Context, c *stores.Claim, lease time.Duration
 // write conditional on the revision read.
 //
 // While the claim's lease is live no other claim writes its keys, so
-// the writes all succeed: the call is all-or-nothing. If a write finds
+// the writes all succeed: the call is all-or-nothing. A connection lost
+// between two writes leaves the call half done (the keys cannot be put
+// back without it) and fails it as an outage; a Complete retried then
+// finds the keys it completed (done by this claim's token, see
+// completedBy) and completes the rest. If a write finds
 // its key changed (the lease ran out and another claim took that key
 // over between the read and the write, or an operator deleted it), the
 // keys already written are put back to this claim's processing record
@@ -786,19 +807,35 @@ func (s *Store) fenced(ctx context.Context, op string, c *stores.Claim, value fu
 	}
 	defer release()
 	entries := make([]entry, len(recs))
+	// ours: keys an earlier attempt of this Complete has completed (it was
+	// cut before it wrote them all).
+	ours := make([]bool, len(recs))
+	nOurs := 0
+	by := completedBy(c.Token, subjects(recs))
 	for i, r := range recs {
 		e, err := s.read(cctx, r)
 		if err != nil {
 			return fmt.Errorf("natsstore: %s: %w", op, s.classify(ctx, cctx, err))
+		}
+		if op == "complete" && e.state == stateDone && e.by == by {
+			ours[i] = true
+			nOurs++
+			continue
 		}
 		if e.state != stateProcessing || e.token != c.Token {
 			return fmt.Errorf("natsstore: %s: %w: key %d of the claim is %s", op, stores.ErrLostClaim, i, describe(e, c.Token))
 		}
 		entries[i] = e
 	}
+	if nOurs == len(recs) {
+		return fmt.Errorf("natsstore: %s: %w: the claim is completed already", op, stores.ErrLostClaim)
+	}
 	v := value(s.clock.Now().UnixNano())
 	var undo []undoItem
 	for n, i := range writeOrder(recs) {
+		if ours[i] {
+			continue
+		}
 		rev, err := s.write(cctx, recs[i], v, entries[i].rev)
 		if err != nil {
 			// Put the keys already written back to this claim's

@@ -251,7 +251,7 @@ func TestLayout(t *testing.T) {
 		t.Fatal(err)
 	}
 	v, _ = value()
-	if wantV := append(append([]byte{'d'}, at(time.Hour)...), "out"...); !bytes.Equal(v, wantV) {
+	if wantV := append(append([]byte{'D'}, at(time.Hour)...), "out"...); len(v) != len(wantV)+8 || !bytes.Equal(v[:9], wantV[:9]) || !bytes.Equal(v[17:], []byte("out")) {
 		t.Fatalf("done value = %q, want %q", v, wantV)
 	}
 
