@@ -88,6 +88,12 @@ type Backend struct {
 	// Name names the backend in test names and the summary.
 	Name string
 
+	// RaceUnsafe, when set, says why the backend's own client has a data
+	// race: under the race detector, which fails every test running when
+	// it reports one, its scenarios are not applicable (the summary says
+	// why), and .ci/run runs them again without the detector.
+	RaceUnsafe string
+
 	// Features says what the backend can do.
 	Features Features
 
@@ -365,6 +371,8 @@ func Run(t *testing.T, b Backend, s Store, only ...Scenario) {
 // with a Setup is asked at run time instead (see errNoNetwork).
 func notApplicable(b Backend, s Store, sc Scenario) string {
 	switch {
+	case b.RaceUnsafe != "" && raceDetector:
+		return "not under the race detector: " + b.RaceUnsafe + " (.ci/run runs this backend again without -race)"
 	case sc == StoreOutage && s.Setup == nil:
 		return noNetworkReason
 	case sc == ForeignProducer && b.Native == nil:

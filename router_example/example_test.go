@@ -364,7 +364,7 @@ func TestExampleConfigErrors(t *testing.T) {
 		args []string
 		want []string // in stderr
 	}{
-		{[]string{"-broker=nats"}, []string{`unknown broker "nats"`, "-broker"}},
+		{[]string{"-broker=pulsar"}, []string{`unknown broker "pulsar"`, "-broker"}},
 		{[]string{"-store=etcd"}, []string{`unknown store "etcd"`, "-store"}},
 		{[]string{"-producer=foreign"}, []string{"-producer=foreign", "gochannel has none", "-broker=kafka-embedded"}},
 		{[]string{"-broker=amqp", "-amqp-url=amqp://guest:secret@" + closed + "/"}, []string{"RabbitMQ is not reachable at " + closed, "-amqp-url or AMQP_URL"}},

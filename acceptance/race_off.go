@@ -1,0 +1,7 @@
+//go:build !race
+
+package acceptance
+
+// raceDetector: the suite runs under the race detector (see
+// Backend.RaceUnsafe).
+const raceDetector = false
