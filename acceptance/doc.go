@@ -57,11 +57,13 @@
 // crash scenario asserts the duplicates are at least the planned crashes
 // and at most the deliveries any crash caught in that window; with
 // Store.AsyncComplete the window lasts after the ack, until the Complete
-// lands in the background); under fail-open, a message whose store calls
-// failed during the outage may run once more per failed call (a bypassed
-// run leaves no record; the outage scenario checks every doubled event
-// against the calls the probe saw fail, and that an event none of whose
-// calls failed ran exactly once); and a
+// lands in the background); in the outage scenario a message whose store
+// calls failed may run once more per failed call — a Complete or Extend
+// that failed through the outage leaves the record processing for another
+// delivery to take over after the lease, and under fail-open a bypassed
+// run leaves no record (the scenario checks every doubled event against
+// the calls the probe saw fail, and that an event none of whose calls
+// failed ran exactly once); and a
 // redelivery after the retention window runs again (the retention
 // scenario asserts it happens exactly for the late redeliveries, counted
 // as ttl misses). See Scenario for the ten scenarios: nack redelivery,
