@@ -18,6 +18,7 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/twmb/franz-go/pkg/kfake"
 
+	"github.com/watermill-dedup/dedup/internal/cliflag"
 	"github.com/watermill-dedup/dedup/keyfuncs/amqpkeys"
 )
 
@@ -163,7 +164,7 @@ func kafkaConsumerConfig() *sarama.Config {
 const kafkaPartitions = 4
 
 func (b *broker) openKafka(ctx context.Context, cfg Config, logger watermill.LoggerAdapter, closers, removers *teardown) error {
-	brokers := splitList(cfg.KafkaBrokers)
+	brokers := cliflag.SplitList(cfg.KafkaBrokers)
 	rf := int16(cfg.KafkaRF)
 	if cfg.Broker == brokerKafkaEmbedded {
 		cluster, err := kfake.NewCluster(kfake.NumBrokers(1))

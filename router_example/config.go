@@ -14,6 +14,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/watermill-dedup/dedup/internal/cliflag"
 	"github.com/watermill-dedup/dedup/middleware"
 )
 
@@ -196,21 +197,21 @@ func newFlagSet(c *Config, output io.Writer) *flag.FlagSet {
 	fs.Float64Var(&c.CrashRate, "crash-rate", c.CrashRate, "fraction of messages whose consumer 'crashes' after the side effect, before the record is done (lease: taken over when the lease expires; transactional: rolled back)")
 	fs.IntVar(&c.StaleEvents, "stale-events", c.StaleEvents, "extra events published with a published_at older than the retention window (each is a ttl miss)")
 	fs.IntVar(&c.Concurrency, "concurrency", c.Concurrency, "most messages handled at once (the consumer's worker pool)")
-	durationVar(fs, &c.Timeout, "timeout", "how long to wait for every message to be handled before giving up")
+	cliflag.DurationVar(fs, &c.Timeout, "timeout", "how long to wait for every message to be handled before giving up")
 
 	fs.BoolVar(&c.Dedup, "dedup", c.Dedup, "use the dedup middleware; -dedup=false shows what duplicates do to the ledger")
-	durationVar(fs, &c.Lease, "lease", "lease of a claim in lease mode: how long a crashed consumer blocks its message")
-	durationVar(fs, &c.InProgressWait, "in-progress-wait", "how long a delivery whose keys another run holds waits for it (default: 1.5 x -lease)")
-	durationVar(fs, &c.Retention, "retention", "how long done records are kept (the dedup window)")
-	durationVar(fs, &c.RedeliveryHorizon, "redelivery-horizon", "the broker's longest redelivery delay; default: derived from -kafka-group-recovery or -outage-budget")
-	durationVar(fs, &c.KafkaGroupRecovery, "kafka-group-recovery", "Kafka: longest time until a stalled consumer group is detected and restarted (the redelivery horizon)")
-	durationVar(fs, &c.OutageBudget, "outage-budget", "RabbitMQ, SQL and gochannel: longest consumer outage you plan to tolerate (the redelivery horizon)")
+	cliflag.DurationVar(fs, &c.Lease, "lease", "lease of a claim in lease mode: how long a crashed consumer blocks its message")
+	cliflag.DurationVar(fs, &c.InProgressWait, "in-progress-wait", "how long a delivery whose keys another run holds waits for it (default: 1.5 x -lease)")
+	cliflag.DurationVar(fs, &c.Retention, "retention", "how long done records are kept (the dedup window)")
+	cliflag.DurationVar(fs, &c.RedeliveryHorizon, "redelivery-horizon", "the broker's longest redelivery delay; default: derived from -kafka-group-recovery or -outage-budget")
+	cliflag.DurationVar(fs, &c.KafkaGroupRecovery, "kafka-group-recovery", "Kafka: longest time until a stalled consumer group is detected and restarted (the redelivery horizon)")
+	cliflag.DurationVar(fs, &c.OutageBudget, "outage-budget", "RabbitMQ, SQL and gochannel: longest consumer outage you plan to tolerate (the redelivery horizon)")
 	fs.BoolVar(&c.StrictRetention, "strict-retention", c.StrictRetention, "fail at start-up instead of warning when -retention < 1.3 x the redelivery horizon")
 	fs.StringVar(&c.OnStoreError, "on-store-error", c.OnStoreError, "when the store is down: fail-closed (nack and retry) | fail-open (run unprotected, counted as bypassed)")
 	fs.BoolVar(&c.AsyncComplete, "async-complete", c.AsyncComplete, "lease mode: ack as soon as the handler succeeds and record the message done in the background (one store round trip a message instead of two)")
 
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", c.MetricsAddr, "serve Prometheus metrics on this `host:port` at /metrics (port 0: any free port); default: off")
-	durationVar(fs, &c.Linger, "linger", "keep serving metrics this long after the summary (Ctrl-C ends it sooner)")
+	cliflag.DurationVar(fs, &c.Linger, "linger", "keep serving metrics this long after the summary (Ctrl-C ends it sooner)")
 	fs.BoolVar(&c.Verbose, "v", c.Verbose, "log Watermill's and the middleware's info messages to stderr")
 
 	fs.VisitAll(func(f *flag.Flag) {
@@ -381,7 +382,7 @@ func (c Config) Validate() error {
 	if c.RunID != "" && !runIDRE.MatchString(c.RunID) {
 		return fmt.Errorf("-run-id must be 1-16 lowercase letters or digits, got %q", c.RunID)
 	}
-	if c.Broker == brokerKafka && len(splitList(c.KafkaBrokers)) == 0 {
+	if c.Broker == brokerKafka && len(cliflag.SplitList(c.KafkaBrokers)) == 0 {
 		return errors.New("-broker=kafka needs -kafka-brokers (or KAFKA_BROKERS), such as 127.0.0.1:9092")
 	}
 	if c.KafkaRF < 1 {
@@ -512,38 +513,11 @@ func (c Config) warnings() []string {
 	return out
 }
 
-// durationVar defines a duration flag whose error says a unit is needed:
-// flag's own says only "parse error" for -lease=5.
-func durationVar(fs *flag.FlagSet, p *time.Duration, name, usage string) {
-	fs.Var(durationValue{p}, name, usage)
-}
-
-type durationValue struct{ d *time.Duration }
-
-func (v durationValue) String() string {
-	if v.d == nil {
-		return "0s"
-	}
-	return v.d.String()
-}
-
-func (v durationValue) Set(s string) error {
-	d, err := time.ParseDuration(strings.TrimSpace(s))
-	if err != nil {
-		if _, nerr := strconv.ParseFloat(strings.TrimSpace(s), 64); nerr == nil {
-			return fmt.Errorf("a duration needs a unit, such as %[1]ss, %[1]sms, %[1]sm or %[1]sh", strings.TrimSpace(s))
-		}
-		return errors.New("not a duration: write a number and a unit, such as 5s, 300ms, 2m or 1h")
-	}
-	*v.d = d
-	return nil
-}
-
-// printDefaults is flag.PrintDefaults, naming a durationValue's type.
+// printDefaults is flag.PrintDefaults, naming a cliflag.Duration's type.
 func printDefaults(fs *flag.FlagSet) {
 	fs.VisitAll(func(f *flag.Flag) {
 		typ, usage := flag.UnquoteUsage(f)
-		if _, ok := f.Value.(durationValue); ok && !strings.Contains(f.Usage, "`") {
+		if _, ok := f.Value.(cliflag.Duration); ok && !strings.Contains(f.Usage, "`") {
 			typ = "duration"
 		}
 		var b strings.Builder
@@ -592,16 +566,6 @@ func isSQLStore(s string) bool {
 func isSQLBroker(b string) bool { return b == brokerPostgres || b == brokerMySQL }
 
 func isKafkaBroker(b string) bool { return b == brokerKafka || b == brokerKafkaEmbedded }
-
-func splitList(s string) []string {
-	var out []string
-	for _, p := range strings.Split(s, ",") {
-		if p = strings.TrimSpace(p); p != "" {
-			out = append(out, p)
-		}
-	}
-	return out
-}
 
 // horizon is the broker's maximum redelivery horizon and where it comes
 // from, for the retention-window check.

@@ -31,6 +31,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/twmb/franz-go/pkg/kfake"
 
+	"github.com/watermill-dedup/dedup/internal/cliflag"
 	"github.com/watermill-dedup/dedup/testkit"
 )
 
@@ -628,7 +629,7 @@ func requireNoKafkaLeftovers(t *testing.T, r exampleRun, runID string) {
 			brokers = v
 		}
 	}
-	admin, err := sarama.NewClusterAdmin(splitList(brokers), kafkaConsumerConfig())
+	admin, err := sarama.NewClusterAdmin(cliflag.SplitList(brokers), kafkaConsumerConfig())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,10 +7,10 @@ import (
 	"io"
 	"regexp"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
+	"github.com/watermill-dedup/dedup/internal/cliflag"
 	"github.com/watermill-dedup/dedup/stores"
 )
 
@@ -119,9 +119,9 @@ func newFlagSet(c *config) *flag.FlagSet {
 	fs.StringVar(&c.sqliteFile, "sqlite-file", "", "SQLite database `file` (instead of -dir)")
 	fs.StringVar(&c.table, "table", "", "the SQL table, Config.Table (default \"dedup_inbox\", \"dedup_<run id>\" with -run-id)")
 	fs.StringVar(&c.runID, "run-id", "", "router_example's run id: sets -redis-prefix to \"dedup:<run id>:\" and -table to \"dedup_<run id>\"")
-	durationVar(fs, &c.purgeGrace, "purge-grace", "purge (SQL): keep processing records whose lease ended less than this `duration` ago; keep it above your longest lease (default 15m, sqlstore's)")
+	cliflag.DurationVar(fs, &c.purgeGrace, "purge-grace", "purge (SQL): keep processing records whose lease ended less than this `duration` ago; keep it above your longest lease (default 15m, sqlstore's)")
 	c.timeout = defaultTimeout
-	durationVar(fs, &c.timeout, "timeout", "give up after this `duration`")
+	cliflag.DurationVar(fs, &c.timeout, "timeout", "give up after this `duration`")
 
 	fs.BoolVar(&c.json, "json", false, "write JSON instead of a table")
 	fs.StringVar(&c.state, "state", "", "list: only records in this state, processing | done")
@@ -130,7 +130,7 @@ func newFlagSet(c *config) *flag.FlagSet {
 	fs.StringVar(&c.after, "after", "", "list: the `cursor` a previous list printed, to show the next records")
 	fs.BoolVar(&c.yes, "yes", false, "forget, release: do it (without -yes they only show what they would change)")
 	fs.BoolVar(&c.all, "all", false, "forget, release: change every record -prefix matches, not just one")
-	durationVar(fs, &c.horizon, "horizon", "window: the broker's longest redelivery horizon, a `duration` (SQS: maxReceiveCount x visibility timeout; RabbitMQ: your consumer-outage budget; Kafka: group recovery time)")
+	cliflag.DurationVar(fs, &c.horizon, "horizon", "window: the broker's longest redelivery horizon, a `duration` (SQS: maxReceiveCount x visibility timeout; RabbitMQ: your consumer-outage budget; Kafka: group recovery time)")
 	fs.Float64Var(&c.rate, "rate", 0, "window: messages per second")
 	fs.IntVar(&c.keysPerMessage, "keys-per-message", 1, "window: dedup keys per message, one record each (router_example: 2, message id and payment id)")
 	fs.Float64Var(&c.bytesPerRecord, "bytes-per-record", 0, "window: bytes a record takes (default: the store's benchmark figure; required for mysql and sqlite)")
@@ -262,33 +262,6 @@ func (c *config) tableName() string {
 		return "dedup_" + c.runID
 	}
 	return "" // the store's default
-}
-
-// durationVar defines a duration flag whose error says a unit is needed.
-func durationVar(fs *flag.FlagSet, p *time.Duration, name, usage string) {
-	fs.Var(durationValue{p}, name, usage)
-}
-
-type durationValue struct{ d *time.Duration }
-
-func (v durationValue) String() string {
-	if v.d == nil {
-		return "0s"
-	}
-	return v.d.String()
-}
-
-func (v durationValue) Set(s string) error {
-	s = strings.TrimSpace(s)
-	d, err := time.ParseDuration(s)
-	if err != nil {
-		if _, nerr := strconv.ParseFloat(s, 64); nerr == nil {
-			return fmt.Errorf("a duration needs a unit, such as %[1]ss, %[1]sm or %[1]sh", s)
-		}
-		return errors.New("not a duration: write a number and a unit, such as 30s, 2m or 24h")
-	}
-	*v.d = d
-	return nil
 }
 
 func isConnectionFlag(name string) bool { return slices.Contains(connectionFlags, name) }

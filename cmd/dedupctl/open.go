@@ -19,6 +19,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	_ "modernc.org/sqlite" // the "sqlite" database/sql driver, pure Go
 
+	"github.com/watermill-dedup/dedup/internal/cliflag"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/redisstore"
 	"github.com/watermill-dedup/dedup/stores/sqlstore"
@@ -99,7 +100,7 @@ func openStore(ctx context.Context, c *config) (*admin, error) {
 
 func openRedis(ctx context.Context, c *config) (*admin, error) {
 	const setting = "-redis-addr or REDIS_ADDR"
-	addrs := splitList(c.redisAddr)
+	addrs := cliflag.SplitList(c.redisAddr)
 	if len(addrs) == 0 {
 		return nil, usagef("-redis-addr is empty")
 	}
@@ -242,14 +243,4 @@ func openSQL(ctx context.Context, c *config) (*admin, error) {
 			return errors.Join(st.Close(ctx), db.Close())
 		},
 	}, nil
-}
-
-func splitList(s string) []string {
-	var out []string
-	for _, p := range strings.Split(s, ",") {
-		if p = strings.TrimSpace(p); p != "" {
-			out = append(out, p)
-		}
-	}
-	return out
 }
