@@ -746,6 +746,9 @@ func (s *probeStore) Extend(ctx context.Context, c *stores.Claim, lease time.Dur
 	return err
 }
 
+// Capabilities are the wrapped store's.
+func (s *probeStore) Capabilities() stores.Capabilities { return s.inner.Capabilities() }
+
 // Close does nothing: the suite closes the store it opened.
 func (s *probeStore) Close(context.Context) error { return nil }
 

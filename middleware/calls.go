@@ -21,7 +21,7 @@ type storeCalls struct {
 
 func newStoreCalls(cfg Config) storeCalls {
 	s := storeCalls{store: cfg.Store, timeout: cfg.StoreTimeout, metrics: cfg.Metrics}
-	if nb, ok := cfg.Store.(stores.NonBlocking); ok && nb.NonBlocking() {
+	if cfg.Store.Capabilities().NonBlocking {
 		s.noTimeout = true
 	}
 	if _, nop := cfg.Metrics.(NopMetrics); !nop {

@@ -111,7 +111,7 @@ func New(cfg Config) (*Decorator, error) {
 		d.inbox = cfg.Store.(stores.Inbox)
 		d.joiner = cfg.Store.(stores.TxJoiner)
 	}
-	if nb, ok := cfg.Store.(stores.NonBlocking); ok && nb.NonBlocking() {
+	if cfg.Store.Capabilities().NonBlocking {
 		d.noTimeout = true
 	}
 	if _, nop := cfg.Metrics.(middleware.NopMetrics); !nop {

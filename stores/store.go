@@ -244,19 +244,17 @@ type Store interface {
 	// token.
 	Extend(ctx context.Context, c *Claim, lease time.Duration) error
 
+	// Capabilities states what the store can hold and do (see
+	// [Capabilities]). It does no I/O, never changes after the store is
+	// built, and answers after Close too.
+	Capabilities() Capabilities
+
 	// Close stops the store's background work and releases what the store
 	// itself opened. It never closes a client the caller handed in. The
 	// store is closed when Close returns, whatever ctx; ctx bounds only the
 	// wait for background work to stop (ctx's error when it ends first).
 	// It is idempotent.
 	Close(ctx context.Context) error
-}
-
-// NonBlocking is implemented by stores whose calls never wait on I/O or on
-// other processes (memstore). The middleware skips its per-call timeout
-// contexts for them, which are pure overhead there.
-type NonBlocking interface {
-	NonBlocking() bool
 }
 
 // Clock tells stores the time. Stores that compute leases and expiry in

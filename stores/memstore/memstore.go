@@ -178,13 +178,14 @@ type Store struct {
 	once     sync.Once
 }
 
-var (
-	_ stores.Store       = (*Store)(nil)
-	_ stores.NonBlocking = (*Store)(nil)
-)
+var _ stores.Store = (*Store)(nil)
 
-// NonBlocking reports true: every call is a map operation under a mutex.
-func (s *Store) NonBlocking() bool { return true }
+// Capabilities implements [stores.Store]: no bounds (a duration is capped
+// at about 292 years, data is kept whatever its size), every call a map
+// operation under a mutex (NonBlocking), and the Admin interface.
+func (s *Store) Capabilities() stores.Capabilities {
+	return stores.Capabilities{Kind: "memstore", NonBlocking: true, Admin: true}
+}
 
 // New returns a Store and starts its sweeper; Close stops it.
 func New(cfg Config) (*Store, error) {

@@ -243,6 +243,10 @@ type Store struct {
 	cfg     Config
 	clock   stores.Clock
 	shards  []*shard
+	// maxData is the most data a done record keeps: the connection's
+	// maximum payload, when the store was built, less the value's head
+	// and room for the message headers.
+	maxData int
 	watch   *connWatch
 
 	closed    atomic.Bool
@@ -309,6 +313,9 @@ func newStore(ctx context.Context, nc *nats.Conn, own bool, cfg Config) (*Store,
 		return nil, fmt.Errorf("natsstore: %w", err)
 	}
 	s := &Store{nc: nc, ownConn: own, js: js, cfg: cfg, clock: cfg.Clock}
+	if limit := nc.MaxPayload(); limit > 0 {
+		s.maxData = max(int(limit)-valueHeadLen-byLen-headerRoom, 1)
+	}
 	for _, b := range cfg.Buckets() {
 		sh, err := s.openBucket(ctx, b)
 		if err != nil {
@@ -544,12 +551,14 @@ func checkDuration(what string, d, bound time.Duration) error {
 	return nil
 }
 
-// checkSize refuses a value NATS would refuse: larger than the
-// connection's maximum payload, less room for the headers.
+// headerRoom is what a record's message may need for its headers.
+const headerRoom = 128
+
+// checkSize refuses data NATS would refuse: larger than the connection's
+// maximum payload, less the value's head and room for the headers.
 func (s *Store) checkSize(data []byte) error {
-	const headerRoom = 128
-	if limit := s.nc.MaxPayload(); limit > 0 && int64(len(data)+valueHeadLen+headerRoom) > limit {
-		return fmt.Errorf("%w: %d bytes of data do not fit the server's maximum payload of %d bytes", stores.ErrInvalidArgument, len(data), limit)
+	if limit := s.nc.MaxPayload(); limit > 0 && int64(len(data)+valueHeadLen+byLen+headerRoom) > limit {
+		return fmt.Errorf("%w: %d bytes of data do not fit the server's maximum payload of %d bytes", stores.ErrTooLarge, len(data), limit)
 	}
 	return nil
 }
@@ -877,6 +886,14 @@ func (s *Store) classify(ctx, cctx context.Context, err error) error {
 		return fmt.Errorf("%w (%v)", stores.ErrClosed, err)
 	}
 	return err
+}
+
+// Capabilities implements [stores.Store]: leases up to MaxLease,
+// retentions up to MaxRetention, data up to the server's maximum payload
+// (as the connection reported it when the store was built) less the
+// record's own header.
+func (s *Store) Capabilities() stores.Capabilities {
+	return stores.Capabilities{Kind: "natsstore", MaxLease: s.cfg.MaxLease, MaxRetention: s.cfg.MaxRetention, MaxData: s.maxData}
 }
 
 // Close implements [stores.Store]. It stops following the connection's

@@ -391,7 +391,7 @@ func (s *Store) claimOne(ctx context.Context, rkey, token string, lease time.Dur
 // nobody took over yet is still the claim's: a slow handler finishing just
 // after its lease completes fine, for up to one more lease length.
 func (s *Store) Complete(ctx context.Context, c *stores.Claim, retention time.Duration, data []byte) error {
-	rkeys, err := s.claimKeys(ctx, c, stores.CheckRetention(retention))
+	rkeys, err := s.claimKeys(ctx, c, errors.Join(stores.CheckRetention(retention), s.Capabilities().CheckData(data)))
 	if err != nil {
 		return fmt.Errorf("redisstore: complete: %w", err)
 	}
@@ -562,6 +562,22 @@ func (s *Store) claimKeys(ctx context.Context, c *stores.Claim, arg error) ([]st
 	}
 	return rkeys, stores.CheckCall(ctx, s.closed.Load(), err, arg)
 }
+
+// Capabilities implements [stores.Store]: scopes of at most MaxKeyLen
+// bytes, and keys too unless they are stored as digests (CompactKeys,
+// DigestKeysLongerThan); data up to Redis's largest string (512 MiB);
+// the Admin interface.
+func (s *Store) Capabilities() stores.Capabilities {
+	c := stores.Capabilities{Kind: "redisstore", MaxScope: s.cfg.MaxKeyLen, MaxKey: s.cfg.MaxKeyLen, MaxData: maxData, Admin: true}
+	if s.cfg.CompactKeys || s.cfg.DigestKeysLongerThan > 0 {
+		c.MaxKey = 0
+	}
+	return c
+}
+
+// maxData is Redis's proto-max-bulk-len default, the largest string it
+// keeps, less room for the record's own fields.
+const maxData = 512<<20 - 1024
 
 // Close stops the background server check, if still running, and waits for
 // it and for the undos of claims whose callers gave up (bounded by 2s

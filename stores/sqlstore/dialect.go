@@ -164,6 +164,8 @@ type dialectInfo struct {
 	noSchema bool
 	// partitions: the dialect is a partitioner (Config.DailyPartitions).
 	partitions bool
+	// maxData is the most bytes the data column keeps.
+	maxData int
 	// open returns the dialect for a table (validated) and layout; db is
 	// only asked about its driver, never used.
 	open func(table string, partitioned bool, db *sql.DB) dialect

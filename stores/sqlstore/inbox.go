@@ -400,8 +400,9 @@ func (t *inboxTx) Commit(ctx context.Context, data []byte) error {
 	if t.finished {
 		return fmt.Errorf("sqlstore: commit: %w", sql.ErrTxDone)
 	}
-	if err := ctx.Err(); err != nil {
-		// Nothing sent: the transaction is still open, for Rollback.
+	if err := errors.Join(t.s.Capabilities().CheckData(data), ctx.Err()); err != nil {
+		// Nothing sent: the transaction is still open, for Rollback (or
+		// a Commit without the data).
 		return fmt.Errorf("sqlstore: commit: %w", err)
 	}
 	t.finished = true

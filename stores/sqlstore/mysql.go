@@ -20,6 +20,7 @@ import (
 
 // mysqlInfo describes MySQL and MariaDB to New, Validate and DetectDialect.
 var mysqlInfo = dialectInfo{
+	maxData: 1<<24 - 1, // MEDIUMBLOB
 	drivers: []string{"go-sql-driver/mysql"},
 	open: func(table string, _ bool, _ *sql.DB) dialect {
 		return newMySQL(table)

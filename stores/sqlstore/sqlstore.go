@@ -248,7 +248,7 @@ func (s *Store) opError(op string, err error) error {
 
 // Complete implements [stores.Store].
 func (s *Store) Complete(ctx context.Context, c *stores.Claim, retention time.Duration, data []byte) error {
-	ks, token, err := s.claimArgs(ctx, c, stores.CheckRetention(retention), s.checkHorizon("retention", retention))
+	ks, token, err := s.claimArgs(ctx, c, stores.CheckRetention(retention), s.checkHorizon("retention", retention), s.Capabilities().CheckData(data))
 	if err != nil {
 		return s.opError("complete", err)
 	}
@@ -284,6 +284,26 @@ func (s *Store) Extend(ctx context.Context, c *stores.Claim, lease time.Duration
 		return s.opError("extend", s.group.do(ctx, o))
 	}
 	return s.opError("extend", s.extendDirect(ctx, c, ks, token, lease))
+}
+
+// Capabilities implements [stores.Store]: the longest data the dialect's
+// column keeps; on the partitioned layout, leases and retentions of at
+// most PartitionDaysAhead days; the Inbox (joining a caller's
+// transaction) and Admin interfaces.
+func (s *Store) Capabilities() stores.Capabilities {
+	c := stores.Capabilities{
+		Kind:     "sqlstore (" + string(s.cfg.Dialect) + ")",
+		MaxData:  dialects[s.cfg.Dialect].maxData,
+		Admin:    true,
+		Inbox:    true,
+		JoinedTx: true,
+	}
+	if s.part != nil {
+		c.Kind = "sqlstore (" + string(s.cfg.Dialect) + ", DailyPartitions)"
+		c.MaxLease = time.Duration(s.cfg.PartitionDaysAhead) * 24 * time.Hour
+		c.MaxRetention = c.MaxLease
+	}
+	return c
 }
 
 // Close stops the purge job and waits for it, and for the releases of

@@ -1,0 +1,101 @@
+package stores
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// ErrTooLarge is wrapped by the error of a Complete or Commit whose data
+// is larger than the store keeps (Capabilities.MaxData, or a server limit
+// found when the write is refused). It wraps [ErrInvalidArgument]: the
+// call changed nothing, and the same data will be refused again. The
+// middleware then records the message done without its data.
+var ErrTooLarge = fmt.Errorf("%w: data too large for the store", ErrInvalidArgument)
+
+// Capabilities is what a store can hold and do. The middleware and the
+// publisher read it when they are built (New) and refuse a configuration
+// the store cannot honour there, before any handler runs: a limit found
+// only when a Complete is refused, after the effect, is a doubled effect.
+//
+// A zero bound means the store has no bound of its own for it (a duration
+// is then capped at about 292 years, see the package doc on time). A
+// store must refuse, with [ErrInvalidArgument] (or [ErrInvalidKey] for
+// keys, [ErrTooLarge] for data) and before any I/O, exactly what exceeds
+// the bounds it states, and accept everything within them; storetest
+// checks both.
+type Capabilities struct {
+	// Kind names the store in errors: "natsstore", "sqlstore (postgres,
+	// daily partitions)".
+	Kind string
+
+	// MaxLease is the longest lease Claim and Extend accept.
+	MaxLease time.Duration
+	// MaxRetention is the longest retention Complete and Inbox.Begin
+	// accept.
+	MaxRetention time.Duration
+	// MaxScope is the longest scope, in bytes, a call accepts.
+	MaxScope int
+	// MaxKey is the longest key, in bytes, Claim and Begin accept. Stores
+	// that keep keys as digests have none.
+	MaxKey int
+	// MaxData is the most bytes of data Complete and InboxTx.Commit keep.
+	MaxData int
+
+	// NonBlocking: no call waits on I/O or on another process (memstore).
+	// The middleware skips its per-call timeout contexts, pure overhead
+	// there, and completes before the ack in ModeAsyncComplete.
+	NonBlocking bool
+	// Admin: the store implements [Admin].
+	Admin bool
+	// Inbox: the store implements [Inbox] (the transactional inbox).
+	Inbox bool
+	// JoinedTx: the store implements [TxJoiner]: Inbox.Begin joins a
+	// transaction the caller carries in its context.
+	JoinedTx bool
+}
+
+// checkDuration returns nil when d is within bound (0: no bound), or an
+// error wrapping [ErrInvalidArgument] naming what, d and the bound.
+func (c Capabilities) checkDuration(what string, d, bound time.Duration) error {
+	if bound > 0 && d > bound {
+		return fmt.Errorf("%w: %s %s is longer than the store's Max%s (%s)", ErrInvalidArgument, what, d, capitalize(what), bound)
+	}
+	return nil
+}
+
+// CheckLease returns nil when the store accepts lease, or the reason it
+// would refuse it.
+func (c Capabilities) CheckLease(lease time.Duration) error {
+	return errors.Join(CheckLease(lease), c.checkDuration("lease", lease, c.MaxLease))
+}
+
+// CheckRetention returns nil when the store accepts retention, or the
+// reason it would refuse it.
+func (c Capabilities) CheckRetention(retention time.Duration) error {
+	return errors.Join(CheckRetention(retention), c.checkDuration("retention", retention, c.MaxRetention))
+}
+
+// CheckScope returns nil when the store accepts scope.
+func (c Capabilities) CheckScope(scope string) error {
+	if c.MaxScope > 0 && len(scope) > c.MaxScope {
+		return fmt.Errorf("%w: scope is %d bytes, longer than the store's MaxScope (%d)", ErrInvalidArgument, len(scope), c.MaxScope)
+	}
+	return nil
+}
+
+// CheckData returns nil when the store keeps data, or an error wrapping
+// [ErrTooLarge].
+func (c Capabilities) CheckData(data []byte) error {
+	if c.MaxData > 0 && len(data) > c.MaxData {
+		return fmt.Errorf("%w: %d bytes of data, the store keeps at most %d", ErrTooLarge, len(data), c.MaxData)
+	}
+	return nil
+}
+
+func capitalize(s string) string {
+	if s == "" {
+		return s
+	}
+	return string(s[0]-'a'+'A') + s[1:]
+}
