@@ -25,7 +25,7 @@ import (
 
 // postgresInfo describes PostgreSQL to New, Validate and DetectDialect.
 var postgresInfo = dialectInfo{
-	maxData: 1<<30 - 1, // bytea: 1 GiB
+	maxData:    1<<30 - 1, // bytea: 1 GiB
 	drivers:    []string{"jackc/pgx", "lib/pq"},
 	partitions: true,
 	open: func(table string, partitioned bool, _ *sql.DB) dialect {

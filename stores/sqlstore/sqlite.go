@@ -18,7 +18,7 @@ import (
 
 // sqliteInfo describes SQLite to New, Validate and DetectDialect.
 var sqliteInfo = dialectInfo{
-	maxData: 1_000_000_000, // SQLITE_MAX_LENGTH
+	maxData:  1_000_000_000, // SQLITE_MAX_LENGTH
 	drivers:  []string{"sqlite"},
 	noSchema: true,
 	open: func(table string, _ bool, db *sql.DB) dialect {
