@@ -18,6 +18,10 @@
 // ignores the clock and passes [RealTime]: the suite then uses
 // sub-second leases and really waits.
 //
+// Run checks what [stores.Store.Capabilities] states: each bound is
+// accepted and one more is refused before any I/O, changing nothing, and
+// the booleans agree with the interfaces the store implements.
+//
 // On a store that implements [stores.Admin], Run also checks the admin
 // interface (Get, List, Delete, Stats, Purge); [AdminNoScopes] and
 // [AdminNoKeys] tell it what the store's layout cannot list.
@@ -212,6 +216,12 @@ func Run(t *testing.T, newStore Factory, opts ...Option) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.fn(s.newEnv(t))
+		})
+	}
+	for _, tc := range capabilitiesTests {
+		t.Run(tc.name, func(t *testing.T) {
+			e := s.newEnv(t)
+			tc.fn(e, e.s.Capabilities())
 		})
 	}
 	for _, tc := range adminTests {
