@@ -135,8 +135,11 @@ func classify(ctx, cctx context.Context, err error) error {
 		}
 		return fmt.Errorf("%w (%v)", cerr, err)
 	}
-	if errors.Is(err, stores.ErrUnavailable) {
+	if errors.Is(err, stores.ErrUnavailable) || errors.Is(err, stores.ErrTooLarge) {
 		return err
+	}
+	if isTooLarge(err) {
+		return fmt.Errorf("%w: %w", stores.ErrTooLarge, err)
 	}
 	if cctx != nil && errors.Is(context.Cause(cctx), errConnLost) {
 		return fmt.Errorf("%w: %w", stores.ErrUnavailable, errConnLost)
@@ -194,6 +197,16 @@ func isUnavailable(err error) bool {
 		return ae.Code == 503 || unavailableCodes[ae.ErrorCode]
 	}
 	return false
+}
+
+// isTooLarge reports a message refused for its size: by the client,
+// larger than the server's maximum payload (which a reconnect may have
+// lowered since the store was built), or by the stream, larger than its
+// largest message (a bucket's MaxValueSize).
+func isTooLarge(err error) bool {
+	var ae *jetstream.APIError
+	return errors.Is(err, nats.ErrMaxPayload) ||
+		(errors.As(err, &ae) && ae.ErrorCode == jetstream.JSErrCodeStreamMessageExceedsMaximum)
 }
 
 // jsErrCodeStoreLimit is JetStream's error code for a write refused by a

@@ -60,7 +60,7 @@ import (
 const (
 	DefaultBucket       = "dedup"
 	DefaultMaxLease     = time.Hour
-	DefaultMaxRetention = 24 * time.Hour // middleware.DefaultRetention
+	DefaultMaxRetention = 24 * time.Hour // dedup.DefaultRetention
 	DefaultClockSkew    = time.Minute
 
 	// MaxShards bounds Config.Shards.
@@ -233,6 +233,9 @@ type shard struct {
 	// replicated bucket, or one without direct gets.
 	leaderReads bool
 	msgGet      string // the leader API's subject
+	// maxMsgSize is the stream's largest message (the bucket's
+	// MaxValueSize), headers included; 0 or less when it has none.
+	maxMsgSize int32
 }
 
 // Store is the NATS JetStream KV store. Create it with New or Connect.
@@ -243,9 +246,10 @@ type Store struct {
 	cfg     Config
 	clock   stores.Clock
 	shards  []*shard
-	// maxData is the most data a done record keeps: the connection's
-	// maximum payload, when the store was built, less the value's head
-	// and room for the message headers.
+	// maxData is the most data a done record keeps (Capabilities): the
+	// smaller of the server's maximum payload, as the connection reported
+	// it when the store was built, and the buckets' largest message, less
+	// the value's head and room for the message headers.
 	maxData int
 	watch   *connWatch
 
@@ -313,16 +317,18 @@ func newStore(ctx context.Context, nc *nats.Conn, own bool, cfg Config) (*Store,
 		return nil, fmt.Errorf("natsstore: %w", err)
 	}
 	s := &Store{nc: nc, ownConn: own, js: js, cfg: cfg, clock: cfg.Clock}
-	if limit := nc.MaxPayload(); limit > 0 {
-		s.maxData = max(int(limit)-valueHeadLen-byLen-headerRoom, 1)
-	}
+	limit := nc.MaxPayload()
 	for _, b := range cfg.Buckets() {
 		sh, err := s.openBucket(ctx, b)
 		if err != nil {
 			return nil, err
 		}
 		s.shards = append(s.shards, sh)
+		if sh.maxMsgSize > 0 && (limit <= 0 || int64(sh.maxMsgSize) < limit) {
+			limit = int64(sh.maxMsgSize)
+		}
 	}
+	s.maxData = maxData(limit)
 	s.bgCtx, s.bgCancel = context.WithCancel(context.Background())
 	s.watch = newConnWatch(nc)
 	return s, nil
@@ -377,6 +383,7 @@ func (s *Store) openBucket(ctx context.Context, bucket string) (*shard, error) {
 		bucket: bucket, stream: st, prefix: prefix,
 		leaderReads: conf.Replicas > 1 || !conf.AllowDirect,
 		msgGet:      "$JS.API.STREAM.MSG.GET." + conf.Name,
+		maxMsgSize:  conf.MaxMsgSize,
 	}, nil
 }
 
@@ -554,13 +561,14 @@ func checkDuration(what string, d, bound time.Duration) error {
 // headerRoom is what a record's message may need for its headers.
 const headerRoom = 128
 
-// checkSize refuses data NATS would refuse: larger than the connection's
-// maximum payload, less the value's head and room for the headers.
-func (s *Store) checkSize(data []byte) error {
-	if limit := s.nc.MaxPayload(); limit > 0 && int64(len(data)+valueHeadLen+byLen+headerRoom) > limit {
-		return fmt.Errorf("%w: %d bytes of data do not fit the server's maximum payload of %d bytes", stores.ErrTooLarge, len(data), limit)
+// maxData is the most data a done record keeps in a message of at most
+// limit bytes, headers included (0 or less: no limit, which NATS always
+// has).
+func maxData(limit int64) int {
+	if limit <= 0 {
+		return 0
 	}
-	return nil
+	return max(int(limit)-valueHeadLen-byLen-headerRoom, 1)
 }
 
 // Claim implements [stores.Store].
@@ -766,7 +774,7 @@ func (s *Store) undoNow(ctx context.Context, items []undoItem) {
 // several keys is completed.
 func (s *Store) Complete(ctx context.Context, c *stores.Claim, retention time.Duration, data []byte) error {
 	if err := stores.CheckCall(ctx, s.closed.Load(), stores.CheckClaim(c), stores.CheckRetention(retention),
-		checkDuration("retention", retention, s.cfg.MaxRetention), s.checkSize(data)); err != nil {
+		checkDuration("retention", retention, s.cfg.MaxRetention), s.Capabilities().CheckData(data)); err != nil {
 		return fmt.Errorf("natsstore: complete: %w", err)
 	}
 	by := completedBy(c.Token, subjects(s.records(c.Scope, c.Keys)))
@@ -890,8 +898,12 @@ func (s *Store) classify(ctx, cctx context.Context, err error) error {
 
 // Capabilities implements [stores.Store]: leases up to MaxLease,
 // retentions up to MaxRetention, data up to the server's maximum payload
-// (as the connection reported it when the store was built) less the
-// record's own header.
+// (as the connection reported it when the store was built) or the
+// buckets' largest message (MaxValueSize), whichever is smaller, less the
+// record's own head and headers. Data that a server reached later
+// refuses as too large (a smaller max_payload after a reconnect, a
+// bucket's limit lowered since) fails with [stores.ErrTooLarge] all the
+// same.
 func (s *Store) Capabilities() stores.Capabilities {
 	return stores.Capabilities{Kind: "natsstore", MaxLease: s.cfg.MaxLease, MaxRetention: s.cfg.MaxRetention, MaxData: s.maxData}
 }

@@ -1,0 +1,209 @@
+package natsstore_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/watermill-dedup/dedup/stores"
+	"github.com/watermill-dedup/dedup/stores/natsstore"
+	"github.com/watermill-dedup/dedup/testkit"
+)
+
+// natsServer is a nats-server of a test's own, with JetStream, on a
+// loopback port of its own.
+type natsServer struct {
+	t    *testing.T
+	port int
+	dir  string // its JetStream store, kept across restarts
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+// startNATS starts a nats-server with JetStream and the config lines
+// extra (such as "max_payload: 8192"), stopped by PID when t ends.
+func startNATS(t *testing.T, extra string) *natsServer {
+	t.Helper()
+	if _, err := exec.LookPath("nats-server"); err != nil {
+		testkit.Unavailable(t, "nats-server (to start a NATS server of the test's own)", "$PATH", err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	_ = l.Close()
+	s := &natsServer{t: t, port: port, dir: t.TempDir()}
+	s.start(extra)
+	t.Cleanup(s.stop)
+	return s
+}
+
+func (s *natsServer) url() string { return "nats://127.0.0.1:" + strconv.Itoa(s.port) }
+
+// start runs the server with the config lines extra, and waits until it
+// accepts connections.
+func (s *natsServer) start(extra string) {
+	s.t.Helper()
+	conf := filepath.Join(s.dir, "nats.conf")
+	text := fmt.Sprintf("listen: 127.0.0.1:%d\njetstream {\n  store_dir: %q\n}\n%s\n", s.port, filepath.Join(s.dir, "js"), extra)
+	if err := os.WriteFile(conf, []byte(text), 0o600); err != nil {
+		s.t.Fatal(err)
+	}
+	s.cmd = exec.Command("nats-server", "-c", conf, "-l", filepath.Join(s.dir, "nats.log"))
+	if err := s.cmd.Start(); err != nil {
+		s.t.Fatalf("starting nats-server: %v", err)
+	}
+	s.done = make(chan struct{})
+	go func() { _ = s.cmd.Wait(); close(s.done) }()
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		nc, err := nats.Connect(s.url(), nats.Timeout(time.Second))
+		if err == nil {
+			js, _ := jetstream.New(nc)
+			_, err = js.AccountInfo(context.Background())
+			nc.Close()
+			if err == nil {
+				return
+			}
+		}
+		select {
+		case <-s.done:
+			s.t.Fatalf("nats-server exited: %v", err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			s.t.Fatalf("nats-server on %s does not answer: %v", s.url(), err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// stop kills the server's process, by its PID, and waits for it.
+func (s *natsServer) stop() {
+	if s.cmd == nil {
+		return
+	}
+	_ = s.cmd.Process.Kill()
+	<-s.done
+	s.cmd = nil
+}
+
+// TestMaxDataFollowsMaxPayload: on a server with a small max_payload,
+// the store states the most data a record keeps in a message of that
+// size, keeps exactly that much, and refuses one byte more before any
+// I/O. After a reconnect to a server whose max_payload is smaller still,
+// data the new server would refuse fails with stores.ErrTooLarge (not an
+// outage), and the claim then completes without it.
+func TestMaxDataFollowsMaxPayload(t *testing.T) {
+	const payload = 8192
+	srv := startNATS(t, "max_payload: "+strconv.Itoa(payload))
+	reconnected := make(chan struct{}, 1)
+	nc := connect(t, srv.url(), nats.MaxReconnects(-1), nats.ReconnectWait(20*time.Millisecond),
+		nats.ReconnectHandler(func(*nats.Conn) {
+			select {
+			case reconnected <- struct{}{}:
+			default:
+			}
+		}))
+	s := newStore(t, nc, natsstore.Config{})
+	caps := s.Capabilities()
+	if want := payload - 9 - 8 - 128; caps.MaxData != want {
+		t.Fatalf("MaxData = %d on a server with max_payload %d, want %d", caps.MaxData, payload, want)
+	}
+	ctx := context.Background()
+	for _, leaderReads := range []bool{false, true} {
+		s.SetLeaderReads(leaderReads)
+		key := fmt.Sprint("max-", leaderReads)
+		c := claim(t, s, "s", time.Minute, key)
+		mustWrap(t, "Complete with MaxData+1 bytes", s.Complete(ctx, c, time.Hour, make([]byte, caps.MaxData+1)), stores.ErrTooLarge)
+		data := make([]byte, caps.MaxData)
+		for i := range data {
+			data[i] = byte(i)
+		}
+		if err := s.Complete(ctx, c, time.Hour, data); err != nil {
+			t.Fatalf("Complete with MaxData bytes (leader reads %t): %v", leaderReads, err)
+		}
+		d := claim(t, s, "s", time.Minute, key)
+		if d.Result != stores.Duplicate || string(d.Data) != string(data) {
+			t.Fatalf("Claim after Complete (leader reads %t) = %s with %d bytes, want duplicate with %d", leaderReads, d.Result, len(d.Data), len(data))
+		}
+	}
+	s.SetLeaderReads(false)
+
+	// The server comes back with a smaller max_payload.
+	c := claim(t, s, "s", time.Minute, "after")
+	select {
+	case <-reconnected: // none yet, but drain it all the same
+	default:
+	}
+	srv.stop()
+	srv.start("max_payload: 4096")
+	<-reconnected
+	var err error
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		err = s.Complete(ctx, c, time.Hour, make([]byte, 5000))
+		if !errors.Is(err, stores.ErrUnavailable) || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond) // JetStream is still starting
+	}
+	notOutage(t, "Complete with more data than the new max_payload carries", err, stores.ErrTooLarge)
+	if err := s.Complete(ctx, c, time.Hour, nil); err != nil {
+		t.Fatalf("Complete without data after ErrTooLarge: %v", err)
+	}
+}
+
+// TestMaxDataFollowsBucket: a bucket whose stream bounds its messages
+// (KV MaxValueSize) bounds MaxData; when the bound is lowered after the
+// store was built, the stream's refusal is stores.ErrTooLarge, not an
+// outage nor unclassified.
+func TestMaxDataFollowsBucket(t *testing.T) {
+	nc := sharedConn(t)
+	cfg := natsstore.Config{Bucket: testBucket()}
+	deleteBuckets(t, nc, cfg)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	const maxValue = 1000
+	if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: cfg.Bucket, History: 1, TTL: cfg.RequiredMaxAge(), MaxValueSize: maxValue}); err != nil {
+		t.Fatal(err)
+	}
+	s := newStore(t, nc, cfg)
+	caps := s.Capabilities()
+	if want := maxValue - 9 - 8 - 128; caps.MaxData != want {
+		t.Fatalf("MaxData = %d in a bucket with MaxValueSize %d, want %d", caps.MaxData, maxValue, want)
+	}
+	c := claim(t, s, "s", time.Minute, "a")
+	mustWrap(t, "Complete with MaxData+1 bytes", s.Complete(ctx, c, time.Hour, make([]byte, caps.MaxData+1)), stores.ErrTooLarge)
+	if err := s.Complete(ctx, c, time.Hour, make([]byte, caps.MaxData)); err != nil {
+		t.Fatalf("Complete with MaxData bytes: %v", err)
+	}
+
+	// An operator lowers the bound under the running store.
+	st, err := js.Stream(ctx, "KV_"+cfg.Bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc := st.CachedInfo().Config
+	sc.MaxMsgSize = 300
+	if _, err := js.UpdateStream(ctx, sc); err != nil {
+		t.Fatal(err)
+	}
+	c = claim(t, s, "s", time.Minute, "b")
+	notOutage(t, "Complete with more data than the stream now keeps", s.Complete(ctx, c, time.Hour, make([]byte, 500)), stores.ErrTooLarge)
+	if err := s.Complete(ctx, c, time.Hour, nil); err != nil {
+		t.Fatalf("Complete without data after ErrTooLarge: %v", err)
+	}
+}
