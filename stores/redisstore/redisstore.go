@@ -38,6 +38,7 @@
 package redisstore
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"errors"
@@ -61,6 +62,12 @@ const (
 	DefaultPrefix        = "dedup:"
 	DefaultCompactPrefix = "d:" // the default Prefix with CompactKeys
 	DefaultMaxKeyLen     = 1024
+
+	// DefaultMaxData is the default Config.MaxData: the most data a
+	// record keeps on a Redis with the default proto-max-bulk-len (512
+	// MiB), the longest argument Redis accepts; the record's value is the
+	// data and one byte more.
+	DefaultMaxData = 512<<20 - 1
 
 	// DefaultMaxBatch is the default BatchConfig.MaxBatch.
 	DefaultMaxBatch = 128
@@ -131,6 +138,19 @@ type Config struct {
 	// forgets every record written before.
 	CompactKeys bool
 
+	// MaxData is the most bytes of data a done record keeps
+	// (Capabilities().MaxData): Complete refuses more with
+	// stores.ErrTooLarge before any I/O. Redis refuses a command whose
+	// argument is longer than its proto-max-bulk-len (512 MiB by default,
+	// never less than 1 MiB) and closes the connection, and the record's
+	// value is the data and one byte more, so MaxData must be below the
+	// server's setting: the default, DefaultMaxData, suits the default
+	// server; set it lower for a server configured lower. CheckServer
+	// reads proto-max-bulk-len and reports a node that cannot take
+	// MaxData ([ErrDataLimit]); from then on Complete also refuses, before
+	// any I/O, data that node would refuse.
+	MaxData int
+
 	// Batch configures auto-batching: concurrent calls share pipelines.
 	// It is on by default.
 	Batch BatchConfig
@@ -184,6 +204,15 @@ func (c Config) Validate() error {
 	if c.CompactKeys && c.DigestKeysLongerThan != 0 {
 		return fmt.Errorf("redisstore: DigestKeysLongerThan must be 0 with CompactKeys (every key is a digest then), got %d", c.DigestKeysLongerThan)
 	}
+	if maxKeyLen := cmp.Or(c.MaxKeyLen, DefaultMaxKeyLen); c.DigestKeysLongerThan > maxKeyLen {
+		// Keys between the two would be refused while longer ones are
+		// digested: no single bound on keys (Capabilities.MaxKey) would
+		// say what the store accepts.
+		return fmt.Errorf("redisstore: DigestKeysLongerThan (%d) must not be above MaxKeyLen (%d): keys between the two would be refused, longer ones digested", c.DigestKeysLongerThan, maxKeyLen)
+	}
+	if c.MaxData < 0 {
+		return fmt.Errorf("redisstore: MaxData must not be negative, got %d", c.MaxData)
+	}
 	if err := c.Batch.Validate(batchLimits); err != nil {
 		return fmt.Errorf("redisstore: %w", err)
 	}
@@ -200,6 +229,9 @@ func (c *Config) setDefaults() {
 	c.Batch = c.Batch.WithDefaults(batchLimits)
 	if c.MaxKeyLen == 0 {
 		c.MaxKeyLen = DefaultMaxKeyLen
+	}
+	if c.MaxData == 0 {
+		c.MaxData = DefaultMaxData
 	}
 	if c.Logger == nil {
 		c.Logger = watermill.NopLogger{}
@@ -218,6 +250,11 @@ type Store struct {
 	// noSetNXGet is set once a server refused SET NX GET (Redis < 7.0):
 	// single-key claims then always run the claim script.
 	noSetNXGet atomic.Bool
+
+	// serverMaxData is the most data every node CheckServer read takes
+	// (its proto-max-bulk-len less one), when below Config.MaxData; 0
+	// while unknown or not below.
+	serverMaxData atomic.Int64
 
 	// batcher coalesces concurrent ops into pipelines; nil when
 	// Batch.Disabled.
@@ -272,7 +309,7 @@ func New(client redis.UniversalClient, cfg Config) (*Store, error) {
 	go func() {
 		defer close(s.checkDone)
 		err := s.CheckServer(ctx)
-		if err != nil && !errors.Is(err, ErrEvictionPolicy) && ctx.Err() == nil {
+		if err != nil && !errors.Is(err, ErrEvictionPolicy) && !errors.Is(err, ErrDataLimit) && ctx.Err() == nil {
 			// CheckServer logged eviction itself; this is "could not ask".
 			s.cfg.Logger.Info("redisstore: could not check the server's maxmemory-policy; make sure it is noeviction", watermill.LogFields{"err": err.Error()})
 		}
@@ -391,13 +428,14 @@ func (s *Store) claimOne(ctx context.Context, rkey, token string, lease time.Dur
 // nobody took over yet is still the claim's: a slow handler finishing just
 // after its lease completes fine, for up to one more lease length.
 func (s *Store) Complete(ctx context.Context, c *stores.Claim, retention time.Duration, data []byte) error {
-	rkeys, err := s.claimKeys(ctx, c, errors.Join(stores.CheckRetention(retention), s.Capabilities().CheckData(data)))
+	rkeys, err := s.claimKeys(ctx, c, errors.Join(stores.CheckRetention(retention), s.checkData(data)))
 	if err != nil {
 		return fmt.Errorf("redisstore: complete: %w", err)
 	}
-	return s.fenced(ctx, "complete", c, rkeys, func(keys []string) op {
+	err = s.fenced(ctx, "complete", c, rkeys, func(keys []string) op {
 		return completeOp(keys, c.Token, retention, data)
 	})
+	return s.tooLargeAfter(ctx, data, err)
 }
 
 // Release implements [stores.Store].
@@ -442,14 +480,41 @@ func (s *Store) fenced(ctx context.Context, what string, c *stores.Claim, rkeys 
 	return nil
 }
 
-// classify marks an error of a Redis that cannot be reached, or says it
-// cannot serve now, with stores.ErrUnavailable (the outage class of the
-// stores contract). Other errors are returned as they are.
-func classify(err error) error {
-	if err == nil || errors.Is(err, stores.ErrUnavailable) || !isUnavailable(err) {
+// checkData refuses data above MaxData, or above what a node
+// CheckServer read would take.
+func (s *Store) checkData(data []byte) error {
+	if err := s.Capabilities().CheckData(data); err != nil {
 		return err
 	}
-	return fmt.Errorf("%w: %w", stores.ErrUnavailable, err)
+	if limit := s.serverMaxData.Load(); limit > 0 && int64(len(data)) > limit {
+		return fmt.Errorf("%w: %d bytes of data, the server takes at most %d (its proto-max-bulk-len is below Config.MaxData)", stores.ErrTooLarge, len(data), limit)
+	}
+	return nil
+}
+
+// classify marks an error of a Redis that cannot be reached, or says it
+// cannot serve now, with stores.ErrUnavailable (the outage class of the
+// stores contract), and an argument the server refused as too long with
+// stores.ErrTooLarge. Other errors are returned as they are.
+func classify(err error) error {
+	switch {
+	case err == nil || errors.Is(err, stores.ErrUnavailable) || errors.Is(err, stores.ErrTooLarge):
+		return err
+	case isTooLarge(err):
+		return fmt.Errorf("%w: %w", stores.ErrTooLarge, err)
+	case isUnavailable(err):
+		return fmt.Errorf("%w: %w", stores.ErrUnavailable, err)
+	}
+	return err
+}
+
+// isTooLarge reports the reply of a server to an argument longer than its
+// proto-max-bulk-len: the only argument of the store's that can be long
+// is a Complete's data. Redis then closes the connection. Server errors
+// reach go-redis as text only, so the text is matched.
+func isTooLarge(err error) bool {
+	var re redis.Error
+	return errors.As(err, &re) && strings.HasPrefix(re.Error(), "ERR Protocol error: invalid bulk length")
 }
 
 // isWriteRefused reports a server that refuses writes but serves reads:
@@ -565,19 +630,14 @@ func (s *Store) claimKeys(ctx context.Context, c *stores.Claim, arg error) ([]st
 
 // Capabilities implements [stores.Store]: scopes of at most MaxKeyLen
 // bytes, and keys too unless they are stored as digests (CompactKeys,
-// DigestKeysLongerThan); data up to Redis's largest string (512 MiB);
-// the Admin interface.
+// DigestKeysLongerThan); data up to Config.MaxData; the Admin interface.
 func (s *Store) Capabilities() stores.Capabilities {
-	c := stores.Capabilities{Kind: "redisstore", MaxScope: s.cfg.MaxKeyLen, MaxKey: s.cfg.MaxKeyLen, MaxData: maxData, Admin: true}
+	c := stores.Capabilities{Kind: "redisstore", MaxScope: s.cfg.MaxKeyLen, MaxKey: s.cfg.MaxKeyLen, MaxData: s.cfg.MaxData, Admin: true}
 	if s.cfg.CompactKeys || s.cfg.DigestKeysLongerThan > 0 {
 		c.MaxKey = 0
 	}
 	return c
 }
-
-// maxData is Redis's proto-max-bulk-len default, the largest string it
-// keeps, less room for the record's own fields.
-const maxData = 512<<20 - 1024
 
 // Close stops the background server check, if still running, and waits for
 // it and for the undos of claims whose callers gave up (bounded by 2s

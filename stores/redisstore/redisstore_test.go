@@ -46,6 +46,11 @@ func TestConfigValidate(t *testing.T) {
 		{DigestKeysLongerThan: -1},
 		{DigestKeysLongerThan: 15},
 		{CompactKeys: true, DigestKeysLongerThan: 16},
+		// Keys of 1025 to 2048 bytes refused, longer ones digested: no
+		// Capabilities.MaxKey says that.
+		{DigestKeysLongerThan: 2048},
+		{MaxKeyLen: 100, DigestKeysLongerThan: 101},
+		{MaxData: -1},
 		{Batch: redisstore.BatchConfig{MaxBatch: -1}},
 		{Batch: redisstore.BatchConfig{MaxBatch: 10001}},
 		{Batch: redisstore.BatchConfig{MaxInFlight: -1}},
