@@ -79,8 +79,10 @@ type dialect interface {
 	// what the generic code would otherwise assume.
 	quirks() quirks
 	// checkSession checks, once per store, that the database session
-	// settings suit the store (see ErrSessionSettings).
-	checkSession(ctx context.Context, db *sql.DB) error
+	// settings suit the store (see ErrSessionSettings), and returns the
+	// most data the server takes in a statement (0: no limit below the
+	// dialect's maxData).
+	checkSession(ctx context.Context, db *sql.DB) (dataLimit int, err error)
 	// joinCheck runs, right after Begin set savepoint sp in a transaction
 	// it joins, the checks the dialect needs before writing there.
 	joinCheck(ctx context.Context, tx *sql.Tx, sp string) error
@@ -128,6 +130,10 @@ const (
 	// errTxDead: the transaction the statement ran in is over on the
 	// server although the client's *sql.Tx is still open.
 	errTxDead
+	// errTooLarge: the server refused the statement for its size, which
+	// only a Complete's or Commit's data makes large
+	// (stores.ErrTooLarge).
+	errTooLarge
 )
 
 // quirks are a dialect's departures from the generic code's defaults.
@@ -152,9 +158,9 @@ type quirks struct {
 // base gives a dialect the defaults of the optional behaviours.
 type base struct{}
 
-func (base) quirks() quirks                                   { return quirks{} }
-func (base) checkSession(context.Context, *sql.DB) error      { return nil }
-func (base) joinCheck(context.Context, *sql.Tx, string) error { return nil }
+func (base) quirks() quirks                                     { return quirks{} }
+func (base) checkSession(context.Context, *sql.DB) (int, error) { return 0, nil }
+func (base) joinCheck(context.Context, *sql.Tx, string) error   { return nil }
 
 // dialectInfo describes a dialect to New, Validate and DetectDialect.
 type dialectInfo struct {
@@ -164,7 +170,8 @@ type dialectInfo struct {
 	noSchema bool
 	// partitions: the dialect is a partitioner (Config.DailyPartitions).
 	partitions bool
-	// maxData is the most bytes the data column keeps.
+	// maxData is the most bytes of data the dialect keeps and carries
+	// in a statement: the default and the bound of Config.MaxData.
 	maxData int
 	// open returns the dialect for a table (validated) and layout; db is
 	// only asked about its driver, never used.

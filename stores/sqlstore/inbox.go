@@ -400,7 +400,7 @@ func (t *inboxTx) Commit(ctx context.Context, data []byte) error {
 	if t.finished {
 		return fmt.Errorf("sqlstore: commit: %w", sql.ErrTxDone)
 	}
-	if err := errors.Join(t.s.Capabilities().CheckData(data), ctx.Err()); err != nil {
+	if err := errors.Join(t.s.checkData(data), ctx.Err()); err != nil {
 		// Nothing sent: the transaction is still open, for Rollback (or
 		// a Commit without the data).
 		return fmt.Errorf("sqlstore: commit: %w", err)

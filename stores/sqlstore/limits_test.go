@@ -1,35 +1,157 @@
 package sqlstore_test
 
 import (
-	"strings"
+	"bytes"
+	"context"
+	"errors"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
+
+	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/sqlstore"
 )
 
-// Every limit the configuration documents is inclusive: its largest
-// allowed value is valid, and one more is not.
-func TestConfigLimitsInclusive(t *testing.T) {
-	table48 := strings.Repeat("t", 48)
-	schema63 := strings.Repeat("s", 63)
-	for _, tc := range []struct {
-		name      string
-		ok, wrong sqlstore.Config
-	}{
-		{"table of 48 bytes", sqlstore.Config{Dialect: sqlstore.Postgres, Table: table48}, sqlstore.Config{Dialect: sqlstore.Postgres, Table: table48 + "t"}},
-		{"schema of 63 bytes", sqlstore.Config{Dialect: sqlstore.Postgres, Table: schema63 + ".dedup"}, sqlstore.Config{Dialect: sqlstore.Postgres, Table: schema63 + "s.dedup"}},
-		{"PurgeBatch", sqlstore.Config{PurgeBatch: sqlstore.MaxPurgeBatch}, sqlstore.Config{PurgeBatch: sqlstore.MaxPurgeBatch + 1}},
-		{"PartitionDaysAhead", sqlstore.Config{PartitionDaysAhead: 366}, sqlstore.Config{PartitionDaysAhead: 367}},
-		{"Batch.MaxBatch", sqlstore.Config{Batch: sqlstore.BatchConfig{MaxBatch: sqlstore.MaxBatchLimit}}, sqlstore.Config{Batch: sqlstore.BatchConfig{MaxBatch: sqlstore.MaxBatchLimit + 1}}},
-		{"Batch.MaxInFlight", sqlstore.Config{Batch: sqlstore.BatchConfig{MaxInFlight: sqlstore.MaxInFlightLimit}}, sqlstore.Config{Batch: sqlstore.BatchConfig{MaxInFlight: sqlstore.MaxInFlightLimit + 1}}},
-		{"DailyPartitions PurgeInterval", sqlstore.Config{Dialect: sqlstore.Postgres, DailyPartitions: true, PurgeInterval: 24 * time.Hour}, sqlstore.Config{Dialect: sqlstore.Postgres, DailyPartitions: true, PurgeInterval: 24*time.Hour + 1}},
+// maxDataRoundTrip claims key, completes it with n bytes of data and
+// checks they are read back whole.
+func maxDataRoundTrip(t *testing.T, s *sqlstore.Store, key string, n int) {
+	t.Helper()
+	ctx := context.Background()
+	data := bytes.Repeat([]byte{0xa5, 0, 0xff, 'x'}, n/4+1)[:n]
+	c, err := s.Claim(ctx, "s", []string{key}, time.Hour)
+	if err != nil || c.Result != stores.Claimed {
+		t.Fatalf("Claim = %v, %v", c, err)
+	}
+	if err := s.Complete(ctx, c, time.Hour, data); err != nil {
+		t.Fatalf("Complete with %d bytes of data: %v", n, err)
+	}
+	d, err := s.Claim(ctx, "s", []string{key}, time.Hour)
+	if err != nil || d.Result != stores.Duplicate || !bytes.Equal(d.Data, data) {
+		t.Fatalf("Claim after Complete = %v with %d bytes, %v; want duplicate with %d", d.Result, len(d.Data), err, n)
+	}
+}
+
+// TestMySQLMaxData: on MariaDB's default max_allowed_packet (16 MiB),
+// with go-sql-driver's default maxAllowedPacket, data of exactly MaxData
+// bytes is kept whole: MEDIUMBLOB's 16 MiB - 1 did not get through (error
+// 1153: the statement did not fit the packet). A session with a
+// non-strict sql_mode, which would cut a value longer than the column
+// without an error, never gets one: one byte more is refused before any
+// I/O.
+func TestMySQLMaxData(t *testing.T) {
+	for _, mode := range []string{"", "'STRICT_ALL_TABLES'"} {
+		t.Run("sql_mode="+mode, func(t *testing.T) {
+			params := map[string]string{}
+			if mode != "" {
+				params["sql_mode"] = mode
+			} else {
+				params["sql_mode"] = "''"
+			}
+			db := mysqlWith(t, params)
+			for _, batched := range []bool{true, false} {
+				s := newStore(t, db, sqlstore.MySQL, sqlstore.Config{Batch: sqlstore.BatchConfig{Disabled: !batched}})
+				max := s.Capabilities().MaxData
+				if max != sqlstore.MaxDataMySQL {
+					t.Fatalf("MaxData = %d, want MaxDataMySQL", max)
+				}
+				maxDataRoundTrip(t, s, "max", max)
+				c, err := s.Claim(context.Background(), "s", []string{"over"}, time.Hour)
+				if err != nil {
+					t.Fatal(err)
+				}
+				notOutage(t, "Complete with MaxData+1 bytes", s.Complete(context.Background(), c, time.Hour, make([]byte, max+1)), stores.ErrTooLarge)
+			}
+		})
+	}
+}
+
+// TestMySQLPacketLimit: on a server whose max_allowed_packet is below
+// what MaxData needs, the store finds it at its first call, logs it, and
+// refuses data over it before any I/O (the server would refuse the
+// statement with 1153 and close the connection: a Commit of an inbox
+// transaction would lose the transaction); as much as it takes is kept.
+// Two batched Completes whose data together exceed the packet succeed:
+// the batch fails as a whole and each runs on its own.
+func TestMySQLPacketLimit(t *testing.T) {
+	srv := startMariaDB(t, "--max-allowed-packet=1M")
+	db := srv.open(t, "test")
+	log := watermill.NewCaptureLogger()
+	s := newStore(t, db, sqlstore.MySQL, sqlstore.Config{Logger: log})
+	ctx := context.Background()
+	const limit = 1<<20 - 1<<10
+	c, err := s.Claim(ctx, "s", []string{"big"}, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if logged := log.Captured()[watermill.ErrorLogLevel]; len(logged) != 1 || !errors.Is(logged[0].Err, stores.ErrTooLarge) {
+		t.Fatalf("the first call logged %v, want one error about the packet", logged)
+	}
+	notOutage(t, "Complete with more data than the packet carries", s.Complete(ctx, c, time.Hour, make([]byte, limit+1)), stores.ErrTooLarge)
+	if err := s.Complete(ctx, c, time.Hour, nil); err != nil {
+		t.Fatalf("Complete without data after ErrTooLarge: %v", err)
+	}
+	maxDataRoundTrip(t, s, "limit", limit)
+
+	tx, err := s.Begin(ctx, "s", []string{"inbox"}, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	notOutage(t, "InboxTx.Commit with more data than the packet carries", tx.Commit(ctx, make([]byte, limit+1)), stores.ErrTooLarge)
+	if err := tx.Commit(ctx, make([]byte, limit)); err != nil {
+		t.Fatalf("InboxTx.Commit with as much data as the packet carries, after ErrTooLarge: %v", err)
+	}
+
+	// Concurrent Completes of 700 KB each: a batch of two would not fit.
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for i := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			key := string(rune('a' + i))
+			c, err := s.Claim(ctx, "batch", []string{key}, time.Hour)
+			if err == nil {
+				err = s.Complete(ctx, c, time.Hour, make([]byte, 700<<10))
+			}
+			errs <- err
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Errorf("concurrent Complete of 700 KB: %v", err)
+		}
+	}
+}
+
+// TestMaxDataConfig: Config.MaxData lowers Capabilities().MaxData, and
+// may not exceed the dialect's.
+func TestMaxDataConfig(t *testing.T) {
+	db := openSQLite(t)
+	s := newStore(t, db, sqlstore.SQLite, sqlstore.Config{MaxData: 100})
+	if got := s.Capabilities().MaxData; got != 100 {
+		t.Fatalf("MaxData = %d, want 100", got)
+	}
+	maxDataRoundTrip(t, s, "k", 100)
+	for _, c := range []sqlstore.Config{
+		{Dialect: sqlstore.SQLite, MaxData: sqlstore.MaxDataSQLite + 1},
+		{Dialect: sqlstore.MySQL, MaxData: sqlstore.MaxDataMySQL + 1},
+		{Dialect: sqlstore.Postgres, MaxData: sqlstore.MaxDataPostgres + 1},
+		{MaxData: -1},
 	} {
-		if err := tc.ok.Validate(); err != nil {
-			t.Errorf("%s: the largest allowed value refused: %v", tc.name, err)
+		if err := c.Validate(); err == nil {
+			t.Errorf("Validate(%+v) accepted MaxData %d", c, c.MaxData)
 		}
-		if err := tc.wrong.Validate(); err == nil {
-			t.Errorf("%s: one past the limit accepted", tc.name)
-		}
+	}
+}
+
+func notOutage(t *testing.T, what string, err, target error) {
+	t.Helper()
+	mustWrap(t, what, err, target)
+	if errors.Is(err, stores.ErrUnavailable) {
+		t.Errorf("%s: err = %v is classified as an outage", what, err)
 	}
 }

@@ -18,9 +18,18 @@ import (
 // insert id, batches of multi-row statements, autocommit and COMMIT
 // quirks.
 
+// MaxDataMySQL is the default and largest Config.MaxData on MySQL and
+// MariaDB, 16 MiB - 1 KiB: the data column, a MEDIUMBLOB, keeps 16 MiB -
+// 1, and a statement must fit the server's max_allowed_packet (16 MiB by
+// default on MariaDB, 64 MiB on MySQL 8), with 1 KiB for the rest of
+// the statement. (Data is never truncated: a session with a non-strict
+// sql_mode would cut a longer value to the column's size without an
+// error, so none is ever sent.)
+const MaxDataMySQL = 1<<24 - mysqlStatementRoom
+
 // mysqlInfo describes MySQL and MariaDB to New, Validate and DetectDialect.
 var mysqlInfo = dialectInfo{
-	maxData: 1<<24 - 1, // MEDIUMBLOB
+	maxData: MaxDataMySQL,
 	drivers: []string{"go-sql-driver/mysql"},
 	open: func(table string, _ bool, _ *sql.DB) dialect {
 		return newMySQL(table)
@@ -116,21 +125,39 @@ func (d *mysqlDialect) quirks() quirks {
 	}
 }
 
+// mysqlStatementRoom is what a statement carrying data needs beside it
+// in its packet.
+const mysqlStatementRoom = 1 << 10
+
 func (d *mysqlDialect) classify(err error) errClass {
 	if errors.Is(err, mysql.ErrInvalidConn) {
 		return errUnavailable
+	}
+	if errors.Is(err, mysql.ErrPktTooLarge) {
+		// The driver's own refusal, before sending: a packet over the
+		// DSN's maxAllowedPacket.
+		return errTooLarge
 	}
 	var my *mysql.MySQLError
 	if !errors.As(err, &my) {
 		return 0
 	}
 	switch my.Number {
-	case 1040, 1203, // too many connections (server, user)
+	case 1040, 1203, 1226, // too many connections (server, user), a user's resource limit (max_user_connections, queries per hour)
 		1053,                   // server shutdown in progress
 		1152, 1159, 1160, 1161, // aborted connection, network read/write errors and timeouts
+		1927,       // MariaDB: connection killed (KILL of the store's connection)
+		1969, 3024, // statement timeout (MariaDB max_statement_time, MySQL max_execution_time)
+		// 1290 is "running with the --X option so it cannot execute this
+		// statement": for the store's statements, --read-only or
+		// super_read_only (a failover's old primary). 1836: read-only
+		// mode.
+		1290, 1836,
 		1021,                         // disk full
 		2002, 2003, 2006, 2013, 2055: // client: cannot connect, server gone, lost connection
 		return errUnavailable
+	case 1153: // a packet over max_allowed_packet (the server closes the connection)
+		return errTooLarge
 	case 1213: // deadlock: the whole transaction rolled back
 		return errRetryable | errTxDead
 	case 1205, 1020: // lock wait timeout, record changed (MariaDB snapshot isolation)
@@ -142,16 +169,18 @@ func (d *mysqlDialect) classify(err error) errClass {
 }
 
 // checkSession refuses autocommit off (autocommit=0 in the DSN), under
-// which the store's single statements open transactions nobody commits.
-func (d *mysqlDialect) checkSession(ctx context.Context, db *sql.DB) error {
-	var autocommit int
-	if err := db.QueryRowContext(ctx, "SELECT @@autocommit").Scan(&autocommit); err != nil {
-		return err
+// which the store's single statements open transactions nobody commits,
+// and reads max_allowed_packet: the server refuses a statement larger
+// than that (error 1153, closing the connection).
+func (d *mysqlDialect) checkSession(ctx context.Context, db *sql.DB) (int, error) {
+	var autocommit, packet int64
+	if err := db.QueryRowContext(ctx, "SELECT @@autocommit, @@max_allowed_packet").Scan(&autocommit, &packet); err != nil {
+		return 0, err
 	}
 	if autocommit != 1 {
-		return fmt.Errorf("%w: the MySQL session runs with autocommit=%d (autocommit=0 in the DSN?): the store's statements outside transactions would never commit; remove the setting", ErrSessionSettings, autocommit)
+		return 0, fmt.Errorf("%w: the MySQL session runs with autocommit=%d (autocommit=0 in the DSN?): the store's statements outside transactions would never commit; remove the setting", ErrSessionSettings, autocommit)
 	}
-	return nil
+	return int(max(packet-mysqlStatementRoom, 1)), nil
 }
 
 // joinCheck makes sure the joined transaction is alive. A MySQL

@@ -23,9 +23,18 @@ import (
 // as uuid, timestamptz, pipelined batches with pgx, and the daily
 // partitioned layout.
 
+// MaxDataPostgres is the default and largest Config.MaxData on
+// PostgreSQL, 256 MiB - 64 KiB. PostgreSQL allocates at most 1 GiB at
+// once, for a bytea value as for a message or a statement's text, and a
+// client that sends or reads bytea as text (lib/pq, pgx's simple
+// protocol) doubles it in hex: 512 MiB - 64 KiB failed so ("invalid
+// memory alloc request size 1073741824"); half of that is taken in every
+// mode.
+const MaxDataPostgres = 1<<28 - 1<<16
+
 // postgresInfo describes PostgreSQL to New, Validate and DetectDialect.
 var postgresInfo = dialectInfo{
-	maxData:    1<<30 - 1, // bytea: 1 GiB
+	maxData:    MaxDataPostgres,
 	drivers:    []string{"jackc/pgx", "lib/pq"},
 	partitions: true,
 	open: func(table string, partitioned bool, _ *sql.DB) dialect {
@@ -146,9 +155,11 @@ func (d *postgresDialect) classify(err error) errClass {
 		return errUnavailable
 	case code == "57P01", code == "57P02", code == "57P03": // admin_shutdown, crash_shutdown, cannot_connect_now
 		return errUnavailable
-	case code == "53300", code == "53100", code == "58030": // too_many_connections, disk_full, io_error
+	case code == "53300", code == "53100", code == "53200", code == "58030": // too_many_connections, disk_full, out_of_memory, io_error
 		return errUnavailable
-	case code == "40001", code == "40P01": // serialization_failure, deadlock_detected
+	case code == "54000": // program_limit_exceeded: a value or message over PostgreSQL's 1 GiB
+		return errTooLarge
+	case code == "40001", code == "40P01", code == "55P03": // serialization_failure, deadlock_detected, lock_not_available (lock_timeout)
 		return errRetryable
 	case code == "25P02", code == "3B001": // in_failed_sql_transaction, invalid_savepoint_specification
 		// PostgreSQL refuses every statement of a transaction aborted by

@@ -16,9 +16,14 @@ import (
 // write lock instead of row locks, batches as one transaction (one WAL
 // sync), error codes read from two drivers.
 
+// MaxDataSQLite is the default and largest Config.MaxData on SQLite:
+// SQLITE_MAX_LENGTH (10^9 in both drivers' builds) bounds a row, less 1
+// KiB for its other columns.
+const MaxDataSQLite = 1_000_000_000 - 1<<10
+
 // sqliteInfo describes SQLite to New, Validate and DetectDialect.
 var sqliteInfo = dialectInfo{
-	maxData:  1_000_000_000, // SQLITE_MAX_LENGTH
+	maxData:  MaxDataSQLite,
 	drivers:  []string{"sqlite"},
 	noSchema: true,
 	open: func(table string, _ bool, db *sql.DB) dialect {
@@ -96,6 +101,8 @@ func (d *sqliteDialect) classify(err error) errClass {
 		return errUnavailable | errRetryable
 	case 10, 13, 14: // IOERR, FULL, CANTOPEN
 		return errUnavailable
+	case 18: // TOOBIG: a string or blob over SQLITE_MAX_LENGTH
+		return errTooLarge
 	}
 	return 0
 }

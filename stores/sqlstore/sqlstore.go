@@ -249,6 +249,9 @@ func (s *Store) opError(op string, err error) error {
 // Complete implements [stores.Store].
 func (s *Store) Complete(ctx context.Context, c *stores.Claim, retention time.Duration, data []byte) error {
 	ks, token, err := s.claimArgs(ctx, c, stores.CheckRetention(retention), s.checkHorizon("retention", retention), s.Capabilities().CheckData(data))
+	if err == nil {
+		err = s.checkData(data) // after the session check
+	}
 	if err != nil {
 		return s.opError("complete", err)
 	}
@@ -286,14 +289,14 @@ func (s *Store) Extend(ctx context.Context, c *stores.Claim, lease time.Duration
 	return s.opError("extend", s.extendDirect(ctx, c, ks, token, lease))
 }
 
-// Capabilities implements [stores.Store]: the longest data the dialect's
-// column keeps; on the partitioned layout, leases and retentions of at
+// Capabilities implements [stores.Store]: data up to Config.MaxData; on
+// the partitioned layout, leases and retentions of at
 // most PartitionDaysAhead days; the Inbox (joining a caller's
 // transaction) and Admin interfaces.
 func (s *Store) Capabilities() stores.Capabilities {
 	c := stores.Capabilities{
 		Kind:     "sqlstore (" + string(s.cfg.Dialect) + ")",
-		MaxData:  dialects[s.cfg.Dialect].maxData,
+		MaxData:  s.cfg.MaxData,
 		Admin:    true,
 		Inbox:    true,
 		JoinedTx: true,

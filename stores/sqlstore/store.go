@@ -176,6 +176,16 @@ type Config struct {
 	// a duplicate and the effect is lost.
 	JoinWatermillTx bool
 
+	// MaxData is the most bytes of data a record keeps
+	// (Capabilities().MaxData): Complete and InboxTx.Commit refuse more
+	// with stores.ErrTooLarge before any I/O. The default, and the most
+	// it may be, is the dialect's: MaxDataPostgres, MaxDataMySQL,
+	// MaxDataSQLite. On MySQL a statement must also fit the server's
+	// max_allowed_packet: the store reads it at its first call and, when
+	// it cannot carry MaxData, logs an error through Logger and refuses
+	// data over what it carries, before any I/O, too.
+	MaxData int
+
 	// Batch configures group commit of lease-mode calls: concurrent
 	// single-key Claims, Completes, Releases and Extends share statements
 	// and commits. It is on by default; see BatchConfig.
@@ -203,6 +213,9 @@ func (c Config) Validate() error {
 	}
 	if c.PurgeGrace < 0 {
 		return fmt.Errorf("sqlstore: PurgeGrace must not be negative, got %s", c.PurgeGrace)
+	}
+	if limit := dialects[c.Dialect].maxData; c.MaxData < 0 || (c.Dialect != "" && c.MaxData > limit) {
+		return fmt.Errorf("sqlstore: MaxData must be between 0 (the dialect's) and the dialect's %d, got %d", limit, c.MaxData)
 	}
 	if c.PartitionDaysAhead < 0 || c.PartitionDaysAhead > 366 {
 		return fmt.Errorf("sqlstore: PartitionDaysAhead must be between 1 and 366 (0 for the default), got %d", c.PartitionDaysAhead)
@@ -233,6 +246,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.PartitionDaysAhead == 0 {
 		c.PartitionDaysAhead = DefaultPartitionDaysAhead
+	}
+	if c.MaxData == 0 {
+		c.MaxData = dialects[c.Dialect].maxData
 	}
 	c.Batch = c.Batch.WithDefaults(batchLimits)
 	c.Clock = stores.ClockOrSystem(c.Clock)
@@ -345,6 +361,9 @@ type Store struct {
 	sessionMu      sync.Mutex
 	sessionChecked atomic.Bool
 	sessionErr     error
+	// serverMaxData is the most data the server takes in a statement,
+	// when the session check found it below Config.MaxData; 0 otherwise.
+	serverMaxData atomic.Int64
 
 	// onPurgeBatch, when set (by tests), sees the size of every batch.
 	onPurgeBatch func(n int64)
@@ -649,24 +668,47 @@ func (s *Store) checkSession(ctx context.Context) error {
 	if s.sessionChecked.Load() {
 		return s.sessionErr
 	}
-	if err := s.d.checkSession(ctx, s.db); err != nil {
+	limit, err := s.d.checkSession(ctx, s.db)
+	if err != nil {
 		if !errors.Is(err, ErrSessionSettings) {
 			return s.classify(err) // not known yet: checked again next time
 		}
 		s.sessionErr = err
 	}
+	if limit > 0 && limit < s.cfg.MaxData {
+		s.serverMaxData.Store(int64(limit))
+		s.cfg.Logger.Error("sqlstore: the database refuses statements carrying Config.MaxData bytes of data; lower MaxData or raise the server's limit (MySQL: max_allowed_packet)",
+			fmt.Errorf("%w: data over %d bytes is refused (MaxData is %d)", stores.ErrTooLarge, limit, s.cfg.MaxData), watermill.LogFields{"table": s.cfg.Table})
+	}
 	s.sessionChecked.Store(true)
 	return s.sessionErr
+}
+
+// checkData refuses data over MaxData, or over what the server takes
+// (see serverMaxData). The session check must have run.
+func (s *Store) checkData(data []byte) error {
+	if err := s.Capabilities().CheckData(data); err != nil {
+		return err
+	}
+	if limit := s.serverMaxData.Load(); limit > 0 && int64(len(data)) > limit {
+		return fmt.Errorf("%w: %d bytes of data, the database takes at most %d in a statement", stores.ErrTooLarge, len(data), limit)
+	}
+	return nil
 }
 
 // classify marks an error of a database that cannot be reached, or says
 // it cannot serve now, with stores.ErrUnavailable (the outage class of the
 // stores contract). Other errors are returned as they are.
 func (s *Store) classify(err error) error {
-	if err == nil || errors.Is(err, stores.ErrUnavailable) || !s.is(err, errUnavailable) {
+	switch {
+	case err == nil || errors.Is(err, stores.ErrUnavailable) || errors.Is(err, stores.ErrTooLarge):
 		return err
+	case s.is(err, errTooLarge):
+		return fmt.Errorf("%w: %w", stores.ErrTooLarge, err)
+	case s.is(err, errUnavailable):
+		return fmt.Errorf("%w: %w", stores.ErrUnavailable, err)
 	}
-	return fmt.Errorf("%w: %w", stores.ErrUnavailable, err)
+	return err
 }
 
 // is reports whether err belongs to class c: the failures every driver

@@ -1,0 +1,219 @@
+package sqlstore_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/watermill-dedup/dedup/stores"
+	"github.com/watermill-dedup/dedup/stores/sqlstore"
+	"github.com/watermill-dedup/dedup/stores/storetest"
+	"github.com/watermill-dedup/dedup/testkit"
+)
+
+// The errors servers really return when they cannot serve now,
+// reproduced: each must reach the caller as stores.ErrUnavailable (the
+// outage class). TestClassify (classify_internal_test.go) checks the
+// classification of every code the README lists; these check that the
+// drivers deliver them so.
+
+// blockedClaim starts a Claim of key that waits for the row lock of an
+// open inbox transaction (on a second store over holder), runs kill on
+// the waiting connection once the database shows it waiting (wait is the
+// query listing the ids of the waiting connections), and returns the
+// Claim's error.
+func blockedClaim(t *testing.T, s, holder *sqlstore.Store, admin *sql.DB, wait string, kill func(id int64)) error {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := holder.Begin(ctx, "s", []string{"held"}, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.Claim(ctx, "s", []string{"held"}, time.Minute)
+		done <- err
+	}()
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		var id int64
+		err := admin.QueryRowContext(ctx, wait, "%"+s.Table()+"%").Scan(&id)
+		if err == nil {
+			kill(id)
+			break
+		}
+		if !errors.Is(err, sql.ErrNoRows) {
+			t.Fatal(err)
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("the Claim ended before it waited: %v", err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the Claim never waited for the lock")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return <-done
+}
+
+// TestPostgresBackendTerminated: pg_terminate_backend of the store's own
+// backend while it waits (57P01 admin_shutdown, then a closed
+// connection) is an outage.
+func TestPostgresBackendTerminated(t *testing.T) {
+	db := sharedDB(t, "pgx", testkit.RequirePostgres(t))
+	table := "dedup_test_" + storetest.NewID()
+	s := newStore(t, db, sqlstore.Postgres, sqlstore.Config{Table: table, Batch: sqlstore.BatchConfig{Disabled: true}})
+	holder, err := sqlstore.New(db, sqlstore.Config{Dialect: sqlstore.Postgres, Table: table})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = blockedClaim(t, s, holder, db,
+		"SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE $1 LIMIT 1",
+		func(pid int64) {
+			if _, err := db.Exec("SELECT pg_terminate_backend($1)", pid); err != nil {
+				t.Fatal(err)
+			}
+		})
+	mustWrap(t, "Claim whose backend was terminated", err, stores.ErrUnavailable)
+}
+
+// TestPostgresRoleConnectionLimit: a role at its CONNECTION LIMIT
+// (53300 too_many_connections) is an outage.
+func TestPostgresRoleConnectionLimit(t *testing.T) {
+	admin := sharedDB(t, "pgx", testkit.RequirePostgres(t))
+	role := "dedup_test_" + storetest.NewID()
+	if _, err := admin.Exec("CREATE ROLE " + role + " LOGIN CONNECTION LIMIT 1"); err != nil {
+		t.Fatal(err)
+	}
+	db, err := sql.Open("pgx", fmt.Sprintf("postgres://%s@127.0.0.1:5432/test?sslmode=disable", role))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = db.Close()
+		if _, err := admin.Exec("DROP ROLE " + role); err != nil {
+			t.Errorf("cleanup: %v", err)
+		}
+	})
+	ctx := context.Background()
+	conn, err := db.Conn(ctx) // the role's one connection
+	if err != nil {
+		testkit.Unavailable(t, "PostgreSQL (role login)", role, err)
+	}
+	defer conn.Close()
+	s, err := sqlstore.New(db, sqlstore.Config{Dialect: sqlstore.Postgres, Table: "dedup_test_" + storetest.NewID()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = s.Claim(ctx, "s", []string{"k"}, time.Minute)
+	mustWrap(t, "Claim of a role out of connections", err, stores.ErrUnavailable)
+}
+
+// TestMySQLConnectionKilled: KILL of the store's own connection while it
+// waits is an outage.
+func TestMySQLConnectionKilled(t *testing.T) {
+	db := openMySQL(t)
+	table := "dedup_test_" + storetest.NewID()
+	s := newStore(t, db, sqlstore.MySQL, sqlstore.Config{Table: table, Batch: sqlstore.BatchConfig{Disabled: true}})
+	holder, err := sqlstore.New(db, sqlstore.Config{Dialect: sqlstore.MySQL, Table: table})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = blockedClaim(t, s, holder, db,
+		"SELECT ID FROM information_schema.PROCESSLIST WHERE COMMAND IN ('Query', 'Execute') AND INFO LIKE ? AND ID <> CONNECTION_ID() LIMIT 1",
+		func(id int64) {
+			if _, err := db.Exec(fmt.Sprintf("KILL CONNECTION %d", id)); err != nil {
+				t.Fatal(err)
+			}
+		})
+	mustWrap(t, "Claim whose connection was killed", err, stores.ErrUnavailable)
+}
+
+// TestMySQLServerRefusals: on a MariaDB of the test's own, a server that
+// turned read-only (the old primary after a failover: 1290), one out of
+// connections (1040) and a user at its connection limit (1226) are
+// outages.
+func TestMySQLServerRefusals(t *testing.T) {
+	srv := startMariaDB(t)
+	root := srv.open(t, "test")
+	ctx := context.Background()
+	for _, stmt := range []string{
+		"CREATE USER app IDENTIFIED BY 'app'", "GRANT ALL ON test.* TO app",
+		"CREATE USER solo IDENTIFIED BY 'solo' WITH MAX_USER_CONNECTIONS 1", "GRANT ALL ON test.* TO solo",
+	} {
+		if _, err := root.ExecContext(ctx, stmt); err != nil {
+			t.Fatalf("%s: %v", stmt, err)
+		}
+	}
+	openAs := func(user string) *sql.DB {
+		cfg := srv.dsn("test", nil)
+		db, err := sql.Open("mysql", user+":"+user+cfg[len("root"):])
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = db.Close() })
+		return db
+	}
+	app := openAs("app")
+	s := newStore(t, app, sqlstore.MySQL, sqlstore.Config{})
+	if _, err := s.Claim(ctx, "s", []string{"before"}, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+
+	t.Run("read-only", func(t *testing.T) {
+		if _, err := root.ExecContext(ctx, "SET GLOBAL read_only = 1"); err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _, _ = root.ExecContext(ctx, "SET GLOBAL read_only = 0") }()
+		_, err := s.Claim(ctx, "s", []string{"ro"}, time.Minute)
+		mustWrap(t, "Claim on a read-only server", err, stores.ErrUnavailable)
+	})
+
+	t.Run("max_connections", func(t *testing.T) {
+		// MariaDB's least max_connections is 10: hold that many.
+		if _, err := root.ExecContext(ctx, "SET GLOBAL max_connections = 10"); err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _, _ = root.ExecContext(ctx, "SET GLOBAL max_connections = 151") }()
+		hold := openAs("app")
+		for range 10 {
+			c, err := hold.Conn(ctx)
+			if err != nil {
+				break // full already
+			}
+			defer c.Close()
+		}
+		fresh := openAs("app") // no idle connection to reuse
+		s := newStoreOn(t, fresh, s.Table())
+		_, err := s.Claim(ctx, "s", []string{"full"}, time.Minute)
+		mustWrap(t, "Claim on a server out of connections", err, stores.ErrUnavailable)
+	})
+
+	t.Run("max_user_connections", func(t *testing.T) {
+		solo := openAs("solo")
+		conn, err := solo.Conn(ctx) // its one connection
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		s := newStoreOn(t, solo, s.Table())
+		_, err = s.Claim(ctx, "s", []string{"solo"}, time.Minute)
+		mustWrap(t, "Claim of a user at its connection limit", err, stores.ErrUnavailable)
+	})
+}
+
+// newStoreOn returns a store over db on an existing table.
+func newStoreOn(t *testing.T, db *sql.DB, table string) *sqlstore.Store {
+	t.Helper()
+	s, err := sqlstore.New(db, sqlstore.Config{Dialect: sqlstore.MySQL, Table: table})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close(context.Background()) })
+	return s
+}
