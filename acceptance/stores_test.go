@@ -264,16 +264,7 @@ func dropTables(t testing.TB, d sqlstore.Dialect, env acceptance.Env, tables ...
 		return
 	}
 	defer db.Close()
-	for _, table := range tables {
-		if _, err := db.Exec("DROP TABLE IF EXISTS " + quoteIdent(d, table)); err != nil {
-			t.Logf("sql cleanup: drop %s: %v", table, err)
-		}
+	if err := testkit.DropTables(context.Background(), db, sqlKind(d), tables...); err != nil {
+		t.Logf("sql cleanup: %v", err)
 	}
-}
-
-func quoteIdent(d sqlstore.Dialect, name string) string {
-	if d == sqlstore.MySQL {
-		return "`" + name + "`"
-	}
-	return `"` + name + `"`
 }

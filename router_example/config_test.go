@@ -193,68 +193,29 @@ func TestRedeliveryHorizon(t *testing.T) {
 	}
 }
 
-var (
-	shBlock   = regexp.MustCompile("(?s)```sh\n(.*?)```")
-	yamlBlock = regexp.MustCompile("(?s)```yaml\n(.*?)```")
-)
+var yamlBlock = regexp.MustCompile("(?s)```yaml\n(.*?)```")
 
-// shellFields splits a command line on blanks, honouring single quotes,
-// and drops a trailing # comment.
-func shellFields(line string) []string {
-	var (
-		fields []string
-		cur    strings.Builder
-		quoted bool
-		inWord bool
-	)
-	for _, r := range line {
-		switch {
-		case r == '\'':
-			quoted, inWord = !quoted, true
-		case !quoted && r == '#' && !inWord:
-			return fields
-		case !quoted && (r == ' ' || r == '\t'):
-			if inWord {
-				fields = append(fields, cur.String())
-				cur.Reset()
-				inWord = false
-			}
-		default:
-			cur.WriteRune(r)
-			inWord = true
+// Every `go run ./router_example ...` line of the READMEs (and of main.go's
+// doc comment) is a valid configuration, and the YAML sample loads: the
+// docs cannot drift from the flags.
+func TestReadmeCommandsParse(t *testing.T) {
+	cmds := documentedCommands(t)
+	for _, c := range cmds {
+		cfg, err := loadConfig(c.Args, env(nil), io.Discard)
+		if err != nil && !errors.Is(err, flag.ErrHelp) {
+			t.Errorf("%s: %q: %v", c.Where, c.Line, err)
+		}
+		if w := cfg.warnings(); len(w) > 0 {
+			t.Errorf("%s: %q: warns %q", c.Where, c.Line, w)
 		}
 	}
-	if inWord {
-		fields = append(fields, cur.String())
+	if len(cmds) < 12 {
+		t.Fatalf("found %d go run ./router_example commands in the READMEs; the broker and store lists are missing", len(cmds))
 	}
-	return fields
-}
-
-// Every `go run ./router_example ...` line of the READMEs is a valid
-// configuration, and the YAML sample loads: the docs cannot drift from the
-// flags.
-func TestReadmeCommandsParse(t *testing.T) {
-	commands := 0
 	for _, path := range []string{"../README.md", "README.md"} {
 		data, err := os.ReadFile(path)
 		if err != nil {
 			t.Fatal(err)
-		}
-		for _, block := range shBlock.FindAllStringSubmatch(string(data), -1) {
-			for _, line := range strings.Split(block[1], "\n") {
-				f := shellFields(line)
-				if len(f) < 3 || f[0] != "go" || f[1] != "run" || f[2] != "./router_example" {
-					continue
-				}
-				commands++
-				cfg, err := loadConfig(f[3:], env(nil), io.Discard)
-				if err != nil && !errors.Is(err, flag.ErrHelp) {
-					t.Errorf("%s: %q: %v", path, line, err)
-				}
-				if w := cfg.warnings(); len(w) > 0 {
-					t.Errorf("%s: %q: warns %q", path, line, w)
-				}
-			}
 		}
 		for _, block := range yamlBlock.FindAllStringSubmatch(string(data), -1) {
 			file := writeFile(t, "readme.yml", block[1])
@@ -262,9 +223,6 @@ func TestReadmeCommandsParse(t *testing.T) {
 				t.Errorf("%s: the YAML sample does not load: %v", path, err)
 			}
 		}
-	}
-	if commands < 12 {
-		t.Fatalf("found %d go run ./router_example commands in the READMEs; the broker and store lists are missing", commands)
 	}
 }
 

@@ -10,7 +10,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -360,7 +359,7 @@ func TestExampleWithoutDedupBreaksTheInvariant(t *testing.T) {
 
 func TestExampleConfigErrors(t *testing.T) {
 	t.Parallel()
-	closed := closedPort(t)
+	closed := testkit.ClosedAddr(t)
 	for _, tc := range []struct {
 		args []string
 		want []string // in stderr
@@ -575,18 +574,6 @@ func TestExampleMetricsEndpoint(t *testing.T) {
 	if err != nil {
 		t.Fatalf("after Ctrl-C during -linger: %v (want exit 0)\n%s", err, stderrBuf.String())
 	}
-}
-
-// closedPort is a loopback address nothing listens on.
-func closedPort(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	_ = ln.Close()
-	return addr
 }
 
 // requireNoTables checks -cleanup dropped every table of the run.

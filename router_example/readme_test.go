@@ -15,57 +15,14 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kfake"
 
+	"github.com/watermill-dedup/dedup/internal/readmetest"
 	"github.com/watermill-dedup/dedup/testkit"
 )
 
-// documentedCommand is a `go run ./router_example ...` line of the READMEs
-// or of main.go's doc comment.
-type documentedCommand struct {
-	where string // file
-	line  string
-	args  []string
-}
-
-var docComment = regexp.MustCompile(`(?m)^//\t(go run \./router_example.*)$`)
-
-// documentedCommands finds every command the docs show, once each.
-func documentedCommands(t *testing.T) []documentedCommand {
-	t.Helper()
-	var (
-		out  []documentedCommand
-		seen = map[string]bool{}
-	)
-	add := func(where, line string) {
-		f := shellFields(line)
-		if len(f) < 3 || f[0] != "go" || f[1] != "run" || f[2] != "./router_example" {
-			return
-		}
-		key := strings.Join(f[3:], " ")
-		if seen[key] {
-			return
-		}
-		seen[key] = true
-		out = append(out, documentedCommand{where, line, f[3:]})
-	}
-	for _, path := range []string{"../README.md", "README.md"} {
-		data, err := os.ReadFile(path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, block := range shBlock.FindAllStringSubmatch(string(data), -1) {
-			for _, line := range strings.Split(block[1], "\n") {
-				add(path, line)
-			}
-		}
-	}
-	data, err := os.ReadFile("main.go")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, m := range docComment.FindAllStringSubmatch(string(data), -1) {
-		add("main.go", m[1])
-	}
-	return out
+// documentedCommands finds every `go run ./router_example ...` command
+// the READMEs and main.go's doc comment show, once each.
+func documentedCommands(t *testing.T) []readmetest.Command {
+	return readmetest.Commands(t, "./router_example", "../README.md", "README.md", "main.go")
 }
 
 // kafkaForDocs is the cluster the documented -broker=kafka commands run
@@ -165,23 +122,23 @@ func TestReadmeCommandsRun(t *testing.T) {
 	cmds := documentedCommands(t)
 	crashDemo := false
 	for _, c := range cmds {
-		crashDemo = crashDemo || strings.Join(c.args, " ") == "-broker=amqp -store=redis -crash-rate=0.02"
-		name := strings.Join(c.args, " ")
+		crashDemo = crashDemo || strings.Join(c.Args, " ") == "-broker=amqp -store=redis -crash-rate=0.02"
+		name := strings.Join(c.Args, " ")
 		if name == "" {
 			name = "no flags"
 		}
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			r := runDocumented(t, c.args)
-			if len(c.args) == 1 && c.args[0] == "-help" {
+			r := runDocumented(t, c.Args)
+			if len(c.Args) == 1 && c.Args[0] == "-help" {
 				if r.code != exitOK || !strings.Contains(r.stderr, "Usage: go run ./router_example") {
-					t.Fatalf("%s: %s: want the usage and exit 0\n%s", c.where, c.line, r)
+					t.Fatalf("%s: %s: want the usage and exit 0\n%s", c.Where, c.Line, r)
 				}
 				return
 			}
 			requireOK(t, r)
 			if strings.Contains(r.stderr, "WARNING") {
-				t.Errorf("%s: %s: a documented command warns\n%s", c.where, c.line, r)
+				t.Errorf("%s: %s: a documented command warns\n%s", c.Where, c.Line, r)
 			}
 		})
 	}

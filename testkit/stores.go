@@ -461,6 +461,32 @@ func OpenDB(ctx context.Context, p StoreParams) (*sql.DB, error) {
 	return db, err
 }
 
+// DropTables drops the tables of a SQL kind's database db, and only
+// those (never TRUNCATE or drop a shared database). A name is quoted for
+// the kind unless it is already: watermill-sql's adapters return their
+// table names quoted. It tries every table and returns what failed. In a
+// Cleanup, pass a context of its own: the test's has ended by then.
+func DropTables(ctx context.Context, db *sql.DB, kind StoreKind, tables ...string) error {
+	if _, ok := kind.SQLDialect(); !ok {
+		return fmt.Errorf("testkit: DropTables: %q is not a SQL store kind", kind)
+	}
+	quote := `"`
+	if kind == StoreMySQL {
+		quote = "`"
+	}
+	var errs []error
+	for _, table := range tables {
+		name := table
+		if !strings.HasPrefix(name, `"`) && !strings.HasPrefix(name, "`") {
+			name = quote + name + quote
+		}
+		if _, err := db.ExecContext(ctx, "DROP TABLE IF EXISTS "+name); err != nil {
+			errs = append(errs, fmt.Errorf("drop %s: %w", table, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // openDB opens and pings the database of a SQL kind.
 func (p StoreParams) openDB(ctx context.Context) (*sql.DB, string, error) {
 	var (

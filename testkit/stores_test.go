@@ -3,6 +3,7 @@ package testkit_test
 import (
 	"context"
 	"errors"
+	"net"
 	"testing"
 	"time"
 
@@ -90,5 +91,51 @@ func TestOpenStoreUnreachable(t *testing.T) {
 	}
 	if _, _, err := testkit.OpenStore(context.Background(), testkit.StoreParams{Kind: testkit.StoreRedisCluster}); err == nil {
 		t.Error("a redis-cluster without Addr opened")
+	}
+}
+
+// DropTables drops the tables it is given, quoted or not, and only those.
+func TestDropTables(t *testing.T) {
+	for _, kind := range []testkit.StoreKind{testkit.StorePostgres, testkit.StoreMySQL} {
+		t.Run(string(kind), func(t *testing.T) {
+			testkit.RequireStore(t, kind)
+			ctx := context.Background()
+			db, err := testkit.OpenDB(ctx, testkit.StoreParams{Kind: kind})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer db.Close()
+			plain, quoted, kept := testkit.UniqueName("drop_"), testkit.UniqueName("drop_"), testkit.UniqueName("keep_")
+			for _, table := range []string{plain, quoted, kept} {
+				if _, err := db.ExecContext(ctx, "CREATE TABLE "+table+" (x INTEGER)"); err != nil {
+					t.Fatal(err)
+				}
+			}
+			defer db.ExecContext(ctx, "DROP TABLE IF EXISTS "+kept) //nolint:errcheck
+			q := `"`
+			if kind == testkit.StoreMySQL {
+				q = "`"
+			}
+			if err := testkit.DropTables(ctx, db, kind, plain, q+quoted+q, "never_created"); err != nil {
+				t.Fatal(err)
+			}
+			for table, want := range map[string]bool{plain: false, quoted: false, kept: true} {
+				_, err := db.ExecContext(ctx, "SELECT 1 FROM "+table+" WHERE 1 = 0")
+				if exists := err == nil; exists != want {
+					t.Errorf("table %s exists: %v, want %v", table, exists, want)
+				}
+			}
+		})
+	}
+	if err := testkit.DropTables(context.Background(), nil, testkit.StoreRedis, "t"); err == nil {
+		t.Error("DropTables on a Redis kind did not fail")
+	}
+}
+
+func TestClosedAddr(t *testing.T) {
+	addr := testkit.ClosedAddr(t)
+	if c, err := net.Dial("tcp", addr); err == nil {
+		_ = c.Close()
+		t.Fatalf("something listens at %s", addr)
 	}
 }

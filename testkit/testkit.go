@@ -80,6 +80,19 @@ func RequireTCP(t testing.TB, service, addr string) {
 	_ = c.Close()
 }
 
+// ClosedAddr returns a loopback host:port nothing listens on: a service
+// that is down, for a test of what a client says then.
+func ClosedAddr(t testing.TB) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	_ = ln.Close()
+	return addr
+}
+
 // RequireRedis returns the Redis address after checking it answers.
 func RequireRedis(t testing.TB) string {
 	t.Helper()

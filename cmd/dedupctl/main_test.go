@@ -7,7 +7,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
-	"net"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -535,20 +534,8 @@ func TestWindow(t *testing.T) {
 	dedupctl(t, "window", "-horizon=1h", "-rate=1").want(t, exitUsage, "stderr:needs -store")
 }
 
-// closedPort returns a loopback address nothing listens on.
-func closedPort(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	_ = l.Close()
-	return addr
-}
-
 func TestUnreachable(t *testing.T) {
-	addr := closedPort(t)
+	addr := testkit.ClosedAddr(t)
 	dedupctl(t, "-store=redis", "-redis-addr="+addr, "stats").
 		want(t, exitError, "stderr:Redis is not reachable at "+addr+" (change it with -redis-addr or REDIS_ADDR)")
 	dedupctl(t, "-store=redis", "-redis-cluster", "-redis-addr="+addr, "stats").want(t, exitError, "stderr:not reachable at "+addr)
@@ -575,7 +562,7 @@ func TestUnreachable(t *testing.T) {
 
 	// The environment names the store.
 	dedupctlEnv(t, map[string]string{"DEDUP_STORE": "redis", "REDIS_ADDR": addr}, "stats").want(t, exitError, "stderr:Redis is not reachable at "+addr)
-	dedupctlEnv(t, map[string]string{"DEDUP_STORE": "redis", "REDIS_ADDR": addr}, "-redis-addr="+closedPort(t), "stats").want(t, exitError, "stderr:Redis is not reachable")
+	dedupctlEnv(t, map[string]string{"DEDUP_STORE": "redis", "REDIS_ADDR": addr}, "-redis-addr="+testkit.ClosedAddr(t), "stats").want(t, exitError, "stderr:Redis is not reachable")
 }
 
 func TestUsage(t *testing.T) {

@@ -1,6 +1,3 @@
-// Package readmetest checks the Go programs of README.md: every one
-// compiles, and the Quickstart and the Prometheus program do what the
-// README says they do.
 package readmetest
 
 import (

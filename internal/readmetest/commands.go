@@ -1,0 +1,97 @@
+// Package readmetest keeps the docs true. Its tests check the Go programs
+// of README.md: every one compiles, and the Quickstart and the Prometheus
+// program do what the README says they do. Commands finds the command
+// lines the docs show, for the tests of router_example and cmd/dedupctl.
+package readmetest
+
+import (
+	"os"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+// Command is a `go run PROGRAM ...` line the docs show.
+type Command struct {
+	Where string   // the file
+	Line  string   // as written
+	Args  []string // the program's arguments
+}
+
+var shBlock = regexp.MustCompile("(?s)```sh\n(.*?)```")
+
+// Commands finds every `go run PROGRAM ...` command (program as in
+// "./router_example") that files show, once each: the lines of a
+// Markdown file's sh blocks and of a Go file's doc comment (indented
+// "//\t" lines). A line is split on blanks as a shell would, honouring
+// single quotes, and a # comment at its end is dropped.
+func Commands(t testing.TB, program string, files ...string) []Command {
+	t.Helper()
+	docComment := regexp.MustCompile(`(?m)^//\t(go run ` + regexp.QuoteMeta(program) + `.*)$`)
+	var (
+		out  []Command
+		seen = map[string]bool{}
+	)
+	add := func(where, line string) {
+		f := shellFields(line)
+		if len(f) < 3 || f[0] != "go" || f[1] != "run" || f[2] != program {
+			return
+		}
+		key := strings.Join(f[3:], " ")
+		if seen[key] {
+			return
+		}
+		seen[key] = true
+		out = append(out, Command{where, line, f[3:]})
+	}
+	for _, path := range files {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.HasSuffix(path, ".go") {
+			for _, m := range docComment.FindAllStringSubmatch(string(data), -1) {
+				add(path, m[1])
+			}
+			continue
+		}
+		for _, block := range shBlock.FindAllStringSubmatch(string(data), -1) {
+			for _, line := range strings.Split(block[1], "\n") {
+				add(path, line)
+			}
+		}
+	}
+	return out
+}
+
+// shellFields splits a command line on blanks, honouring single quotes,
+// and drops a trailing # comment.
+func shellFields(line string) []string {
+	var (
+		fields []string
+		cur    strings.Builder
+		quoted bool
+		inWord bool
+	)
+	for _, r := range line {
+		switch {
+		case r == '\'':
+			quoted, inWord = !quoted, true
+		case !quoted && r == '#' && !inWord:
+			return fields
+		case !quoted && (r == ' ' || r == '\t'):
+			if inWord {
+				fields = append(fields, cur.String())
+				cur.Reset()
+				inWord = false
+			}
+		default:
+			cur.WriteRune(r)
+			inWord = true
+		}
+	}
+	if inWord {
+		fields = append(fields, cur.String())
+	}
+	return fields
+}
