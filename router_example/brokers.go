@@ -19,6 +19,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/watermill-dedup/dedup/internal/cliflag"
+	"github.com/watermill-dedup/dedup/internal/storeopen"
 	"github.com/watermill-dedup/dedup/keyfuncs/amqpkeys"
 )
 
@@ -175,7 +176,7 @@ func (b *broker) openKafka(ctx context.Context, cfg Config, logger watermill.Log
 		brokers, rf = cluster.ListenAddrs(), 1
 		b.addr = "in-process kfake at " + strings.Join(brokers, ",")
 	} else {
-		if err := probeTCP(ctx, "Kafka", brokers[0], "-kafka-brokers or KAFKA_BROKERS"); err != nil {
+		if err := storeopen.ProbeTCP(ctx, "Kafka", brokers[0], "-kafka-brokers or KAFKA_BROKERS"); err != nil {
 			return err
 		}
 		b.addr = strings.Join(brokers, ",")
@@ -192,7 +193,7 @@ func (b *broker) openKafka(ctx context.Context, cfg Config, logger watermill.Log
 		OverwriteSaramaConfig: kafkaProducerConfig(),
 	}, logger)
 	if err != nil {
-		return &unreachableError{"Kafka", b.addr, "-kafka-brokers or KAFKA_BROKERS", err}
+		return unreachable("Kafka", b.addr, "-kafka-brokers or KAFKA_BROKERS", err)
 	}
 	closers.add("close the Kafka publisher", func(context.Context) error { return pub.Close() })
 	sub, err := kafka.NewSubscriber(kafka.SubscriberConfig{
@@ -211,7 +212,7 @@ func (b *broker) openKafka(ctx context.Context, cfg Config, logger watermill.Log
 	if cfg.Producer == producerForeign {
 		p, err := newKafkaForeignProducer(brokers, closers)
 		if err != nil {
-			return &unreachableError{"Kafka", b.addr, "-kafka-brokers or KAFKA_BROKERS", err}
+			return unreachable("Kafka", b.addr, "-kafka-brokers or KAFKA_BROKERS", err)
 		}
 		b.producer, b.producerText = p, kafkaForeignText
 	}
@@ -245,7 +246,7 @@ func (b *broker) openAMQP(ctx context.Context, cfg Config, logger watermill.Logg
 	if err != nil {
 		return fmt.Errorf("-amqp-url (or AMQP_URL): %w", err)
 	}
-	if err := probeTCP(ctx, "RabbitMQ", hostPort, "-amqp-url or AMQP_URL"); err != nil {
+	if err := storeopen.ProbeTCP(ctx, "RabbitMQ", hostPort, "-amqp-url or AMQP_URL"); err != nil {
 		return err
 	}
 	// One durable queue per topic on the default exchange; a nack
@@ -261,19 +262,19 @@ func (b *broker) openAMQP(ctx context.Context, cfg Config, logger watermill.Logg
 	acfg.Marshaler = amqpkeys.Marshaler{Inner: acfg.Marshaler}
 	pub, err := amqp.NewPublisher(acfg, logger)
 	if err != nil {
-		return &unreachableError{"RabbitMQ", b.addr, "-amqp-url or AMQP_URL", err}
+		return unreachable("RabbitMQ", b.addr, "-amqp-url or AMQP_URL", err)
 	}
 	closers.add("close the RabbitMQ publisher", func(context.Context) error { return pub.Close() })
 	sub, err := amqp.NewSubscriber(acfg, logger)
 	if err != nil {
-		return &unreachableError{"RabbitMQ", b.addr, "-amqp-url or AMQP_URL", err}
+		return unreachable("RabbitMQ", b.addr, "-amqp-url or AMQP_URL", err)
 	}
 	closers.add("close the RabbitMQ subscriber", func(context.Context) error { return sub.Close() })
 	b.pub, b.sub = pub, sub
 	if cfg.Producer == producerForeign {
 		p, err := newAMQPForeignProducer(cfg.AMQPURL, closers)
 		if err != nil {
-			return &unreachableError{"RabbitMQ", b.addr, "-amqp-url or AMQP_URL", err}
+			return unreachable("RabbitMQ", b.addr, "-amqp-url or AMQP_URL", err)
 		}
 		b.producer, b.producerText = p, amqpForeignText
 	}

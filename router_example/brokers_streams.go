@@ -17,6 +17,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/watermill-dedup/dedup/internal/storeopen"
 )
 
 // NATS JetStream settings of the example's streams and consumers.
@@ -73,12 +75,12 @@ func (b *broker) openNATS(ctx context.Context, cfg Config, logger watermill.Logg
 	if err != nil {
 		return fmt.Errorf("-nats-url (or NATS_URL): %w", err)
 	}
-	if err := probeTCP(ctx, "NATS", hostPort, setting); err != nil {
+	if err := storeopen.ProbeTCP(ctx, "NATS", hostPort, setting); err != nil {
 		return err
 	}
 	nc, err := nats.Connect(cfg.NATSURL, nats.Timeout(dialTimeout))
 	if err != nil {
-		return &unreachableError{"NATS", b.addr, setting, err}
+		return unreachable("NATS", b.addr, setting, err)
 	}
 	closers.add("close the NATS connection", func(context.Context) error { nc.Close(); return nil })
 	js, err := jetstream.New(nc)
@@ -108,7 +110,7 @@ func (b *broker) openNATS(ctx context.Context, cfg Config, logger watermill.Logg
 		},
 	})
 	if err != nil {
-		return &unreachableError{"NATS", b.addr, setting, err}
+		return unreachable("NATS", b.addr, setting, err)
 	}
 	closers.add("close the NATS subscriber", func(context.Context) error { return sub.Close() })
 	b.sub = sub
@@ -195,7 +197,7 @@ func (p *natsPublisher) summary() string {
 func (b *broker) openRedisStreams(ctx context.Context, cfg Config, logger watermill.LoggerAdapter, closers, removers *teardown) error {
 	const setting = "-redis-addr or REDIS_ADDR"
 	b.addr = cfg.RedisAddr
-	if err := probeTCP(ctx, "Redis", cfg.RedisAddr, setting); err != nil {
+	if err := storeopen.ProbeTCP(ctx, "Redis", cfg.RedisAddr, setting); err != nil {
 		return err
 	}
 	client := func() *redis.Client {

@@ -147,25 +147,6 @@ func defaultConfig() Config {
 	}
 }
 
-// envNames are the environment variables that do not follow the
-// DEDUP_<FLAG> pattern.
-var envNames = map[string]string{
-	"kafka-brokers": "KAFKA_BROKERS",
-	"amqp-url":      "AMQP_URL",
-	"nats-url":      "NATS_URL",
-	"redis-addr":    "REDIS_ADDR",
-	"postgres-dsn":  "POSTGRES_DSN",
-	"mysql-dsn":     "MYSQL_DSN",
-}
-
-// envName is the environment variable of a flag.
-func envName(flagName string) string {
-	if n, ok := envNames[flagName]; ok {
-		return n
-	}
-	return "DEDUP_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
-}
-
 // newFlagSet binds every flag to a field of c; the current values of c are
 // the defaults.
 func newFlagSet(c *Config, output io.Writer) *flag.FlagSet {
@@ -215,7 +196,7 @@ func newFlagSet(c *Config, output io.Writer) *flag.FlagSet {
 	fs.BoolVar(&c.Verbose, "v", c.Verbose, "log Watermill's and the middleware's info messages to stderr")
 
 	fs.VisitAll(func(f *flag.Flag) {
-		f.Usage += " [env " + envName(f.Name) + "]"
+		f.Usage += " [env " + cliflag.EnvName(f.Name) + "]"
 	})
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), `Usage: go run ./router_example [flags]
@@ -259,7 +240,7 @@ func loadConfig(args []string, getenv func(string) string, output io.Writer) (Co
 	probeFS.Visit(func(f *flag.Flag) { given[f.Name] = true })
 	path := probe.ConfigFile
 	if path == "" {
-		path = getenv(envName("config"))
+		path = getenv(cliflag.EnvName("config"))
 	}
 
 	cfg := defaultConfig()
@@ -274,9 +255,9 @@ func loadConfig(args []string, getenv func(string) string, output io.Writer) (Co
 		if f.Name == "config" || envErr != nil {
 			return
 		}
-		if v := getenv(envName(f.Name)); v != "" {
+		if v := getenv(cliflag.EnvName(f.Name)); v != "" {
 			if err := fs.Set(f.Name, v); err != nil {
-				envErr = fmt.Errorf("environment variable %s=%q: %w", envName(f.Name), v, err)
+				envErr = fmt.Errorf("environment variable %s=%q: %w", cliflag.EnvName(f.Name), v, err)
 			}
 		}
 	})

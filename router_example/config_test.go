@@ -84,20 +84,6 @@ cleanup: true
 	}
 }
 
-func TestServiceEnvNames(t *testing.T) {
-	want := map[string]string{
-		"broker": "DEDUP_BROKER", "store": "DEDUP_STORE", "kafka-brokers": "KAFKA_BROKERS",
-		"amqp-url": "AMQP_URL", "redis-addr": "REDIS_ADDR", "postgres-dsn": "POSTGRES_DSN",
-		"mysql-dsn": "MYSQL_DSN", "metrics-addr": "DEDUP_METRICS_ADDR", "strict-retention": "DEDUP_STRICT_RETENTION",
-		"producer": "DEDUP_PRODUCER",
-	}
-	for flagName, envVar := range want {
-		if got := envName(flagName); got != envVar {
-			t.Errorf("envName(%q) = %q, want %q", flagName, got, envVar)
-		}
-	}
-}
-
 func TestConfigErrors(t *testing.T) {
 	badYAML := writeFile(t, "bad.yml", "brokr: kafka\n")
 	listOfMaps := writeFile(t, "maps.yml", "kafka-brokers:\n  - {a: 1}\n")

@@ -8,10 +8,7 @@ import (
 	"net/url"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
-	"github.com/jackc/pgx/v5/pgconn"
-	amqp091 "github.com/rabbitmq/amqp091-go"
-	"github.com/redis/go-redis/v9"
+	"github.com/watermill-dedup/dedup/internal/storeopen"
 )
 
 // teardown is a stack of named steps run in reverse order, like
@@ -54,74 +51,20 @@ func (t *teardown) names() []string {
 	return out
 }
 
-// unreachableError says which service could not be used, at which
-// address, and which flag (or environment variable) changes it: either
-// nothing answered there, or the server answered and refused (a wrong
-// password, an unknown role, database or virtual host).
-type unreachableError struct {
-	service string
-	addr    string
-	setting string
-	err     error
+// unreachable is the error of a service the example cannot use, at addr,
+// which setting changes: nothing answered there, or the server refused
+// and the error says which credentials to check in setting.
+func unreachable(service, addr, setting string, err error) error {
+	check := connect.Check // "user, password and database"
+	if service == "RabbitMQ" {
+		check = "user, password and virtual host"
+	}
+	return &storeopen.UnreachableError{Service: service, Addr: addr, Setting: setting, Check: check, Err: err}
 }
 
-func (e *unreachableError) Error() string {
-	if refusal := serverRefusal(e.err); refusal != nil {
-		what := "user, password and database"
-		if e.service == "RabbitMQ" {
-			what = "user, password and virtual host"
-		}
-		return fmt.Sprintf("%s at %s refused the connection (check the %s in %s): %v", e.service, e.addr, what, e.setting, refusal)
-	}
-	// The dial error alone: a client may list every attempt, on lines of
-	// their own.
-	cause := e.err
-	var dial *net.OpError
-	if errors.As(cause, &dial) {
-		cause = dial
-	}
-	return fmt.Sprintf("%s is not reachable at %s (change it with %s): %v", e.service, e.addr, e.setting, cause)
-}
-
-// serverRefusal returns the error a server answered with, found in err's
-// chain, or nil when err is not one (nothing answered, or a timeout).
-func serverRefusal(err error) error {
-	var (
-		pg    *pgconn.PgError
-		my    *mysql.MySQLError
-		amqp  *amqp091.Error
-		redis redis.Error
-	)
-	switch {
-	case errors.As(err, &pg):
-		return pg
-	case errors.As(err, &my):
-		return my
-	case errors.As(err, &amqp):
-		return amqp
-	case errors.As(err, &redis):
-		return redis
-	}
-	return nil
-}
-
-func (e *unreachableError) Unwrap() error { return e.err }
-
-// dialTimeout bounds the reachability probe of every service.
-const dialTimeout = 3 * time.Second
-
-// probeTCP checks that something listens at addr before a client library
-// starts its own (sometimes endless) reconnect loop.
-func probeTCP(ctx context.Context, service, addr, setting string) error {
-	ctx, cancel := context.WithTimeout(ctx, dialTimeout)
-	defer cancel()
-	var d net.Dialer
-	c, err := d.DialContext(ctx, "tcp", addr)
-	if err != nil {
-		return &unreachableError{service, addr, setting, err}
-	}
-	return c.Close()
-}
+// dialTimeout bounds the reachability probe of every service, and each
+// connection attempt.
+const dialTimeout = storeopen.DialTimeout
 
 // redactURL hides the password of a URL for messages.
 func redactURL(raw string) string {

@@ -3,18 +3,13 @@ package main
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 
 	"github.com/ThreeDotsLabs/watermill"
-	"github.com/go-sql-driver/mysql"
-	"github.com/jackc/pgx/v5"
-	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver
-	"github.com/redis/go-redis/v9"
-	_ "modernc.org/sqlite" // the "sqlite" database/sql driver, pure Go
 
+	"github.com/watermill-dedup/dedup/internal/storeopen"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/memstore"
 	"github.com/watermill-dedup/dedup/stores/redisstore"
@@ -56,24 +51,11 @@ func openStore(ctx context.Context, cfg Config, runID string, logger watermill.L
 }
 
 func openRedisStore(ctx context.Context, cfg Config, runID string, logger watermill.LoggerAdapter, closers, removers *teardown) (*dedupStore, error) {
-	// Probed first: go-redis would log its failed dials before the error.
-	if err := probeTCP(ctx, "Redis", cfg.RedisAddr, "-redis-addr or REDIS_ADDR"); err != nil {
+	client, err := connect.Redis(ctx, []string{cfg.RedisAddr}, false)
+	if err != nil {
 		return nil, err
 	}
-	client := redis.NewClient(&redis.Options{
-		Addr: cfg.RedisAddr,
-		// The middleware's StoreTimeout then bounds every call.
-		ContextTimeoutEnabled: true,
-		DialTimeout:           dialTimeout,
-		DialerRetries:         1,
-		MaxRetries:            1,
-	})
 	closers.add("close the Redis client", func(context.Context) error { return client.Close() })
-	pctx, cancel := context.WithTimeout(ctx, dialTimeout)
-	defer cancel()
-	if err := client.Ping(pctx).Err(); err != nil {
-		return nil, &unreachableError{"Redis", cfg.RedisAddr, "-redis-addr or REDIS_ADDR", err}
-	}
 	prefix := "dedup:" + runID + ":"
 	s, err := redisstore.New(client, redisstore.Config{Prefix: prefix, Logger: logger})
 	if err != nil {
@@ -81,32 +63,9 @@ func openRedisStore(ctx context.Context, cfg Config, runID string, logger waterm
 	}
 	closers.add("close the Redis store", s.Close)
 	removers.add("delete Redis keys "+prefix+"*", func(ctx context.Context) error {
-		return deleteRedisPrefix(ctx, client, prefix)
+		return storeopen.DeleteRedisPrefix(ctx, client, prefix)
 	})
 	return &dedupStore{store: s, addr: cfg.RedisAddr}, nil
-}
-
-// deleteRedisPrefix deletes the keys this run wrote, and only those (never
-// FLUSHDB a shared Redis).
-func deleteRedisPrefix(ctx context.Context, client *redis.Client, prefix string) error {
-	iter := client.Scan(ctx, 0, prefix+"*", 500).Iterator()
-	var batch []string
-	for iter.Next(ctx) {
-		batch = append(batch, iter.Val())
-		if len(batch) == 500 {
-			if err := client.Unlink(ctx, batch...).Err(); err != nil {
-				return err
-			}
-			batch = batch[:0]
-		}
-	}
-	if err := iter.Err(); err != nil {
-		return err
-	}
-	if len(batch) > 0 {
-		return client.Unlink(ctx, batch...).Err()
-	}
-	return nil
 }
 
 func openSQLStore(ctx context.Context, cfg Config, runID string, logger watermill.LoggerAdapter, closers, removers *teardown) (*dedupStore, error) {
@@ -167,67 +126,30 @@ func openSQLite(ctx context.Context, cfg Config, closers *teardown) (*sql.DB, st
 		return nil, "", fmt.Errorf("-dir: %w", err)
 	}
 	path := filepath.Join(dir, "loyalty.db")
-	db, err := sql.Open("sqlite", sqlstore.SQLiteDSN(path))
-	if err != nil {
-		return nil, "", err
-	}
 	// SQLite has one writer at a time. One connection makes concurrent
 	// handlers queue in database/sql instead of spinning in SQLite's busy
 	// handler; no handler needs a second connection while it holds one
 	// (in transactional mode its writes go through the inbox transaction).
-	db.SetMaxOpenConns(1)
-	pctx, cancel := context.WithTimeout(ctx, dialTimeout)
-	defer cancel()
-	if err := db.PingContext(pctx); err != nil {
-		_ = db.Close()
+	db, err := storeopen.OpenDB(ctx, "sqlite", sqlstore.SQLiteDSN(path), 1, dialTimeout)
+	if err != nil {
 		return nil, "", fmt.Errorf("open SQLite file %s (change -dir): %w", path, err)
 	}
 	return db, path, nil
 }
 
-// maxOpenConns bounds each connection pool the example opens.
-const maxOpenConns = 8
+// connect opens the connections of the store and of the SQL pub/subs:
+// bounded pools, and errors that name the flag to change and, when a
+// server refused, the credentials to check.
+var connect = storeopen.Opener{MaxConns: 8, Check: "user, password and database"}
 
 // openDB opens and pings the PostgreSQL or MySQL database that -postgres-dsn
 // or -mysql-dsn names. The address it returns has no password.
 func openDB(ctx context.Context, cfg Config, kind string) (*sql.DB, string, error) {
-	var (
-		driver, dsn, addr, service, setting string
-	)
 	switch kind {
 	case storePostgres:
-		driver, dsn, service, setting = "pgx", cfg.PostgresDSN, "PostgreSQL", "-postgres-dsn or POSTGRES_DSN"
-		pc, err := pgx.ParseConfig(dsn)
-		if err != nil {
-			return nil, "", fmt.Errorf("%s: %w", setting, err)
-		}
-		addr = fmt.Sprintf("%s:%d/%s", pc.Host, pc.Port, pc.Database)
+		return connect.DB(ctx, sqlstore.Postgres, cfg.PostgresDSN)
 	case storeMySQL:
-		driver, dsn, service, setting = "mysql", cfg.MySQLDSN, "MySQL/MariaDB", "-mysql-dsn or MYSQL_DSN"
-		mc, err := mysql.ParseDSN(dsn)
-		if err != nil {
-			return nil, "", fmt.Errorf("%s: %w", setting, err)
-		}
-		addr = mc.Addr + "/" + mc.DBName
-	default:
-		return nil, "", fmt.Errorf("no database for %q", kind)
+		return connect.DB(ctx, sqlstore.MySQL, cfg.MySQLDSN)
 	}
-	db, err := sql.Open(driver, dsn)
-	if err != nil {
-		return nil, "", fmt.Errorf("%s: %w", setting, err)
-	}
-	// A bounded pool: handlers beyond it wait for a connection instead of
-	// exhausting the server's max_connections, which other clients share.
-	db.SetMaxOpenConns(maxOpenConns)
-	db.SetMaxIdleConns(maxOpenConns)
-	pctx, cancel := context.WithTimeout(ctx, dialTimeout)
-	defer cancel()
-	if err := db.PingContext(pctx); err != nil {
-		_ = db.Close()
-		if errors.Is(err, context.DeadlineExceeded) {
-			err = fmt.Errorf("no answer within %s", dialTimeout)
-		}
-		return nil, "", &unreachableError{service, addr, setting, err}
-	}
-	return db, addr, nil
+	return nil, "", fmt.Errorf("no database for %q", kind)
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	_ "modernc.org/sqlite" // the "sqlite" database/sql driver, pure Go
 
+	"github.com/watermill-dedup/dedup/internal/storeopen"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/memstore"
 	"github.com/watermill-dedup/dedup/stores/natsstore"
@@ -157,19 +158,9 @@ const (
 	minPingTimeout = 15 * time.Second
 )
 
-// UnreachableError is OpenStore's error when the service does not answer.
-type UnreachableError struct {
-	Service string // "PostgreSQL"
-	Addr    string // where, without a password
-	Setting string // the environment variable that moves it
-	Err     error
-}
-
-func (e *UnreachableError) Error() string {
-	return fmt.Sprintf("%s is not reachable at %s (set %s): %v", e.Service, e.Addr, e.Setting, e.Err)
-}
-
-func (e *UnreachableError) Unwrap() error { return e.Err }
+// UnreachableError is OpenStore's error when the service does not answer
+// or refuses: the programs' (see storeopen.UnreachableError).
+type UnreachableError = storeopen.UnreachableError
 
 // UniqueName returns prefix followed by 10 random hex digits: a table or
 // key name no other test or run uses.
@@ -288,7 +279,7 @@ func (p StoreParams) openRedis(ctx context.Context, cl *closers) (*OpenedStore, 
 	pctx, cancel := context.WithTimeout(ctx, pingTimeout(p.DialTimeout))
 	defer cancel()
 	if err := client.Ping(pctx).Err(); err != nil {
-		return nil, &UnreachableError{service, addr, setting, err}
+		return nil, &UnreachableError{Service: service, Addr: addr, Setting: setting, Err: err}
 	}
 	name := p.Name
 	if name == "" {
@@ -309,50 +300,9 @@ func (p StoreParams) openRedis(ctx context.Context, cl *closers) (*OpenedStore, 
 
 // DeleteRedisPrefix deletes the keys under prefix, and only those (SCAN
 // and UNLINK, never FLUSHDB a shared Redis); on a cluster, on every
-// master.
+// master. It is the programs' storeopen.DeleteRedisPrefix.
 func DeleteRedisPrefix(ctx context.Context, client redis.UniversalClient, prefix string) error {
-	if cc, ok := client.(*redis.ClusterClient); ok {
-		return cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
-			return deletePrefix(ctx, c, prefix)
-		})
-	}
-	return deletePrefix(ctx, client, prefix)
-}
-
-func deletePrefix(ctx context.Context, c redis.Cmdable, prefix string) error {
-	const batch = 500
-	iter := c.Scan(ctx, 0, prefix+"*", 1000).Iterator()
-	keys := make([]string, 0, batch)
-	// One key per UNLINK: the keys of one Cluster node hash to different
-	// slots, which one command may not mix (CROSSSLOT).
-	unlink := func() error {
-		_, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
-			for _, k := range keys {
-				p.Unlink(ctx, k)
-			}
-			return nil
-		})
-		keys = keys[:0]
-		if err != nil {
-			return fmt.Errorf("testkit: delete %s*: %w", prefix, err)
-		}
-		return nil
-	}
-	for iter.Next(ctx) {
-		keys = append(keys, iter.Val())
-		if len(keys) == batch {
-			if err := unlink(); err != nil {
-				return err
-			}
-		}
-	}
-	if err := iter.Err(); err != nil {
-		return fmt.Errorf("testkit: scan %s*: %w", prefix, err)
-	}
-	if len(keys) > 0 {
-		return unlink()
-	}
-	return nil
+	return storeopen.DeleteRedisPrefix(ctx, client, prefix)
 }
 
 func (p StoreParams) openNATS(ctx context.Context, cl *closers) (*OpenedStore, error) {
@@ -363,7 +313,7 @@ func (p StoreParams) openNATS(ctx context.Context, cl *closers) (*OpenedStore, e
 		// The store reports what the connection goes through.
 		nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
 	if err != nil {
-		return nil, &UnreachableError{"NATS", addr, "NATS_URL", err}
+		return nil, &UnreachableError{Service: "NATS", Addr: addr, Setting: "NATS_URL", Err: err}
 	}
 	cl.add(func(context.Context) error { nc.Close(); return nil })
 	cfg := p.NATS
@@ -377,7 +327,7 @@ func (p StoreParams) openNATS(ctx context.Context, cl *closers) (*OpenedStore, e
 	s, err := natsstore.New(pctx, nc, cfg)
 	if err != nil {
 		if errors.Is(err, stores.ErrUnavailable) {
-			return nil, &UnreachableError{"NATS JetStream", addr, "NATS_URL", err}
+			return nil, &UnreachableError{Service: "NATS JetStream", Addr: addr, Setting: "NATS_URL", Err: err}
 		}
 		return nil, err
 	}
@@ -531,19 +481,11 @@ func (p StoreParams) openDB(ctx context.Context) (*sql.DB, string, error) {
 	if conns <= 0 {
 		conns = DefaultPoolSize
 	}
-	db, err := sql.Open(driver, dsn)
-	if err != nil {
-		return nil, "", err
-	}
 	// A bounded pool: the servers are shared, and a router runs every
 	// message in flight in its own goroutine.
-	db.SetMaxOpenConns(conns)
-	db.SetMaxIdleConns(conns)
-	pctx, cancel := context.WithTimeout(ctx, pingTimeout(p.DialTimeout))
-	defer cancel()
-	if err := db.PingContext(pctx); err != nil {
-		_ = db.Close()
-		return nil, "", &UnreachableError{service, addr, setting, err}
+	db, err := storeopen.OpenDB(ctx, driver, dsn, conns, pingTimeout(p.DialTimeout))
+	if err != nil {
+		return nil, "", &UnreachableError{Service: service, Addr: addr, Setting: setting, Err: err}
 	}
 	return db, addr, nil
 }

@@ -39,7 +39,7 @@ const (
 // config is what the command line and the environment say.
 type config struct {
 	// Where the records are. These flags are also read from the
-	// environment (envName).
+	// environment (cliflag.EnvName).
 	store                string
 	redisAddr            string
 	redisCluster         bool
@@ -85,22 +85,6 @@ var commandFlags = map[string][]string{
 var connectionFlags = []string{
 	"store", "redis-addr", "redis-cluster", "redis-prefix", "compact-keys", "digest-keys-longer-than",
 	"postgres-dsn", "mysql-dsn", "dir", "sqlite-file", "table", "run-id", "purge-grace", "timeout",
-}
-
-// envNames are the environment variables that do not follow the
-// DEDUP_<FLAG> pattern: router_example's.
-var envNames = map[string]string{
-	"redis-addr":   "REDIS_ADDR",
-	"postgres-dsn": "POSTGRES_DSN",
-	"mysql-dsn":    "MYSQL_DSN",
-}
-
-// envName is the environment variable of a connection flag.
-func envName(flagName string) string {
-	if n, ok := envNames[flagName]; ok {
-		return n
-	}
-	return "DEDUP_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
 }
 
 func newFlagSet(c *config) *flag.FlagSet {
@@ -152,9 +136,9 @@ func usagef(format string, args ...any) error {
 func parseArgs(args []string, getenv func(string) string) (cfg config, cmd string, pos []string, err error) {
 	fs := newFlagSet(&cfg)
 	for _, name := range connectionFlags {
-		if v := getenv(envName(name)); v != "" {
+		if v := getenv(cliflag.EnvName(name)); v != "" {
 			if err := fs.Set(name, v); err != nil {
-				return cfg, "", nil, usagef("environment variable %s=%q: %v", envName(name), v, err)
+				return cfg, "", nil, usagef("environment variable %s=%q: %v", cliflag.EnvName(name), v, err)
 			}
 		}
 	}

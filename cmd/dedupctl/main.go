@@ -66,6 +66,8 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/watermill-dedup/dedup/internal/cliflag"
+	"github.com/watermill-dedup/dedup/internal/storeopen"
 	"github.com/watermill-dedup/dedup/stores"
 )
 
@@ -115,11 +117,12 @@ func (e *refusedError) Error() string { return e.msg }
 func exitCode(err error) int {
 	var (
 		usage    *usageError
+		setting  *storeopen.SettingError
 		notFound *notFoundError
 		refused  *refusedError
 	)
 	switch {
-	case errors.As(err, &usage), errors.Is(err, stores.ErrNotSupported), errors.Is(err, stores.ErrInvalidKey), errors.Is(err, stores.ErrInvalidArgument):
+	case errors.As(err, &usage), errors.As(err, &setting), errors.Is(err, stores.ErrNotSupported), errors.Is(err, stores.ErrInvalidKey), errors.Is(err, stores.ErrInvalidArgument):
 		return exitUsage
 	case errors.As(err, &notFound), errors.Is(err, stores.ErrNotFound):
 		return exitNotFound
@@ -175,7 +178,7 @@ func printFlags(w io.Writer, keep func(name string) bool) {
 		}
 		usage := f.Usage
 		if isConnectionFlag(f.Name) {
-			usage += " [env " + envName(f.Name) + "]"
+			usage += " [env " + cliflag.EnvName(f.Name) + "]"
 		}
 		sub.Var(f.Value, f.Name, usage)
 	})

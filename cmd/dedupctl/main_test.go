@@ -18,6 +18,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/watermill-dedup/dedup/internal/storeopen"
 	"github.com/watermill-dedup/dedup/middleware"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/redisstore"
@@ -623,14 +624,15 @@ func TestArgumentOrder(t *testing.T) {
 
 func TestExitCodes(t *testing.T) {
 	for err, want := range map[error]int{
-		usagef("x"):                           exitUsage,
-		&notFoundError{"x"}:                   exitNotFound,
-		&refusedError{"x"}:                    exitRefused,
-		stores.ErrNotSupported:                exitUsage,
-		stores.ErrWrongState:                  exitRefused,
-		stores.ErrUnavailable:                 exitError,
-		errors.New("x"):                       exitError,
-		&unreachableError{"R", "a", "s", nil}: exitError,
+		usagef("x"):            exitUsage,
+		&notFoundError{"x"}:    exitNotFound,
+		&refusedError{"x"}:     exitRefused,
+		stores.ErrNotSupported: exitUsage,
+		stores.ErrWrongState:   exitRefused,
+		stores.ErrUnavailable:  exitError,
+		errors.New("x"):        exitError,
+		&storeopen.UnreachableError{Service: "R", Addr: "a", Setting: "s"}: exitError,
+		&storeopen.SettingError{Setting: "s", Err: errors.New("x")}:        exitUsage,
 	} {
 		if got := exitCode(err); got != want {
 			t.Errorf("exitCode(%v) = %d, want %d", err, got, want)

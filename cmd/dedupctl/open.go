@@ -6,27 +6,16 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
-	"time"
-
-	"github.com/go-sql-driver/mysql"
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
-	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver
-	"github.com/redis/go-redis/v9"
-	_ "modernc.org/sqlite" // the "sqlite" database/sql driver, pure Go
 
 	"github.com/watermill-dedup/dedup/internal/cliflag"
+	"github.com/watermill-dedup/dedup/internal/storeopen"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/redisstore"
 	"github.com/watermill-dedup/dedup/stores/sqlstore"
 )
-
-// dialTimeout bounds the probe of a service, as router_example's does.
-const dialTimeout = 3 * time.Second
 
 // admin is the store dedupctl works on.
 type admin struct {
@@ -37,58 +26,9 @@ type admin struct {
 	close func(context.Context) error
 }
 
-// unreachableError is a service that did not answer, or refused the
-// connection.
-type unreachableError struct {
-	service, addr, setting string
-	err                    error
-}
-
-func (e *unreachableError) Error() string {
-	if refusal := serverRefusal(e.err); refusal != nil {
-		return fmt.Sprintf("%s at %s refused the connection (check %s): %v", e.service, e.addr, e.setting, refusal)
-	}
-	cause := e.err
-	var dial *net.OpError
-	if errors.As(cause, &dial) {
-		cause = dial
-	}
-	return fmt.Sprintf("%s is not reachable at %s (change it with %s): %v", e.service, e.addr, e.setting, cause)
-}
-
-func (e *unreachableError) Unwrap() error { return e.err }
-
-// serverRefusal returns the error a server answered with, or nil when
-// nothing answered.
-func serverRefusal(err error) error {
-	var (
-		pg *pgconn.PgError
-		my *mysql.MySQLError
-		re redis.Error
-	)
-	switch {
-	case errors.As(err, &pg):
-		return pg
-	case errors.As(err, &my):
-		return my
-	case errors.As(err, &re):
-		return re
-	}
-	return nil
-}
-
-// probeTCP checks that something listens at addr before a client starts
-// its own retries.
-func probeTCP(ctx context.Context, service, addr, setting string) error {
-	ctx, cancel := context.WithTimeout(ctx, dialTimeout)
-	defer cancel()
-	var d net.Dialer
-	c, err := d.DialContext(ctx, "tcp", addr)
-	if err != nil {
-		return &unreachableError{service, addr, setting, err}
-	}
-	return c.Close()
-}
+// connect opens the connections: a pool of two is enough for one command
+// at a time.
+var connect = storeopen.Opener{MaxConns: 2}
 
 // openStore opens the store the configuration names.
 func openStore(ctx context.Context, c *config) (*admin, error) {
@@ -99,7 +39,6 @@ func openStore(ctx context.Context, c *config) (*admin, error) {
 }
 
 func openRedis(ctx context.Context, c *config) (*admin, error) {
-	const setting = "-redis-addr or REDIS_ADDR"
 	addrs := cliflag.SplitList(c.redisAddr)
 	if len(addrs) == 0 {
 		return nil, usagef("-redis-addr is empty")
@@ -107,41 +46,22 @@ func openRedis(ctx context.Context, c *config) (*admin, error) {
 	if len(addrs) > 1 && !c.redisCluster {
 		return nil, usagef("-redis-addr has %d addresses: add -redis-cluster for a Redis Cluster, or give one", len(addrs))
 	}
-	var (
-		client  redis.UniversalClient
-		service = "Redis"
-		probed  error
-	)
-	for _, a := range addrs { // one node that answers is enough
-		if probed = probeTCP(ctx, service, a, setting); probed == nil {
-			break
-		}
-	}
-	if probed != nil {
-		return nil, probed
-	}
-	if c.redisCluster {
-		service = "Redis Cluster"
-		client = redis.NewClusterClient(&redis.ClusterOptions{
-			Addrs: addrs, ContextTimeoutEnabled: true, DialTimeout: dialTimeout, MaxRetries: 1,
-		})
-	} else {
-		client = redis.NewClient(&redis.Options{
-			Addr: addrs[0], ContextTimeoutEnabled: true, DialTimeout: dialTimeout, DialerRetries: 1, MaxRetries: 1,
-		})
+	client, err := connect.Redis(ctx, addrs, c.redisCluster)
+	if err != nil {
+		return nil, err
 	}
 	fail := func(err error) (*admin, error) {
 		_ = client.Close()
 		return nil, err
 	}
-	pctx, cancel := context.WithTimeout(ctx, dialTimeout)
-	defer cancel()
-	if err := client.Ping(pctx).Err(); err != nil {
-		return fail(&unreachableError{service, c.redisAddr, setting, err})
-	}
-	if !c.redisCluster {
+	service := "Redis"
+	if c.redisCluster {
+		service = "Redis Cluster"
+	} else {
 		// A node of a Cluster holds a part of the records only.
-		info, err := client.Info(pctx, "cluster").Result()
+		ictx, cancel := context.WithTimeout(ctx, storeopen.DialTimeout)
+		info, err := client.Info(ictx, "cluster").Result()
+		cancel()
 		if err == nil && strings.Contains(info, "cluster_enabled:1") {
 			return fail(usagef("the Redis at %s is a node of a Redis Cluster: add -redis-cluster", addrs[0]))
 		}
@@ -174,54 +94,29 @@ func openRedis(ctx context.Context, c *config) (*admin, error) {
 
 func openSQL(ctx context.Context, c *config) (*admin, error) {
 	var (
-		driver, dsn, addr, service, setting string
-		dialect                             sqlstore.Dialect
+		db      *sql.DB
+		addr    string
+		service string
+		dialect sqlstore.Dialect
+		err     error
 	)
 	switch c.store {
 	case storePostgres:
-		driver, dsn, service, setting, dialect = "pgx", c.postgresDSN, "PostgreSQL", "-postgres-dsn or POSTGRES_DSN", sqlstore.Postgres
-		pc, err := pgx.ParseConfig(dsn)
-		if err != nil {
-			return nil, usagef("%s: %v", setting, err)
-		}
-		addr = fmt.Sprintf("%s:%d/%s", pc.Host, pc.Port, pc.Database)
+		service, dialect = "PostgreSQL", sqlstore.Postgres
+		db, addr, err = connect.DB(ctx, dialect, c.postgresDSN)
 	case storeMySQL:
-		driver, dsn, service, setting, dialect = "mysql", c.mysqlDSN, "MySQL/MariaDB", "-mysql-dsn or MYSQL_DSN", sqlstore.MySQL
-		mc, err := mysql.ParseDSN(dsn)
-		if err != nil {
-			return nil, usagef("%s: %v", setting, err)
-		}
-		addr = mc.Addr + "/" + mc.DBName
+		service, dialect = "MySQL/MariaDB", sqlstore.MySQL
+		db, addr, err = connect.DB(ctx, dialect, c.mysqlDSN)
 	default:
-		path := c.sqliteFile
-		if path == "" {
-			path = filepath.Join(c.dir, sqliteFile)
-		}
-		// Opening a file that does not exist would create it.
-		if _, err := os.Stat(path); err != nil {
-			if errors.Is(err, fs.ErrNotExist) {
-				return nil, fmt.Errorf("no SQLite database at %s (change -sqlite-file or -dir)", path)
-			}
-			return nil, fmt.Errorf("SQLite database %s: %w", path, err)
-		}
-		driver, dsn, addr, service, setting, dialect = "sqlite", sqlstore.SQLiteDSN(path), path, "SQLite", "-sqlite-file or -dir", sqlstore.SQLite
+		service, dialect = "SQLite", sqlstore.SQLite
+		db, addr, err = openSQLite(ctx, c)
 	}
-	db, err := sql.Open(driver, dsn)
 	if err != nil {
-		return nil, usagef("%s: %v", setting, err)
+		return nil, err
 	}
-	db.SetMaxOpenConns(2)
 	fail := func(err error) (*admin, error) {
 		_ = db.Close()
 		return nil, err
-	}
-	pctx, cancel := context.WithTimeout(ctx, dialTimeout)
-	defer cancel()
-	if err := db.PingContext(pctx); err != nil {
-		if errors.Is(err, context.DeadlineExceeded) {
-			err = fmt.Errorf("no answer within %s", dialTimeout)
-		}
-		return fail(&unreachableError{service, addr, setting, err})
 	}
 	st, err := sqlstore.New(db, sqlstore.Config{
 		Dialect:    dialect,
@@ -233,7 +128,9 @@ func openSQL(ctx context.Context, c *config) (*admin, error) {
 		return fail(usagef("-table: %v", err))
 	}
 	// A table name that passed sqlstore's check needs no quoting.
-	if _, err := db.ExecContext(pctx, "SELECT 1 FROM "+st.Table()+" WHERE 1 = 0"); err != nil {
+	tctx, cancel := context.WithTimeout(ctx, storeopen.DialTimeout)
+	defer cancel()
+	if _, err := db.ExecContext(tctx, "SELECT 1 FROM "+st.Table()+" WHERE 1 = 0"); err != nil {
 		return fail(fmt.Errorf("cannot read the table %s on %s %s (does it exist? change -table or -run-id): %w", st.Table(), service, addr, err))
 	}
 	return &admin{
@@ -243,4 +140,25 @@ func openSQL(ctx context.Context, c *config) (*admin, error) {
 			return errors.Join(st.Close(ctx), db.Close())
 		},
 	}, nil
+}
+
+// openSQLite opens the SQLite file -sqlite-file or -dir names, which must
+// exist: opening a file that does not would create it.
+func openSQLite(ctx context.Context, c *config) (*sql.DB, string, error) {
+	const setting = "-sqlite-file or -dir"
+	path := c.sqliteFile
+	if path == "" {
+		path = filepath.Join(c.dir, sqliteFile)
+	}
+	if _, err := os.Stat(path); err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, "", fmt.Errorf("no SQLite database at %s (change -sqlite-file or -dir)", path)
+		}
+		return nil, "", fmt.Errorf("SQLite database %s: %w", path, err)
+	}
+	db, err := storeopen.OpenDB(ctx, "sqlite", sqlstore.SQLiteDSN(path), connect.MaxConns, storeopen.DialTimeout)
+	if err != nil {
+		return nil, "", &storeopen.UnreachableError{Service: "SQLite", Addr: path, Setting: setting, Err: err}
+	}
+	return db, path, nil
 }

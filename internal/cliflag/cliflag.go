@@ -1,6 +1,7 @@
 // Package cliflag holds the flag helpers the module's two commands share
 // (router_example and cmd/dedupctl), so that both read durations and
-// lists the same way and say the same thing about bad ones.
+// lists the same way, say the same thing about bad ones, and read a flag
+// from the same environment variable.
 package cliflag
 
 import (
@@ -53,4 +54,25 @@ func SplitList(s string) []string {
 		}
 	}
 	return out
+}
+
+// envNames are the environment variables that do not follow the
+// DEDUP_<FLAG> pattern: the services' addresses keep their usual names.
+var envNames = map[string]string{
+	"kafka-brokers": "KAFKA_BROKERS",
+	"amqp-url":      "AMQP_URL",
+	"nats-url":      "NATS_URL",
+	"redis-addr":    "REDIS_ADDR",
+	"postgres-dsn":  "POSTGRES_DSN",
+	"mysql-dsn":     "MYSQL_DSN",
+}
+
+// EnvName is the environment variable of the flag -flag-name:
+// DEDUP_FLAG_NAME, but for the services' addresses (REDIS_ADDR,
+// POSTGRES_DSN, ...).
+func EnvName(flagName string) string {
+	if n, ok := envNames[flagName]; ok {
+		return n
+	}
+	return "DEDUP_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
 }

@@ -32,3 +32,16 @@ func TestSplitList(t *testing.T) {
 		t.Fatalf("SplitList(\"\") = %q, want nil", got)
 	}
 }
+
+func TestEnvName(t *testing.T) {
+	for flagName, want := range map[string]string{
+		"store": "DEDUP_STORE", "run-id": "DEDUP_RUN_ID", "redis-addr": "REDIS_ADDR",
+		"postgres-dsn": "POSTGRES_DSN", "mysql-dsn": "MYSQL_DSN", "kafka-brokers": "KAFKA_BROKERS",
+		"amqp-url": "AMQP_URL", "nats-url": "NATS_URL", "broker": "DEDUP_BROKER", "metrics-addr": "DEDUP_METRICS_ADDR",
+		"strict-retention": "DEDUP_STRICT_RETENTION",
+	} {
+		if got := EnvName(flagName); got != want {
+			t.Errorf("EnvName(%q) = %q, want %q", flagName, got, want)
+		}
+	}
+}

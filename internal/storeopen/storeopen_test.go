@@ -1,0 +1,108 @@
+package storeopen_test
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/watermill-dedup/dedup/internal/storeopen"
+	"github.com/watermill-dedup/dedup/stores/sqlstore"
+	"github.com/watermill-dedup/dedup/testkit"
+)
+
+// The errors name the service, the address and the setting, and say
+// whether nothing answered or the server refused, in each program's words.
+func TestUnreachableError(t *testing.T) {
+	refused := &pgconn.PgError{Severity: "FATAL", Code: "28000", Message: `role "x" does not exist`}
+	for _, tc := range []struct {
+		err  error
+		want string
+	}{
+		{&storeopen.UnreachableError{Service: "PostgreSQL", Addr: "h:1/db", Setting: storeopen.PostgresSetting, Err: errors.New("dial tcp: refused")},
+			"PostgreSQL is not reachable at h:1/db (change it with -postgres-dsn or POSTGRES_DSN): dial tcp: refused"},
+		{&storeopen.UnreachableError{Service: "PostgreSQL", Addr: "h:1/db", Setting: storeopen.PostgresSetting, Err: refused},
+			"PostgreSQL at h:1/db refused the connection (check -postgres-dsn or POSTGRES_DSN): " + refused.Error()},
+		{&storeopen.UnreachableError{Service: "PostgreSQL", Addr: "h:1/db", Setting: storeopen.PostgresSetting, Check: "user, password and database", Err: refused},
+			"PostgreSQL at h:1/db refused the connection (check the user, password and database in -postgres-dsn or POSTGRES_DSN): " + refused.Error()},
+		{&storeopen.SettingError{Setting: storeopen.MySQLSetting, Err: errors.New("bad")}, "-mysql-dsn or MYSQL_DSN: bad"},
+	} {
+		if got := tc.err.Error(); got != tc.want {
+			t.Errorf("got  %q\nwant %q", got, tc.want)
+		}
+	}
+}
+
+func TestOpenerUnreachable(t *testing.T) {
+	ctx := context.Background()
+	addr := testkit.ClosedAddr(t)
+	o := storeopen.Opener{MaxConns: 2}
+	var u *storeopen.UnreachableError
+	if _, err := o.Redis(ctx, []string{addr}, false); !errors.As(err, &u) || u.Addr != addr || u.Setting != storeopen.RedisSetting {
+		t.Errorf("Redis on a closed port: %v", err)
+	}
+	if _, _, err := o.DB(ctx, sqlstore.Postgres, "postgres://postgres@"+addr+"/test"); !errors.As(err, &u) || u.Addr != addr+"/test" || u.Service != "PostgreSQL" {
+		t.Errorf("PostgreSQL on a closed port: %v", err)
+	}
+	if _, _, err := o.DB(ctx, sqlstore.MySQL, "root@tcp("+addr+")/test"); !errors.As(err, &u) || u.Addr != addr+"/test" || u.Service != "MySQL/MariaDB" {
+		t.Errorf("MySQL on a closed port: %v", err)
+	}
+	var s *storeopen.SettingError
+	if _, _, err := o.DB(ctx, sqlstore.MySQL, "root@nonsense("); !errors.As(err, &s) || s.Setting != storeopen.MySQLSetting {
+		t.Errorf("a bad DSN: %v, want a *SettingError", err)
+	}
+}
+
+func TestOpenerServices(t *testing.T) {
+	ctx := context.Background()
+	o := storeopen.Opener{MaxConns: 2}
+	for _, tc := range []struct {
+		d   sqlstore.Dialect
+		dsn string
+	}{{sqlstore.Postgres, testkit.RequirePostgres(t)}, {sqlstore.MySQL, testkit.RequireMySQL(t)}} {
+		db, addr, err := o.DB(ctx, tc.d, tc.dsn)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.d, err)
+		}
+		if !strings.HasSuffix(addr, "/test") || strings.Contains(addr, "@") {
+			t.Errorf("%s: address %q, want host:port/test", tc.d, addr)
+		}
+		if n := db.Stats().MaxOpenConnections; n != 2 {
+			t.Errorf("%s: pool of %d, want 2", tc.d, n)
+		}
+		_ = db.Close()
+	}
+
+	client, err := o.Redis(ctx, []string{testkit.RequireRedis(t)}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	prefix := testkit.UniqueName("storeopen:") + ":"
+	if _, err := client.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i := range 1200 { // more than one batch of deletes
+			p.Set(ctx, prefix+strconv.Itoa(i), "v", 0)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	other := prefix[:len(prefix)-1] + "-other"
+	if err := client.Set(ctx, other, "v", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	defer client.Del(ctx, other)
+	if err := storeopen.DeleteRedisPrefix(ctx, client, prefix); err != nil {
+		t.Fatal(err)
+	}
+	if keys, err := client.Keys(ctx, prefix+"*").Result(); err != nil || len(keys) > 0 {
+		t.Errorf("%d keys left under %s (%v)", len(keys), prefix, err)
+	}
+	if err := client.Get(ctx, other).Err(); errors.Is(err, redis.Nil) {
+		t.Errorf("a key outside the prefix was deleted")
+	}
+}
