@@ -30,7 +30,6 @@ func TestClassifyServerReplies(t *testing.T) {
 		"CLUSTERDOWN The cluster is down",
 		"TRYAGAIN Multiple keys request during rehashing of slot",
 		"BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSAVE.",
-		"OOM command not allowed when used memory > 'maxmemory'.",
 		"MISCONF Redis is configured to save RDB snapshots, but it's currently unable to persist to disk.",
 		"ERR max number of clients reached",
 		"NOREPLICAS Not enough good replicas to write.",
@@ -45,6 +44,9 @@ func TestClassifyServerReplies(t *testing.T) {
 		"WRONGTYPE Operation against a key holding the wrong kind of value",
 		"NOSCRIPT No matching script. Please use EVAL.",
 		"CROSSSLOT Keys in request don't hash to the same slot",
+		"OOM command not allowed when used memory > 'maxmemory'.",
+		"NOAUTH Authentication required.",
+		"NOPERM this user has no permissions to run the 'evalsha' command",
 	} {
 		if err := classify(replyError(msg)); errors.Is(err, stores.ErrUnavailable) {
 			t.Errorf("classify(%q) = %v, want no outage", msg, err)

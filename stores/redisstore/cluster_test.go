@@ -100,6 +100,11 @@ func TestCluster(t *testing.T) {
 			t.Fatalf("CheckServer logged %v", log.Captured())
 		}
 	})
+
+	// Last: it takes a slot away from the cluster.
+	t.Run("TryAgainAndClusterDown", func(t *testing.T) {
+		testClusterDown(t, cc)
+	})
 }
 
 // keysOnDistinctNodes returns n keys whose records in scope live on n

@@ -536,10 +536,14 @@ func isWriteRefused(err error) bool {
 // unavailablePrefixes are the error replies of a Redis that cannot serve
 // now: loading its dataset, a replica or a node without its primary, a
 // cluster that is down or resharding, a script running too long, writes
-// refused for lack of memory or of a successful save, too many clients.
+// refused for lack of a successful save (a failing disk), too many
+// clients. Not OOM: a Redis at its maxmemory is full, a setting to fix
+// (as a NATS bucket at its limits is), not an outage a fail-open
+// consumer may run through; the write is refused until records expire
+// or maxmemory is raised.
 var unavailablePrefixes = []string{
 	"LOADING", "READONLY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "NOREPLICAS",
-	"BUSY", "OOM", "MISCONF", "ERR max number of clients",
+	"BUSY", "MISCONF", "ERR max number of clients",
 }
 
 // isUnavailable reports a failure to reach Redis (the connection was
