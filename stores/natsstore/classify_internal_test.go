@@ -1,0 +1,74 @@
+package natsstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"testing"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/watermill-dedup/dedup/stores"
+)
+
+// TestClassify: the class of each error nats.go and JetStream return
+// while a server restarts, a cluster elects a leader or is overloaded,
+// as their own values (the README lists them). The leader elections of a
+// cluster are checked here by their error values: JetStream answers 503
+// "JetStream system temporarily unavailable" (10008) while a stream or
+// the meta group has no leader, and a publish to a stream whose leader
+// is gone gets no responders, or no ack before its deadline.
+func TestClassify(t *testing.T) {
+	api := func(code int, ec jetstream.ErrorCode, desc string) error {
+		return fmt.Errorf("nats: %w", &jetstream.APIError{Code: code, ErrorCode: ec, Description: desc})
+	}
+	const (
+		outage = iota
+		tooLarge
+		none
+	)
+	for _, c := range []struct {
+		name string
+		err  error
+		want int
+	}{
+		{"no responders", nats.ErrNoResponders, outage},
+		{"no response from stream", jetstream.ErrNoStreamResponse, outage},
+		{"request timeout", nats.ErrTimeout, outage},
+		{"the client's own deadline (the caller's context alive)", context.DeadlineExceeded, outage},
+		{"connection closed", nats.ErrConnectionClosed, outage},
+		{"connection draining", nats.ErrConnectionDraining, outage},
+		{"reconnecting", nats.ErrConnectionReconnecting, outage},
+		{"no servers", nats.ErrNoServers, outage},
+		{"stale connection", nats.ErrStaleConnection, outage},
+		{"max connections", nats.ErrMaxConnectionsExceeded, outage},
+		{"EOF", io.EOF, outage},
+		{"JetStream not enabled (a server starting)", jetstream.ErrJetStreamNotEnabled, outage},
+		{"JetStream not enabled for the account", api(503, jetstream.JSErrCodeJetStreamNotEnabledForAccount, "jetstream not enabled for account"), outage},
+		{"server shutdown", jetstream.ErrServerShutdown, outage},
+		{"leader election: system temporarily unavailable", api(503, 10008, "JetStream system temporarily unavailable"), outage},
+		{"insufficient resources", api(503, 10023, "insufficient resources"), outage},
+		{"stream offline", api(500, 10118, "stream is offline"), outage},
+		{"maximum payload exceeded", nats.ErrMaxPayload, tooLarge},
+		{"message size exceeds maximum", api(400, jetstream.JSErrCodeStreamMessageExceedsMaximum, "message size exceeds maximum allowed"), tooLarge},
+		{"bucket full (discard new)", api(503, jsErrCodeStoreLimit, "maximum bytes exceeded"), none},
+		{"stream not found (bucket deleted)", api(404, jetstream.JSErrCodeStreamNotFound, "stream not found"), none},
+		{"permissions violation", nats.ErrPermissionViolation, none},
+		{"authorization", nats.ErrAuthorization, none},
+		{"foreign value", errForeign, none},
+	} {
+		got := classify(context.Background(), nil, c.err)
+		isOutage, isTooLarge := errors.Is(got, stores.ErrUnavailable), errors.Is(got, stores.ErrTooLarge)
+		if isOutage != (c.want == outage) || isTooLarge != (c.want == tooLarge) {
+			t.Errorf("%s: classify = %v; ErrUnavailable %t, ErrTooLarge %t", c.name, got, isOutage, isTooLarge)
+		}
+	}
+	// The caller's own context ending is its class, whatever failed.
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if got := classify(ctx, nil, nats.ErrTimeout); errors.Is(got, stores.ErrUnavailable) || !errors.Is(got, context.Canceled) {
+		t.Errorf("a cancelled caller's timeout: classify = %v, want context.Canceled", got)
+	}
+}
