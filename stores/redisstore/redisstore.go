@@ -173,25 +173,30 @@ type Config struct {
 // latency, and batches grow only while calls are waiting anyway. See the
 // README for how it works and what it gains.
 //
-// Its fields, shared with sqlstore.BatchConfig:
-//
-//   - Disabled sends every call on its own, one round trip each.
-//   - MaxBatch is the most calls one pipeline carries. The default is
-//     DefaultMaxBatch (128); at most MaxBatchLimit (10000).
-//   - MaxInFlight is the most pipelines (and lone calls) out at once, so
-//     the most connections the store uses at a time (per node in Redis
-//     Cluster). Calls beyond wait, and go out together in the next
-//     pipeline. The default is DefaultMaxInFlight (2); at most
-//     MaxInFlightLimit (1024). Raise it when the round trip, not CPU,
-//     is the limit (a distant Redis): the store sends at most
-//     MaxInFlight × MaxBatch calls per round trip.
-//
 // Each call keeps its own context: one that ends while the call waits for
 // a slot, or while its pipeline is out, returns the context's error at
 // once, and a claim taken for a caller that has gone is released. A
 // pipeline of several calls runs until the latest of their deadlines, so
 // set ContextTimeoutEnabled on the client (see [New]).
-type BatchConfig = batch.Config
+//
+// The zero value turns batching on with the defaults.
+type BatchConfig struct {
+	// Disabled sends every call on its own, one round trip each.
+	Disabled bool
+
+	// MaxBatch is the most calls one pipeline carries. The default is
+	// DefaultMaxBatch (128); at most MaxBatchLimit (10000).
+	MaxBatch int
+
+	// MaxInFlight is the most pipelines (and lone calls) out at once, so
+	// the most connections the store uses at a time (per node in Redis
+	// Cluster). Calls beyond wait, and go out together in the next
+	// pipeline. The default is DefaultMaxInFlight (2); at most
+	// MaxInFlightLimit (1024). Raise it when the round trip, not CPU, is
+	// the limit (a distant Redis): the store sends at most MaxInFlight ×
+	// MaxBatch calls per round trip.
+	MaxInFlight int
+}
 
 // Validate reports the first invalid field.
 func (c Config) Validate() error {
@@ -213,7 +218,7 @@ func (c Config) Validate() error {
 	if c.MaxData < 0 {
 		return fmt.Errorf("redisstore: MaxData must not be negative, got %d", c.MaxData)
 	}
-	if err := c.Batch.Validate(batchLimits); err != nil {
+	if err := batch.Config(c.Batch).Validate(batchLimits); err != nil {
 		return fmt.Errorf("redisstore: %w", err)
 	}
 	return nil
@@ -226,7 +231,7 @@ func (c *Config) setDefaults() {
 			c.Prefix = DefaultCompactPrefix
 		}
 	}
-	c.Batch = c.Batch.WithDefaults(batchLimits)
+	c.Batch = BatchConfig(batch.Config(c.Batch).WithDefaults(batchLimits))
 	if c.MaxKeyLen == 0 {
 		c.MaxKeyLen = DefaultMaxKeyLen
 	}
@@ -297,7 +302,7 @@ func New(client redis.UniversalClient, cfg Config) (*Store, error) {
 		checkDone: make(chan struct{}),
 		closeD:    make(chan struct{}),
 	}
-	if s.batcher = batch.NewFromConfig(s.execBatch, cfg.Batch); s.batcher != nil {
+	if s.batcher = batch.NewFromConfig(s.execBatch, batch.Config(cfg.Batch)); s.batcher != nil {
 		s.batcher.OnOrphaned(undoTimeout, s.undoOrphans)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), serverCheckTimeout)

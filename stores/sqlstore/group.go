@@ -17,7 +17,7 @@ import (
 
 func newGroup(s *Store) *group {
 	g := &group{s: s}
-	g.b = batch.NewFromConfig(g.exec, s.cfg.Batch)
+	g.b = batch.NewFromConfig(g.exec, batch.Config(s.cfg.Batch))
 	g.b.OnOrphaned(orphanReleaseTimeout, g.orphaned)
 	return g
 }

@@ -220,7 +220,7 @@ func (c Config) Validate() error {
 	if c.PartitionDaysAhead < 0 || c.PartitionDaysAhead > 366 {
 		return fmt.Errorf("sqlstore: PartitionDaysAhead must be between 1 and 366 (0 for the default), got %d", c.PartitionDaysAhead)
 	}
-	if err := c.Batch.Validate(batchLimits); err != nil {
+	if err := batch.Config(c.Batch).Validate(batchLimits); err != nil {
 		return fmt.Errorf("sqlstore: %w", err)
 	}
 	if c.DailyPartitions {
@@ -250,7 +250,7 @@ func (c *Config) setDefaults() {
 	if c.MaxData == 0 {
 		c.MaxData = dialects[c.Dialect].maxData
 	}
-	c.Batch = c.Batch.WithDefaults(batchLimits)
+	c.Batch = BatchConfig(batch.Config(c.Batch).WithDefaults(batchLimits))
 	c.Clock = stores.ClockOrSystem(c.Clock)
 	if c.Logger == nil {
 		c.Logger = watermill.NopLogger{}
@@ -306,23 +306,26 @@ const (
 // Multi-key calls, and every call on the DailyPartitions layout, always
 // run on their own.
 //
-// Its fields, shared with redisstore.BatchConfig:
-//
-//   - Disabled turns group commit off: every call runs its own
-//     statements on a connection of its own.
-//   - MaxBatch is the most calls one batch carries. The default is
-//     DefaultMaxBatch (64); at most MaxBatchLimit (1000).
-//   - MaxInFlight is how many batches run at once, each on a connection
-//     of its own; calls arriving while that many run wait for the next
-//     batch. Fewer batches in flight make larger batches (fewer
-//     statements and commits per call) and longer waits. The default,
-//     DefaultMaxInFlight (1), served the most messages per second and the
-//     least CPU per message on every dialect on a two-core machine
-//     (README.md); on a server with many cores, 2 to 4 can serve more. At
-//     most MaxInFlightLimit (64).
-//
 // The zero value turns batching on with the defaults.
-type BatchConfig = batch.Config
+type BatchConfig struct {
+	// Disabled turns group commit off: every call runs its own
+	// statements on a connection of its own.
+	Disabled bool
+
+	// MaxBatch is the most calls one batch carries. The default is
+	// DefaultMaxBatch (64); at most MaxBatchLimit (1000).
+	MaxBatch int
+
+	// MaxInFlight is how many batches run at once, each on a connection
+	// of its own; calls arriving while that many run wait for the next
+	// batch. Fewer batches in flight make larger batches (fewer
+	// statements and commits per call) and longer waits. The default,
+	// DefaultMaxInFlight (1), served the most messages per second and the
+	// least CPU per message on every dialect on a two-core machine
+	// (README.md); on a server with many cores, 2 to 4 can serve more.
+	// At most MaxInFlightLimit (64).
+	MaxInFlight int
+}
 
 // batchLimits are the defaults and bounds of BatchConfig.
 var batchLimits = batch.Limits{
