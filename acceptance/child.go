@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/watermill-dedup/dedup/middleware"
+	dedup "github.com/watermill-dedup/dedup"
 	"github.com/watermill-dedup/dedup/stores"
 )
 
@@ -159,7 +159,7 @@ type pipeSink struct {
 
 func id(d *delivery) string { return strconv.FormatUint(d.id, 10) }
 
-func (s *pipeSink) Observe(scope string, o middleware.Outcome) {
+func (s *pipeSink) Observe(scope string, o dedup.Outcome) {
 	s.w.line("O", strconv.Itoa(int(o)), scope)
 }
 func (s *pipeSink) ObserveStore(string, string, time.Duration, error) {}
@@ -377,7 +377,7 @@ func (c *childConsumer) handleLine(f []string) {
 		r.incomplete(nil)
 	case "O":
 		n, _ := strconv.Atoi(arg(1))
-		r.Observe(arg(2), middleware.Outcome(n))
+		r.Observe(arg(2), dedup.Outcome(n))
 	case "X":
 		r.crashes <- crashNote{consumer: c.name, delivery: d().key(), event: arg(2), point: crashPoint(arg(3)), kill: c.kill}
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	wmw "github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
+	dedup "github.com/watermill-dedup/dedup"
 	"github.com/watermill-dedup/dedup/keyfuncs"
 	"github.com/watermill-dedup/dedup/middleware"
 	"github.com/watermill-dedup/dedup/stores"
@@ -288,7 +289,7 @@ var (
 // sink receives what a consumer does: the test process's run, or a child
 // process's pipe to it.
 type sink interface {
-	middleware.Metrics
+	dedup.Metrics
 	delivered(d *delivery)
 	handled(d *delivery, err error)
 	// effect applies the effect of d to the memory ledger.
@@ -423,27 +424,29 @@ func (c *consumerCore) router(sub message.Subscriber, pub message.Publisher) (*m
 	if err != nil {
 		return nil, err
 	}
-	mode := middleware.ModeLease
+	mode := dedup.ModeLease
 	switch {
 	case c.txMode:
-		mode = middleware.ModeTransactional
+		mode = dedup.ModeTransactional
 	case c.async:
-		mode = middleware.ModeAsyncComplete
+		mode = dedup.ModeAsyncComplete
 	}
 	cfg := middleware.Config{
-		Store:          c.store,
-		Mode:           mode,
-		Key:            key,
-		Lease:          c.spec.Lease,
-		Retention:      c.spec.Retention,
-		StoreTimeout:   c.spec.StoreTimeout,
-		InProgressWait: c.spec.InProgressWait,
-		Metrics:        c.sink,
-		Logger:         c.logger,
-		Tuning:         middleware.Tuning{Heartbeat: c.spec.Heartbeat, InProgressPoll: c.spec.InProgressPoll},
+		Store: c.store,
+		Mode:  mode,
+		Key:   key,
+		Policy: dedup.Policy{
+			Lease:          c.spec.Lease,
+			Retention:      c.spec.Retention,
+			StoreTimeout:   c.spec.StoreTimeout,
+			InProgressWait: c.spec.InProgressWait,
+			Metrics:        c.sink,
+			Logger:         c.logger,
+			Tuning:         dedup.Tuning{Heartbeat: c.spec.Heartbeat, InProgressPoll: c.spec.InProgressPoll},
+		},
 	}
 	if c.spec.FailOpen {
-		cfg.OnStoreError = middleware.FailOpen
+		cfg.OnStoreError = dedup.FailOpen
 	}
 	if c.spec.PublishedAt {
 		cfg.PublishedAt = middleware.MetadataTime(MetadataPublishedAt)
@@ -456,7 +459,7 @@ func (c *consumerCore) router(sub message.Subscriber, pub message.Publisher) (*m
 		return nil, fmt.Errorf("dedup middleware: %w", err)
 	}
 	c.mw = mw
-	dedup := mw.Middleware
+	dedupMW := mw.Middleware
 	var h *message.Handler
 	if c.spec.OutTopic != "" {
 		out := pub
@@ -472,13 +475,13 @@ func (c *consumerCore) router(sub message.Subscriber, pub message.Publisher) (*m
 	}
 	h.AddMiddleware(c.observe)
 	if c.spec.PoisonTopic != "" {
-		poison, err := wmw.PoisonQueueWithFilter(pub, c.spec.PoisonTopic, middleware.IsPermanent)
+		poison, err := wmw.PoisonQueueWithFilter(pub, c.spec.PoisonTopic, dedup.IsPermanent)
 		if err != nil {
 			return nil, err
 		}
 		h.AddMiddleware(poison)
 	}
-	h.AddMiddleware(c.crashAfterComplete, wmw.Recoverer, dedup)
+	h.AddMiddleware(c.crashAfterComplete, wmw.Recoverer, dedupMW)
 	return r, nil
 }
 

@@ -17,7 +17,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/watermill-dedup/dedup/middleware"
+	dedup "github.com/watermill-dedup/dedup"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/testkit/ledger"
 )
@@ -48,7 +48,7 @@ type run struct {
 	mu              sync.Mutex
 	events          int
 	fanout          int
-	outcomes        map[middleware.Outcome]int
+	outcomes        map[dedup.Outcome]int
 	deliveries      int
 	published       map[string]int    // copies per message UUID on the input topic
 	eventOf         map[string]string // message UUID -> event, for reports
@@ -115,7 +115,7 @@ func newRun(t *testing.T, b Backend, s Store, sc Scenario, variant string) *run 
 		crashes:      make(chan crashNote, 64),
 		hangs:        make(chan string, 64),
 		fanout:       1,
-		outcomes:     map[middleware.Outcome]int{},
+		outcomes:     map[dedup.Outcome]int{},
 		published:    map[string]int{},
 		eventOf:      map[string]string{},
 		handledOK:    map[string]int{},
@@ -419,10 +419,10 @@ func (r *run) publishRaw(topic string, msgs ...*message.Message) {
 
 // ---- what consumers report (sink methods of run)
 
-func (r *run) Observe(scope string, o middleware.Outcome) {
+func (r *run) Observe(scope string, o dedup.Outcome) {
 	r.mu.Lock()
 	r.outcomes[o]++
-	if o == middleware.OutcomeDuplicate {
+	if o == dedup.OutcomeDuplicate {
 		r.scopeDups[scope]++
 	}
 	r.mu.Unlock()
@@ -672,7 +672,7 @@ func (r *run) effectsQuiet() []string {
 	return ledger.EventsOf(e)
 }
 
-func (r *run) outcome(o middleware.Outcome) int {
+func (r *run) outcome(o dedup.Outcome) int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.outcomes[o]
@@ -701,7 +701,7 @@ func (r *run) record() {
 		Scenario:   r.sc.label(r.variant),
 		Events:     r.events,
 		Deliveries: r.deliveries,
-		Duplicates: r.outcomes[middleware.OutcomeDuplicate],
+		Duplicates: r.outcomes[dedup.OutcomeDuplicate],
 		Duration:   time.Since(r.start),
 	}
 	notes := append([]string(nil), r.notes...)
@@ -711,7 +711,7 @@ func (r *run) record() {
 	if r.ackedIncomplete > 0 {
 		notes = append(notes, fmt.Sprintf("acked after a failed Complete=%d", r.ackedIncomplete))
 	}
-	if n := r.outcomes[middleware.OutcomeStoreError]; n > 0 && r.sc != StoreOutage {
+	if n := r.outcomes[dedup.OutcomeStoreError]; n > 0 && r.sc != StoreOutage {
 		notes = append(notes, fmt.Sprintf("store_error=%d", n))
 	}
 	r.mu.Unlock()

@@ -10,7 +10,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/watermill-dedup/dedup/middleware"
+	dedup "github.com/watermill-dedup/dedup"
 )
 
 // Scenario is one of the suite's scenarios. Every scenario checks the
@@ -79,7 +79,7 @@ const (
 
 	// BadInput: messages without the business key and with a non-JSON
 	// payload go to a poison queue (Watermill's PoisonQueueWithFilter with
-	// middleware.IsPermanent) and the stream continues; the poisoned
+	// dedup.IsPermanent) and the stream continues; the poisoned
 	// messages, fixed, are replayed and applied once; already processed
 	// messages replayed from a dead-letter topic are dropped as
 	// duplicates.
@@ -93,7 +93,7 @@ const (
 
 	// Retention: with a short retention window, a redelivery inside the
 	// window is a duplicate, and one after it is processed again and
-	// counted as a ttl miss (middleware.OutcomeTTLMiss). That second
+	// counted as a ttl miss (dedup.OutcomeTTLMiss). That second
 	// effect is the documented cost of a window shorter than the broker's
 	// redelivery horizon: it is the one expected exception to the
 	// invariant, and the scenario asserts it happens exactly for the late
@@ -220,7 +220,7 @@ func (r *run) spec(name, topic string) consumerSpec {
 		// Longer than StoreTimeout: a lease must not run out while a
 		// Complete waits for the store, or a concurrent duplicate takes
 		// it over and runs again. Scenarios about expiry set it shorter.
-		Lease:          middleware.DefaultLease,
+		Lease:          dedup.DefaultLease,
 		InProgressWait: 500 * time.Millisecond,
 		InProgressPoll: 20 * time.Millisecond,
 		// Generous: on two shared cores under the race detector a store

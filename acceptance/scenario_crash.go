@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/watermill-dedup/dedup/middleware"
+	dedup "github.com/watermill-dedup/dedup"
 )
 
 type crashMode string
@@ -161,7 +161,7 @@ func scenarioCrash(t *testing.T, b Backend, s Store) {
 		}
 	}
 	r.mu.Unlock()
-	reported := r.outcome(middleware.OutcomeTakeover)
+	reported := r.outcome(dedup.OutcomeTakeover)
 	AssertBetween(t, "takeovers reported by the middleware", reported, withEffect, takeovers)
 	r.note("takeovers=%d (crashed claims claimed again %s after their last lease) fresh claims after the store could forget=%d", reported, strings.Join(after, ","), fresh)
 }
@@ -329,7 +329,7 @@ func scenarioLease(t *testing.T, b Backend, s Store) {
 	takeovers, fresh, after := checkTakeovers(t, "hung", calls, ids(hung), r.hungBy, spec.Lease)
 	// The middleware reports every takeover the store reports, and no
 	// other (every claim that starts a delivery goes through it).
-	reported := r.outcomes[middleware.OutcomeTakeover]
+	reported := r.outcomes[dedup.OutcomeTakeover]
 	AssertBetween(t, "takeovers reported by the middleware", reported, takeovers, takeovers)
 	refused := 0
 	for _, n := range r.completeLost {

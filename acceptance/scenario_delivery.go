@@ -6,7 +6,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 
-	"github.com/watermill-dedup/dedup/middleware"
+	dedup "github.com/watermill-dedup/dedup"
 )
 
 // scenarioNack is NackRedelivery.
@@ -28,7 +28,7 @@ func scenarioNack(t *testing.T, b Backend, s Store) {
 	if failed != n {
 		t.Errorf("%d first attempts failed, want one per event (%d)", failed, n)
 	}
-	r.note("failed first attempts=%d (panics %d), released=%d", failed, failed/5, r.outcome(middleware.OutcomeReleased))
+	r.note("failed first attempts=%d (panics %d), released=%d", failed, failed/5, r.outcome(dedup.OutcomeReleased))
 	if b.Features.Ordered {
 		shard := map[string]int{}
 		for _, ev := range evs {
@@ -66,8 +66,8 @@ func scenarioConcurrent(t *testing.T, b Backend, s Store) {
 	r.mu.Lock()
 	fanout := r.fanout
 	r.mu.Unlock()
-	AssertAtLeast(t, "duplicates dropped", r.outcome(middleware.OutcomeDuplicate), copies*fanout-len(evs))
-	r.note("%d consumers, %d copies, in_progress=%d", k, copies, r.outcome(middleware.OutcomeInProgress))
+	AssertAtLeast(t, "duplicates dropped", r.outcome(dedup.OutcomeDuplicate), copies*fanout-len(evs))
+	r.note("%d consumers, %d copies, in_progress=%d", k, copies, r.outcome(dedup.OutcomeInProgress))
 }
 
 // scenarioRepublish is ProducerRepublish.
@@ -100,6 +100,6 @@ func scenarioRepublish(t *testing.T, b Backend, s Store) {
 	}
 	r.waitSettled(n, r.allApplied(ids(evs)))
 	AssertExactlyOnce(t, r.effects(), ids(evs))
-	AssertAtLeast(t, "duplicates dropped", r.outcome(middleware.OutcomeDuplicate), republished)
+	AssertAtLeast(t, "duplicates dropped", r.outcome(dedup.OutcomeDuplicate), republished)
 	r.note("republished=%d under new ids", republished)
 }

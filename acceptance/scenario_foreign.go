@@ -11,7 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/watermill-dedup/dedup/middleware"
+	dedup "github.com/watermill-dedup/dedup"
 )
 
 // foreignRetention is the consumer's retention in ForeignProducer: the
@@ -130,9 +130,9 @@ func scenarioForeign(t *testing.T, b Backend, s Store) {
 	if failed != len(evs) {
 		t.Errorf("%d first attempts failed, want one per event (%d)", failed, len(evs))
 	}
-	AssertAtLeast(t, "republished copies dropped as duplicates", r.outcome(middleware.OutcomeDuplicate), sameID+newID)
+	AssertAtLeast(t, "republished copies dropped as duplicates", r.outcome(dedup.OutcomeDuplicate), sameID+newID)
 
-	for _, p := range chk.problems(r.publishedCopies(), old, r.outcome(middleware.OutcomeTTLMiss)) {
+	for _, p := range chk.problems(r.publishedCopies(), old, r.outcome(dedup.OutcomeTTLMiss)) {
 		t.Error(p)
 	}
 
@@ -141,7 +141,7 @@ func scenarioForeign(t *testing.T, b Backend, s Store) {
 		fmt.Sprintf("key %s+event_id", native.KeyName),
 		fmt.Sprintf("republished %d under the same id, %d under a new id", sameID, newID),
 		fmt.Sprintf("failed first attempts (redeliveries)=%d", failed),
-		fmt.Sprintf("in_progress=%d", r.outcome(middleware.OutcomeInProgress)),
+		fmt.Sprintf("in_progress=%d", r.outcome(dedup.OutcomeInProgress)),
 		fmt.Sprintf("the producer's id checked on %d deliveries", chk.keyedCount()),
 	}
 	if names := chk.otherKeyNames(); names != "" {
@@ -153,7 +153,7 @@ func scenarioForeign(t *testing.T, b Backend, s Store) {
 	if native.PublishedAt != nil {
 		readings, none := chk.readingCount()
 		notes = append(notes, fmt.Sprintf("published-at read %d times, each as the producer set it (%d found none: sent without a time), ttl_miss=%d (the claims of the event published two retentions before)",
-			readings, none, r.outcome(middleware.OutcomeTTLMiss)))
+			readings, none, r.outcome(dedup.OutcomeTTLMiss)))
 	} else {
 		notes = append(notes, "published-at: none (no way to carry a publish time)")
 	}

@@ -10,8 +10,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	wmw "github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
+	dedup "github.com/watermill-dedup/dedup"
 	"github.com/watermill-dedup/dedup/keyfuncs"
-	"github.com/watermill-dedup/dedup/middleware"
 	"github.com/watermill-dedup/dedup/stores"
 )
 
@@ -120,9 +120,9 @@ func scenarioBadInput(t *testing.T, b Backend, s Store) {
 	})
 	r.waitSettled(n, r.allApplied(all))
 	AssertExactlyOnce(t, r.effects(), all)
-	dups := r.outcome(middleware.OutcomeDuplicate)
+	dups := r.outcome(dedup.OutcomeDuplicate)
 	AssertAtLeast(t, "replayed duplicates dropped", dups, len(replayed))
-	r.note("poisoned=%d fixed+replayed=%d dead-letter replays=%d no_key=%d", len(got), len(got), len(replayed), r.outcome(middleware.OutcomeNoKey))
+	r.note("poisoned=%d fixed+replayed=%d dead-letter replays=%d no_key=%d", len(got), len(got), len(replayed), r.outcome(dedup.OutcomeNoKey))
 }
 
 // scenarioOutputs is Outputs.
@@ -286,11 +286,11 @@ func scenarioRetention(t *testing.T, b Backend, s Store) {
 	}
 	// Every run after the window is of a message published more than a
 	// window earlier, hence a ttl miss (a first run may be one too).
-	misses := r.outcome(middleware.OutcomeTTLMiss)
+	misses := r.outcome(dedup.OutcomeTTLMiss)
 	AssertAtLeast(t, "ttl misses counted", misses, reruns)
 	// The middleware drops every Duplicate the store answers, and reports
 	// it.
-	AssertBetween(t, "duplicates reported by the middleware", r.outcome(middleware.OutcomeDuplicate), w.dups, w.dups)
+	AssertBetween(t, "duplicates reported by the middleware", r.outcome(dedup.OutcomeDuplicate), w.dups, w.dups)
 	r.note("window=%s redeliveries: %d surely inside it (dropped), %d surely after it (processed again, ttl_miss=%d), %d too close to its end to tell; %d more events republished at once after a stall",
 		retention, w.inside, after, misses, w.unsure, extra)
 }

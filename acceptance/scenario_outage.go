@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/watermill-dedup/dedup/middleware"
+	dedup "github.com/watermill-dedup/dedup"
 	"github.com/watermill-dedup/dedup/testkit"
 )
 
@@ -66,9 +66,9 @@ func scenarioOutage(t *testing.T, b Backend, s Store, failOpen bool) {
 	}
 	held := r.waitUntil(hold, func() bool {
 		if failOpen {
-			return r.outcome(middleware.OutcomeBypassed) >= min(5, third/2)
+			return r.outcome(dedup.OutcomeBypassed) >= min(5, third/2)
 		}
-		return r.outcome(middleware.OutcomeStoreError) >= 5
+		return r.outcome(dedup.OutcomeStoreError) >= 5
 	})
 	time.Sleep(500 * time.Millisecond) // the outage lasts at least this long
 	proxy.Restore()
@@ -79,8 +79,8 @@ func scenarioOutage(t *testing.T, b Backend, s Store, failOpen bool) {
 	if doubled := assertOutageEffects(t, r.effects(), ids(evs), r.calls(), failOpen); doubled > 0 {
 		r.note("%d events applied more than once, each after failed store calls (the documented outage exposure)", doubled)
 	}
-	storeErrors := r.outcome(middleware.OutcomeStoreError)
-	bypassed := r.outcome(middleware.OutcomeBypassed)
+	storeErrors := r.outcome(dedup.OutcomeStoreError)
+	bypassed := r.outcome(dedup.OutcomeBypassed)
 	r.note("cut after %d effects, held %s, store_error=%d, bypassed=%d", cutAt, held.Round(100*time.Millisecond), storeErrors, bypassed)
 	if failOpen {
 		if !shared {

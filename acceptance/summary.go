@@ -8,6 +8,7 @@ import (
 	"sync"
 	"text/tabwriter"
 	"time"
+
 )
 
 // Results of a summary row.
@@ -29,7 +30,7 @@ type Row struct {
 	// redeliveries and duplicates included.
 	Deliveries int
 	// Duplicates is the number of deliveries the middleware dropped as
-	// duplicates (middleware.OutcomeDuplicate).
+	// duplicates (dedup.OutcomeDuplicate).
 	Duplicates int
 	// Effects is the number of effects in the ledger.
 	Effects  int

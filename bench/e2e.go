@@ -22,6 +22,7 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/twmb/franz-go/pkg/kfake"
 
+	dedup "github.com/watermill-dedup/dedup"
 	"github.com/watermill-dedup/dedup/keyfuncs"
 	"github.com/watermill-dedup/dedup/middleware"
 	"github.com/watermill-dedup/dedup/stores"
@@ -575,9 +576,9 @@ func runCase(ctx context.Context, b *e2eBroker, c e2eCase, st *e2eStores, lat *s
 		rate, err := consumeRate(ctx, b, d.Middleware)
 		return e2eRun{rate: rate}, err
 	}
-	mode := middleware.ModeLease
+	mode := dedup.ModeLease
 	if c.async {
-		mode = middleware.ModeAsyncComplete
+		mode = dedup.ModeAsyncComplete
 	}
 	mw, err := middleware.New(middleware.Config{
 		Mode:  mode,
@@ -586,7 +587,7 @@ func runCase(ctx context.Context, b *e2eBroker, c e2eCase, st *e2eStores, lat *s
 			keyfuncs.Prefix("msg:", keyfuncs.MessageID()),
 			keyfuncs.Prefix("payment:", keyfuncs.JSON("payment_id")),
 		),
-		Metrics: lat,
+		Policy: dedup.Policy{Metrics: lat},
 	})
 	if err != nil {
 		return e2eRun{}, err
@@ -608,15 +609,15 @@ type storeLatencies struct {
 	claims, complete []time.Duration
 }
 
-func (l *storeLatencies) Observe(string, middleware.Outcome) {}
+func (l *storeLatencies) Observe(string, dedup.Outcome) {}
 
 func (l *storeLatencies) ObserveStore(_, op string, d time.Duration, _ error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	switch op {
-	case middleware.OpClaim:
+	case dedup.OpClaim:
 		l.claims = append(l.claims, d)
-	case middleware.OpComplete:
+	case dedup.OpComplete:
 		l.complete = append(l.complete, d)
 	}
 }

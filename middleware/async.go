@@ -4,6 +4,9 @@ import (
 	"context"
 	"sync"
 	"sync/atomic"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/watermill-dedup/dedup/stores"
 )
@@ -115,4 +118,75 @@ func (p *pending) close(ctx context.Context) error {
 		<-p.idle
 		return ctx.Err()
 	}
+}
+
+// startAsync registers a background Complete of c, or returns nil when c
+// completes before the ack: outside ModeAsyncComplete, on a store that
+// never blocks, and after Close.
+func (m *Middleware) startAsync(c *stores.Claim) *flight {
+	if m.async == nil || m.cyc.NonBlocking() {
+		return nil
+	}
+	return m.async.start(c)
+}
+
+// awaitOwnComplete handles keys found in progress under
+// ModeAsyncComplete: when the run holding them is this middleware's own,
+// acked already with its Complete on the way, the duplicate waits for that
+// Complete (as ModeLease would have made the first delivery's ack wait for
+// it), up to Tuning.CompleteTimeout, and claims again. Nacking it instead
+// would cost the broker's redelivery delay. Keys another consumer holds
+// stay in progress.
+//
+// landings is the count of ended background Completes before the claim
+// that found the keys in progress: when it moved, one of ours may have
+// landed between the store reading the record and the lookup here, and
+// the keys are claimed once more.
+func (m *Middleware) awaitOwnComplete(msg *message.Message, scope string, keys []string, c *stores.Claim, landings uint64) (*stores.Claim, error) {
+	var deadline <-chan time.Time
+	for tries := 0; c.Result == stores.InProgress; tries++ {
+		landed := m.async.landing(scope, keys)
+		if landed == nil {
+			if tries > 0 || m.async.landings.Load() == landings {
+				return c, nil
+			}
+			landed = closedChan
+		}
+		if deadline == nil {
+			t := time.NewTimer(m.cfg.Tuning.CompleteTimeout)
+			defer t.Stop()
+			deadline = t.C
+		}
+		select {
+		case <-landed:
+		case <-deadline:
+			return c, nil
+		case <-msg.Context().Done():
+			return c, nil
+		}
+		again, err := m.cyc.Claim(msg.Context(), scope, keys)
+		if err != nil {
+			return nil, err
+		}
+		c = again
+	}
+	return c, nil
+}
+
+// closedChan is a channel that is always ready.
+var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
+
+// completeAsync records a message already acked (ModeAsyncComplete): the
+// subscriber may have cancelled its context, so the Complete detaches
+// from it, and a failure can only be reported (the cycle logs it).
+//
+// msgCtx is the message's context as the handler got it: the message
+// itself belongs to the router again, which may set another.
+func (m *Middleware) completeAsync(msgCtx context.Context, msg *message.Message, c *stores.Claim, data []byte) {
+	// Detached from the message, whose subscriber may cancel it after the
+	// ack, but stopped by a Close that gives up waiting.
+	ctx, cancel := context.WithCancel(context.WithoutCancel(msgCtx))
+	defer cancel()
+	defer context.AfterFunc(m.async.stop, cancel)()
+	m.cyc.Complete(ctx, msg, c, data)
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	dedup "github.com/watermill-dedup/dedup"
 	"github.com/watermill-dedup/dedup/middleware"
 	"github.com/watermill-dedup/dedup/stores"
 )
@@ -21,6 +22,11 @@ type gatedStore struct {
 	entered chan string
 	open    chan struct{}
 }
+
+// Capabilities are memstore's, but for NonBlocking: a gated Complete
+// blocks, and ModeAsyncComplete completes in the background only on a
+// store that may.
+func (g *gatedStore) Capabilities() stores.Capabilities { return mayBlock(g.Store.Capabilities()) }
 
 func newGatedStore(t testing.TB) *gatedStore {
 	return &gatedStore{Store: newMemstore(t), entered: make(chan string, 100), open: make(chan struct{})}
@@ -38,7 +44,7 @@ func (g *gatedStore) Complete(ctx context.Context, c *stores.Claim, retention ti
 
 func newAsync(t testing.TB, cfg middleware.Config) *middleware.Middleware {
 	t.Helper()
-	cfg.Mode = middleware.ModeAsyncComplete
+	cfg.Mode = dedup.ModeAsyncComplete
 	m, err := middleware.New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -53,15 +59,22 @@ func (inboxStub) Begin(context.Context, string, []string, time.Duration) (stores
 	return nil, errors.New("not used")
 }
 
+// Capabilities are the wrapped store's, with the inbox.
+func (s inboxStub) Capabilities() stores.Capabilities {
+	c := s.Store.Capabilities()
+	c.Inbox = true
+	return c
+}
+
 func TestAsyncCompleteConfig(t *testing.T) {
 	// The mode is one value: transactional and async complete cannot both
 	// be asked for, and an unknown mode is refused.
-	cfg := middleware.Config{Store: inboxStub{newMemstore(t)}, Mode: middleware.ModeTransactional + 1}
-	if err := cfg.Validate(); !errors.Is(err, middleware.ErrInvalidConfig) {
+	cfg := middleware.Config{Store: inboxStub{newMemstore(t)}, Mode: dedup.ModeTransactional + 1}
+	if err := cfg.Validate(); !errors.Is(err, dedup.ErrInvalidConfig) {
 		t.Fatalf("Mode %s: err = %v, want ErrInvalidConfig", cfg.Mode, err)
 	}
 	// Close is a no-op outside ModeAsyncComplete.
-	for _, mode := range []middleware.Mode{middleware.ModeLease, middleware.ModeTransactional} {
+	for _, mode := range []dedup.Mode{dedup.ModeLease, dedup.ModeTransactional} {
 		m, err := middleware.New(middleware.Config{Store: inboxStub{newMemstore(t)}, Mode: mode})
 		if err != nil {
 			t.Fatal(err)
@@ -139,7 +152,7 @@ func TestAsyncCompleteAcksFirstAndCloseWaits(t *testing.T) {
 func TestAsyncCloseGivesUpAtItsDeadline(t *testing.T) {
 	store := newGatedStore(t) // never opened
 	metrics := newCountingMetrics()
-	m := newAsync(t, middleware.Config{Store: store, Scope: "s", Metrics: metrics})
+	m := newAsync(t, middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{Metrics: metrics}})
 	if _, err := m.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })(message.NewMessage("m-1", nil)); err != nil {
 		t.Fatal(err)
 	}
@@ -151,8 +164,8 @@ func TestAsyncCloseGivesUpAtItsDeadline(t *testing.T) {
 	}
 	// The Complete was stopped (goleak checks its goroutine is gone) and
 	// reported; the record stays processing until its lease expires.
-	if metrics.get(middleware.OutcomeStoreError) != 1 {
-		t.Fatalf("store errors = %d, want the abandoned Complete counted", metrics.get(middleware.OutcomeStoreError))
+	if metrics.get(dedup.OutcomeStoreError) != 1 {
+		t.Fatalf("store errors = %d, want the abandoned Complete counted", metrics.get(dedup.OutcomeStoreError))
 	}
 	c, err := store.Claim(context.Background(), "s", []string{"m-1"}, time.Minute)
 	if err != nil || c.Result != stores.InProgress {
@@ -163,7 +176,7 @@ func TestAsyncCloseGivesUpAtItsDeadline(t *testing.T) {
 func TestAsyncCompleteOnRouterEveryEffectOnce(t *testing.T) {
 	store := newMemstore(t)
 	l := newLedger()
-	m := newAsync(t, middleware.Config{Store: store, InProgressWait: 5 * time.Second, Tuning: middleware.Tuning{InProgressPoll: time.Millisecond}})
+	m := newAsync(t, middleware.Config{Store: store, Policy: dedup.Policy{InProgressWait: 5 * time.Second, Tuning: dedup.Tuning{InProgressPoll: time.Millisecond}}})
 	ps := newPubSub(t)
 	r := newRouter(t)
 	r.AddNoPublisherHandler("async", "in", ps, func(msg *message.Message) error {
@@ -208,7 +221,7 @@ func TestAsyncDuplicateOfAnotherConsumerIsInProgress(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-store.entered
-	if _, err := second.Middleware(ok)(message.NewMessage("m-1", nil)); !errors.Is(err, middleware.ErrInProgress) {
+	if _, err := second.Middleware(ok)(message.NewMessage("m-1", nil)); !errors.Is(err, dedup.ErrInProgress) {
 		t.Fatalf("a duplicate of another consumer's run: %v, want ErrInProgress", err)
 	}
 	close(store.open)
@@ -221,7 +234,12 @@ type nonBlockingStore struct {
 	completed atomic.Bool
 }
 
-func (s *nonBlockingStore) NonBlocking() bool { return true }
+// Capabilities are memstore's: NonBlocking.
+func (s *nonBlockingStore) Capabilities() stores.Capabilities {
+	c := s.Store.Capabilities()
+	c.NonBlocking = true
+	return c
+}
 
 func (s *nonBlockingStore) Complete(ctx context.Context, c *stores.Claim, retention time.Duration, data []byte) error {
 	s.completed.Store(true)
@@ -295,7 +313,7 @@ func TestAsyncDuplicateRacingItsComplete(t *testing.T) {
 // returns nil when no Complete is in flight: there was nothing to wait for.
 func TestAsyncCloseWithNothingPending(t *testing.T) {
 	for i := range 50 {
-		m, err := middleware.New(middleware.Config{Store: newGatedStore(t), Mode: middleware.ModeAsyncComplete})
+		m, err := middleware.New(middleware.Config{Store: newGatedStore(t), Mode: dedup.ModeAsyncComplete})
 		if err != nil {
 			t.Fatal(err)
 		}

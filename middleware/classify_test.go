@@ -11,6 +11,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	dedup "github.com/watermill-dedup/dedup"
 	"github.com/watermill-dedup/dedup/keyfuncs"
 	"github.com/watermill-dedup/dedup/middleware"
 	"github.com/watermill-dedup/dedup/stores"
@@ -22,6 +23,14 @@ import (
 type failingStore struct {
 	stores.Store
 	fail func(ctx context.Context) error
+}
+
+// Capabilities are the wrapped store's, but it may block (a store that
+// never blocks gets no per-call timeouts) and it has an inbox.
+func (f failingStore) Capabilities() stores.Capabilities {
+	c := mayBlock(f.Store.Capabilities())
+	c.Inbox = true
+	return c
 }
 
 func (f failingStore) Claim(ctx context.Context, scope string, keys []string, lease time.Duration) (*stores.Claim, error) {
@@ -54,8 +63,8 @@ func failWith(err error) func(context.Context) error {
 type want struct {
 	runs      bool    // the handler runs (unprotected)
 	errs      []error // the returned error wraps each (nil error when runs)
-	permanent bool    // middleware.IsPermanent
-	outcome   middleware.Outcome
+	permanent bool    // dedup.IsPermanent
+	outcome   dedup.Outcome
 }
 
 // TestFailureClassification is the failure classification table of the
@@ -67,11 +76,11 @@ type want struct {
 func TestFailureClassification(t *testing.T) {
 	outage := fmt.Errorf("%w: dial tcp 127.0.0.1:6379: connect: connection refused", stores.ErrUnavailable)
 	nack := func(errs ...error) want {
-		return want{errs: append([]error{middleware.ErrStore}, errs...), outcome: middleware.OutcomeStoreError}
+		return want{errs: append([]error{dedup.ErrStore}, errs...), outcome: dedup.OutcomeStoreError}
 	}
-	bypass := want{runs: true, outcome: middleware.OutcomeBypassed}
-	cancelled := want{errs: []error{context.Canceled}, outcome: middleware.OutcomeCancelled}
-	badKey := want{errs: []error{keyfuncs.ErrNoKey, stores.ErrInvalidKey}, permanent: true, outcome: middleware.OutcomeNoKey}
+	bypass := want{runs: true, outcome: dedup.OutcomeBypassed}
+	cancelled := want{errs: []error{context.Canceled}, outcome: dedup.OutcomeCancelled}
+	badKey := want{errs: []error{keyfuncs.ErrNoKey, stores.ErrInvalidKey}, permanent: true, outcome: dedup.OutcomeNoKey}
 
 	rows := []struct {
 		name      string
@@ -110,21 +119,19 @@ func TestFailureClassification(t *testing.T) {
 			}
 		}
 		for _, mode := range []string{"lease", "transactional"} {
-			for _, policy := range []middleware.StoreErrorPolicy{middleware.FailClosed, middleware.FailOpen} {
-				if mode == "transactional" && policy == middleware.FailOpen {
+			for _, policy := range []dedup.StoreErrorPolicy{dedup.FailClosed, dedup.FailOpen} {
+				if mode == "transactional" && policy == dedup.FailOpen {
 					continue // refused by Validate
 				}
 				w := row.failClosed
-				if policy == middleware.FailOpen {
+				if policy == dedup.FailOpen {
 					w = row.failOpen
 				}
 				t.Run(fmt.Sprintf("%s/%s/%s", row.name, mode, policy), func(t *testing.T) {
 					inner := failingStore{Store: newMemstore(t), fail: row.fail}
 					metrics := newCountingMetrics()
 					mw := dedupMiddleware(t, middleware.Config{
-						Store: inner, Scope: "s", OnStoreError: policy, Metrics: metrics,
-						Mode: map[string]middleware.Mode{"lease": middleware.ModeLease, "transactional": middleware.ModeTransactional}[mode], StoreTimeout: 50 * time.Millisecond,
-					})
+						Store: inner, Scope: "s", Policy: dedup.Policy{OnStoreError: policy, Metrics: metrics, StoreTimeout: 50 * time.Millisecond}, Mode: map[string]dedup.Mode{"lease": dedup.ModeLease, "transactional": dedup.ModeTransactional}[mode]})
 					msg := message.NewMessage("m-1", nil)
 					if row.cancelMsg {
 						ctx, cancel := context.WithCancel(context.Background())
@@ -147,13 +154,13 @@ func TestFailureClassification(t *testing.T) {
 							t.Errorf("err = %v, want one wrapping %v", err, target)
 						}
 					}
-					if got := middleware.IsPermanent(err); got != w.permanent {
+					if got := dedup.IsPermanent(err); got != w.permanent {
 						t.Errorf("IsPermanent(%v) = %v, want %v", err, got, w.permanent)
 					}
 					if metrics.get(w.outcome) != 1 {
 						t.Errorf("outcome %s counted %d times, want 1 (outcomes %v)", w.outcome, metrics.get(w.outcome), metrics.outcomes)
 					}
-					if !w.runs && metrics.get(middleware.OutcomeBypassed) != 0 {
+					if !w.runs && metrics.get(dedup.OutcomeBypassed) != 0 {
 						t.Error("a bypass was counted for a message whose handler did not run")
 					}
 				})
@@ -171,7 +178,7 @@ func (w want) readme() string {
 		return "run unprotected"
 	case w.permanent:
 		return "poison"
-	case w.outcome == middleware.OutcomeCancelled:
+	case w.outcome == dedup.OutcomeCancelled:
 		return "nack, counted `cancelled`"
 	}
 	return "nack"
@@ -220,7 +227,7 @@ func TestCompleteRetriesOutliveTheMessageContext(t *testing.T) {
 	clock := storetest.NewFakeClock(time.Now())
 	store := &flakyStore{Store: newMemstoreClock(t, clock)}
 	lease := time.Minute
-	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Lease: lease, Tuning: middleware.Tuning{CompleteTimeout: 5 * time.Second}})
+	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{Lease: lease, Tuning: dedup.Tuning{CompleteTimeout: 5 * time.Second}}})
 	l := newLedger()
 	h := mw(func(msg *message.Message) ([]*message.Message, error) {
 		l.apply(msg.UUID)

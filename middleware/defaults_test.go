@@ -9,6 +9,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	dedup "github.com/watermill-dedup/dedup"
 	"github.com/watermill-dedup/dedup/middleware"
 	"github.com/watermill-dedup/dedup/stores"
 )
@@ -21,11 +22,11 @@ func TestDefaultHeartbeatKeepsTheLease(t *testing.T) {
 	store := newMemstore(t)
 	metrics := newCountingMetrics()
 	const lease = 600 * time.Millisecond
-	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Lease: lease, Metrics: metrics})
+	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{Lease: lease, Metrics: metrics}})
 	extends := func() int {
 		metrics.mu.Lock()
 		defer metrics.mu.Unlock()
-		return metrics.ops[middleware.OpExtend]
+		return metrics.ops[dedup.OpExtend]
 	}
 	h := mw(func(msg *message.Message) ([]*message.Message, error) {
 		// Run until the lease was extended three times (a little over
@@ -79,7 +80,7 @@ func (c *claimCounter) count() int {
 // then acked as a duplicate.
 func TestInProgressWaitWithTheDefaultPoll(t *testing.T) {
 	store := &claimCounter{Store: newMemstore(t)}
-	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", InProgressWait: 10 * time.Second})
+	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{InProgressWait: 10 * time.Second}})
 	started, finish := make(chan struct{}), make(chan struct{})
 	first := make(chan error, 1)
 	go func() {
@@ -120,7 +121,7 @@ func TestInProgressWaitWithTheDefaultPoll(t *testing.T) {
 func TestNoExtendBeforeTheHeartbeatIsDue(t *testing.T) {
 	for _, lease := range []time.Duration{time.Hour, 2 * time.Nanosecond} {
 		metrics := newCountingMetrics()
-		mw := dedupMiddleware(t, middleware.Config{Store: newMemstore(t), Scope: "s", Lease: lease, Metrics: metrics})
+		mw := dedupMiddleware(t, middleware.Config{Store: newMemstore(t), Scope: "s", Policy: dedup.Policy{Lease: lease, Metrics: metrics}})
 		h := mw(func(*message.Message) ([]*message.Message, error) {
 			// Long enough for the heartbeat loop to look a few times
 			// (it looks at least every 50ms).
@@ -133,7 +134,7 @@ func TestNoExtendBeforeTheHeartbeatIsDue(t *testing.T) {
 			t.Fatalf("lease %s: %v", lease, err)
 		}
 		metrics.mu.Lock()
-		n := metrics.ops[middleware.OpExtend]
+		n := metrics.ops[dedup.OpExtend]
 		metrics.mu.Unlock()
 		if n != 0 {
 			t.Fatalf("lease %s: %d extends in 200ms, want none", lease, n)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	dedup "github.com/watermill-dedup/dedup"
 	"github.com/watermill-dedup/dedup/middleware"
 )
 
@@ -18,12 +19,12 @@ import (
 // retentions and timeouts must not overflow either.
 func TestTinyAndHugeDurations(t *testing.T) {
 	for _, cfg := range []middleware.Config{
-		{Tuning: middleware.Tuning{Heartbeat: time.Nanosecond}},
-		{Lease: 3 * time.Nanosecond},
-		{Lease: time.Nanosecond, Tuning: middleware.Tuning{Heartbeat: -1}},
-		{Lease: math.MaxInt64, Retention: math.MaxInt64, StoreTimeout: math.MaxInt64, Tuning: middleware.Tuning{CompleteTimeout: math.MaxInt64}},
-		{Lease: math.MaxInt64, Tuning: middleware.Tuning{Heartbeat: math.MaxInt64 - 1}},
-		{InProgressWait: math.MaxInt64, Tuning: middleware.Tuning{InProgressPoll: time.Nanosecond}},
+		{Policy: dedup.Policy{Tuning: dedup.Tuning{Heartbeat: time.Nanosecond}}},
+		{Policy: dedup.Policy{Lease: 3 * time.Nanosecond}},
+		{Policy: dedup.Policy{Lease: time.Nanosecond, Tuning: dedup.Tuning{Heartbeat: -1}}},
+		{Policy: dedup.Policy{Lease: math.MaxInt64, Retention: math.MaxInt64, StoreTimeout: math.MaxInt64, Tuning: dedup.Tuning{CompleteTimeout: math.MaxInt64}}},
+		{Policy: dedup.Policy{Lease: math.MaxInt64, Tuning: dedup.Tuning{Heartbeat: math.MaxInt64 - 1}}},
+		{Policy: dedup.Policy{InProgressWait: math.MaxInt64, Tuning: dedup.Tuning{InProgressPoll: time.Nanosecond}}},
 	} {
 		cfg.Store = newMemstore(t)
 		cfg.Scope = "s"
@@ -51,10 +52,10 @@ func TestTinyAndHugeDurations(t *testing.T) {
 // TestHugeRedeliveryHorizon: the retention check saturates instead of
 // overflowing (1.3 x math.MaxInt64 is no duration).
 func TestHugeRedeliveryHorizon(t *testing.T) {
-	if err := middleware.CheckRetention(24*time.Hour, math.MaxInt64); !errors.Is(err, middleware.ErrRetentionTooShort) {
+	if err := dedup.CheckRetention(24*time.Hour, math.MaxInt64); !errors.Is(err, dedup.ErrRetentionTooShort) {
 		t.Fatalf("CheckRetention(24h, math.MaxInt64) = %v, want ErrRetentionTooShort", err)
 	}
-	if err := middleware.CheckRetention(math.MaxInt64, math.MaxInt64); err != nil {
+	if err := dedup.CheckRetention(math.MaxInt64, math.MaxInt64); err != nil {
 		t.Fatalf("CheckRetention(math.MaxInt64, math.MaxInt64) = %v, want nil (the longest retention covers any horizon)", err)
 	}
 }

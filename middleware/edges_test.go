@@ -7,6 +7,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	dedup "github.com/watermill-dedup/dedup"
 	"github.com/watermill-dedup/dedup/keyfuncs"
 	"github.com/watermill-dedup/dedup/middleware"
 )
@@ -15,8 +16,8 @@ import (
 // still asks for the longest retention, and no shorter one passes.
 func TestRedeliveryHorizonAtTheLimit(t *testing.T) {
 	const h = 7094901566811364864 // float64(h) * 1.3 == 2^63
-	err := middleware.CheckRetention(0, h)
-	if !errors.Is(err, middleware.ErrRetentionTooShort) {
+	err := dedup.CheckRetention(0, h)
+	if !errors.Is(err, dedup.ErrRetentionTooShort) {
 		t.Fatalf("CheckRetention with the default retention and a horizon of %s = %v, want ErrRetentionTooShort", time.Duration(h), err)
 	}
 }
@@ -32,12 +33,12 @@ func TestRecordWithoutFingerprintIsADuplicate(t *testing.T) {
 		t.Fatal(err)
 	}
 	metrics := newCountingMetrics()
-	after := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Key: keyfuncs.JSON("id"), Fingerprint: middleware.PayloadFingerprint, Metrics: metrics})
+	after := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Key: keyfuncs.JSON("id"), Fingerprint: middleware.PayloadFingerprint, Policy: dedup.Policy{Metrics: metrics}})
 	if _, err := after(h)(message.NewMessage("2", []byte(`{"id":"A"}`))); err != nil {
 		t.Fatalf("duplicate of a record without a fingerprint: %v, want an ack", err)
 	}
-	if ran != 1 || metrics.get(middleware.OutcomeDuplicate) != 1 {
-		t.Fatalf("handler ran %d times, %d duplicates counted; want 1 and 1", ran, metrics.get(middleware.OutcomeDuplicate))
+	if ran != 1 || metrics.get(dedup.OutcomeDuplicate) != 1 {
+		t.Fatalf("handler ran %d times, %d duplicates counted; want 1 and 1", ran, metrics.get(dedup.OutcomeDuplicate))
 	}
 }
 
@@ -45,7 +46,7 @@ func TestRecordWithoutFingerprintIsADuplicate(t *testing.T) {
 // 300ms CompleteTimeout the store sees a handful of attempts.
 func TestCompleteRetriesBackOff(t *testing.T) {
 	store := &flakyStore{Store: newMemstore(t)}
-	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Tuning: middleware.Tuning{CompleteTimeout: 300 * time.Millisecond, Heartbeat: -1}})
+	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{Tuning: dedup.Tuning{CompleteTimeout: 300 * time.Millisecond, Heartbeat: -1}}})
 	var before int64
 	h := mw(func(*message.Message) ([]*message.Message, error) {
 		store.down.Store(true)

@@ -6,6 +6,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	dedup "github.com/watermill-dedup/dedup"
 	"github.com/watermill-dedup/dedup/keyfuncs"
 	"github.com/watermill-dedup/dedup/middleware"
 	"github.com/watermill-dedup/dedup/stores/memstore"
@@ -20,7 +21,7 @@ func ExampleNew() {
 	}
 	defer store.Close(context.Background())
 
-	dedup, err := middleware.New(middleware.Config{
+	dedupMW, err := middleware.New(middleware.Config{
 		Store: store,
 		Key: keyfuncs.All(
 			keyfuncs.Prefix("msg:", keyfuncs.MessageID()),
@@ -32,8 +33,8 @@ func ExampleNew() {
 	}
 
 	attempts := 0
-	// router.AddMiddleware(dedup.Middleware) in a router; here, by hand:
-	handler := dedup.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+	// router.AddMiddleware(dedupMW.Middleware) in a router; here, by hand:
+	handler := dedupMW.Middleware(func(msg *message.Message) ([]*message.Message, error) {
 		attempts++
 		if attempts == 1 {
 			return nil, fmt.Errorf("transient failure")
@@ -68,12 +69,12 @@ func ExampleMiddleware_Close() {
 	}
 	defer store.Close(context.Background())
 
-	dedup, err := middleware.New(middleware.Config{Store: store, Mode: middleware.ModeAsyncComplete})
+	dedupMW, err := middleware.New(middleware.Config{Store: store, Mode: dedup.ModeAsyncComplete})
 	if err != nil {
 		panic(err)
 	}
-	// router.AddMiddleware(dedup.Middleware), then router.Run; here, by hand:
-	handler := dedup.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+	// router.AddMiddleware(dedupMW.Middleware), then router.Run; here, by hand:
+	handler := dedupMW.Middleware(func(msg *message.Message) ([]*message.Message, error) {
 		fmt.Println("handled", msg.UUID)
 		return nil, nil
 	})
@@ -82,7 +83,7 @@ func ExampleMiddleware_Close() {
 	}
 
 	// After router.Close: every Complete has landed once Close returns.
-	if err := dedup.Close(context.Background()); err != nil {
+	if err := dedupMW.Close(context.Background()); err != nil {
 		panic(err)
 	}
 	_, err = handler(message.NewMessage("evt-1", nil)) // a duplicate

@@ -13,6 +13,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"go.uber.org/goleak"
 
+	dedup "github.com/watermill-dedup/dedup"
 	"github.com/watermill-dedup/dedup/middleware"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/memstore"
@@ -136,15 +137,15 @@ func (l *ledger) assertExactlyOnce(t testing.TB, ids []string) {
 // countingMetrics records outcomes.
 type countingMetrics struct {
 	mu       sync.Mutex
-	outcomes map[middleware.Outcome]int
+	outcomes map[dedup.Outcome]int
 	ops      map[string]int
 }
 
 func newCountingMetrics() *countingMetrics {
-	return &countingMetrics{outcomes: map[middleware.Outcome]int{}, ops: map[string]int{}}
+	return &countingMetrics{outcomes: map[dedup.Outcome]int{}, ops: map[string]int{}}
 }
 
-func (m *countingMetrics) Observe(_ string, o middleware.Outcome) {
+func (m *countingMetrics) Observe(_ string, o dedup.Outcome) {
 	m.mu.Lock()
 	m.outcomes[o]++
 	m.mu.Unlock()
@@ -156,7 +157,7 @@ func (m *countingMetrics) ObserveStore(_, op string, _ time.Duration, _ error) {
 	m.mu.Unlock()
 }
 
-func (m *countingMetrics) get(o middleware.Outcome) int {
+func (m *countingMetrics) get(o dedup.Outcome) int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.outcomes[o]
@@ -222,4 +223,12 @@ func newMemstoreClock(t testing.TB, clock stores.Clock) *memstore.Store {
 	}
 	t.Cleanup(func() { _ = s.Close(context.Background()) })
 	return s
+}
+
+// mayBlock is c without NonBlocking: for wrappers of memstore whose calls
+// block, so that the middleware bounds them by StoreTimeout and completes
+// in the background in ModeAsyncComplete, as on a networked store.
+func mayBlock(c stores.Capabilities) stores.Capabilities {
+	c.NonBlocking = false
+	return c
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	dedup "github.com/watermill-dedup/dedup"
 	"github.com/watermill-dedup/dedup/middleware"
 	"github.com/watermill-dedup/dedup/stores"
 )
@@ -17,6 +18,12 @@ import (
 type hangingExtendStore struct {
 	stores.Store
 	calls, inFlight, maxInFlight atomic.Int32
+}
+
+// Capabilities are the wrapped store's, but it may block (a store that
+// never blocks gets no per-call timeouts).
+func (s *hangingExtendStore) Capabilities() stores.Capabilities {
+	return mayBlock(s.Store.Capabilities())
 }
 
 func (s *hangingExtendStore) Extend(ctx context.Context, _ *stores.Claim, _ time.Duration) error {
@@ -37,8 +44,7 @@ func (s *hangingExtendStore) Extend(ctx context.Context, _ *stores.Claim, _ time
 func TestHeartbeatOneExtendAtATime(t *testing.T) {
 	store := &hangingExtendStore{Store: newMemstore(t)}
 	const storeTimeout = 300 * time.Millisecond
-	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Lease: 10 * time.Second,
-		Tuning: middleware.Tuning{Heartbeat: 10 * time.Millisecond}, StoreTimeout: storeTimeout})
+	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{Lease: 10 * time.Second, Tuning: dedup.Tuning{Heartbeat: 10 * time.Millisecond}, StoreTimeout: storeTimeout}})
 	const handlerRuns = 500 * time.Millisecond // fifty heartbeats
 	_, err := mw(func(*message.Message) ([]*message.Message, error) {
 		time.Sleep(handlerRuns)

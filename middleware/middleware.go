@@ -5,20 +5,31 @@
 //
 //  1. keys := Config.Key(msg). A message that cannot be keyed fails with an
 //     error wrapping keyfuncs.ErrNoKey; the store is not touched. It is
-//     logged at error level and counted (OutcomeNoKey); route it to a
-//     poison queue (see IsPermanent).
+//     logged at error level and counted (dedup.OutcomeNoKey); route it to
+//     a poison queue (see dedup.IsPermanent).
 //  2. Claim the keys in the store, bounded by StoreTimeout. A store error
-//     follows OnStoreError: FailClosed nacks, FailOpen runs unprotected
-//     through an outage.
+//     follows OnStoreError: dedup.FailClosed nacks, dedup.FailOpen runs
+//     unprotected through an outage.
 //  3. Duplicate: ack without running the handler, re-emitting the outputs
-//     stored with the record. InProgress: return ErrInProgress (nack),
-//     after waiting up to InProgressWait for the other run.
+//     stored with the record. InProgress: return dedup.ErrInProgress
+//     (nack), after waiting up to InProgressWait for the other run.
 //  4. Claimed: run the handler with the claim in its context, extending the
 //     lease every Tuning.Heartbeat.
 //  5. Handler error or panic: Release the claim, then return the error (or
 //     re-panic) so the message is nacked and can be retried.
 //  6. Success: Complete the record, storing the handler's produced messages
-//     with it, then return them for the router to publish.
+//     with it, then return them for the router to publish. The effect has
+//     happened: every failure of the Complete not known to be permanent
+//     is retried for Tuning.CompleteTimeout, whatever becomes of the
+//     message's context.
+//
+// New refuses, before any handler runs, a configuration the store cannot
+// honour: a Lease or Retention beyond the store's bounds
+// (stores.Capabilities), ModeTransactional on a store without an inbox.
+//
+// The claim cycle is shared with the publisher decorator
+// ([github.com/watermill-dedup/dedup/publisher]), and so are the settings
+// (dedup.Policy), the errors and the metrics.
 //
 // # Produced messages
 //
@@ -48,22 +59,22 @@
 //
 // # Files
 //
-// middleware.go holds the flow every mode shares (keys, scope, duplicates,
-// store failures); lease.go the lease modes (claim, heartbeat, Complete,
-// Release, the background Complete); transactional.go the inbox mode;
-// heartbeat.go the lease extension; calls.go the bounded, timed store
-// calls.
+// middleware.go holds the flow every mode shares (keys, scope, the ttl
+// check); lease.go the lease modes; async.go the background Completes of
+// ModeAsyncComplete; transactional.go the inbox mode. The claim cycle
+// itself (store calls, error classes, heartbeat, the Complete retry) is
+// the module's internal/cycle, shared with the publisher.
 package middleware
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	dedup "github.com/watermill-dedup/dedup"
+	"github.com/watermill-dedup/dedup/internal/cycle"
 	"github.com/watermill-dedup/dedup/keyfuncs"
 	"github.com/watermill-dedup/dedup/stores"
 )
@@ -74,35 +85,37 @@ import (
 // middlewares (inner to them), so a panic is seen, and a permanent error is
 // routed, after the claim was released:
 //
-//	dedup, err := middleware.New(middleware.Config{Store: store})
+//	dedupMW, err := middleware.New(middleware.Config{Store: store})
 //	...
-//	router.AddMiddleware(middleware.Recoverer, poisonQueue, dedup.Middleware)
+//	router.AddMiddleware(middleware.Recoverer, poisonQueue, dedupMW.Middleware)
 //	...
-//	defer dedup.Close(ctx) // after the router has stopped
+//	defer dedupMW.Close(ctx) // after the router has stopped
 //
-// Close matters only for ModeAsyncComplete, whose Completes run in the
-// background; in the other modes it returns at once.
+// Close matters only for dedup.ModeAsyncComplete, whose Completes run in
+// the background; in the other modes it returns at once.
 type Middleware struct {
 	cfg   Config
-	calls storeCalls
-	inbox stores.Inbox // set in ModeTransactional
-	beats beats
+	cyc   *cycle.Cycle
 	async *pending // set in ModeAsyncComplete
 }
 
 // New returns the dedup middleware for cfg, or an error wrapping
-// ErrInvalidConfig.
+// dedup.ErrInvalidConfig: an invalid field, or a setting the store cannot
+// honour, named with the store's bound.
 func New(cfg Config) (*Middleware, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	cfg.setDefaults()
-	m := &Middleware{cfg: cfg, calls: newStoreCalls(cfg)}
-	m.beats = beats{every: cfg.Tuning.Heartbeat, lease: cfg.Lease, calls: &m.calls, metrics: cfg.Metrics, logger: cfg.Logger}
-	switch cfg.Mode {
-	case ModeTransactional:
-		m.inbox = cfg.Store.(stores.Inbox)
-	case ModeAsyncComplete:
+	cyc, err := cycle.New(cfg.Store, cfg.Policy, cycle.Consumer, cycle.Needs{Mode: cfg.Mode, Scope: cfg.Scope})
+	if err != nil {
+		return nil, err
+	}
+	if cfg.Key == nil {
+		cfg.Key = keyfuncs.MessageID()
+	}
+	cfg.Policy = cyc.Policy()
+	m := &Middleware{cfg: cfg, cyc: cyc}
+	if cfg.Mode == dedup.ModeAsyncComplete {
 		m.async = newPending()
 	}
 	return m, nil
@@ -113,13 +126,10 @@ func (m *Middleware) Middleware(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
 		keys, err := m.cfg.Key(msg)
 		scope := m.scope(msg)
-		if err == nil && len(keys) == 0 {
-			err = fmt.Errorf("%w: message %s: the key function returned no keys", keyfuncs.ErrNoKey, keyfuncs.Name(msg))
+		if err != nil || len(keys) == 0 {
+			return nil, m.cyc.NoKey(msg, scope, keys, err)
 		}
-		if err != nil {
-			return nil, m.permanent(msg, scope, nil, OutcomeNoKey, fmt.Errorf("dedup: scope %q: %w", scope, err))
-		}
-		if m.inbox != nil {
+		if m.cfg.Mode == dedup.ModeTransactional {
 			return m.handleTx(h, msg, scope, keys)
 		}
 		return m.handleLease(h, msg, scope, keys)
@@ -141,36 +151,10 @@ func (m *Middleware) Close(ctx context.Context) error {
 	return m.async.close(ctx)
 }
 
-type claimCtxKey struct{}
-
 // ClaimFromContext returns the claim the middleware holds for the message
 // whose context ctx is, in the lease modes.
 func ClaimFromContext(ctx context.Context) (*stores.Claim, bool) {
-	c, ok := ctx.Value(claimCtxKey{}).(*stores.Claim)
-	return c, ok
-}
-
-// IsPermanent reports whether err, returned by the middleware, marks bad
-// input that no retry will fix: a message without a key
-// (keyfuncs.ErrNoKey), a key reused with a different payload
-// (ErrFingerprintMismatch) or corrupt stored data (ErrCorruptRecord). Use
-// it as the filter of Watermill's PoisonQueueWithFilter. The middleware
-// logs each such error at error level and counts it before returning it.
-func IsPermanent(err error) bool {
-	return errors.Is(err, keyfuncs.ErrNoKey) ||
-		errors.Is(err, ErrFingerprintMismatch) ||
-		errors.Is(err, ErrCorruptRecord)
-}
-
-// permanent counts and logs a message failed for good, and returns err.
-// Nothing is dropped silently: whatever the router does with the error
-// (a poison queue, or a nack for ever), the logger has seen it.
-func (m *Middleware) permanent(msg *message.Message, scope string, keys []string, o Outcome, err error) error {
-	m.cfg.Metrics.Observe(scope, o)
-	f := m.fields(msg, scope, keys)
-	f["outcome"] = o.String()
-	m.cfg.Logger.Error("Dedup cannot process this message, and no retry will help: route it to a poison queue (middleware.IsPermanent)", err, f)
-	return err
+	return cycle.ClaimFromContext(ctx)
 }
 
 func (m *Middleware) scope(msg *message.Message) string {
@@ -183,66 +167,8 @@ func (m *Middleware) scope(msg *message.Message) string {
 	return DefaultScope
 }
 
-func (m *Middleware) fields(msg *message.Message, scope string, keys []string) watermill.LogFields {
-	f := watermill.LogFields{"message_uuid": msg.UUID, "scope": scope}
-	if keys != nil {
-		f["keys"] = keys
-	}
-	return f
-}
-
-// storeFailed handles a Claim (or Begin) that failed, by the class of its
-// error (see the stores package doc): a key the store refuses is bad input
-// (permanent); a message whose context ended is nacked (cancelled); an
-// outage is bypassed under FailOpen; everything else — a closed store,
-// a refused argument, an error the store does not classify, a dead outer
-// transaction — is nacked under either policy, since the store is not
-// known to be unreachable and running the handler unprotected could
-// repeat a done effect.
-func (m *Middleware) storeFailed(h message.HandlerFunc, msg *message.Message, scope string, keys []string, err error) ([]*message.Message, error) {
-	if errors.Is(err, stores.ErrInvalidKey) {
-		// A key function returned something the store rejects: bad input,
-		// not an outage.
-		return nil, m.permanent(msg, scope, keys, OutcomeNoKey, fmt.Errorf("dedup: scope %q: %w: message %s: %w", scope, keyfuncs.ErrNoKey, keyfuncs.Name(msg), err))
-	}
-	if cerr := msg.Context().Err(); cerr != nil {
-		m.cfg.Metrics.Observe(scope, OutcomeCancelled)
-		return nil, fmt.Errorf("dedup: scope %q: message %s: its context ended before the store answered: %w", scope, keyfuncs.Name(msg), errors.Join(cerr, err))
-	}
-	m.cfg.Metrics.Observe(scope, OutcomeStoreError)
-	if m.cfg.OnStoreError == FailOpen && isOutage(err) {
-		m.cfg.Metrics.Observe(scope, OutcomeBypassed)
-		f := m.fields(msg, scope, keys)
-		f["error"] = err.Error()
-		m.cfg.Logger.Error("Dedup store unavailable: running the handler UNPROTECTED (fail-open); reconcile these keys", err, f)
-		return h(msg)
-	}
-	return nil, fmt.Errorf("%w: message %s, scope %q: %w", ErrStore, keyfuncs.Name(msg), scope, err)
-}
-
-// isOutage reports a store error of the outage class: the backend is
-// unreachable (stores.ErrUnavailable), or a store call outlived
-// StoreTimeout while the message's context was still alive.
-func isOutage(err error) bool {
-	return errors.Is(err, stores.ErrUnavailable) || errors.Is(err, context.DeadlineExceeded)
-}
-
-// duplicate acks a message that was already done, re-emitting its stored
-// outputs.
-func (m *Middleware) duplicate(msg *message.Message, scope string, keys []string, data []byte) ([]*message.Message, error) {
-	fp, outputs, err := decodeData(data)
-	if err != nil {
-		return nil, m.permanent(msg, scope, keys, OutcomeCorruptRecord, fmt.Errorf("dedup: scope %q: message %s: %w", scope, keyfuncs.Name(msg), err))
-	}
-	if m.cfg.Fingerprint != nil && len(fp) > 0 {
-		if got := m.cfg.Fingerprint(msg); string(got) != string(fp) {
-			return nil, m.permanent(msg, scope, keys, OutcomeFingerprintMismatch, fmt.Errorf("%w: message %s, scope %q, keys %q", ErrFingerprintMismatch, keyfuncs.Name(msg), scope, keys))
-		}
-	}
-	m.cfg.Metrics.Observe(scope, OutcomeDuplicate)
-	return outputs, nil
-}
-
+// checkTTL counts and logs a claimed message older than Retention: if it
+// was handled before, its record has expired and it runs again.
 func (m *Middleware) checkTTL(msg *message.Message, scope string, keys []string) {
 	if m.cfg.PublishedAt == nil {
 		return
@@ -252,28 +178,26 @@ func (m *Middleware) checkTTL(msg *message.Message, scope string, keys []string)
 		return
 	}
 	if age := time.Since(at); age > m.cfg.Retention {
-		m.cfg.Metrics.Observe(scope, OutcomeTTLMiss)
-		f := m.fields(msg, scope, keys)
+		m.cyc.Observe(scope, dedup.OutcomeTTLMiss)
+		f := m.cyc.Fields(msg, scope, keys)
 		f["age"] = age.String()
 		f["retention"] = m.cfg.Retention.String()
-		m.cfg.Logger.Error("Message is older than the dedup retention window: if it was handled before, its record has expired and it runs again (ttl_miss)", fmt.Errorf("%w: published %s ago, retention %s", errTTLMiss, age, m.cfg.Retention), f)
+		m.cyc.Logger().Error("Message is older than the dedup retention window: if it was handled before, its record has expired and it runs again (ttl_miss)", fmt.Errorf("dedup: message older than the retention window: published %s ago, retention %s", age, m.cfg.Retention), f)
 	}
 }
 
+// encode is the data a done record keeps for msg and the handler's
+// outputs.
 func (m *Middleware) encode(msg *message.Message, outputs []*message.Message) []byte {
 	var fp []byte
 	if m.cfg.Fingerprint != nil {
 		fp = m.cfg.Fingerprint(msg)
 	}
-	return encodeData(fp, outputs)
+	return cycle.EncodeData(fp, outputs)
 }
 
-// errTTLMiss is the error logged with a ttl miss.
-var errTTLMiss = errors.New("dedup: message older than the retention window")
-
-// inProgress counts and returns ErrInProgress for a message whose keys
-// another consumer holds.
-func (m *Middleware) inProgress(msg *message.Message, scope string, keys []string) error {
-	m.cfg.Metrics.Observe(scope, OutcomeInProgress)
-	return fmt.Errorf("%w: message %s, scope %q, keys %q", ErrInProgress, keyfuncs.Name(msg), scope, keys)
+// duplicate acks a message that was already done, re-emitting its stored
+// outputs.
+func (m *Middleware) duplicate(msg *message.Message, scope string, keys []string, data []byte) ([]*message.Message, error) {
+	return m.cyc.Duplicate(msg, scope, keys, data, m.cfg.Fingerprint)
 }

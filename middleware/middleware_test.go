@@ -16,6 +16,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	wmw "github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
+	dedup "github.com/watermill-dedup/dedup"
 	"github.com/watermill-dedup/dedup/keyfuncs"
 	"github.com/watermill-dedup/dedup/middleware"
 	"github.com/watermill-dedup/dedup/stores"
@@ -108,11 +109,11 @@ func TestPanicFirstAttemptReleasedAndAppliedOnce(t *testing.T) {
 		return nil
 	})
 	h.AddMiddleware(wmw.Recoverer)
-	h.AddMiddleware(dedupMiddleware(t, middleware.Config{Store: newMemstore(t), Metrics: metrics}))
+	h.AddMiddleware(dedupMiddleware(t, middleware.Config{Store: newMemstore(t), Policy: dedup.Policy{Metrics: metrics}}))
 	runRouter(t, r)
 	publish(t, ps, topic, message.NewMessage(watermill.NewUUID(), []byte("evt-1")))
 	eventually(t, "the event applied", func() bool { return l.count("evt-1") == 1 })
-	if got := metrics.get(middleware.OutcomeReleased); got != 1 {
+	if got := metrics.get(dedup.OutcomeReleased); got != 1 {
 		t.Fatalf("released %d claims, want 1 (the panicking attempt)", got)
 	}
 	l.assertExactlyOnce(t, []string{"evt-1"})
@@ -147,16 +148,18 @@ func TestSameMessage64TimesConcurrentlyRunsOnce(t *testing.T) {
 					earlyAcks.Add(1)
 				}
 				acked.Add(1)
-			} else if !errors.Is(err, middleware.ErrInProgress) {
+			} else if !errors.Is(err, dedup.ErrInProgress) {
 				t.Errorf("unexpected error: %v", err)
 			}
 			return out, err
 		}
 	})
 	h.AddMiddleware(dedupMiddleware(t, middleware.Config{
-		Store:          newMemstore(t),
-		InProgressWait: 20 * time.Millisecond,
-		Tuning:         middleware.Tuning{InProgressPoll: 2 * time.Millisecond},
+		Store: newMemstore(t),
+		Policy: dedup.Policy{
+			InProgressWait: 20 * time.Millisecond,
+			Tuning:         dedup.Tuning{InProgressPoll: 2 * time.Millisecond},
+		},
 	}))
 	runRouter(t, r)
 
@@ -284,7 +287,7 @@ func TestMissingKeyIsPoisonStoreUntouched(t *testing.T) {
 	r := newRouter(t)
 	store := &flakyStore{Store: newMemstore(t)}
 	l := newLedger()
-	poison, err := wmw.PoisonQueueWithFilter(ps, "poison", middleware.IsPermanent)
+	poison, err := wmw.PoisonQueueWithFilter(ps, "poison", dedup.IsPermanent)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -355,7 +358,7 @@ func TestStoreDownFailClosed(t *testing.T) {
 		return func(msg *message.Message) ([]*message.Message, error) {
 			out, err := next(msg)
 			if err != nil {
-				if !errors.Is(err, middleware.ErrStore) || !errors.Is(err, errDown) {
+				if !errors.Is(err, dedup.ErrStore) || !errors.Is(err, errDown) {
 					t.Errorf("fail-closed error %v should wrap ErrStore and the store's error", err)
 				}
 				nacks.Add(1)
@@ -364,7 +367,7 @@ func TestStoreDownFailClosed(t *testing.T) {
 			return out, err
 		}
 	})
-	h.AddMiddleware(dedupMiddleware(t, middleware.Config{Store: store, Metrics: metrics}))
+	h.AddMiddleware(dedupMiddleware(t, middleware.Config{Store: store, Policy: dedup.Policy{Metrics: metrics}}))
 	runRouter(t, r)
 	ids := eventIDs(n)
 	for _, id := range ids {
@@ -377,8 +380,8 @@ func TestStoreDownFailClosed(t *testing.T) {
 	store.down.Store(false)
 	eventually(t, "every event applied after the store returned", func() bool { return l.distinct() == n })
 	l.assertExactlyOnce(t, ids)
-	if metrics.get(middleware.OutcomeStoreError) == 0 || metrics.get(middleware.OutcomeBypassed) != 0 {
-		t.Fatalf("metrics: %d store errors, %d bypasses; want some and none", metrics.get(middleware.OutcomeStoreError), metrics.get(middleware.OutcomeBypassed))
+	if metrics.get(dedup.OutcomeStoreError) == 0 || metrics.get(dedup.OutcomeBypassed) != 0 {
+		t.Fatalf("metrics: %d store errors, %d bypasses; want some and none", metrics.get(dedup.OutcomeStoreError), metrics.get(dedup.OutcomeBypassed))
 	}
 }
 
@@ -394,7 +397,7 @@ func TestStoreDownFailOpen(t *testing.T) {
 		l.apply(string(msg.Payload))
 		return nil
 	})
-	h.AddMiddleware(dedupMiddleware(t, middleware.Config{Store: store, Metrics: metrics, OnStoreError: middleware.FailOpen}))
+	h.AddMiddleware(dedupMiddleware(t, middleware.Config{Store: store, Policy: dedup.Policy{Metrics: metrics, OnStoreError: dedup.FailOpen}}))
 	runRouter(t, r)
 	ids := eventIDs(n)
 	for _, id := range ids {
@@ -402,7 +405,7 @@ func TestStoreDownFailOpen(t *testing.T) {
 	}
 	eventually(t, "every event applied unprotected", func() bool { return l.distinct() == n })
 	l.assertExactlyOnce(t, ids)
-	if got := metrics.get(middleware.OutcomeBypassed); got != n {
+	if got := metrics.get(dedup.OutcomeBypassed); got != n {
 		t.Fatalf("%d bypasses counted, want %d", got, n)
 	}
 }
@@ -411,7 +414,7 @@ func TestHeartbeatKeepsLongHandlerClaimed(t *testing.T) {
 	ctx := context.Background()
 	store := newMemstore(t)
 	lease := 150 * time.Millisecond
-	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Lease: lease, Tuning: middleware.Tuning{Heartbeat: lease / 5}})
+	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{Lease: lease, Tuning: dedup.Tuning{Heartbeat: lease / 5}}})
 	var (
 		rivals  []stores.Result
 		handler = func(msg *message.Message) ([]*message.Message, error) {
@@ -446,7 +449,7 @@ func TestLostClaimCancelsHandlerAndNacks(t *testing.T) {
 	store := newMemstoreClock(t, clock)
 	metrics := newCountingMetrics()
 	lease := time.Second
-	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Lease: lease, Tuning: middleware.Tuning{Heartbeat: 20 * time.Millisecond}, Metrics: metrics})
+	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{Lease: lease, Tuning: dedup.Tuning{Heartbeat: 20 * time.Millisecond}, Metrics: metrics}})
 	var handlerCtxErr error
 	_, err := mw(func(msg *message.Message) ([]*message.Message, error) {
 		// The lease runs out (as if this process stalled) and a rival takes over.
@@ -468,7 +471,7 @@ func TestLostClaimCancelsHandlerAndNacks(t *testing.T) {
 	if !errors.Is(handlerCtxErr, stores.ErrLostClaim) {
 		t.Fatalf("handler context cause = %v, want ErrLostClaim", handlerCtxErr)
 	}
-	if metrics.get(middleware.OutcomeLostClaim) == 0 {
+	if metrics.get(dedup.OutcomeLostClaim) == 0 {
 		t.Fatal("lost claim not counted")
 	}
 }
@@ -482,12 +485,12 @@ func TestInProgressReturnsRetryableError(t *testing.T) {
 	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s"})
 	ran := false
 	_, err = mw(func(*message.Message) ([]*message.Message, error) { ran = true; return nil, nil })(message.NewMessage("m-1", nil))
-	if !errors.Is(err, middleware.ErrInProgress) || ran {
+	if !errors.Is(err, dedup.ErrInProgress) || ran {
 		t.Fatalf("err = %v, ran = %v; want ErrInProgress without running", err, ran)
 	}
 	// With a wait, a delivery that collides with a run that then completes
 	// is acked as a duplicate.
-	mw = dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", InProgressWait: 5 * time.Second, Tuning: middleware.Tuning{InProgressPoll: time.Millisecond}})
+	mw = dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{InProgressWait: 5 * time.Second, Tuning: dedup.Tuning{InProgressPoll: time.Millisecond}}})
 	go func() {
 		time.Sleep(20 * time.Millisecond)
 		_ = store.Complete(context.Background(), c, time.Hour, nil)
@@ -508,7 +511,7 @@ func TestFingerprintMismatch(t *testing.T) {
 		t.Fatalf("same key, same payload: %v, want a duplicate ack", err)
 	}
 	_, err := mw(h)(message.NewMessage("3", []byte(`{"id":"A","amount":999}`)))
-	if !errors.Is(err, middleware.ErrFingerprintMismatch) || !middleware.IsPermanent(err) {
+	if !errors.Is(err, dedup.ErrFingerprintMismatch) || !dedup.IsPermanent(err) {
 		t.Fatalf("same key, different payload: %v, want ErrFingerprintMismatch", err)
 	}
 }
@@ -517,8 +520,7 @@ func TestTTLMissCounted(t *testing.T) {
 	metrics := newCountingMetrics()
 	logger := watermill.NewCaptureLogger()
 	mw := dedupMiddleware(t, middleware.Config{
-		Store: newMemstore(t), Retention: time.Hour, Metrics: metrics, Logger: logger,
-		PublishedAt: middleware.MetadataTime("published_at"),
+		Store: newMemstore(t), Policy: dedup.Policy{Retention: time.Hour, Metrics: metrics, Logger: logger}, PublishedAt: middleware.MetadataTime("published_at"),
 	})
 	h := func(*message.Message) ([]*message.Message, error) { return nil, nil }
 	old := message.NewMessage("old", nil)
@@ -532,7 +534,7 @@ func TestTTLMissCounted(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if got := metrics.get(middleware.OutcomeTTLMiss); got != 1 {
+	if got := metrics.get(dedup.OutcomeTTLMiss); got != 1 {
 		t.Fatalf("%d ttl misses, want 1", got)
 	}
 	// Logged at error level with an error that says what happened (a nil
@@ -544,21 +546,21 @@ func TestTTLMissCounted(t *testing.T) {
 }
 
 func TestRetentionShorterThanHorizon(t *testing.T) {
-	err := middleware.CheckRetention(time.Hour, time.Hour)
-	if !errors.Is(err, middleware.ErrRetentionTooShort) || !strings.Contains(err.Error(), "1h18m0s") {
+	err := dedup.CheckRetention(time.Hour, time.Hour)
+	if !errors.Is(err, dedup.ErrRetentionTooShort) || !strings.Contains(err.Error(), "1h18m0s") {
 		t.Fatalf("CheckRetention(1h, 1h) = %v, want ErrRetentionTooShort naming the 1h18m minimum", err)
 	}
-	if err := middleware.CheckRetention(2*time.Hour, time.Hour); err != nil {
+	if err := dedup.CheckRetention(2*time.Hour, time.Hour); err != nil {
 		t.Fatalf("2h retention over a 1h horizon: %v", err)
 	}
-	if err := middleware.CheckRetention(time.Hour, 0); err != nil {
+	if err := dedup.CheckRetention(time.Hour, 0); err != nil {
 		t.Fatalf("an unknown horizon: %v", err)
 	}
 	// Zero is the default retention, 24h.
-	if err := middleware.CheckRetention(0, 18*time.Hour); err != nil {
+	if err := dedup.CheckRetention(0, 18*time.Hour); err != nil {
 		t.Fatalf("default retention over an 18h horizon: %v", err)
 	}
-	if err := middleware.CheckRetention(0, 19*time.Hour); !errors.Is(err, middleware.ErrRetentionTooShort) {
+	if err := dedup.CheckRetention(0, 19*time.Hour); !errors.Is(err, dedup.ErrRetentionTooShort) {
 		t.Fatalf("default retention over a 19h horizon: %v, want ErrRetentionTooShort", err)
 	}
 }
@@ -567,17 +569,17 @@ func TestConfigValidate(t *testing.T) {
 	s := newMemstore(t)
 	cases := map[string]middleware.Config{
 		"no store":                  {},
-		"negative lease":            {Store: s, Lease: -1},
-		"negative retention":        {Store: s, Retention: -1},
-		"heartbeat >= lease":        {Store: s, Lease: time.Second, Tuning: middleware.Tuning{Heartbeat: time.Second}},
-		"transactional memstore":    {Store: s, Mode: middleware.ModeTransactional},
-		"unknown mode":              {Store: s, Mode: middleware.ModeTransactional + 1},
-		"negative complete timeout": {Store: s, Tuning: middleware.Tuning{CompleteTimeout: -1}},
-		"negative poll":             {Store: s, Tuning: middleware.Tuning{InProgressPoll: -1}},
-		"unknown store err policy":  {Store: s, OnStoreError: 7},
+		"negative lease":            {Store: s, Policy: dedup.Policy{Lease: -1}},
+		"negative retention":        {Store: s, Policy: dedup.Policy{Retention: -1}},
+		"heartbeat >= lease":        {Store: s, Policy: dedup.Policy{Lease: time.Second, Tuning: dedup.Tuning{Heartbeat: time.Second}}},
+		"transactional memstore":    {Store: s, Mode: dedup.ModeTransactional},
+		"unknown mode":              {Store: s, Mode: dedup.ModeTransactional + 1},
+		"negative complete timeout": {Store: s, Policy: dedup.Policy{Tuning: dedup.Tuning{CompleteTimeout: -1}}},
+		"negative poll":             {Store: s, Policy: dedup.Policy{Tuning: dedup.Tuning{InProgressPoll: -1}}},
+		"unknown store err policy":  {Store: s, Policy: dedup.Policy{OnStoreError: 7}},
 	}
 	for name, cfg := range cases {
-		if _, err := middleware.New(cfg); !errors.Is(err, middleware.ErrInvalidConfig) {
+		if _, err := middleware.New(cfg); !errors.Is(err, dedup.ErrInvalidConfig) {
 			t.Errorf("%s: New = %v, want ErrInvalidConfig", name, err)
 		}
 	}
@@ -649,7 +651,7 @@ func (s *lostReplyStore) Complete(ctx context.Context, c *stores.Claim, retentio
 func TestCompleteWhoseReplyWasLostAcksWithRecordedOutputs(t *testing.T) {
 	store := &lostReplyStore{Store: newMemstore(t)}
 	metrics := newCountingMetrics()
-	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Metrics: metrics})
+	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{Metrics: metrics}})
 	out, err := mw(func(*message.Message) ([]*message.Message, error) {
 		return []*message.Message{message.NewMessage("out-1", []byte("points"))}, nil
 	})(message.NewMessage("m-1", nil))
@@ -659,7 +661,7 @@ func TestCompleteWhoseReplyWasLostAcksWithRecordedOutputs(t *testing.T) {
 	if len(out) != 1 || out[0].UUID != "out-1" {
 		t.Fatalf("outputs = %v, want the recorded out-1", out)
 	}
-	if metrics.get(middleware.OutcomeLostClaim) != 0 {
+	if metrics.get(dedup.OutcomeLostClaim) != 0 {
 		t.Fatal("an own retried Complete was counted as a lost claim")
 	}
 }
@@ -667,7 +669,7 @@ func TestCompleteWhoseReplyWasLostAcksWithRecordedOutputs(t *testing.T) {
 func TestStoreOutageDuringCompleteIsRidden(t *testing.T) {
 	store := &flakyStore{Store: newMemstore(t)}
 	l := newLedger()
-	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Lease: 2 * time.Second})
+	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{Lease: 2 * time.Second}})
 	h := mw(func(msg *message.Message) ([]*message.Message, error) {
 		l.apply(msg.UUID)
 		store.down.Store(true) // the store goes away right after the effect
@@ -694,14 +696,14 @@ func (keyRejectingStore) Claim(context.Context, string, []string, time.Duration)
 
 func TestKeyRejectedByStoreIsBadInputNotStoreError(t *testing.T) {
 	metrics := newCountingMetrics()
-	mw := dedupMiddleware(t, middleware.Config{Store: keyRejectingStore{newMemstore(t)}, Metrics: metrics, OnStoreError: middleware.FailOpen})
+	mw := dedupMiddleware(t, middleware.Config{Store: keyRejectingStore{newMemstore(t)}, Policy: dedup.Policy{Metrics: metrics, OnStoreError: dedup.FailOpen}})
 	ran := false
 	_, err := mw(func(*message.Message) ([]*message.Message, error) { ran = true; return nil, nil })(message.NewMessage("m-1", nil))
-	if !errors.Is(err, keyfuncs.ErrNoKey) || !middleware.IsPermanent(err) || ran {
+	if !errors.Is(err, keyfuncs.ErrNoKey) || !dedup.IsPermanent(err) || ran {
 		t.Fatalf("err = %v, ran = %v; want a permanent ErrNoKey without running (even fail-open)", err, ran)
 	}
-	if metrics.get(middleware.OutcomeStoreError) != 0 || metrics.get(middleware.OutcomeNoKey) != 1 {
-		t.Fatalf("outcomes: %d store errors, %d no_key; want 0 and 1", metrics.get(middleware.OutcomeStoreError), metrics.get(middleware.OutcomeNoKey))
+	if metrics.get(dedup.OutcomeStoreError) != 0 || metrics.get(dedup.OutcomeNoKey) != 1 {
+		t.Fatalf("outcomes: %d store errors, %d no_key; want 0 and 1", metrics.get(dedup.OutcomeStoreError), metrics.get(dedup.OutcomeNoKey))
 	}
 }
 
@@ -709,8 +711,7 @@ func TestKeyRejectedByStoreIsBadInputNotStoreError(t *testing.T) {
 // claim, as a panicking handler does: the redelivery can run.
 func TestPanickingFingerprintReleasesTheClaim(t *testing.T) {
 	store := newMemstore(t)
-	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Tuning: middleware.Tuning{Heartbeat: 20 * time.Millisecond},
-		Fingerprint: func(*message.Message) []byte { panic("fingerprint bug") }})
+	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{Tuning: dedup.Tuning{Heartbeat: 20 * time.Millisecond}}, Fingerprint: func(*message.Message) []byte { panic("fingerprint bug") }})
 	func() {
 		defer func() {
 			if recover() == nil {
@@ -756,6 +757,10 @@ type slowReplyStore struct {
 	delay time.Duration
 }
 
+// Capabilities are the wrapped store's, but it may block (a store that
+// never blocks gets no per-call timeouts).
+func (s slowReplyStore) Capabilities() stores.Capabilities { return mayBlock(s.Store.Capabilities()) }
+
 func (s slowReplyStore) Complete(ctx context.Context, c *stores.Claim, retention time.Duration, data []byte) error {
 	err := s.Store.Complete(ctx, c, retention, data)
 	time.Sleep(s.delay) // the reply on its way back
@@ -765,11 +770,11 @@ func (s slowReplyStore) Complete(ctx context.Context, c *stores.Claim, retention
 // A heartbeat that fires while the Complete's reply is on its way finds
 // the record done: that is not a lost lease.
 func TestHeartbeatDuringCompleteIsNotALostClaim(t *testing.T) {
-	for _, mode := range []middleware.Mode{middleware.ModeLease, middleware.ModeAsyncComplete} {
-		async := mode == middleware.ModeAsyncComplete
+	for _, mode := range []dedup.Mode{dedup.ModeLease, dedup.ModeAsyncComplete} {
+		async := mode == dedup.ModeAsyncComplete
 		metrics := newCountingMetrics()
 		cfg := middleware.Config{Store: slowReplyStore{newMemstore(t), 100 * time.Millisecond}, Scope: "s",
-			Lease: time.Second, Tuning: middleware.Tuning{Heartbeat: 10 * time.Millisecond}, Metrics: metrics, Mode: mode}
+			Policy: dedup.Policy{Lease: time.Second, Tuning: dedup.Tuning{Heartbeat: 10 * time.Millisecond}, Metrics: metrics}, Mode: mode}
 		m, err := middleware.New(cfg)
 		if err != nil {
 			t.Fatal(err)
@@ -780,11 +785,11 @@ func TestHeartbeatDuringCompleteIsNotALostClaim(t *testing.T) {
 		if err := m.Close(context.Background()); err != nil {
 			t.Fatal(err)
 		}
-		if n := metrics.get(middleware.OutcomeLostClaim); n != 0 {
+		if n := metrics.get(dedup.OutcomeLostClaim); n != 0 {
 			t.Errorf("async=%v: %d lost-claim outcomes for a message that completed", async, n)
 		}
 		metrics.mu.Lock()
-		extends := metrics.ops[middleware.OpExtend]
+		extends := metrics.ops[dedup.OpExtend]
 		metrics.mu.Unlock()
 		if extends == 0 {
 			t.Errorf("async=%v: no Extend ran during the slow Complete: the test proved nothing", async)
@@ -810,22 +815,22 @@ func TestPermanentFailuresAreLoggedAndCounted(t *testing.T) {
 	logger := watermill.NewCaptureLogger()
 	metrics := newCountingMetrics()
 	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Key: keyfuncs.JSON("id"),
-		Fingerprint: middleware.PayloadFingerprint, Logger: logger, Metrics: metrics})
+		Fingerprint: middleware.PayloadFingerprint, Policy: dedup.Policy{Logger: logger, Metrics: metrics}})
 	ok := func(*message.Message) ([]*message.Message, error) { return nil, nil }
 	if _, err := mw(ok)(message.NewMessage("m-0", []byte(`{"id":"a","v":1}`))); err != nil {
 		t.Fatal(err)
 	}
 	for _, tc := range []struct {
 		payload string
-		outcome middleware.Outcome
+		outcome dedup.Outcome
 		err     error
 	}{
-		{`{"v":1}`, middleware.OutcomeNoKey, keyfuncs.ErrNoKey},
-		{`{"id":"a","v":2}`, middleware.OutcomeFingerprintMismatch, middleware.ErrFingerprintMismatch},
-		{`{"id":"corrupt"}`, middleware.OutcomeCorruptRecord, middleware.ErrCorruptRecord},
+		{`{"v":1}`, dedup.OutcomeNoKey, keyfuncs.ErrNoKey},
+		{`{"id":"a","v":2}`, dedup.OutcomeFingerprintMismatch, dedup.ErrFingerprintMismatch},
+		{`{"id":"corrupt"}`, dedup.OutcomeCorruptRecord, dedup.ErrCorruptRecord},
 	} {
 		_, err := mw(ok)(message.NewMessage("m-"+tc.outcome.String(), []byte(tc.payload)))
-		if !errors.Is(err, tc.err) || !middleware.IsPermanent(err) {
+		if !errors.Is(err, tc.err) || !dedup.IsPermanent(err) {
 			t.Errorf("%s: %v, want a permanent error wrapping %v", tc.outcome, err, tc.err)
 		}
 		logged := false

@@ -12,6 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	dedup "github.com/watermill-dedup/dedup"
 	"github.com/watermill-dedup/dedup/middleware"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/storetest"
@@ -25,7 +26,7 @@ import (
 func TestRefusedCompleteAcksWithTheRecordedOutputs(t *testing.T) {
 	clock := storetest.NewFakeClock(time.Now())
 	store := newMemstoreClock(t, clock)
-	cfg := middleware.Config{Store: store, Scope: "s", Lease: time.Minute, Tuning: middleware.Tuning{Heartbeat: -1}}
+	cfg := middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{Lease: time.Minute, Tuning: dedup.Tuning{Heartbeat: -1}}}
 	ours, rival := dedupMiddleware(t, cfg), dedupMiddleware(t, cfg)
 	out, err := ours(func(msg *message.Message) ([]*message.Message, error) {
 		clock.Advance(2 * time.Minute) // this run stalls past its lease...
@@ -73,7 +74,7 @@ func (s *vanishingStore) Complete(ctx context.Context, c *stores.Claim, retentio
 func TestReconcileReleasesWhatItCouldNotRecord(t *testing.T) {
 	mem := newMemstore(t)
 	store := &vanishingStore{Store: mem}
-	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Lease: time.Hour, Tuning: middleware.Tuning{CompleteTimeout: time.Millisecond}})
+	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{Lease: time.Hour, Tuning: dedup.Tuning{CompleteTimeout: time.Millisecond}}})
 	_, err := mw(func(*message.Message) ([]*message.Message, error) { return nil, nil })(message.NewMessage("m-1", nil))
 	if !errors.Is(err, stores.ErrLostClaim) {
 		t.Fatalf("err = %v, want a nack wrapping ErrLostClaim", err)
@@ -92,53 +93,66 @@ func uuids(msgs []*message.Message) []string {
 	return out
 }
 
-// dataRefusingStore refuses every Complete that carries data with an
-// error that is not an outage (outputs too large for the store, say).
+// dataRefusingStore refuses every Complete that carries data with refusal.
 type dataRefusingStore struct {
 	stores.Store
+	refusal   error
 	completes atomic.Int32
 }
 
 func (s *dataRefusingStore) Complete(ctx context.Context, c *stores.Claim, retention time.Duration, data []byte) error {
 	s.completes.Add(1)
 	if len(data) > 0 {
-		return errors.New("Error 1406 (22001): Data too long for column 'data' at row 1")
+		return s.refusal
 	}
 	return s.Store.Complete(ctx, c, retention, data)
 }
 
-// TestCompleteRefusingTheOutputsRecordsWithoutThem: a Complete refused for
-// a reason that is not an outage is not retried for CompleteTimeout (no
-// retry changes the answer), and the message is not acked with its record
-// still processing, which would let a duplicate run it again once the
-// lease ran out: the record is completed without the outputs the store
-// would not keep, loudly.
+// TestCompleteRefusingTheOutputsRecordsWithoutThem: the message is never
+// acked with its record still processing because the store would not keep
+// its outputs, which would let a duplicate run it again once the lease ran
+// out: the record is completed without them, loudly. A refusal the store
+// classifies as data too large (stores.ErrTooLarge) is not retried (no
+// retry changes the answer); one it does not classify is retried for
+// CompleteTimeout like any failure not known to be permanent, then
+// completed without the data.
 func TestCompleteRefusingTheOutputsRecordsWithoutThem(t *testing.T) {
-	clock := storetest.NewFakeClock(time.Now())
-	store := &dataRefusingStore{Store: newMemstoreClock(t, clock)}
-	metrics := newCountingMetrics()
-	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Lease: time.Minute, Tuning: middleware.Tuning{CompleteTimeout: 2 * time.Second}, Metrics: metrics})
-	runs := 0
-	h := mw(func(*message.Message) ([]*message.Message, error) {
-		runs++
-		return []*message.Message{message.NewMessage("out-1", []byte("big"))}, nil
-	})
-	out, err := h(message.NewMessage("m-1", nil))
-	if err != nil || len(out) != 1 {
-		t.Fatalf("first delivery: %v, %v; want an ack with the outputs", uuids(out), err)
-	}
-	if n := store.completes.Load(); n != 2 {
-		t.Errorf("%d Completes, want 2: the refused one, not retried, then one without the outputs", n)
-	}
-	clock.Advance(2 * time.Minute) // past the lease
-	if _, err := h(message.NewMessage("m-1", nil)); err != nil {
-		t.Fatal(err)
-	}
-	if runs != 1 {
-		t.Fatalf("the handler ran %d times: the record was left processing", runs)
-	}
-	if metrics.get(middleware.OutcomeStoreError) == 0 {
-		t.Error("the refused Complete was not counted as a store error")
+	for _, tc := range []struct {
+		name    string
+		refusal error
+		retried bool
+	}{
+		{"too large", fmt.Errorf("%w: 17 MiB, the column keeps 16 MiB", stores.ErrTooLarge), false},
+		{"unclassified", errors.New("Error 1406 (22001): Data too long for column 'data' at row 1"), true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clock := storetest.NewFakeClock(time.Now())
+			store := &dataRefusingStore{Store: newMemstoreClock(t, clock), refusal: tc.refusal}
+			metrics := newCountingMetrics()
+			mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{Lease: time.Minute, Tuning: dedup.Tuning{CompleteTimeout: 200 * time.Millisecond}, Metrics: metrics}})
+			runs := 0
+			h := mw(func(*message.Message) ([]*message.Message, error) {
+				runs++
+				return []*message.Message{message.NewMessage("out-1", []byte("big"))}, nil
+			})
+			out, err := h(message.NewMessage("m-1", nil))
+			if err != nil || len(out) != 1 {
+				t.Fatalf("first delivery: %v, %v; want an ack with the outputs", uuids(out), err)
+			}
+			if n := store.completes.Load(); tc.retried && n < 3 || !tc.retried && n != 2 {
+				t.Errorf("%d Completes, want %s", n, map[bool]string{false: "2: the refused one, not retried, then one without the outputs", true: "at least 3: the refused one, retried, then one without the outputs"}[tc.retried])
+			}
+			clock.Advance(2 * time.Minute) // past the lease
+			if _, err := h(message.NewMessage("m-1", nil)); err != nil {
+				t.Fatal(err)
+			}
+			if runs != 1 {
+				t.Fatalf("the handler ran %d times: the record was left processing", runs)
+			}
+			if metrics.get(dedup.OutcomeStoreError) == 0 {
+				t.Error("the refused Complete was not counted as a store error")
+			}
+		})
 	}
 }
 
@@ -156,7 +170,7 @@ func (refusingStore) Complete(context.Context, *stores.Claim, time.Duration, []b
 // message was recorded done.
 func TestCompleteRefusedWithAndWithoutOutputsIsReportedAsSuch(t *testing.T) {
 	logger := watermill.NewCaptureLogger()
-	mw := dedupMiddleware(t, middleware.Config{Store: refusingStore{newMemstore(t)}, Scope: "s", Logger: logger})
+	mw := dedupMiddleware(t, middleware.Config{Store: refusingStore{newMemstore(t)}, Scope: "s", Policy: dedup.Policy{Logger: logger, Tuning: dedup.Tuning{CompleteTimeout: 100 * time.Millisecond}}})
 	_, err := mw(func(*message.Message) ([]*message.Message, error) {
 		return []*message.Message{message.NewMessage("out-1", nil)}, nil
 	})(message.NewMessage("m-1", nil))
@@ -168,7 +182,7 @@ func TestCompleteRefusedWithAndWithoutOutputsIsReportedAsSuch(t *testing.T) {
 		logged = append(logged, m.Msg)
 	}
 	joined := strings.Join(logged, "\n")
-	if !strings.Contains(joined, "acking anyway") || strings.Contains(joined, "recorded done without them") {
+	if !strings.Contains(joined, "its record stays processing") {
 		t.Fatalf("error log:\n%s\nwant the record reported as left processing, not as done", joined)
 	}
 }

@@ -19,6 +19,7 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/twmb/franz-go/pkg/kfake"
 
+	dedup "github.com/watermill-dedup/dedup"
 	"github.com/watermill-dedup/dedup/keyfuncs"
 	"github.com/watermill-dedup/dedup/publisher"
 	"github.com/watermill-dedup/dedup/testkit"
@@ -221,10 +222,9 @@ func testProducersShareStore(t *testing.T, ps pubsub, kind testkit.StoreKind) {
 		t.Fatalf("subscribe: %v", err)
 	}
 	cfg := publisher.Config{
-		Store:          opened.Store,
-		Key:            keyfuncs.Metadata("event_id"),
-		InProgressWait: 10 * time.Second,
-		Logger:         watermill.NopLogger{},
+		Store:  opened.Store,
+		Key:    keyfuncs.Metadata("event_id"),
+		Policy: dedup.Policy{InProgressWait: 10 * time.Second, Logger: watermill.NopLogger{}},
 	}
 	producer := func(inner message.Publisher) message.Publisher {
 		d, err := publisher.New(cfg)
@@ -314,7 +314,7 @@ func publishRetrying(ctx context.Context, p message.Publisher, topic string, msg
 		if err == nil {
 			return nil
 		}
-		if !errors.Is(err, errBroker) && !errors.Is(err, publisher.ErrInProgress) {
+		if !errors.Is(err, errBroker) && !errors.Is(err, dedup.ErrInProgress) {
 			return err
 		}
 		select {

@@ -10,6 +10,7 @@ import (
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	dedup "github.com/watermill-dedup/dedup"
 	"github.com/watermill-dedup/dedup/keyfuncs"
 	"github.com/watermill-dedup/dedup/publisher"
 	"github.com/watermill-dedup/dedup/stores/memstore"
@@ -29,7 +30,7 @@ func ExampleNew() {
 	dp, err := publisher.New(publisher.Config{
 		Store:  store,
 		Key:    keyfuncs.JSON("order_id"),
-		Window: 10 * time.Minute,
+		Policy: dedup.Policy{Retention: 10 * time.Minute},
 	})
 	if err != nil {
 		panic(err)
@@ -79,7 +80,7 @@ func ExampleModeTransactional() {
 	}
 	dp, err := publisher.New(publisher.Config{
 		Store: store,
-		Mode:  publisher.ModeTransactional,
+		Mode:  dedup.ModeTransactional,
 		Key:   keyfuncs.Metadata("order_id"),
 	})
 	if err != nil {

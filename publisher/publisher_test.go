@@ -13,8 +13,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	dedup "github.com/watermill-dedup/dedup"
 	"github.com/watermill-dedup/dedup/keyfuncs"
-	"github.com/watermill-dedup/dedup/middleware"
 	"github.com/watermill-dedup/dedup/publisher"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/memstore"
@@ -62,13 +62,13 @@ func (r *recorder) uuids() []string {
 
 var errBroker = errors.New("broker said no")
 
-// counts is a middleware.Metrics that counts outcomes per scope.
+// counts is a dedup.Metrics that counts outcomes per scope.
 type counts struct {
 	mu sync.Mutex
 	n  map[string]int
 }
 
-func (c *counts) Observe(scope string, o middleware.Outcome) {
+func (c *counts) Observe(scope string, o dedup.Outcome) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.n == nil {
@@ -79,7 +79,7 @@ func (c *counts) Observe(scope string, o middleware.Outcome) {
 
 func (c *counts) ObserveStore(string, string, time.Duration, error) {}
 
-func (c *counts) get(scope string, o middleware.Outcome) int {
+func (c *counts) get(scope string, o dedup.Outcome) int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.n[scope+"/"+o.String()]
@@ -133,7 +133,7 @@ func TestSixCopiesPublishOnce(t *testing.T) {
 func TestBatchFiltersDuplicates(t *testing.T) {
 	rec := &recorder{}
 	m := &counts{}
-	pub := decorate(t, publisher.Config{Store: newMem(t, nil), Metrics: m}, rec)
+	pub := decorate(t, publisher.Config{Store: newMem(t, nil), Policy: dedup.Policy{Metrics: m}}, rec)
 	if err := pub.Publish("t", msg("a", "1")); err != nil {
 		t.Fatal(err)
 	}
@@ -147,10 +147,10 @@ func TestBatchFiltersDuplicates(t *testing.T) {
 	if rec.calls != 2 {
 		t.Fatalf("%d publish calls, want 2 (the batch in one call)", rec.calls)
 	}
-	if got := m.get("publish:t", middleware.OutcomeDuplicate); got != 2 {
+	if got := m.get("publish:t", dedup.OutcomeDuplicate); got != 2 {
 		t.Fatalf("%d duplicates counted, want 2", got)
 	}
-	if got := m.get("publish:t", middleware.OutcomeClaimed); got != 3 {
+	if got := m.get("publish:t", dedup.OutcomeClaimed); got != 3 {
 		t.Fatalf("%d claims counted, want 3", got)
 	}
 	// Only duplicates: the decorated publisher is not called.
@@ -190,13 +190,13 @@ func TestScopeIsPerTopic(t *testing.T) {
 func TestFailedPublishReleases(t *testing.T) {
 	rec := &recorder{failNext: 1}
 	m := &counts{}
-	pub := decorate(t, publisher.Config{Store: newMem(t, nil), Metrics: m}, rec)
+	pub := decorate(t, publisher.Config{Store: newMem(t, nil), Policy: dedup.Policy{Metrics: m}}, rec)
 	batch := []*message.Message{msg("a", ""), msg("b", "")}
 	err := pub.Publish("t", batch...)
 	if !errors.Is(err, errBroker) {
 		t.Fatalf("first publish: %v, want the broker's error", err)
 	}
-	if got := m.get("publish:t", middleware.OutcomeReleased); got != 2 {
+	if got := m.get("publish:t", dedup.OutcomeReleased); got != 2 {
 		t.Fatalf("%d released, want 2", got)
 	}
 	if err := pub.Publish("t", batch...); err != nil {
@@ -213,7 +213,7 @@ func TestFailedPublishReleases(t *testing.T) {
 func TestWindow(t *testing.T) {
 	clock := storetest.NewFakeClock(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
 	rec := &recorder{}
-	pub := decorate(t, publisher.Config{Store: newMem(t, clock), Window: time.Minute}, rec)
+	pub := decorate(t, publisher.Config{Store: newMem(t, clock), Policy: dedup.Policy{Retention: time.Minute}}, rec)
 	publish := func() {
 		t.Helper()
 		if err := pub.Publish("t", msg("a", "")); err != nil {
@@ -236,15 +236,15 @@ func TestWindow(t *testing.T) {
 func TestNoKeyPublishesNothing(t *testing.T) {
 	rec := &recorder{}
 	m := &counts{}
-	pub := decorate(t, publisher.Config{Store: newMem(t, nil), Metrics: m, Key: keyfuncs.JSON("order_id")}, rec)
+	pub := decorate(t, publisher.Config{Store: newMem(t, nil), Policy: dedup.Policy{Metrics: m}, Key: keyfuncs.JSON("order_id")}, rec)
 	err := pub.Publish("t", msg("a", `{"order_id":"1"}`), msg("b", `{"other":1}`))
-	if !errors.Is(err, keyfuncs.ErrNoKey) || !middleware.IsPermanent(err) {
+	if !errors.Is(err, keyfuncs.ErrNoKey) || !dedup.IsPermanent(err) {
 		t.Fatalf("got %v, want a permanent ErrNoKey", err)
 	}
 	if rec.calls != 0 {
 		t.Fatal("a call with an unkeyable message reached the publisher")
 	}
-	if got := m.get("publish:t", middleware.OutcomeNoKey); got != 1 {
+	if got := m.get("publish:t", dedup.OutcomeNoKey); got != 1 {
 		t.Fatalf("%d no_key counted, want 1", got)
 	}
 	// The keyable message was not claimed: it publishes on its own.
@@ -273,7 +273,7 @@ func TestInProgress(t *testing.T) {
 	rec := &recorder{}
 	pub := decorate(t, publisher.Config{Store: store}, rec)
 	c := other("a")
-	if err := pub.Publish("t", msg("a", ""), msg("b", "")); !errors.Is(err, publisher.ErrInProgress) {
+	if err := pub.Publish("t", msg("a", ""), msg("b", "")); !errors.Is(err, dedup.ErrInProgress) {
 		t.Fatalf("got %v, want ErrInProgress", err)
 	}
 	if rec.calls != 0 {
@@ -285,7 +285,7 @@ func TestInProgress(t *testing.T) {
 	}
 	_ = store.Release(ctx, c)
 
-	waiting := decorate(t, publisher.Config{Store: store, InProgressWait: 10 * time.Second, InProgressPoll: time.Millisecond}, rec)
+	waiting := decorate(t, publisher.Config{Store: store, Policy: dedup.Policy{InProgressWait: 10 * time.Second, Tuning: dedup.Tuning{InProgressPoll: time.Millisecond}}}, rec)
 	for _, end := range []string{"complete", "release"} {
 		t.Run(end, func(t *testing.T) {
 			key := "w-" + end
@@ -355,30 +355,30 @@ func TestStoreFailures(t *testing.T) {
 	t.Run("fail-closed", func(t *testing.T) {
 		rec := &recorder{}
 		m := &counts{}
-		pub := decorate(t, publisher.Config{Store: &failingStore{Store: newMem(t, nil), claimErr: outage}, Metrics: m}, rec)
+		pub := decorate(t, publisher.Config{Store: &failingStore{Store: newMem(t, nil), claimErr: outage}, Policy: dedup.Policy{Metrics: m}}, rec)
 		err := pub.Publish("t", msg("a", ""))
-		if !errors.Is(err, middleware.ErrStore) || !errors.Is(err, stores.ErrUnavailable) {
+		if !errors.Is(err, dedup.ErrStore) || !errors.Is(err, stores.ErrUnavailable) {
 			t.Fatalf("got %v, want ErrStore wrapping the outage", err)
 		}
-		if rec.calls != 0 || m.get("publish:t", middleware.OutcomeStoreError) != 1 {
-			t.Fatalf("calls %d, store errors %d", rec.calls, m.get("publish:t", middleware.OutcomeStoreError))
+		if rec.calls != 0 || m.get("publish:t", dedup.OutcomeStoreError) != 1 {
+			t.Fatalf("calls %d, store errors %d", rec.calls, m.get("publish:t", dedup.OutcomeStoreError))
 		}
 	})
 	t.Run("fail-open outage", func(t *testing.T) {
 		rec := &recorder{}
 		m := &counts{}
-		pub := decorate(t, publisher.Config{Store: &failingStore{Store: newMem(t, nil), claimErr: outage}, Metrics: m, OnStoreError: middleware.FailOpen}, rec)
+		pub := decorate(t, publisher.Config{Store: &failingStore{Store: newMem(t, nil), claimErr: outage}, Policy: dedup.Policy{Metrics: m, OnStoreError: dedup.FailOpen}}, rec)
 		if err := pub.Publish("t", msg("a", "")); err != nil {
 			t.Fatal(err)
 		}
-		if len(rec.uuids()) != 1 || m.get("publish:t", middleware.OutcomeBypassed) != 1 {
-			t.Fatalf("published %d, bypassed %d: want 1 and 1", len(rec.uuids()), m.get("publish:t", middleware.OutcomeBypassed))
+		if len(rec.uuids()) != 1 || m.get("publish:t", dedup.OutcomeBypassed) != 1 {
+			t.Fatalf("published %d, bypassed %d: want 1 and 1", len(rec.uuids()), m.get("publish:t", dedup.OutcomeBypassed))
 		}
 	})
 	t.Run("fail-open not an outage", func(t *testing.T) {
 		rec := &recorder{}
-		pub := decorate(t, publisher.Config{Store: &failingStore{Store: newMem(t, nil), claimErr: errors.New("permission denied")}, OnStoreError: middleware.FailOpen}, rec)
-		if err := pub.Publish("t", msg("a", "")); !errors.Is(err, middleware.ErrStore) {
+		pub := decorate(t, publisher.Config{Store: &failingStore{Store: newMem(t, nil), claimErr: errors.New("permission denied")}, Policy: dedup.Policy{OnStoreError: dedup.FailOpen}}, rec)
+		if err := pub.Publish("t", msg("a", "")); !errors.Is(err, dedup.ErrStore) {
 			t.Fatalf("got %v, want ErrStore", err)
 		}
 		if rec.calls != 0 {
@@ -389,15 +389,15 @@ func TestStoreFailures(t *testing.T) {
 		rec := &recorder{}
 		m := &counts{}
 		base := newMem(t, nil)
-		pub := decorate(t, publisher.Config{Store: &failingStore{Store: base, completeErr: errors.New("disk full")}, Metrics: m}, rec)
+		pub := decorate(t, publisher.Config{Store: &failingStore{Store: base, completeErr: errors.New("disk full")}, Policy: dedup.Policy{Metrics: m}}, rec)
 		if err := pub.Publish("t", msg("a", "")); err != nil {
 			t.Fatalf("the message went out, the publish must succeed: %v", err)
 		}
-		if m.get("publish:t", middleware.OutcomeStoreError) != 1 {
+		if m.get("publish:t", dedup.OutcomeStoreError) != 1 {
 			t.Fatal("the unwritten record was not counted")
 		}
 		// The claim is still processing: a retry within the lease waits.
-		if err := pub.Publish("t", msg("a", "")); !errors.Is(err, publisher.ErrInProgress) {
+		if err := pub.Publish("t", msg("a", "")); !errors.Is(err, dedup.ErrInProgress) {
 			t.Fatalf("retry: %v, want ErrInProgress", err)
 		}
 	})
@@ -405,7 +405,7 @@ func TestStoreFailures(t *testing.T) {
 		s := newMem(t, nil)
 		_ = s.Close(context.Background())
 		rec := &recorder{}
-		pub := decorate(t, publisher.Config{Store: s, OnStoreError: middleware.FailOpen}, rec)
+		pub := decorate(t, publisher.Config{Store: s, Policy: dedup.Policy{OnStoreError: dedup.FailOpen}}, rec)
 		if err := pub.Publish("t", msg("a", "")); !errors.Is(err, stores.ErrClosed) {
 			t.Fatalf("got %v, want ErrClosed", err)
 		}
@@ -416,7 +416,7 @@ func TestStoreFailures(t *testing.T) {
 	t.Run("cancelled message", func(t *testing.T) {
 		rec := &recorder{}
 		m := &counts{}
-		pub := decorate(t, publisher.Config{Store: &failingStore{Store: newMem(t, nil), claimErr: context.Canceled}, Metrics: m, OnStoreError: middleware.FailOpen}, rec)
+		pub := decorate(t, publisher.Config{Store: &failingStore{Store: newMem(t, nil), claimErr: context.Canceled}, Policy: dedup.Policy{Metrics: m, OnStoreError: dedup.FailOpen}}, rec)
 		ctx, cancel := context.WithCancel(context.Background())
 		cancel()
 		mm := msg("a", "")
@@ -424,7 +424,7 @@ func TestStoreFailures(t *testing.T) {
 		if err := pub.Publish("t", mm); !errors.Is(err, context.Canceled) {
 			t.Fatalf("got %v, want context.Canceled", err)
 		}
-		if rec.calls != 0 || m.get("publish:t", middleware.OutcomeCancelled) != 1 {
+		if rec.calls != 0 || m.get("publish:t", dedup.OutcomeCancelled) != 1 {
 			t.Fatal("a cancelled message was published or not counted")
 		}
 	})
@@ -433,17 +433,18 @@ func TestStoreFailures(t *testing.T) {
 func TestValidate(t *testing.T) {
 	mem := newMem(t, nil)
 	for name, cfg := range map[string]publisher.Config{
-		"no store":         {},
-		"negative window":  {Store: mem, Window: -1},
-		"negative lease":   {Store: mem, Lease: -1},
-		"bad mode":         {Store: mem, Mode: 7},
-		"tx without inbox": {Store: mem, Mode: publisher.ModeTransactional},
-		"bad policy":       {Store: mem, OnStoreError: 9},
-		"negative wait":    {Store: mem, InProgressWait: -time.Second},
-		"negative poll":    {Store: mem, InProgressPoll: -time.Second},
-		"negative timeout": {Store: mem, StoreTimeout: -time.Second},
+		"no store":           {},
+		"negative retention": {Store: mem, Policy: dedup.Policy{Retention: -1}},
+		"negative lease":     {Store: mem, Policy: dedup.Policy{Lease: -1}},
+		"bad mode":           {Store: mem, Mode: 7},
+		"async mode":         {Store: mem, Mode: dedup.ModeAsyncComplete},
+		"tx without inbox":   {Store: mem, Mode: dedup.ModeTransactional},
+		"bad policy":         {Store: mem, Policy: dedup.Policy{OnStoreError: 9}},
+		"negative wait":      {Store: mem, Policy: dedup.Policy{InProgressWait: -time.Second}},
+		"negative poll":      {Store: mem, Policy: dedup.Policy{Tuning: dedup.Tuning{InProgressPoll: -time.Second}}},
+		"negative timeout":   {Store: mem, Policy: dedup.Policy{StoreTimeout: -time.Second}},
 	} {
-		if _, err := publisher.New(cfg); !errors.Is(err, middleware.ErrInvalidConfig) {
+		if _, err := publisher.New(cfg); !errors.Is(err, dedup.ErrInvalidConfig) {
 			t.Errorf("%s: got %v, want ErrInvalidConfig", name, err)
 		}
 	}
@@ -451,7 +452,7 @@ func TestValidate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := d.Decorate(nil); !errors.Is(err, middleware.ErrInvalidConfig) {
+	if _, err := d.Decorate(nil); !errors.Is(err, dedup.ErrInvalidConfig) {
 		t.Fatalf("Decorate(nil): %v", err)
 	}
 }
@@ -471,7 +472,7 @@ func TestConcurrentProducers(t *testing.T) {
 	rec := &recorder{}
 	var pubs []message.Publisher
 	for range 4 {
-		pubs = append(pubs, decorate(t, publisher.Config{Store: store, InProgressWait: 5 * time.Second, InProgressPoll: time.Millisecond}, rec))
+		pubs = append(pubs, decorate(t, publisher.Config{Store: store, Policy: dedup.Policy{InProgressWait: 5 * time.Second, Tuning: dedup.Tuning{InProgressPoll: time.Millisecond}}}, rec))
 	}
 	var wg sync.WaitGroup
 	var errs atomic.Int32

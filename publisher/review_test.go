@@ -10,6 +10,7 @@ import (
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	dedup "github.com/watermill-dedup/dedup"
 	"github.com/watermill-dedup/dedup/publisher"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/sqlstore"
@@ -71,7 +72,7 @@ func (panicky) Publish(string, ...*message.Message) error { panic("broker client
 func TestPanickingPublisherLeavesNoClaim(t *testing.T) {
 	rec := &recorder{}
 	store := newMem(t, nil)
-	d, err := publisher.New(publisher.Config{Store: store, Logger: watermill.NopLogger{}})
+	d, err := publisher.New(publisher.Config{Store: store, Policy: dedup.Policy{Logger: watermill.NopLogger{}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -135,7 +136,7 @@ func TestTransactionalWaitIsTheCallersContext(t *testing.T) {
 		ctx := context.Background()
 		o := newOutbox(t, kind)
 		store := o.store
-		d, err := publisher.New(publisher.Config{Store: store, Mode: publisher.ModeTransactional, Key: o.key(), StoreTimeout: 200 * time.Millisecond, Logger: watermill.NopLogger{}})
+		d, err := publisher.New(publisher.Config{Store: store, Mode: dedup.ModeTransactional, Key: o.key(), Policy: dedup.Policy{StoreTimeout: 200 * time.Millisecond, Logger: watermill.NopLogger{}}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -181,7 +182,7 @@ func TestCancelledWhileWaiting(t *testing.T) {
 	if err != nil || c.Result != stores.Claimed {
 		t.Fatal(c, err)
 	}
-	pub := decorate(t, publisher.Config{Store: store, InProgressWait: time.Minute, InProgressPoll: time.Millisecond}, &recorder{})
+	pub := decorate(t, publisher.Config{Store: store, Policy: dedup.Policy{InProgressWait: time.Minute, Tuning: dedup.Tuning{InProgressPoll: time.Millisecond}}}, &recorder{})
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
 	m := msg("a", "")

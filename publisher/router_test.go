@@ -9,6 +9,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 
+	dedup "github.com/watermill-dedup/dedup"
 	"github.com/watermill-dedup/dedup/middleware"
 	"github.com/watermill-dedup/dedup/publisher"
 )
@@ -31,16 +32,16 @@ func TestRouterPublisherDecorator(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dedup, err := middleware.New(middleware.Config{Store: store, Logger: logger})
+	dedupMW, err := middleware.New(middleware.Config{Store: store, Policy: dedup.Policy{Logger: logger}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	dp, err := publisher.New(publisher.Config{Store: store, Logger: logger})
+	dp, err := publisher.New(publisher.Config{Store: store, Policy: dedup.Policy{Logger: logger}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	handled := make(chan struct{}, 8)
-	router.AddMiddleware(dedup.Middleware)
+	router.AddMiddleware(dedupMW.Middleware)
 	// The router applies the first decorator last (outermost): one that
 	// reports every publish of outputs (duplicates' re-emitted outputs
 	// included) once it has returned, around the dedup decorator.

@@ -6,8 +6,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	dedup "github.com/watermill-dedup/dedup"
 	"github.com/watermill-dedup/dedup/keyfuncs"
-	"github.com/watermill-dedup/dedup/middleware"
 	"github.com/watermill-dedup/dedup/stores"
 )
 
@@ -34,8 +34,8 @@ func (d *Decorator) publishTx(pub message.Publisher, topic, scope string, items 
 			err = fmt.Errorf("%w: message %s, scope %q, carries another transaction than message %s of the same call: publish each transaction's messages in a call of their own", ErrNoTransaction, keyfuncs.Name(items[i].msg), scope, keyfuncs.Name(items[0].msg))
 		}
 		if err != nil {
-			d.cfg.Metrics.Observe(scope, middleware.OutcomeStoreError)
-			d.cfg.Logger.Error("Dedup: transactional publish without its transaction: nothing published", err, d.fields(items[i].msg, scope, items[i].keys))
+			d.cyc.Observe(scope, dedup.OutcomeStoreError)
+			d.cyc.Logger().Error("Dedup: transactional publish without its transaction: nothing published", err, d.cyc.Fields(items[i].msg, scope, items[i].keys))
 			return err
 		}
 	}
@@ -44,17 +44,18 @@ func (d *Decorator) publishTx(pub message.Publisher, topic, scope string, items 
 		if it.dupOf >= 0 {
 			continue
 		}
-		tx, err := d.begin(it.msg.Context(), scope, it.keys)
+		tx, err := d.cyc.Begin(it.msg.Context(), scope, it.keys)
 		if err != nil {
-			return errors.Join(d.beginFailed(scope, it, err), d.rollbackAll(scope, items))
+			// FailOpen is refused with ModeTransactional: never a bypass.
+			_, err = d.cyc.ClaimFailed(it.msg, scope, it.keys, err)
+			return errors.Join(err, d.rollbackAll(scope, items))
 		}
 		switch tx.Result() {
 		case stores.Claimed:
 			it.tx, it.send = tx, true
 		case stores.InProgress:
 			// A lease-mode claim sharing the table holds a key.
-			d.cfg.Metrics.Observe(scope, middleware.OutcomeInProgress)
-			return errors.Join(fmt.Errorf("%w: message %s, scope %q, keys %q", ErrInProgress, keyfuncs.Name(it.msg), scope, it.keys), d.rollbackAll(scope, items))
+			return errors.Join(d.cyc.InProgress(it.msg, scope, it.keys), d.rollbackAll(scope, items))
 		}
 	}
 	send := d.toSend(scope, items)
@@ -72,25 +73,12 @@ func (d *Decorator) publishTx(pub message.Publisher, topic, scope string, items 
 		}
 		tx := it.tx
 		it.tx = nil
-		if err := d.commit(it.msg.Context(), scope, tx); err != nil {
-			d.cfg.Metrics.Observe(scope, middleware.OutcomeStoreError)
-			return errors.Join(fmt.Errorf("%w: publish: message %s, scope %q: the record could not be kept in the transaction; roll it back: %w", middleware.ErrStore, keyfuncs.Name(it.msg), scope, err), d.rollbackAll(scope, items))
+		if err := d.cyc.Commit(it.msg.Context(), scope, tx, nil); err != nil {
+			d.cyc.Observe(scope, dedup.OutcomeStoreError)
+			return errors.Join(fmt.Errorf("%w: publish: message %s, scope %q: the record could not be kept in the transaction; roll it back: %w", dedup.ErrStore, keyfuncs.Name(it.msg), scope, err), d.rollbackAll(scope, items))
 		}
 	}
 	return nil
-}
-
-// beginFailed counts and wraps a Begin that failed.
-func (d *Decorator) beginFailed(scope string, it *item, err error) error {
-	if errors.Is(err, stores.ErrInvalidKey) {
-		return d.permanent(it.msg, scope, it.keys, middleware.OutcomeNoKey, fmt.Errorf("dedup: publish: scope %q: %w: message %s: %w", scope, keyfuncs.ErrNoKey, keyfuncs.Name(it.msg), err))
-	}
-	if cerr := it.msg.Context().Err(); cerr != nil {
-		d.cfg.Metrics.Observe(scope, middleware.OutcomeCancelled)
-		return fmt.Errorf("dedup: publish: scope %q: message %s: its context ended before the store answered: %w", scope, keyfuncs.Name(it.msg), errors.Join(cerr, err))
-	}
-	d.cfg.Metrics.Observe(scope, middleware.OutcomeStoreError)
-	return fmt.Errorf("%w: publish: message %s, scope %q: %w", middleware.ErrStore, keyfuncs.Name(it.msg), scope, err)
 }
 
 // rollbackAll rolls back every open inbox transaction of the call, the
@@ -104,12 +92,12 @@ func (d *Decorator) rollbackAll(scope string, items []item) error {
 		}
 		tx := it.tx
 		it.tx, it.send = nil, false
-		if err := d.rollback(it.msg.Context(), scope, tx); err != nil {
-			d.cfg.Metrics.Observe(scope, middleware.OutcomeStoreError)
+		if err := d.cyc.Rollback(it.msg.Context(), scope, tx); err != nil {
+			d.cyc.Observe(scope, dedup.OutcomeStoreError)
 			errs = append(errs, fmt.Errorf("dedup: publish: rolling back the record of message %s: %w", keyfuncs.Name(it.msg), err))
 			continue
 		}
-		d.cfg.Metrics.Observe(scope, middleware.OutcomeReleased)
+		d.cyc.Observe(scope, dedup.OutcomeReleased)
 	}
 	return errors.Join(errs...)
 }

@@ -14,8 +14,8 @@ import (
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	dedup "github.com/watermill-dedup/dedup"
 	"github.com/watermill-dedup/dedup/keyfuncs"
-	"github.com/watermill-dedup/dedup/middleware"
 	"github.com/watermill-dedup/dedup/publisher"
 	"github.com/watermill-dedup/dedup/stores/sqlstore"
 	"github.com/watermill-dedup/dedup/testkit"
@@ -62,9 +62,9 @@ func newOutbox(t *testing.T, kind testkit.StoreKind) *outbox {
 	})
 	d, err := publisher.New(publisher.Config{
 		Store:  store,
-		Mode:   publisher.ModeTransactional,
+		Mode:   dedup.ModeTransactional,
 		Key:    keyfuncs.Metadata("event_id"),
-		Logger: watermill.NopLogger{},
+		Policy: dedup.Policy{Logger: watermill.NopLogger{}},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -245,7 +245,7 @@ func TestTransactionalConcurrentProducers(t *testing.T) {
 						// A deadlock or lock wait between two producers'
 						// transactions: roll back and try again, as a
 						// service would.
-						if ctx.Err() != nil || !errors.Is(err, middleware.ErrStore) {
+						if ctx.Err() != nil || !errors.Is(err, dedup.ErrStore) {
 							t.Errorf("producer %d, events %v: %v", p, evs, err)
 							return
 						}

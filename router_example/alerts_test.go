@@ -12,8 +12,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.yaml.in/yaml/v3"
 
-	"github.com/watermill-dedup/dedup/middleware"
-	"github.com/watermill-dedup/dedup/middleware/prommetrics"
+	dedup "github.com/watermill-dedup/dedup"
+	"github.com/watermill-dedup/dedup/prommetrics"
 	"github.com/watermill-dedup/dedup/stores"
 )
 
@@ -41,8 +41,8 @@ func exportedSeries(t *testing.T) map[string]bool {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m.Observe("s", middleware.OutcomeClaimed)
-	m.ObserveStore("s", middleware.OpClaim, time.Millisecond, nil)
+	m.Observe("s", dedup.OutcomeClaimed)
+	m.ObserveStore("s", dedup.OpClaim, time.Millisecond, nil)
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
@@ -92,13 +92,13 @@ func TestAlertRules(t *testing.T) {
 		}
 	}
 	outcomes := []string{}
-	for _, o := range middleware.Outcomes() {
+	for _, o := range dedup.Outcomes() {
 		outcomes = append(outcomes, o.String())
 	}
 	labelValues := map[string][]string{
 		"outcome": outcomes,
 		"result":  {prommetrics.ResultOK, prommetrics.ResultError, prommetrics.ResultLostClaim, prommetrics.ResultInvalid},
-		"op":      {middleware.OpClaim, middleware.OpComplete, middleware.OpRelease, middleware.OpExtend, middleware.OpBegin, middleware.OpCommit, middleware.OpRollback},
+		"op":      {dedup.OpClaim, dedup.OpComplete, dedup.OpRelease, dedup.OpExtend, dedup.OpBegin, dedup.OpCommit, dedup.OpRollback},
 	}
 
 	alerts := map[string]string{} // name -> expr

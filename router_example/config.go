@@ -14,8 +14,8 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	dedup "github.com/watermill-dedup/dedup"
 	"github.com/watermill-dedup/dedup/internal/cliflag"
-	"github.com/watermill-dedup/dedup/middleware"
 )
 
 // Brokers and stores the example can run on.
@@ -143,7 +143,7 @@ func defaultConfig() Config {
 		Retention:          48 * time.Hour,
 		KafkaGroupRecovery: 15 * time.Minute,
 		OutageBudget:       24 * time.Hour,
-		OnStoreError:       middleware.FailClosed.String(),
+		OnStoreError:       dedup.FailClosed.String(),
 	}
 }
 
@@ -407,13 +407,13 @@ func (c Config) Validate() error {
 			return fmt.Errorf("-%s must be at least %s, got %s", d.name, d.min, d.v)
 		}
 	}
-	if c.OnStoreError != middleware.FailClosed.String() && c.OnStoreError != middleware.FailOpen.String() {
+	if c.OnStoreError != dedup.FailClosed.String() && c.OnStoreError != dedup.FailOpen.String() {
 		return fmt.Errorf("-on-store-error must be fail-closed or fail-open, got %q", c.OnStoreError)
 	}
 	if c.AsyncComplete && c.mode() == modeTransactional && c.Dedup {
 		return errors.New("-async-complete cannot be combined with transactional mode (the record commits with the handler's writes): use -mode=lease")
 	}
-	if c.OnStoreError == middleware.FailOpen.String() && c.mode() == modeTransactional && c.Dedup {
+	if c.OnStoreError == dedup.FailOpen.String() && c.mode() == modeTransactional && c.Dedup {
 		return errors.New("-on-store-error=fail-open cannot be combined with transactional mode (the handler's writes need the store's database): use -mode=lease")
 	}
 	if c.Linger > 0 && c.MetricsAddr == "" {
@@ -434,11 +434,11 @@ func (c Config) mode() string {
 }
 
 // storeErrorPolicy is -on-store-error, which Validate checked.
-func (c Config) storeErrorPolicy() middleware.StoreErrorPolicy {
-	if c.OnStoreError == middleware.FailOpen.String() {
-		return middleware.FailOpen
+func (c Config) storeErrorPolicy() dedup.StoreErrorPolicy {
+	if c.OnStoreError == dedup.FailOpen.String() {
+		return dedup.FailOpen
 	}
-	return middleware.FailClosed
+	return dedup.FailClosed
 }
 
 // warnings lists the flags given on the command line or in the file that
@@ -593,12 +593,12 @@ func (c Config) retentionCheck() retentionCheck {
 	return retentionCheck{
 		retention: c.Retention,
 		horizon:   h,
-		minimum:   time.Duration(float64(h.d) * middleware.RetentionSafetyFactor),
+		minimum:   time.Duration(float64(h.d) * dedup.RetentionSafetyFactor),
 	}
 }
 
-// retentionAdvice explains a failed middleware.CheckRetention with the
-// example's flags; it wraps err (middleware.ErrRetentionTooShort).
+// retentionAdvice explains a failed dedup.CheckRetention with the
+// example's flags; it wraps err (dedup.ErrRetentionTooShort).
 func retentionAdvice(c Config, err error) error {
 	return &retentionError{detail: c.retentionCheck().detail(), err: err}
 }
@@ -633,5 +633,5 @@ func (r retentionCheck) detail() string {
 		op = "<"
 	}
 	return fmt.Sprintf("retention %s %s %.1f x redelivery horizon %s (%s) = %s",
-		r.retention, op, middleware.RetentionSafetyFactor, r.horizon.d, r.horizon.source, r.minimum)
+		r.retention, op, dedup.RetentionSafetyFactor, r.horizon.d, r.horizon.source, r.minimum)
 }

@@ -38,9 +38,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	dedup "github.com/watermill-dedup/dedup"
 	"github.com/watermill-dedup/dedup/keyfuncs"
 	"github.com/watermill-dedup/dedup/middleware"
-	"github.com/watermill-dedup/dedup/middleware/prommetrics"
+	"github.com/watermill-dedup/dedup/prommetrics"
 )
 
 const (
@@ -69,7 +70,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	}
 	sim := newSimulation(cfg, stdout, stderr) // closes (and under -cleanup drops) what the run opened
 	defer sim.close(ctx)
-	router, dedup, err := setUp(ctx, cfg, sim)
+	router, dedupMW, err := setUp(ctx, cfg, sim)
 	if err != nil {
 		fmt.Fprintf(stderr, "router_example: %v\n", err)
 		return exitConfig
@@ -90,9 +91,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	sim.fail("closing the router", router.Close())
 	<-stopped
 	sim.fail("router", runErr)
-	if dedup != nil {
+	if dedupMW != nil {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-		sim.fail("dedup middleware", dedup.Close(cctx))
+		sim.fail("dedup middleware", dedupMW.Close(cctx))
 		cancel()
 	}
 	if sim.report(ctx) { // the summary, and the check of the ledger
@@ -106,7 +107,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 func setUp(ctx context.Context, cfg Config, sim *simulation) (*message.Router, *middleware.Middleware, error) {
 	logger := sim.logger
 	// Start-up check: records must outlive the broker's redeliveries.
-	if err := middleware.CheckRetention(cfg.Retention, cfg.redeliveryHorizon().d); err != nil {
+	if err := dedup.CheckRetention(cfg.Retention, cfg.redeliveryHorizon().d); err != nil {
 		err = retentionAdvice(cfg, err)
 		if cfg.StrictRetention {
 			return nil, nil, fmt.Errorf("%w (-strict-retention)", err)
@@ -149,7 +150,7 @@ func setUp(ctx context.Context, cfg Config, sim *simulation) (*message.Router, *
 	// other content) goes to the poison topic instead of coming back for
 	// ever; every other error nacks it for a redelivery.
 	poison, err := wmw.PoisonQueueWithFilter(b.pub, b.poisonTopic, func(err error) bool {
-		return middleware.IsPermanent(err) || errors.Is(err, errBadEvent)
+		return dedup.IsPermanent(err) || errors.Is(err, errBadEvent)
 	})
 	if err != nil {
 		return nil, nil, err
@@ -158,39 +159,41 @@ func setUp(ctx context.Context, cfg Config, sim *simulation) (*message.Router, *
 	// loses acks, sim.inner fails or crashes the handler.
 	router.AddMiddleware(sim.outer, wmw.Recoverer, poison)
 
-	var dedup *middleware.Middleware
+	var dedupMW *middleware.Middleware
 	if cfg.Dedup { // -dedup=false shows what the duplicates do without it
-		mode := middleware.ModeLease
+		mode := dedup.ModeLease
 		switch {
 		case cfg.mode() == modeTransactional:
-			mode = middleware.ModeTransactional // the ledger commits with the record
+			mode = dedup.ModeTransactional // the ledger commits with the record
 		case cfg.AsyncComplete:
-			mode = middleware.ModeAsyncComplete
+			mode = dedup.ModeAsyncComplete
 		}
 		key, publishedAt := consumerKeys(cfg)
-		dedup, err = middleware.New(middleware.Config{
-			Store:          sim.crashing(st.store),
-			Mode:           mode,
-			Key:            key,
-			Lease:          cfg.Lease,
-			InProgressWait: cfg.inProgressWait(),
-			Retention:      cfg.Retention,
-			PublishedAt:    publishedAt, // counts deliveries older than Retention (ttl misses)
-			OnStoreError:   cfg.storeErrorPolicy(),
-			Fingerprint:    middleware.PayloadFingerprint,
-			Logger:         logger,
-			Metrics:        sim.tally(metrics),
+		dedupMW, err = middleware.New(middleware.Config{
+			Store: sim.crashing(st.store),
+			Mode:  mode,
+			Key:   key,
+			Policy: dedup.Policy{
+				Lease:          cfg.Lease,
+				InProgressWait: cfg.inProgressWait(),
+				Retention:      cfg.Retention,
+				OnStoreError:   cfg.storeErrorPolicy(),
+				Logger:         logger,
+				Metrics:        sim.tally(metrics),
+			},
+			PublishedAt: publishedAt, // counts deliveries older than Retention (ttl misses)
+			Fingerprint: middleware.PayloadFingerprint,
 		})
 		if err != nil {
 			return nil, nil, fmt.Errorf("dedup middleware: %w", err)
 		}
-		router.AddMiddleware(dedup.Middleware)
+		router.AddMiddleware(dedupMW.Middleware)
 	}
 	router.AddMiddleware(sim.inner)
 
 	l := &loyalty{ledger: ledger}
 	router.AddNoPublisherHandler(handlerName, b.topic, b.sub, l.awardPoints)
-	return router, dedup, nil
+	return router, dedupMW, nil
 }
 
 // consumerKeys is what the middleware keys and dates a message by: two

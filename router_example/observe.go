@@ -19,20 +19,20 @@ import (
 	"github.com/schollz/progressbar/v3"
 	"golang.org/x/term"
 
-	"github.com/watermill-dedup/dedup/middleware"
-	"github.com/watermill-dedup/dedup/middleware/prommetrics"
+	dedup "github.com/watermill-dedup/dedup"
+	"github.com/watermill-dedup/dedup/prommetrics"
 )
 
 // tally counts the middleware's outcomes for the summary and passes them
 // on to Prometheus.
 type tally struct {
-	next     middleware.Metrics
+	next     dedup.Metrics
 	outcomes [32]atomic.Int64
 }
 
-var _ middleware.Metrics = (*tally)(nil)
+var _ dedup.Metrics = (*tally)(nil)
 
-func (t *tally) Observe(scope string, o middleware.Outcome) {
+func (t *tally) Observe(scope string, o dedup.Outcome) {
 	if int(o) < len(t.outcomes) {
 		t.outcomes[o].Add(1)
 	}
@@ -43,7 +43,7 @@ func (t *tally) ObserveStore(scope, op string, d time.Duration, err error) {
 	t.next.ObserveStore(scope, op, d, err)
 }
 
-func (t *tally) count(o middleware.Outcome) int64 {
+func (t *tally) count(o dedup.Outcome) int64 {
 	if int(o) < len(t.outcomes) {
 		return t.outcomes[o].Load()
 	}
@@ -155,7 +155,7 @@ func (g slogLogger) Error(msg string, err error, fields watermill.LogFields) {
 	switch {
 	case err == nil:
 		g.l.Error(msg, args...)
-	case errors.Is(err, errInjected) || errors.Is(err, middleware.ErrInProgress) || errors.Is(err, context.Canceled):
+	case errors.Is(err, errInjected) || errors.Is(err, dedup.ErrInProgress) || errors.Is(err, context.Canceled):
 		g.l.Info(msg+" (expected): "+err.Error(), args...)
 	default:
 		g.l.Error(msg, append(args, "error", err)...)

@@ -14,7 +14,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/watermill-dedup/dedup/middleware"
+	dedup "github.com/watermill-dedup/dedup"
 	"github.com/watermill-dedup/dedup/stores"
 )
 
@@ -53,7 +53,7 @@ func newSimulation(cfg Config, stdout, stderr io.Writer) *simulation {
 	s := &simulation{
 		cfg: cfg, runID: cfg.RunID, stdout: stdout, stderr: stderr,
 		logger: newLogger(stderr, cfg.Verbose),
-		counts: &tally{next: middleware.NopMetrics{}},
+		counts: &tally{next: dedup.NopMetrics{}},
 	}
 	if s.runID == "" {
 		s.runID = newRunID()
@@ -131,7 +131,7 @@ func (s *simulation) crashing(store stores.Store) stores.Store {
 
 // tally counts the middleware's outcomes for the summary and passes them
 // on to next.
-func (s *simulation) tally(next middleware.Metrics) middleware.Metrics {
+func (s *simulation) tally(next dedup.Metrics) dedup.Metrics {
 	s.counts.next = next
 	return s.counts
 }

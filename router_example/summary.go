@@ -6,7 +6,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/watermill-dedup/dedup/middleware"
+	dedup "github.com/watermill-dedup/dedup"
 )
 
 // result is what a run did, for the summary.
@@ -29,7 +29,7 @@ type result struct {
 	failures        int // injected
 	crashes         int
 	lostAcks        int
-	outcome         func(middleware.Outcome) int64
+	outcome         func(dedup.Outcome) int64
 	ledger          ledgerSnapshot
 	ledgerErr       error
 	elapsed         time.Duration
@@ -81,7 +81,7 @@ func (r *result) verdict() verdict {
 		return verdict{true, fmt.Sprintf("invariant: OK (lease mode) — no payment lost; %d awarded twice after %d injected crashes between side effect and Complete, the bounded duplicate lease mode allows (ledger %d = expected %d + %d)", extra, r.crashes, total, expected, total-expected)}
 	case extra > 0:
 		hint := ""
-		if lost := r.outcome(middleware.OutcomeLostClaim); lost > 0 && r.mode == modeLease {
+		if lost := r.outcome(dedup.OutcomeLostClaim); lost > 0 && r.mode == modeLease {
 			hint = fmt.Sprintf("; %d claims were lost because their lease (-lease %s) expired under a running handler: raise -lease", lost, r.cfg.Lease)
 		}
 		return verdict{false, fmt.Sprintf("invariant: BROKEN — %d duplicate awards: ledger %d != expected %d%s", extra, total, expected, hint)}
@@ -116,13 +116,13 @@ func (r *result) print(w io.Writer) {
 	row("published messages", int64(r.published), r.publishedNote())
 	row("deliveries", int64(r.stats.deliveries), "")
 	row("redelivered", int64(r.stats.redelivered), fmt.Sprintf("%d injected failures, %d lost acks, %d crashes", r.failures, r.lostAcks, r.crashes))
-	row("claimed (handler ran)", o(middleware.OutcomeClaimed), "")
-	row("duplicates dropped", o(middleware.OutcomeDuplicate), "acked without running the handler")
-	row("in progress (nacked)", o(middleware.OutcomeInProgress), "")
-	row("lease takeovers", o(middleware.OutcomeTakeover), "")
-	row("ttl misses", o(middleware.OutcomeTTLMiss), fmt.Sprintf("%d stale events published", r.plan.stale))
-	row("store errors", o(middleware.OutcomeStoreError), "")
-	row("bypassed (fail-open)", o(middleware.OutcomeBypassed), "")
+	row("claimed (handler ran)", o(dedup.OutcomeClaimed), "")
+	row("duplicates dropped", o(dedup.OutcomeDuplicate), "acked without running the handler")
+	row("in progress (nacked)", o(dedup.OutcomeInProgress), "")
+	row("lease takeovers", o(dedup.OutcomeTakeover), "")
+	row("ttl misses", o(dedup.OutcomeTTLMiss), fmt.Sprintf("%d stale events published", r.plan.stale))
+	row("store errors", o(dedup.OutcomeStoreError), "")
+	row("bypassed (fail-open)", o(dedup.OutcomeBypassed), "")
 	row("poisoned", int64(r.stats.poisoned), "")
 	row("effects applied", r.ledger.Entries, "ledger entries")
 	row("ledger total", r.ledger.BalanceTotal, "points")

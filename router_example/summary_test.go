@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	dedup "github.com/watermill-dedup/dedup"
 	"github.com/watermill-dedup/dedup/middleware"
 )
 
@@ -24,7 +25,7 @@ func sampleResult(mode string, perPayment map[string]int64) *result {
 	return &result{
 		cfg: cfg, mode: mode, plan: p, ledger: l, finished: true, published: 2,
 		retention: cfg.retentionCheck(),
-		outcome:   func(middleware.Outcome) int64 { return 0 },
+		outcome:   func(dedup.Outcome) int64 { return 0 },
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 	wmmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 
+	dedup "github.com/watermill-dedup/dedup"
 	"github.com/watermill-dedup/dedup/keyfuncs"
 	"github.com/watermill-dedup/dedup/middleware"
 	"github.com/watermill-dedup/dedup/stores"
@@ -38,15 +39,17 @@ func RouterOutage(t *testing.T, store stores.Store, cut, restore func()) {
 	// is still the claim's then.
 	const lease = 3 * time.Second
 	mwLog := watermill.NewCaptureLogger()
-	dedup, err := middleware.New(middleware.Config{
-		Store:        store,
-		Key:          keyfuncs.MessageID(),
-		Lease:        lease,
-		Retention:    time.Minute,
-		StoreTimeout: 300 * time.Millisecond,
-		Tuning:       middleware.Tuning{CompleteTimeout: 5 * time.Second},
-		OnStoreError: middleware.FailClosed,
-		Logger:       mwLog,
+	dedupMW, err := middleware.New(middleware.Config{
+		Store: store,
+		Key:   keyfuncs.MessageID(),
+		Policy: dedup.Policy{
+			Lease:        lease,
+			Retention:    time.Minute,
+			StoreTimeout: 300 * time.Millisecond,
+			Tuning:       dedup.Tuning{CompleteTimeout: 5 * time.Second},
+			OnStoreError: dedup.FailClosed,
+			Logger:       mwLog,
+		},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -85,7 +88,7 @@ func RouterOutage(t *testing.T, store stores.Store, cut, restore func()) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	router.AddMiddleware(count, retry.Middleware, dedup.Middleware)
+	router.AddMiddleware(count, retry.Middleware, dedupMW.Middleware)
 	// One message is in its handler when the cut starts, so its Complete
 	// certainly falls in the outage.
 	slowEntered, slowRelease := make(chan struct{}, 1), make(chan struct{})

@@ -13,6 +13,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	wmw "github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
+	dedup "github.com/watermill-dedup/dedup"
 	"github.com/watermill-dedup/dedup/middleware"
 	"github.com/watermill-dedup/dedup/stores/memstore"
 )
@@ -40,7 +41,7 @@ func MiddlewareCases() []MiddlewareCase {
 			if err != nil {
 				return nil, nil, err
 			}
-			mw, err := middleware.New(middleware.Config{Store: s, Scope: "bench", Retention: time.Hour})
+			mw, err := middleware.New(middleware.Config{Store: s, Scope: "bench", Policy: dedup.Policy{Retention: time.Hour}})
 			if err != nil {
 				return nil, nil, err
 			}

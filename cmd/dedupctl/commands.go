@@ -9,7 +9,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/watermill-dedup/dedup/middleware"
+	dedup "github.com/watermill-dedup/dedup"
 	"github.com/watermill-dedup/dedup/stores"
 )
 
@@ -395,12 +395,12 @@ func (c *cli) window() error {
 		return err
 	}
 	h := c.cfg.horizon
-	if float64(h)*middleware.RetentionSafetyFactor >= math.MaxInt64 {
-		return usagef("-horizon %s is too long: %.1f times it is no duration", h, middleware.RetentionSafetyFactor)
+	if float64(h)*dedup.RetentionSafetyFactor >= math.MaxInt64 {
+		return usagef("-horizon %s is too long: %.1f times it is no duration", h, dedup.RetentionSafetyFactor)
 	}
-	// RetentionSafetyFactor x the horizon as middleware.CheckRetention
+	// RetentionSafetyFactor x the horizon as dedup.CheckRetention
 	// computes it, rounded up to a second.
-	minimum := time.Duration(float64(h) * middleware.RetentionSafetyFactor)
+	minimum := time.Duration(float64(h) * dedup.RetentionSafetyFactor)
 	retention := minimum.Truncate(time.Second)
 	if retention < minimum {
 		retention += time.Second
@@ -408,7 +408,7 @@ func (c *cli) window() error {
 	records := c.cfg.rate * float64(c.cfg.keysPerMessage) * retention.Seconds()
 	w := windowView{
 		Horizon:        h.String(),
-		Factor:         middleware.RetentionSafetyFactor,
+		Factor:         dedup.RetentionSafetyFactor,
 		Retention:      retention.String(),
 		RetentionSec:   retention.Seconds(),
 		Rate:           c.cfg.rate,

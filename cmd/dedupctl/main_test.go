@@ -18,6 +18,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	dedup "github.com/watermill-dedup/dedup"
 	"github.com/watermill-dedup/dedup/internal/storeopen"
 	"github.com/watermill-dedup/dedup/middleware"
 	"github.com/watermill-dedup/dedup/stores"
@@ -197,9 +198,7 @@ func (tg *target) result(t *testing.T, scope, key string) stores.Result {
 func (tg *target) handled(t *testing.T, scope string, msg *message.Message) {
 	t.Helper()
 	mw, err := middleware.New(middleware.Config{
-		Store: tg.store, Scope: scope, Retention: time.Hour,
-		Fingerprint: middleware.PayloadFingerprint, Logger: watermill.NopLogger{},
-	})
+		Store: tg.store, Scope: scope, Policy: dedup.Policy{Retention: time.Hour, Logger: watermill.NopLogger{}}, Fingerprint: middleware.PayloadFingerprint})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -521,7 +520,7 @@ func TestWindow(t *testing.T) {
 	if w.Retention != "10s" || w.BytesPerRecord != 104.1 {
 		t.Fatalf("window of 7s = %+v", w)
 	}
-	if err := middleware.CheckRetention(10*time.Second, 7*time.Second); err != nil {
+	if err := dedup.CheckRetention(10*time.Second, 7*time.Second); err != nil {
 		t.Fatalf("the retention window prints is too short: %v", err)
 	}
 	dedupctl(t, "window", "-store=mysql", "-horizon=1h", "-rate=1").want(t, exitUsage, "stderr:no benchmark figure for mysql", "stderr:-bytes-per-record")

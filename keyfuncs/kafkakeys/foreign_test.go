@@ -14,6 +14,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/twmb/franz-go/pkg/kfake"
 
+	dedup "github.com/watermill-dedup/dedup"
 	"github.com/watermill-dedup/dedup/keyfuncs"
 	"github.com/watermill-dedup/dedup/keyfuncs/kafkakeys"
 	"github.com/watermill-dedup/dedup/middleware"
@@ -117,7 +118,7 @@ func TestForeignProducerRecords(t *testing.T) {
 				t.Errorf("PublishedAt = %v, want the record timestamp %v", o.at, published)
 			}
 			if o.err != nil {
-				if !errors.Is(o.err, keyfuncs.ErrNoKey) || !middleware.IsPermanent(o.err) {
+				if !errors.Is(o.err, keyfuncs.ErrNoKey) || !dedup.IsPermanent(o.err) {
 					t.Errorf("the keyless record: %v, want a permanent ErrNoKey", o.err)
 				}
 				if !strings.Contains(o.err.Error(), "Kafka record payments/0/") {

@@ -8,6 +8,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/nats-io/nats.go"
 
+	dedup "github.com/watermill-dedup/dedup"
 	"github.com/watermill-dedup/dedup/middleware"
 	"github.com/watermill-dedup/dedup/stores/natsstore"
 )
@@ -40,7 +41,7 @@ func Example() {
 	}
 	defer store.Close(context.Background())
 
-	dedup, err := middleware.New(middleware.Config{Store: store, Scope: "orders", Retention: 24 * time.Hour})
+	dedup, err := middleware.New(middleware.Config{Store: store, Scope: "orders", Policy: dedup.Policy{Retention: 24 * time.Hour}})
 	if err != nil {
 		panic(err)
 	}

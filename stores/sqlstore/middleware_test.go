@@ -13,6 +13,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 
+	dedup "github.com/watermill-dedup/dedup"
 	"github.com/watermill-dedup/dedup/keyfuncs"
 	"github.com/watermill-dedup/dedup/middleware"
 	"github.com/watermill-dedup/dedup/stores/sqlstore"
@@ -41,11 +42,11 @@ func TestMiddlewareTransactional(t *testing.T) {
 			t.Fatal(err)
 		}
 		mw, err := middleware.New(middleware.Config{
-			Store:     s,
-			Mode:      middleware.ModeTransactional,
-			Scope:     "ledger",
-			Key:       keyfuncs.Metadata("event_id"),
-			Retention: time.Hour,
+			Store:  s,
+			Mode:   dedup.ModeTransactional,
+			Scope:  "ledger",
+			Key:    keyfuncs.Metadata("event_id"),
+			Policy: dedup.Policy{Retention: time.Hour},
 		})
 		if err != nil {
 			t.Fatal(err)

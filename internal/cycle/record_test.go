@@ -1,4 +1,4 @@
-package middleware
+package cycle
 
 import (
 	"bytes"
@@ -6,18 +6,20 @@ import (
 	"testing"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	dedup "github.com/watermill-dedup/dedup"
 )
 
 func TestDataRoundTrip(t *testing.T) {
-	if encodeData(nil, nil) != nil {
+	if EncodeData(nil, nil) != nil {
 		t.Fatal("no fingerprint and no outputs must store nothing")
 	}
 	a := message.NewMessage("out-1", []byte{0, 1, 2, 0xff})
 	a.Metadata.Set("k", "v")
 	a.Metadata.Set("empty", "")
 	b := message.NewMessage("out-2", nil)
-	data := encodeData([]byte("fp"), []*message.Message{a, b})
-	fp, msgs, err := decodeData(data)
+	data := EncodeData([]byte("fp"), []*message.Message{a, b})
+	fp, msgs, err := DecodeData(data)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,34 +38,34 @@ func TestDataRoundTrip(t *testing.T) {
 		}
 	}
 	// Deterministic: metadata order does not change the bytes.
-	if !bytes.Equal(data, encodeData([]byte("fp"), []*message.Message{a, b})) {
+	if !bytes.Equal(data, EncodeData([]byte("fp"), []*message.Message{a, b})) {
 		t.Fatal("encoding is not deterministic")
 	}
 }
 
 func TestDataCorrupt(t *testing.T) {
-	good := encodeData([]byte("fp"), []*message.Message{message.NewMessage("x", []byte("payload"))})
+	good := EncodeData([]byte("fp"), []*message.Message{message.NewMessage("x", []byte("payload"))})
 	for i := 1; i < len(good); i++ {
-		if _, _, err := decodeData(good[:i]); !errors.Is(err, ErrCorruptRecord) {
-			t.Fatalf("truncated to %d bytes: %v, want ErrCorruptRecord", i, err)
+		if _, _, err := DecodeData(good[:i]); !errors.Is(err, dedup.ErrCorruptRecord) {
+			t.Fatalf("truncated to %d bytes: %v, want dedup.ErrCorruptRecord", i, err)
 		}
 	}
-	if _, _, err := decodeData([]byte{9}); !errors.Is(err, ErrCorruptRecord) {
+	if _, _, err := DecodeData([]byte{9}); !errors.Is(err, dedup.ErrCorruptRecord) {
 		t.Fatalf("unknown version: %v", err)
 	}
-	if _, _, err := decodeData(append(good, 0)); !errors.Is(err, ErrCorruptRecord) {
+	if _, _, err := DecodeData(append(good, 0)); !errors.Is(err, dedup.ErrCorruptRecord) {
 		t.Fatalf("trailing bytes: %v", err)
 	}
 	huge := []byte{dataVersion, 0, 0xff, 0xff, 0xff, 0xff, 0x0f}
-	if _, _, err := decodeData(huge); !errors.Is(err, ErrCorruptRecord) {
+	if _, _, err := DecodeData(huge); !errors.Is(err, dedup.ErrCorruptRecord) {
 		t.Fatalf("huge count: %v", err)
 	}
 }
 
 func FuzzDecodeData(f *testing.F) {
-	f.Add(encodeData([]byte("fp"), []*message.Message{message.NewMessage("x", []byte("p"))}))
+	f.Add(EncodeData([]byte("fp"), []*message.Message{message.NewMessage("x", []byte("p"))}))
 	f.Add([]byte{dataVersion})
 	f.Fuzz(func(t *testing.T, data []byte) {
-		_, _, _ = decodeData(data) // must not panic or allocate without bound
+		_, _, _ = DecodeData(data) // must not panic or allocate without bound
 	})
 }

@@ -1,4 +1,4 @@
-package middleware
+package cycle
 
 import (
 	"context"
@@ -9,41 +9,38 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 
+	dedup "github.com/watermill-dedup/dedup"
 	"github.com/watermill-dedup/dedup/stores"
 )
 
-// beats extends the leases of running handlers. One goroutine per
-// middleware does it for every claim in flight: registering a claim is a
-// list insert, so a short handler pays no timer and no goroutine of its own.
+// beats extends the leases of running effects. One goroutine per cycle
+// does it for every claim in flight: registering a claim is a list
+// insert, so a short handler pays no timer and no goroutine of its own.
 // The goroutine starts with the first claim and exits once no claim has
-// been in flight for a tick, so an idle middleware runs nothing and needs
-// no Close.
+// been in flight for a tick, so an idle cycle runs nothing and needs no
+// Close.
 type beats struct {
-	every   time.Duration // Tuning.Heartbeat; <= 0 disables extension
-	lease   time.Duration
-	calls   *storeCalls
-	metrics Metrics
-	logger  watermill.LoggerAdapter
+	cycle *Cycle
 
 	mu      sync.Mutex
-	head    beat // sentinel of a circular list of the claims in flight
+	head    Beat // sentinel of a circular list of the claims in flight
 	n       int
 	running bool
 	// lastTick is when the loop last looked at the claims (or started).
 	lastTick time.Time
-	due      []*beat // reused by the loop
+	due      []*Beat // reused by the loop
 }
 
-// beat is one claim in flight. It is also the handler's context: the
-// message context, cancelled with ErrLostClaim when the lease is lost, and
-// carrying the claim.
+// Beat is one claim in flight. It is also the handler's context: the
+// message context, cancelled with stores.ErrLostClaim when the lease is
+// lost, and carrying the claim (ClaimFromContext).
 //
 // Its cancellable part is made lazily: a handler that never asks for
 // Done (most short handlers) costs no context allocation. The first Done,
 // a lost lease, or a child context derived from it creates it.
-type beat struct {
+type Beat struct {
 	parent     context.Context
-	prev, next *beat
+	prev, next *Beat
 	c          *stores.Claim
 	extendedAt time.Time // guarded by beats.mu
 
@@ -65,18 +62,18 @@ type beat struct {
 	finished bool
 }
 
-var _ context.Context = (*beat)(nil)
+var _ context.Context = (*Beat)(nil)
 
 // cancellable returns the cancellable context, creating it if needed. A
 // context created after the handler finished is cancelled at once, as the
 // eagerly created one would have been.
-func (e *beat) cancellable() context.Context {
+func (e *Beat) cancellable() context.Context {
 	e.cmu.Lock()
 	defer e.cmu.Unlock()
 	return e.cancellableLocked()
 }
 
-func (e *beat) cancellableLocked() context.Context {
+func (e *Beat) cancellableLocked() context.Context {
 	if e.ctx == nil {
 		e.ctx, e.cancel = context.WithCancelCause(e.parent)
 		if e.finished {
@@ -89,7 +86,7 @@ func (e *beat) cancellableLocked() context.Context {
 // current returns the context that answers Err and Value: the cancellable
 // one if it exists or the handler has returned (then it is cancelled, so
 // that a goroutine the handler left behind sees Err), else the parent.
-func (e *beat) current() context.Context {
+func (e *Beat) current() context.Context {
 	e.cmu.Lock()
 	defer e.cmu.Unlock()
 	if e.ctx != nil || e.finished {
@@ -99,7 +96,7 @@ func (e *beat) current() context.Context {
 }
 
 // lose cancels the handler's context with cause.
-func (e *beat) lose(cause error) {
+func (e *Beat) lose(cause error) {
 	e.cmu.Lock()
 	e.cancellableLocked()
 	e.cancel(cause)
@@ -108,7 +105,7 @@ func (e *beat) lose(cause error) {
 
 // finish cancels the handler's context once the handler has returned,
 // releasing what derived contexts hold.
-func (e *beat) finish() {
+func (e *Beat) finish() {
 	e.cmu.Lock()
 	e.finished = true
 	if e.cancel != nil {
@@ -118,19 +115,19 @@ func (e *beat) finish() {
 }
 
 // Deadline implements context.Context.
-func (e *beat) Deadline() (time.Time, bool) { return e.parent.Deadline() }
+func (e *Beat) Deadline() (time.Time, bool) { return e.parent.Deadline() }
 
 // Done implements context.Context.
-func (e *beat) Done() <-chan struct{} { return e.cancellable().Done() }
+func (e *Beat) Done() <-chan struct{} { return e.cancellable().Done() }
 
 // Err implements context.Context.
-func (e *beat) Err() error { return e.current().Err() }
+func (e *Beat) Err() error { return e.current().Err() }
 
 // Value returns the claim for ClaimFromContext, and otherwise the value
 // of the message context. context.Cause and derived contexts find the
 // cancellable context through it.
-func (e *beat) Value(key any) any {
-	if key == (claimCtxKey{}) {
+func (e *Beat) Value(key any) any {
+	if key == (claimKey{}) {
 		return e.c
 	}
 	return e.current().Value(key)
@@ -144,12 +141,14 @@ const (
 	minTick = time.Millisecond
 )
 
+func (b *beats) every() time.Duration { return b.cycle.p.Tuning.Heartbeat }
+
 func (b *beats) tick() time.Duration {
-	return max(min(b.every/2, maxTick), minTick)
+	return max(min(b.every()/2, maxTick), minTick)
 }
 
-func (b *beats) add(e *beat) {
-	if b.every <= 0 {
+func (b *beats) add(e *Beat) {
+	if b.every() <= 0 {
 		return
 	}
 	b.mu.Lock()
@@ -173,8 +172,8 @@ func (b *beats) add(e *beat) {
 
 // remove unregisters e, waiting for an Extend in flight so that no Extend
 // can race with the Complete or Release that follows.
-func (b *beats) remove(e *beat) {
-	if b.every <= 0 {
+func (b *beats) remove(e *Beat) {
+	if b.every() <= 0 {
 		return
 	}
 	e.mu.Lock()
@@ -209,7 +208,7 @@ func (b *beats) loop() {
 		b.lastTick = now
 		b.due = b.due[:0]
 		for e := b.head.next; e != &b.head; e = e.next {
-			if now.Sub(e.extendedAt) >= b.every && e.extending.CompareAndSwap(false, true) {
+			if now.Sub(e.extendedAt) >= b.every() && e.extending.CompareAndSwap(false, true) {
 				e.extendedAt = now
 				b.due = append(b.due, e)
 			}
@@ -224,14 +223,15 @@ func (b *beats) loop() {
 	}
 }
 
-func (b *beats) extend(e *beat) {
+func (b *beats) extend(e *Beat) {
 	defer e.extending.Store(false)
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.stopped || e.lost {
 		return
 	}
-	err := b.calls.extend(e.parent, e.c, b.lease)
+	c := b.cycle
+	err := c.extend(e.parent, e.c)
 	switch {
 	case errors.Is(err, stores.ErrLostClaim) && e.completing.Load():
 		// The Complete landed first (the record is done): nothing to
@@ -241,11 +241,42 @@ func (b *beats) extend(e *beat) {
 	case errors.Is(err, stores.ErrLostClaim):
 		// Someone took the message over: tell the handler to stop.
 		e.lost = true
-		b.metrics.Observe(e.c.Scope, OutcomeLostClaim)
-		b.logger.Error("Dedup lease lost while the handler runs: cancelling its context", err, watermill.LogFields{"scope": e.c.Scope, "keys": e.c.Keys})
+		c.Observe(e.c.Scope, dedup.OutcomeLostClaim)
+		c.p.Logger.Error("Dedup lease lost while "+c.side.Effect+" runs: cancelling its context", err, watermill.LogFields{"scope": e.c.Scope, "keys": e.c.Keys})
 		e.lose(err)
 	case err != nil:
-		b.metrics.Observe(e.c.Scope, OutcomeStoreError)
-		b.logger.Error("Dedup lease extension failed; retrying at the next heartbeat", err, watermill.LogFields{"scope": e.c.Scope, "keys": e.c.Keys})
+		c.Observe(e.c.Scope, dedup.OutcomeStoreError)
+		c.p.Logger.Error("Dedup lease extension failed; retrying at the next heartbeat", err, watermill.LogFields{"scope": e.c.Scope, "keys": e.c.Keys})
 	}
+}
+
+type claimKey struct{}
+
+// ClaimFromContext returns the claim a Beat context (or one derived from
+// it) carries.
+func ClaimFromContext(ctx context.Context) (*stores.Claim, bool) {
+	c, ok := ctx.Value(claimKey{}).(*stores.Claim)
+	return c, ok
+}
+
+// Hold registers cl with the heartbeat, which extends its lease every
+// Tuning.Heartbeat until Drop, and returns the Beat, a context derived
+// from parent that carries cl and is cancelled with stores.ErrLostClaim
+// when the lease is found lost.
+func (c *Cycle) Hold(parent context.Context, cl *stores.Claim) *Beat {
+	e := &Beat{c: cl, parent: parent}
+	c.beats.add(e)
+	return e
+}
+
+// Completing marks the effect done and its Complete possibly in flight:
+// an Extend refused from now on is the Complete having landed, not a
+// lost lease.
+func (e *Beat) Completing() { e.completing.Store(true) }
+
+// Drop unregisters e, waiting for an Extend in flight so that none races
+// with the Complete or Release that follows, and cancels its context.
+func (c *Cycle) Drop(e *Beat) {
+	c.beats.remove(e)
+	e.finish()
 }

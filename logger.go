@@ -1,4 +1,4 @@
-package middleware
+package dedup
 
 import (
 	"log/slog"
@@ -6,17 +6,12 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 )
 
-// slogDefault is the default Config.Logger: log/slog's default logger as it
+// slogDefault is the default Policy.Logger: log/slog's default logger as it
 // is when each line is logged, so a program that calls slog.SetDefault
 // after New still gets the middleware's errors through its own handler.
 type slogDefault struct {
 	fields watermill.LogFields
 }
-
-// DefaultLogger returns the default Config.Logger: log/slog's default
-// logger as it is when each line is logged. The publisher package uses it
-// too.
-func DefaultLogger() watermill.LoggerAdapter { return slogDefault{} }
 
 func (l slogDefault) logger() watermill.LoggerAdapter {
 	var a watermill.LoggerAdapter = watermill.NewSlogLogger(slog.Default())

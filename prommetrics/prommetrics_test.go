@@ -13,8 +13,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	dedup "github.com/watermill-dedup/dedup"
 	"github.com/watermill-dedup/dedup/middleware"
-	"github.com/watermill-dedup/dedup/middleware/prommetrics"
+	"github.com/watermill-dedup/dedup/prommetrics"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/memstore"
 )
@@ -34,7 +35,7 @@ func newMetrics(t *testing.T, cfg prommetrics.Config) (*prommetrics.Metrics, *pr
 // given non-zero counts.
 func outcomeLines(metric, scope string, counts map[string]int) string {
 	var b strings.Builder
-	for _, o := range middleware.Outcomes() {
+	for _, o := range dedup.Outcomes() {
 		fmt.Fprintf(&b, "%s{outcome=%q,scope=%q} %d\n", metric, o.String(), scope, counts[o.String()])
 	}
 	return b.String()
@@ -42,11 +43,11 @@ func outcomeLines(metric, scope string, counts map[string]int) string {
 
 func TestObserveCountsOutcomesByScope(t *testing.T) {
 	m, reg := newMetrics(t, prommetrics.Config{})
-	m.Observe("loyalty", middleware.OutcomeClaimed)
-	m.Observe("loyalty", middleware.OutcomeClaimed)
-	m.Observe("loyalty", middleware.OutcomeDuplicate)
-	m.Observe("loyalty", middleware.OutcomeTTLMiss)
-	m.Observe("billing", middleware.OutcomeStoreError)
+	m.Observe("loyalty", dedup.OutcomeClaimed)
+	m.Observe("loyalty", dedup.OutcomeClaimed)
+	m.Observe("loyalty", dedup.OutcomeDuplicate)
+	m.Observe("loyalty", dedup.OutcomeTTLMiss)
+	m.Observe("billing", dedup.OutcomeStoreError)
 
 	want := "# HELP dedup_outcomes_total x\n# TYPE dedup_outcomes_total counter\n" +
 		outcomeLines("dedup_outcomes_total", "billing", map[string]int{"store_error": 1}) +
@@ -79,22 +80,22 @@ func TestSeriesPrecreatedAtZero(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := len(middleware.Outcomes()); n != want {
+	if want := len(dedup.Outcomes()); n != want {
 		t.Fatalf("series after New with Scopes: got %d, want %d (one per outcome)", n, want)
 	}
 	// A scope seen for the first time gets all its series too.
-	m.Observe("billing", middleware.OutcomeClaimed)
-	if n, _ = testutil.GatherAndCount(reg, "dedup_outcomes_total"); n != 2*len(middleware.Outcomes()) {
-		t.Fatalf("series after a second scope: got %d, want %d", n, 2*len(middleware.Outcomes()))
+	m.Observe("billing", dedup.OutcomeClaimed)
+	if n, _ = testutil.GatherAndCount(reg, "dedup_outcomes_total"); n != 2*len(dedup.Outcomes()) {
+		t.Fatalf("series after a second scope: got %d, want %d", n, 2*len(dedup.Outcomes()))
 	}
 }
 
 func TestObserveStoreResults(t *testing.T) {
 	m, reg := newMetrics(t, prommetrics.Config{Buckets: []float64{0.001, 0.01}})
-	m.ObserveStore("loyalty", middleware.OpClaim, 500*time.Microsecond, nil)
-	m.ObserveStore("loyalty", middleware.OpClaim, 5*time.Millisecond, fmt.Errorf("dial: %w", errors.New("connection refused")))
-	m.ObserveStore("loyalty", middleware.OpComplete, 20*time.Millisecond, fmt.Errorf("redisstore: %w", stores.ErrLostClaim))
-	m.ObserveStore("loyalty", middleware.OpClaim, 0, fmt.Errorf("x: %w", stores.ErrInvalidKey))
+	m.ObserveStore("loyalty", dedup.OpClaim, 500*time.Microsecond, nil)
+	m.ObserveStore("loyalty", dedup.OpClaim, 5*time.Millisecond, fmt.Errorf("dial: %w", errors.New("connection refused")))
+	m.ObserveStore("loyalty", dedup.OpComplete, 20*time.Millisecond, fmt.Errorf("redisstore: %w", stores.ErrLostClaim))
+	m.ObserveStore("loyalty", dedup.OpClaim, 0, fmt.Errorf("x: %w", stores.ErrInvalidKey))
 
 	want := helpLine(t, reg, "dedup_store_duration_seconds") + `
 # TYPE dedup_store_duration_seconds histogram
@@ -149,8 +150,8 @@ func TestNamespaceSubsystemConstLabels(t *testing.T) {
 		Subsystem:   "inbox",
 		ConstLabels: prometheus.Labels{"service": "loyalty"},
 	})
-	m.Observe("h", middleware.OutcomeDuplicate)
-	m.ObserveStore("h", middleware.OpClaim, time.Millisecond, nil)
+	m.Observe("h", dedup.OutcomeDuplicate)
+	m.ObserveStore("h", dedup.OpClaim, time.Millisecond, nil)
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
@@ -227,7 +228,7 @@ func TestHalfRegisteredIsRolledBack(t *testing.T) {
 
 func TestInvalidUTF8DoesNotPanic(t *testing.T) {
 	m, reg := newMetrics(t, prommetrics.Config{})
-	m.Observe("bad\xffscope", middleware.OutcomeClaimed)
+	m.Observe("bad\xffscope", dedup.OutcomeClaimed)
 	m.ObserveStore("bad\xffscope", "op\xfe", time.Millisecond, nil)
 	if n, err := testutil.GatherAndCount(reg); err != nil || n == 0 {
 		t.Fatalf("gather after invalid UTF-8 labels: %d series, %v", n, err)
@@ -236,8 +237,8 @@ func TestInvalidUTF8DoesNotPanic(t *testing.T) {
 
 func TestLint(t *testing.T) {
 	m, reg := newMetrics(t, prommetrics.Config{})
-	m.Observe("loyalty", middleware.OutcomeClaimed)
-	m.ObserveStore("loyalty", middleware.OpClaim, time.Millisecond, nil)
+	m.Observe("loyalty", dedup.OutcomeClaimed)
+	m.ObserveStore("loyalty", dedup.OpClaim, time.Millisecond, nil)
 	problems, err := testutil.GatherAndLint(reg)
 	if err != nil {
 		t.Fatal(err)
@@ -255,8 +256,8 @@ func TestConcurrentUse(t *testing.T) {
 		wg.Go(func() {
 			scope := fmt.Sprintf("h%d", g%3)
 			for range each {
-				m.Observe(scope, middleware.OutcomeClaimed)
-				m.ObserveStore(scope, middleware.OpClaim, time.Microsecond, nil)
+				m.Observe(scope, dedup.OutcomeClaimed)
+				m.ObserveStore(scope, dedup.OpClaim, time.Microsecond, nil)
 			}
 		})
 	}
@@ -292,12 +293,12 @@ func TestWithMiddleware(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = store.Close(context.Background()) })
-	dedup, err := middleware.New(middleware.Config{Store: store, Scope: "loyalty", Metrics: m})
+	dedupMW, err := middleware.New(middleware.Config{Store: store, Scope: "loyalty", Policy: dedup.Policy{Metrics: m}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	fail := true
-	h := dedup.Middleware(func(*message.Message) ([]*message.Message, error) {
+	h := dedupMW.Middleware(func(*message.Message) ([]*message.Message, error) {
 		if fail {
 			fail = false
 			return nil, errors.New("transient")

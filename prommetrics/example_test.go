@@ -8,8 +8,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	dedup "github.com/watermill-dedup/dedup"
 	"github.com/watermill-dedup/dedup/middleware"
-	"github.com/watermill-dedup/dedup/middleware/prommetrics"
+	"github.com/watermill-dedup/dedup/prommetrics"
 	"github.com/watermill-dedup/dedup/stores/memstore"
 )
 
@@ -25,12 +26,12 @@ func ExampleNew() {
 		panic(err)
 	}
 	defer store.Close(context.Background())
-	dedup, err := middleware.New(middleware.Config{Store: store, Scope: "loyalty", Metrics: metrics})
+	dedupMW, err := middleware.New(middleware.Config{Store: store, Scope: "loyalty", Policy: dedup.Policy{Metrics: metrics}})
 	if err != nil {
 		panic(err)
 	}
 
-	handler := dedup.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })
+	handler := dedupMW.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })
 	msg := message.NewMessage("evt-1", []byte(`{}`))
 	for range 2 { // a delivery and its redelivery
 		if _, err := handler(msg); err != nil {

@@ -1,4 +1,4 @@
-package middleware
+package cycle
 
 import (
 	"bytes"
@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	dedup "github.com/watermill-dedup/dedup"
 )
 
 // Records round-trip whatever the sizes of their parts: a long
@@ -33,7 +35,7 @@ func TestDataRoundTripSizes(t *testing.T) {
 		{"long metadata value", nil, []*message.Message{withMD("k", long)}},
 	}
 	for _, c := range cases {
-		fp, msgs, err := decodeData(encodeData(c.fp, c.msgs))
+		fp, msgs, err := DecodeData(EncodeData(c.fp, c.msgs))
 		if err != nil {
 			t.Fatalf("%s: %v", c.name, err)
 		}
@@ -63,8 +65,8 @@ func TestDataCorruptPairCount(t *testing.T) {
 	} {
 		// version, no fingerprint, one message with an empty uuid, then the pair count
 		data := append([]byte{dataVersion, 0, 1, 0}, pairs...)
-		if _, _, err := decodeData(data); !errors.Is(err, ErrCorruptRecord) {
-			t.Fatalf("pair count % x: %v, want ErrCorruptRecord", pairs, err)
+		if _, _, err := DecodeData(data); !errors.Is(err, dedup.ErrCorruptRecord) {
+			t.Fatalf("pair count % x: %v, want dedup.ErrCorruptRecord", pairs, err)
 		}
 	}
 }
@@ -77,10 +79,10 @@ func TestDataCorruptPairCountAllocatesNothing(t *testing.T) {
 	data = append(data, 1, 'k', 1, 'v', 0)
 	var before, after runtime.MemStats
 	runtime.ReadMemStats(&before)
-	_, _, err := decodeData(data)
+	_, _, err := DecodeData(data)
 	runtime.ReadMemStats(&after)
-	if !errors.Is(err, ErrCorruptRecord) {
-		t.Fatalf("%v, want ErrCorruptRecord", err)
+	if !errors.Is(err, dedup.ErrCorruptRecord) {
+		t.Fatalf("%v, want dedup.ErrCorruptRecord", err)
 	}
 	if n := after.TotalAlloc - before.TotalAlloc; n > 4<<20 {
 		t.Fatalf("decoding a 10-byte corrupt record allocated %d bytes", n)

@@ -1,10 +1,11 @@
-// Package prommetrics exports what the dedup middleware does to Prometheus:
-// it implements [middleware.Metrics] with two collectors.
+// Package prommetrics exports what the dedup middleware and the publisher
+// decorator do to Prometheus: it implements [dedup.Metrics] with two
+// collectors.
 //
 //	<namespace>_outcomes_total{scope, outcome}                 counter
 //	<namespace>_store_duration_seconds{scope, op, result}      histogram
 //
-// outcome is one of the [middleware.Outcome] names (claimed, duplicate,
+// outcome is one of the [dedup.Outcome] names (claimed, duplicate,
 // in_progress, takeover, store_error, bypassed, lost_claim, ttl_miss, no_key,
 // fingerprint_mismatch, released, cancelled); op is a store operation (claim, complete,
 // release, extend, begin, commit, rollback); result is ok, error (a backend
@@ -15,12 +16,15 @@
 // The first time a scope is seen, every outcome series of that scope is
 // created at zero, so that increase() and rate() see the first ttl_miss or
 // bypass instead of a series appearing out of nowhere. Create one Metrics per
-// registry and share it between middlewares: scope tells them apart.
+// registry and share it between middlewares and publishers: scope tells
+// them apart (a publisher's default scope is "publish:" and the topic).
 //
 //	reg := prometheus.NewRegistry()
 //	metrics, err := prommetrics.New(prommetrics.Config{Registerer: reg})
 //	if err != nil { ... }
-//	dedup, err := middleware.New(middleware.Config{Store: store, Metrics: metrics})
+//	dedupMW, err := middleware.New(middleware.Config{Store: store, Policy: dedup.Policy{Metrics: metrics}})
+//	...
+//	dp, err := publisher.New(publisher.Config{Store: store, Policy: dedup.Policy{Metrics: metrics}})
 package prommetrics
 
 import (
@@ -33,7 +37,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/watermill-dedup/dedup/middleware"
+	dedup "github.com/watermill-dedup/dedup"
 	"github.com/watermill-dedup/dedup/stores"
 )
 
@@ -41,7 +45,7 @@ import (
 const DefaultNamespace = "dedup"
 
 // DefaultBuckets are the store latency histogram's upper bounds in seconds:
-// from 100µs (an in-memory store) to 5s (middleware.DefaultStoreTimeout).
+// from 100µs (an in-memory store) to 5s (dedup.DefaultStoreTimeout).
 var DefaultBuckets = []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5}
 
 // Metric and label names, without the namespace.
@@ -106,7 +110,7 @@ func (c Config) Validate() error {
 	return nil
 }
 
-// Metrics implements middleware.Metrics with Prometheus collectors. It is
+// Metrics implements dedup.Metrics with Prometheus collectors. It is
 // safe for concurrent use.
 type Metrics struct {
 	outcomes *prometheus.CounterVec
@@ -114,7 +118,7 @@ type Metrics struct {
 	seen     sync.Map // scope -> struct{}: scopes whose outcome series exist
 }
 
-var _ middleware.Metrics = (*Metrics)(nil)
+var _ dedup.Metrics = (*Metrics)(nil)
 
 // New creates the collectors and registers them with cfg.Registerer. It
 // fails when the config is invalid or the registration fails, for example
@@ -164,7 +168,7 @@ func New(cfg Config) (*Metrics, error) {
 }
 
 // Observe counts one outcome of a message in scope.
-func (m *Metrics) Observe(scope string, o middleware.Outcome) {
+func (m *Metrics) Observe(scope string, o dedup.Outcome) {
 	scope = labelValue(scope)
 	m.ensureScope(scope)
 	m.outcomes.WithLabelValues(scope, o.String()).Inc()
@@ -197,7 +201,7 @@ func (m *Metrics) ensureScope(scope string) {
 	if _, loaded := m.seen.LoadOrStore(scope, struct{}{}); loaded {
 		return
 	}
-	for _, o := range middleware.Outcomes() {
+	for _, o := range dedup.Outcomes() {
 		m.outcomes.WithLabelValues(scope, o.String())
 	}
 }

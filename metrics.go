@@ -1,17 +1,19 @@
-package middleware
+package dedup
 
 import "time"
 
-// Outcome is one thing the middleware did with a message, reported to
-// [Metrics].
+// Outcome is one thing the middleware or the publisher did with a
+// message, reported to [Metrics].
 type Outcome uint8
 
 // Outcomes. One message can produce several (claimed and takeover, say).
 const (
-	// OutcomeClaimed: the keys were claimed and the handler ran.
+	// OutcomeClaimed: the keys were claimed and the effect ran (the
+	// handler, or the publish).
 	OutcomeClaimed Outcome = iota + 1
 	// OutcomeDuplicate: the message was already done; acked without running
-	// the handler (stored outputs, if any, were re-emitted).
+	// the handler (stored outputs, if any, were re-emitted), or not
+	// published.
 	OutcomeDuplicate
 	// OutcomeInProgress: another consumer holds the keys; nacked.
 	OutcomeInProgress
@@ -20,9 +22,9 @@ const (
 	OutcomeTakeover
 	// OutcomeStoreError: a store call failed.
 	OutcomeStoreError
-	// OutcomeBypassed: under FailOpen the handler ran without protection.
+	// OutcomeBypassed: under FailOpen the effect ran without protection.
 	OutcomeBypassed
-	// OutcomeLostClaim: the claim was lost while the handler ran (lease
+	// OutcomeLostClaim: the claim was lost while the effect ran (lease
 	// expired and someone took over); its Complete was refused.
 	OutcomeLostClaim
 	// OutcomeTTLMiss: a claimed message was older than the retention
@@ -34,12 +36,12 @@ const (
 	OutcomeNoKey
 	// OutcomeFingerprintMismatch: a duplicate key with a different payload.
 	OutcomeFingerprintMismatch
-	// OutcomeReleased: the handler failed or panicked and the claim was
-	// released for a retry.
+	// OutcomeReleased: the effect failed or panicked (the handler, or the
+	// publish) and the claim was released for a retry.
 	OutcomeReleased
 	// OutcomeCancelled: the message's context ended (the subscriber shut
 	// down, an outer Timeout middleware fired) before the store answered
-	// the claim; the message was nacked without running the handler.
+	// the claim; the message was nacked without running the effect.
 	OutcomeCancelled
 	// OutcomeCorruptRecord: a duplicate's stored record data could not be
 	// decoded (ErrCorruptRecord).
@@ -90,8 +92,9 @@ const (
 	OpRollback = "rollback"
 )
 
-// Metrics receives what the middleware does. Implementations must be safe
-// for concurrent use and fast: they are called on every message.
+// Metrics receives what the middleware and the publisher do, by scope.
+// Implementations must be safe for concurrent use and fast: they are
+// called on every message. The prommetrics package implements it.
 type Metrics interface {
 	// Observe is called with each outcome for a message in scope.
 	Observe(scope string, o Outcome)

@@ -1,15 +1,18 @@
-package middleware
+package cycle
 
 import (
 	"encoding/binary"
+	"encoding/hex"
 	"fmt"
 	"slices"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	dedup "github.com/watermill-dedup/dedup"
 )
 
 // The data a done record keeps (stores.Claim.Data): the payload fingerprint
-// and the handler's produced messages, so that a redelivery after a failed
+// and the handler's produced messages (the publisher keeps none), so that a redelivery after a failed
 // publish re-emits them (they keep their UUIDs, so downstream dedup by
 // message id makes them once). A record with neither keeps no data at all.
 //
@@ -21,7 +24,8 @@ import (
 // where string and bytes are a uvarint length and the bytes.
 const dataVersion = 1
 
-func encodeData(fingerprint []byte, msgs []*message.Message) []byte {
+// EncodeData is the data a done record keeps for fingerprint and msgs.
+func EncodeData(fingerprint []byte, msgs []*message.Message) []byte {
 	if len(fingerprint) == 0 && len(msgs) == 0 {
 		return nil
 	}
@@ -69,7 +73,7 @@ func (d *decoder) uvarint() uint64 {
 	}
 	v, n := binary.Uvarint(d.b)
 	if n <= 0 {
-		d.err = fmt.Errorf("%w: bad length", ErrCorruptRecord)
+		d.err = fmt.Errorf("%w: bad length", dedup.ErrCorruptRecord)
 		return 0
 	}
 	d.b = d.b[n:]
@@ -82,7 +86,7 @@ func (d *decoder) bytes() []byte {
 		return nil
 	}
 	if n > uint64(len(d.b)) {
-		d.err = fmt.Errorf("%w: field of %d bytes in %d", ErrCorruptRecord, n, len(d.b))
+		d.err = fmt.Errorf("%w: field of %d bytes in %d", dedup.ErrCorruptRecord, n, len(d.b))
 		return nil
 	}
 	v := d.b[:n:n]
@@ -90,25 +94,26 @@ func (d *decoder) bytes() []byte {
 	return v
 }
 
-// decodeData is the inverse of encodeData. Empty data decodes to nothing.
-func decodeData(data []byte) (fingerprint []byte, msgs []*message.Message, err error) {
+// DecodeData is the inverse of EncodeData. Empty data decodes to
+// nothing; data it did not write fails with dedup.ErrCorruptRecord.
+func DecodeData(data []byte) (fingerprint []byte, msgs []*message.Message, err error) {
 	if len(data) == 0 {
 		return nil, nil, nil
 	}
 	if data[0] != dataVersion {
-		return nil, nil, fmt.Errorf("%w: unknown version %d", ErrCorruptRecord, data[0])
+		return nil, nil, fmt.Errorf("%w: unknown version %d", dedup.ErrCorruptRecord, data[0])
 	}
 	d := &decoder{b: data[1:]}
 	fingerprint = d.bytes()
 	n := d.uvarint()
 	if d.err == nil && n > uint64(len(d.b)) {
-		return nil, nil, fmt.Errorf("%w: %d messages in %d bytes", ErrCorruptRecord, n, len(d.b))
+		return nil, nil, fmt.Errorf("%w: %d messages in %d bytes", dedup.ErrCorruptRecord, n, len(d.b))
 	}
 	for i := uint64(0); i < n && d.err == nil; i++ {
 		uuid := string(d.bytes())
 		pairs := d.uvarint()
 		if d.err == nil && pairs > uint64(len(d.b)) {
-			return nil, nil, fmt.Errorf("%w: %d metadata pairs in %d bytes", ErrCorruptRecord, pairs, len(d.b))
+			return nil, nil, fmt.Errorf("%w: %d metadata pairs in %d bytes", dedup.ErrCorruptRecord, pairs, len(d.b))
 		}
 		md := make(message.Metadata, pairs)
 		for j := uint64(0); j < pairs && d.err == nil; j++ {
@@ -127,7 +132,35 @@ func decodeData(data []byte) (fingerprint []byte, msgs []*message.Message, err e
 		return nil, nil, d.err
 	}
 	if len(d.b) != 0 {
-		return nil, nil, fmt.Errorf("%w: %d trailing bytes", ErrCorruptRecord, len(d.b))
+		return nil, nil, fmt.Errorf("%w: %d trailing bytes", dedup.ErrCorruptRecord, len(d.b))
 	}
 	return slices.Clone(fingerprint), msgs, nil
+}
+
+// RecordDataInfo describes the data the middleware keeps on a done record
+// (stores.Claim.Data, stores.Record.Data): the payload fingerprint, when
+// the middleware's Config.Fingerprint was set, and the messages the handler produced, which
+// a redelivery re-emits.
+type RecordDataInfo struct {
+	// Fingerprint is the payload fingerprint kept with the record, nil
+	// when none was.
+	Fingerprint []byte
+	// Outputs is the number of produced messages kept with the record.
+	Outputs int
+}
+
+// FingerprintHex is the fingerprint in hexadecimal, "" when there is none.
+func (i RecordDataInfo) FingerprintHex() string { return hex.EncodeToString(i.Fingerprint) }
+
+// InspectRecordData decodes the data of a done record written by the
+// middleware, for tools that show records to people (dedupctl). Empty
+// data (a record without fingerprint or outputs) is the zero
+// RecordDataInfo. Data the middleware did not write fails with an error
+// wrapping dedup.ErrCorruptRecord.
+func InspectRecordData(data []byte) (RecordDataInfo, error) {
+	fp, msgs, err := DecodeData(data)
+	if err != nil {
+		return RecordDataInfo{}, err
+	}
+	return RecordDataInfo{Fingerprint: fp, Outputs: len(msgs)}, nil
 }

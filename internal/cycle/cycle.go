@@ -1,0 +1,188 @@
+// Package cycle is the claim cycle the dedup middleware and the publisher
+// decorator share, written once: the check of a configuration against
+// the store's capabilities, the bounded and timed store calls, the
+// classification of their errors, the wait for a run in progress, the
+// lease heartbeat, the record of a message done after its effect (retried
+// for every failure not known to be permanent, and reconciled when the
+// claim is found lost) and the record's data format. The adapters keep
+// only what differs: what the effect is (a handler, a publish) and how a
+// message reaches it.
+package cycle
+
+import (
+	"fmt"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	dedup "github.com/watermill-dedup/dedup"
+	"github.com/watermill-dedup/dedup/keyfuncs"
+	"github.com/watermill-dedup/dedup/stores"
+)
+
+// Side is what differs in what the two adapters report.
+type Side struct {
+	// Prefix starts every error: "dedup: " or "dedup: publish: ".
+	Prefix string
+	// Effect names the effect in log lines: "the handler", "the publish".
+	Effect string
+}
+
+// Consumer and Producer are the sides of the middleware and the publisher.
+var (
+	Consumer = Side{Prefix: "dedup: ", Effect: "the handler"}
+	Producer = Side{Prefix: "dedup: publish: ", Effect: "the publish"}
+)
+
+// Needs is what an adapter's configuration asks of the store besides the
+// policy's durations.
+type Needs struct {
+	Mode dedup.Mode
+	// Scope is the configured scope, "" when it is chosen per message.
+	Scope string
+	// JoinTx: ModeTransactional joins a transaction the caller carries
+	// (the publisher's outbox).
+	JoinTx bool
+}
+
+// Check returns nil when store can honour policy and needs, or an error
+// wrapping dedup.ErrInvalidConfig that names the setting, its value and
+// the store's bound. The policy's zero durations are taken as their
+// defaults.
+func Check(store stores.Store, policy dedup.Policy, needs Needs) error {
+	if store == nil {
+		return fmt.Errorf("%w: Store is required", dedup.ErrInvalidConfig)
+	}
+	p := policy.WithDefaults()
+	caps := store.Capabilities()
+	kind := caps.Kind
+	if kind == "" {
+		kind = fmt.Sprintf("%T", store)
+	}
+	refuse := func(setting string, v any, bound string, bv any, hint string) error {
+		return fmt.Errorf("%w: %s (%v) is longer than the store keeps: %s's %s is %v; %s", dedup.ErrInvalidConfig, setting, v, kind, bound, bv, hint)
+	}
+	if needs.Mode == dedup.ModeTransactional {
+		if _, ok := store.(stores.Inbox); !ok || !caps.Inbox {
+			return fmt.Errorf("%w: ModeTransactional needs a store with a transactional inbox (stores.Inbox, such as sqlstore); %s has none", dedup.ErrInvalidConfig, kind)
+		}
+		if _, ok := store.(stores.TxJoiner); needs.JoinTx && (!ok || !caps.JoinedTx) {
+			return fmt.Errorf("%w: ModeTransactional needs a store that joins the caller's transaction (stores.TxJoiner, such as sqlstore); %s does not", dedup.ErrInvalidConfig, kind)
+		}
+		if p.OnStoreError == dedup.FailOpen {
+			return fmt.Errorf("%w: FailOpen cannot be combined with ModeTransactional (the record must commit with the effect's writes)", dedup.ErrInvalidConfig)
+		}
+	} else if caps.MaxLease > 0 && p.Lease > caps.MaxLease {
+		return refuse("Lease", p.Lease, "MaxLease", caps.MaxLease, "lower Lease, or raise the store's bound")
+	}
+	if caps.MaxRetention > 0 && p.Retention > caps.MaxRetention {
+		return refuse("Retention", p.Retention, "MaxRetention", caps.MaxRetention, "lower Retention, or raise the store's bound")
+	}
+	if caps.MaxScope > 0 && len(needs.Scope) > caps.MaxScope {
+		return refuse("Scope", fmt.Sprintf("%d bytes", len(needs.Scope)), "MaxScope", fmt.Sprintf("%d bytes", caps.MaxScope), "use a shorter Scope")
+	}
+	return nil
+}
+
+// Cycle runs the claim cycle on one store, for one adapter. It is safe for
+// concurrent use; its only background work, the heartbeat, stops by itself
+// once no claim is held.
+type Cycle struct {
+	store  stores.Store
+	caps   stores.Capabilities
+	inbox  stores.Inbox
+	joiner stores.TxJoiner
+	p      dedup.Policy
+	side   Side
+	// timed: Metrics wants store latencies (it is not NopMetrics).
+	timed bool
+	beats beats
+}
+
+// New returns the cycle for store under policy, or the error of Check.
+func New(store stores.Store, policy dedup.Policy, side Side, needs Needs) (*Cycle, error) {
+	if err := Check(store, policy, needs); err != nil {
+		return nil, err
+	}
+	c := &Cycle{store: store, caps: store.Capabilities(), p: policy.WithDefaults(), side: side}
+	if needs.Mode == dedup.ModeTransactional {
+		c.inbox = store.(stores.Inbox)
+	}
+	c.joiner, _ = store.(stores.TxJoiner)
+	if _, nop := c.p.Metrics.(dedup.NopMetrics); !nop {
+		c.timed = true
+	}
+	c.beats = beats{cycle: c}
+	return c, nil
+}
+
+// Policy returns the policy with its defaults.
+func (c *Cycle) Policy() dedup.Policy { return c.p }
+
+// NonBlocking reports a store whose calls never wait.
+func (c *Cycle) NonBlocking() bool { return c.caps.NonBlocking }
+
+// Store returns the store.
+func (c *Cycle) Store() stores.Store { return c.store }
+
+// Observe counts an outcome.
+func (c *Cycle) Observe(scope string, o dedup.Outcome) { c.p.Metrics.Observe(scope, o) }
+
+// Logger is the policy's logger.
+func (c *Cycle) Logger() watermill.LoggerAdapter { return c.p.Logger }
+
+// Fields are the log fields of a message.
+func (c *Cycle) Fields(msg *message.Message, scope string, keys []string) watermill.LogFields {
+	f := watermill.LogFields{"message_uuid": msg.UUID, "scope": scope}
+	if keys != nil {
+		f["keys"] = keys
+	}
+	return f
+}
+
+// Errorf returns an error starting with the side's prefix and naming the
+// scope and the message.
+func (c *Cycle) Errorf(msg *message.Message, scope, format string, args ...any) error {
+	return fmt.Errorf("%sscope %q: message %s: %w", c.side.Prefix, scope, keyfuncs.Name(msg), fmt.Errorf(format, args...))
+}
+
+// Permanent counts and logs a message failed for good, and returns err.
+// Nothing is dropped silently: whatever the caller does with the error (a
+// poison queue, a nack for ever, a failed publish), the logger has seen it.
+func (c *Cycle) Permanent(msg *message.Message, scope string, keys []string, o dedup.Outcome, err error) error {
+	c.Observe(scope, o)
+	f := c.Fields(msg, scope, keys)
+	f["outcome"] = o.String()
+	c.p.Logger.Error("Dedup cannot process this message, and no retry will help: route it to a poison queue (dedup.IsPermanent)", err, f)
+	return err
+}
+
+// NoKey fails a message its key function could not key (err, or no keys
+// at all), for good.
+func (c *Cycle) NoKey(msg *message.Message, scope string, keys []string, err error) error {
+	if err == nil && len(keys) == 0 {
+		err = fmt.Errorf("%w: message %s: the key function returned no keys", keyfuncs.ErrNoKey, keyfuncs.Name(msg))
+	}
+	return c.Permanent(msg, scope, nil, dedup.OutcomeNoKey, fmt.Errorf("%sscope %q: %w", c.side.Prefix, scope, err))
+}
+
+// InProgress counts and returns dedup.ErrInProgress for a message whose
+// keys another run holds.
+func (c *Cycle) InProgress(msg *message.Message, scope string, keys []string) error {
+	c.Observe(scope, dedup.OutcomeInProgress)
+	return fmt.Errorf("%w: message %s, scope %q, keys %q", dedup.ErrInProgress, keyfuncs.Name(msg), scope, keys)
+}
+
+// Unexpected is the error of a store that returned a result outside the
+// contract.
+func (c *Cycle) Unexpected(scope string, r stores.Result) error {
+	return fmt.Errorf("%sscope %q: store %T returned result %s", c.side.Prefix, scope, c.store, r)
+}
+
+// Takeover counts and logs a claim that took over an expired lease: the
+// run that held it may have stopped after its effect, which then runs
+// twice (the bounded duplicate of the lease mode).
+func (c *Cycle) Takeover(msg *message.Message, scope string, keys []string) {
+	c.Observe(scope, dedup.OutcomeTakeover)
+	c.p.Logger.Info("Took over an expired dedup lease: the run that held it may have stopped after "+c.side.Effect+" ran", c.Fields(msg, scope, keys))
+}
