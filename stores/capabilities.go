@@ -64,16 +64,25 @@ func (c Capabilities) checkDuration(what string, d, bound time.Duration) error {
 	return nil
 }
 
-// CheckLease returns nil when the store accepts lease, or the reason it
-// would refuse it.
-func (c Capabilities) CheckLease(lease time.Duration) error {
-	return errors.Join(CheckLease(lease), c.checkDuration("lease", lease, c.MaxLease))
+// checkPositive returns nil when d is positive, or an error wrapping
+// [ErrInvalidArgument] naming what.
+func checkPositive(what string, d time.Duration) error {
+	if d <= 0 {
+		return fmt.Errorf("%w: %s must be positive, got %s", ErrInvalidArgument, what, d)
+	}
+	return nil
 }
 
-// CheckRetention returns nil when the store accepts retention, or the
-// reason it would refuse it.
+// CheckLease returns nil when the store accepts lease (positive, within
+// MaxLease), or the reason it would refuse it.
+func (c Capabilities) CheckLease(lease time.Duration) error {
+	return errors.Join(checkPositive("lease", lease), c.checkDuration("lease", lease, c.MaxLease))
+}
+
+// CheckRetention returns nil when the store accepts retention (positive,
+// within MaxRetention), or the reason it would refuse it.
 func (c Capabilities) CheckRetention(retention time.Duration) error {
-	return errors.Join(CheckRetention(retention), c.checkDuration("retention", retention, c.MaxRetention))
+	return errors.Join(checkPositive("retention", retention), c.checkDuration("retention", retention, c.MaxRetention))
 }
 
 // CheckScope returns nil when the store accepts scope.

@@ -2,8 +2,11 @@
 // backends that keep dedup records, and the sentinel errors every backend
 // returns.
 //
-// A backend lives in its own package (memstore, redisstore, sqlstore) and is
-// checked by the conformance suite in [github.com/watermill-dedup/dedup/stores/storetest].
+// A backend lives in its own package (memstore, redisstore, sqlstore,
+// natsstore) and is checked by the conformance suite in
+// [github.com/watermill-dedup/dedup/stores/storetest]; the checks of a
+// call's arguments that backends share are in
+// [github.com/watermill-dedup/dedup/stores/storekit].
 //
 // # The record
 //

@@ -11,6 +11,7 @@ import (
 	"unsafe"
 
 	"github.com/watermill-dedup/dedup/stores"
+	"github.com/watermill-dedup/dedup/stores/storekit"
 )
 
 // The admin interface. A record holds no scope and no key (see Keys in
@@ -24,7 +25,7 @@ var _ stores.Admin = (*Store)(nil)
 
 // Get implements [stores.Admin].
 func (s *Store) Get(ctx context.Context, scope, key string) (stores.Record, error) {
-	if err := stores.CheckCall(ctx, s.closed.Load(), stores.CheckRecordKey(key)); err != nil {
+	if err := storekit.CheckCall(ctx, s.closed.Load(), storekit.CheckRecordKey(key)); err != nil {
 		return stores.Record{}, fmt.Errorf("memstore: get: %w", err)
 	}
 	h := s.hash(scope, key)
@@ -41,7 +42,7 @@ func (s *Store) Get(ctx context.Context, scope, key string) (stores.Record, erro
 
 // Delete implements [stores.Admin].
 func (s *Store) Delete(ctx context.Context, scope, key string, want stores.RecordState) (stores.Record, error) {
-	if err := stores.CheckCall(ctx, s.closed.Load(), stores.CheckRecordKey(key), stores.CheckState(want)); err != nil {
+	if err := storekit.CheckCall(ctx, s.closed.Load(), storekit.CheckRecordKey(key), storekit.CheckState(want)); err != nil {
 		return stores.Record{}, fmt.Errorf("memstore: delete: %w", err)
 	}
 	h := s.hash(scope, key)
@@ -64,12 +65,12 @@ func (s *Store) Delete(ctx context.Context, scope, key string, want stores.Recor
 // Scope or KeyPrefix fails with [stores.ErrNotSupported]. Each page
 // reads every record.
 func (s *Store) List(ctx context.Context, opts stores.ListOptions) ([]stores.Record, string, error) {
-	opts, err := stores.CheckListOptions(opts)
+	opts, err := storekit.CheckListOptions(opts)
 	var after hkey
 	if err == nil && opts.After != "" {
 		after, err = parseID(opts.After)
 	}
-	if err := stores.CheckCall(ctx, s.closed.Load(), err); err != nil {
+	if err := storekit.CheckCall(ctx, s.closed.Load(), err); err != nil {
 		return nil, "", fmt.Errorf("memstore: list: %w", err)
 	}
 	if opts.Scope != "" || opts.KeyPrefix != "" {
@@ -120,7 +121,7 @@ func (s *Store) List(ctx context.Context, opts stores.ListOptions) ([]stores.Rec
 // Stats implements [stores.Admin]. Bytes counts the tables' slots and the
 // data kept, not the Go runtime's overhead around them.
 func (s *Store) Stats(ctx context.Context) (stores.Stats, error) {
-	if err := stores.CheckCall(ctx, s.closed.Load()); err != nil {
+	if err := storekit.CheckCall(ctx, s.closed.Load()); err != nil {
 		return stores.Stats{}, fmt.Errorf("memstore: stats: %w", err)
 	}
 	now := s.now()
@@ -170,7 +171,7 @@ func (s *Store) Stats(ctx context.Context) (stores.Stats, error) {
 
 // Purge implements [stores.Admin]: it is Sweep.
 func (s *Store) Purge(ctx context.Context) (int64, error) {
-	if err := stores.CheckCall(ctx, s.closed.Load()); err != nil {
+	if err := storekit.CheckCall(ctx, s.closed.Load()); err != nil {
 		return 0, fmt.Errorf("memstore: purge: %w", err)
 	}
 	return int64(s.Sweep()), nil

@@ -50,6 +50,7 @@ import (
 	"unsafe"
 
 	"github.com/watermill-dedup/dedup/stores"
+	"github.com/watermill-dedup/dedup/stores/storekit"
 )
 
 // Config configures a Store. The zero value is ready to use.
@@ -240,7 +241,7 @@ func (s *Store) now() int64 {
 
 // Claim implements [stores.Store].
 func (s *Store) Claim(ctx context.Context, scope string, keys []string, lease time.Duration) (*stores.Claim, error) {
-	if err := stores.CheckCall(ctx, s.closed.Load(), stores.CheckKeys(keys), stores.CheckLease(lease)); err != nil {
+	if err := storekit.CheckCall(ctx, s.closed.Load(), storekit.CheckKeys(keys), storekit.CheckLease(lease)); err != nil {
 		return nil, fmt.Errorf("memstore: claim: %w", err)
 	}
 	s.noteLease(lease)
@@ -405,7 +406,7 @@ func (s *Store) update(ctx context.Context, op string, c *stores.Claim, arg erro
 // Complete implements [stores.Store].
 func (s *Store) Complete(ctx context.Context, c *stores.Claim, retention time.Duration, data []byte) error {
 	d := string(data)
-	return s.update(ctx, "complete", c, stores.CheckRetention(retention), func(sh *shard, h hkey, r *record, now int64) {
+	return s.update(ctx, "complete", c, storekit.CheckRetention(retention), func(sh *shard, h hkey, r *record, now int64) {
 		*r = record{until: after(now, retention)}
 		sh.setData(h, d)
 	})
@@ -420,7 +421,7 @@ func (s *Store) Release(ctx context.Context, c *stores.Claim) error {
 
 // Extend implements [stores.Store].
 func (s *Store) Extend(ctx context.Context, c *stores.Claim, lease time.Duration) error {
-	arg := stores.CheckLease(lease)
+	arg := storekit.CheckLease(lease)
 	if arg == nil {
 		s.noteLease(lease)
 	}
@@ -516,11 +517,11 @@ func after(t int64, d time.Duration) int64 {
 // and returns c's token.
 func (s *Store) claimToken(ctx context.Context, c *stores.Claim, arg error) (uint64, error) {
 	var token uint64
-	err := stores.CheckClaim(c)
+	err := storekit.CheckClaim(c)
 	if err == nil {
 		if token, err = strconv.ParseUint(c.Token, 16, 64); err != nil || token == 0 {
 			err = fmt.Errorf("%w: token %q is not a memstore token", stores.ErrInvalidArgument, c.Token)
 		}
 	}
-	return token, stores.CheckCall(ctx, s.closed.Load(), err, arg)
+	return token, storekit.CheckCall(ctx, s.closed.Load(), err, arg)
 }

@@ -54,6 +54,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/watermill-dedup/dedup/stores"
+	"github.com/watermill-dedup/dedup/stores/storekit"
 )
 
 // Default values of Config fields, and bounds.
@@ -602,7 +603,7 @@ func maxData(limit int64) int {
 // then taken over like the key of a crashed consumer. Undos of a caller
 // that has gone run in the background, bounded by 2s, until Close.
 func (s *Store) Claim(ctx context.Context, scope string, keys []string, lease time.Duration) (*stores.Claim, error) {
-	if err := stores.CheckCall(ctx, s.closed.Load(), stores.CheckKeys(keys), stores.CheckLease(lease),
+	if err := storekit.CheckCall(ctx, s.closed.Load(), storekit.CheckKeys(keys), storekit.CheckLease(lease),
 		checkDuration("lease", lease, s.cfg.MaxLease)); err != nil {
 		return nil, fmt.Errorf("natsstore: claim: %w", err)
 	}
@@ -773,7 +774,7 @@ func (s *Store) undoNow(ctx context.Context, items []undoItem) {
 // Complete implements [stores.Store]. See fenced for how a claim of
 // several keys is completed.
 func (s *Store) Complete(ctx context.Context, c *stores.Claim, retention time.Duration, data []byte) error {
-	if err := stores.CheckCall(ctx, s.closed.Load(), stores.CheckClaim(c), stores.CheckRetention(retention),
+	if err := storekit.CheckCall(ctx, s.closed.Load(), storekit.CheckClaim(c), storekit.CheckRetention(retention),
 		checkDuration("retention", retention, s.cfg.MaxRetention), s.Capabilities().CheckData(data)); err != nil {
 		return fmt.Errorf("natsstore: complete: %w", err)
 	}
@@ -784,7 +785,7 @@ func (s *Store) Complete(ctx context.Context, c *stores.Claim, retention time.Du
 // Release implements [stores.Store]. The records become KV purge
 // markers, which the bucket's MaxAge removes.
 func (s *Store) Release(ctx context.Context, c *stores.Claim) error {
-	if err := stores.CheckCall(ctx, s.closed.Load(), stores.CheckClaim(c)); err != nil {
+	if err := storekit.CheckCall(ctx, s.closed.Load(), storekit.CheckClaim(c)); err != nil {
 		return fmt.Errorf("natsstore: release: %w", err)
 	}
 	return s.fenced(ctx, "release", c, func(int64) []byte { return nil })
@@ -792,7 +793,7 @@ func (s *Store) Release(ctx context.Context, c *stores.Claim) error {
 
 // Extend implements [stores.Store].
 func (s *Store) Extend(ctx context.Context, c *stores.Claim, lease time.Duration) error {
-	if err := stores.CheckCall(ctx, s.closed.Load(), stores.CheckClaim(c), stores.CheckLease(lease),
+	if err := storekit.CheckCall(ctx, s.closed.Load(), storekit.CheckClaim(c), storekit.CheckLease(lease),
 		checkDuration("lease", lease, s.cfg.MaxLease)); err != nil {
 		return fmt.Errorf("natsstore: extend: %w", err)
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/watermill-dedup/dedup/stores"
+	"github.com/watermill-dedup/dedup/stores/storekit"
 )
 
 // The admin interface. A record's ID is its Redis key, written as
@@ -62,7 +63,7 @@ func (s *Store) Get(ctx context.Context, scope, key string) (stores.Record, erro
 
 // Delete implements [stores.Admin]: one script, atomic on the key's node.
 func (s *Store) Delete(ctx context.Context, scope, key string, want stores.RecordState) (stores.Record, error) {
-	rkey, err := s.adminKey(ctx, scope, key, stores.CheckState(want))
+	rkey, err := s.adminKey(ctx, scope, key, storekit.CheckState(want))
 	if err != nil {
 		return stores.Record{}, fmt.Errorf("redisstore: delete: %w", err)
 	}
@@ -99,12 +100,12 @@ func (s *Store) Delete(ctx context.Context, scope, key string, want stores.Recor
 
 // List implements [stores.Admin]: records in SCAN order, node by node.
 func (s *Store) List(ctx context.Context, opts stores.ListOptions) ([]stores.Record, string, error) {
-	opts, err := stores.CheckListOptions(opts)
+	opts, err := storekit.CheckListOptions(opts)
 	var cur listCursor
 	if err == nil && opts.After != "" {
 		cur, err = parseCursor(opts.After)
 	}
-	if err := stores.CheckCall(ctx, s.closed.Load(), err); err != nil {
+	if err := storekit.CheckCall(ctx, s.closed.Load(), err); err != nil {
 		return nil, "", fmt.Errorf("redisstore: list: %w", err)
 	}
 	if s.cfg.CompactKeys && (opts.Scope != "" || opts.KeyPrefix != "") {
@@ -189,7 +190,7 @@ func matches(r stores.Record, opts stores.ListOptions) bool {
 // Stats implements [stores.Admin]. Bytes is the sum of MEMORY USAGE of
 // every record (-1 when the server refuses MEMORY USAGE).
 func (s *Store) Stats(ctx context.Context) (stores.Stats, error) {
-	if err := stores.CheckCall(ctx, s.closed.Load()); err != nil {
+	if err := storekit.CheckCall(ctx, s.closed.Load()); err != nil {
 		return stores.Stats{}, fmt.Errorf("redisstore: stats: %w", err)
 	}
 	nodes, err := s.nodes(ctx)
@@ -296,7 +297,7 @@ func tally(st *stores.ScopeStats, r stores.Record) {
 // time is up (a processing record one lease after its lease ends, as
 // the contract allows): there is nothing to purge, and Purge returns 0.
 func (s *Store) Purge(ctx context.Context) (int64, error) {
-	if err := stores.CheckCall(ctx, s.closed.Load()); err != nil {
+	if err := storekit.CheckCall(ctx, s.closed.Load()); err != nil {
 		return 0, fmt.Errorf("redisstore: purge: %w", err)
 	}
 	return 0, nil
@@ -305,11 +306,11 @@ func (s *Store) Purge(ctx context.Context) (int64, error) {
 // adminKey checks the arguments of a Get or Delete (arg: the check of
 // its other argument) and returns the record's Redis key.
 func (s *Store) adminKey(ctx context.Context, scope, key string, arg error) (string, error) {
-	err := stores.CheckRecordKey(key)
+	err := storekit.CheckRecordKey(key)
 	if err == nil {
 		_, err = s.recordKeys(scope, []string{key})
 	}
-	if err := stores.CheckCall(ctx, s.closed.Load(), err, arg); err != nil {
+	if err := storekit.CheckCall(ctx, s.closed.Load(), err, arg); err != nil {
 		return "", err
 	}
 	return s.encodeKey(scope, key), nil

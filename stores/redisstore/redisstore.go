@@ -55,6 +55,7 @@ import (
 
 	"github.com/watermill-dedup/dedup/internal/batch"
 	"github.com/watermill-dedup/dedup/stores"
+	"github.com/watermill-dedup/dedup/stores/storekit"
 )
 
 // Default values of Config fields.
@@ -350,7 +351,7 @@ func isSharded(client redis.UniversalClient) bool {
 // least one wins the keys they share, as with ordered locking.
 func (s *Store) Claim(ctx context.Context, scope string, keys []string, lease time.Duration) (*stores.Claim, error) {
 	rkeys, err := s.recordKeys(scope, keys)
-	if err := stores.CheckCall(ctx, s.closed.Load(), err, stores.CheckLease(lease)); err != nil {
+	if err := storekit.CheckCall(ctx, s.closed.Load(), err, storekit.CheckLease(lease)); err != nil {
 		return nil, fmt.Errorf("redisstore: claim: %w", err)
 	}
 	token := rand.Text()
@@ -433,7 +434,7 @@ func (s *Store) claimOne(ctx context.Context, rkey, token string, lease time.Dur
 // nobody took over yet is still the claim's: a slow handler finishing just
 // after its lease completes fine, for up to one more lease length.
 func (s *Store) Complete(ctx context.Context, c *stores.Claim, retention time.Duration, data []byte) error {
-	rkeys, err := s.claimKeys(ctx, c, errors.Join(stores.CheckRetention(retention), s.checkData(data)))
+	rkeys, err := s.claimKeys(ctx, c, errors.Join(storekit.CheckRetention(retention), s.checkData(data)))
 	if err != nil {
 		return fmt.Errorf("redisstore: complete: %w", err)
 	}
@@ -456,7 +457,7 @@ func (s *Store) Release(ctx context.Context, c *stores.Claim) error {
 
 // Extend implements [stores.Store].
 func (s *Store) Extend(ctx context.Context, c *stores.Claim, lease time.Duration) error {
-	rkeys, err := s.claimKeys(ctx, c, stores.CheckLease(lease))
+	rkeys, err := s.claimKeys(ctx, c, storekit.CheckLease(lease))
 	if err != nil {
 		return fmt.Errorf("redisstore: extend: %w", err)
 	}
@@ -592,7 +593,7 @@ func (s *Store) lostClaim(what string, c *stores.Claim, rkey string) error {
 // recordKeys validates scope and keys and returns the distinct Redis keys
 // of the claim, in the order of their first occurrence.
 func (s *Store) recordKeys(scope string, keys []string) ([]string, error) {
-	if err := stores.CheckKeys(keys); err != nil {
+	if err := storekit.CheckKeys(keys); err != nil {
 		return nil, err
 	}
 	if len(scope) > s.cfg.MaxKeyLen {
@@ -622,10 +623,10 @@ func (s *Store) recordKeys(scope string, keys []string) ([]string, error) {
 }
 
 // claimKeys checks a call on claim c whose other argument's check is arg
-// (see stores.CheckCall), and returns c's record keys.
+// (see storekit.CheckCall), and returns c's record keys.
 func (s *Store) claimKeys(ctx context.Context, c *stores.Claim, arg error) ([]string, error) {
 	var rkeys []string
-	err := stores.CheckClaim(c)
+	err := storekit.CheckClaim(c)
 	if err == nil && len(c.Token) != tokenLen {
 		err = fmt.Errorf("%w: not a Claimed claim of a redisstore", stores.ErrInvalidArgument)
 	}
@@ -634,7 +635,7 @@ func (s *Store) claimKeys(ctx context.Context, c *stores.Claim, arg error) ([]st
 			err = fmt.Errorf("%w: the claim's keys are invalid: %w", stores.ErrInvalidArgument, err)
 		}
 	}
-	return rkeys, stores.CheckCall(ctx, s.closed.Load(), err, arg)
+	return rkeys, storekit.CheckCall(ctx, s.closed.Load(), err, arg)
 }
 
 // Capabilities implements [stores.Store]: scopes of at most MaxKeyLen

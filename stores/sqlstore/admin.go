@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/watermill-dedup/dedup/stores"
+	"github.com/watermill-dedup/dedup/stores/storekit"
 )
 
 // The admin interface. The table keeps neither scope nor key, only their
@@ -45,7 +46,7 @@ func (s *Store) adminColumns() string {
 
 // Get implements [stores.Admin].
 func (s *Store) Get(ctx context.Context, scope, key string) (stores.Record, error) {
-	if err := s.checkCall(ctx, stores.CheckRecordKey(key)); err != nil {
+	if err := s.checkCall(ctx, storekit.CheckRecordKey(key)); err != nil {
 		return stores.Record{}, fmt.Errorf("sqlstore: get: %w", err)
 	}
 	id := digest(scope, key)
@@ -64,7 +65,7 @@ func (s *Store) Get(ctx context.Context, scope, key string) (stores.Record, erro
 // Delete implements [stores.Admin]: in one short transaction, a locking
 // read of the record, then its DELETE.
 func (s *Store) Delete(ctx context.Context, scope, key string, want stores.RecordState) (stores.Record, error) {
-	if err := s.checkCall(ctx, stores.CheckRecordKey(key), stores.CheckState(want)); err != nil {
+	if err := s.checkCall(ctx, storekit.CheckRecordKey(key), storekit.CheckState(want)); err != nil {
 		return stores.Record{}, fmt.Errorf("sqlstore: delete: %w", err)
 	}
 	id := digest(scope, key)
@@ -105,7 +106,7 @@ func (s *Store) Delete(ctx context.Context, scope, key string, want stores.Recor
 // range of the primary key after the cursor (the previous page's last
 // ID). A Scope or KeyPrefix fails with [stores.ErrNotSupported].
 func (s *Store) List(ctx context.Context, opts stores.ListOptions) ([]stores.Record, string, error) {
-	opts, err := stores.CheckListOptions(opts)
+	opts, err := storekit.CheckListOptions(opts)
 	var after recordID
 	if err == nil && opts.After != "" {
 		after, err = parseRecordID(opts.After)

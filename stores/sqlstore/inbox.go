@@ -11,6 +11,7 @@ import (
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
 
 	"github.com/watermill-dedup/dedup/stores"
+	"github.com/watermill-dedup/dedup/stores/storekit"
 )
 
 type txKey struct{}
@@ -96,7 +97,7 @@ func (s *Store) JoinedTx(ctx context.Context) (any, bool) {
 // transaction (at its AckDeadline) and delivered again in a new one. On
 // MySQL the check costs a joined Begin one more statement.
 func (s *Store) Begin(ctx context.Context, scope string, keys []string, retention time.Duration) (stores.InboxTx, error) {
-	if err := s.checkCall(ctx, stores.CheckKeys(keys), stores.CheckRetention(retention), s.checkHorizon("retention", retention)); err != nil {
+	if err := s.checkCall(ctx, storekit.CheckKeys(keys), storekit.CheckRetention(retention), s.checkHorizon("retention", retention)); err != nil {
 		return nil, fmt.Errorf("sqlstore: begin: %w", err)
 	}
 	ks := newKeySet(scope, keys)

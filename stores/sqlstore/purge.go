@@ -8,7 +8,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 
-	"github.com/watermill-dedup/dedup/stores"
+	"github.com/watermill-dedup/dedup/stores/storekit"
 )
 
 // Purge deletes expired records now, in statements of at most
@@ -24,7 +24,7 @@ import (
 //
 // Purge implements [stores.Admin]'s Purge too.
 func (s *Store) Purge(ctx context.Context) (int64, error) {
-	if err := stores.CheckCall(ctx, s.closed.Load()); err != nil {
+	if err := storekit.CheckCall(ctx, s.closed.Load()); err != nil {
 		return 0, fmt.Errorf("sqlstore: purge: %w", err)
 	}
 	if s.part != nil {

@@ -70,6 +70,7 @@ import (
 	"time"
 
 	"github.com/watermill-dedup/dedup/stores"
+	"github.com/watermill-dedup/dedup/stores/storekit"
 )
 
 var (
@@ -195,7 +196,7 @@ func newToken() int64 {
 // commit, or roll back when any key is live, so the claim is
 // all-or-nothing.
 func (s *Store) Claim(ctx context.Context, scope string, keys []string, lease time.Duration) (*stores.Claim, error) {
-	if err := s.checkCall(ctx, stores.CheckKeys(keys), stores.CheckLease(lease), s.checkHorizon("lease", lease)); err != nil {
+	if err := s.checkCall(ctx, storekit.CheckKeys(keys), storekit.CheckLease(lease), s.checkHorizon("lease", lease)); err != nil {
 		return nil, fmt.Errorf("sqlstore: claim: %w", err)
 	}
 	s.noteLease(lease)
@@ -226,7 +227,7 @@ func (s *Store) Claim(ctx context.Context, scope string, keys []string, lease ti
 // other arguments' checks are args, and returns c's keys and token.
 func (s *Store) claimArgs(ctx context.Context, c *stores.Claim, args ...error) (keySet, int64, error) {
 	var token int64
-	err := stores.CheckClaim(c)
+	err := storekit.CheckClaim(c)
 	if err == nil {
 		if token, err = strconv.ParseInt(c.Token, 36, 64); err != nil || token <= 0 {
 			err = fmt.Errorf("%w: token %q is not a sqlstore token", stores.ErrInvalidArgument, c.Token)
@@ -248,7 +249,7 @@ func (s *Store) opError(op string, err error) error {
 
 // Complete implements [stores.Store].
 func (s *Store) Complete(ctx context.Context, c *stores.Claim, retention time.Duration, data []byte) error {
-	ks, token, err := s.claimArgs(ctx, c, stores.CheckRetention(retention), s.checkHorizon("retention", retention), s.Capabilities().CheckData(data))
+	ks, token, err := s.claimArgs(ctx, c, storekit.CheckRetention(retention), s.checkHorizon("retention", retention), s.Capabilities().CheckData(data))
 	if err == nil {
 		err = s.checkData(data) // after the session check
 	}
@@ -277,7 +278,7 @@ func (s *Store) Release(ctx context.Context, c *stores.Claim) error {
 
 // Extend implements [stores.Store].
 func (s *Store) Extend(ctx context.Context, c *stores.Claim, lease time.Duration) error {
-	ks, token, err := s.claimArgs(ctx, c, stores.CheckLease(lease), s.checkHorizon("lease", lease))
+	ks, token, err := s.claimArgs(ctx, c, storekit.CheckLease(lease), s.checkHorizon("lease", lease))
 	if err != nil {
 		return s.opError("extend", err)
 	}

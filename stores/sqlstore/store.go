@@ -23,6 +23,7 @@ import (
 
 	"github.com/watermill-dedup/dedup/internal/batch"
 	"github.com/watermill-dedup/dedup/stores"
+	"github.com/watermill-dedup/dedup/stores/storekit"
 )
 
 // The Store: its configuration, its state, and what its parts (group.go,
@@ -523,10 +524,10 @@ func (s *Store) retry(ctx context.Context, op func() error) error {
 	}
 }
 
-// checkCall is [stores.CheckCall], then the session check: every
+// checkCall is [storekit.CheckCall], then the session check: every
 // failure a call meets before its own statements.
 func (s *Store) checkCall(ctx context.Context, args ...error) error {
-	if err := stores.CheckCall(ctx, s.closed.Load(), args...); err != nil {
+	if err := storekit.CheckCall(ctx, s.closed.Load(), args...); err != nil {
 		return err
 	}
 	return s.checkSession(ctx)

@@ -1,4 +1,4 @@
-package stores_test
+package storekit_test
 
 import (
 	"context"
@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/watermill-dedup/dedup/stores"
+	"github.com/watermill-dedup/dedup/stores/storekit"
 )
 
 func TestChecks(t *testing.T) {
@@ -18,21 +19,21 @@ func TestChecks(t *testing.T) {
 		err  error
 		want error // nil: no error
 	}{
-		{"keys", stores.CheckKeys([]string{"a", "b"}), nil},
-		{"no keys", stores.CheckKeys(nil), stores.ErrInvalidKey},
-		{"an empty key", stores.CheckKeys([]string{"a", ""}), stores.ErrInvalidKey},
-		{"lease", stores.CheckLease(time.Nanosecond), nil},
-		{"zero lease", stores.CheckLease(0), stores.ErrInvalidArgument},
-		{"negative retention", stores.CheckRetention(-time.Second), stores.ErrInvalidArgument},
-		{"claim", stores.CheckClaim(claimed), nil},
-		{"nil claim", stores.CheckClaim(nil), stores.ErrInvalidArgument},
-		{"duplicate result", stores.CheckClaim(&stores.Claim{Keys: []string{"k"}, Result: stores.Duplicate}), stores.ErrInvalidArgument},
-		{"claim without a token", stores.CheckClaim(&stores.Claim{Keys: []string{"k"}, Result: stores.Claimed}), stores.ErrInvalidArgument},
-		{"claim with an empty key", stores.CheckClaim(&stores.Claim{Keys: []string{""}, Result: stores.Claimed, Token: "t"}), stores.ErrInvalidArgument},
-		{"call", stores.CheckCall(context.Background(), false, nil, nil), nil},
-		{"call on a closed store", stores.CheckCall(cancelled, true, stores.CheckKeys(nil)), stores.ErrClosed},
-		{"call with a bad argument", stores.CheckCall(cancelled, false, nil, stores.CheckLease(0)), stores.ErrInvalidArgument},
-		{"call with its context done", stores.CheckCall(cancelled, false, nil), context.Canceled},
+		{"keys", storekit.CheckKeys([]string{"a", "b"}), nil},
+		{"no keys", storekit.CheckKeys(nil), stores.ErrInvalidKey},
+		{"an empty key", storekit.CheckKeys([]string{"a", ""}), stores.ErrInvalidKey},
+		{"lease", storekit.CheckLease(time.Nanosecond), nil},
+		{"zero lease", storekit.CheckLease(0), stores.ErrInvalidArgument},
+		{"negative retention", storekit.CheckRetention(-time.Second), stores.ErrInvalidArgument},
+		{"claim", storekit.CheckClaim(claimed), nil},
+		{"nil claim", storekit.CheckClaim(nil), stores.ErrInvalidArgument},
+		{"duplicate result", storekit.CheckClaim(&stores.Claim{Keys: []string{"k"}, Result: stores.Duplicate}), stores.ErrInvalidArgument},
+		{"claim without a token", storekit.CheckClaim(&stores.Claim{Keys: []string{"k"}, Result: stores.Claimed}), stores.ErrInvalidArgument},
+		{"claim with an empty key", storekit.CheckClaim(&stores.Claim{Keys: []string{""}, Result: stores.Claimed, Token: "t"}), stores.ErrInvalidArgument},
+		{"call", storekit.CheckCall(context.Background(), false, nil, nil), nil},
+		{"call on a closed store", storekit.CheckCall(cancelled, true, storekit.CheckKeys(nil)), stores.ErrClosed},
+		{"call with a bad argument", storekit.CheckCall(cancelled, false, nil, storekit.CheckLease(0)), stores.ErrInvalidArgument},
+		{"call with its context done", storekit.CheckCall(cancelled, false, nil), context.Canceled},
 	} {
 		switch {
 		case tc.want == nil && tc.err != nil:

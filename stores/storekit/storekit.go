@@ -1,0 +1,112 @@
+// Package storekit holds what store implementations share beyond the
+// contract in [stores]: the checks of a call's arguments, each returning
+// nil or an error wrapping [stores.ErrInvalidKey] or
+// [stores.ErrInvalidArgument] that says what was wrong. A store calls
+// them before any I/O and wraps their error with its own prefix
+// ("memstore: claim: ..."). Bounds of a store's own (a longest key, a
+// longest lease) are in its [stores.Capabilities], whose Check methods
+// it calls too.
+package storekit
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/watermill-dedup/dedup/stores"
+)
+
+// CheckCall returns the first reason a call must fail before any I/O,
+// in the order of the contract's error classes: the store is closed
+// ([stores.ErrClosed]), an argument check failed (args, the results of the
+// checks below and of the store's own, in the order the call takes its
+// arguments), or ctx is done. A store calls it first in every method:
+//
+//	if err := storekit.CheckCall(ctx, s.closed.Load(), storekit.CheckKeys(keys), storekit.CheckLease(lease)); err != nil {
+//		return nil, fmt.Errorf("mystore: claim: %w", err)
+//	}
+func CheckCall(ctx context.Context, closed bool, args ...error) error {
+	if closed {
+		return stores.ErrClosed
+	}
+	for _, err := range args {
+		if err != nil {
+			return err
+		}
+	}
+	return ctx.Err()
+}
+
+// CheckKeys checks the keys of a Claim or Begin: at least one, none empty.
+func CheckKeys(keys []string) error {
+	if len(keys) == 0 {
+		return fmt.Errorf("%w: no keys", stores.ErrInvalidKey)
+	}
+	for i, k := range keys {
+		if k == "" {
+			return fmt.Errorf("%w: key %d is empty", stores.ErrInvalidKey, i)
+		}
+	}
+	return nil
+}
+
+// CheckLease checks the lease of a Claim or Extend: positive. (A store
+// with a MaxLease calls its Capabilities' CheckLease, which checks both.)
+func CheckLease(lease time.Duration) error {
+	return stores.Capabilities{}.CheckLease(lease)
+}
+
+// CheckRetention checks the retention of a Complete or Begin: positive.
+// (A store with a MaxRetention calls its Capabilities' CheckRetention,
+// which checks both.)
+func CheckRetention(retention time.Duration) error {
+	return stores.Capabilities{}.CheckRetention(retention)
+}
+
+// CheckClaim checks the claim handed to Complete, Release or Extend: a
+// [stores.Claimed] result with a token and keys. Whether the token is one the
+// store hands out is the store's to check.
+func CheckClaim(c *stores.Claim) error {
+	if c == nil || c.Result != stores.Claimed || c.Token == "" || len(c.Keys) == 0 {
+		return fmt.Errorf("%w: not a Claimed claim", stores.ErrInvalidArgument)
+	}
+	if err := CheckKeys(c.Keys); err != nil {
+		return fmt.Errorf("%w: the claim's keys are invalid: %w", stores.ErrInvalidArgument, err)
+	}
+	return nil
+}
+
+// CheckRecordKey checks the key of a Get or Delete: not empty.
+func CheckRecordKey(key string) error {
+	if key == "" {
+		return fmt.Errorf("%w: key is empty", stores.ErrInvalidKey)
+	}
+	return nil
+}
+
+// CheckState checks the state of a Delete: [stores.StateProcessing] or
+// [stores.StateDone].
+func CheckState(want stores.RecordState) error {
+	if want != stores.StateProcessing && want != stores.StateDone {
+		return fmt.Errorf("%w: state must be processing or done, got %s", stores.ErrInvalidArgument, want)
+	}
+	return nil
+}
+
+// CheckListOptions checks the options of a List and returns them with
+// the default Limit filled in. Whether the layout can filter on Scope and
+// KeyPrefix, and what a cursor holds, is the store's to check.
+func CheckListOptions(opts stores.ListOptions) (stores.ListOptions, error) {
+	if opts.State != 0 {
+		if err := CheckState(opts.State); err != nil {
+			return opts, err
+		}
+	}
+	switch {
+	case opts.Limit < 0 || opts.Limit > stores.MaxListLimit:
+		return opts, fmt.Errorf("%w: limit must be between 1 and %d (0 for %d), got %d", stores.ErrInvalidArgument, stores.MaxListLimit, stores.DefaultListLimit, opts.Limit)
+	case opts.Limit == 0:
+		opts.Limit = stores.DefaultListLimit
+	}
+	return opts, nil
+}
