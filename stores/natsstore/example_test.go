@@ -41,11 +41,11 @@ func Example() {
 	}
 	defer store.Close(context.Background())
 
-	dedup, err := middleware.New(middleware.Config{Store: store, Scope: "orders", Policy: dedup.Policy{Retention: 24 * time.Hour}})
+	dedupMW, err := middleware.New(middleware.Config{Store: store, Scope: "orders", Policy: dedup.Policy{Retention: 24 * time.Hour}})
 	if err != nil {
 		panic(err)
 	}
-	router.AddMiddleware(dedup.Middleware)
+	router.AddMiddleware(dedupMW.Middleware)
 	// router.AddConsumerHandler(...); router.Run(ctx)
 }
 

@@ -34,11 +34,11 @@ func Example() {
 	}
 	defer store.Close(context.Background())
 
-	dedup, err := middleware.New(middleware.Config{Store: store, Scope: "orders"})
+	dedupMW, err := middleware.New(middleware.Config{Store: store, Scope: "orders"})
 	if err != nil {
 		panic(err)
 	}
-	router.AddMiddleware(dedup.Middleware)
+	router.AddMiddleware(dedupMW.Middleware)
 	// router.AddConsumerHandler(...); router.Run(ctx)
 }
 
