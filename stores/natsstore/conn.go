@@ -4,12 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"sync"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/watermill-dedup/dedup/stores"
 )
@@ -120,103 +117,4 @@ func (w *connWatch) callCtx(ctx context.Context) (cctx context.Context, release 
 	cctx, cancel := context.WithCancelCause(ctx)
 	stop := context.AfterFunc(up, func() { cancel(errConnLost) })
 	return cctx, func() { stop(); cancel(nil) }, nil
-}
-
-// classify puts err, from I/O made under cctx (see callCtx) for a caller
-// whose context is ctx, into its class of the stores contract.
-func classify(ctx, cctx context.Context, err error) error {
-	if err == nil {
-		return nil
-	}
-	if cerr := ctx.Err(); cerr != nil {
-		// The caller's context ended: its class, whatever else failed.
-		if errors.Is(err, cerr) {
-			return err
-		}
-		return fmt.Errorf("%w (%v)", cerr, err)
-	}
-	if errors.Is(err, stores.ErrUnavailable) || errors.Is(err, stores.ErrTooLarge) {
-		return err
-	}
-	if isTooLarge(err) {
-		return fmt.Errorf("%w: %w", stores.ErrTooLarge, err)
-	}
-	if cctx != nil && errors.Is(context.Cause(cctx), errConnLost) {
-		return fmt.Errorf("%w: %w", stores.ErrUnavailable, errConnLost)
-	}
-	if isUnavailable(err) {
-		return fmt.Errorf("%w: %w", stores.ErrUnavailable, err)
-	}
-	return err
-}
-
-// unavailableErrs are the nats.go and jetstream errors of a server that
-// cannot be reached or cannot serve now.
-var unavailableErrs = []error{
-	nats.ErrConnectionClosed, nats.ErrConnectionDraining, nats.ErrConnectionReconnecting,
-	nats.ErrDisconnected, nats.ErrTimeout, nats.ErrNoResponders, nats.ErrNoServers,
-	nats.ErrReconnectBufExceeded, nats.ErrStaleConnection, nats.ErrMaxConnectionsExceeded,
-	nats.ErrInvalidConnection,
-	jetstream.ErrNoStreamResponse, jetstream.ErrJetStreamNotEnabled, jetstream.ErrServerShutdown,
-	// The caller's context is alive (classify checked): a deadline that
-	// passed is the client's own request timeout.
-	context.DeadlineExceeded,
-	io.EOF, io.ErrUnexpectedEOF, net.ErrClosed,
-}
-
-// unavailableCodes are JetStream API error codes of a system that cannot
-// serve now: no meta leader or quorum, a stream without a leader, a
-// server out of resources.
-var unavailableCodes = map[jetstream.ErrorCode]bool{
-	10008: true, // JetStream system temporarily unavailable
-	10023: true, // insufficient resources
-	10076: true, // JetStream not enabled (a server starting)
-	10118: true, // stream is offline
-}
-
-// isUnavailable reports an error that means NATS could not be reached or
-// could not serve the call now.
-func isUnavailable(err error) bool {
-	for _, target := range unavailableErrs {
-		if errors.Is(err, target) {
-			return true
-		}
-	}
-	var ne net.Error
-	if errors.As(err, &ne) {
-		return true
-	}
-	var ae *jetstream.APIError
-	if errors.As(err, &ae) {
-		if ae.ErrorCode == jsErrCodeStoreLimit {
-			// A bucket at its configured MaxMsgs or MaxBytes (discard-new)
-			// answers 503 too, but that is a setting to fix, not an
-			// outage a fail-open consumer may run through.
-			return false
-		}
-		return ae.Code == 503 || unavailableCodes[ae.ErrorCode]
-	}
-	return false
-}
-
-// isTooLarge reports a message refused for its size: by the client,
-// larger than the server's maximum payload (which a reconnect may have
-// lowered since the store was built), or by the stream, larger than its
-// largest message (a bucket's MaxValueSize).
-func isTooLarge(err error) bool {
-	var ae *jetstream.APIError
-	return errors.Is(err, nats.ErrMaxPayload) ||
-		(errors.As(err, &ae) && ae.ErrorCode == jetstream.JSErrCodeStreamMessageExceedsMaximum)
-}
-
-// jsErrCodeStoreLimit is JetStream's error code for a write refused by a
-// stream limit ("maximum messages exceeded", "maximum bytes exceeded").
-const jsErrCodeStoreLimit jetstream.ErrorCode = 10077
-
-// isConflict reports a write refused because the key's last revision was
-// not the one it expected: someone wrote the key in between.
-func isConflict(err error) bool {
-	var ae *jetstream.APIError
-	return errors.As(err, &ae) &&
-		(ae.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence || ae.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant)
 }

@@ -1,0 +1,164 @@
+package natsstore
+
+import (
+	"errors"
+	"fmt"
+	"regexp"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/watermill-dedup/dedup/stores"
+)
+
+// The configuration of a Store: Config, its defaults, bounds and
+// validation, and the buckets and MaxAge it needs.
+
+// Default values of Config fields, and bounds.
+const (
+	DefaultBucket       = "dedup"
+	DefaultMaxLease     = time.Hour
+	DefaultMaxRetention = 24 * time.Hour // dedup.DefaultRetention
+	DefaultClockSkew    = time.Minute
+
+	// MaxShards bounds Config.Shards.
+	MaxShards = 64
+	// MaxDurationLimit bounds Config.MaxLease and MaxRetention: a
+	// century.
+	MaxDurationLimit = 100 * 365 * 24 * time.Hour
+)
+
+// ErrInvalidConfig is wrapped by every error Validate returns.
+var ErrInvalidConfig = errors.New("natsstore: invalid config")
+
+// ErrBucketConfig is wrapped by New's error when a bucket exists but
+// cannot hold the records the Config allows: a MaxAge (KV TTL) shorter
+// than [Config.RequiredMaxAge], or none at all.
+var ErrBucketConfig = errors.New("natsstore: the bucket's configuration does not fit the store's")
+
+// Config configures a Store. The zero value is ready to use.
+type Config struct {
+	// Bucket is the KV bucket holding the records, created by New when
+	// it does not exist. Stores sharing a NATS system and a Bucket share
+	// their records, which is how several consumer processes dedup
+	// together. The default is "dedup". It may hold letters, digits, '-'
+	// and '_'.
+	Bucket string
+
+	// Shards spreads the records over this many buckets, Bucket-0 to
+	// Bucket-<Shards-1>, each (scope, key) in the one its digest picks:
+	// each bucket is a JetStream stream with its own leader, so in a
+	// cluster the writes of the shards go to different servers. The
+	// default, 0 or 1, is one bucket named Bucket. At most MaxShards.
+	// Changing it forgets the records written before.
+	Shards int
+
+	// MaxLease is the longest lease Claim and Extend accept, and
+	// MaxRetention the longest retention Complete accepts; longer ones
+	// fail with stores.ErrInvalidArgument before any I/O. Defaults:
+	// DefaultMaxLease (1h) and DefaultMaxRetention (24h, the
+	// middleware's default retention). At most MaxDurationLimit.
+	//
+	// They decide the bucket's MaxAge (see RequiredMaxAge): a bucket
+	// keeps every record for MaxAge after its last write, whatever its
+	// own retention, so they are also what the bucket's disk holds:
+	// message rate × MaxAge records.
+	MaxLease     time.Duration
+	MaxRetention time.Duration
+
+	// ClockSkew is how far apart the clocks of the consumer processes
+	// and the NATS servers may be: the margin RequiredMaxAge adds. The
+	// default is DefaultClockSkew (1 minute).
+	ClockSkew time.Duration
+
+	// Replicas and Storage are the replication factor (1, 3 or 5 in a
+	// cluster; default 1) and storage (default file) of the buckets New
+	// creates. A bucket that exists is used as it is.
+	Replicas int
+	Storage  jetstream.StorageType
+
+	// Clock tells the time of leases and expiry. nil means the system
+	// clock.
+	Clock stores.Clock
+}
+
+var bucketRe = regexp.MustCompile(`\A[a-zA-Z0-9_-]+\z`)
+
+// Validate reports the first invalid field, wrapping ErrInvalidConfig.
+func (c Config) Validate() error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(format, args...))
+	}
+	switch {
+	case c.Bucket != "" && !bucketRe.MatchString(c.Bucket):
+		return bad("Bucket %q may hold letters, digits, '-' and '_' only", c.Bucket)
+	case c.Shards < 0 || c.Shards > MaxShards:
+		return bad("Shards must be between 0 and %d, got %d", MaxShards, c.Shards)
+	case c.MaxLease < 0 || c.MaxLease > MaxDurationLimit:
+		return bad("MaxLease must be between 0 (default) and %s, got %s", MaxDurationLimit, c.MaxLease)
+	case c.MaxRetention < 0 || c.MaxRetention > MaxDurationLimit:
+		return bad("MaxRetention must be between 0 (default) and %s, got %s", MaxDurationLimit, c.MaxRetention)
+	case c.ClockSkew < 0 || c.ClockSkew > MaxDurationLimit:
+		return bad("ClockSkew must be between 0 (default) and %s, got %s", MaxDurationLimit, c.ClockSkew)
+	case c.Replicas < 0 || c.Replicas > 5:
+		return bad("Replicas must be between 0 (default) and 5, got %d", c.Replicas)
+	case c.Storage != jetstream.FileStorage && c.Storage != jetstream.MemoryStorage:
+		return bad("Storage must be jetstream.FileStorage or MemoryStorage, got %d", c.Storage)
+	}
+	return nil
+}
+
+func (c *Config) setDefaults() {
+	if c.Bucket == "" {
+		c.Bucket = DefaultBucket
+	}
+	if c.Shards == 0 {
+		c.Shards = 1
+	}
+	if c.MaxLease == 0 {
+		c.MaxLease = DefaultMaxLease
+	}
+	if c.MaxRetention == 0 {
+		c.MaxRetention = DefaultMaxRetention
+	}
+	if c.ClockSkew == 0 {
+		c.ClockSkew = DefaultClockSkew
+	}
+	if c.Replicas == 0 {
+		c.Replicas = 1
+	}
+	c.Clock = stores.ClockOrSystem(c.Clock)
+}
+
+// RequiredMaxAge is the shortest bucket MaxAge (KV TTL) that keeps every
+// record as long as the store contract needs it, with the defaults
+// filled in:
+//
+//	max(MaxRetention, 2 × MaxLease) + ClockSkew
+//
+// A done record must last its retention; a processing record its lease,
+// and one more lease after it ran out, so that a takeover then is
+// reported as one (Claim.Takeover). MaxAge counts from the record's last
+// write on the server's clock; ClockSkew covers the distance between
+// that clock and the consumers'. New creates missing buckets with
+// exactly this MaxAge and refuses existing ones with a shorter one
+// ([ErrBucketConfig]).
+func (c Config) RequiredMaxAge() time.Duration {
+	c.setDefaults()
+	return max(c.MaxRetention, 2*c.MaxLease) + c.ClockSkew
+}
+
+// Buckets returns the names of the buckets the store uses, with the
+// defaults filled in.
+func (c Config) Buckets() []string {
+	c.setDefaults()
+	if c.Shards == 1 {
+		return []string{c.Bucket}
+	}
+	out := make([]string, c.Shards)
+	for i := range out {
+		out[i] = c.Bucket + "-" + strconv.Itoa(i)
+	}
+	return out
+}

@@ -1,0 +1,38 @@
+// Package natsstore is the dedup store on NATS JetStream key-value
+// buckets (nats.go's jetstream package): a store shared by every
+// consumer process that reaches the same NATS system, kept on disk and
+// replicated by JetStream.
+//
+// Each (scope, key) is one KV key (a 128-bit digest of the pair, see
+// the README), whose value says processing (token, lease_until) or done
+// (expires_at, data). Every change is a write conditional on the key's
+// revision, the KV compare-and-set: a Claim creates a key at the
+// revision it read (none, a purge marker, an expired record), and
+// Complete, Release and Extend rewrite a record only at the revision at
+// which they read it processing under their token. So a write never
+// lands on a record that changed since it was read, and two consumers
+// can never both hold a key.
+//
+// JetStream before 2.11 has no per-key TTL: the store decides expiry
+// itself, from the times in the value and its [stores.Clock], and the
+// bucket's MaxAge (the KV TTL) removes a record some time after it
+// stopped mattering. Consumers sharing a bucket must keep their clocks
+// in sync (NTP), as with sqlstore. See [Config] for how MaxAge bounds the
+// leases and retentions the store accepts.
+//
+// JetStream KV has no multi-key transaction. A Claim of several keys
+// takes them one by one in a fixed order and gives back the ones it took
+// when a later one turns out taken; see [Store.Claim] for the exact
+// guarantee.
+//
+// A replicated bucket is read from its stream leader, so a read sees
+// every write acknowledged before it; a single-replica one by direct
+// gets. Config.Shards spreads the records over
+// several buckets, whose leaders JetStream places on different servers
+// of a cluster.
+//
+// The Store implements neither [stores.Admin] nor [stores.Inbox].
+//
+// The README next to this file describes the layout, the bytes each
+// record takes, the limits and clustering.
+package natsstore

@@ -1,0 +1,131 @@
+package natsstore
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/watermill-dedup/dedup/stores"
+	"github.com/watermill-dedup/dedup/stores/storekit"
+)
+
+// The fenced calls: Complete, Release and Extend, which rewrite a claim's
+// records only at the revisions at which they read them processing under
+// the claim's token.
+
+// Complete implements [stores.Store]. See fenced for how a claim of
+// several keys is completed.
+func (s *Store) Complete(ctx context.Context, c *stores.Claim, retention time.Duration, data []byte) error {
+	if err := storekit.CheckCall(ctx, s.closed.Load(), storekit.CheckClaim(c), storekit.CheckRetention(retention),
+		checkDuration("retention", retention, s.cfg.MaxRetention), s.Capabilities().CheckData(data)); err != nil {
+		return fmt.Errorf("natsstore: complete: %w", err)
+	}
+	by := completedBy(c.Token, subjects(s.records(c.Scope, c.Keys)))
+	return s.fenced(ctx, "complete", c, func(now int64) []byte { return doneValue(addNanos(now, retention), by, data) })
+}
+
+// Release implements [stores.Store]. The records become KV purge
+// markers, which the bucket's MaxAge removes.
+func (s *Store) Release(ctx context.Context, c *stores.Claim) error {
+	if err := storekit.CheckCall(ctx, s.closed.Load(), storekit.CheckClaim(c)); err != nil {
+		return fmt.Errorf("natsstore: release: %w", err)
+	}
+	return s.fenced(ctx, "release", c, func(int64) []byte { return nil })
+}
+
+// Extend implements [stores.Store].
+func (s *Store) Extend(ctx context.Context, c *stores.Claim, lease time.Duration) error {
+	if err := storekit.CheckCall(ctx, s.closed.Load(), storekit.CheckClaim(c), storekit.CheckLease(lease),
+		checkDuration("lease", lease, s.cfg.MaxLease)); err != nil {
+		return fmt.Errorf("natsstore: extend: %w", err)
+	}
+	return s.fenced(ctx, "extend", c, func(now int64) []byte { return processingValue(addNanos(now, lease), c.Token) })
+}
+
+// fenced runs Complete, Release or Extend: it reads every key of c and
+// fails with ErrLostClaim, writing nothing, unless each is processing
+// under c's token (whether or not its lease ran out); then it writes the
+// new value (nil: a purge marker) to each key in the fixed order, each
+// write conditional on the revision read.
+//
+// While the claim's lease is live no other claim writes its keys, so
+// the writes all succeed: the call is all-or-nothing. A connection lost
+// between two writes leaves the call half done (the keys cannot be put
+// back without it) and fails it as an outage; a Complete retried then
+// finds the keys it completed (done by this claim's token, see
+// completedBy) and completes the rest. If a write finds
+// its key changed (the lease ran out and another claim took that key
+// over between the read and the write, or an operator deleted it), the
+// keys already written are put back to this claim's processing record
+// and the call fails with ErrLostClaim; meanwhile a Claim of such a key
+// may have seen it done (Complete: the handler did run) or free.
+func (s *Store) fenced(ctx context.Context, op string, c *stores.Claim, value func(now int64) []byte) error {
+	recs := s.records(c.Scope, c.Keys)
+	cctx, release, err := s.watch.callCtx(ctx)
+	if err != nil {
+		return fmt.Errorf("natsstore: %s: %w", op, err)
+	}
+	defer release()
+	entries := make([]entry, len(recs))
+	// ours: keys an earlier attempt of this Complete has completed (it was
+	// cut before it wrote them all).
+	ours := make([]bool, len(recs))
+	nOurs := 0
+	by := completedBy(c.Token, subjects(recs))
+	for i, r := range recs {
+		e, err := s.read(cctx, r)
+		if err != nil {
+			return fmt.Errorf("natsstore: %s: %w", op, s.classify(ctx, cctx, err))
+		}
+		if op == "complete" && e.state == stateDone && e.by == by {
+			ours[i] = true
+			nOurs++
+			continue
+		}
+		if e.state != stateProcessing || e.token != c.Token {
+			return fmt.Errorf("natsstore: %s: %w: key %d of the claim is %s", op, stores.ErrLostClaim, i, describe(e, c.Token))
+		}
+		entries[i] = e
+	}
+	if nOurs == len(recs) {
+		return fmt.Errorf("natsstore: %s: %w: the claim is completed already", op, stores.ErrLostClaim)
+	}
+	v := value(s.clock.Now().UnixNano())
+	var undo []undoItem
+	for n, i := range writeOrder(recs) {
+		if ours[i] {
+			continue
+		}
+		rev, err := s.write(cctx, recs[i], v, entries[i].rev)
+		if err != nil {
+			// Put the keys already written back to this claim's
+			// processing records, so that a retry of the call can
+			// succeed. A write whose outcome is unknown is left as it
+			// is: if it landed, the key is this call's (done, released
+			// or extended), and a retry fails with ErrLostClaim, which
+			// the middleware reconciles by claiming again.
+			s.undo(ctx, undo)
+			if isConflict(err) {
+				return fmt.Errorf("natsstore: %s: %w: a key of the claim changed under it", op, stores.ErrLostClaim)
+			}
+			return fmt.Errorf("natsstore: %s: %w", op, s.classify(ctx, cctx, err))
+		}
+		undo = append(undo, undoItem{rec: recs[i], prev: entries[i], rev: rev})
+		if s.testAfterWrite != nil && n < len(recs)-1 {
+			s.testAfterWrite(op, n)
+		}
+	}
+	return nil
+}
+
+func describe(e entry, token string) string {
+	switch {
+	case e.state == stateNone:
+		return "gone"
+	case e.state == stateDone:
+		return "done"
+	case e.token != token:
+		return "held by another claim"
+	}
+	return "processing"
+}

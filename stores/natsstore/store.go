@@ -1,0 +1,264 @@
+package natsstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/watermill-dedup/dedup/stores"
+)
+
+// The Store: New and Connect, opening the buckets, Capabilities and
+// Close. Its calls are in claim.go (Claim and the undo of what a failed
+// call wrote) and fenced.go (Complete, Release, Extend); records.go reads
+// and writes the bucket, conn.go follows the connection, errors.go
+// classifies what fails.
+
+// Internal bounds.
+const (
+	// maxClaimAttempts bounds how often a Claim starts again after a
+	// concurrent writer changed one of its keys between its read and its
+	// write; after that it reports InProgress (see Store.Claim).
+	maxClaimAttempts = 8
+	// undoTimeout bounds giving back what a failed call wrote.
+	undoTimeout = 2 * time.Second
+	// defaultRequestTimeout bounds a request made under a context
+	// without a deadline, as the jetstream package does.
+	defaultRequestTimeout = 5 * time.Second
+)
+
+// shard is one bucket.
+type shard struct {
+	bucket string
+	stream jetstream.Stream
+	prefix string // subject prefix of its keys
+	// leaderReads sends reads to the stream's leader (the STREAM.MSG.GET
+	// API) instead of direct gets, which any replica may answer: on a
+	// replicated bucket, or one without direct gets.
+	leaderReads bool
+	msgGet      string // the leader API's subject
+	// maxMsgSize is the stream's largest message (the bucket's
+	// MaxValueSize), headers included; 0 or less when it has none.
+	maxMsgSize int32
+}
+
+// Store is the NATS JetStream KV store. Create it with New or Connect.
+type Store struct {
+	nc      *nats.Conn
+	ownConn bool
+	js      jetstream.JetStream
+	cfg     Config
+	clock   stores.Clock
+	shards  []*shard
+	// maxData is the most data a done record keeps (Capabilities): the
+	// smaller of the server's maximum payload, as the connection reported
+	// it when the store was built, and the buckets' largest message, less
+	// the value's head and room for the message headers.
+	maxData int
+	watch   *connWatch
+
+	closed    atomic.Bool
+	closeOnce sync.Once
+	closeErr  error
+
+	// Background undos of calls whose callers had gone.
+	bg        sync.WaitGroup
+	bgMu      sync.Mutex
+	bgStopped bool // set by Close: no new background undo
+	bgCtx     context.Context
+	bgCancel  context.CancelFunc
+
+	// testAfterWrite, when set, runs after each successful write of a
+	// multi-key call, with the index of the write (tests only).
+	testAfterWrite func(op string, i int)
+}
+
+var _ stores.Store = (*Store)(nil)
+
+// New returns a Store on nc, a connection the caller owns: the store
+// never closes it (close it yourself after closing the store). New opens
+// the buckets (creating those that do not exist, see Config) and fails
+// when NATS cannot be reached (an error wrapping stores.ErrUnavailable),
+// when JetStream is not enabled, or when a bucket exists with a MaxAge
+// shorter than the config needs ([ErrBucketConfig]). ctx bounds that.
+//
+// The store follows the connection's status: while nats.go is
+// reconnecting, calls fail at once with stores.ErrUnavailable instead of
+// being buffered, and calls in flight when the connection drops fail so
+// too instead of waiting for their deadline.
+func New(ctx context.Context, nc *nats.Conn, cfg Config) (*Store, error) {
+	if nc == nil {
+		return nil, errors.New("natsstore: the NATS connection is nil")
+	}
+	return newStore(ctx, nc, false, cfg)
+}
+
+// Connect dials url with opts and returns a Store on that connection,
+// which the store owns: Close closes it. See New.
+func Connect(ctx context.Context, url string, cfg Config, opts ...nats.Option) (*Store, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	nc, err := nats.Connect(url, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("natsstore: connect to %s: %w", url, classify(ctx, nil, err))
+	}
+	s, err := newStore(ctx, nc, true, cfg)
+	if err != nil {
+		nc.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+func newStore(ctx context.Context, nc *nats.Conn, own bool, cfg Config) (*Store, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg.setDefaults()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, fmt.Errorf("natsstore: %w", err)
+	}
+	s := &Store{nc: nc, ownConn: own, js: js, cfg: cfg, clock: cfg.Clock}
+	limit := nc.MaxPayload()
+	for _, b := range cfg.Buckets() {
+		sh, err := s.openBucket(ctx, b)
+		if err != nil {
+			return nil, err
+		}
+		s.shards = append(s.shards, sh)
+		if sh.maxMsgSize > 0 && (limit <= 0 || int64(sh.maxMsgSize) < limit) {
+			limit = int64(sh.maxMsgSize)
+		}
+	}
+	s.maxData = maxData(limit)
+	s.bgCtx, s.bgCancel = context.WithCancel(context.Background())
+	s.watch = newConnWatch(nc)
+	return s, nil
+}
+
+// openBucket opens bucket, creating it when it does not exist, and
+// checks its MaxAge.
+func (s *Store) openBucket(ctx context.Context, bucket string) (*shard, error) {
+	need := s.cfg.RequiredMaxAge()
+	fail := func(what string, err error) (*shard, error) {
+		return nil, fmt.Errorf("natsstore: %s bucket %q: %w", what, bucket, classify(ctx, nil, err))
+	}
+	st, err := s.js.Stream(ctx, streamName(bucket))
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		_, err = s.js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
+			Bucket:      bucket,
+			Description: "watermill-dedup records (natsstore)",
+			History:     1,
+			TTL:         need,
+			Storage:     s.cfg.Storage,
+			Replicas:    s.cfg.Replicas,
+		})
+		if err != nil && !errors.Is(err, jetstream.ErrBucketExists) {
+			return fail("create", err)
+		}
+		st, err = s.js.Stream(ctx, streamName(bucket))
+	}
+	if err != nil {
+		return fail("open", err)
+	}
+	conf := st.CachedInfo().Config
+	prefix := subjectPrefix(bucket)
+	if !slices.Contains(conf.Subjects, prefix+">") {
+		return nil, fmt.Errorf("%w: stream %q is not the KV bucket %q (subjects %q)", ErrBucketConfig, conf.Name, bucket, conf.Subjects)
+	}
+	if conf.MaxAge <= 0 || conf.MaxAge < need {
+		have := "no MaxAge (records would never be removed)"
+		if conf.MaxAge > 0 {
+			have = "MaxAge " + conf.MaxAge.String()
+		}
+		return nil, fmt.Errorf("%w: bucket %q has %s, the config needs at least %s (max(MaxRetention, 2 × MaxLease) + ClockSkew): lower MaxLease or MaxRetention, or raise the bucket's MaxAge (nats stream edit %s --max-age)",
+			ErrBucketConfig, bucket, have, need, conf.Name)
+	}
+	if conf.Discard == jetstream.DiscardOld && (conf.MaxMsgs > 0 || conf.MaxBytes > 0) {
+		// The stream would drop the oldest records to make room, done
+		// records within their retention among them: their duplicates
+		// would run again.
+		return nil, fmt.Errorf("%w: bucket %q has MaxMsgs %d and MaxBytes %d with the discard-old policy, which drops records before their retention ends: remove the limits or use discard-new (writes then fail when the bucket is full)",
+			ErrBucketConfig, bucket, conf.MaxMsgs, conf.MaxBytes)
+	}
+	return &shard{
+		bucket: bucket, stream: st, prefix: prefix,
+		leaderReads: conf.Replicas > 1 || !conf.AllowDirect,
+		msgGet:      "$JS.API.STREAM.MSG.GET." + conf.Name,
+		maxMsgSize:  conf.MaxMsgSize,
+	}, nil
+}
+
+// headerRoom is what a record's message may need for its headers.
+const headerRoom = 128
+
+// maxData is the most data a done record keeps in a message of at most
+// limit bytes, headers included (0 or less: no limit, which NATS always
+// has).
+func maxData(limit int64) int {
+	if limit <= 0 {
+		return 0
+	}
+	return max(int(limit)-valueHeadLen-byLen-headerRoom, 1)
+}
+
+// checkDuration refuses a duration past the config's bound.
+func checkDuration(what string, d, bound time.Duration) error {
+	if d > bound {
+		return fmt.Errorf("%w: %s %s is longer than the store's bound of %s (Config.Max%s; the bucket's MaxAge depends on it)",
+			stores.ErrInvalidArgument, what, d, bound, map[string]string{"lease": "Lease", "retention": "Retention"}[what])
+	}
+	return nil
+}
+
+// Capabilities implements [stores.Store]: leases up to MaxLease,
+// retentions up to MaxRetention, data up to the server's maximum payload
+// (as the connection reported it when the store was built) or the
+// buckets' largest message (MaxValueSize), whichever is smaller, less the
+// record's own head and headers. Data that a server reached later
+// refuses as too large (a smaller max_payload after a reconnect, a
+// bucket's limit lowered since) fails with [stores.ErrTooLarge] all the
+// same.
+func (s *Store) Capabilities() stores.Capabilities {
+	return stores.Capabilities{Kind: "natsstore", MaxLease: s.cfg.MaxLease, MaxRetention: s.cfg.MaxRetention, MaxData: s.maxData}
+}
+
+// Close implements [stores.Store]. It stops following the connection's
+// status, waits for the undos still running in the background (bounded
+// by ctx; ctx's error when it ends first, after cancelling them), and
+// closes the connection only if Connect opened it. It is idempotent.
+func (s *Store) Close(ctx context.Context) error {
+	s.closeOnce.Do(func() {
+		s.closed.Store(true)
+		s.bgMu.Lock()
+		s.bgStopped = true
+		s.bgMu.Unlock()
+		done := make(chan struct{})
+		go func() {
+			s.bg.Wait()
+			close(done)
+		}()
+		select {
+		case <-done:
+		case <-ctx.Done():
+			s.closeErr = ctx.Err()
+			s.bgCancel()
+			<-done
+		}
+		s.bgCancel()
+		s.watch.stop()
+		if s.ownConn {
+			s.nc.Close()
+		}
+	})
+	return s.closeErr
+}
