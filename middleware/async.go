@@ -153,7 +153,7 @@ func (m *Middleware) awaitOwnComplete(msg *message.Message, scope string, keys [
 			landed = closedChan
 		}
 		if deadline == nil {
-			t := time.NewTimer(m.cfg.Tuning.CompleteTimeout)
+			t := time.NewTimer(m.cyc.Policy().Tuning.CompleteTimeout)
 			defer t.Stop()
 			deadline = t.C
 		}

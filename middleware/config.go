@@ -2,7 +2,6 @@ package middleware
 
 import (
 	"crypto/sha256"
-	"fmt"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -79,16 +78,13 @@ type Config struct {
 // a setting the store cannot honour, naming the store's bound. Its errors
 // wrap dedup.ErrInvalidConfig.
 func (c Config) Validate() error {
-	switch {
-	case c.Store == nil:
-		return fmt.Errorf("%w: Store is required", dedup.ErrInvalidConfig)
-	case c.Mode > dedup.ModeTransactional:
-		return fmt.Errorf("%w: Mode must be ModeLease, ModeAsyncComplete or ModeTransactional, got %s", dedup.ErrInvalidConfig, c.Mode)
-	}
-	if err := c.Policy.Validate(); err != nil {
-		return err
-	}
-	return cycle.Check(c.Store, c.Policy, cycle.Needs{Mode: c.Mode, Scope: c.Scope})
+	_, err := c.cycle()
+	return err
+}
+
+// cycle returns the claim cycle of a valid c.
+func (c Config) cycle() (*cycle.Cycle, error) {
+	return cycle.New(c.Store, c.Policy, cycle.Consumer, cycle.Needs{Mode: c.Mode, Scope: c.Scope})
 }
 
 // PayloadFingerprint is a Config.Fingerprint: the first 16 bytes of the

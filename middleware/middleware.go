@@ -94,8 +94,9 @@ import (
 // Close matters only for dedup.ModeAsyncComplete, whose Completes run in
 // the background; in the other modes it returns at once.
 type Middleware struct {
-	cfg   Config
+	cfg   Config // as given: cyc.Policy() has the defaults
 	cyc   *cycle.Cycle
+	key   keyfuncs.KeyFunc
 	async *pending // set in ModeAsyncComplete
 }
 
@@ -103,18 +104,11 @@ type Middleware struct {
 // dedup.ErrInvalidConfig: an invalid field, or a setting the store cannot
 // honour, named with the store's bound.
 func New(cfg Config) (*Middleware, error) {
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
-	cyc, err := cycle.New(cfg.Store, cfg.Policy, cycle.Consumer, cycle.Needs{Mode: cfg.Mode, Scope: cfg.Scope})
+	cyc, err := cfg.cycle()
 	if err != nil {
 		return nil, err
 	}
-	if cfg.Key == nil {
-		cfg.Key = keyfuncs.MessageID()
-	}
-	cfg.Policy = cyc.Policy()
-	m := &Middleware{cfg: cfg, cyc: cyc}
+	m := &Middleware{cfg: cfg, cyc: cyc, key: cycle.Key(cfg.Key)}
 	if cfg.Mode == dedup.ModeAsyncComplete {
 		m.async = newPending()
 	}
@@ -124,7 +118,7 @@ func New(cfg Config) (*Middleware, error) {
 // Middleware wraps h in the dedup flow. It is a message.HandlerMiddleware.
 func (m *Middleware) Middleware(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
-		keys, err := m.cfg.Key(msg)
+		keys, err := m.key(msg)
 		scope := m.scope(msg)
 		if err != nil || len(keys) == 0 {
 			return nil, m.cyc.NoKey(msg, scope, keys, err)
@@ -177,12 +171,13 @@ func (m *Middleware) checkTTL(msg *message.Message, scope string, keys []string)
 	if !ok {
 		return
 	}
-	if age := time.Since(at); age > m.cfg.Retention {
+	retention := m.cyc.Policy().Retention
+	if age := time.Since(at); age > retention {
 		m.cyc.Observe(scope, dedup.OutcomeTTLMiss)
 		f := m.cyc.Fields(msg, scope, keys)
 		f["age"] = age.String()
-		f["retention"] = m.cfg.Retention.String()
-		m.cyc.Logger().Error("Message is older than the dedup retention window: if it was handled before, its record has expired and it runs again (ttl_miss)", fmt.Errorf("dedup: message older than the retention window: published %s ago, retention %s", age, m.cfg.Retention), f)
+		f["retention"] = retention.String()
+		m.cyc.Logger().Error("Message is older than the dedup retention window: if it was handled before, its record has expired and it runs again (ttl_miss)", fmt.Errorf("dedup: message older than the retention window: published %s ago, retention %s", age, retention), f)
 	}
 }
 

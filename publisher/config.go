@@ -2,7 +2,6 @@ package publisher
 
 import (
 	"errors"
-	"fmt"
 
 	dedup "github.com/watermill-dedup/dedup"
 	"github.com/watermill-dedup/dedup/internal/cycle"
@@ -78,18 +77,11 @@ var ErrNoTransaction = errors.New("dedup: the message's context carries no trans
 // a setting the store cannot honour, naming the store's bound. Its errors
 // wrap dedup.ErrInvalidConfig.
 func (c Config) Validate() error {
-	switch {
-	case c.Store == nil:
-		return fmt.Errorf("%w: Store is required", dedup.ErrInvalidConfig)
-	case c.Mode != dedup.ModeLease && c.Mode != dedup.ModeTransactional:
-		return fmt.Errorf("%w: Mode must be ModeLease or ModeTransactional, got %s (ModeAsyncComplete is the consumer middleware's)", dedup.ErrInvalidConfig, c.Mode)
-	}
-	if err := c.Policy.Validate(); err != nil {
-		return err
-	}
-	return cycle.Check(c.Store, c.Policy, c.needs())
+	_, err := c.cycle()
+	return err
 }
 
-func (c Config) needs() cycle.Needs {
-	return cycle.Needs{Mode: c.Mode, Scope: c.Scope, JoinTx: true}
+// cycle returns the claim cycle of a valid c.
+func (c Config) cycle() (*cycle.Cycle, error) {
+	return cycle.New(c.Store, c.Policy, cycle.Producer, cycle.Needs{Mode: c.Mode, Scope: c.Scope, JoinTx: true})
 }

@@ -108,6 +108,7 @@ import (
 type Decorator struct {
 	cfg    Config
 	cyc    *cycle.Cycle
+	key    keyfuncs.KeyFunc
 	joiner stores.TxJoiner // ModeTransactional
 }
 
@@ -115,22 +116,12 @@ type Decorator struct {
 // dedup.ErrInvalidConfig: an invalid field, or a setting the store cannot
 // honour, named with the store's bound.
 func New(cfg Config) (*Decorator, error) {
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
-	cyc, err := cycle.New(cfg.Store, cfg.Policy, cycle.Producer, cfg.needs())
+	cyc, err := cfg.cycle()
 	if err != nil {
 		return nil, err
 	}
-	if cfg.Key == nil {
-		cfg.Key = keyfuncs.MessageID()
-	}
-	cfg.Policy = cyc.Policy()
-	d := &Decorator{cfg: cfg, cyc: cyc}
-	if cfg.Mode == dedup.ModeTransactional {
-		d.joiner = cfg.Store.(stores.TxJoiner)
-	}
-	return d, nil
+	joiner, _ := cfg.Store.(stores.TxJoiner) // ModeTransactional: checked by cycle.New
+	return &Decorator{cfg: cfg, cyc: cyc, key: cycle.Key(cfg.Key), joiner: joiner}, nil
 }
 
 // Decorate returns pub publishing through the Decorator. It is a
@@ -206,7 +197,7 @@ func (d *Decorator) keyItems(scope string, msgs []*message.Message) ([]item, err
 		if msg == nil {
 			return nil, fmt.Errorf("%w: message %d of the call is nil", dedup.ErrInvalidConfig, i)
 		}
-		keys, err := d.cfg.Key(msg)
+		keys, err := d.key(msg)
 		if err != nil || len(keys) == 0 {
 			return nil, d.cyc.NoKey(msg, scope, keys, err)
 		}

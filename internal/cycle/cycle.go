@@ -99,8 +99,19 @@ type Cycle struct {
 	beats beats
 }
 
-// New returns the cycle for store under policy, or the error of Check.
+// New returns the cycle for store under policy, or an error wrapping
+// dedup.ErrInvalidConfig: a mode the side does not have, the error of
+// policy.Validate, or of Check.
 func New(store stores.Store, policy dedup.Policy, side Side, needs Needs) (*Cycle, error) {
+	switch {
+	case needs.Mode > dedup.ModeTransactional:
+		return nil, fmt.Errorf("%w: Mode must be ModeLease, ModeAsyncComplete or ModeTransactional, got %s", dedup.ErrInvalidConfig, needs.Mode)
+	case needs.Mode == dedup.ModeAsyncComplete && side == Producer:
+		return nil, fmt.Errorf("%w: Mode must be ModeLease or ModeTransactional: ModeAsyncComplete is the consumer middleware's", dedup.ErrInvalidConfig)
+	}
+	if err := policy.Validate(); err != nil {
+		return nil, err
+	}
 	if err := Check(store, policy, needs); err != nil {
 		return nil, err
 	}
@@ -114,6 +125,14 @@ func New(store stores.Store, policy dedup.Policy, side Side, needs Needs) (*Cycl
 	}
 	c.beats = beats{cycle: c}
 	return c, nil
+}
+
+// Key returns k, or the default key function, keyfuncs.MessageID().
+func Key(k keyfuncs.KeyFunc) keyfuncs.KeyFunc {
+	if k == nil {
+		return keyfuncs.MessageID()
+	}
+	return k
 }
 
 // Policy returns the policy with its defaults.
