@@ -13,6 +13,7 @@ import (
 	dedup "github.com/watermill-dedup/dedup"
 	"github.com/watermill-dedup/dedup/middleware"
 	"github.com/watermill-dedup/dedup/stores"
+	"github.com/watermill-dedup/dedup/testkit"
 )
 
 // gatedStore holds every Complete until open is closed (or the call's
@@ -193,7 +194,7 @@ func TestAsyncCompleteOnRouterEveryEffectOnce(t *testing.T) {
 		// window before the first copy's Complete.
 		publish(t, ps, "in", message.NewMessage(id, nil), message.NewMessage(id, nil))
 	}
-	eventually(t, "200 events applied", func() bool { return l.distinct() == 200 })
+	testkit.WaitFor(t, 10*time.Second, "200 events applied", func() bool { return l.distinct() == 200 })
 	if err := r.Close(); err != nil {
 		t.Fatal(err)
 	}

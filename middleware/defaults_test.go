@@ -12,6 +12,7 @@ import (
 	dedup "github.com/watermill-dedup/dedup"
 	"github.com/watermill-dedup/dedup/middleware"
 	"github.com/watermill-dedup/dedup/stores"
+	"github.com/watermill-dedup/dedup/testkit"
 )
 
 // With the default heartbeat (Lease/3) a handler running for several
@@ -101,7 +102,7 @@ func TestInProgressWaitWithTheDefaultPoll(t *testing.T) {
 		})(message.NewMessage("m-1", nil))
 		second <- err
 	}()
-	eventually(t, "the second delivery found the message in progress", func() bool { return store.count() >= 2 })
+	testkit.WaitFor(t, 10*time.Second, "the second delivery found the message in progress", func() bool { return store.count() >= 2 })
 	close(finish)
 	if err := <-first; err != nil {
 		t.Fatalf("first delivery: %v", err)

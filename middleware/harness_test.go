@@ -17,6 +17,7 @@ import (
 	"github.com/watermill-dedup/dedup/middleware"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/memstore"
+	"github.com/watermill-dedup/dedup/testkit/ledger"
 )
 
 func TestMain(m *testing.M) {
@@ -81,56 +82,36 @@ func dedupMiddleware(t testing.TB, cfg middleware.Config) message.HandlerMiddlew
 	return mw.Middleware
 }
 
-// eventually polls cond every 5ms until it holds or 10s pass.
-func eventually(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for: %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
+// effects counts effects per logical event, on testkit's in-memory
+// ledger.
+type effects struct{ *ledger.Mem }
+
+func newLedger() effects { return effects{ledger.NewMem()} }
+
+func (l effects) apply(id string) {
+	if err := l.Record(context.Background(), ledger.Effect{Event: id}); err != nil {
+		panic(err)
 	}
 }
 
-// ledger counts effects per logical event.
-type ledger struct {
-	mu      sync.Mutex
-	effects map[string]int
+func (l effects) count(id string) int { return l.Count(id) }
+
+func (l effects) distinct() int {
+	t, _ := l.Totals(context.Background())
+	return len(t.PerEvent)
 }
 
-func newLedger() *ledger { return &ledger{effects: map[string]int{}} }
-
-func (l *ledger) apply(id string) {
-	l.mu.Lock()
-	l.effects[id]++
-	l.mu.Unlock()
-}
-
-func (l *ledger) count(id string) int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.effects[id]
-}
-
-func (l *ledger) distinct() int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return len(l.effects)
-}
-
-// assertExactlyOnce checks that each id has exactly one effect.
-func (l *ledger) assertExactlyOnce(t testing.TB, ids []string) {
+// assertExactlyOnce checks that each id has exactly one effect, and that
+// nothing else had one.
+func (l effects) assertExactlyOnce(t testing.TB, ids []string) {
 	t.Helper()
-	l.mu.Lock()
-	defer l.mu.Unlock()
 	for _, id := range ids {
-		if n := l.effects[id]; n != 1 {
+		if n := l.Count(id); n != 1 {
 			t.Errorf("event %s applied %d times, want exactly 1", id, n)
 		}
 	}
-	if len(l.effects) != len(ids) {
-		t.Errorf("%d distinct events applied, want %d", len(l.effects), len(ids))
+	if n := l.distinct(); n != len(ids) {
+		t.Errorf("%d distinct events applied, want %d", n, len(ids))
 	}
 }
 

@@ -21,6 +21,7 @@ import (
 	"github.com/watermill-dedup/dedup/middleware"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/storetest"
+	"github.com/watermill-dedup/dedup/testkit"
 )
 
 const topic = "events"
@@ -35,7 +36,7 @@ func eventIDs(n int) []string {
 
 // firstAttemptFails returns a handler whose first attempt at each event
 // fails after recording nothing, and whose later attempts apply the effect.
-func firstAttemptFails(l *ledger) message.NoPublishHandlerFunc {
+func firstAttemptFails(l effects) message.NoPublishHandlerFunc {
 	var seen sync.Map
 	return func(msg *message.Message) error {
 		id := string(msg.Payload)
@@ -60,7 +61,7 @@ func TestFirstAttemptFailsEveryEffectOnce(t *testing.T) {
 	for _, id := range ids {
 		publish(t, ps, topic, message.NewMessage(watermill.NewUUID(), []byte(id)))
 	}
-	eventually(t, "every event applied", func() bool { return l.distinct() == n })
+	testkit.WaitFor(t, 10*time.Second, "every event applied", func() bool { return l.distinct() == n })
 	l.assertExactlyOnce(t, ids)
 }
 
@@ -89,7 +90,7 @@ func TestBuiltinDeduplicatorLosesFailedFirstAttempts(t *testing.T) {
 	for _, id := range eventIDs(n) {
 		publish(t, ps, topic, message.NewMessage(watermill.NewUUID(), []byte(id)))
 	}
-	eventually(t, "every message acked", func() bool { return acked.Load() == n })
+	testkit.WaitFor(t, 10*time.Second, "every message acked", func() bool { return acked.Load() == n })
 	if got := l.distinct(); got != 0 {
 		t.Fatalf("the built-in Deduplicator applied %d of %d events; this test documents that it applies none", got, n)
 	}
@@ -112,7 +113,7 @@ func TestPanicFirstAttemptReleasedAndAppliedOnce(t *testing.T) {
 	h.AddMiddleware(dedupMiddleware(t, middleware.Config{Store: newMemstore(t), Policy: dedup.Policy{Metrics: metrics}}))
 	runRouter(t, r)
 	publish(t, ps, topic, message.NewMessage(watermill.NewUUID(), []byte("evt-1")))
-	eventually(t, "the event applied", func() bool { return l.count("evt-1") == 1 })
+	testkit.WaitFor(t, 10*time.Second, "the event applied", func() bool { return l.count("evt-1") == 1 })
 	if got := metrics.get(dedup.OutcomeReleased); got != 1 {
 		t.Fatalf("released %d claims, want 1 (the panicking attempt)", got)
 	}
@@ -169,10 +170,10 @@ func TestSameMessage64TimesConcurrentlyRunsOnce(t *testing.T) {
 	}
 	<-started
 	// Let the 63 others collide with the running winner for a while.
-	eventually(t, "the others retried while the winner runs", func() bool { return acked.Load() == 0 && runs.Load() == 1 })
+	testkit.WaitFor(t, 10*time.Second, "the others retried while the winner runs", func() bool { return acked.Load() == 0 && runs.Load() == 1 })
 	time.Sleep(50 * time.Millisecond) // the window in which an early ack would show
 	close(finish)
-	eventually(t, "all 64 deliveries acked", func() bool { return acked.Load() == n })
+	testkit.WaitFor(t, 10*time.Second, "all 64 deliveries acked", func() bool { return acked.Load() == n })
 	if got := runs.Load(); got != 1 {
 		t.Fatalf("handler ran %d times for one message delivered %d times concurrently", got, n)
 	}
@@ -208,7 +209,7 @@ func TestProducerRepublishUnderNewIDOneEffect(t *testing.T) {
 			publish(t, ps, topic, m)
 		}
 	}
-	eventually(t, "every payment applied", func() bool { return l.distinct() == n })
+	testkit.WaitFor(t, 10*time.Second, "every payment applied", func() bool { return l.distinct() == n })
 	time.Sleep(50 * time.Millisecond) // let any second effect land before asserting
 	l.assertExactlyOnce(t, ids)
 }
@@ -265,7 +266,7 @@ func TestOutputsSurviveFailedPublish(t *testing.T) {
 	for _, id := range eventIDs(n) {
 		publish(t, ps, topic, message.NewMessage(watermill.NewUUID(), []byte(id)))
 	}
-	eventually(t, "an output per event", func() bool {
+	testkit.WaitFor(t, 10*time.Second, "an output per event", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return len(bySource) == n
@@ -335,7 +336,7 @@ func TestMissingKeyIsPoisonStoreUntouched(t *testing.T) {
 	}
 	// The stream continues.
 	publish(t, ps, topic, message.NewMessage("good-1", []byte(`{"payment_id":"P1"}`)))
-	eventually(t, "the next message applied", func() bool { return l.count("good-1") == 1 })
+	testkit.WaitFor(t, 10*time.Second, "the next message applied", func() bool { return l.count("good-1") == 1 })
 	if l.count("bad-1") != 0 {
 		t.Fatal("the unkeyable message ran the handler")
 	}
@@ -373,12 +374,12 @@ func TestStoreDownFailClosed(t *testing.T) {
 	for _, id := range ids {
 		publish(t, ps, topic, message.NewMessage(watermill.NewUUID(), []byte(id)))
 	}
-	eventually(t, "every message nacked at least twice while down", func() bool { return nacks.Load() >= 2*n })
+	testkit.WaitFor(t, 10*time.Second, "every message nacked at least twice while down", func() bool { return nacks.Load() >= 2*n })
 	if got := l.distinct(); got != 0 {
 		t.Fatalf("fail-closed ran the handler %d times while the store was down", got)
 	}
 	store.down.Store(false)
-	eventually(t, "every event applied after the store returned", func() bool { return l.distinct() == n })
+	testkit.WaitFor(t, 10*time.Second, "every event applied after the store returned", func() bool { return l.distinct() == n })
 	l.assertExactlyOnce(t, ids)
 	if metrics.get(dedup.OutcomeStoreError) == 0 || metrics.get(dedup.OutcomeBypassed) != 0 {
 		t.Fatalf("metrics: %d store errors, %d bypasses; want some and none", metrics.get(dedup.OutcomeStoreError), metrics.get(dedup.OutcomeBypassed))
@@ -403,7 +404,7 @@ func TestStoreDownFailOpen(t *testing.T) {
 	for _, id := range ids {
 		publish(t, ps, topic, message.NewMessage(watermill.NewUUID(), []byte(id)))
 	}
-	eventually(t, "every event applied unprotected", func() bool { return l.distinct() == n })
+	testkit.WaitFor(t, 10*time.Second, "every event applied unprotected", func() bool { return l.distinct() == n })
 	l.assertExactlyOnce(t, ids)
 	if got := metrics.get(dedup.OutcomeBypassed); got != n {
 		t.Fatalf("%d bypasses counted, want %d", got, n)
@@ -602,7 +603,7 @@ func TestScopeDefaultsToHandlerName(t *testing.T) {
 	}
 	runRouter(t, r)
 	publish(t, ps, topic, message.NewMessage("m-1", nil))
-	eventually(t, "both handlers ran", func() bool { return l.count("loyalty") == 1 && l.count("analytics") == 1 })
+	testkit.WaitFor(t, 10*time.Second, "both handlers ran", func() bool { return l.count("loyalty") == 1 && l.count("analytics") == 1 })
 	for _, scope := range []string{"loyalty", "analytics"} {
 		c, err := store.Claim(context.Background(), scope, []string{"m-1"}, time.Minute)
 		if err != nil || c.Result != stores.Duplicate {

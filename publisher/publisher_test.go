@@ -389,7 +389,7 @@ func TestStoreFailures(t *testing.T) {
 		rec := &recorder{}
 		m := &counts{}
 		base := newMem(t, nil)
-		pub := decorate(t, publisher.Config{Store: &failingStore{Store: base, completeErr: errors.New("disk full")}, Policy: dedup.Policy{Metrics: m}}, rec)
+		pub := decorate(t, publisher.Config{Store: &failingStore{Store: base, completeErr: errors.New("disk full")}, Policy: dedup.Policy{Metrics: m, Tuning: dedup.Tuning{CompleteTimeout: 100 * time.Millisecond}}}, rec)
 		if err := pub.Publish("t", msg("a", "")); err != nil {
 			t.Fatalf("the message went out, the publish must succeed: %v", err)
 		}
