@@ -96,7 +96,8 @@ func (c *Cycle) record(ctx context.Context, cl *stores.Claim, data []byte) error
 		if deadline.IsZero() {
 			deadline = now.Add(c.p.Tuning.CompleteTimeout)
 		}
-		if now.Add(backoff).After(deadline) || !sleepCtx(ctx, backoff) {
+		// The last retry is at the deadline, not a backoff before it.
+		if left := deadline.Sub(now); left <= 0 || !sleepCtx(ctx, min(backoff, left)) {
 			if len(data) == 0 || ctx.Err() != nil {
 				return err
 			}

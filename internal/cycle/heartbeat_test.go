@@ -1,0 +1,120 @@
+package cycle_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	dedup "github.com/watermill-dedup/dedup"
+	"github.com/watermill-dedup/dedup/internal/cycle"
+	"github.com/watermill-dedup/dedup/stores"
+	"github.com/watermill-dedup/dedup/testkit"
+)
+
+func TestHeartbeat(t *testing.T) {
+	beat := dedup.Policy{Lease: time.Hour, Tuning: dedup.Tuning{Heartbeat: time.Millisecond}}
+	t.Run("extends until dropped", func(t *testing.T) {
+		e := newEnv(t)
+		c := e.cycle(cycle.Consumer, beat, cycle.Needs{})
+		cl := e.claimed(c, "k")
+		parent := context.WithValue(context.Background(), txKey{}, "v")
+		b := c.Hold(parent, cl)
+		if got, ok := cycle.ClaimFromContext(b); !ok || got != cl {
+			t.Fatal("the beat does not carry the claim")
+		}
+		if b.Value(txKey{}) != "v" {
+			t.Fatal("the beat lost the parent's values")
+		}
+		testkit.WaitFor(t, 10*time.Second, "two extensions", func() bool { return e.store.extends.Load() >= 2 })
+		if b.Err() != nil {
+			t.Fatalf("a held beat is done: %v", b.Err())
+		}
+		c.Drop(b)
+		n := e.store.extends.Load()
+		// The loop ticks every half heartbeat: a few ticks would extend.
+		testkit.WaitFor(t, 10*time.Second, "the beat's context to end", func() bool { return b.Err() != nil })
+		time.Sleep(20 * time.Millisecond)
+		if m := e.store.extends.Load(); m != n {
+			t.Fatalf("%d extensions after Drop", m-n)
+		}
+		if _, ok := cycle.ClaimFromContext(context.Background()); ok {
+			t.Fatal("a context without a claim has one")
+		}
+	})
+	t.Run("lost lease cancels the effect", func(t *testing.T) {
+		e := newEnv(t)
+		e.store.extend = func(int) error { return stores.ErrLostClaim }
+		c := e.cycle(cycle.Consumer, beat, cycle.Needs{})
+		b := c.Hold(context.Background(), e.claimed(c, "k"))
+		defer c.Drop(b)
+		select {
+		case <-b.Done():
+		case <-time.After(10 * time.Second):
+			t.Fatal("the beat's context was not cancelled after the lease was lost")
+		}
+		if !errors.Is(context.Cause(b), stores.ErrLostClaim) || e.metrics.get(dedup.OutcomeLostClaim) != 1 || !strings.Contains(e.errorLogs(), "lease lost while the handler runs") {
+			t.Fatalf("cause %v, lost_claim %d, log %q", context.Cause(b), e.metrics.get(dedup.OutcomeLostClaim), e.errorLogs())
+		}
+		n := e.store.extends.Load()
+		time.Sleep(20 * time.Millisecond)
+		if e.store.extends.Load() != n {
+			t.Fatal("a lost lease was extended again")
+		}
+	})
+	t.Run("refused after the effect: the Complete landed", func(t *testing.T) {
+		e := newEnv(t)
+		e.store.extend = func(int) error { return stores.ErrLostClaim }
+		c := e.cycle(cycle.Producer, beat, cycle.Needs{})
+		b := c.Hold(context.Background(), e.claimed(c, "k"))
+		b.Completing()
+		testkit.WaitFor(t, 10*time.Second, "an extension", func() bool { return e.store.extends.Load() >= 1 })
+		c.Drop(b)
+		if e.metrics.get(dedup.OutcomeLostClaim) != 0 || e.errorLogs() != "" || !errors.Is(b.Err(), context.Canceled) || errors.Is(context.Cause(b), stores.ErrLostClaim) {
+			t.Fatalf("a refusal after Completing was reported as a lost lease: %d, %q, %v", e.metrics.get(dedup.OutcomeLostClaim), e.errorLogs(), context.Cause(b))
+		}
+	})
+	t.Run("failure retried at the next beat", func(t *testing.T) {
+		e := newEnv(t)
+		e.store.extend = func(n int) error {
+			if n == 1 {
+				return errReset
+			}
+			return nil
+		}
+		c := e.cycle(cycle.Consumer, beat, cycle.Needs{})
+		b := c.Hold(context.Background(), e.claimed(c, "k"))
+		testkit.WaitFor(t, 10*time.Second, "an extension after the failed one", func() bool { return e.store.extends.Load() >= 3 })
+		c.Drop(b)
+		if e.metrics.get(dedup.OutcomeStoreError) != 1 || !strings.Contains(e.errorLogs(), "retrying at the next heartbeat") || errors.Is(context.Cause(b), stores.ErrLostClaim) {
+			t.Fatalf("store errors %d, log %q", e.metrics.get(dedup.OutcomeStoreError), e.errorLogs())
+		}
+	})
+	t.Run("disabled", func(t *testing.T) {
+		e := newEnv(t)
+		c := e.cycle(cycle.Consumer, dedup.Policy{Tuning: dedup.Tuning{Heartbeat: -1}}, cycle.Needs{})
+		b := c.Hold(context.Background(), e.claimed(c, "k"))
+		time.Sleep(20 * time.Millisecond)
+		c.Drop(b)
+		if n := e.store.extends.Load(); n != 0 {
+			t.Fatalf("%d extensions with the heartbeat disabled", n)
+		}
+	})
+	t.Run("deadline of the parent", func(t *testing.T) {
+		e := newEnv(t)
+		c := e.cycle(cycle.Consumer, dedup.Policy{}, cycle.Needs{})
+		at := time.Now().Add(time.Hour)
+		parent, cancel := context.WithDeadline(context.Background(), at)
+		defer cancel()
+		b := c.Hold(parent, e.claimed(c, "k"))
+		defer c.Drop(b)
+		if d, ok := b.Deadline(); !ok || !d.Equal(at) {
+			t.Fatalf("Deadline = %v, %v", d, ok)
+		}
+		cancel()
+		if !errors.Is(b.Err(), context.Canceled) {
+			t.Fatalf("the beat did not follow its parent's cancellation: %v", b.Err())
+		}
+	})
+}
