@@ -3,45 +3,18 @@ package sqlstore
 import (
 	"context"
 	"database/sql"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"iter"
-	"reflect"
 	"strings"
 	"time"
 
 	"github.com/watermill-dedup/dedup/stores"
 )
 
-// Dialect names the SQL flavour of the database behind a Store.
-type Dialect string
-
-// The supported dialects.
-const (
-	// Postgres is PostgreSQL 11 or later, through
-	// github.com/jackc/pgx/v5/stdlib (or any driver returning errors with a
-	// SQLState() method, such as lib/pq).
-	Postgres Dialect = "postgres"
-	// MySQL is MySQL 8 or MariaDB 10.5 or later, through
-	// github.com/go-sql-driver/mysql.
-	MySQL Dialect = "mysql"
-	// SQLite is SQLite 3.35 or later, through modernc.org/sqlite (no cgo)
-	// or github.com/mattn/go-sqlite3. The latter waits for the database's
-	// write lock for its DSN's _busy_timeout whatever the statement's
-	// context: Begin is bounded by its context all the same (its
-	// statements run in a goroutine it stops waiting for), lease-mode
-	// calls only by that busy timeout.
-	SQLite Dialect = "sqlite"
-)
-
-// ErrSessionSettings is returned by every call on a database whose session
-// settings break an assumption of the store: MySQL's autocommit off
-// (autocommit=0 in the DSN), under which the store's single statements
-// open transactions nobody commits. Fix the DSN; the error names the
-// setting. It is checked once, at the first call that reaches the
-// database.
-var ErrSessionSettings = errors.New("a database session setting breaks the store")
+// The dialect interface the Store calls, and the kit the dialects and the
+// Store share: the statement builder, records and their reads, the
+// batched op and the portable batch executor.
 
 // dialect is a SQL flavour as the store uses it. postgres.go, mysql.go
 // and sqlite.go each implement it, and each holds everything that differs
@@ -116,26 +89,6 @@ type partitioner interface {
 	dropPartitions(ctx context.Context, db *sql.DB, cutoff time.Time, dropped func(rows int64)) (int64, error)
 }
 
-// errClass is the set of classes an error belongs to, for the store.
-type errClass uint8
-
-const (
-	// errUnavailable: the database could not be reached, or said it
-	// cannot serve now (stores.ErrUnavailable).
-	errUnavailable errClass = 1 << iota
-	// errRetryable: a transient conflict that a fresh attempt of the
-	// whole operation resolves (a deadlock, a serialization failure, a
-	// busy SQLite).
-	errRetryable
-	// errTxDead: the transaction the statement ran in is over on the
-	// server although the client's *sql.Tx is still open.
-	errTxDead
-	// errTooLarge: the server refused the statement for its size, which
-	// only a Complete's or Commit's data makes large
-	// (stores.ErrTooLarge).
-	errTooLarge
-)
-
 // quirks are a dialect's departures from the generic code's defaults.
 type quirks struct {
 	// txOptions are the options of the store's own transactions.
@@ -158,34 +111,11 @@ type quirks struct {
 // base gives a dialect the defaults of the optional behaviours.
 type base struct{}
 
-func (base) quirks() quirks                                     { return quirks{} }
+func (base) quirks() quirks { return quirks{} }
+
 func (base) checkSession(context.Context, *sql.DB) (int, error) { return 0, nil }
-func (base) joinCheck(context.Context, *sql.Tx, string) error   { return nil }
 
-// dialectInfo describes a dialect to New, Validate and DetectDialect.
-type dialectInfo struct {
-	// drivers are substrings of the package paths of its drivers.
-	drivers []string
-	// noSchema: the table name takes no schema prefix.
-	noSchema bool
-	// partitions: the dialect is a partitioner (Config.DailyPartitions).
-	partitions bool
-	// maxData is the most bytes of data the dialect keeps and carries
-	// in a statement: the default and the bound of Config.MaxData.
-	maxData int
-	// open returns the dialect for a table (validated) and layout; db is
-	// only asked about its driver, never used.
-	open func(table string, partitioned bool, db *sql.DB) dialect
-}
-
-// driverPkg is the package path of db's driver.
-func driverPkg(db *sql.DB) string {
-	t := reflect.TypeOf(db.Driver())
-	for t.Kind() == reflect.Pointer {
-		t = t.Elem()
-	}
-	return t.PkgPath()
-}
+func (base) joinCheck(context.Context, *sql.Tx, string) error { return nil }
 
 // splitTable returns the schema ("" when none) and the table part of a
 // validated table name.
@@ -288,10 +218,6 @@ func (q *statements) setData(n int) string {
 	return fmt.Sprintf("UPDATE %s SET data = %s WHERE expires_at = %s AND id IN %s", q.setDataTable, q.ph(1), q.ph(2), q.list(3, n))
 }
 
-// The fenced statements end in "WHERE token = ? AND id IN (...)": their
-// args are the SET args, then the token, then the ids. Done records have a
-// NULL token, so they never match.
-
 // complete: args expires, data, token, ids...
 func (q *statements) complete(n int) string {
 	return fmt.Sprintf("UPDATE %s SET %stoken = NULL, expires_at = %s, data = %s WHERE token = %s AND id IN %s",
@@ -338,64 +264,6 @@ func roundUp(t time.Time) time.Time {
 		return r.Add(time.Microsecond)
 	}
 	return t
-}
-
-// recordID is the 128-bit digest of (scope, key) that keys the table.
-type recordID [16]byte
-
-func (id recordID) uuid() string {
-	var b [36]byte
-	hex.Encode(b[0:8], id[0:4])
-	b[8] = '-'
-	hex.Encode(b[9:13], id[4:6])
-	b[13] = '-'
-	hex.Encode(b[14:18], id[6:8])
-	b[18] = '-'
-	hex.Encode(b[19:23], id[8:10])
-	b[23] = '-'
-	hex.Encode(b[24:], id[10:])
-	return string(b[:])
-}
-
-// The kit the dialects and the Store share: records, their reads, the
-// state machine, the batched op and the portable batch executor.
-
-// errRetry makes an operation start again: a record it saw vanished
-// between two statements.
-var errRetry = errors.New("sqlstore: record changed concurrently")
-
-// errRollback rolls a transaction back without failing the operation.
-var errRollback = errors.New("sqlstore: roll back")
-
-// keySet is the keys of one operation as record ids: ids is sorted and
-// without repeats (lock order, so concurrent multi-key operations cannot
-// deadlock), order maps each key, in the caller's order, to its id.
-type keySet struct {
-	ids   []recordID
-	order []recordID
-}
-
-// idArgs returns prefix followed by the query arguments of ids.
-func idArgs(d dialect, prefix []any, ids []recordID) []any {
-	args := make([]any, 0, len(prefix)+len(ids))
-	args = append(args, prefix...)
-	for _, id := range ids {
-		args = append(args, d.idArg(id))
-	}
-	return args
-}
-
-// idKey is what a read of records returns in its id column for id, as a
-// string: the id's query argument, which is what the column holds.
-func idKey(d dialect, id recordID) string {
-	switch a := d.idArg(id).(type) {
-	case string:
-		return a
-	case []byte:
-		return string(a)
-	default:
-		panic(fmt.Sprintf("sqlstore: id argument of type %T", a))
-	}
 }
 
 type querier interface {
@@ -447,49 +315,6 @@ func scanRecords(rows rowScanner) (map[string]record, error) {
 	return out, rows.Err()
 }
 
-// decide applies the state machine (see the stores package) to recs,
-// the existing records of the ids of a claim, or of a Begin, in the
-// caller's key order, for a claim under token (0 for a Begin, which has
-// none):
-//
-//   - a live done record makes Duplicate, with the data of the first in
-//     order;
-//   - else a live processing record that is not the claim's own makes
-//     InProgress;
-//   - else, when every record is the claim's own (an earlier attempt
-//     wrote it) or there is none, Claimed: nothing is left to do;
-//   - else 0: the records that are not the claim's own have expired, and
-//     the claim takes them over; takeover reports that one of them was
-//     processing (an expired lease, worth reporting).
-//
-// Every path that decides a claim or a Begin asks it: the lone claim,
-// the transaction of a multi-key claim or a takeover, each dialect's
-// batch, and Begin.
-func decide(recs map[string]record, order []string, token int64) (res stores.Result, data []byte, takeover bool) {
-	ours := func(r record) bool { return token != 0 && r.state == stateProcessing && r.token == token }
-	for _, k := range order {
-		if r, ok := recs[k]; ok && r.live && r.state == stateDone {
-			return stores.Duplicate, r.data, false
-		}
-	}
-	free := true
-	for _, k := range order {
-		r, ok := recs[k]
-		switch {
-		case !ok || ours(r):
-		case r.live:
-			return stores.InProgress, nil, false
-		default:
-			free = false
-			takeover = takeover || r.state == stateProcessing
-		}
-	}
-	if free {
-		return stores.Claimed, nil, false
-	}
-	return 0, nil, takeover
-}
-
 // inTx runs fn in a short transaction on db: commit when fn returns nil,
 // rollback otherwise (errRollback: rollback, no error).
 func inTx(ctx context.Context, db *sql.DB, opts *sql.TxOptions, fn func(tx *sql.Tx) error) error {
@@ -505,12 +330,6 @@ func inTx(ctx context.Context, db *sql.DB, opts *sql.TxOptions, fn func(tx *sql.
 		return err
 	}
 	return tx.Commit()
-}
-
-// lostClaim is the error of a fenced call whose token no longer owns its
-// records.
-func lostClaim(c *stores.Claim) error {
-	return fmt.Errorf("%w: scope %q keys %q", stores.ErrLostClaim, c.Scope, c.Keys)
 }
 
 // dataArg stores empty data as NULL.
@@ -552,16 +371,6 @@ type op struct {
 
 func (o *op) id() recordID { return o.ks.ids[0] }
 
-// settle decides, from its existing record r, a batched claim that did
-// not insert its row: Claimed (the record is its own), Duplicate or
-// InProgress, or, when it returns true, an expired record the claim must
-// take over, under a lock.
-func settle(o *op, r record) (takeover bool) {
-	res, data, _ := decide(map[string]record{"": r}, []string{""}, o.token)
-	o.res.Result, o.res.Data = res, data
-	return res == 0
-}
-
 // opStatement is the single-row statement that runs o on its own (the
 // statement an unbatched call runs first), and its arguments.
 func opStatement(d dialect, o *op, now time.Time) (string, []any) {
@@ -577,22 +386,6 @@ func opStatement(d dialect, o *op, now time.Time) (string, []any) {
 	default:
 		return q.extend(1), []any{d.timeArg(now.Add(o.d)), o.token, id}
 	}
-}
-
-// applied records the rows affected by o's statement: a claim that
-// inserted its record is Claimed (one that did not is returned as a
-// conflict, to be settled); a fenced call that matched nothing lost its
-// claim.
-func applied(o *op, n int64) (conflict bool) {
-	switch {
-	case o.kind == opClaim && n == 1:
-		o.res.Result = stores.Claimed
-	case o.kind == opClaim:
-		return true
-	case n != 1:
-		o.err = lostClaim(o.claim)
-	}
-	return false
 }
 
 // execInTx is the portable batch executor: one transaction of the calls'
@@ -631,24 +424,4 @@ func execInTx(ctx context.Context, db *sql.DB, d dialect, ops []*op, now time.Ti
 		}
 		return nil
 	})
-}
-
-// claimLocked ends a batched claim that found its record r (ok: it
-// exists), locked in tx: a record deleted since the INSERT found it sends
-// the claim on to run alone; a live one settles it (Duplicate or
-// InProgress); an expired one is taken over (SQLite: the transaction holds
-// the database's write lock).
-func claimLocked(ctx context.Context, tx *sql.Tx, d dialect, o *op, r record, ok bool, now time.Time) error {
-	if !ok {
-		o.fallback = true
-		return nil
-	}
-	if !settle(o, r) {
-		return nil
-	}
-	if _, err := tx.ExecContext(ctx, d.sql().takeover(1), o.token, d.timeArg(now.Add(o.d)), d.idArg(o.id())); err != nil {
-		return err
-	}
-	o.res.Result, o.res.Takeover = stores.Claimed, r.state == stateProcessing
-	return nil
 }

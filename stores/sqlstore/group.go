@@ -12,8 +12,8 @@ import (
 )
 
 // Group commit of single-key lease-mode calls, on internal/batch. The
-// group type, BatchConfig and its bounds are in store.go, beside the
-// Store and its Config, which hold them.
+// group type is in store.go, beside the Store, which holds it;
+// BatchConfig and its bounds are in config.go.
 
 func newGroup(s *Store) *group {
 	g := &group{s: s}

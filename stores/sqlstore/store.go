@@ -1,20 +1,12 @@
 package sqlstore
 
 import (
-	"bytes"
 	"context"
-	"crypto/sha256"
 	"database/sql"
-	"database/sql/driver"
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
 	mrand "math/rand/v2"
-	"net"
-	"regexp"
-	"slices"
-	"strings"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -26,313 +18,17 @@ import (
 	"github.com/watermill-dedup/dedup/stores/storekit"
 )
 
-// The Store: its configuration, its state, and what its parts (group.go,
-// purge.go, inbox.go) and its face (sqlstore.go: New, the lease-mode
-// calls, Close) share: the dialects the constructor picks from, keys,
-// retries, error classes, the session check and the unbatched lease-mode
-// statements. The group's type stands here beside the Store's, as each
-// holds the other; its methods are in group.go.
+// The Store: New, its lease-mode calls (Claim, Complete, Release,
+// Extend) and what they run when not batched, Capabilities, Close, the
+// session check, and the retries. Its parts are in group.go (group
+// commit), inbox.go (the transactional inbox), purge.go and admin.go;
+// the group's type stands here beside the Store's, as each holds the
+// other.
 
-// ErrInvalidTable is returned by Config.Validate and New for a table name
-// that is not a plain identifier. No SQL is ever built from such a name.
-var ErrInvalidTable = errors.New("sqlstore: invalid table name")
-
-// Default values of Config fields.
-const (
-	DefaultTable      = "dedup_inbox"
-	DefaultPurgeBatch = 1000
-	DefaultPurgeGrace = 15 * time.Minute
-
-	DefaultPartitionDaysAhead = 8
-
-	// MaxPurgeBatch bounds Config.PurgeBatch.
-	MaxPurgeBatch = 100_000
+var (
+	_ stores.Store = (*Store)(nil)
+	_ stores.Inbox = (*Store)(nil)
 )
-
-// maxAttempts bounds the retries of an operation that hit a transient
-// conflict (deadlock, serialization failure, busy SQLite).
-const maxAttempts = 10
-
-// dialects are the supported dialects, each described by its own file.
-var dialects = map[Dialect]dialectInfo{
-	Postgres: postgresInfo,
-	MySQL:    mysqlInfo,
-	SQLite:   sqliteInfo,
-}
-
-// DetectDialect returns the dialect of db's driver: pgx or lib/pq are
-// Postgres, go-sql-driver/mysql is MySQL, modernc.org/sqlite or
-// mattn/go-sqlite3 are SQLite. It fails for any other driver; set
-// Config.Dialect then.
-func DetectDialect(db *sql.DB) (Dialect, error) {
-	pkg := driverPkg(db)
-	for name, info := range dialects {
-		for _, d := range info.drivers {
-			if strings.Contains(pkg, d) {
-				return name, nil
-			}
-		}
-	}
-	return "", fmt.Errorf("sqlstore: cannot tell the dialect of driver %T (package %s): set Config.Dialect", db.Driver(), pkg)
-}
-
-// identPart is the strict pattern of a table name (and of its optional
-// schema prefix): lowercase ASCII letters, digits and underscores, not
-// starting with a digit. Lowercase only, so the name means the same table
-// quoted or not, on every dialect and file system.
-var identPart = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
-
-// maxTableLen bounds the table part of the name, leaving room for the
-// suffixes of index and partition names within PostgreSQL's 63 bytes.
-const maxTableLen = 48
-
-// checkTable validates a table name, "table" or "schema.table" (the schema
-// form is not available on SQLite).
-func checkTable(name string, d Dialect) error {
-	parts := strings.Split(name, ".")
-	if len(parts) > 2 || (len(parts) == 2 && dialects[d].noSchema) {
-		return fmt.Errorf("%w: Table %q: want table or schema.table (schema not on SQLite)", ErrInvalidTable, name)
-	}
-	for _, p := range parts {
-		if !identPart.MatchString(p) {
-			return fmt.Errorf("%w: Table %q must match %s (lowercase letters, digits, underscores)", ErrInvalidTable, name, identPart)
-		}
-		if len(p) > 63 {
-			return fmt.Errorf("%w: Table %q: %q is longer than 63 bytes", ErrInvalidTable, name, p)
-		}
-	}
-	if t := parts[len(parts)-1]; len(t) > maxTableLen {
-		return fmt.Errorf("%w: Table %q: table part must be at most %d bytes, got %d", ErrInvalidTable, name, maxTableLen, len(t))
-	}
-	return nil
-}
-
-// Config configures a Store. The zero value is ready to use with a
-// database whose driver DetectDialect recognises.
-type Config struct {
-	// Dialect is the database's SQL flavour. The default is detected from
-	// the *sql.DB's driver (see DetectDialect).
-	Dialect Dialect
-
-	// Table is the table name, "table" or "schema.table" (not on SQLite):
-	// lowercase ASCII letters, digits and underscores, at most 48 bytes for
-	// the table part. Anything else fails with ErrInvalidTable before any
-	// SQL runs. The default is "dedup_inbox".
-	Table string
-
-	// Clock tells the time; nil means the system clock. Tests inject a fake.
-	Clock stores.Clock
-
-	// PurgeInterval is how often New's background job deletes expired
-	// records. Zero (the default) starts no job: call Purge yourself (from
-	// a cron job, say) or the table grows without bound. Several processes
-	// may purge the same table at once.
-	PurgeInterval time.Duration
-
-	// PurgeBatch is the most records one purge statement deletes; Purge
-	// runs statements until a batch comes back short. The default is 1000;
-	// it must be at most MaxPurgeBatch.
-	PurgeBatch int
-
-	// PurgeGrace is how long a processing record whose lease ran out (an
-	// abandoned claim) is kept before the purge deletes it, so a late
-	// takeover is still reported as one (stores.Claim.Takeover) and a slow
-	// owner can still complete. The purge keeps such a record at least as
-	// long as the longest lease this store has given, too; set PurgeGrace
-	// above your longest lease for the leases other processes give. Done records are deleted as soon as their
-	// retention ends. The default is 15 minutes.
-	PurgeGrace time.Duration
-
-	// DailyPartitions (PostgreSQL only) selects the partitioned layout: the
-	// table is partitioned by day of expires_at (UTC), and the purge drops
-	// whole partitions once every record in them has expired, instead of
-	// deleting rows. The purge job creates the partitions
-	// PartitionDaysAhead+1 days ahead, so PurgeInterval must be positive
-	// and at most a day (hourly is plenty; a failed run is retried within
-	// a minute). The primary key becomes (id, expires_at); each
-	// claim and Begin takes a transaction-level advisory lock on its ids
-	// to keep ids unique across partitions, which costs a round trip or
-	// two per message. Begin refuses to join a REPEATABLE READ transaction
-	// (watermill-sql's PostgreSQL subscriber uses one): its snapshot could
-	// miss a record committed in another partition. See README.md.
-	DailyPartitions bool
-
-	// PartitionDaysAhead is how many days a lease or retention may last on
-	// the partitioned layout; longer ones fail with
-	// stores.ErrInvalidArgument. Partitions exist one more day ahead (see
-	// DailyPartitions). The default is 8; at most 366.
-	PartitionDaysAhead int
-
-	// JoinWatermillTx makes Begin join a watermill-sql subscriber's
-	// transaction carried by ctx, with a SAVEPOINT, so that the offset ack,
-	// the dedup record and the handler's writes commit together; the
-	// subscriber's database must be the one holding the table. By default
-	// Begin opens its own transaction. A transaction given with WithTx is
-	// always joined.
-	//
-	// Opt in only with a subscriber AckDeadline longer than any handler
-	// can run: watermill-sql v3 commits its transaction when the deadline
-	// passes even while the handler still runs, which commits the dedup
-	// record without the handler's effect — the redelivery is then acked as
-	// a duplicate and the effect is lost.
-	JoinWatermillTx bool
-
-	// MaxData is the most bytes of data a record keeps
-	// (Capabilities().MaxData): Complete and InboxTx.Commit refuse more
-	// with stores.ErrTooLarge before any I/O. The default, and the most
-	// it may be, is the dialect's: MaxDataPostgres, MaxDataMySQL,
-	// MaxDataSQLite. On MySQL a statement must also fit the server's
-	// max_allowed_packet: the store reads it at its first call and, when
-	// it cannot carry MaxData, logs an error through Logger and refuses
-	// data over what it carries, before any I/O, too.
-	MaxData int
-
-	// Batch configures group commit of lease-mode calls: concurrent
-	// single-key Claims, Completes, Releases and Extends share statements
-	// and commits. It is on by default; see BatchConfig.
-	Batch BatchConfig
-
-	// Logger receives purge failures. nil means watermill.NopLogger.
-	Logger watermill.LoggerAdapter
-}
-
-// Validate reports the first invalid field.
-func (c Config) Validate() error {
-	if _, ok := dialects[c.Dialect]; !ok && c.Dialect != "" {
-		return fmt.Errorf("sqlstore: Dialect must be %q, %q or %q, got %q", Postgres, MySQL, SQLite, c.Dialect)
-	}
-	if c.Table != "" {
-		if err := checkTable(c.Table, c.Dialect); err != nil {
-			return err
-		}
-	}
-	if c.PurgeInterval < 0 {
-		return fmt.Errorf("sqlstore: PurgeInterval must not be negative, got %s", c.PurgeInterval)
-	}
-	if c.PurgeBatch < 0 || c.PurgeBatch > MaxPurgeBatch {
-		return fmt.Errorf("sqlstore: PurgeBatch must be between 1 and %d (0 for the default), got %d", MaxPurgeBatch, c.PurgeBatch)
-	}
-	if c.PurgeGrace < 0 {
-		return fmt.Errorf("sqlstore: PurgeGrace must not be negative, got %s", c.PurgeGrace)
-	}
-	if limit := dialects[c.Dialect].maxData; c.MaxData < 0 || (c.Dialect != "" && c.MaxData > limit) {
-		return fmt.Errorf("sqlstore: MaxData must be between 0 (the dialect's) and the dialect's %d, got %d", limit, c.MaxData)
-	}
-	if c.PartitionDaysAhead < 0 || c.PartitionDaysAhead > 366 {
-		return fmt.Errorf("sqlstore: PartitionDaysAhead must be between 1 and 366 (0 for the default), got %d", c.PartitionDaysAhead)
-	}
-	if err := batch.Config(c.Batch).Validate(batchLimits); err != nil {
-		return fmt.Errorf("sqlstore: %w", err)
-	}
-	if c.DailyPartitions {
-		if c.Dialect != "" && !dialects[c.Dialect].partitions {
-			return fmt.Errorf("sqlstore: DailyPartitions is for PostgreSQL only, Dialect is %q", c.Dialect)
-		}
-		if c.PurgeInterval <= 0 || c.PurgeInterval > 24*time.Hour {
-			return fmt.Errorf("sqlstore: DailyPartitions needs a PurgeInterval between 0 and 24h (the purge job creates the partitions ahead, at least once a day), got %s", c.PurgeInterval)
-		}
-	}
-	return nil
-}
-
-func (c *Config) setDefaults() {
-	if c.Table == "" {
-		c.Table = DefaultTable
-	}
-	if c.PurgeBatch == 0 {
-		c.PurgeBatch = DefaultPurgeBatch
-	}
-	if c.PurgeGrace == 0 {
-		c.PurgeGrace = DefaultPurgeGrace
-	}
-	if c.PartitionDaysAhead == 0 {
-		c.PartitionDaysAhead = DefaultPartitionDaysAhead
-	}
-	if c.MaxData == 0 {
-		c.MaxData = dialects[c.Dialect].maxData
-	}
-	c.Batch = BatchConfig(batch.Config(c.Batch).WithDefaults(batchLimits))
-	c.Clock = stores.ClockOrSystem(c.Clock)
-	if c.Logger == nil {
-		c.Logger = watermill.NopLogger{}
-	}
-}
-
-// Defaults and bounds of BatchConfig.
-const (
-	// DefaultMaxBatch is the default BatchConfig.MaxBatch.
-	DefaultMaxBatch = 64
-	// MaxBatchLimit bounds BatchConfig.MaxBatch.
-	MaxBatchLimit = 1000
-	// DefaultMaxInFlight is the default BatchConfig.MaxInFlight.
-	DefaultMaxInFlight = 1
-	// MaxInFlightLimit bounds BatchConfig.MaxInFlight.
-	MaxInFlightLimit = 64
-)
-
-// BatchConfig configures group commit in lease mode. Concurrent
-// single-key Claim, Complete, Release and Extend calls that arrive while
-// a batch is running queue, and run together as the next batch: one
-// round trip and one commit for all of them, each call still with its own
-// result and error.
-//
-//   - PostgreSQL (pgx): each call's own single-row statement, all in one
-//     pipeline (one network write, one implicit transaction, one commit).
-//     With another PostgreSQL driver, one transaction of those statements.
-//   - MySQL: one transaction: a multi-row INSERT for the claims, a locked
-//     read of every record of the batch, one UPDATE or DELETE per kind.
-//   - SQLite: one transaction of the calls' statements (one WAL sync).
-//
-// There is no timer: a call that finds fewer than MaxInFlight batches
-// running runs at once, alone, on exactly the statements an unbatched call
-// runs, so a lone caller waits for nothing and pays nothing. Only calls
-// that would otherwise wait for the database are grouped, and batches grow
-// with the load by themselves.
-//
-// A claim whose record exists is decided from it (Duplicate with its
-// data, InProgress); one that must take an expired record over, and any
-// call whose batch failed as a whole (a deadlock, a lock wait past 200ms
-// on PostgreSQL, a broken connection, one call's bad input), runs again on
-// its own statements, in its caller's goroutine. A claim made for a
-// caller that gave up while its batch ran is released in the background.
-//
-// A running batch, or lone call, holds its slot until it ends: one that
-// waits for a row lock (a key held by a long transaction, such as an open
-// inbox transaction of a handler sharing the scope) holds the calls queued
-// behind it. A PostgreSQL batch gives such a wait up after 200ms; a lone
-// call, and a MySQL batch, wait as an unbatched call does, up to their
-// context's deadline (the middleware's StoreTimeout) or the database's
-// lock timeout.
-//
-// Multi-key calls, and every call on the DailyPartitions layout, always
-// run on their own.
-//
-// The zero value turns batching on with the defaults.
-type BatchConfig struct {
-	// Disabled turns group commit off: every call runs its own
-	// statements on a connection of its own.
-	Disabled bool
-
-	// MaxBatch is the most calls one batch carries. The default is
-	// DefaultMaxBatch (64); at most MaxBatchLimit (1000).
-	MaxBatch int
-
-	// MaxInFlight is how many batches run at once, each on a connection
-	// of its own; calls arriving while that many run wait for the next
-	// batch. Fewer batches in flight make larger batches (fewer
-	// statements and commits per call) and longer waits. The default,
-	// DefaultMaxInFlight (1), served the most messages per second and the
-	// least CPU per message on every dialect on a two-core machine
-	// (README.md); on a server with many cores, 2 to 4 can serve more.
-	// At most MaxInFlightLimit (64).
-	MaxInFlight int
-}
-
-// batchLimits are the defaults and bounds of BatchConfig.
-var batchLimits = batch.Limits{
-	DefaultMaxBatch: DefaultMaxBatch, MaxBatch: MaxBatchLimit,
-	DefaultMaxInFlight: DefaultMaxInFlight, MaxInFlight: MaxInFlightLimit,
-}
 
 // Store is the SQL store. Create it with New. It is safe for concurrent
 // use, and any number of processes may share its table.
@@ -390,6 +86,241 @@ type group struct {
 	inDo atomic.Int64
 }
 
+// New returns a Store over db, which it uses but never closes. It does no
+// I/O: create the table with CreateSchema or the DDL in README.md. When
+// cfg.PurgeInterval is positive it starts the purge job; Close stops it.
+func New(db *sql.DB, cfg Config) (*Store, error) {
+	if db == nil {
+		return nil, errors.New("sqlstore: db is nil")
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Dialect == "" {
+		d, err := DetectDialect(db)
+		if err != nil {
+			return nil, err
+		}
+		cfg.Dialect = d
+		if err := cfg.Validate(); err != nil {
+			return nil, err
+		}
+	}
+	cfg.setDefaults()
+	d := dialects[cfg.Dialect].open(cfg.Table, cfg.DailyPartitions, db)
+	s := &Store{
+		db:   db,
+		cfg:  cfg,
+		d:    d,
+		q:    d.sql(),
+		qk:   d.quirks(),
+		done: make(chan struct{}),
+
+		purgeChunk: purgeChunkBlocks,
+	}
+	if cfg.DailyPartitions {
+		s.part = d.(partitioner) // Validate admits DailyPartitions only for such a dialect
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s.cancel = cancel
+	if !cfg.Batch.Disabled && s.part == nil {
+		s.group = newGroup(s)
+	}
+	if cfg.PurgeInterval > 0 {
+		go s.purgeLoop(ctx)
+	} else {
+		close(s.done)
+	}
+	return s, nil
+}
+
+// Dialect returns the store's dialect.
+func (s *Store) Dialect() Dialect { return s.cfg.Dialect }
+
+// Table returns the store's table name.
+func (s *Store) Table() string { return s.cfg.Table }
+
+// SchemaStatements returns the DDL that CreateSchema runs, one statement
+// per element, for DBAs who apply it themselves.
+func (s *Store) SchemaStatements() []string { return s.d.schema() }
+
+// CreateSchema creates the table and its index if they do not exist (and,
+// with DailyPartitions, the partitions from yesterday to
+// PartitionDaysAhead+1 days ahead). It is idempotent and safe to run at
+// every start; it needs CREATE privileges, which the store does not need
+// otherwise.
+func (s *Store) CreateSchema(ctx context.Context) error {
+	if s.closed.Load() {
+		return fmt.Errorf("sqlstore: create schema: %w", stores.ErrClosed)
+	}
+	for _, stmt := range s.d.schema() {
+		if _, err := s.db.ExecContext(ctx, stmt); err != nil {
+			return fmt.Errorf("sqlstore: creating schema for table %s: %w", s.cfg.Table, err)
+		}
+	}
+	if s.part != nil {
+		if err := s.createPartitions(ctx); err != nil {
+			return fmt.Errorf("sqlstore: creating partitions of table %s: %w", s.cfg.Table, err)
+		}
+	}
+	return nil
+}
+
+// Claim implements [stores.Store].
+//
+// A single key takes one INSERT ... ON CONFLICT DO NOTHING (INSERT ... ON
+// DUPLICATE KEY UPDATE on MySQL) in the common case, and a SELECT
+// more for a duplicate; concurrent single-key claims share those
+// statements' round trip and commit with each other and with concurrent
+// Completes, Releases and Extends (see [BatchConfig]). Taking over an expired record, and every multi-key
+// claim, run in a short transaction: insert the missing records, lock the
+// existing ones (SELECT ... FOR UPDATE), decide, update the expired ones,
+// commit, or roll back when any key is live, so the claim is
+// all-or-nothing.
+func (s *Store) Claim(ctx context.Context, scope string, keys []string, lease time.Duration) (*stores.Claim, error) {
+	if err := s.checkCall(ctx, storekit.CheckKeys(keys), storekit.CheckLease(lease), s.checkHorizon("lease", lease)); err != nil {
+		return nil, fmt.Errorf("sqlstore: claim: %w", err)
+	}
+	s.noteLease(lease)
+	ks := newKeySet(scope, keys)
+	token := newToken()
+	c := &stores.Claim{Scope: scope, Keys: keys}
+	var err error
+	if o := s.group.op(ctx, opClaim, ks); o != nil {
+		o.token, o.d = token, lease
+		if err = s.group.do(ctx, o); err == nil {
+			// Only now is o.res the caller's: a batch that went on
+			// without a caller that gave up writes it still.
+			c.Result, c.Takeover, c.Data = o.res.Result, o.res.Takeover, o.res.Data
+		}
+	} else {
+		err = s.claimDirect(ctx, ks, token, lease, c)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("sqlstore: claim in scope %q: %w", scope, s.classify(err))
+	}
+	if c.Result == stores.Claimed {
+		c.Token = strconv.FormatInt(token, 36)
+	}
+	return c, nil
+}
+
+// claimArgs checks a call on claim c (Complete, Release, Extend), whose
+// other arguments' checks are args, and returns c's keys and token.
+func (s *Store) claimArgs(ctx context.Context, c *stores.Claim, args ...error) (keySet, int64, error) {
+	var token int64
+	err := storekit.CheckClaim(c)
+	if err == nil {
+		if token, err = strconv.ParseInt(c.Token, 36, 64); err != nil || token <= 0 {
+			err = fmt.Errorf("%w: token %q is not a sqlstore token", stores.ErrInvalidArgument, c.Token)
+		}
+	}
+	if err := s.checkCall(ctx, append([]error{err}, args...)...); err != nil {
+		return keySet{}, 0, err
+	}
+	return newKeySet(c.Scope, c.Keys), token, nil
+}
+
+// opError prefixes the error of a Complete, Release or Extend.
+func (s *Store) opError(op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("sqlstore: %s: %w", op, s.classify(err))
+}
+
+// Complete implements [stores.Store].
+func (s *Store) Complete(ctx context.Context, c *stores.Claim, retention time.Duration, data []byte) error {
+	ks, token, err := s.claimArgs(ctx, c, storekit.CheckRetention(retention), s.checkHorizon("retention", retention), s.Capabilities().CheckData(data))
+	if err == nil {
+		err = s.checkData(data) // after the session check
+	}
+	if err != nil {
+		return s.opError("complete", err)
+	}
+	if o := s.group.op(ctx, opComplete, ks); o != nil {
+		o.claim, o.token, o.d, o.data = c, token, retention, data
+		return s.opError("complete", s.group.do(ctx, o))
+	}
+	return s.opError("complete", s.completeDirect(ctx, c, ks, token, retention, data))
+}
+
+// Release implements [stores.Store].
+func (s *Store) Release(ctx context.Context, c *stores.Claim) error {
+	ks, token, err := s.claimArgs(ctx, c)
+	if err != nil {
+		return s.opError("release", err)
+	}
+	if o := s.group.op(ctx, opRelease, ks); o != nil {
+		o.claim, o.token = c, token
+		return s.opError("release", s.group.do(ctx, o))
+	}
+	return s.opError("release", s.releaseDirect(ctx, c, ks, token))
+}
+
+// Extend implements [stores.Store].
+func (s *Store) Extend(ctx context.Context, c *stores.Claim, lease time.Duration) error {
+	ks, token, err := s.claimArgs(ctx, c, storekit.CheckLease(lease), s.checkHorizon("lease", lease))
+	if err != nil {
+		return s.opError("extend", err)
+	}
+	s.noteLease(lease)
+	if o := s.group.op(ctx, opExtend, ks); o != nil {
+		o.claim, o.token, o.d = c, token, lease
+		return s.opError("extend", s.group.do(ctx, o))
+	}
+	return s.opError("extend", s.extendDirect(ctx, c, ks, token, lease))
+}
+
+// Capabilities implements [stores.Store]: data up to Config.MaxData; on
+// the partitioned layout, leases and retentions of at
+// most PartitionDaysAhead days; the Inbox (joining a caller's
+// transaction) and Admin interfaces.
+func (s *Store) Capabilities() stores.Capabilities {
+	c := stores.Capabilities{
+		Kind:     "sqlstore (" + string(s.cfg.Dialect) + ")",
+		MaxData:  s.cfg.MaxData,
+		Admin:    true,
+		Inbox:    true,
+		JoinedTx: true,
+	}
+	if s.part != nil {
+		c.Kind = "sqlstore (" + string(s.cfg.Dialect) + ", DailyPartitions)"
+		c.MaxLease = time.Duration(s.cfg.PartitionDaysAhead) * 24 * time.Hour
+		c.MaxRetention = c.MaxLease
+	}
+	return c
+}
+
+// Close stops the purge job and waits for it, and for the releases of
+// claims made for callers that gave up while their batch ran (each bounded
+// by 10s). The *sql.DB is not closed.
+// Every later call returns [stores.ErrClosed]; transactions already begun
+// can still be committed or rolled back. It is idempotent. A MySQL COMMIT
+// or ROLLBACK abandoned at its context's deadline (go-sql-driver cannot
+// cancel one) goes on in the background until its connection answers or
+// dies; Close does not wait for it.
+func (s *Store) Close(ctx context.Context) error {
+	s.closeOnce.Do(func() {
+		s.closed.Store(true)
+		s.cancel()
+	})
+	select {
+	case <-s.done:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	if s.group != nil {
+		// Releases of claims whose callers gave up (see group.orphaned).
+		return s.group.b.Close(ctx)
+	}
+	return nil
+}
+
+// maxAttempts bounds the retries of an operation that hit a transient
+// conflict (deadlock, serialization failure, busy SQLite).
+const maxAttempts = 10
+
 // checkHorizon fails for a lease or retention that would put expires_at
 // past the partitions created ahead.
 func (s *Store) checkHorizon(what string, d time.Duration) error {
@@ -397,6 +328,84 @@ func (s *Store) checkHorizon(what string, d time.Duration) error {
 		return fmt.Errorf("%w: %s %s is longer than PartitionDaysAhead (%d days)", stores.ErrInvalidArgument, what, d, s.cfg.PartitionDaysAhead)
 	}
 	return nil
+}
+
+// checkCall is [storekit.CheckCall], then the session check: every
+// failure a call meets before its own statements.
+func (s *Store) checkCall(ctx context.Context, args ...error) error {
+	if err := storekit.CheckCall(ctx, s.closed.Load(), args...); err != nil {
+		return err
+	}
+	return s.checkSession(ctx)
+}
+
+// checkSession makes sure, once, that the database session settings suit
+// the store (see ErrSessionSettings), as the dialect checks them. A check
+// that fails for another reason (the database is down) runs again at the
+// next call.
+func (s *Store) checkSession(ctx context.Context) error {
+	if s.sessionChecked.Load() {
+		return s.sessionErr // written before sessionChecked
+	}
+	s.sessionMu.Lock()
+	defer s.sessionMu.Unlock()
+	if s.sessionChecked.Load() {
+		return s.sessionErr
+	}
+	limit, err := s.d.checkSession(ctx, s.db)
+	if err != nil {
+		if !errors.Is(err, ErrSessionSettings) {
+			return s.classify(err) // not known yet: checked again next time
+		}
+		s.sessionErr = err
+	}
+	if limit > 0 && limit < s.cfg.MaxData {
+		s.serverMaxData.Store(int64(limit))
+		s.cfg.Logger.Error("sqlstore: the database refuses statements carrying Config.MaxData bytes of data; lower MaxData or raise the server's limit (MySQL: max_allowed_packet)",
+			fmt.Errorf("%w: data over %d bytes is refused (MaxData is %d)", stores.ErrTooLarge, limit, s.cfg.MaxData), watermill.LogFields{"table": s.cfg.Table})
+	}
+	s.sessionChecked.Store(true)
+	return s.sessionErr
+}
+
+// checkData refuses data over MaxData, or over what the server takes
+// (see serverMaxData). The session check must have run.
+func (s *Store) checkData(data []byte) error {
+	if err := s.Capabilities().CheckData(data); err != nil {
+		return err
+	}
+	if limit := s.serverMaxData.Load(); limit > 0 && int64(len(data)) > limit {
+		return fmt.Errorf("%w: %d bytes of data, the database takes at most %d in a statement", stores.ErrTooLarge, len(data), limit)
+	}
+	return nil
+}
+
+// now is the clock's time at the database's (microsecond) precision.
+func (s *Store) now() time.Time { return s.cfg.Clock.Now().Truncate(time.Microsecond) }
+
+// inTx runs fn in a short transaction of the store's own.
+func (s *Store) inTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
+	return inTx(ctx, s.db, s.qk.txOptions, fn)
+}
+
+// retry runs op until it succeeds, fails with a non-transient error, or
+// maxAttempts is reached, with jittered exponential backoff.
+func (s *Store) retry(ctx context.Context, op func() error) error {
+	for attempt := 1; ; attempt++ {
+		err := op()
+		if err == nil || !s.is(err, errRetryable) || attempt == maxAttempts {
+			return err
+		}
+		d := time.Duration(1<<min(attempt, 6)) * time.Millisecond
+		d = d/2 + mrand.N(d)
+		t := time.NewTimer(d)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return errors.Join(err, ctx.Err())
+		case <-t.C:
+		}
+	}
 }
 
 // acquire makes sure every key of ks has a record in tx: it inserts the
@@ -462,75 +471,6 @@ func (s *Store) acquire(ctx context.Context, tx *sql.Tx, ks keySet, now time.Tim
 		}
 	}
 	return rest, recs, nil
-}
-
-func digest(scope, key string) recordID {
-	h := sha256.New()
-	var n [binary.MaxVarintLen64]byte
-	h.Write([]byte("watermill-dedup/sqlstore/v1\x00"))
-	h.Write(n[:binary.PutUvarint(n[:], uint64(len(scope)))])
-	h.Write([]byte(scope))
-	h.Write([]byte(key))
-	var id recordID
-	copy(id[:], h.Sum(nil))
-	return id
-}
-
-func newKeySet(scope string, keys []string) keySet {
-	ks := keySet{order: make([]recordID, len(keys))}
-	for i, k := range keys {
-		ks.order[i] = digest(scope, k)
-	}
-	ks.ids = slices.Clone(ks.order)
-	slices.SortFunc(ks.ids, func(a, b recordID) int { return bytes.Compare(a[:], b[:]) })
-	ks.ids = slices.Compact(ks.ids)
-	return ks
-}
-
-// now is the clock's time at the database's (microsecond) precision.
-func (s *Store) now() time.Time { return s.cfg.Clock.Now().Truncate(time.Microsecond) }
-
-// orderKeys returns the idKeys of ks's ids in the caller's order.
-func (s *Store) orderKeys(ks keySet) []string {
-	keys := make([]string, len(ks.order))
-	for i, id := range ks.order {
-		keys[i] = idKey(s.d, id)
-	}
-	return keys
-}
-
-// inTx runs fn in a short transaction of the store's own.
-func (s *Store) inTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
-	return inTx(ctx, s.db, s.qk.txOptions, fn)
-}
-
-// retry runs op until it succeeds, fails with a non-transient error, or
-// maxAttempts is reached, with jittered exponential backoff.
-func (s *Store) retry(ctx context.Context, op func() error) error {
-	for attempt := 1; ; attempt++ {
-		err := op()
-		if err == nil || !s.is(err, errRetryable) || attempt == maxAttempts {
-			return err
-		}
-		d := time.Duration(1<<min(attempt, 6)) * time.Millisecond
-		d = d/2 + mrand.N(d)
-		t := time.NewTimer(d)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return errors.Join(err, ctx.Err())
-		case <-t.C:
-		}
-	}
-}
-
-// checkCall is [storekit.CheckCall], then the session check: every
-// failure a call meets before its own statements.
-func (s *Store) checkCall(ctx context.Context, args ...error) error {
-	if err := storekit.CheckCall(ctx, s.closed.Load(), args...); err != nil {
-		return err
-	}
-	return s.checkSession(ctx)
 }
 
 // claimDirect claims ks on its own statements, retrying transient
@@ -657,88 +597,4 @@ func (s *Store) releaseDirect(ctx context.Context, c *stores.Claim, ks keySet, t
 func (s *Store) extendDirect(ctx context.Context, c *stores.Claim, ks keySet, token int64, lease time.Duration) error {
 	exp := s.d.timeArg(s.now().Add(lease))
 	return s.fenced(ctx, c, ks, token, s.q.extend(len(ks.ids)), []any{exp}, true)
-}
-
-// checkSession makes sure, once, that the database session settings suit
-// the store (see ErrSessionSettings), as the dialect checks them. A check
-// that fails for another reason (the database is down) runs again at the
-// next call.
-func (s *Store) checkSession(ctx context.Context) error {
-	if s.sessionChecked.Load() {
-		return s.sessionErr // written before sessionChecked
-	}
-	s.sessionMu.Lock()
-	defer s.sessionMu.Unlock()
-	if s.sessionChecked.Load() {
-		return s.sessionErr
-	}
-	limit, err := s.d.checkSession(ctx, s.db)
-	if err != nil {
-		if !errors.Is(err, ErrSessionSettings) {
-			return s.classify(err) // not known yet: checked again next time
-		}
-		s.sessionErr = err
-	}
-	if limit > 0 && limit < s.cfg.MaxData {
-		s.serverMaxData.Store(int64(limit))
-		s.cfg.Logger.Error("sqlstore: the database refuses statements carrying Config.MaxData bytes of data; lower MaxData or raise the server's limit (MySQL: max_allowed_packet)",
-			fmt.Errorf("%w: data over %d bytes is refused (MaxData is %d)", stores.ErrTooLarge, limit, s.cfg.MaxData), watermill.LogFields{"table": s.cfg.Table})
-	}
-	s.sessionChecked.Store(true)
-	return s.sessionErr
-}
-
-// checkData refuses data over MaxData, or over what the server takes
-// (see serverMaxData). The session check must have run.
-func (s *Store) checkData(data []byte) error {
-	if err := s.Capabilities().CheckData(data); err != nil {
-		return err
-	}
-	if limit := s.serverMaxData.Load(); limit > 0 && int64(len(data)) > limit {
-		return fmt.Errorf("%w: %d bytes of data, the database takes at most %d in a statement", stores.ErrTooLarge, len(data), limit)
-	}
-	return nil
-}
-
-// classify marks an error of a database that cannot be reached, or says
-// it cannot serve now, with stores.ErrUnavailable (the outage class of the
-// stores contract). Other errors are returned as they are.
-func (s *Store) classify(err error) error {
-	switch {
-	case err == nil || errors.Is(err, stores.ErrUnavailable) || errors.Is(err, stores.ErrTooLarge):
-		return err
-	case s.is(err, errTooLarge):
-		return fmt.Errorf("%w: %w", stores.ErrTooLarge, err)
-	case s.is(err, errUnavailable):
-		return fmt.Errorf("%w: %w", stores.ErrUnavailable, err)
-	}
-	return err
-}
-
-// is reports whether err belongs to class c: the failures every driver
-// shares, then the dialect's own.
-func (s *Store) is(err error, c errClass) bool {
-	if err == nil {
-		return false
-	}
-	switch c {
-	case errUnavailable:
-		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-			// The caller's context ended: its own class, not an outage
-			// (context.DeadlineExceeded is also a net.Error).
-			return false
-		}
-		if errors.Is(err, driver.ErrBadConn) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) {
-			return true
-		}
-		var ne net.Error
-		if errors.As(err, &ne) {
-			return true
-		}
-	case errRetryable:
-		if errors.Is(err, errRetry) {
-			return true
-		}
-	}
-	return s.d.classify(err)&c != 0
 }
