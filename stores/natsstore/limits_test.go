@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/watermill-dedup/dedup/stores"
+	"github.com/watermill-dedup/dedup/stores/internal/errtest"
 	"github.com/watermill-dedup/dedup/stores/natsstore"
 	"github.com/watermill-dedup/dedup/testkit"
 )
@@ -125,7 +126,7 @@ func TestMaxDataFollowsMaxPayload(t *testing.T) {
 		s.SetLeaderReads(leaderReads)
 		key := fmt.Sprint("max-", leaderReads)
 		c := claim(t, s, "s", time.Minute, key)
-		mustWrap(t, "Complete with MaxData+1 bytes", s.Complete(ctx, c, time.Hour, make([]byte, caps.MaxData+1)), stores.ErrTooLarge)
+		errtest.Wraps(t, "Complete with MaxData+1 bytes", s.Complete(ctx, c, time.Hour, make([]byte, caps.MaxData+1)), stores.ErrTooLarge)
 		data := make([]byte, caps.MaxData)
 		for i := range data {
 			data[i] = byte(i)
@@ -157,7 +158,7 @@ func TestMaxDataFollowsMaxPayload(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond) // JetStream is still starting
 	}
-	notOutage(t, "Complete with more data than the new max_payload carries", err, stores.ErrTooLarge)
+	errtest.NotOutage(t, "Complete with more data than the new max_payload carries", err, stores.ErrTooLarge)
 	if err := s.Complete(ctx, c, time.Hour, nil); err != nil {
 		t.Fatalf("Complete without data after ErrTooLarge: %v", err)
 	}
@@ -186,7 +187,7 @@ func TestMaxDataFollowsBucket(t *testing.T) {
 		t.Fatalf("MaxData = %d in a bucket with MaxValueSize %d, want %d", caps.MaxData, maxValue, want)
 	}
 	c := claim(t, s, "s", time.Minute, "a")
-	mustWrap(t, "Complete with MaxData+1 bytes", s.Complete(ctx, c, time.Hour, make([]byte, caps.MaxData+1)), stores.ErrTooLarge)
+	errtest.Wraps(t, "Complete with MaxData+1 bytes", s.Complete(ctx, c, time.Hour, make([]byte, caps.MaxData+1)), stores.ErrTooLarge)
 	if err := s.Complete(ctx, c, time.Hour, make([]byte, caps.MaxData)); err != nil {
 		t.Fatalf("Complete with MaxData bytes: %v", err)
 	}
@@ -202,7 +203,7 @@ func TestMaxDataFollowsBucket(t *testing.T) {
 		t.Fatal(err)
 	}
 	c = claim(t, s, "s", time.Minute, "b")
-	notOutage(t, "Complete with more data than the stream now keeps", s.Complete(ctx, c, time.Hour, make([]byte, 500)), stores.ErrTooLarge)
+	errtest.NotOutage(t, "Complete with more data than the stream now keeps", s.Complete(ctx, c, time.Hour, make([]byte, 500)), stores.ErrTooLarge)
 	if err := s.Complete(ctx, c, time.Hour, nil); err != nil {
 		t.Fatalf("Complete without data after ErrTooLarge: %v", err)
 	}

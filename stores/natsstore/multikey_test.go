@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/watermill-dedup/dedup/stores"
+	"github.com/watermill-dedup/dedup/stores/internal/errtest"
 	"github.com/watermill-dedup/dedup/stores/natsstore"
 	"github.com/watermill-dedup/dedup/stores/storetest"
 )
@@ -156,7 +157,7 @@ func TestFencedCallPutsBack(t *testing.T) {
 			default:
 				err = s.Extend(ctx, c, time.Minute)
 			}
-			mustWrap(t, op+" of a claim whose key was taken over", err, stores.ErrLostClaim)
+			errtest.Wraps(t, op+" of a claim whose key was taken over", err, stores.ErrLostClaim)
 			s.SetAfterWrite(nil)
 			// k1 is the claim's expired lease again: a claim takes it
 			// over (it is neither done, nor free, nor leased anew).

@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/watermill-dedup/dedup/stores"
+	"github.com/watermill-dedup/dedup/stores/internal/errtest"
 	"github.com/watermill-dedup/dedup/stores/natsstore"
 	"github.com/watermill-dedup/dedup/testkit"
 )
@@ -86,7 +87,7 @@ func TestErrorClasses(t *testing.T) {
 	} {
 		start := time.Now()
 		err := call()
-		mustWrap(t, name+", connection cut", err, stores.ErrUnavailable)
+		errtest.Wraps(t, name+", connection cut", err, stores.ErrUnavailable)
 		if d := time.Since(start); d > time.Second {
 			t.Errorf("%s took %s to fail on a cut connection, want at once", name, d)
 		}
@@ -120,19 +121,19 @@ func TestErrorClasses(t *testing.T) {
 	done, cancelDone := context.WithCancel(bg)
 	cancelDone()
 	_, err := s.Claim(done, "s", []string{"k"}, time.Minute)
-	notOutage(t, "Claim with a cancelled context", err, context.Canceled)
+	errtest.NotOutage(t, "Claim with a cancelled context", err, context.Canceled)
 	expired, cancelExpired := context.WithDeadline(bg, time.Now().Add(-time.Second))
 	defer cancelExpired()
 	_, err = s.Claim(expired, "s", []string{"k"}, time.Minute)
-	notOutage(t, "Claim with an expired context", err, context.DeadlineExceeded)
-	notOutage(t, "Complete with an expired context", s.Complete(expired, held, time.Hour, nil), context.DeadlineExceeded)
+	errtest.NotOutage(t, "Claim with an expired context", err, context.DeadlineExceeded)
+	errtest.NotOutage(t, "Complete with an expired context", s.Complete(expired, held, time.Hour, nil), context.DeadlineExceeded)
 	_, err = s.Claim(bg, "s", []string{""}, time.Minute)
-	notOutage(t, "Claim of an empty key", err, stores.ErrInvalidKey)
+	errtest.NotOutage(t, "Claim of an empty key", err, stores.ErrInvalidKey)
 	if err := s.Close(bg); err != nil {
 		t.Fatal(err)
 	}
 	_, err = s.Claim(bg, "s", []string{"k"}, time.Minute)
-	notOutage(t, "Claim after Close", err, stores.ErrClosed)
+	errtest.NotOutage(t, "Claim after Close", err, stores.ErrClosed)
 }
 
 // TestStoreOutage cuts the proxy between the store and NATS: calls fail

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/watermill-dedup/dedup/stores"
+	"github.com/watermill-dedup/dedup/stores/internal/errtest"
 	"github.com/watermill-dedup/dedup/stores/natsstore"
 )
 
@@ -29,7 +30,7 @@ func TestServerRestart(t *testing.T) {
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	_, err := s.Claim(cctx, "s", []string{"down"}, time.Minute)
 	cancel()
-	mustWrap(t, "Claim while the server is down", err, stores.ErrUnavailable)
+	errtest.Wraps(t, "Claim while the server is down", err, stores.ErrUnavailable)
 
 	srv.start("")
 	var failed []error

@@ -15,6 +15,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/watermill-dedup/dedup/stores"
+	"github.com/watermill-dedup/dedup/stores/internal/errtest"
 	"github.com/watermill-dedup/dedup/stores/natsstore"
 	"github.com/watermill-dedup/dedup/stores/storetest"
 	"github.com/watermill-dedup/dedup/testkit"
@@ -158,15 +159,15 @@ func TestDurationBounds(t *testing.T) {
 	s := newStore(t, nc, cfg)
 	ctx := context.Background()
 	_, err := s.Claim(ctx, "s", []string{"k"}, time.Minute+1)
-	notOutage(t, "Claim past MaxLease", err, stores.ErrInvalidArgument)
+	errtest.NotOutage(t, "Claim past MaxLease", err, stores.ErrInvalidArgument)
 	c, err := s.Claim(ctx, "s", []string{"k"}, time.Minute)
 	if err != nil || c.Result != stores.Claimed {
 		t.Fatalf("Claim at MaxLease = %+v, %v", c, err)
 	}
 	before := streamMsgs(t, nc, cfg.Bucket)
-	notOutage(t, "Extend past MaxLease", s.Extend(ctx, c, 2*time.Minute), stores.ErrInvalidArgument)
-	notOutage(t, "Complete past MaxRetention", s.Complete(ctx, c, time.Hour+1, nil), stores.ErrInvalidArgument)
-	notOutage(t, "Complete(math.MaxInt64)", s.Complete(ctx, c, math.MaxInt64, nil), stores.ErrInvalidArgument)
+	errtest.NotOutage(t, "Extend past MaxLease", s.Extend(ctx, c, 2*time.Minute), stores.ErrInvalidArgument)
+	errtest.NotOutage(t, "Complete past MaxRetention", s.Complete(ctx, c, time.Hour+1, nil), stores.ErrInvalidArgument)
+	errtest.NotOutage(t, "Complete(math.MaxInt64)", s.Complete(ctx, c, math.MaxInt64, nil), stores.ErrInvalidArgument)
 	if after := streamMsgs(t, nc, cfg.Bucket); after != before {
 		t.Fatalf("refused calls wrote %d messages", after-before)
 	}
@@ -312,7 +313,7 @@ func TestDataTooLarge(t *testing.T) {
 		t.Fatal(err)
 	}
 	big := make([]byte, nc.MaxPayload())
-	notOutage(t, "Complete with data of MaxPayload bytes", s.Complete(ctx, c, time.Hour, big), stores.ErrInvalidArgument)
+	errtest.NotOutage(t, "Complete with data of MaxPayload bytes", s.Complete(ctx, c, time.Hour, big), stores.ErrInvalidArgument)
 	fits := make([]byte, nc.MaxPayload()-1024)
 	if err := s.Complete(ctx, c, time.Hour, fits); err != nil {
 		t.Fatalf("Complete with %d bytes of data: %v", len(fits), err)
@@ -377,26 +378,11 @@ func TestConnectOwnsConn(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = s.Claim(ctx, "s", []string{"k2"}, time.Minute)
-	notOutage(t, "Claim after Close", err, stores.ErrClosed)
+	errtest.NotOutage(t, "Claim after Close", err, stores.ErrClosed)
 
 	// Nothing listens: Connect fails as an outage.
 	_, err = natsstore.Connect(ctx, "nats://127.0.0.1:1", cfg, nats.Timeout(time.Second))
 	if !errors.Is(err, stores.ErrUnavailable) {
 		t.Fatalf("Connect to a closed port = %v, want ErrUnavailable", err)
-	}
-}
-
-func mustWrap(t *testing.T, what string, err, target error) {
-	t.Helper()
-	if !errors.Is(err, target) {
-		t.Errorf("%s: err = %v, want one wrapping %v", what, err, target)
-	}
-}
-
-func notOutage(t *testing.T, what string, err, target error) {
-	t.Helper()
-	mustWrap(t, what, err, target)
-	if errors.Is(err, stores.ErrUnavailable) {
-		t.Errorf("%s: err = %v is classified as an outage", what, err)
 	}
 }

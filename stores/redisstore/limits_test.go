@@ -10,6 +10,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 
 	"github.com/watermill-dedup/dedup/stores"
+	"github.com/watermill-dedup/dedup/stores/internal/errtest"
 	"github.com/watermill-dedup/dedup/stores/redisstore"
 )
 
@@ -48,7 +49,7 @@ func TestDataLimit(t *testing.T) {
 		}
 		data := bytes.Repeat([]byte{0xa5}, bulk-1)
 		c := claimOK(t, s, "fits")
-		mustWrap(t, "Complete with MaxData+1 bytes", s.Complete(ctx, c, time.Hour, append(data, 0)), stores.ErrTooLarge)
+		errtest.Wraps(t, "Complete with MaxData+1 bytes", s.Complete(ctx, c, time.Hour, append(data, 0)), stores.ErrTooLarge)
 		if err := s.Complete(ctx, c, time.Hour, data); err != nil {
 			t.Fatalf("Complete with MaxData bytes: %v", err)
 		}
@@ -69,7 +70,7 @@ func TestDataLimit(t *testing.T) {
 			}
 			c := claimOK(t, s, "big")
 			err := s.Complete(ctx, c, time.Hour, make([]byte, 2*bulk))
-			notOutage(t, "Complete with more data than proto-max-bulk-len", err, stores.ErrTooLarge)
+			errtest.NotOutage(t, "Complete with more data than proto-max-bulk-len", err, stores.ErrTooLarge)
 			if d, err := s.Claim(ctx, "s", []string{"big"}, time.Minute); err != nil || d.Result != stores.InProgress {
 				t.Fatalf("Claim after the refused Complete = %v, %v; want in_progress", d, err)
 			}
@@ -91,7 +92,7 @@ func TestDataLimit(t *testing.T) {
 		}
 		c := claimOK(t, s, "checked")
 		// Refused before any I/O now: the connection stays up.
-		mustWrap(t, "Complete with more data than the server takes", s.Complete(ctx, c, time.Hour, make([]byte, bulk)), stores.ErrTooLarge)
+		errtest.Wraps(t, "Complete with more data than the server takes", s.Complete(ctx, c, time.Hour, make([]byte, bulk)), stores.ErrTooLarge)
 		if err := s.Complete(ctx, c, time.Hour, make([]byte, bulk-1)); err != nil {
 			t.Fatalf("Complete with as much data as the server takes: %v", err)
 		}

@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/watermill-dedup/dedup/stores"
+	"github.com/watermill-dedup/dedup/stores/internal/errtest"
 	"github.com/watermill-dedup/dedup/stores/redisstore"
 	"github.com/watermill-dedup/dedup/stores/storetest"
 )
@@ -35,7 +36,7 @@ func TestServerBusy(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond) // the script has not started yet
 	}
-	mustWrap(t, "Claim while a script runs", err, stores.ErrUnavailable)
+	errtest.Wraps(t, "Claim while a script runs", err, stores.ErrUnavailable)
 	if !strings.Contains(err.Error(), "BUSY") {
 		t.Errorf("Claim while a script runs: %v, want BUSY", err)
 	}
@@ -60,7 +61,7 @@ func TestReplicaWithoutPrimary(t *testing.T) {
 	for _, batched := range []bool{true, false} {
 		s := newStore(t, c, redisstore.Config{Prefix: "replica:", Batch: redisstore.BatchConfig{Disabled: !batched}})
 		_, err := s.Claim(ctx, "s", []string{"k"}, time.Minute)
-		mustWrap(t, "Claim on a replica", err, stores.ErrUnavailable)
+		errtest.Wraps(t, "Claim on a replica", err, stores.ErrUnavailable)
 		if err == nil || !strings.Contains(err.Error(), "READONLY") {
 			t.Errorf("Claim on a replica: %v, want READONLY", err)
 		}
@@ -79,7 +80,7 @@ func TestReplicaWithoutPrimary(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond) // the replica has not seen the link down yet
 	}
-	mustWrap(t, "Claim on a replica whose primary is down", err, stores.ErrUnavailable)
+	errtest.Wraps(t, "Claim on a replica whose primary is down", err, stores.ErrUnavailable)
 	if err == nil || !strings.Contains(err.Error(), "MASTERDOWN") {
 		t.Errorf("Claim on a replica whose primary is down: %v, want MASTERDOWN", err)
 	}
@@ -162,7 +163,7 @@ func testClusterDown(t *testing.T, cc *redis.ClusterClient) {
 		t.Fatal(err)
 	}
 	_, err = s.Claim(ctx, "s", []string{"a", "b"}, time.Minute)
-	mustWrap(t, "Claim of two keys on a migrating slot", err, stores.ErrUnavailable)
+	errtest.Wraps(t, "Claim of two keys on a migrating slot", err, stores.ErrUnavailable)
 	if err == nil || !strings.Contains(err.Error(), "TRYAGAIN") {
 		t.Errorf("Claim of two keys on a migrating slot: %v, want TRYAGAIN", err)
 	}
@@ -181,7 +182,7 @@ func testClusterDown(t *testing.T, cc *redis.ClusterClient) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	mustWrap(t, "Claim on a cluster that is down", err, stores.ErrUnavailable)
+	errtest.Wraps(t, "Claim on a cluster that is down", err, stores.ErrUnavailable)
 	if err == nil || !strings.Contains(err.Error(), "CLUSTERDOWN") {
 		t.Errorf("Claim on a cluster that is down: %v, want CLUSTERDOWN", err)
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/watermill-dedup/dedup/stores"
+	"github.com/watermill-dedup/dedup/stores/internal/errtest"
 	"github.com/watermill-dedup/dedup/stores/redisstore"
 	"github.com/watermill-dedup/dedup/testkit"
 )
@@ -45,10 +46,10 @@ func TestErrorClasses(t *testing.T) {
 			ctx, cancel := context.WithTimeout(bg, 5*time.Second)
 			defer cancel()
 			_, err := s.Claim(ctx, "s", []string{"a"}, time.Minute)
-			mustWrap(t, "Claim, connection refused", err, stores.ErrUnavailable)
-			mustWrap(t, "Extend, connection refused", s.Extend(ctx, held, time.Minute), stores.ErrUnavailable)
-			mustWrap(t, "Complete, connection refused", s.Complete(ctx, held, time.Hour, nil), stores.ErrUnavailable)
-			mustWrap(t, "Release, connection refused", s.Release(ctx, held), stores.ErrUnavailable)
+			errtest.Wraps(t, "Claim, connection refused", err, stores.ErrUnavailable)
+			errtest.Wraps(t, "Extend, connection refused", s.Extend(ctx, held, time.Minute), stores.ErrUnavailable)
+			errtest.Wraps(t, "Complete, connection refused", s.Complete(ctx, held, time.Hour, nil), stores.ErrUnavailable)
+			errtest.Wraps(t, "Release, connection refused", s.Release(ctx, held), stores.ErrUnavailable)
 			p.Restore()
 
 			held = claim("held2")
@@ -73,37 +74,22 @@ func TestErrorClasses(t *testing.T) {
 			// Not outages.
 			long := strings.Repeat("s", redisstore.DefaultMaxKeyLen+1)
 			_, err = s.Claim(bg, long, []string{"k"}, time.Minute)
-			notOutage(t, "Claim with a scope over MaxKeyLen", err, stores.ErrInvalidArgument)
+			errtest.NotOutage(t, "Claim with a scope over MaxKeyLen", err, stores.ErrInvalidArgument)
 			done, cancelDone := context.WithCancel(bg)
 			cancelDone()
 			_, err = s.Claim(done, "s", []string{"k"}, time.Minute)
-			notOutage(t, "Claim with a cancelled context", err, context.Canceled)
+			errtest.NotOutage(t, "Claim with a cancelled context", err, context.Canceled)
 			expired, cancelExpired := context.WithDeadline(bg, time.Now().Add(-time.Second))
 			defer cancelExpired()
 			_, err = s.Claim(expired, "s", []string{"k"}, time.Minute)
-			notOutage(t, "Claim with an expired context", err, context.DeadlineExceeded)
-			notOutage(t, "Complete with an expired context", s.Complete(expired, held, time.Hour, nil), context.DeadlineExceeded)
+			errtest.NotOutage(t, "Claim with an expired context", err, context.DeadlineExceeded)
+			errtest.NotOutage(t, "Complete with an expired context", s.Complete(expired, held, time.Hour, nil), context.DeadlineExceeded)
 			if err := s.Close(bg); err != nil {
 				t.Fatal(err)
 			}
 			_, err = s.Claim(bg, "s", []string{"k"}, time.Minute)
-			notOutage(t, "Claim after Close", err, stores.ErrClosed)
+			errtest.NotOutage(t, "Claim after Close", err, stores.ErrClosed)
 		})
-	}
-}
-
-func mustWrap(t *testing.T, what string, err, target error) {
-	t.Helper()
-	if !errors.Is(err, target) {
-		t.Errorf("%s: err = %v, want one wrapping %v", what, err, target)
-	}
-}
-
-func notOutage(t *testing.T, what string, err, target error) {
-	t.Helper()
-	mustWrap(t, what, err, target)
-	if errors.Is(err, stores.ErrUnavailable) {
-		t.Errorf("%s: err = %v is classified as an outage", what, err)
 	}
 }
 
@@ -166,7 +152,7 @@ func TestOutOfMemoryStillAnswersDuplicates(t *testing.T) {
 			t.Fatalf("Claim of a done key on a Redis out of memory = %+v, %v; want Duplicate with its data", dup, err)
 		}
 		_, err = s.Claim(ctx, "s", []string{fmt.Sprint("new-", batched)}, time.Minute)
-		mustWrap(t, "Claim of a new key on a Redis out of memory", err, stores.ErrUnavailable)
+		errtest.Wraps(t, "Claim of a new key on a Redis out of memory", err, stores.ErrUnavailable)
 		if err := c.ConfigSet(ctx, "maxmemory", "0").Err(); err != nil {
 			t.Fatal(err)
 		}

@@ -11,6 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 
 	"github.com/watermill-dedup/dedup/stores"
+	"github.com/watermill-dedup/dedup/stores/internal/errtest"
 	"github.com/watermill-dedup/dedup/stores/sqlstore"
 )
 
@@ -61,7 +62,7 @@ func TestMySQLMaxData(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				notOutage(t, "Complete with MaxData+1 bytes", s.Complete(context.Background(), c, time.Hour, make([]byte, max+1)), stores.ErrTooLarge)
+				errtest.NotOutage(t, "Complete with MaxData+1 bytes", s.Complete(context.Background(), c, time.Hour, make([]byte, max+1)), stores.ErrTooLarge)
 			}
 		})
 	}
@@ -88,7 +89,7 @@ func TestMySQLPacketLimit(t *testing.T) {
 	if logged := log.Captured()[watermill.ErrorLogLevel]; len(logged) != 1 || !errors.Is(logged[0].Err, stores.ErrTooLarge) {
 		t.Fatalf("the first call logged %v, want one error about the packet", logged)
 	}
-	notOutage(t, "Complete with more data than the packet carries", s.Complete(ctx, c, time.Hour, make([]byte, limit+1)), stores.ErrTooLarge)
+	errtest.NotOutage(t, "Complete with more data than the packet carries", s.Complete(ctx, c, time.Hour, make([]byte, limit+1)), stores.ErrTooLarge)
 	if err := s.Complete(ctx, c, time.Hour, nil); err != nil {
 		t.Fatalf("Complete without data after ErrTooLarge: %v", err)
 	}
@@ -98,7 +99,7 @@ func TestMySQLPacketLimit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	notOutage(t, "InboxTx.Commit with more data than the packet carries", tx.Commit(ctx, make([]byte, limit+1)), stores.ErrTooLarge)
+	errtest.NotOutage(t, "InboxTx.Commit with more data than the packet carries", tx.Commit(ctx, make([]byte, limit+1)), stores.ErrTooLarge)
 	if err := tx.Commit(ctx, make([]byte, limit)); err != nil {
 		t.Fatalf("InboxTx.Commit with as much data as the packet carries, after ErrTooLarge: %v", err)
 	}
@@ -145,13 +146,5 @@ func TestMaxDataConfig(t *testing.T) {
 		if err := c.Validate(); err == nil {
 			t.Errorf("Validate(%+v) accepted MaxData %d", c, c.MaxData)
 		}
-	}
-}
-
-func notOutage(t *testing.T, what string, err, target error) {
-	t.Helper()
-	mustWrap(t, what, err, target)
-	if errors.Is(err, stores.ErrUnavailable) {
-		t.Errorf("%s: err = %v is classified as an outage", what, err)
 	}
 }

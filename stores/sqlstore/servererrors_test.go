@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/watermill-dedup/dedup/stores"
+	"github.com/watermill-dedup/dedup/stores/internal/errtest"
 	"github.com/watermill-dedup/dedup/stores/sqlstore"
 	"github.com/watermill-dedup/dedup/stores/storetest"
 	"github.com/watermill-dedup/dedup/testkit"
@@ -79,7 +80,7 @@ func TestPostgresBackendTerminated(t *testing.T) {
 				t.Fatal(err)
 			}
 		})
-	mustWrap(t, "Claim whose backend was terminated", err, stores.ErrUnavailable)
+	errtest.Wraps(t, "Claim whose backend was terminated", err, stores.ErrUnavailable)
 }
 
 // TestPostgresRoleConnectionLimit: a role at its CONNECTION LIMIT
@@ -111,7 +112,7 @@ func TestPostgresRoleConnectionLimit(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = s.Claim(ctx, "s", []string{"k"}, time.Minute)
-	mustWrap(t, "Claim of a role out of connections", err, stores.ErrUnavailable)
+	errtest.Wraps(t, "Claim of a role out of connections", err, stores.ErrUnavailable)
 }
 
 // TestMySQLConnectionKilled: KILL of the store's own connection while it
@@ -131,7 +132,7 @@ func TestMySQLConnectionKilled(t *testing.T) {
 				t.Fatal(err)
 			}
 		})
-	mustWrap(t, "Claim whose connection was killed", err, stores.ErrUnavailable)
+	errtest.Wraps(t, "Claim whose connection was killed", err, stores.ErrUnavailable)
 }
 
 // TestMySQLServerRefusals: on a MariaDB of the test's own, a server that
@@ -171,7 +172,7 @@ func TestMySQLServerRefusals(t *testing.T) {
 		}
 		defer func() { _, _ = root.ExecContext(ctx, "SET GLOBAL read_only = 0") }()
 		_, err := s.Claim(ctx, "s", []string{"ro"}, time.Minute)
-		mustWrap(t, "Claim on a read-only server", err, stores.ErrUnavailable)
+		errtest.Wraps(t, "Claim on a read-only server", err, stores.ErrUnavailable)
 	})
 
 	t.Run("max_connections", func(t *testing.T) {
@@ -191,7 +192,7 @@ func TestMySQLServerRefusals(t *testing.T) {
 		fresh := openAs("app") // no idle connection to reuse
 		s := newStoreOn(t, fresh, s.Table())
 		_, err := s.Claim(ctx, "s", []string{"full"}, time.Minute)
-		mustWrap(t, "Claim on a server out of connections", err, stores.ErrUnavailable)
+		errtest.Wraps(t, "Claim on a server out of connections", err, stores.ErrUnavailable)
 	})
 
 	t.Run("max_user_connections", func(t *testing.T) {
@@ -203,7 +204,7 @@ func TestMySQLServerRefusals(t *testing.T) {
 		defer conn.Close()
 		s := newStoreOn(t, solo, s.Table())
 		_, err = s.Claim(ctx, "s", []string{"solo"}, time.Minute)
-		mustWrap(t, "Claim of a user at its connection limit", err, stores.ErrUnavailable)
+		errtest.Wraps(t, "Claim of a user at its connection limit", err, stores.ErrUnavailable)
 	})
 }
 

@@ -14,6 +14,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 
 	"github.com/watermill-dedup/dedup/stores"
+	"github.com/watermill-dedup/dedup/stores/internal/errtest"
 	"github.com/watermill-dedup/dedup/stores/sqlstore"
 	"github.com/watermill-dedup/dedup/stores/storetest"
 	"github.com/watermill-dedup/dedup/testkit"
@@ -326,11 +327,11 @@ func TestOutageErrorClasses(t *testing.T) {
 				ctx, cancel := context.WithTimeout(bg, 5*time.Second)
 				defer cancel()
 				_, err = s.Claim(ctx, "s", []string{"a"}, time.Minute)
-				mustWrap(t, "Claim, connection refused", err, stores.ErrUnavailable)
-				mustWrap(t, "Complete, connection refused", s.Complete(ctx, held, time.Hour, nil), stores.ErrUnavailable)
+				errtest.Wraps(t, "Claim, connection refused", err, stores.ErrUnavailable)
+				errtest.Wraps(t, "Complete, connection refused", s.Complete(ctx, held, time.Hour, nil), stores.ErrUnavailable)
 				_, err = s.Begin(ctx, "s", []string{"b"}, time.Hour)
-				mustWrap(t, "Begin, connection refused", err, stores.ErrUnavailable)
-				mustWrap(t, "Commit, connection reset", open.Commit(ctx, []byte("x")), stores.ErrUnavailable)
+				errtest.Wraps(t, "Begin, connection refused", err, stores.ErrUnavailable)
+				errtest.Wraps(t, "Commit, connection reset", open.Commit(ctx, []byte("x")), stores.ErrUnavailable)
 				p.Restore()
 
 				held, err = s.Claim(bg, "s", []string{"held2"}, time.Minute)
@@ -350,18 +351,18 @@ func TestOutageErrorClasses(t *testing.T) {
 					ctx, cancel := short()
 					defer cancel()
 					_, err := s.Claim(ctx, "s", []string{"c"}, time.Minute)
-					mustWrap(t, "Claim, no answer", err, context.DeadlineExceeded)
+					errtest.Wraps(t, "Claim, no answer", err, context.DeadlineExceeded)
 				})
 				within(t, "Complete on a blackholed database", 5*time.Second, func() {
 					ctx, cancel := short()
 					defer cancel()
-					mustWrap(t, "Complete, no answer", s.Complete(ctx, held, time.Hour, nil), context.DeadlineExceeded)
+					errtest.Wraps(t, "Complete, no answer", s.Complete(ctx, held, time.Hour, nil), context.DeadlineExceeded)
 				})
 				within(t, "Begin on a blackholed database", 5*time.Second, func() {
 					ctx, cancel := short()
 					defer cancel()
 					_, err := s.Begin(ctx, "s", []string{"d"}, time.Hour)
-					mustWrap(t, "Begin, no answer", err, context.DeadlineExceeded)
+					errtest.Wraps(t, "Begin, no answer", err, context.DeadlineExceeded)
 				})
 				within(t, "Commit on a blackholed database", 5*time.Second, func() {
 					ctx, cancel := short()
@@ -373,13 +374,6 @@ func TestOutageErrorClasses(t *testing.T) {
 			})
 		}
 	})
-}
-
-func mustWrap(t *testing.T, what string, err, target error) {
-	t.Helper()
-	if !errors.Is(err, target) {
-		t.Errorf("%s: err = %v, want one wrapping %v", what, err, target)
-	}
 }
 
 // TestSQLiteBusyRetried: a call that finds the SQLite database locked by
