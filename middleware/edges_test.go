@@ -1,7 +1,6 @@
 package middleware_test
 
 import (
-	"errors"
 	"testing"
 	"time"
 
@@ -11,16 +10,6 @@ import (
 	"github.com/watermill-dedup/dedup/keyfuncs"
 	"github.com/watermill-dedup/dedup/middleware"
 )
-
-// A horizon whose 1.3x is exactly 2^63 ns (one past the longest duration)
-// still asks for the longest retention, and no shorter one passes.
-func TestRedeliveryHorizonAtTheLimit(t *testing.T) {
-	const h = 7094901566811364864 // float64(h) * 1.3 == 2^63
-	err := dedup.CheckRetention(0, h)
-	if !errors.Is(err, dedup.ErrRetentionTooShort) {
-		t.Fatalf("CheckRetention with the default retention and a horizon of %s = %v, want ErrRetentionTooShort", time.Duration(h), err)
-	}
-}
 
 // Records done before Fingerprint was turned on carry no fingerprint:
 // their duplicates are acked, not refused as a mismatch.

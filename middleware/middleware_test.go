@@ -546,26 +546,6 @@ func TestTTLMissCounted(t *testing.T) {
 	}
 }
 
-func TestRetentionShorterThanHorizon(t *testing.T) {
-	err := dedup.CheckRetention(time.Hour, time.Hour)
-	if !errors.Is(err, dedup.ErrRetentionTooShort) || !strings.Contains(err.Error(), "1h18m0s") {
-		t.Fatalf("CheckRetention(1h, 1h) = %v, want ErrRetentionTooShort naming the 1h18m minimum", err)
-	}
-	if err := dedup.CheckRetention(2*time.Hour, time.Hour); err != nil {
-		t.Fatalf("2h retention over a 1h horizon: %v", err)
-	}
-	if err := dedup.CheckRetention(time.Hour, 0); err != nil {
-		t.Fatalf("an unknown horizon: %v", err)
-	}
-	// Zero is the default retention, 24h.
-	if err := dedup.CheckRetention(0, 18*time.Hour); err != nil {
-		t.Fatalf("default retention over an 18h horizon: %v", err)
-	}
-	if err := dedup.CheckRetention(0, 19*time.Hour); !errors.Is(err, dedup.ErrRetentionTooShort) {
-		t.Fatalf("default retention over a 19h horizon: %v, want ErrRetentionTooShort", err)
-	}
-}
-
 func TestConfigValidate(t *testing.T) {
 	s := newMemstore(t)
 	cases := map[string]middleware.Config{
