@@ -158,17 +158,11 @@ func openSQLBroker(t *testing.T, kind testkit.StoreKind) pubsub {
 	t.Cleanup(func() {
 		_ = sub.Close()
 		_ = pub.Close()
-		dropTables(t, db, kind, schema.MessagesTable(topic), offsets.MessagesOffsetsTable(topic))
+		if err := testkit.DropTables(context.Background(), db, kind, schema.MessagesTable(topic), offsets.MessagesOffsetsTable(topic)); err != nil {
+			t.Error(err)
+		}
 	})
 	return pubsub{pub, sub, topic}
-}
-
-func dropTables(t *testing.T, db *sql.DB, kind testkit.StoreKind, tables ...string) {
-	for _, table := range tables {
-		if _, err := db.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+table); err != nil {
-			t.Errorf("drop %s: %v", table, err)
-		}
-	}
 }
 
 // flaky is a publisher whose first call fails.

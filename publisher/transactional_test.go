@@ -58,7 +58,9 @@ func newOutbox(t *testing.T, kind testkit.StoreKind) *outbox {
 	_ = init.Close()
 	t.Cleanup(func() {
 		_ = store.Close(ctx)
-		dropTables(t, db, kind, table, schema.MessagesTable(topic), offsets.MessagesOffsetsTable(topic))
+		if err := testkit.DropTables(context.Background(), db, kind, table, schema.MessagesTable(topic), offsets.MessagesOffsetsTable(topic)); err != nil {
+			t.Error(err)
+		}
 	})
 	d, err := publisher.New(publisher.Config{
 		Store:  store,
