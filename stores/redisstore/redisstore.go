@@ -489,13 +489,7 @@ func (s *Store) fenced(ctx context.Context, what string, c *stores.Claim, rkeys 
 // checkData refuses data above MaxData, or above what a node
 // CheckServer read would take.
 func (s *Store) checkData(data []byte) error {
-	if err := s.Capabilities().CheckData(data); err != nil {
-		return err
-	}
-	if limit := s.serverMaxData.Load(); limit > 0 && int64(len(data)) > limit {
-		return fmt.Errorf("%w: %d bytes of data, the server takes at most %d (its proto-max-bulk-len is below Config.MaxData)", stores.ErrTooLarge, len(data), limit)
-	}
-	return nil
+	return storekit.CheckData(s.Capabilities(), data, s.serverMaxData.Load(), "its proto-max-bulk-len is below Config.MaxData")
 }
 
 // classify marks an error of a Redis that cannot be reached, or says it

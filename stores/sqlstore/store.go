@@ -371,13 +371,7 @@ func (s *Store) checkSession(ctx context.Context) error {
 // checkData refuses data over MaxData, or over what the server takes
 // (see serverMaxData). The session check must have run.
 func (s *Store) checkData(data []byte) error {
-	if err := s.Capabilities().CheckData(data); err != nil {
-		return err
-	}
-	if limit := s.serverMaxData.Load(); limit > 0 && int64(len(data)) > limit {
-		return fmt.Errorf("%w: %d bytes of data, the database takes at most %d in a statement", stores.ErrTooLarge, len(data), limit)
-	}
-	return nil
+	return storekit.CheckData(s.Capabilities(), data, s.serverMaxData.Load(), "its max_allowed_packet is below Config.MaxData")
 }
 
 // now is the clock's time at the database's (microsecond) precision.

@@ -110,3 +110,17 @@ func CheckListOptions(opts stores.ListOptions) (stores.ListOptions, error) {
 	}
 	return opts, nil
 }
+
+// CheckData checks the data of a Complete or Commit against the store's
+// MaxData (c.CheckData) and, when serverLimit is positive, against a
+// lower limit the store found on its server, which why names (what the
+// server is configured with). Either error wraps [stores.ErrTooLarge].
+func CheckData(c stores.Capabilities, data []byte, serverLimit int64, why string) error {
+	if err := c.CheckData(data); err != nil {
+		return err
+	}
+	if serverLimit > 0 && int64(len(data)) > serverLimit {
+		return fmt.Errorf("%w: %d bytes of data, the server takes at most %d (%s)", stores.ErrTooLarge, len(data), serverLimit, why)
+	}
+	return nil
+}

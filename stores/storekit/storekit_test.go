@@ -43,3 +43,19 @@ func TestChecks(t *testing.T) {
 		}
 	}
 }
+
+func TestCheckData(t *testing.T) {
+	c := stores.Capabilities{MaxData: 10}
+	for _, tc := range []struct {
+		n     int
+		limit int64
+		ok    bool
+	}{
+		{10, 0, true}, {11, 0, false}, {5, 5, true}, {6, 5, false}, {10, 20, true},
+	} {
+		err := storekit.CheckData(c, make([]byte, tc.n), tc.limit, "a setting")
+		if (err == nil) != tc.ok || (err != nil && !errors.Is(err, stores.ErrTooLarge)) {
+			t.Errorf("CheckData(%d bytes, MaxData 10, server limit %d) = %v, want ok %t", tc.n, tc.limit, err, tc.ok)
+		}
+	}
+}
