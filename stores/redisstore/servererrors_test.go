@@ -2,8 +2,8 @@ package redisstore_test
 
 import (
 	"context"
-	"errors"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -24,7 +24,8 @@ import (
 // answers BUSY.
 func TestServerBusy(t *testing.T) {
 	addr := startRedis(t, "--busy-reply-threshold", "50")
-	s := newStore(t, newClient(t, addr), redisstore.Config{Batch: redisstore.BatchConfig{Disabled: true}})
+	// A Prefix of its own: this test's server holds nothing to delete.
+	s := newStore(t, newClient(t, addr), redisstore.Config{Prefix: "busy:", Batch: redisstore.BatchConfig{Disabled: true}})
 	other := newClient(t, addr)
 	ctx := context.Background()
 	go func() { _ = other.Eval(ctx, "while true do end", nil).Err() }()
@@ -86,37 +87,6 @@ func TestReplicaWithoutPrimary(t *testing.T) {
 	}
 }
 
-// TestServerFull: a Redis at its maxmemory (noeviction) refuses writes
-// with OOM. That is a setting to fix (maxmemory), as is a full NATS
-// bucket, not an outage a fail-open consumer may run through: the error
-// is unclassified. A duplicate is still answered (a read).
-func TestServerFull(t *testing.T) {
-	addr := startRedis(t, "--maxmemory-policy", "noeviction")
-	c := newClient(t, addr)
-	s := newStore(t, c, redisstore.Config{})
-	ctx := context.Background()
-	done, err := s.Claim(ctx, "s", []string{"done"}, time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Complete(ctx, done, time.Hour, nil); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.ConfigSet(ctx, "maxmemory", "1").Err(); err != nil {
-		t.Fatal(err)
-	}
-	_, err = s.Claim(ctx, "s", []string{"new"}, time.Minute)
-	if err == nil || !strings.Contains(err.Error(), "OOM") {
-		t.Fatalf("Claim on a full Redis: %v, want OOM", err)
-	}
-	if errors.Is(err, stores.ErrUnavailable) {
-		t.Errorf("Claim on a full Redis: %v is classified as an outage", err)
-	}
-	if d, err := s.Claim(ctx, "s", []string{"done"}, time.Minute); err != nil || d.Result != stores.Duplicate {
-		t.Errorf("Claim of a done key on a full Redis = %v, %v; want duplicate", d, err)
-	}
-}
-
 // testClusterDown: a cluster with a slot no node serves answers
 // CLUSTERDOWN (go-redis retries it, then returns it); a multi-key script
 // on a slot being migrated whose keys are not all on the node answers
@@ -149,11 +119,16 @@ func testClusterDown(t *testing.T, cc *redis.ClusterClient) {
 	if err != nil || held.Result != stores.Claimed {
 		t.Fatalf("Claim = %v, %v", held, err)
 	}
-	var target string
+	var (
+		mu     sync.Mutex
+		target string
+	)
 	if err := cc.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error {
 		id, err := n.ClusterMyID(ctx).Result()
 		if err == nil && n.Options().Addr != owner.Options().Addr {
+			mu.Lock()
 			target = id
+			mu.Unlock()
 		}
 		return err
 	}); err != nil {

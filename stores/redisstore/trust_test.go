@@ -125,8 +125,10 @@ func TestHugeDurations(t *testing.T) {
 // the noeviction policy the store requires refuses writes but serves
 // reads. A delivery whose record is done must still be found a
 // Duplicate: a single-key claim's SET ... NX GET is a write, refused with
-// OOM, an outage that a fail-open consumer would bypass, running the
-// handler again for a message it had done.
+// OOM, which must not end the claim. A new key's claim fails with OOM,
+// unclassified: a full Redis is a setting to fix (maxmemory), as a NATS
+// bucket at its limits is, not an outage a fail-open consumer may run
+// its handlers through unprotected.
 func TestOutOfMemoryStillAnswersDuplicates(t *testing.T) {
 	addr := startRedis(t, "--maxmemory-policy", "noeviction")
 	c := newClient(t, addr)
@@ -152,7 +154,9 @@ func TestOutOfMemoryStillAnswersDuplicates(t *testing.T) {
 			t.Fatalf("Claim of a done key on a Redis out of memory = %+v, %v; want Duplicate with its data", dup, err)
 		}
 		_, err = s.Claim(ctx, "s", []string{fmt.Sprint("new-", batched)}, time.Minute)
-		errtest.Wraps(t, "Claim of a new key on a Redis out of memory", err, stores.ErrUnavailable)
+		if err == nil || !strings.Contains(err.Error(), "OOM") || errors.Is(err, stores.ErrUnavailable) {
+			t.Errorf("Claim of a new key on a Redis out of memory: %v, want an unclassified OOM", err)
+		}
 		if err := c.ConfigSet(ctx, "maxmemory", "0").Err(); err != nil {
 			t.Fatal(err)
 		}
