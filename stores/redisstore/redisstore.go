@@ -121,8 +121,10 @@ type Config struct {
 	// key that is exactly a UUID is always packed losslessly into 16 bytes
 	// instead). It bounds memory for long keys, at a collision probability
 	// of about n²/2¹²⁹ for n live records of one scope: negligible, but not
-	// zero as for verbatim keys. It must be 0 (the default: never) or at
-	// least 16.
+	// zero as for verbatim keys. It must be 0 (the default: never) or
+	// between 16 and MaxKeyLen: every key is then accepted
+	// (Capabilities().MaxKey is 0), up to it verbatim, longer ones as
+	// digests.
 	DigestKeysLongerThan int
 
 	// CompactKeys stores every record under Prefix ‖ the first 96 bits of
