@@ -250,6 +250,7 @@ func TestCheck(t *testing.T) {
 		{"joiner", &joinerStore{inbox.stating(true, true)}, dedup.Policy{}, cycle.Needs{Mode: dedup.ModeTransactional, JoinTx: true}, ""},
 		{"fail-open, transactional", inbox.stating(true, false), dedup.Policy{OnStoreError: dedup.FailOpen}, cycle.Needs{Mode: dedup.ModeTransactional}, "FailOpen cannot be combined with ModeTransactional"},
 		{"fail-open, lease", mem, dedup.Policy{OnStoreError: dedup.FailOpen}, cycle.Needs{}, ""},
+		{"no bounds", mem, dedup.Policy{Lease: 1 << 62, Retention: 1 << 62}, cycle.Needs{Scope: "abcd"}, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := cycle.Check(tc.store, tc.policy, tc.needs)
@@ -533,6 +534,9 @@ func TestComplete(t *testing.T) {
 		if time.Since(start) < 50*time.Millisecond {
 			t.Errorf("gave up after %s, before CompleteTimeout", time.Since(start))
 		}
+		if n > 10 {
+			t.Errorf("%d Completes in a CompleteTimeout of 50ms: the retries do not back off", n)
+		}
 		if e.store.data(n-1) != nil || e.store.data(n-2) == nil {
 			t.Error("the last attempt was not the one without the data")
 		}
@@ -750,7 +754,9 @@ func TestDuplicate(t *testing.T) {
 	c := e.cycle(cycle.Consumer, dedup.Policy{}, cycle.Needs{})
 	out := message.NewMessage("out-1", []byte("x"))
 	data := cycle.EncodeData([]byte("fp"), []*message.Message{out})
-	fp := func(fp string) func(*message.Message) []byte { return func(*message.Message) []byte { return []byte(fp) } }
+	fp := func(fp string) func(*message.Message) []byte {
+		return func(*message.Message) []byte { return []byte(fp) }
+	}
 
 	got, err := c.Duplicate(newMsg("m"), "s", []string{"k"}, data, fp("fp"))
 	if err != nil || len(got) != 1 || got[0].UUID != "out-1" || e.metrics.get(dedup.OutcomeDuplicate) != 1 {

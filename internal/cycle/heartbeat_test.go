@@ -92,13 +92,17 @@ func TestHeartbeat(t *testing.T) {
 		}
 	})
 	t.Run("disabled", func(t *testing.T) {
-		e := newEnv(t)
-		c := e.cycle(cycle.Consumer, dedup.Policy{Tuning: dedup.Tuning{Heartbeat: -1}}, cycle.Needs{})
-		b := c.Hold(context.Background(), e.claimed(c, "k"))
-		time.Sleep(20 * time.Millisecond)
-		c.Drop(b)
-		if n := e.store.extends.Load(); n != 0 {
-			t.Fatalf("%d extensions with the heartbeat disabled", n)
+		// Disabled, or a lease too short for a third of it to be a
+		// duration (the default heartbeat is Lease/3).
+		for _, p := range []dedup.Policy{{Tuning: dedup.Tuning{Heartbeat: -1}}, {Lease: 2}} {
+			e := newEnv(t)
+			c := e.cycle(cycle.Consumer, p, cycle.Needs{})
+			b := c.Hold(context.Background(), e.claimed(c, "k"))
+			time.Sleep(20 * time.Millisecond)
+			c.Drop(b)
+			if n := e.store.extends.Load(); n != 0 {
+				t.Fatalf("%+v: %d extensions with the heartbeat disabled", p.Tuning, n)
+			}
 		}
 	})
 	t.Run("deadline of the parent", func(t *testing.T) {

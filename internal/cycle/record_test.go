@@ -3,6 +3,7 @@ package cycle
 import (
 	"bytes"
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -55,6 +56,12 @@ func TestDataCorrupt(t *testing.T) {
 	}
 	if _, _, err := DecodeData(append(good, 0)); !errors.Is(err, dedup.ErrCorruptRecord) {
 		t.Fatalf("trailing bytes: %v", err)
+	}
+	// A count no data could hold is refused before anything is made
+	// for it (a map of 2^35 metadata pairs would not fit in memory).
+	hugePairs := []byte{dataVersion, 0, 1, 1, 'u', 0xff, 0xff, 0xff, 0xff, 0x7f}
+	if _, _, err := DecodeData(hugePairs); !errors.Is(err, dedup.ErrCorruptRecord) || !strings.Contains(err.Error(), "metadata pairs") {
+		t.Fatalf("huge pairs: %v", err)
 	}
 	huge := []byte{dataVersion, 0, 0xff, 0xff, 0xff, 0xff, 0x0f}
 	if _, _, err := DecodeData(huge); !errors.Is(err, dedup.ErrCorruptRecord) {

@@ -20,16 +20,10 @@ import (
 // InProgressWait it returns ErrInProgress at once.
 func (c *Cycle) Await(msg *message.Message, scope string, keys []string, again func() (busy bool, err error)) error {
 	ctx := msg.Context()
-	var deadline time.Time
+	deadline := time.Now().Add(c.p.InProgressWait)
+	poll := c.p.Tuning.InProgressPoll
 	for {
-		var wait time.Duration
-		if c.p.InProgressWait > 0 {
-			if deadline.IsZero() {
-				deadline = time.Now().Add(c.p.InProgressWait)
-			}
-			poll := c.p.Tuning.InProgressPoll
-			wait = min(poll/2+rand.N(poll), time.Until(deadline))
-		}
+		wait := min(poll/2+rand.N(poll), time.Until(deadline))
 		if wait <= 0 {
 			return c.InProgress(msg, scope, keys)
 		}
