@@ -113,13 +113,14 @@ func TestBatchOrphanedTakeoverIsPutBack(t *testing.T) {
 	s, h := hookedStore(t, client, redisstore.Config{Batch: redisstore.BatchConfig{MaxInFlight: 1}})
 	stuckKey, leftKey := s.EncodeKey("h", "stuck"), s.EncodeKey("h", "left-a")
 
-	const lease = time.Second
+	// An hour's lease, aged past its end: its record is kept for most of
+	// another hour, however slow the rest of the test runs.
+	const lease = time.Hour
 	prev, err := s.Claim(ctx, "h", []string{"left-a"}, lease)
 	if err != nil || prev.Result != stores.Claimed {
 		t.Fatalf("Claim(left-a) = %+v, %v", prev, err)
 	}
-	expired := time.NewTimer(lease + 50*time.Millisecond)
-	<-expired.C // prev's lease ran out; nobody took it over yet
+	age(t, client, lease+time.Second, leftKey) // prev's lease ran out; nobody took it over yet
 
 	heldStuck, releaseStuck := make(chan struct{}), make(chan struct{})
 	heldLeft, releaseLeft := make(chan struct{}), make(chan struct{})
