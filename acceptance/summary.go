@@ -8,7 +8,6 @@ import (
 	"sync"
 	"text/tabwriter"
 	"time"
-
 )
 
 // Results of a summary row.
