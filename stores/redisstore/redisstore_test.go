@@ -209,8 +209,11 @@ func TestLeaseExpiry(t *testing.T) {
 	c := sharedRedis(t)
 	a := newStore(t, c, redisstore.Config{})
 	b := newStore(t, c, redisstore.Config{Prefix: aPrefix(t, a)})
-	const lease = 400 * time.Millisecond
+	// An hour's lease: time passes for the records only when the test
+	// ages them (see age), never because the machine was slow.
+	const lease = time.Hour
 	keys := []string{"order-1", "pay-1"}
+	rkeys := []string{a.EncodeKey("h", keys[0]), a.EncodeKey("h", keys[1])}
 
 	ca, err := a.Claim(ctx, "h", keys, lease)
 	if err != nil || ca.Result != stores.Claimed {
@@ -218,7 +221,7 @@ func TestLeaseExpiry(t *testing.T) {
 	}
 	// Heartbeat for three leases; b sees the claim held throughout.
 	for range 6 {
-		time.Sleep(lease / 2)
+		age(t, c, lease/2, rkeys...)
 		if err := a.Extend(ctx, ca, lease); err != nil {
 			t.Fatalf("Extend: %v", err)
 		}
@@ -227,7 +230,7 @@ func TestLeaseExpiry(t *testing.T) {
 		}
 	}
 	// a stops heartbeating (it hangs, or crashed after its side effect).
-	time.Sleep(lease + lease/4)
+	age(t, c, lease+lease/4, rkeys...)
 	cb, err := b.Claim(ctx, "h", keys, lease)
 	if err != nil || cb.Result != stores.Claimed || !cb.Takeover {
 		t.Fatalf("Claim after the lease = %+v, %v; want a claimed takeover", cb, err)
