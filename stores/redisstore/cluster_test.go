@@ -76,7 +76,7 @@ func TestCluster(t *testing.T) {
 	})
 
 	t.Run("FailedClaimKeepsExpiredLease", func(t *testing.T) {
-		testFailedMultiKeyClaimKeepsExpiredLease(t, newStore(t, cc, redisstore.Config{}))
+		testFailedMultiKeyClaimKeepsExpiredLease(t, cc, newStore(t, cc, redisstore.Config{}))
 	})
 
 	t.Run("HashTagPrefix", func(t *testing.T) {
@@ -87,7 +87,7 @@ func TestCluster(t *testing.T) {
 		if s.Sharded() {
 			t.Fatal("a hash-tagged prefix still uses the one-key-per-script path")
 		}
-		testFailedMultiKeyClaimKeepsExpiredLease(t, s)
+		testFailedMultiKeyClaimKeepsExpiredLease(t, cc, s)
 	})
 
 	t.Run("CheckServer", func(t *testing.T) {
