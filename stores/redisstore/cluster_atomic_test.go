@@ -64,23 +64,24 @@ func TestClusterClaimUndoKeepsWhatItTookOver(t *testing.T) {
 	cc := startCluster(t)
 	s := newStore(t, cc, redisstore.Config{Batch: redisstore.BatchConfig{Disabled: true}})
 	ctx := context.Background()
-	// Leases of a second: the scheduler of a loaded machine cannot make the
-	// previous owner's record expire for good (one more lease) before the
-	// claim under test is undone.
+	// The previous owner's lease is an hour, run out by ageing its record
+	// (see age): its record is kept for most of another hour, however
+	// slow the machine, so only the claim under test can take it away.
+	const lease = time.Hour
 	for try := range 5 {
 		keys := keysOnDistinctNodes(t, cc, s, "s", 2)
 		a, b := keys[0], keys[1]
 		if s.EncodeKey("s", a) > s.EncodeKey("s", b) {
 			a, b = b, a // claims take keys in ascending order: A first
 		}
-		c1, err := s.Claim(ctx, "s", []string{a}, time.Second)
+		c1, err := s.Claim(ctx, "s", []string{a}, lease)
 		if err != nil || c1.Result != stores.Claimed {
 			t.Fatal(c1, err)
 		}
 		if c, err := s.Claim(ctx, "s", []string{b}, time.Hour); err != nil || c.Result != stores.Claimed {
 			t.Fatal(c, err)
 		}
-		time.Sleep(time.Second + 20*time.Millisecond) // c1's lease ran out
+		age(t, cc, lease+20*time.Millisecond, s.EncodeKey("s", a)) // c1's lease ran out
 		// Keep B's node busy for a few ms, so the claim's undo of A comes
 		// after its own 1ns record of A expired.
 		busy := make(chan struct{})
