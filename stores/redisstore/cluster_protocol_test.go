@@ -141,7 +141,9 @@ func TestClusterMultiKeyProtocol(t *testing.T) {
 	t.Run("UndoneTakeoverKeepsItsRemainingTTL", func(t *testing.T) {
 		keys, rks := ascending(keysOnDistinctNodes(t, cc, s, "s", 2))
 		a, b := keys[0], keys[1]
-		const lease = 500 * time.Millisecond
+		// An hour's lease, run out by ageing its record (see age): the
+		// record is kept for most of another hour, however slow the test.
+		const lease = time.Hour
 		c1, err := s.Claim(ctx, "s", []string{a}, lease)
 		if err != nil || c1.Result != stores.Claimed {
 			t.Fatal(c1, err)
@@ -149,11 +151,10 @@ func TestClusterMultiKeyProtocol(t *testing.T) {
 		if c, err := s.Claim(ctx, "s", []string{b}, time.Hour); err != nil || c.Result != stores.Claimed {
 			t.Fatal(c, err)
 		}
-		expired := time.NewTimer(lease + 50*time.Millisecond)
-		<-expired.C // c1's lease ran out; its record is kept a while longer
+		age(t, side, lease+50*time.Millisecond, rks[0]) // c1's lease ran out; its record is kept a while longer
 		before := pttl(a)
-		if before <= 0 {
-			t.Skipf("the expired lease's record is already gone (PTTL %s)", before)
+		if before <= 0 || before >= lease {
+			t.Fatalf("the expired lease's record has a PTTL of %s, want one below the lease (%s)", before, lease)
 		}
 		tap.mu.Lock()
 		tap.delay[rks[1]] = 300 * time.Millisecond // B's node answers late
