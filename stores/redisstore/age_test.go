@@ -3,6 +3,7 @@ package redisstore_test
 import (
 	"context"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -44,3 +45,35 @@ func age(t testing.TB, c redis.UniversalClient, d time.Duration, rkeys ...string
 		}
 	}
 }
+
+// deadlineCtx is a context whose deadline passes when the test calls
+// expire, not when a clock says so: a test of what a call does when its
+// deadline passes at a given point (queued, or out in a pipeline) gets
+// there by events, however slow the machine. Deadline reports an hour
+// from its making, for the code that reads it (a batch runs under the
+// latest deadline of its calls).
+type deadlineCtx struct {
+	context.Context
+	at   time.Time
+	done chan struct{}
+	once sync.Once
+}
+
+func newDeadlineCtx() *deadlineCtx {
+	return &deadlineCtx{Context: context.Background(), at: time.Now().Add(time.Hour), done: make(chan struct{})}
+}
+
+func (c *deadlineCtx) Deadline() (time.Time, bool) { return c.at, true }
+func (c *deadlineCtx) Done() <-chan struct{}       { return c.done }
+
+func (c *deadlineCtx) Err() error {
+	select {
+	case <-c.done:
+		return context.DeadlineExceeded
+	default:
+		return nil
+	}
+}
+
+// expire makes the deadline pass now.
+func (c *deadlineCtx) expire() { c.once.Do(func() { close(c.done) }) }
