@@ -3,11 +3,16 @@ package redisstore_test
 import (
 	"context"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/watermill-dedup/dedup/stores"
+	"github.com/watermill-dedup/dedup/stores/redisstore"
+	"github.com/watermill-dedup/dedup/stores/storetest"
 )
 
 // ageScript makes KEYS[1] ARGV[1] ms older: its remaining TTL shrinks by
@@ -44,6 +49,60 @@ func age(t testing.TB, c redis.UniversalClient, d time.Duration, rkeys ...string
 			t.Fatalf("ageing %q by %s: %v", k, d, err)
 		}
 	}
+}
+
+// agePrefix ages every key under prefix by d (see age), on every master
+// of a Redis Cluster.
+func agePrefix(t testing.TB, client redis.UniversalClient, prefix string, d time.Duration) {
+	t.Helper()
+	ctx := context.Background()
+	scan := func(ctx context.Context, c *redis.Client) error {
+		it := c.Scan(ctx, 0, globEscape(prefix)+"*", 1000).Iterator()
+		var keys []string
+		for it.Next(ctx) {
+			keys = append(keys, it.Val())
+		}
+		if err := it.Err(); err != nil {
+			return err
+		}
+		age(t, c, d, keys...)
+		return nil
+	}
+	var err error
+	switch c := client.(type) {
+	case *redis.ClusterClient:
+		err = c.ForEachMaster(ctx, scan)
+	case *redis.Client:
+		err = scan(ctx, c)
+	default:
+		t.Fatalf("agePrefix: unsupported client %T", client)
+	}
+	if err != nil {
+		t.Fatalf("ageing the keys under %q: %v", prefix, err)
+	}
+}
+
+// globEscape makes s match itself in a SCAN MATCH pattern.
+func globEscape(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		switch s[i] {
+		case '*', '?', '[', ']', '\\':
+			b.WriteByte('\\')
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// serverTime is the conformance suite's way to move time for stores on
+// client: it ages every record of the store (see age), so the suite's
+// leases and retentions run out only when it says, never because the
+// machine was slow (storetest.ServerTime).
+func serverTime(client redis.UniversalClient) storetest.Option {
+	return storetest.ServerTime(func(t testing.TB, s stores.Store, d time.Duration) {
+		agePrefix(t, client, s.(*redisstore.Store).Prefix(), d)
+	})
 }
 
 // deadlineCtx is a context whose deadline passes when the test calls

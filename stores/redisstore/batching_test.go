@@ -22,13 +22,13 @@ import (
 // runs it with the default: on).
 func TestConformanceUnbatched(t *testing.T) {
 	c := sharedRedis(t)
-	storetest.Run(t, factory(c, redisstore.Config{Batch: redisstore.BatchConfig{Disabled: true}}), storetest.RealTime(unit))
+	storetest.Run(t, factory(c, redisstore.Config{Batch: redisstore.BatchConfig{Disabled: true}}), serverTime(c))
 }
 
 // TestConformanceCompact runs the suite with compact keys.
 func TestConformanceCompact(t *testing.T) {
 	c := sharedRedis(t)
-	storetest.Run(t, factory(c, redisstore.Config{CompactKeys: true}), storetest.RealTime(unit), storetest.AdminNoScopes())
+	storetest.Run(t, factory(c, redisstore.Config{CompactKeys: true}), serverTime(c), storetest.AdminNoScopes())
 }
 
 // cmdHook is a go-redis hook that sees the store's commands: those whose

@@ -22,11 +22,11 @@ func TestCluster(t *testing.T) {
 	cc := startCluster(t)
 
 	t.Run("Conformance", func(t *testing.T) {
-		storetest.Run(t, factory(cc, redisstore.Config{}), storetest.RealTime(unit))
+		storetest.Run(t, factory(cc, redisstore.Config{}), serverTime(cc))
 	})
 
 	t.Run("ConformanceUnbatched", func(t *testing.T) {
-		storetest.Run(t, factory(cc, redisstore.Config{Batch: redisstore.BatchConfig{Disabled: true}}), storetest.RealTime(unit))
+		storetest.Run(t, factory(cc, redisstore.Config{Batch: redisstore.BatchConfig{Disabled: true}}), serverTime(cc))
 	})
 
 	t.Run("Batching", func(t *testing.T) {

@@ -12,6 +12,9 @@ import (
 // EncodeKey returns the Redis key of (scope, key).
 func (s *Store) EncodeKey(scope, key string) string { return s.encodeKey(scope, key) }
 
+// Prefix is the prefix of the store's keys.
+func (s *Store) Prefix() string { return s.cfg.Prefix }
+
 // Sharded reports whether the store uses the one-key-per-script path.
 func (s *Store) Sharded() bool { return s.sharded }
 

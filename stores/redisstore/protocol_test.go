@@ -23,9 +23,9 @@ func TestRESP2(t *testing.T) {
 		"Unbatched": {Batch: redisstore.BatchConfig{Disabled: true}},
 	} {
 		t.Run(name, func(t *testing.T) {
-			// Not in parallel: the real-time suite's margins are a unit of
-			// 200ms, and the model already runs four sequences at once.
-			storetest.Run(t, factory(c, cfg), storetest.RealTime(unit))
+			// Not in parallel: the model already runs four sequences at
+			// once.
+			storetest.Run(t, factory(c, cfg), serverTime(c))
 			storetest.RunModel(t, factory(c, cfg), modelOptions(cfg)...)
 		})
 	}

@@ -27,7 +27,7 @@ func sharedRedis(t testing.TB) *redis.Client {
 
 func TestConformance(t *testing.T) {
 	c := sharedRedis(t)
-	storetest.Run(t, factory(c, redisstore.Config{}), storetest.RealTime(unit))
+	storetest.Run(t, factory(c, redisstore.Config{}), serverTime(c))
 }
 
 // TestConformanceDigest runs the suite with every key longer than 16 bytes
@@ -37,7 +37,7 @@ func TestConformanceDigest(t *testing.T) {
 		t.Skip("the digest layout is also covered by TestBadInput")
 	}
 	c := sharedRedis(t)
-	storetest.Run(t, factory(c, redisstore.Config{DigestKeysLongerThan: 16}), storetest.RealTime(unit), storetest.AdminNoKeys())
+	storetest.Run(t, factory(c, redisstore.Config{DigestKeysLongerThan: 16}), serverTime(c), storetest.AdminNoKeys())
 }
 
 func TestConfigValidate(t *testing.T) {

@@ -59,10 +59,14 @@ func (e *env) admin() stores.Admin {
 }
 
 // long is a lease or retention that outlasts any test: a week on the fake
-// clock (within sqlstore's partitioned layout's 8 days), a minute in real
-// time.
+// clock (within sqlstore's partitioned layout's 8 days), 20 hours on a
+// server's clock the suite moves (within natsstore's default
+// MaxRetention of a day), a minute in real time.
 func (e *env) long() time.Duration {
-	if e.opts.realTime {
+	switch {
+	case e.opts.serverTime != nil:
+		return 20 * time.Hour
+	case e.opts.realTime:
 		return time.Minute
 	}
 	return 7 * 24 * time.Hour
@@ -80,12 +84,22 @@ func (e *env) now() time.Time {
 // bound it, or two reports of one time may differ: the stores'
 // precision (a millisecond at worst) on the fake clock; in real time
 // also the latency of a store that computes times from a remaining TTL
-// (redisstore).
+// (redisstore: a report lags by up to the call that made it), which is
+// the longest admin call seen so far (see timed), however slow the
+// machine was, and not a guess at it.
 func (e *env) slack() time.Duration {
 	if e.opts.realTime {
-		return e.opts.unit / 4
+		return 2*time.Millisecond + e.maxCall
 	}
 	return time.Millisecond
+}
+
+// timed runs call, an admin call whose reports the suite compares, and
+// remembers how long it took (see slack).
+func (e *env) timed(call func()) {
+	start := time.Now()
+	call()
+	e.maxCall = max(e.maxCall, time.Since(start))
 }
 
 func (e *env) within(what string, got, from, to time.Time) {
@@ -111,7 +125,9 @@ func (e *env) done(scope, key string, retention time.Duration, data []byte) {
 
 func (e *env) get(a stores.Admin, scope, key string) stores.Record {
 	e.t.Helper()
-	r, err := a.Get(e.ctx, scope, key)
+	var r stores.Record
+	var err error
+	e.timed(func() { r, err = a.Get(e.ctx, scope, key) })
 	if err != nil {
 		e.t.Fatalf("Get(%q, %q): %v", scope, key, err)
 	}
@@ -263,7 +279,10 @@ func (e *env) listAll(a stores.Admin, opts stores.ListOptions) []stores.Record {
 		if pages > 10000 {
 			e.t.Fatalf("List(%+v) has more than 10000 pages", opts)
 		}
-		recs, next, err := a.List(e.ctx, opts)
+		var recs []stores.Record
+		var next string
+		var err error
+		e.timed(func() { recs, next, err = a.List(e.ctx, opts) })
 		if err != nil {
 			e.t.Fatalf("List(%+v): %v", opts, err)
 		}
@@ -460,15 +479,20 @@ func testAdminStats(e *env, a stores.Admin) {
 	for i := range 2 {
 		e.mustResult(e.claimLease(e.long(), e.key("p-"+strconv.Itoa(i))), stores.Claimed)
 	}
-	var expiries []time.Time
 	for i := range 3 {
-		k := e.key("d-" + strconv.Itoa(i))
-		e.done(e.scope, k, e.long()-time.Duration(i)*time.Second, []byte("data"))
-		expiries = append(expiries, e.get(a, e.scope, k).ExpiresAt)
+		e.done(e.scope, e.key("d-"+strconv.Itoa(i)), e.long()-time.Duration(i)*time.Second, []byte("data"))
 	}
 	e.expect([]string{e.key("lapsed")}, stores.Claimed)
 	e.advance(e.lease() + e.lease()/2)
-	s1, err := a.Stats(e.ctx)
+	// The expiries as Get reports them after the suite moved time: a
+	// store whose time the suite moves on its server (ServerTime) reports
+	// them moved.
+	var expiries []time.Time
+	for i := range 3 {
+		expiries = append(expiries, e.get(a, e.scope, e.key("d-"+strconv.Itoa(i))).ExpiresAt)
+	}
+	var s1 stores.Stats
+	e.timed(func() { s1, err = a.Stats(e.ctx) })
 	if err != nil {
 		e.t.Fatalf("Stats: %v", err)
 	}
@@ -520,10 +544,13 @@ func testAdminStats(e *env, a stores.Admin) {
 
 // purgeWait is how long after a record expired a purge must have deleted
 // it: on the fake clock two days and a bit, so that sqlstore's
-// partitioned layout can drop the partition of its day; in real time a
-// unit.
+// partitioned layout can drop the partition of its day; on a server's
+// clock the suite moves, a minute; in real time a unit.
 func (e *env) purgeWait() time.Duration {
-	if e.opts.realTime {
+	switch {
+	case e.opts.serverTime != nil:
+		return time.Minute
+	case e.opts.realTime:
 		return e.opts.unit
 	}
 	return 49 * time.Hour

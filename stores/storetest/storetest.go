@@ -15,8 +15,9 @@
 //
 // The suite drives expiry through the clock it hands the factory, so it
 // never sleeps. A store that keeps time on its server (Redis PX expiry, say)
-// ignores the clock and passes [RealTime]: the suite then uses
-// sub-second leases and really waits.
+// ignores the clock and passes [ServerTime] with a way to move that time
+// for its records, or [RealTime]: the suite then uses sub-second leases
+// and really waits, which a loaded machine can upset.
 //
 // Run checks what [stores.Store.Capabilities] states: each bound is
 // accepted and one more is refused before any I/O, changing nothing, and
@@ -79,6 +80,9 @@ type Option func(*options)
 type options struct {
 	realTime bool
 	unit     time.Duration
+	// serverTime moves the time of a store's records (see ServerTime);
+	// realTime is then set too.
+	serverTime func(t testing.TB, s stores.Store, d time.Duration)
 
 	// Used by Run's admin tests only (see admin.go).
 	adminNoScopes bool
@@ -103,6 +107,25 @@ func RealTime(unit time.Duration) Option {
 		if unit > 0 {
 			o.unit = unit
 		}
+	}
+}
+
+// ServerTime says the store keeps time on its server, as [RealTime]
+// does, and gives Run a way to move it: advance must make every record of
+// s d older, as if d had passed on the store's clock (redisstore's tests
+// shrink each key's TTL), or move the clock the factory made s with. The
+// suite then gives leases and retentions of half an hour and more, which
+// run out only when it moves time, and never sleeps: a slow machine
+// cannot make a lease run out, or a record expire, before the suite says
+// so. The times a store reports ([stores.Record], [stores.Stats]) stay
+// its own: the suite compares them with the system clock only before it
+// first moves time, and with each other only between two moves, allowing
+// for the latency of the calls that reported them. Run only; RunModel
+// takes RealTime.
+func ServerTime(advance func(t testing.TB, s stores.Store, d time.Duration)) Option {
+	return func(o *options) {
+		o.realTime = true
+		o.serverTime = advance
 	}
 }
 
@@ -180,6 +203,8 @@ type env struct {
 	scope string
 	id    string
 	ctx   context.Context
+	// maxCall is the longest admin call seen (see timed).
+	maxCall time.Duration
 }
 
 // Run runs the conformance suite against the stores newStore returns.
@@ -264,9 +289,13 @@ func NewID() string {
 }
 
 // lease is the lease the suite uses: long for a fake clock (only Advance
-// moves it), a few units for real time.
+// moves it), longer still for a server's clock that the suite moves (real
+// time passes too, and must not matter), a few units for real time.
 func (e *env) lease() time.Duration {
-	if e.opts.realTime {
+	switch {
+	case e.opts.serverTime != nil:
+		return 30 * time.Minute
+	case e.opts.realTime:
 		return 4 * e.opts.unit
 	}
 	return 30 * time.Second
@@ -274,19 +303,26 @@ func (e *env) lease() time.Duration {
 
 // retention is the retention the suite uses.
 func (e *env) retention() time.Duration {
-	if e.opts.realTime {
+	switch {
+	case e.opts.serverTime != nil:
+		return 2 * time.Hour
+	case e.opts.realTime:
 		return 4 * e.opts.unit
 	}
 	return time.Hour
 }
 
-// advance lets d pass: on the fake clock, or by sleeping.
+// advance lets d pass: on the fake clock, on the store's server (see
+// ServerTime), or by sleeping.
 func (e *env) advance(d time.Duration) {
-	if e.opts.realTime {
+	switch {
+	case e.opts.serverTime != nil:
+		e.opts.serverTime(e.t, e.s, d)
+	case e.opts.realTime:
 		time.Sleep(d)
-		return
+	default:
+		e.clock.Advance(d)
 	}
-	e.clock.Advance(d)
 }
 
 func (e *env) key(name string) string { return e.id + ":" + name }
