@@ -413,15 +413,31 @@ func TestStoreDownFailOpen(t *testing.T) {
 
 func TestHeartbeatKeepsLongHandlerClaimed(t *testing.T) {
 	ctx := context.Background()
-	store := newMemstore(t)
+	// The store's time is the test's: the lease runs out only when the
+	// handler moves the clock, half a lease at a time, each time once the
+	// heartbeat has extended the lease since the last move (however late
+	// it came).
+	clock := storetest.NewFakeClock(time.Now())
+	store := newMemstoreClock(t, clock)
+	metrics := newCountingMetrics()
+	extends := func() int {
+		metrics.mu.Lock()
+		defer metrics.mu.Unlock()
+		return metrics.ops[dedup.OpExtend]
+	}
 	lease := 150 * time.Millisecond
-	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{Lease: lease, Tuning: dedup.Tuning{Heartbeat: lease / 5}}})
+	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{Lease: lease, Tuning: dedup.Tuning{Heartbeat: lease / 5}, Metrics: metrics}})
 	var (
 		rivals  []stores.Result
 		handler = func(msg *message.Message) ([]*message.Message, error) {
 			// Run for 4 leases, checking that nobody can take the message.
 			for range 8 {
-				time.Sleep(lease / 2)
+				// An Extend that read the clock after the last move is the
+				// second to land since (a claim has one Extend in flight
+				// at a time: the first may have begun before the move).
+				n := extends()
+				testkit.WaitFor(t, time.Minute, "the heartbeat to extend the lease", func() bool { return extends() >= n+2 })
+				clock.Advance(lease / 2)
 				c, err := store.Claim(ctx, "s", []string{msg.UUID}, lease)
 				if err != nil {
 					return nil, err
