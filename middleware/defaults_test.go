@@ -3,6 +3,7 @@ package middleware_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ import (
 	dedup "github.com/watermill-dedup/dedup"
 	"github.com/watermill-dedup/dedup/middleware"
 	"github.com/watermill-dedup/dedup/stores"
+	"github.com/watermill-dedup/dedup/stores/storetest"
 	"github.com/watermill-dedup/dedup/testkit"
 )
 
@@ -20,7 +22,12 @@ import (
 // all along.
 func TestDefaultHeartbeatKeepsTheLease(t *testing.T) {
 	ctx := context.Background()
-	store := newMemstore(t)
+	// The store's time is the test's: the lease runs out only when the
+	// handler moves the clock, which it does by two thirds of a lease
+	// once the default heartbeat has extended the lease since the last
+	// move, however late the heartbeat came.
+	clock := storetest.NewFakeClock(time.Now())
+	store := newMemstoreClock(t, clock)
 	metrics := newCountingMetrics()
 	const lease = 600 * time.Millisecond
 	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{Lease: lease, Metrics: metrics}})
@@ -30,17 +37,26 @@ func TestDefaultHeartbeatKeepsTheLease(t *testing.T) {
 		return metrics.ops[dedup.OpExtend]
 	}
 	h := mw(func(msg *message.Message) ([]*message.Message, error) {
-		// Run until the lease was extended three times (a little over
-		// one lease at the default heartbeat), checking that nobody can
-		// take the message meanwhile.
+		// Run until the lease was extended three times (two leases of
+		// the store's time), checking that nobody can take the message
+		// meanwhile.
 		tick := time.NewTicker(10 * time.Millisecond)
 		defer tick.Stop()
-		deadline := time.Now().Add(10 * time.Second)
-		for extends() < 3 {
+		deadline := time.Now().Add(time.Minute)
+		seen := extends()
+		for moved := 0; moved < 3; {
 			if time.Now().After(deadline) {
-				return nil, errors.New("the lease was not extended three times in 10s")
+				return nil, fmt.Errorf("the clock moved %d times in a minute, want 3 (%d extensions)", moved, extends())
 			}
 			<-tick.C
+			// An Extend that read the clock after the last move is the
+			// second to land since (a claim has one Extend in flight at a
+			// time: the first may have begun before the move).
+			if extends() >= seen+2 {
+				moved++
+				clock.Advance(lease * 2 / 3)
+				seen = extends()
+			}
 			c, err := store.Claim(ctx, "s", []string{msg.UUID}, lease)
 			if err != nil {
 				return nil, err
