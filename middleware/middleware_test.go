@@ -748,19 +748,43 @@ func TestHandlerContextEndsWhenTheHandlerReturns(t *testing.T) {
 }
 
 // slowReplyStore applies a Complete, then takes its time to answer, as a
-// Complete whose reply is slow on the network.
+// Complete whose reply is slow on the network: it answers once an Extend
+// has run on the store after the Complete applied (a heartbeat fired
+// while the reply was on its way), however long that takes, or when the
+// call's context ends, or after a minute's watchdog.
 type slowReplyStore struct {
 	stores.Store
-	delay time.Duration
+	applied  atomic.Bool
+	extended chan struct{} // closed by the first Extend that ran after a Complete applied
+	once     sync.Once
+}
+
+func newSlowReplyStore(s stores.Store) *slowReplyStore {
+	return &slowReplyStore{Store: s, extended: make(chan struct{})}
 }
 
 // Capabilities are the wrapped store's, but it may block (a store that
 // never blocks gets no per-call timeouts).
-func (s slowReplyStore) Capabilities() stores.Capabilities { return mayBlock(s.Store.Capabilities()) }
+func (s *slowReplyStore) Capabilities() stores.Capabilities { return mayBlock(s.Store.Capabilities()) }
 
-func (s slowReplyStore) Complete(ctx context.Context, c *stores.Claim, retention time.Duration, data []byte) error {
+func (s *slowReplyStore) Complete(ctx context.Context, c *stores.Claim, retention time.Duration, data []byte) error {
 	err := s.Store.Complete(ctx, c, retention, data)
-	time.Sleep(s.delay) // the reply on its way back
+	s.applied.Store(true)
+	watchdog := time.NewTimer(time.Minute)
+	defer watchdog.Stop()
+	select { // the reply on its way back
+	case <-s.extended:
+	case <-ctx.Done():
+	case <-watchdog.C:
+	}
+	return err
+}
+
+func (s *slowReplyStore) Extend(ctx context.Context, c *stores.Claim, lease time.Duration) error {
+	err := s.Store.Extend(ctx, c, lease)
+	if s.applied.Load() {
+		s.once.Do(func() { close(s.extended) })
+	}
 	return err
 }
 
@@ -770,8 +794,8 @@ func TestHeartbeatDuringCompleteIsNotALostClaim(t *testing.T) {
 	for _, mode := range []dedup.Mode{dedup.ModeLease, dedup.ModeAsyncComplete} {
 		async := mode == dedup.ModeAsyncComplete
 		metrics := newCountingMetrics()
-		cfg := middleware.Config{Store: slowReplyStore{newMemstore(t), 100 * time.Millisecond}, Scope: "s",
-			Policy: dedup.Policy{Lease: time.Second, Tuning: dedup.Tuning{Heartbeat: 10 * time.Millisecond}, Metrics: metrics}, Mode: mode}
+		cfg := middleware.Config{Store: newSlowReplyStore(newMemstore(t)), Scope: "s",
+			Policy: dedup.Policy{Lease: time.Minute, StoreTimeout: time.Minute, Tuning: dedup.Tuning{Heartbeat: 10 * time.Millisecond}, Metrics: metrics}, Mode: mode}
 		m, err := middleware.New(cfg)
 		if err != nil {
 			t.Fatal(err)
