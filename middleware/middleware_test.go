@@ -663,18 +663,45 @@ func TestCompleteWhoseReplyWasLostAcksWithRecordedOutputs(t *testing.T) {
 	}
 }
 
+// completeFailures is a flakyStore that reports each Complete it fails
+// while down to onFail, with the number failed so far: a test ends an
+// outage (or does anything else) after so many failed attempts, not
+// after a timer that a slow machine may outrun.
+type completeFailures struct {
+	*flakyStore
+	failed atomic.Int32
+	onFail func(n int32)
+}
+
+func (s *completeFailures) Complete(ctx context.Context, c *stores.Claim, retention time.Duration, data []byte) error {
+	err := s.flakyStore.Complete(ctx, c, retention, data)
+	if errors.Is(err, errDown) {
+		s.onFail(s.failed.Add(1))
+	}
+	return err
+}
+
 func TestStoreOutageDuringCompleteIsRidden(t *testing.T) {
-	store := &flakyStore{Store: newMemstore(t)}
+	// The outage lasts two failed Completes, however long they take; the
+	// retries (for CompleteTimeout, the lease) outlast it.
+	store := &completeFailures{flakyStore: &flakyStore{Store: newMemstore(t)}}
+	store.onFail = func(n int32) {
+		if n == 2 {
+			store.down.Store(false)
+		}
+	}
 	l := newLedger()
-	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{Lease: 2 * time.Second}})
+	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{Lease: time.Hour}})
 	h := mw(func(msg *message.Message) ([]*message.Message, error) {
 		l.apply(msg.UUID)
 		store.down.Store(true) // the store goes away right after the effect
-		time.AfterFunc(300*time.Millisecond, func() { store.down.Store(false) })
 		return nil, nil
 	})
 	if _, err := h(message.NewMessage("m-1", nil)); err != nil {
 		t.Fatal(err)
+	}
+	if n := store.failed.Load(); n != 2 {
+		t.Fatalf("%d Completes failed in the outage, want 2", n)
 	}
 	// The redelivery is a duplicate: Complete went through after the outage.
 	if _, err := h(message.NewMessage("m-1", nil)); err != nil {
