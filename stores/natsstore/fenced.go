@@ -2,6 +2,7 @@ package natsstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -58,14 +59,38 @@ func (s *Store) Extend(ctx context.Context, c *stores.Claim, lease time.Duration
 // over between the read and the write, or an operator deleted it), the
 // keys already written are put back to this claim's processing record
 // and the call fails with ErrLostClaim; meanwhile a Claim of such a key
-// may have seen it done (Complete: the handler did run) or free.
+// may have seen it done (Complete: the handler did run) or free. A key
+// changed by another call of the same claim (an Extend beside a
+// Complete) is still the claim's: the call is tried again.
 func (s *Store) fenced(ctx context.Context, op string, c *stores.Claim, value func(now int64) []byte) error {
-	recs := s.records(c.Scope, c.Keys)
 	cctx, release, err := s.watch.callCtx(ctx)
 	if err != nil {
 		return fmt.Errorf("natsstore: %s: %w", op, err)
 	}
 	defer release()
+	for attempt := 1; ; attempt++ {
+		err := s.fencedOnce(ctx, cctx, op, c, value)
+		if !errors.Is(err, errOwnRace) {
+			return err
+		}
+		if attempt == maxOwnRaces {
+			return fmt.Errorf("natsstore: %s: %w: the claim's own calls changed its keys %d times in a row", op, stores.ErrLostClaim, attempt)
+		}
+	}
+}
+
+// errOwnRace is a write of fencedOnce that found its key changed by
+// another call of the same claim (a heartbeat's Extend beside the
+// Complete): the key is still the claim's, and the call is tried again.
+var errOwnRace = errors.New("natsstore: the key was rewritten by another call of the same claim")
+
+// maxOwnRaces bounds the attempts of a fenced call whose claim's other
+// calls keep rewriting its keys.
+const maxOwnRaces = 10
+
+// fencedOnce is one attempt of fenced.
+func (s *Store) fencedOnce(ctx, cctx context.Context, op string, c *stores.Claim, value func(now int64) []byte) error {
+	recs := s.records(c.Scope, c.Keys)
 	entries := make([]entry, len(recs))
 	// ours: keys an earlier attempt of this Complete has completed (it was
 	// cut before it wrote them all).
@@ -106,6 +131,12 @@ func (s *Store) fenced(ctx context.Context, op string, c *stores.Claim, value fu
 			// the middleware reconciles by claiming again.
 			s.undo(ctx, undo)
 			if isConflict(err) {
+				// Changed by this claim's own call (an Extend beside
+				// this Complete) when the key is still processing under
+				// the claim's token: the claim still owns it.
+				if e, rerr := s.read(cctx, recs[i]); rerr == nil && e.state == stateProcessing && e.token == c.Token {
+					return errOwnRace
+				}
 				return fmt.Errorf("natsstore: %s: %w: a key of the claim changed under it", op, stores.ErrLostClaim)
 			}
 			return fmt.Errorf("natsstore: %s: %w", op, s.classify(ctx, cctx, err))

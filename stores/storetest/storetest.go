@@ -226,6 +226,7 @@ func Run(t *testing.T, newStore Factory, opts ...Option) {
 		{"LeaseExpiryTakeover", testLeaseExpiryTakeover},
 		{"RetentionExpiry", testRetentionExpiry},
 		{"ExtendKeepsClaim", testExtendKeepsClaim},
+		{"CompleteBesideExtend", testCompleteBesideExtend},
 		{"FencingAfterComplete", testFencingAfterComplete},
 		{"MultiKeyAllOrNothing", testMultiKeyAllOrNothing},
 		{"DuplicateBeatsInProgress", testDuplicateBeatsInProgress},
@@ -495,6 +496,47 @@ func testExtendKeepsClaim(e *env) {
 	e.expect([]string{k}, stores.Duplicate)
 	mustBe(e.t, "Extend of a completed claim", e.s.Extend(e.ctx, c, l), stores.ErrLostClaim)
 	e.expect([]string{k}, stores.Duplicate)
+}
+
+// testCompleteBesideExtend: a claim's own calls may overlap — the
+// middleware's heartbeat may have an Extend in flight when a Complete is
+// sent, or the caller's code may — and neither is then a lost claim: the
+// record is still the claim's. Each Complete succeeds, and each Extend
+// succeeds or, once the Complete landed, fails with ErrLostClaim.
+func testCompleteBesideExtend(e *env) {
+	for i := range 20 {
+		keys := []string{e.key(fmt.Sprintf("a%d", i))}
+		if i%2 == 1 {
+			keys = append(keys, e.key(fmt.Sprintf("b%d", i)))
+		}
+		c := e.expect(keys, stores.Claimed)
+		stop := make(chan struct{})
+		extended := make(chan error, 1)
+		go func() {
+			var err error
+			for n := 0; err == nil; n++ {
+				select {
+				case <-stop:
+					extended <- nil
+					return
+				default:
+				}
+				err = e.s.Extend(e.ctx, c, e.lease())
+			}
+			extended <- err
+		}()
+		err := e.s.Complete(e.ctx, c, e.retention(), []byte("beside"))
+		close(stop)
+		if err != nil {
+			e.t.Fatalf("claim %d: Complete beside the claim's own Extends: %v", i, err)
+		}
+		if err := <-extended; err != nil && !errors.Is(err, stores.ErrLostClaim) {
+			e.t.Fatalf("claim %d: Extend beside the claim's Complete: %v", i, err)
+		}
+		if d := e.expect(keys, stores.Duplicate); string(d.Data) != "beside" {
+			e.t.Fatalf("claim %d: Data = %q", i, d.Data)
+		}
+	}
 }
 
 func testFencingAfterComplete(e *env) {
