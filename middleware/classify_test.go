@@ -225,21 +225,31 @@ func readmeFailureTable(t *testing.T) map[string][3]string {
 // after the lease run the handler again.
 func TestCompleteRetriesOutliveTheMessageContext(t *testing.T) {
 	clock := storetest.NewFakeClock(time.Now())
-	store := &flakyStore{Store: newMemstoreClock(t, clock)}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	// Events, not timers: the message's context ends once the first
+	// Complete failed, while it is retried, and the store comes back
+	// after the third failed.
+	store := &completeFailures{flakyStore: &flakyStore{Store: newMemstoreClock(t, clock)}}
+	store.onFail = func(n int32) {
+		switch n {
+		case 1:
+			cancel()
+		case 3:
+			store.down.Store(false)
+		}
+	}
 	lease := time.Minute
-	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{Lease: lease, Tuning: dedup.Tuning{CompleteTimeout: 5 * time.Second}}})
+	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{Lease: lease, Tuning: dedup.Tuning{CompleteTimeout: time.Minute}}})
 	l := newLedger()
 	h := mw(func(msg *message.Message) ([]*message.Message, error) {
 		l.apply(msg.UUID)
 		store.down.Store(true) // the store goes away right after the effect...
-		time.AfterFunc(300*time.Millisecond, func() { store.down.Store(false) })
 		return nil, nil
 	})
-	ctx, cancel := context.WithCancel(context.Background())
 	msg := message.NewMessage("m-1", nil)
 	msg.SetContext(ctx)
 	// ...and the message's context ends while Complete is retried.
-	time.AfterFunc(50*time.Millisecond, cancel)
 	if _, err := h(msg); err != nil {
 		t.Fatal(err)
 	}
