@@ -506,10 +506,14 @@ func TestInProgressReturnsRetryableError(t *testing.T) {
 		t.Fatalf("err = %v, ran = %v; want ErrInProgress without running", err, ran)
 	}
 	// With a wait, a delivery that collides with a run that then completes
-	// is acked as a duplicate.
-	mw = dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{InProgressWait: 5 * time.Second, Tuning: dedup.Tuning{InProgressPoll: time.Millisecond}}})
+	// is acked as a duplicate. The run completes once the delivery found
+	// it in progress and polls (its second claim), however long that took.
+	counter := &claimCounter{Store: store}
+	mw = dedupMiddleware(t, middleware.Config{Store: counter, Scope: "s", Policy: dedup.Policy{InProgressWait: time.Minute, Tuning: dedup.Tuning{InProgressPoll: time.Millisecond}}})
 	go func() {
-		time.Sleep(20 * time.Millisecond)
+		for counter.count() < 2 {
+			time.Sleep(time.Millisecond)
+		}
 		_ = store.Complete(context.Background(), c, time.Hour, nil)
 	}()
 	_, err = mw(func(*message.Message) ([]*message.Message, error) { ran = true; return nil, nil })(message.NewMessage("m-1", nil))
