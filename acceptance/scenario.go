@@ -54,18 +54,19 @@ const (
 	// makes it one effect.
 	ProducerRepublish
 
-	// LeaseExpiry: three events' first attempt hangs past its lease with
-	// heartbeats off; a duplicate delivery (on a shard where nothing
-	// hangs) takes the lease over and applies the effect; the stalled run
-	// then checks its claim before its effect (a fenced write), skips it,
-	// and its Complete is refused: exactly one Complete wins. The store
-	// lets no other claim in before the lease ran out, and reports the
-	// takeover (Claim.Takeover, counted by the middleware) when it came
-	// within one more lease, as long as the Store contract keeps an
-	// expired claim; a later claim may be a fresh one, which the scenario
-	// counts. Transactional mode has no lease: the duplicate waits on the
-	// record's lock until the stalled transaction commits, then is a
-	// duplicate: exactly one commit wins.
+	// LeaseExpiry: three events' first attempt hangs past its lease, its
+	// heartbeats kept from the store as a stalled process's would be (the
+	// other events' heartbeats go on); a duplicate delivery (on a shard
+	// where nothing hangs) takes the lease over and applies the effect;
+	// the stalled run then checks its claim before its effect (a fenced
+	// write), skips it, and its Complete is refused: exactly one Complete
+	// wins. The store lets no other claim in before the lease ran out, and
+	// reports the takeover (Claim.Takeover, counted by the middleware)
+	// when it came within one more lease, as long as the Store contract
+	// keeps an expired claim; a later claim may be a fresh one, which the
+	// scenario counts. Transactional mode has no lease: the duplicate
+	// waits on the record's lock until the stalled transaction commits,
+	// then is a duplicate: exactly one commit wins.
 	LeaseExpiry
 
 	// StoreOutage: a test-owned TCP proxy in front of the store is cut

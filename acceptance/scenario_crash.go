@@ -261,8 +261,13 @@ func scenarioLease(t *testing.T, b Backend, s Store) {
 	}
 	hung := []event{hungAt(1), hungAt(n / 2), hungAt(n - 2)}
 	spec := r.spec("c", in)
-	spec.Lease = 1500 * time.Millisecond
-	spec.Heartbeat = -1 // a stalled process sends no heartbeat
+	// The heartbeat (Lease/3) keeps every other event's lease however
+	// slow its store calls are on a loaded machine; a hung attempt's
+	// heartbeats never reach the store (probeStore.Extend), as a stalled
+	// process sends none, so only its lease runs out. (With no heartbeat
+	// at all, any event whose claim-to-Complete outlasted the lease under
+	// load was taken over by its redelivery and applied twice.)
+	spec.Lease = 5 * time.Second
 	spec.InProgressWait = 250 * time.Millisecond
 	spec.Hang = map[string]bool{}
 	byID := map[string]event{}
