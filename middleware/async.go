@@ -8,6 +8,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/watermill-dedup/dedup/internal/cycle"
 	"github.com/watermill-dedup/dedup/stores"
 )
 
@@ -182,11 +183,11 @@ var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); retu
 //
 // msgCtx is the message's context as the handler got it: the message
 // itself belongs to the router again, which may set another.
-func (m *Middleware) completeAsync(msgCtx context.Context, msg *message.Message, c *stores.Claim, data []byte) {
+func (m *Middleware) completeAsync(msgCtx context.Context, msg *message.Message, hb *cycle.Beat, data []byte) {
 	// Detached from the message, whose subscriber may cancel it after the
 	// ack, but stopped by a Close that gives up waiting.
 	ctx, cancel := context.WithCancel(context.WithoutCancel(msgCtx))
 	defer cancel()
 	defer context.AfterFunc(m.async.stop, cancel)()
-	m.cyc.Complete(ctx, msg, c, data)
+	m.cyc.Complete(ctx, msg, hb, data)
 }

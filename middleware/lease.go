@@ -103,7 +103,7 @@ func (m *Middleware) runClaimed(h message.HandlerFunc, msg *message.Message, c *
 	if f := m.startAsync(c); f != nil {
 		go func() {
 			defer m.async.done(f)
-			m.completeAsync(parent, msg, c, data)
+			m.completeAsync(parent, msg, hb, data)
 			m.cyc.Drop(hb)
 		}()
 		return outputs, nil
@@ -111,13 +111,16 @@ func (m *Middleware) runClaimed(h message.HandlerFunc, msg *message.Message, c *
 	// Retried for CompleteTimeout whatever becomes of the message's
 	// context: its effect happened, and giving up early would leave the
 	// record processing for a later duplicate to run again.
-	rec, recorded := m.cyc.Complete(context.WithoutCancel(parent), msg, c, data)
+	rec, recorded := m.cyc.Complete(context.WithoutCancel(parent), msg, hb, data)
 	m.cyc.Drop(hb)
 	switch rec {
 	case cycle.DoneBefore:
 		// Done by an earlier attempt whose reply was lost, or by a run
 		// that took the message over: return the outputs recorded then.
-		if _, kept, err := cycle.DecodeData(recorded); err == nil {
+		// A record done without outputs (this run's were dropped, as
+		// too large to keep) returns this run's: outputs are published
+		// at least once.
+		if _, kept, err := cycle.DecodeData(recorded); err == nil && len(kept) > 0 {
 			return kept, nil
 		}
 		return outputs, nil

@@ -66,22 +66,22 @@ func (s *vanishingStore) Complete(ctx context.Context, c *stores.Claim, retentio
 	return fmt.Errorf("%w: store down (simulated)", stores.ErrUnavailable)
 }
 
-// TestReconcileReleasesWhatItCouldNotRecord: a refused Complete whose
+// TestReconcileKeepsWhatItCouldNotRecord: a refused Complete whose
 // record is gone claims the keys again to record this run; when that
-// Complete fails too, the new claim is released, so the redelivery (the
-// message is nacked) runs at once instead of finding it in progress for
-// a whole lease.
-func TestReconcileReleasesWhatItCouldNotRecord(t *testing.T) {
+// Complete fails too, the message is acked (its effect happened: a nack
+// would run it again) and the new claim is kept processing, so that a
+// duplicate within the lease is held off instead of running again.
+func TestReconcileKeepsWhatItCouldNotRecord(t *testing.T) {
 	mem := newMemstore(t)
 	store := &vanishingStore{Store: mem}
-	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{Lease: time.Hour, Tuning: dedup.Tuning{CompleteTimeout: time.Millisecond}}})
+	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{Lease: time.Hour, Logger: watermill.NopLogger{}, Tuning: dedup.Tuning{CompleteTimeout: time.Millisecond}}})
 	_, err := mw(func(*message.Message) ([]*message.Message, error) { return nil, nil })(message.NewMessage("m-1", nil))
-	if !errors.Is(err, stores.ErrLostClaim) {
-		t.Fatalf("err = %v, want a nack wrapping ErrLostClaim", err)
+	if err != nil {
+		t.Fatalf("err = %v, want an ack: the effect happened", err)
 	}
 	c, err := mem.Claim(context.Background(), "s", []string{"m-1"}, time.Minute)
-	if err != nil || c.Result != stores.Claimed {
-		t.Fatalf("Claim after the failed reconcile = %+v, %v; want Claimed (the reconcile's claim released)", c, err)
+	if err != nil || c.Result != stores.InProgress {
+		t.Fatalf("Claim after the failed reconcile = %+v, %v; want InProgress (the reconcile's claim kept)", c, err)
 	}
 }
 
@@ -184,5 +184,45 @@ func TestCompleteRefusedWithAndWithoutOutputsIsReportedAsSuch(t *testing.T) {
 	joined := strings.Join(logged, "\n")
 	if !strings.Contains(joined, "its record stays processing") {
 		t.Fatalf("error log:\n%s\nwant the record reported as left processing, not as done", joined)
+	}
+}
+
+// tooLargeLostReply keeps no data above 16 bytes (it states MaxData 16),
+// and loses the reply of its first Complete, which landed.
+type tooLargeLostReply struct {
+	stores.Store
+	completes atomic.Int32
+}
+
+func (s *tooLargeLostReply) Capabilities() stores.Capabilities {
+	c := mayBlock(s.Store.Capabilities())
+	c.MaxData = 16
+	return c
+}
+
+func (s *tooLargeLostReply) Complete(ctx context.Context, c *stores.Claim, retention time.Duration, data []byte) error {
+	err := s.Store.Complete(ctx, c, retention, data)
+	if s.completes.Add(1) == 1 && err == nil {
+		return errors.New("read tcp 127.0.0.1:50000->127.0.0.1:6379: read: connection reset by peer")
+	}
+	return err
+}
+
+// TestDroppedOutputsWithALostReplyAreStillReturned: outputs too large to
+// keep are dropped from the record; when the reply of that Complete is
+// lost, the retry finds the record done without outputs. The message is
+// acked with this run's outputs, not with the none the record kept: they
+// were never published.
+func TestDroppedOutputsWithALostReplyAreStillReturned(t *testing.T) {
+	store := &tooLargeLostReply{Store: newMemstore(t)}
+	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{Logger: watermill.NopLogger{}}})
+	out, err := mw(func(*message.Message) ([]*message.Message, error) {
+		return []*message.Message{message.NewMessage("out-1", make([]byte, 64))}, nil
+	})(message.NewMessage("m-1", nil))
+	if err != nil || len(out) != 1 || out[0].UUID != "out-1" {
+		t.Fatalf("outputs %v, err %v; want out-1 returned for publishing", uuids(out), err)
+	}
+	if n := store.completes.Load(); n != 2 {
+		t.Fatalf("%d Completes, want 2 (the lost reply, then the retry that finds the record done)", n)
 	}
 }

@@ -36,117 +36,171 @@ const (
 	NotRecorded
 )
 
-// Complete records cl done with data after its effect. Every failure that
-// is not known to be permanent — an outage, a server failing over, an
-// error the store does not classify — is retried with a doubling backoff
-// for CompleteTimeout from the first failure, while the heartbeat (the
-// caller keeps cl held) keeps the lease: a store failure shorter than
-// that loses nothing and doubles nothing. Retries stop early only when
-// ctx is done; ctx must therefore not be the message's context but one
-// detached from its cancellation (whatever becomes of the message, the
-// effect happened), cancelled only when the caller gives up for good
+// Complete records the claim b holds done with data after its effect.
+// Every failure that is not known to be permanent — an outage, a server
+// failing over, an error the store does not classify — is retried with a
+// doubling backoff for CompleteTimeout from the first failure, while the
+// heartbeat keeps the lease (the caller drops b after Complete): a store
+// failure shorter than that loses nothing and doubles nothing. No Extend
+// of the claim is in flight during an attempt: a store whose fenced calls
+// compare and swap could fail one of the two. Retries stop early only
+// when ctx is done; ctx must therefore not be the message's context but
+// one detached from its cancellation (whatever becomes of the message,
+// the effect happened), cancelled only when the caller gives up for good
 // (Close). Data the store does not keep (larger than its MaxData, or
-// refused) is dropped and the record completed without it, loudly.
+// refused), or that kept the record from being written until
+// CompleteTimeout, is dropped and the record completed without it,
+// loudly.
 //
 // A refusal with stores.ErrLostClaim is reconciled by claiming the keys
 // again (see Recorded). It returns the outcome and, for DoneBefore, the
-// data of the record found done.
-func (c *Cycle) Complete(ctx context.Context, msg *message.Message, cl *stores.Claim, data []byte) (Recorded, []byte) {
+// data of the record found done. A record that lost its data or was not
+// written is counted once as dedup.OutcomeStoreError (failures that a
+// retry overcame are not: every failed call is in the store latency
+// metric), a lost claim as dedup.OutcomeLostClaim.
+func (c *Cycle) Complete(ctx context.Context, msg *message.Message, b *Beat, data []byte) (Recorded, []byte) {
+	r := &recording{c: c, ctx: ctx, msg: msg, b: b}
 	if err := c.caps.CheckData(data); err != nil {
-		data = c.dropData(cl, data, err)
+		data = r.drop(data, err)
 	}
-	err := c.record(ctx, cl, data)
+	got, recorded := r.complete(data)
+	if r.failed {
+		c.Observe(b.c.Scope, dedup.OutcomeStoreError)
+	}
+	return got, recorded
+}
+
+// recording is one Complete's way to its record: its retries share one
+// deadline, CompleteTimeout from the first failure.
+type recording struct {
+	c        *Cycle
+	ctx      context.Context
+	msg      *message.Message
+	b        *Beat
+	deadline time.Time
+	failed   bool // the record lost its data or was not written (counted once)
+}
+
+func (r *recording) complete(data []byte) (Recorded, []byte) {
+	err := r.record(r.b, data)
 	switch {
 	case err == nil:
 		return Done, nil
 	case errors.Is(err, stores.ErrLostClaim):
-		return c.reconcile(ctx, msg, cl, data, err)
+		return r.reconcile(data, err)
 	default:
-		c.Observe(cl.Scope, dedup.OutcomeStoreError)
-		c.p.Logger.Error("Dedup could not record the message done after "+c.side.Effect+" ran (retried for Tuning.CompleteTimeout, or refused for good): its record stays processing until the lease runs out, and a duplicate arriving after that runs it again", err, c.Fields(msg, cl.Scope, cl.Keys))
-		return NotRecorded, nil
+		return r.notRecorded(r.b.c, "Dedup could not record the message done after "+r.c.side.Effect+" ran (retried for Tuning.CompleteTimeout, or refused for good): its record stays processing until the lease runs out, and a duplicate arriving after that runs it again", err)
 	}
 }
 
-// record runs Complete until it succeeds, is refused for good, or
-// CompleteTimeout has passed since its first failure (then, when the
-// record carries data, once more without it).
-func (c *Cycle) record(ctx context.Context, cl *stores.Claim, data []byte) error {
-	var deadline time.Time // from the first failure: a clock read is not free
-	backoff := 20 * time.Millisecond
+func (r *recording) notRecorded(cl *stores.Claim, msg string, err error) (Recorded, []byte) {
+	r.failed = true
+	r.c.p.Logger.Error(msg, err, r.c.Fields(r.msg, cl.Scope, cl.Keys))
+	return NotRecorded, nil
+}
+
+// record completes b's claim with data until it succeeds, is refused for
+// good, or CompleteTimeout has passed; data the store refused, or that
+// was still not written at the deadline, is dropped and the record
+// completed once more (retried until the same deadline) without it.
+func (r *recording) record(b *Beat, data []byte) error {
 	for {
-		err := c.complete(ctx, cl, data)
-		if err == nil || errors.Is(err, stores.ErrLostClaim) || errors.Is(err, stores.ErrClosed) {
+		err := r.retrying(func() error {
+			return b.serially(func() error { return r.c.complete(r.ctx, b.c, data) })
+		})
+		if err == nil || errors.Is(err, stores.ErrLostClaim) || errors.Is(err, stores.ErrClosed) || len(data) == 0 || r.ctx.Err() != nil {
 			return err
 		}
-		if refused(err) {
-			if len(data) == 0 {
-				return err
-			}
-			// The store may have refused the data (outputs too large
-			// to keep): a record done without them is better than one
-			// left processing.
-			data = c.dropData(cl, data, err)
-			continue
-		}
-		if ctx.Err() != nil {
+		// The store may have refused the data (outputs too large to
+		// keep, in a way it does not classify): a record done without
+		// them is better than one left processing.
+		data = r.drop(data, err)
+	}
+}
+
+// retrying calls call until it succeeds, fails for good (refused), ctx is
+// done, or the deadline — CompleteTimeout after the first failure of the
+// Complete — has passed; the last attempt is at the deadline. It returns
+// call's last error.
+func (r *recording) retrying(call func() error) error {
+	backoff := 20 * time.Millisecond
+	for {
+		err := call()
+		if err == nil || refused(err) || r.ctx.Err() != nil {
 			return err
 		}
 		now := time.Now()
-		if deadline.IsZero() {
-			deadline = now.Add(c.p.Tuning.CompleteTimeout)
+		if r.deadline.IsZero() {
+			r.deadline = now.Add(r.c.p.Tuning.CompleteTimeout)
 		}
-		// The last retry is at the deadline, not a backoff before it.
-		if left := deadline.Sub(now); left <= 0 || !sleepCtx(ctx, min(backoff, left)) {
-			if len(data) == 0 || ctx.Err() != nil {
-				return err
-			}
-			// A last attempt without the data, in case the store
-			// refused it in a way it does not classify (a column too
-			// small, a server's size limit): a record done without its
-			// outputs is better than one left processing.
-			data = c.dropData(cl, data, err)
-			continue
+		if left := r.deadline.Sub(now); left <= 0 || !sleepCtx(r.ctx, min(backoff, left)) {
+			return err
 		}
 		backoff = min(2*backoff, time.Second)
 	}
 }
 
-// dropData reports data the store will not keep with cl's record, and
-// returns nil: the record is completed without it. The price is loud: a
+// drop reports data the store will not keep with the record, and returns
+// nil: the record is completed without it. The price is loud: a
 // redelivery after a failed publish of the handler's outputs acks
 // without re-emitting them.
-func (c *Cycle) dropData(cl *stores.Claim, data []byte, refusal error) []byte {
-	c.Observe(cl.Scope, dedup.OutcomeStoreError)
-	f := watermill.LogFields{"scope": cl.Scope, "keys": cl.Keys, "data_bytes": len(data)}
-	c.p.Logger.Error("Dedup store will not keep the record's data (the handler's outputs and fingerprint): completing the record without them, so a redelivery after a failed publish of its outputs will not re-emit them", refusal, f)
+func (r *recording) drop(data []byte, refusal error) []byte {
+	r.failed = true
+	r.c.dropped(r.b.c.Scope, r.b.c.Keys, data, refusal)
 	return nil
 }
 
+func (c *Cycle) dropped(scope string, keys []string, data []byte, refusal error) {
+	f := watermill.LogFields{"scope": scope, "keys": keys, "data_bytes": len(data)}
+	c.p.Logger.Error("Dedup store will not keep the record's data (the handler's outputs and fingerprint): completing the record without them, so a redelivery after a failed publish of its outputs will not re-emit them", refusal, f)
+}
+
 // reconcile decides what a Complete refused with ErrLostClaim means by
-// claiming the keys again. The refusal has three causes, told apart by
-// the claim:
+// claiming the keys again (retried like the Complete, until the same
+// deadline). The refusal has four causes, told apart by the claim:
 //   - Duplicate: the record is done — by an earlier attempt of this
 //     Complete whose reply was lost, or by a run that took the message
 //     over (DoneBefore, with its data).
-//   - Claimed: the record is gone (the store lost it): record this run.
-//   - InProgress: another run took the message over and is running it
-//     (TakenOver).
-func (c *Cycle) reconcile(ctx context.Context, msg *message.Message, cl *stores.Claim, data []byte, lost error) (Recorded, []byte) {
-	again, err := c.Claim(ctx, cl.Scope, cl.Keys)
-	if err == nil {
-		switch again.Result {
-		case stores.Duplicate:
-			return DoneBefore, again.Data
-		case stores.Claimed:
-			if err = c.complete(ctx, again, data); err == nil {
+//   - Claimed: the record is gone (the store lost it): record this run
+//     under the new claim.
+//   - InProgress, and the claim still extends: the record is still ours
+//     (a store that failed the Complete beside the claim's own call):
+//     record again.
+//   - InProgress otherwise: another run took the message over and is
+//     running it (TakenOver).
+//
+// When the keys cannot be claimed again, or the new claim cannot be
+// completed, the message is NotRecorded: its effect happened, and
+// claiming it lost could run it again.
+func (r *recording) reconcile(data []byte, lost error) (Recorded, []byte) {
+	c, cl := r.c, r.b.c
+	var again *stores.Claim
+	err := r.retrying(func() error {
+		var err error
+		again, err = c.Claim(r.ctx, cl.Scope, cl.Keys)
+		return err
+	})
+	if err != nil {
+		return r.notRecorded(cl, "Dedup Complete was refused as a lost claim, and claiming the keys again to learn why failed: the record may be done, gone or another run's; a duplicate arriving later may run again", errors.Join(lost, err))
+	}
+	switch again.Result {
+	case stores.Duplicate:
+		return DoneBefore, again.Data
+	case stores.Claimed:
+		// Not held: the new claim is completed at once.
+		if err := r.record(&Beat{c: again, parent: r.ctx}, data); err != nil {
+			return r.notRecorded(again, "Dedup record vanished before Complete, and this run could not record it again: it stays processing until the lease runs out, and a duplicate arriving after that runs it again", err)
+		}
+		return Done, nil
+	case stores.InProgress:
+		if r.b.serially(func() error { return c.extend(r.ctx, cl) }) == nil {
+			if err := r.record(r.b, data); err == nil {
 				return Done, nil
 			}
-			c.Release(ctx, again, false)
 		}
 	}
 	c.Observe(cl.Scope, dedup.OutcomeLostClaim)
-	c.p.Logger.Error("Dedup claim lost before Complete: the lease expired while "+c.side.Effect+" ran and another run took the message over (the effect may be doubled)", lost, c.Fields(msg, cl.Scope, cl.Keys))
+	c.p.Logger.Error("Dedup claim lost before Complete: the lease expired while "+c.side.Effect+" ran and another run took the message over (the effect may be doubled)", lost, c.Fields(r.msg, cl.Scope, cl.Keys))
 	return TakenOver, nil
 }
 
@@ -176,13 +230,16 @@ func (c *Cycle) Release(ctx context.Context, cl *stores.Claim, count bool) error
 // failed Commit leaves neither effect nor record, and the message must
 // run again.
 func (c *Cycle) Commit(parent context.Context, scope string, tx stores.InboxTx, data []byte) error {
-	if err := c.caps.CheckData(data); err != nil {
-		data = c.dropData(&stores.Claim{Scope: scope}, data, err)
+	refusal := c.caps.CheckData(data)
+	err := refusal
+	if refusal == nil {
+		err = c.commit(parent, scope, tx, data)
 	}
-	err := c.commit(parent, scope, tx, data)
 	if errors.Is(err, stores.ErrTooLarge) {
 		// Refused before anything was sent: the transaction is open.
-		err = c.commit(parent, scope, tx, c.dropData(&stores.Claim{Scope: scope}, data, err))
+		c.Observe(scope, dedup.OutcomeStoreError)
+		c.dropped(scope, nil, data, err)
+		err = c.commit(parent, scope, tx, nil)
 	}
 	return err
 }

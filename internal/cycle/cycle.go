@@ -26,12 +26,17 @@ type Side struct {
 	Prefix string
 	// Effect names the effect in log lines: "the handler", "the publish".
 	Effect string
+	// LostLease is logged when the heartbeat finds the lease of a
+	// running effect taken over.
+	LostLease string
 }
 
 // Consumer and Producer are the sides of the middleware and the publisher.
 var (
-	Consumer = Side{Prefix: "dedup: ", Effect: "the handler"}
-	Producer = Side{Prefix: "dedup: publish: ", Effect: "the publish"}
+	Consumer = Side{Prefix: "dedup: ", Effect: "the handler",
+		LostLease: "Dedup lease lost while the handler runs (another consumer took the message over): cancelling the handler's context"}
+	Producer = Side{Prefix: "dedup: publish: ", Effect: "the publish",
+		LostLease: "Dedup lease lost while the publish runs (another producer took the message over): it may publish the message too"}
 )
 
 // Needs is what an adapter's configuration asks of the store besides the

@@ -216,6 +216,14 @@ func (e *env) state(key string) (stores.RecordState, bool) {
 	return r.State, true
 }
 
+// complete completes cl as the adapters do: held by the heartbeat.
+func complete(c *cycle.Cycle, ctx context.Context, msg *message.Message, cl *stores.Claim, data []byte) (cycle.Recorded, []byte) {
+	b := c.Hold(ctx, cl)
+	defer c.Drop(b)
+	b.Completing()
+	return c.Complete(ctx, msg, b, data)
+}
+
 var errReset = errors.New("read tcp 127.0.0.1:50000->127.0.0.1:6379: read: connection reset by peer")
 
 func TestCheck(t *testing.T) {
@@ -327,7 +335,7 @@ func TestStoreCallsAreBounded(t *testing.T) {
 		t.Fatal(err)
 	}
 	cancel() // the message's context ends: what follows the effect still runs
-	if got, _ := c.Complete(context.WithoutCancel(ctx), newMsg("m"), cl, nil); got != cycle.Done {
+	if got, _ := complete(c, context.WithoutCancel(ctx), newMsg("m"), cl, nil); got != cycle.Done {
 		t.Fatalf("Complete = %v, want Done", got)
 	}
 	if !e.store.deadlines[0] {
@@ -457,6 +465,16 @@ func TestAwait(t *testing.T) {
 			t.Error("a wait that ended with the keys free counted in_progress")
 		}
 	})
+	t.Run("1ns poll", func(t *testing.T) {
+		// Half of a 1ns poll is 0: the wait must still wait.
+		e := newEnv(t)
+		c := e.cycle(cycle.Consumer, dedup.Policy{InProgressWait: time.Hour, Tuning: dedup.Tuning{InProgressPoll: time.Nanosecond}}, cycle.Needs{})
+		n := 0
+		err := c.Await(newMsg("m"), "s", []string{"k"}, func() (bool, error) { n++; return n < 3, nil })
+		if err != nil || n != 3 {
+			t.Fatalf("err %v after %d tries, want nil after 3", err, n)
+		}
+	})
 	t.Run("claim fails", func(t *testing.T) {
 		e := newEnv(t)
 		c := e.cycle(cycle.Consumer, dedup.Policy{InProgressWait: time.Hour, Tuning: dedup.Tuning{InProgressPoll: time.Millisecond}}, cycle.Needs{})
@@ -494,7 +512,7 @@ func TestComplete(t *testing.T) {
 	t.Run("done", func(t *testing.T) {
 		e := newEnv(t)
 		c := e.cycle(cycle.Consumer, quick, cycle.Needs{})
-		got, data := c.Complete(context.Background(), newMsg("m"), e.claimed(c, "k"), []byte("d"))
+		got, data := complete(c, context.Background(), newMsg("m"), e.claimed(c, "k"), []byte("d"))
 		if got != cycle.Done || data != nil || e.store.completes.Load() != 1 {
 			t.Fatalf("Complete = %v, %q after %d calls", got, data, e.store.completes.Load())
 		}
@@ -512,7 +530,7 @@ func TestComplete(t *testing.T) {
 				return nil
 			}
 			c := e.cycle(cycle.Consumer, dedup.Policy{Tuning: dedup.Tuning{CompleteTimeout: time.Hour}}, cycle.Needs{})
-			got, _ := c.Complete(context.Background(), newMsg("m"), e.claimed(c, "k"), []byte("d"))
+			got, _ := complete(c, context.Background(), newMsg("m"), e.claimed(c, "k"), []byte("d"))
 			if got != cycle.Done || e.store.completes.Load() != 3 || string(e.store.data(2)) != "d" {
 				t.Fatalf("%v: Complete = %v after %d calls, last data %q; want Done on the third, with the data", fail, got, e.store.completes.Load(), e.store.data(2))
 			}
@@ -526,7 +544,7 @@ func TestComplete(t *testing.T) {
 		e.store.complete = func(int, []byte) error { return errReset }
 		c := e.cycle(cycle.Consumer, quick, cycle.Needs{})
 		start := time.Now()
-		got, _ := c.Complete(context.Background(), newMsg("m"), e.claimed(c, "k"), []byte("d"))
+		got, _ := complete(c, context.Background(), newMsg("m"), e.claimed(c, "k"), []byte("d"))
 		n := int(e.store.completes.Load())
 		if got != cycle.NotRecorded || n < 3 {
 			t.Fatalf("Complete = %v after %d calls, want NotRecorded after several", got, n)
@@ -543,7 +561,7 @@ func TestComplete(t *testing.T) {
 		if st, _ := e.state("k"); st != stores.StateProcessing {
 			t.Fatalf("record %v, want it left processing", st)
 		}
-		if e.metrics.get(dedup.OutcomeStoreError) != 2 || !strings.Contains(e.errorLogs(), "stays processing") {
+		if e.metrics.get(dedup.OutcomeStoreError) != 1 || !strings.Contains(e.errorLogs(), "without them") || !strings.Contains(e.errorLogs(), "stays processing") {
 			t.Fatalf("store errors %d, log %q: want the dropped data and the failure counted and logged", e.metrics.get(dedup.OutcomeStoreError), e.errorLogs())
 		}
 	})
@@ -551,7 +569,7 @@ func TestComplete(t *testing.T) {
 		e := newEnv(t)
 		e.store.complete = func(int, []byte) error { return errReset }
 		c := e.cycle(cycle.Consumer, quick, cycle.Needs{})
-		if got, _ := c.Complete(context.Background(), newMsg("m"), e.claimed(c, "k"), nil); got != cycle.NotRecorded {
+		if got, _ := complete(c, context.Background(), newMsg("m"), e.claimed(c, "k"), nil); got != cycle.NotRecorded {
 			t.Fatalf("Complete = %v, want NotRecorded", got)
 		}
 		if e.metrics.get(dedup.OutcomeStoreError) != 1 {
@@ -568,7 +586,7 @@ func TestComplete(t *testing.T) {
 			return errReset
 		}
 		c := e.cycle(cycle.Consumer, dedup.Policy{Tuning: dedup.Tuning{CompleteTimeout: time.Hour}}, cycle.Needs{})
-		if got, _ := c.Complete(ctx, newMsg("m"), e.claimed(c, "k"), []byte("d")); got != cycle.NotRecorded {
+		if got, _ := complete(c, ctx, newMsg("m"), e.claimed(c, "k"), []byte("d")); got != cycle.NotRecorded {
 			t.Fatalf("Complete = %v, want NotRecorded", got)
 		}
 		if n := e.store.completes.Load(); n != 2 {
@@ -579,7 +597,7 @@ func TestComplete(t *testing.T) {
 		e := newEnv(t)
 		e.store.complete = func(int, []byte) error { return fmt.Errorf("memstore: complete: %w", stores.ErrClosed) }
 		c := e.cycle(cycle.Consumer, dedup.Policy{Tuning: dedup.Tuning{CompleteTimeout: time.Hour}}, cycle.Needs{})
-		if got, _ := c.Complete(context.Background(), newMsg("m"), e.claimed(c, "k"), []byte("d")); got != cycle.NotRecorded || e.store.completes.Load() != 1 {
+		if got, _ := complete(c, context.Background(), newMsg("m"), e.claimed(c, "k"), []byte("d")); got != cycle.NotRecorded || e.store.completes.Load() != 1 {
 			t.Fatalf("Complete = %v after %d calls, want NotRecorded after 1", got, e.store.completes.Load())
 		}
 	})
@@ -593,7 +611,7 @@ func TestComplete(t *testing.T) {
 				return nil
 			}
 			c := e.cycle(cycle.Consumer, dedup.Policy{Tuning: dedup.Tuning{CompleteTimeout: time.Hour}}, cycle.Needs{})
-			if got, _ := c.Complete(context.Background(), newMsg("m"), e.claimed(c, "k"), []byte("d")); got != cycle.Done || e.store.completes.Load() != 2 {
+			if got, _ := complete(c, context.Background(), newMsg("m"), e.claimed(c, "k"), []byte("d")); got != cycle.Done || e.store.completes.Load() != 2 {
 				t.Fatalf("%v: Complete = %v after %d calls, want Done after 2 (not retried, then without the data)", refusal, got, e.store.completes.Load())
 			}
 			if e.metrics.get(dedup.OutcomeStoreError) != 1 || !strings.Contains(e.errorLogs(), "without them") {
@@ -605,7 +623,7 @@ func TestComplete(t *testing.T) {
 		e := newEnv(t)
 		e.store.complete = func(int, []byte) error { return stores.ErrInvalidArgument }
 		c := e.cycle(cycle.Consumer, dedup.Policy{Tuning: dedup.Tuning{CompleteTimeout: time.Hour}}, cycle.Needs{})
-		if got, _ := c.Complete(context.Background(), newMsg("m"), e.claimed(c, "k"), nil); got != cycle.NotRecorded || e.store.completes.Load() != 1 {
+		if got, _ := complete(c, context.Background(), newMsg("m"), e.claimed(c, "k"), nil); got != cycle.NotRecorded || e.store.completes.Load() != 1 {
 			t.Fatalf("Complete = %v after %d calls, want NotRecorded after 1", got, e.store.completes.Load())
 		}
 	})
@@ -613,13 +631,13 @@ func TestComplete(t *testing.T) {
 		e := newEnv(t)
 		e.store.caps = func(c stores.Capabilities) stores.Capabilities { c.MaxData = 3; return c }
 		c := e.cycle(cycle.Consumer, quick, cycle.Needs{})
-		if got, _ := c.Complete(context.Background(), newMsg("m"), e.claimed(c, "k"), []byte("abcd")); got != cycle.Done || e.store.completes.Load() != 1 || e.store.data(0) != nil {
+		if got, _ := complete(c, context.Background(), newMsg("m"), e.claimed(c, "k"), []byte("abcd")); got != cycle.Done || e.store.completes.Load() != 1 || e.store.data(0) != nil {
 			t.Fatalf("Complete = %v, %d calls, data %q: want one Complete without the data", got, e.store.completes.Load(), e.store.data(0))
 		}
 		e2 := newEnv(t)
 		e2.store.caps = e.store.caps
 		c2 := e2.cycle(cycle.Consumer, quick, cycle.Needs{})
-		if got, _ := c2.Complete(context.Background(), newMsg("m"), e2.claimed(c2, "k"), []byte("abc")); got != cycle.Done || string(e2.store.data(0)) != "abc" {
+		if got, _ := complete(c2, context.Background(), newMsg("m"), e2.claimed(c2, "k"), []byte("abc")); got != cycle.Done || string(e2.store.data(0)) != "abc" {
 			t.Fatalf("data of MaxData bytes: %v, %q; want it kept", got, e2.store.data(0))
 		}
 	})
@@ -650,7 +668,7 @@ func TestCompleteReconciles(t *testing.T) {
 			}
 			return nil
 		}
-		got, data := c.Complete(context.Background(), newMsg("m"), cl, []byte("mine"))
+		got, data := complete(c, context.Background(), newMsg("m"), cl, []byte("mine"))
 		if got != cycle.DoneBefore || string(data) != "mine" {
 			t.Fatalf("Complete = %v, %q; want DoneBefore with the data that landed", got, data)
 		}
@@ -671,7 +689,7 @@ func TestCompleteReconciles(t *testing.T) {
 			}
 			return nil
 		}
-		if got, _ := c.Complete(context.Background(), newMsg("m"), cl, []byte("d")); got != cycle.Done {
+		if got, _ := complete(c, context.Background(), newMsg("m"), cl, []byte("d")); got != cycle.Done {
 			t.Fatalf("Complete = %v, want Done (this run recorded under a new claim)", got)
 		}
 		if st, _ := e.state("k"); st != stores.StateDone || string(e.store.data(1)) != "d" {
@@ -691,11 +709,33 @@ func TestCompleteReconciles(t *testing.T) {
 			}
 			return stores.ErrClosed
 		}
-		if got, _ := c.Complete(context.Background(), newMsg("m"), cl, nil); got != cycle.TakenOver {
-			t.Fatalf("Complete = %v, want TakenOver", got)
+		// The effect happened: the message is not claimed lost (a nack
+		// would run it again); the new claim is kept, so that a
+		// duplicate within the lease is held off.
+		if got, _ := complete(c, context.Background(), newMsg("m"), cl, nil); got != cycle.NotRecorded {
+			t.Fatalf("Complete = %v, want NotRecorded", got)
 		}
-		if _, ok := e.state("k"); ok || e.store.releases.Load() != 1 {
-			t.Fatalf("the second claim was not released (%d releases)", e.store.releases.Load())
+		if st, _ := e.state("k"); st != stores.StateProcessing || e.store.releases.Load() != 0 || e.metrics.get(dedup.OutcomeLostClaim) != 0 {
+			t.Fatalf("record %v, %d releases, lost_claim %d: want the new claim kept, nothing claimed lost", st, e.store.releases.Load(), e.metrics.get(dedup.OutcomeLostClaim))
+		}
+	})
+	t.Run("still ours", func(t *testing.T) {
+		// A store that fails a Complete as a lost claim while the record
+		// is still the claim's: the claim still extends, so it is
+		// recorded again, not reported taken over.
+		e := newEnv(t)
+		c := e.cycle(cycle.Consumer, dedup.Policy{}, cycle.Needs{})
+		e.store.complete = func(n int, _ []byte) error {
+			if n == 1 {
+				return lost
+			}
+			return nil
+		}
+		if got, _ := complete(c, context.Background(), newMsg("m"), e.claimed(c, "k"), []byte("d")); got != cycle.Done {
+			t.Fatalf("Complete = %v, want Done", got)
+		}
+		if st, _ := e.state("k"); st != stores.StateDone || e.metrics.get(dedup.OutcomeLostClaim) != 0 || e.errorLogs() != "" {
+			t.Fatalf("record %v, lost_claim %d, log %q", st, e.metrics.get(dedup.OutcomeLostClaim), e.errorLogs())
 		}
 	})
 	t.Run("taken over", func(t *testing.T) {
@@ -707,19 +747,27 @@ func TestCompleteReconciles(t *testing.T) {
 		if !other.Takeover {
 			t.Fatal("no takeover")
 		}
-		got, _ := c.Complete(context.Background(), newMsg("m"), cl, []byte("d"))
+		got, _ := complete(c, context.Background(), newMsg("m"), cl, []byte("d"))
 		if got != cycle.TakenOver || e.metrics.get(dedup.OutcomeLostClaim) != 1 || !strings.Contains(e.errorLogs(), "claim lost") {
 			t.Fatalf("Complete = %v, lost_claim %d, log %q", got, e.metrics.get(dedup.OutcomeLostClaim), e.errorLogs())
 		}
 	})
 	t.Run("claim fails", func(t *testing.T) {
+		// The keys cannot be claimed again to learn why: the effect
+		// happened, and claiming it lost (a nack) could run it again.
 		e := newEnv(t)
-		c := e.cycle(cycle.Consumer, dedup.Policy{}, cycle.Needs{})
+		c := e.cycle(cycle.Consumer, dedup.Policy{Tuning: dedup.Tuning{CompleteTimeout: 50 * time.Millisecond}}, cycle.Needs{})
 		cl := e.claimed(c, "k")
 		e.store.complete = func(int, []byte) error { return lost }
 		e.store.claim = func(int) (*stores.Claim, error) { return nil, errReset }
-		if got, _ := c.Complete(context.Background(), newMsg("m"), cl, nil); got != cycle.TakenOver {
-			t.Fatalf("Complete = %v, want TakenOver", got)
+		if got, _ := complete(c, context.Background(), newMsg("m"), cl, nil); got != cycle.NotRecorded {
+			t.Fatalf("Complete = %v, want NotRecorded", got)
+		}
+		if n := e.store.claims.Load(); n < 3 {
+			t.Fatalf("%d claims, want the reconciling claim retried", n)
+		}
+		if e.metrics.get(dedup.OutcomeLostClaim) != 0 || e.metrics.get(dedup.OutcomeStoreError) != 1 || !strings.Contains(e.errorLogs(), "to learn why failed") {
+			t.Fatalf("lost_claim %d, store_error %d, log %q", e.metrics.get(dedup.OutcomeLostClaim), e.metrics.get(dedup.OutcomeStoreError), e.errorLogs())
 		}
 	})
 }

@@ -241,8 +241,8 @@ func (b *beats) extend(e *Beat) {
 	case errors.Is(err, stores.ErrLostClaim):
 		// Someone took the message over: tell the handler to stop.
 		e.lost = true
-		c.Observe(e.c.Scope, dedup.OutcomeLostClaim)
-		c.p.Logger.Error("Dedup lease lost while "+c.side.Effect+" runs: cancelling its context", err, watermill.LogFields{"scope": e.c.Scope, "keys": e.c.Keys})
+		// Counted once, by the Release or Complete that follows.
+		c.p.Logger.Error(c.side.LostLease, err, watermill.LogFields{"scope": e.c.Scope, "keys": e.c.Keys})
 		e.lose(err)
 	case err != nil:
 		c.Observe(e.c.Scope, dedup.OutcomeStoreError)
@@ -267,6 +267,14 @@ func (c *Cycle) Hold(parent context.Context, cl *stores.Claim) *Beat {
 	e := &Beat{c: cl, parent: parent}
 	c.beats.add(e)
 	return e
+}
+
+// serially runs call with no Extend of e's claim in flight: the
+// heartbeat's Extend waits for it, and it for an Extend in flight.
+func (e *Beat) serially(call func() error) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return call()
 }
 
 // Completing marks the effect done and its Complete possibly in flight:

@@ -23,7 +23,8 @@ func (c *Cycle) Await(msg *message.Message, scope string, keys []string, again f
 	deadline := time.Now().Add(c.p.InProgressWait)
 	poll := c.p.Tuning.InProgressPoll
 	for {
-		wait := min(poll/2+rand.N(poll), time.Until(deadline))
+		// At least a nanosecond: a 1ns poll (half of it is 0) waits.
+		wait := min(max(poll/2+rand.N(poll), 1), time.Until(deadline))
 		if wait <= 0 {
 			return c.InProgress(msg, scope, keys)
 		}
