@@ -2,10 +2,10 @@ package batch
 
 import "fmt"
 
-// Config configures the group commit of a store: the stores export it as
-// their BatchConfig, and each documents what a batch is for it, its
-// defaults and its bounds (a [Limits]). The zero value turns batching on
-// with the store's defaults.
+// Config configures the group commit of a store. Each store has a
+// BatchConfig of its own with these fields, documenting what a batch is
+// for it, its defaults and its bounds (a [Limits]), and converts it to a
+// Config. The zero value turns batching on with the store's defaults.
 type Config struct {
 	// Disabled turns group commit off: every call runs on its own, one
 	// round trip each.
