@@ -136,3 +136,23 @@ func (c *deadlineCtx) Err() error {
 
 // expire makes the deadline pass now.
 func (c *deadlineCtx) expire() { c.once.Do(func() { close(c.done) }) }
+
+// returnsDuringOutage runs call, a store call during an outage the test
+// ends only afterwards, and returns its error: the call must give up by
+// itself (at once, or by its context's deadline) rather than wait for the
+// outage to end. How long it takes on a loaded machine does not matter;
+// a minute without an answer is a call that waits for ever.
+func returnsDuringOutage(t *testing.T, what string, call func() error) error {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- call() }()
+	watchdog := time.NewTimer(time.Minute)
+	defer watchdog.Stop()
+	select {
+	case err := <-done:
+		return err
+	case <-watchdog.C:
+		t.Fatalf("%s has not returned after a minute: it waits for the outage to end", what)
+		return nil
+	}
+}

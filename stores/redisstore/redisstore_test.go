@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -337,7 +338,9 @@ func TestStoreOutage(t *testing.T) {
 	t.Cleanup(func() { _ = viaProxy.Close() })
 	prefix := testPrefix(t, direct)
 	s := newStore(t, viaProxy, redisstore.Config{Prefix: prefix})
-	const lease = 5 * time.Second
+	// An hour: the claim held across the cut must still be there to
+	// complete after it, however long a loaded machine takes.
+	const lease = time.Hour
 
 	// During the cut go-redis retries until the caller's deadline: a call
 	// must fail by then, not hang on a dead connection.
@@ -352,24 +355,20 @@ func TestStoreOutage(t *testing.T) {
 		t.Fatalf("Claim before the cut = %v, %v", held, err)
 	}
 
+	// Each call must give up by itself while the cut lasts (the proxy is
+	// restored only after them), however slowly a loaded machine runs it.
 	proxy.Cut()
 	for _, k := range []string{"during-1", "during-2", "during-3"} {
-		start := time.Now()
-		_, err := call(k)
+		err := returnsDuringOutage(t, fmt.Sprintf("Claim(%q) during the cut", k), func() error { _, err := call(k); return err })
 		if err == nil {
 			t.Fatalf("Claim(%q) during the cut succeeded", k)
 		}
-		if d := time.Since(start); d > deadline+250*time.Millisecond {
-			t.Fatalf("Claim(%q) during the cut took %s to fail, past its %s deadline", k, d, deadline)
-		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), deadline)
-	start := time.Now()
-	err = s.Complete(ctx, held, time.Minute, nil)
-	cancel()
-	if d := time.Since(start); d > deadline+250*time.Millisecond {
-		t.Fatalf("Complete during the cut took %s to fail, past its %s deadline", d, deadline)
-	}
+	err = returnsDuringOutage(t, "Complete during the cut", func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), deadline)
+		defer cancel()
+		return s.Complete(ctx, held, time.Minute, nil)
+	})
 	if err == nil || errors.Is(err, stores.ErrLostClaim) {
 		t.Fatalf("Complete during the cut: %v, want a connection error", err)
 	}
@@ -379,7 +378,7 @@ func TestStoreOutage(t *testing.T) {
 	}
 
 	proxy.Restore()
-	ctx, cancel = context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	if err := s.Complete(ctx, held, time.Minute, []byte("ok")); err != nil {
 		t.Fatalf("Complete after Restore: %v", err)
