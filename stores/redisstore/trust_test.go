@@ -58,15 +58,15 @@ func TestErrorClasses(t *testing.T) {
 				"Claim":    func(ctx context.Context) error { _, err := s.Claim(ctx, "s", []string{"b"}, time.Minute); return err },
 				"Complete": func(ctx context.Context) error { return s.Complete(ctx, held, time.Hour, nil) },
 			} {
-				start := time.Now()
-				ctx, cancel := context.WithTimeout(bg, 300*time.Millisecond)
-				err := call(ctx)
-				cancel()
+				// It gives up by its 300ms deadline, while the proxy still
+				// swallows everything: however late a loaded machine lets it.
+				err := returnsDuringOutage(t, name+" on a Redis that does not answer", func() error {
+					ctx, cancel := context.WithTimeout(bg, 300*time.Millisecond)
+					defer cancel()
+					return call(ctx)
+				})
 				if !errors.Is(err, stores.ErrUnavailable) && !errors.Is(err, context.DeadlineExceeded) {
 					t.Errorf("%s on a Redis that does not answer: err = %v, want an outage (ErrUnavailable or DeadlineExceeded)", name, err)
-				}
-				if d := time.Since(start); d > 3*time.Second {
-					t.Errorf("%s on a Redis that does not answer returned after %s, its deadline was 300ms", name, d)
 				}
 			}
 			p.Restore()
