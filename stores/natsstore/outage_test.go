@@ -44,10 +44,10 @@ func restore(t *testing.T, p *testkit.Proxy, nc *nats.Conn) {
 	t.Helper()
 	before := nc.Stats().Reconnects
 	p.Restore()
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(time.Minute)
 	for !nc.IsConnected() || nc.Stats().Reconnects == before {
 		if time.Now().After(deadline) {
-			t.Fatalf("the connection is %s 10s after Restore", nc.Status())
+			t.Fatalf("the connection is %s a minute after Restore", nc.Status())
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -72,8 +72,10 @@ func TestErrorClasses(t *testing.T) {
 	}
 	held := claimOK("held")
 
+	// At once, not at the caller's deadline: the calls' deadline is an
+	// hour away, and each must return while the proxy is still cut.
 	p.Cut()
-	ctx, cancel := context.WithTimeout(bg, 5*time.Second)
+	ctx, cancel := context.WithTimeout(bg, time.Hour)
 	defer cancel()
 	for name, call := range map[string]func() error{
 		"Claim":    func() error { _, err := s.Claim(ctx, "s", []string{"a"}, time.Minute); return err },
@@ -85,12 +87,8 @@ func TestErrorClasses(t *testing.T) {
 			return err
 		},
 	} {
-		start := time.Now()
-		err := call()
+		err := returnsDuringOutage(t, name+" on a cut connection", call)
 		errtest.Wraps(t, name+", connection cut", err, stores.ErrUnavailable)
-		if d := time.Since(start); d > time.Second {
-			t.Errorf("%s took %s to fail on a cut connection, want at once", name, d)
-		}
 	}
 	restore(t, p, nc)
 
@@ -100,15 +98,15 @@ func TestErrorClasses(t *testing.T) {
 		"Claim":    func(ctx context.Context) error { _, err := s.Claim(ctx, "s", []string{"d"}, time.Minute); return err },
 		"Complete": func(ctx context.Context) error { return s.Complete(ctx, held, time.Hour, nil) },
 	} {
-		start := time.Now()
-		ctx, cancel := context.WithTimeout(bg, 300*time.Millisecond)
-		err := call(ctx)
-		cancel()
+		// It gives up by its 300ms deadline while the proxy still
+		// swallows everything, however late a loaded machine lets it.
+		err := returnsDuringOutage(t, name+" on a NATS that does not answer", func() error {
+			ctx, cancel := context.WithTimeout(bg, 300*time.Millisecond)
+			defer cancel()
+			return call(ctx)
+		})
 		if !errors.Is(err, stores.ErrUnavailable) && !errors.Is(err, context.DeadlineExceeded) {
 			t.Errorf("%s on a NATS that does not answer: err = %v, want an outage (ErrUnavailable or DeadlineExceeded)", name, err)
-		}
-		if d := time.Since(start); d > 3*time.Second {
-			t.Errorf("%s on a NATS that does not answer returned after %s, its deadline was 300ms", name, d)
 		}
 	}
 	restore(t, p, nc)
@@ -186,5 +184,25 @@ func TestStoreOutage(t *testing.T) {
 	}
 	if d, err := s.Claim(ctx, "h", []string{"before"}, lease); err != nil || d.Result != stores.Duplicate || string(d.Data) != "ok" {
 		t.Fatalf("Claim of the completed key after Restore = %+v, %v", d, err)
+	}
+}
+
+// returnsDuringOutage runs call, a store call during an outage the test
+// ends only afterwards, and returns its error: the call must give up by
+// itself (at once, or by its context's deadline) rather than wait for the
+// outage to end. How long it takes on a loaded machine does not matter;
+// a minute without an answer is a call that waits for ever.
+func returnsDuringOutage(t *testing.T, what string, call func() error) error {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- call() }()
+	watchdog := time.NewTimer(time.Minute)
+	defer watchdog.Stop()
+	select {
+	case err := <-done:
+		return err
+	case <-watchdog.C:
+		t.Fatalf("%s has not returned after a minute: it waits for the outage to end", what)
+		return nil
 	}
 }
