@@ -75,7 +75,8 @@ type Record struct {
 	// ID is the store's own name for the record, printable: a hash in
 	// hexadecimal (memstore), the record ID as a UUID (sqlstore, see
 	// sqlstore.RecordID), the Redis key with bytes outside printable
-	// ASCII written \xHH as redis-cli shows them (redisstore). Every
+	// ASCII written \xHH as redis-cli shows them (redisstore), the KV
+	// key, a digest of (scope, key) in 22 characters (natsstore). Every
 	// record a store holds has a distinct ID, the same in Get, List and
 	// Delete.
 	ID string
@@ -184,8 +185,9 @@ type ScopeStats struct {
 }
 
 // Admin is implemented by stores whose records an operator can inspect and
-// change (memstore, redisstore, sqlstore). Every method follows the error
-// classes of the package doc and fails with [ErrClosed] after Close.
+// change (memstore, redisstore, sqlstore, natsstore). Every method follows
+// the error classes of the package doc and fails with [ErrClosed] after
+// Close.
 //
 // Records may change between two calls, or during one that scans: what
 // Admin reports is a recent view, not a snapshot.

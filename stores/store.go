@@ -60,9 +60,9 @@
 // read every record.
 //
 // Get and Delete find a record by (scope, key) on every layout. Listing
-// and counting by scope need a layout that keeps the scope: memstore and
-// sqlstore keep each record under a digest of (scope, key), and so does
-// redisstore with CompactKeys. There a record is known by its ID only,
+// and counting by scope need a layout that keeps the scope: memstore,
+// sqlstore and natsstore keep each record under a digest of (scope,
+// key), and so does redisstore with CompactKeys. There a record is known by its ID only,
 // a List by Scope or KeyPrefix fails with [ErrNotSupported], and Stats
 // has no per-scope counts. redisstore's default layout keeps the scope
 // and the key (but for keys it stores as digests, DigestKeysLongerThan),

@@ -31,7 +31,10 @@
 // several buckets, whose leaders JetStream places on different servers
 // of a cluster.
 //
-// The Store implements neither [stores.Admin] nor [stores.Inbox].
+// The Store implements [stores.Admin] (Get, List, Delete, Stats, Purge;
+// see admin.go): a record is known by its KV key only, so List cannot
+// select a scope or a key prefix ([stores.ErrNotSupported]) and Stats
+// does not count by scope. It does not implement [stores.Inbox].
 //
 // The README next to this file describes the layout, the bytes each
 // record takes, the limits and clustering.

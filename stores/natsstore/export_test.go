@@ -18,3 +18,10 @@ func (s *Store) SetLeaderReads(on bool) {
 		sh.leaderReads = on
 	}
 }
+
+// SetBeforeDelete makes s call fn between Delete's read of the record
+// and its write.
+func (s *Store) SetBeforeDelete(fn func()) { s.testBeforeDelete = fn }
+
+// ScanBatch is the most messages one pull of an admin scan asks for.
+const ScanBatch = scanBatch

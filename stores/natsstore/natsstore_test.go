@@ -15,14 +15,19 @@ import (
 // bound storetest.MaxDuration checks.
 const modelMax = 24 * time.Hour
 
+// suiteMax is the MaxLease and MaxRetention of the conformance suite's
+// stores: the admin tests hold records for a week of the fake clock
+// (and past two days of purge), 20 hours of the system clock moved.
+const suiteMax = 9 * 24 * time.Hour
+
 func TestConformance(t *testing.T) {
-	storetest.Run(t, factory(sharedConn(t), natsstore.Config{}))
+	storetest.Run(t, factory(sharedConn(t), natsstore.Config{MaxLease: suiteMax, MaxRetention: suiteMax}), storetest.AdminNoScopes())
 }
 
 // TestConformanceShards runs the suite with the records spread over
 // three buckets: the keys of a claim then live in different streams.
 func TestConformanceShards(t *testing.T) {
-	storetest.Run(t, factory(sharedConn(t), natsstore.Config{Shards: 3}))
+	storetest.Run(t, factory(sharedConn(t), natsstore.Config{Shards: 3, MaxLease: suiteMax, MaxRetention: suiteMax}), storetest.AdminNoScopes())
 }
 
 // TestConformanceLeaderReads runs the suite reading from the stream
@@ -30,10 +35,10 @@ func TestConformanceShards(t *testing.T) {
 func TestConformanceLeaderReads(t *testing.T) {
 	nc := sharedConn(t)
 	storetest.Run(t, func(t *testing.T, clock stores.Clock) stores.Store {
-		s := newStore(t, nc, natsstore.Config{Clock: clock})
+		s := newStore(t, nc, natsstore.Config{MaxLease: suiteMax, MaxRetention: suiteMax, Clock: clock})
 		s.SetLeaderReads(true)
 		return s
-	})
+	}, storetest.AdminNoScopes())
 }
 
 // TestModelLeaderReads is TestModel reading from the stream leader.
@@ -56,7 +61,7 @@ func TestConformanceSystemClock(t *testing.T) {
 	var clocks sync.Map // stores.Store -> *movedClock
 	storetest.Run(t, func(t *testing.T, _ stores.Clock) stores.Store {
 		c := &movedClock{}
-		s := newStore(t, nc, natsstore.Config{Clock: c})
+		s := newStore(t, nc, natsstore.Config{MaxLease: suiteMax, MaxRetention: suiteMax, Clock: c})
 		clocks.Store(stores.Store(s), c)
 		return s
 	}, storetest.ServerTime(func(t testing.TB, s stores.Store, d time.Duration) {
@@ -65,7 +70,7 @@ func TestConformanceSystemClock(t *testing.T) {
 			t.Fatalf("no clock for store %p", s)
 		}
 		c.(*movedClock).advance(d)
-	}))
+	}), storetest.AdminNoScopes())
 }
 
 // movedClock is the system clock, moved forward by advance.

@@ -78,6 +78,9 @@ type Store struct {
 	// testAfterWrite, when set, runs after each successful write of a
 	// multi-key call, with the index of the write (tests only).
 	testAfterWrite func(op string, i int)
+	// testBeforeDelete, when set, runs between Delete's read and its
+	// write (tests only).
+	testBeforeDelete func()
 }
 
 var _ stores.Store = (*Store)(nil)
@@ -229,7 +232,7 @@ func checkDuration(what string, d, bound time.Duration) error {
 // bucket's limit lowered since) fails with [stores.ErrTooLarge] all the
 // same.
 func (s *Store) Capabilities() stores.Capabilities {
-	return stores.Capabilities{Kind: "natsstore", MaxLease: s.cfg.MaxLease, MaxRetention: s.cfg.MaxRetention, MaxData: s.maxData}
+	return stores.Capabilities{Kind: "natsstore", MaxLease: s.cfg.MaxLease, MaxRetention: s.cfg.MaxRetention, MaxData: s.maxData, Admin: true}
 }
 
 // Close implements [stores.Store]. It stops following the connection's

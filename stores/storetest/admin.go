@@ -17,8 +17,8 @@ import (
 // they run.
 
 // AdminNoScopes tells the suite that the store keeps each record under a
-// digest of (scope, key), as memstore, sqlstore and redisstore with
-// CompactKeys do: List by scope or key prefix must fail with
+// digest of (scope, key), as memstore, sqlstore, natsstore and
+// redisstore with CompactKeys do: List by scope or key prefix must fail with
 // [stores.ErrNotSupported], listed records have no scope or key, and
 // Stats has no per-scope counts.
 func AdminNoScopes() Option {
