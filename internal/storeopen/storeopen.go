@@ -197,10 +197,13 @@ func (e *UnreachableError) Error() string {
 func (e *UnreachableError) Unwrap() error { return e.Err }
 
 // ServerRefusal returns the error a server answered with, found in err's
-// chain: PostgreSQL's, MySQL's, Redis's or RabbitMQ's (router_example's
-// broker). It returns nil when err is not one: nothing answered, or a
+// chain: PostgreSQL's, MySQL's, Redis's, NATS's or RabbitMQ's
+// (router_example's broker). It returns nil when err is not one: nothing answered, or a
 // timeout.
 func ServerRefusal(err error) error {
+	if r := natsRefusal(err); r != nil {
+		return r // see nats.go
+	}
 	var (
 		pg   *pgconn.PgError
 		my   *mysql.MySQLError

@@ -1,0 +1,243 @@
+package storeopen
+
+import (
+	"context"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"strings"
+
+	"github.com/nats-io/nats.go"
+)
+
+// NATS: the connection of natsstore (dedupctl) and of router_example's
+// NATS broker, with its credentials and TLS.
+
+// NATSSetting is the setting that moves NATS, as both programs name it.
+const NATSSetting = "-nats-url or NATS_URL"
+
+// NATSAuthSetting is what holds the credentials a NATS server may
+// refuse.
+const NATSAuthSetting = "-nats-url or NATS_URL, -nats-user, -nats-password, -nats-token, -nats-creds or -nats-nkey"
+
+// NATSAuth is how a program proves who it is to NATS, and which
+// certificates it trusts, besides what the URL says: a URL may carry a
+// user and password (nats://user:password@host:4222) or a token
+// (nats://token@host:4222), and tls:// asks for TLS (as does a server
+// that requires it).
+type NATSAuth struct {
+	// User and Password: -nats-user, -nats-password.
+	User, Password string
+	// Token: -nats-token.
+	Token string
+	// CredsFile is a credentials file, a user JWT and its nkey seed, of a
+	// server in operator (JWT) mode: -nats-creds.
+	CredsFile string
+	// NKeyFile is a file holding a user's nkey seed (SU...), of a server
+	// whose users are nkeys: -nats-nkey.
+	NKeyFile string
+	// CAFile holds the PEM certificates of the authorities that sign the
+	// server's certificate, for a private CA: -nats-ca.
+	CAFile string
+}
+
+// Options returns the nats.go options of a, or a *SettingError for
+// settings that contradict each other or a file that cannot be read.
+// It reads the files now, so that their errors name the setting.
+func (a NATSAuth) Options() ([]nats.Option, error) {
+	var opts []nats.Option
+	methods := 0
+	if a.User != "" || a.Password != "" {
+		if a.User == "" {
+			return nil, &SettingError{"-nats-password", errors.New("a password needs a user: set -nats-user too")}
+		}
+		opts = append(opts, nats.UserInfo(a.User, a.Password))
+		methods++
+	}
+	if a.Token != "" {
+		opts = append(opts, nats.Token(a.Token))
+		methods++
+	}
+	if a.CredsFile != "" {
+		if _, err := os.Stat(a.CredsFile); err != nil {
+			return nil, &SettingError{"-nats-creds", err}
+		}
+		opts = append(opts, nats.UserCredentials(a.CredsFile))
+		methods++
+	}
+	if a.NKeyFile != "" {
+		o, err := nats.NkeyOptionFromSeed(a.NKeyFile)
+		if err != nil {
+			return nil, &SettingError{"-nats-nkey", err}
+		}
+		opts = append(opts, o)
+		methods++
+	}
+	if methods > 1 {
+		return nil, &SettingError{"-nats-user, -nats-token, -nats-creds, -nats-nkey", errors.New("give one way to authenticate, not several")}
+	}
+	if a.CAFile != "" {
+		pem, err := os.ReadFile(a.CAFile)
+		if err != nil {
+			return nil, &SettingError{"-nats-ca", err}
+		}
+		if !x509.NewCertPool().AppendCertsFromPEM(pem) {
+			return nil, &SettingError{"-nats-ca", fmt.Errorf("%s holds no PEM certificate", a.CAFile)}
+		}
+		opts = append(opts, nats.RootCAs(a.CAFile))
+	}
+	return opts, nil
+}
+
+// RedactNATSURL returns the NATS URL (or comma-separated URLs) raw
+// without what it may hold of credentials: a user and password, or a
+// token, which NATS URLs carry where a user goes. What does not parse is
+// "(unparsable URL)".
+func RedactNATSURL(raw string) string {
+	var out []string
+	for _, part := range strings.Split(raw, ",") {
+		part = strings.TrimSpace(part)
+		if !strings.Contains(part, "://") {
+			part = "nats://" + part // as nats.go reads a bare host:port
+		}
+		u, err := url.Parse(part)
+		if err != nil || u.Host == "" {
+			return "(unparsable URL)"
+		}
+		u.User = nil
+		out = append(out, u.String())
+	}
+	return strings.Join(out, ",")
+}
+
+// natsHostPorts returns the host:port of each URL of raw (4222 when a
+// URL has no port).
+func natsHostPorts(raw string) ([]string, error) {
+	var out []string
+	for _, part := range strings.Split(raw, ",") {
+		part = strings.TrimSpace(part)
+		if !strings.Contains(part, "://") {
+			part = "nats://" + part
+		}
+		u, err := url.Parse(part)
+		if err != nil || u.Host == "" {
+			return nil, fmt.Errorf("%q is not a NATS URL", RedactNATSURL(part))
+		}
+		port := u.Port()
+		if port == "" {
+			port = "4222"
+		}
+		out = append(out, net.JoinHostPort(u.Hostname(), port))
+	}
+	return out, nil
+}
+
+// NATS connects to the NATS server(s) of rawURL (comma-separated URLs of
+// one cluster) with auth and then opts, after probing that one of them
+// listens (nats.go would otherwise wait out its own timeouts). It never
+// names a password or a token: errors show the URL without credentials.
+// A URL that does not parse, or auth settings that contradict each
+// other, are a *SettingError; a server that does not answer, refuses the
+// credentials or presents a certificate the program does not trust, an
+// *UnreachableError naming -nats-url (and what to check).
+func (o Opener) NATS(ctx context.Context, rawURL string, auth NATSAuth, opts ...nats.Option) (*nats.Conn, error) {
+	addr := RedactNATSURL(rawURL)
+	hostPorts, err := natsHostPorts(rawURL)
+	if err != nil {
+		return nil, &SettingError{NATSSetting, err}
+	}
+	authOpts, err := auth.Options()
+	if err != nil {
+		return nil, err
+	}
+	var probed error
+	for _, hp := range hostPorts {
+		if probed = ProbeTCP(ctx, "NATS", hp, NATSSetting); probed == nil {
+			break
+		}
+	}
+	if probed != nil {
+		var ue *UnreachableError
+		if errors.As(probed, &ue) {
+			ue.Addr = addr
+		}
+		return nil, probed
+	}
+	all := append([]nats.Option{nats.Timeout(DialTimeout)}, authOpts...)
+	nc, err := nats.Connect(rawURL, append(all, opts...)...)
+	if err != nil {
+		return nil, natsConnectError(addr, err, redactor(rawURL, auth))
+	}
+	return nc, nil
+}
+
+// natsConnectError explains a failed connection: a refusal of the
+// credentials, a certificate not trusted, or nothing that answered.
+func natsConnectError(addr string, err error, redact func(string) string) error {
+	err = redactedError{err, redact}
+	var (
+		unknownCA x509.UnknownAuthorityError
+		hostname  x509.HostnameError
+		invalid   x509.CertificateInvalidError
+	)
+	switch {
+	case errors.As(err, &unknownCA), errors.As(err, &hostname), errors.As(err, &invalid):
+		return &UnreachableError{Service: "NATS", Addr: addr, Setting: NATSSetting, Err: fmt.Errorf("%w (the server's TLS certificate is not trusted: give the authority that signed it with -nats-ca)", err)}
+	case errors.Is(err, nats.ErrSecureConnRequired):
+		return &UnreachableError{Service: "NATS", Addr: addr, Setting: NATSSetting, Err: fmt.Errorf("%w (use a tls:// URL)", err)}
+	}
+	if natsRefusal(err) != nil {
+		return &UnreachableError{Service: "NATS", Addr: addr, Setting: NATSAuthSetting, Check: "credentials", Err: err}
+	}
+	return &UnreachableError{Service: "NATS", Addr: addr, Setting: NATSSetting, Err: err}
+}
+
+// natsRefusal returns the refusal of a NATS server found in err: its
+// authorization violation, or a credential that expired or was revoked.
+func natsRefusal(err error) error {
+	for _, target := range []error{nats.ErrAuthorization, nats.ErrAuthExpired, nats.ErrAuthRevoked, nats.ErrAccountAuthExpired, nats.ErrPermissionViolation} {
+		if errors.Is(err, target) {
+			return target
+		}
+	}
+	return nil
+}
+
+// redactor returns a function that removes the secrets of rawURL and
+// auth from a text: nats.go's errors may quote what it was given.
+func redactor(rawURL string, auth NATSAuth) func(string) string {
+	var secrets []string
+	for _, part := range strings.Split(rawURL, ",") {
+		if !strings.Contains(part, "://") {
+			part = "nats://" + strings.TrimSpace(part)
+		}
+		if u, err := url.Parse(strings.TrimSpace(part)); err == nil && u.User != nil {
+			if p, ok := u.User.Password(); ok {
+				secrets = append(secrets, p)
+			} else {
+				secrets = append(secrets, u.User.Username()) // a token
+			}
+		}
+	}
+	secrets = append(secrets, auth.Password, auth.Token)
+	return func(s string) string {
+		for _, sec := range secrets {
+			if sec != "" {
+				s = strings.ReplaceAll(s, sec, "REDACTED")
+			}
+		}
+		return s
+	}
+}
+
+// redactedError is err with its text redacted.
+type redactedError struct {
+	err    error
+	redact func(string) string
+}
+
+func (e redactedError) Error() string { return e.redact(e.err.Error()) }
+func (e redactedError) Unwrap() error { return e.err }
