@@ -375,7 +375,7 @@ func newSubscriber(t testing.TB, b Backend, env Env, spec consumerSpec) (message
 
 // closeTimeout bounds closeMiddleware: more than any CompleteTimeout (the
 // lease) of a scenario.
-const closeTimeout = time.Minute
+const closeTimeout = defaultLease + time.Minute
 
 // closeMiddleware closes the middleware of an AsyncComplete consumer
 // once its router stopped, waiting for the Completes in flight, then
