@@ -366,6 +366,11 @@ var benchmarkBytes = map[string]float64{
 
 const benchmarkBytesCompact = 97.1
 
+// natsBytesPerRecord is the stream bytes of a done record without data,
+// as natsstore's TestBytesPerRecord measured them (its README, "Bytes per
+// record").
+const natsBytesPerRecord = 137.4
+
 // bytesPerRecord is the figure window uses, and where it comes from.
 func bytesPerRecord(c *config) (float64, string, error) {
 	if c.bytesPerRecord > 0 {
@@ -381,12 +386,16 @@ func bytesPerRecord(c *config) (float64, string, error) {
 		return benchmarkBytes[storePostgres], "PostgreSQL, BENCHMARKS.md", nil
 	case storeMemory:
 		return benchmarkBytes[storeMemory], "memstore, BENCHMARKS.md", nil
+	case storeNATS:
+		// A NATS bucket keeps every record for its MaxAge, about the
+		// retention (max(MaxRetention, 2 x MaxLease) + ClockSkew).
+		return natsBytesPerRecord, "NATS stream bytes, stores/natsstore/README.md (the disk holds about 2.6 times that)", nil
 	case storeMySQL, storeSQLite:
 		return 0, "", usagef("no benchmark figure for %s: give -bytes-per-record (dedupctl stats on a table of representative records prints its bytes a record)", c.store)
 	case "":
-		return 0, "", usagef("window needs -store (memory, redis, postgres) for the benchmarks' bytes a record, or -bytes-per-record")
+		return 0, "", usagef("window needs -store (memory, redis, postgres, nats) for the benchmarks' bytes a record, or -bytes-per-record")
 	}
-	return 0, "", usagef("unknown store %q: set -store to one of memory, %s", c.store, "redis, postgres, mysql, sqlite")
+	return 0, "", usagef("unknown store %q: set -store to one of memory, %s", c.store, "redis, postgres, mysql, sqlite, nats")
 }
 
 func (c *cli) window() error {

@@ -21,16 +21,18 @@ const (
 	storePostgres = "postgres"
 	storeMySQL    = "mysql"
 	storeSQLite   = "sqlite"
+	storeNATS     = "nats"
 	storeMemory   = "memory" // window only
 )
 
-var storeNames = []string{storeRedis, storePostgres, storeMySQL, storeSQLite}
+var storeNames = []string{storeRedis, storePostgres, storeMySQL, storeSQLite, storeNATS}
 
 // Defaults of the connection flags: router_example's.
 const (
 	defaultRedisAddr   = "127.0.0.1:6379"
 	defaultPostgresDSN = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
 	defaultMySQLDSN    = "root@tcp(127.0.0.1:3306)/test?parseTime=true"
+	defaultNATSURL     = "nats://127.0.0.1:4222"
 	defaultTimeout     = time.Minute
 	// sqliteFile is the file router_example keeps in -dir.
 	sqliteFile = "loyalty.db"
@@ -52,6 +54,7 @@ type config struct {
 	sqliteFile           string
 	table                string
 	runID                string
+	nats                 natsConfig
 	purgeGrace           time.Duration
 	timeout              time.Duration
 
@@ -85,6 +88,7 @@ var commandFlags = map[string][]string{
 var connectionFlags = []string{
 	"store", "redis-addr", "redis-cluster", "redis-prefix", "compact-keys", "digest-keys-longer-than",
 	"postgres-dsn", "mysql-dsn", "dir", "sqlite-file", "table", "run-id", "purge-grace", "timeout",
+	"nats-url", "nats-bucket", "nats-shards", "nats-user", "nats-password", "nats-token", "nats-creds", "nats-nkey", "nats-ca",
 }
 
 func newFlagSet(c *config) *flag.FlagSet {
@@ -103,7 +107,8 @@ func newFlagSet(c *config) *flag.FlagSet {
 	fs.StringVar(&c.sqliteFile, "sqlite-file", "", "SQLite database `file` (instead of -dir)")
 	fs.StringVar(&c.table, "table", "", "the SQL table, Config.Table (default \"dedup_inbox\", \"dedup_<run id>\" with -run-id)")
 	fs.StringVar(&c.runID, "run-id", "", "router_example's run id: sets -redis-prefix to \"dedup:<run id>:\" and -table to \"dedup_<run id>\"")
-	cliflag.DurationVar(fs, &c.purgeGrace, "purge-grace", "purge (SQL): keep processing records whose lease ended less than this `duration` ago; keep it above your longest lease (default 15m, sqlstore's)")
+	c.nats.flags(fs)
+	cliflag.DurationVar(fs, &c.purgeGrace, "purge-grace", "purge (SQL, NATS): keep processing records whose lease ended less than this `duration` ago; keep it above your longest lease (default 15m, sqlstore's; NATS: 1h, natsstore's MaxLease)")
 	c.timeout = defaultTimeout
 	cliflag.DurationVar(fs, &c.timeout, "timeout", "give up after this `duration`")
 
@@ -212,7 +217,7 @@ func (c *config) validate(cmd string) error {
 		return nil // it connects to nothing
 	}
 	switch c.store {
-	case storeRedis, storePostgres, storeMySQL, storeSQLite:
+	case storeRedis, storePostgres, storeMySQL, storeSQLite, storeNATS:
 	case "":
 		return usagef("no store: set -store (or DEDUP_STORE) to one of %s", strings.Join(storeNames, ", "))
 	case storeMemory:

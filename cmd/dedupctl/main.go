@@ -12,9 +12,14 @@
 // -postgres-dsn (POSTGRES_DSN), -mysql-dsn (MYSQL_DSN), -dir (the
 // directory of the example's SQLite file), -run-id; -redis-prefix and
 // -table point at the store's records, -sqlite-file at any SQLite file.
+// It reaches natsstore's KV buckets on NATS JetStream with -store=nats,
+// -nats-url (NATS_URL, as router_example's NATS broker: credentials in
+// the URL, tls:// for TLS), -nats-bucket and -nats-shards (the store's
+// Bucket and Shards), -nats-user and -nats-password, -nats-token,
+// -nats-creds or -nats-nkey, and -nats-ca for a private CA.
 // Every connection flag -some-name is also the environment variable
-// DEDUP_SOME_NAME, but for the three addresses; a flag wins over the
-// environment. Flags may come before or after the command.
+// DEDUP_SOME_NAME, but for the addresses (NATS_URL too); a flag wins over
+// the environment. Flags may come before or after the command.
 //
 // Commands:
 //
@@ -38,11 +43,12 @@
 //
 // A record is found by its scope and key on every store, but sqlstore
 // keeps each record under a digest of (scope, key) (sqlstore.RecordID),
-// and so does redisstore with -compact-keys: there list, forget and
-// release cannot select a scope or key prefix, and stats does not count
-// by scope. get SCOPE KEY still reads any record, and list without SCOPE
-// lists every record by id. Redis's default layout keeps scopes and keys
-// (but for keys stored as digests, -digest-keys-longer-than).
+// and so do natsstore (its KV key) and redisstore with -compact-keys:
+// there list, forget and release cannot select a scope or key prefix,
+// and stats does not count by scope. get SCOPE KEY still reads any
+// record, and list without SCOPE lists every record by id. Redis's
+// default layout keeps scopes and keys (but for keys stored as digests,
+// -digest-keys-longer-than).
 //
 // Output is a table for people; -json writes JSON for scripts. The exit
 // status is:
@@ -150,8 +156,8 @@ forget and release show what they would delete and change nothing without -yes.
 Instead of KEY they take -prefix (or -all alone: the whole scope), and refuse to
 delete more than one record without -all.
 
-On SQL stores and Redis with -compact-keys, records are stored under a digest of
-(scope, key): list, forget and release cannot select a scope or key prefix there,
+On SQL stores, NATS and Redis with -compact-keys, records are stored under a digest
+of (scope, key): list, forget and release cannot select a scope or key prefix there,
 and stats does not count by scope. get SCOPE KEY reads any record; list without
 SCOPE lists every record by id.
 

@@ -32,8 +32,11 @@ var connect = storeopen.Opener{MaxConns: 2}
 
 // openStore opens the store the configuration names.
 func openStore(ctx context.Context, c *config) (*admin, error) {
-	if c.store == storeRedis {
+	switch c.store {
+	case storeRedis:
 		return openRedis(ctx, c)
+	case storeNATS:
+		return openNATS(ctx, c)
 	}
 	return openSQL(ctx, c)
 }

@@ -381,3 +381,40 @@ func TestAdminCursor(t *testing.T) {
 		t.Fatalf("the last page = %d records, %q, %v", len(rest), next, err)
 	}
 }
+
+// TestOpen: Open creates no bucket and takes a bucket as it is, whatever
+// its MaxAge, for the admin calls.
+func TestOpen(t *testing.T) {
+	nc := sharedConn(t)
+	ctx := context.Background()
+	missing := natsstore.Config{Bucket: testBucket()}
+	deleteBuckets(t, nc, missing)
+	_, err := natsstore.Open(ctx, nc, missing)
+	errtest.NotOutage(t, "Open of a missing bucket", err, natsstore.ErrNoBucket)
+	js, _ := jetstream.New(nc)
+	if _, err := js.Stream(ctx, "KV_"+missing.Bucket); !errors.Is(err, jetstream.ErrStreamNotFound) {
+		t.Fatalf("Open created the bucket, or: %v", err)
+	}
+	if _, err := natsstore.Open(ctx, nil, missing); err == nil {
+		t.Fatal("Open accepted a nil connection")
+	}
+
+	// A store of an hour's retention; the default config needs a day.
+	short := natsstore.Config{Bucket: testBucket(), MaxLease: time.Minute, MaxRetention: time.Hour}
+	s := newStore(t, nc, short)
+	c := claim(t, s, "s", time.Minute, "k")
+	if err := s.Complete(ctx, c, time.Hour, []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := natsstore.New(ctx, nc, natsstore.Config{Bucket: short.Bucket}); !errors.Is(err, natsstore.ErrBucketConfig) {
+		t.Fatalf("New with the default config on the short bucket = %v", err)
+	}
+	a, err := natsstore.Open(ctx, nc, natsstore.Config{Bucket: short.Bucket})
+	if err != nil {
+		t.Fatalf("Open of a bucket with a shorter MaxAge: %v", err)
+	}
+	defer a.Close(ctx)
+	if r, err := a.Get(ctx, "s", "k"); err != nil || string(r.Data) != "x" {
+		t.Fatalf("Get through Open = %+v, %v", r, err)
+	}
+}

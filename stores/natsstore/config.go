@@ -32,6 +32,10 @@ const (
 // ErrInvalidConfig is wrapped by every error Validate returns.
 var ErrInvalidConfig = errors.New("natsstore: invalid config")
 
+// ErrNoBucket is wrapped by Open's error when a bucket of the config
+// does not exist.
+var ErrNoBucket = errors.New("natsstore: no such bucket")
+
 // ErrBucketConfig is wrapped by New's error when a bucket exists but
 // cannot hold the records the Config allows: a MaxAge (KV TTL) shorter
 // than [Config.RequiredMaxAge], or none at all.
@@ -81,6 +85,10 @@ type Config struct {
 	// Clock tells the time of leases and expiry. nil means the system
 	// clock.
 	Clock stores.Clock
+
+	// asIs: the buckets are used as they are, never created, whatever
+	// their MaxAge (Open).
+	asIs bool
 }
 
 var bucketRe = regexp.MustCompile(`\A[a-zA-Z0-9_-]+\z`)

@@ -121,6 +121,24 @@ func Connect(ctx context.Context, url string, cfg Config, opts ...nats.Option) (
 	return s, nil
 }
 
+// Open returns a Store on nc for the buckets of cfg as they are, for a
+// tool that reads and deletes records, such as dedupctl: unlike New, it
+// creates no bucket (a missing one fails with an error wrapping
+// [ErrNoBucket]) and accepts a bucket whatever its MaxAge, which New
+// checks against cfg's MaxLease and MaxRetention. cfg's Bucket and Shards
+// must be the consumers' (they decide where each record is), and its
+// MaxLease the longest lease they give (Purge keeps the claims whose
+// lease ended less than that ago). Its Claim, Complete, Release and
+// Extend work as New's, but on a bucket New would refuse its records may
+// go before their time: claim through a store of New's.
+func Open(ctx context.Context, nc *nats.Conn, cfg Config) (*Store, error) {
+	if nc == nil {
+		return nil, errors.New("natsstore: the NATS connection is nil")
+	}
+	cfg.asIs = true
+	return newStore(ctx, nc, false, cfg)
+}
+
 func newStore(ctx context.Context, nc *nats.Conn, own bool, cfg Config) (*Store, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -156,6 +174,9 @@ func (s *Store) openBucket(ctx context.Context, bucket string) (*shard, error) {
 		return nil, fmt.Errorf("natsstore: %s bucket %q: %w", what, bucket, classify(ctx, nil, err))
 	}
 	st, err := s.js.Stream(ctx, streamName(bucket))
+	if errors.Is(err, jetstream.ErrStreamNotFound) && s.cfg.asIs {
+		return nil, fmt.Errorf("%w: %q", ErrNoBucket, bucket)
+	}
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
 		_, err = s.js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
 			Bucket:      bucket,
@@ -178,7 +199,7 @@ func (s *Store) openBucket(ctx context.Context, bucket string) (*shard, error) {
 	if !slices.Contains(conf.Subjects, prefix+">") {
 		return nil, fmt.Errorf("%w: stream %q is not the KV bucket %q (subjects %q)", ErrBucketConfig, conf.Name, bucket, conf.Subjects)
 	}
-	if conf.MaxAge <= 0 || conf.MaxAge < need {
+	if (conf.MaxAge <= 0 || conf.MaxAge < need) && !s.cfg.asIs {
 		have := "no MaxAge (records would never be removed)"
 		if conf.MaxAge > 0 {
 			have = "MaxAge " + conf.MaxAge.String()
