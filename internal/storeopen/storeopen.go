@@ -52,7 +52,8 @@ type Opener struct {
 }
 
 // Redis connects to the Redis at addrs[0] or, with cluster, to the Redis
-// Cluster of whose nodes addrs lists some, and pings it. It probes the
+// Cluster of whose nodes addrs lists some, and pings it: OpenRedis with
+// the addresses (host:port, or URLs; see RedisConfig). It probes the
 // addresses first, one answering is enough: go-redis would log its failed
 // dials before the error. Every call is bounded by the caller's context
 // (ContextTimeoutEnabled), and a failed one is retried once. A service
@@ -62,36 +63,8 @@ func (o Opener) Redis(ctx context.Context, addrs []string, cluster bool) (redis.
 	if len(addrs) == 0 {
 		return nil, errors.New("storeopen: no Redis address")
 	}
-	var probed error
-	for _, a := range addrs {
-		if probed = ProbeTCP(ctx, "Redis", a, RedisSetting); probed == nil {
-			break
-		}
-	}
-	if probed != nil {
-		return nil, probed
-	}
-	var (
-		client  redis.UniversalClient
-		service = "Redis"
-	)
-	if cluster {
-		service = "Redis Cluster"
-		client = redis.NewClusterClient(&redis.ClusterOptions{
-			Addrs: addrs, ContextTimeoutEnabled: true, DialTimeout: DialTimeout, MaxRetries: 1,
-		})
-	} else {
-		client = redis.NewClient(&redis.Options{
-			Addr: addrs[0], ContextTimeoutEnabled: true, DialTimeout: DialTimeout, DialerRetries: 1, MaxRetries: 1,
-		})
-	}
-	pctx, cancel := context.WithTimeout(ctx, DialTimeout)
-	defer cancel()
-	if err := client.Ping(pctx).Err(); err != nil {
-		_ = client.Close()
-		return nil, o.unreachable(service, strings.Join(addrs, ","), RedisSetting, err)
-	}
-	return client, nil
+	client, _, err := o.OpenRedis(ctx, RedisConfig{Addr: strings.Join(addrs, ","), Cluster: cluster})
+	return client, err
 }
 
 // DB opens and pings the PostgreSQL (d is sqlstore.Postgres) or
