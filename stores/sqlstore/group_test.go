@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -81,17 +82,41 @@ func (g *gate) plug(ctx context.Context, scope string) (wait func()) {
 	return func() { <-done }
 }
 
-// queued waits until n calls besides the plug are inside the batcher,
-// then a little more, for the last of them to reach its queue.
+// queued waits until n calls besides the plug wait in the batcher's
+// queue (not merely inside the batcher: a call on its way to the queue
+// may be held there by a loaded machine for any time), however long they
+// take to get there.
 func (g *gate) queued(n int) {
-	deadline := time.Now().Add(10 * time.Second)
-	for sqlstore.BatchCallers(g.s) < int64(n+1) {
+	deadline := time.Now().Add(time.Minute)
+	for waitingInBatcher() < n {
 		if time.Now().After(deadline) {
-			g.t.Fatalf("only %d of %d calls reached the batcher", sqlstore.BatchCallers(g.s)-1, n)
+			g.t.Fatalf("only %d of %d calls wait in the batcher's queue (%d inside it)", waitingInBatcher(), n, sqlstore.BatchCallers(g.s)-1)
 		}
 		time.Sleep(time.Millisecond)
 	}
-	time.Sleep(20 * time.Millisecond)
+}
+
+// waitingInBatcher reports how many goroutines wait in a Batcher's Do for
+// a result: calls queued behind a busy slot, or out in a batch whose
+// statement has not answered. No test of this package runs in parallel.
+func waitingInBatcher() int {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			buf = buf[:n]
+			break
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+	waiting := 0
+	for _, g := range bytes.Split(buf, []byte("\n\n")) {
+		header, rest, _ := bytes.Cut(g, []byte("\n"))
+		if bytes.Contains(header, []byte("[select")) && bytes.HasPrefix(rest, []byte("github.com/watermill-dedup/dedup/internal/batch.(*Batcher[")) {
+			waiting++
+		}
+	}
+	return waiting
 }
 
 func newBatchStore(t *testing.T, b backend, clock stores.Clock) *sqlstore.Store {
