@@ -406,9 +406,11 @@ func TestBatchOrphanedClaimReleased(t *testing.T) {
 		var wg sync.WaitGroup
 		var gaveUp, other error
 		var otherClaim *stores.Claim
+		left := make(chan struct{})
 		wg.Add(2)
 		go func() {
 			defer wg.Done()
+			defer close(left)
 			_, gaveUp = s.Claim(cctx, "orphan", []string{"orphan"}, time.Hour)
 		}()
 		go func() {
@@ -419,7 +421,7 @@ func TestBatchOrphanedClaimReleased(t *testing.T) {
 		close(g.open)
 		<-g.held2 // both run in the second batch, held before its statement
 		cancel()
-		time.Sleep(20 * time.Millisecond) // let the caller leave
+		<-left // the caller left while its batch is held
 		close(g.open2)
 		wg.Wait()
 		wait()
@@ -429,7 +431,7 @@ func TestBatchOrphanedClaimReleased(t *testing.T) {
 		if other != nil || otherClaim.Result != stores.Claimed {
 			t.Fatalf("the other caller: %+v %v", otherClaim, other)
 		}
-		deadline := time.Now().Add(10 * time.Second)
+		deadline := time.Now().Add(time.Minute)
 		for {
 			c, err := s.Claim(ctx, "orphan", []string{"orphan"}, time.Minute)
 			if err != nil {
