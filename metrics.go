@@ -1,6 +1,11 @@
 package dedup
 
-import "time"
+import (
+	"errors"
+	"time"
+
+	"github.com/watermill-dedup/dedup/stores"
+)
 
 // Outcome is one thing the middleware or the publisher did with a
 // message, reported to [Metrics].
@@ -111,3 +116,45 @@ func (NopMetrics) Observe(string, Outcome) {}
 
 // ObserveStore does nothing.
 func (NopMetrics) ObserveStore(string, string, time.Duration, error) {}
+
+// Results of a store call, as the metrics exporters label its latency
+// (StoreResult).
+const (
+	ResultOK        = "ok"         // the call succeeded
+	ResultError     = "error"      // a backend failure: the numerator of a store error rate
+	ResultLostClaim = "lost_claim" // a fenced call refused: the lease was taken over
+	ResultInvalid   = "invalid"    // a key, argument or data the store refused before any I/O
+)
+
+// StoreResult classifies the error of a store call for a latency metric:
+// ResultOK, ResultLostClaim, ResultInvalid or ResultError.
+func StoreResult(err error) string {
+	switch {
+	case err == nil:
+		return ResultOK
+	case errors.Is(err, stores.ErrLostClaim):
+		return ResultLostClaim
+	case errors.Is(err, stores.ErrInvalidKey), errors.Is(err, stores.ErrInvalidArgument):
+		return ResultInvalid
+	default:
+		return ResultError
+	}
+}
+
+// TeeMetrics returns a Metrics that passes everything to each of ms: to
+// export to Prometheus and OpenTelemetry at once, say.
+func TeeMetrics(ms ...Metrics) Metrics { return tee(ms) }
+
+type tee []Metrics
+
+func (t tee) Observe(scope string, o Outcome) {
+	for _, m := range t {
+		m.Observe(scope, o)
+	}
+}
+
+func (t tee) ObserveStore(scope, op string, d time.Duration, err error) {
+	for _, m := range t {
+		m.ObserveStore(scope, op, d, err)
+	}
+}

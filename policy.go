@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // StoreErrorPolicy says what happens to a message when the store cannot be
@@ -183,8 +184,35 @@ type Policy struct {
 	// discards them; see the prommetrics package.
 	Metrics Metrics
 
+	// Tracing makes an OpenTelemetry span of every store call, when its
+	// Provider is set. The default is no tracing.
+	Tracing Tracing
+
 	// Tuning holds settings that rarely need changing.
 	Tuning Tuning
+}
+
+// Tracing configures the spans of the store calls: one span per call
+// (dedup.claim, dedup.complete, dedup.release, dedup.extend,
+// dedup.begin, dedup.commit, dedup.rollback), a child of the span in the
+// message's context, with the attributes a dashboard groups by:
+// dedup.outcome (on a claim: claimed, takeover, duplicate, in_progress,
+// or what a failure meant: store_error, bypassed, cancelled, no_key),
+// dedup.scope, dedup.keys.count, dedup.store (the store's kind),
+// dedup.mode, dedup.side (consumer or producer), and on a duplicate
+// dedup.record.age (seconds since the record was completed, when the run
+// that completed it was traced). A failed call has status Error and the
+// error recorded.
+type Tracing struct {
+	// Provider makes the tracer: otel.GetTracerProvider() for the global
+	// one. Nil (the default) turns tracing off: no span is made.
+	Provider trace.TracerProvider
+
+	// RecordKeys puts the message's keys verbatim on its spans
+	// (dedup.keys). Off by default: keys are often personal data (an
+	// order id, an e-mail address) that a tracing backend should not
+	// keep.
+	RecordKeys bool
 }
 
 // Tuning holds the settings that rarely need changing. The zero value of

@@ -188,7 +188,7 @@ func (m *Middleware) encode(msg *message.Message, outputs []*message.Message) []
 	if m.cfg.Fingerprint != nil {
 		fp = m.cfg.Fingerprint(msg)
 	}
-	return cycle.EncodeData(fp, outputs)
+	return m.cyc.Encode(fp, outputs)
 }
 
 // duplicate acks a message that was already done, re-emitting its stored

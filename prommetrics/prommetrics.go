@@ -8,10 +8,11 @@
 // outcome is one of the [dedup.Outcome] names (claimed, duplicate,
 // in_progress, takeover, store_error, bypassed, lost_claim, ttl_miss, no_key,
 // fingerprint_mismatch, released, cancelled); op is a store operation (claim, complete,
-// release, extend, begin, commit, rollback); result is ok, error (a backend
-// failure: the numerator of a store error rate), lost_claim (a fenced call
-// refused because the lease was taken over) or invalid (a key or argument the
-// store rejected before any I/O).
+// release, extend, begin, commit, rollback); result is one of
+// dedup.StoreResult's: ok, error (a backend failure: the numerator of a
+// store error rate), lost_claim (a fenced call refused because the lease
+// was taken over) or invalid (a key or argument the store rejected
+// before any I/O).
 //
 // The first time a scope is seen, every outcome series of that scope is
 // created at zero, so that increase() and rate() see the first ttl_miss or
@@ -28,7 +29,6 @@
 package prommetrics
 
 import (
-	"errors"
 	"fmt"
 	"regexp"
 	"strings"
@@ -38,7 +38,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	dedup "github.com/watermill-dedup/dedup"
-	"github.com/watermill-dedup/dedup/stores"
 )
 
 // Default values of Config fields.
@@ -57,14 +56,6 @@ const (
 	LabelOutcome = "outcome"
 	LabelOp      = "op"
 	LabelResult  = "result"
-)
-
-// Values of the result label of the store latency histogram.
-const (
-	ResultOK        = "ok"
-	ResultError     = "error"
-	ResultLostClaim = "lost_claim"
-	ResultInvalid   = "invalid"
 )
 
 // Config configures Metrics. The zero value registers with
@@ -176,21 +167,7 @@ func (m *Metrics) Observe(scope string, o dedup.Outcome) {
 
 // ObserveStore records the duration of a store call and its result.
 func (m *Metrics) ObserveStore(scope, op string, d time.Duration, err error) {
-	m.store.WithLabelValues(labelValue(scope), labelValue(op), Result(err)).Observe(d.Seconds())
-}
-
-// Result classifies a store call's error as the histogram's result label.
-func Result(err error) string {
-	switch {
-	case err == nil:
-		return ResultOK
-	case errors.Is(err, stores.ErrLostClaim):
-		return ResultLostClaim
-	case errors.Is(err, stores.ErrInvalidKey), errors.Is(err, stores.ErrInvalidArgument):
-		return ResultInvalid
-	default:
-		return ResultError
-	}
+	m.store.WithLabelValues(labelValue(scope), labelValue(op), dedup.StoreResult(err)).Observe(d.Seconds())
 }
 
 // ensureScope creates every outcome series of scope at zero, once.

@@ -130,15 +130,15 @@ func TestResult(t *testing.T) {
 		err  error
 		want string
 	}{
-		{nil, prommetrics.ResultOK},
-		{errors.New("boom"), prommetrics.ResultError},
-		{context.DeadlineExceeded, prommetrics.ResultError},
-		{fmt.Errorf("wrapped: %w", stores.ErrClosed), prommetrics.ResultError},
-		{fmt.Errorf("wrapped: %w", stores.ErrLostClaim), prommetrics.ResultLostClaim},
-		{fmt.Errorf("wrapped: %w", stores.ErrInvalidArgument), prommetrics.ResultInvalid},
-		{fmt.Errorf("wrapped: %w", stores.ErrInvalidKey), prommetrics.ResultInvalid},
+		{nil, dedup.ResultOK},
+		{errors.New("boom"), dedup.ResultError},
+		{context.DeadlineExceeded, dedup.ResultError},
+		{fmt.Errorf("wrapped: %w", stores.ErrClosed), dedup.ResultError},
+		{fmt.Errorf("wrapped: %w", stores.ErrLostClaim), dedup.ResultLostClaim},
+		{fmt.Errorf("wrapped: %w", stores.ErrInvalidArgument), dedup.ResultInvalid},
+		{fmt.Errorf("wrapped: %w", stores.ErrInvalidKey), dedup.ResultInvalid},
 	} {
-		if got := prommetrics.Result(tc.err); got != tc.want {
+		if got := dedup.StoreResult(tc.err); got != tc.want {
 			t.Errorf("Result(%v) = %q, want %q", tc.err, got, tc.want)
 		}
 	}

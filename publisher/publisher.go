@@ -242,7 +242,7 @@ func (d *Decorator) publishLease(pub message.Publisher, topic, scope string, ite
 			return
 		}
 		it.beat.Completing()
-		d.cyc.Complete(context.WithoutCancel(it.msg.Context()), it.msg, it.beat, nil)
+		d.cyc.Complete(context.WithoutCancel(it.msg.Context()), it.msg, it.beat, d.cyc.Encode(nil, nil))
 		d.cyc.Drop(it.beat)
 		it.beat = nil
 	})

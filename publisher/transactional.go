@@ -73,7 +73,7 @@ func (d *Decorator) publishTx(pub message.Publisher, topic, scope string, items 
 		}
 		tx := it.tx
 		it.tx = nil
-		if err := d.cyc.Commit(it.msg.Context(), scope, tx, nil); err != nil {
+		if err := d.cyc.Commit(it.msg.Context(), scope, tx, d.cyc.Encode(nil, nil)); err != nil {
 			d.cyc.Observe(scope, dedup.OutcomeStoreError)
 			return errors.Join(fmt.Errorf("%w: publish: message %s, scope %q: the record could not be kept in the transaction; roll it back: %w", dedup.ErrStore, keyfuncs.Name(it.msg), scope, err), d.rollbackAll(scope, items))
 		}

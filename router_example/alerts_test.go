@@ -97,7 +97,7 @@ func TestAlertRules(t *testing.T) {
 	}
 	labelValues := map[string][]string{
 		"outcome": outcomes,
-		"result":  {prommetrics.ResultOK, prommetrics.ResultError, prommetrics.ResultLostClaim, prommetrics.ResultInvalid},
+		"result":  {dedup.ResultOK, dedup.ResultError, dedup.ResultLostClaim, dedup.ResultInvalid},
 		"op":      {dedup.OpClaim, dedup.OpComplete, dedup.OpRelease, dedup.OpExtend, dedup.OpBegin, dedup.OpCommit, dedup.OpRollback},
 	}
 
@@ -184,10 +184,10 @@ func TestAlertRules(t *testing.T) {
 
 // The result label the error-rate rule counts is a backend failure only.
 func TestStoreErrorResultLabel(t *testing.T) {
-	if got := prommetrics.Result(errors.New("connection refused")); got != "error" {
+	if got := dedup.StoreResult(errors.New("connection refused")); got != "error" {
 		t.Fatalf("Result(backend failure) = %q, want error", got)
 	}
-	if got := prommetrics.Result(stores.ErrLostClaim); got == "error" {
+	if got := dedup.StoreResult(stores.ErrLostClaim); got == "error" {
 		t.Fatal("a lost claim counts as a store error; the error-rate alert would fire on fencing")
 	}
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+
 	dedup "github.com/watermill-dedup/dedup"
 	"github.com/watermill-dedup/dedup/stores"
 )
@@ -38,41 +40,52 @@ func (c *Cycle) observe(scope, op string, start time.Time, err error) {
 	}
 }
 
-// Claim claims keys in scope for the policy's Lease.
+// Claim claims keys in scope for the policy's Lease. parent is the
+// message's context (or one the caller derived from it).
 func (c *Cycle) Claim(parent context.Context, scope string, keys []string) (*stores.Claim, error) {
-	ctx, cancel := c.ctx(parent)
+	sctx, span := c.span(parent, dedup.OpClaim, scope, keys)
+	ctx, cancel := c.ctx(sctx)
 	defer cancel()
 	start := c.now()
 	cl, err := c.store.Claim(ctx, scope, keys, c.p.Lease)
 	c.observe(scope, dedup.OpClaim, start, err)
+	if span != nil {
+		end(span, err, c.claimOutcome(parent, cl, err)...)
+	}
 	return cl, err
 }
 
 func (c *Cycle) extend(parent context.Context, cl *stores.Claim) error {
-	ctx, cancel := c.ctx(context.WithoutCancel(parent))
+	sctx, span := c.span(context.WithoutCancel(parent), dedup.OpExtend, cl.Scope, cl.Keys)
+	ctx, cancel := c.ctx(sctx)
 	defer cancel()
 	start := c.now()
 	err := c.store.Extend(ctx, cl, c.p.Lease)
 	c.observe(cl.Scope, dedup.OpExtend, start, err)
+	end(span, err)
 	return err
 }
 
 func (c *Cycle) release(parent context.Context, cl *stores.Claim) error {
-	ctx, cancel := c.ctx(context.WithoutCancel(parent))
+	sctx, span := c.span(context.WithoutCancel(parent), dedup.OpRelease, cl.Scope, cl.Keys)
+	ctx, cancel := c.ctx(sctx)
 	defer cancel()
 	start := c.now()
 	err := c.store.Release(ctx, cl)
 	c.observe(cl.Scope, dedup.OpRelease, start, err)
+	end(span, err)
 	return err
 }
 
 // complete is one Complete, bounded by StoreTimeout within ctx.
 func (c *Cycle) complete(ctx context.Context, cl *stores.Claim, data []byte) error {
-	ctx, cancel := c.ctx(ctx)
+	sctx, span := c.span(ctx, dedup.OpComplete, cl.Scope, cl.Keys)
+	ctx, cancel := c.ctx(sctx)
 	defer cancel()
 	start := c.now()
 	err := c.store.Complete(ctx, cl, c.p.Retention, data)
 	c.observe(cl.Scope, dedup.OpComplete, start, err)
+	end(span, err)
 	return err
 }
 
@@ -84,34 +97,48 @@ func (c *Cycle) complete(ctx context.Context, cl *stores.Claim, data []byte) err
 // a duplicate waiting longer is nacked, and finds the other run's outcome
 // when it is redelivered.
 func (c *Cycle) Begin(parent context.Context, scope string, keys []string) (stores.InboxTx, error) {
-	ctx, cancel := parent, context.CancelFunc(func() {})
+	sctx, span := c.span(parent, dedup.OpBegin, scope, keys)
+	ctx, cancel := sctx, context.CancelFunc(func() {})
 	if c.joiner == nil {
-		ctx, cancel = c.ctx(parent)
+		ctx, cancel = c.ctx(sctx)
 	} else if _, joined := c.joiner.JoinedTx(parent); !joined {
-		ctx, cancel = c.ctx(parent)
+		ctx, cancel = c.ctx(sctx)
 	}
 	defer cancel()
 	start := c.now()
 	tx, err := c.inbox.Begin(ctx, scope, keys, c.p.Retention)
 	c.observe(scope, dedup.OpBegin, start, err)
+	if span != nil {
+		var attrs []attribute.KeyValue
+		if err == nil {
+			attrs = c.claimOutcome(parent, &stores.Claim{Result: tx.Result(), Data: tx.Data()}, nil)
+		} else {
+			attrs = c.claimOutcome(parent, nil, err)
+		}
+		end(span, err, attrs...)
+	}
 	return tx, err
 }
 
 // Rollback rolls tx back, detached from parent's cancellation.
 func (c *Cycle) Rollback(parent context.Context, scope string, tx stores.InboxTx) error {
-	ctx, cancel := c.ctx(context.WithoutCancel(parent))
+	sctx, span := c.span(context.WithoutCancel(parent), dedup.OpRollback, scope, nil)
+	ctx, cancel := c.ctx(sctx)
 	defer cancel()
 	start := c.now()
 	err := tx.Rollback(ctx)
 	c.observe(scope, dedup.OpRollback, start, err)
+	end(span, err)
 	return err
 }
 
 func (c *Cycle) commit(parent context.Context, scope string, tx stores.InboxTx, data []byte) error {
-	ctx, cancel := c.ctx(context.WithoutCancel(parent))
+	sctx, span := c.span(context.WithoutCancel(parent), dedup.OpCommit, scope, nil)
+	ctx, cancel := c.ctx(sctx)
 	defer cancel()
 	start := c.now()
 	err := tx.Commit(ctx, data)
 	c.observe(scope, dedup.OpCommit, start, err)
+	end(span, err)
 	return err
 }

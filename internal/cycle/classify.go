@@ -42,17 +42,18 @@ func refused(err error) bool {
 // is not known to be unreachable and running the effect unprotected
 // could repeat one it has recorded.
 func (c *Cycle) ClaimFailed(msg *message.Message, scope string, keys []string, err error) (bypass bool, _ error) {
-	if errors.Is(err, stores.ErrInvalidKey) {
+	o, bypass := c.failure(msg.Context(), err)
+	switch o {
+	case dedup.OutcomeNoKey:
 		// A key function returned something the store rejects: bad input,
 		// not an outage.
-		return false, c.Permanent(msg, scope, keys, dedup.OutcomeNoKey, fmt.Errorf("%sscope %q: %w: message %s: %w", c.side.Prefix, scope, keyfuncs.ErrNoKey, keyfuncs.Name(msg), err))
-	}
-	if cerr := msg.Context().Err(); cerr != nil {
-		c.Observe(scope, dedup.OutcomeCancelled)
-		return false, c.Errorf(msg, scope, "its context ended before the store answered: %w", errors.Join(cerr, err))
+		return false, c.Permanent(msg, scope, keys, o, fmt.Errorf("%sscope %q: %w: message %s: %w", c.side.Prefix, scope, keyfuncs.ErrNoKey, keyfuncs.Name(msg), err))
+	case dedup.OutcomeCancelled:
+		c.Observe(scope, o)
+		return false, c.Errorf(msg, scope, "its context ended before the store answered: %w", errors.Join(msg.Context().Err(), err))
 	}
 	c.Observe(scope, dedup.OutcomeStoreError)
-	if c.p.OnStoreError == dedup.FailOpen && IsOutage(err) {
+	if bypass {
 		c.Observe(scope, dedup.OutcomeBypassed)
 		f := c.Fields(msg, scope, keys)
 		f["error"] = err.Error()
@@ -60,6 +61,22 @@ func (c *Cycle) ClaimFailed(msg *message.Message, scope string, keys []string, e
 		return true, nil
 	}
 	return false, fmt.Errorf("%w: %smessage %s, scope %q: %w", dedup.ErrStore, publishPrefix(c.side), keyfuncs.Name(msg), scope, err)
+}
+
+// failure is what a Claim (or Begin) that failed with err means for a
+// message whose context is msgCtx: the outcome it is counted as
+// (OutcomeNoKey, OutcomeCancelled, OutcomeBypassed or OutcomeStoreError),
+// and whether its effect runs unprotected.
+func (c *Cycle) failure(msgCtx context.Context, err error) (dedup.Outcome, bool) {
+	switch {
+	case errors.Is(err, stores.ErrInvalidKey):
+		return dedup.OutcomeNoKey, false
+	case msgCtx.Err() != nil:
+		return dedup.OutcomeCancelled, false
+	case c.p.OnStoreError == dedup.FailOpen && IsOutage(err):
+		return dedup.OutcomeBypassed, true
+	}
+	return dedup.OutcomeStoreError, false
 }
 
 // publishPrefix keeps "publish: " after ErrStore's own "dedup: ".

@@ -22,6 +22,8 @@ import (
 
 // Side is what differs in what the two adapters report.
 type Side struct {
+	// Name is "consumer" or "producer" (dedup.side on spans).
+	Name string
 	// Prefix starts every error: "dedup: " or "dedup: publish: ".
 	Prefix string
 	// Effect names the effect in log lines: "the handler", "the publish".
@@ -33,9 +35,9 @@ type Side struct {
 
 // Consumer and Producer are the sides of the middleware and the publisher.
 var (
-	Consumer = Side{Prefix: "dedup: ", Effect: "the handler",
+	Consumer = Side{Name: "consumer", Prefix: "dedup: ", Effect: "the handler",
 		LostLease: "Dedup lease lost while the handler runs (another consumer took the message over): cancelling the handler's context"}
-	Producer = Side{Prefix: "dedup: publish: ", Effect: "the publish",
+	Producer = Side{Name: "producer", Prefix: "dedup: publish: ", Effect: "the publish",
 		LostLease: "Dedup lease lost while the publish runs (another producer took the message over): it may publish the message too"}
 )
 
@@ -62,7 +64,7 @@ func Check(store stores.Store, policy dedup.Policy, needs Needs) error {
 	caps := store.Capabilities()
 	kind := caps.Kind
 	if kind == "" {
-		kind = fmt.Sprintf("%T", store)
+		kind = storeType(store)
 	}
 	refuse := func(setting string, v any, bound string, bv any, hint string) error {
 		return fmt.Errorf("%w: %s (%v) is longer than the store keeps: %s's %s is %v; %s", dedup.ErrInvalidConfig, setting, v, kind, bound, bv, hint)
@@ -101,8 +103,12 @@ type Cycle struct {
 	side   Side
 	// timed: Metrics wants store latencies (it is not NopMetrics).
 	timed bool
+	tr    tracing
 	beats beats
 }
+
+// storeType names a store without a Kind by its Go type.
+func storeType(s stores.Store) string { return fmt.Sprintf("%T", s) }
 
 // New returns the cycle for store under policy, or an error wrapping
 // dedup.ErrInvalidConfig: a mode the side does not have, the error of
@@ -128,6 +134,7 @@ func New(store stores.Store, policy dedup.Policy, side Side, needs Needs) (*Cycl
 	if _, nop := c.p.Metrics.(dedup.NopMetrics); !nop {
 		c.timed = true
 	}
+	c.tr = newTracing(c.p.Tracing, c.caps, store, needs.Mode, side)
 	c.beats = beats{cycle: c}
 	return c, nil
 }

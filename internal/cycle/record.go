@@ -4,7 +4,9 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"fmt"
+	"math"
 	"slices"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
@@ -16,20 +18,32 @@ import (
 // publish re-emits them (they keep their UUIDs, so downstream dedup by
 // message id makes them once). A record with neither keeps no data at all.
 //
-//	version byte (1)
+//	version byte (1, or 2 with the time)
+//	version 2 only: uvarint Unix milliseconds the record was completed at
 //	uvarint len(fingerprint), fingerprint
 //	uvarint number of messages, then per message:
 //	  string uuid, uvarint number of metadata pairs, (string key, string value)..., bytes payload
 //
-// where string and bytes are a uvarint length and the bytes.
-const dataVersion = 1
+// where string and bytes are a uvarint length and the bytes. The time is
+// kept only when tracing wants it (dedup.record.age on a duplicate's
+// span): it costs a few bytes on every record.
+const (
+	dataVersion     = 1
+	dataVersionTime = 2
+)
 
 // EncodeData is the data a done record keeps for fingerprint and msgs.
 func EncodeData(fingerprint []byte, msgs []*message.Message) []byte {
-	if len(fingerprint) == 0 && len(msgs) == 0 {
+	return EncodeDataAt(fingerprint, msgs, time.Time{})
+}
+
+// EncodeDataAt is EncodeData with the time the record is completed at
+// (none when at is zero).
+func EncodeDataAt(fingerprint []byte, msgs []*message.Message, at time.Time) []byte {
+	if len(fingerprint) == 0 && len(msgs) == 0 && at.IsZero() {
 		return nil
 	}
-	size := 1 + binary.MaxVarintLen64*2 + len(fingerprint)
+	size := 1 + binary.MaxVarintLen64*3 + len(fingerprint)
 	for _, m := range msgs {
 		size += 3*binary.MaxVarintLen64 + len(m.UUID) + len(m.Payload)
 		for k, v := range m.Metadata {
@@ -37,7 +51,12 @@ func EncodeData(fingerprint []byte, msgs []*message.Message) []byte {
 		}
 	}
 	b := make([]byte, 0, size)
-	b = append(b, dataVersion)
+	if at.IsZero() {
+		b = append(b, dataVersion)
+	} else {
+		b = append(b, dataVersionTime)
+		b = binary.AppendUvarint(b, uint64(max(at.UnixMilli(), 0)))
+	}
 	b = appendBytes(b, fingerprint)
 	b = binary.AppendUvarint(b, uint64(len(msgs)))
 	for _, m := range msgs {
@@ -64,6 +83,7 @@ func appendBytes(b, v []byte) []byte {
 
 type decoder struct {
 	b   []byte
+	at  uint64 // version 2's time
 	err error
 }
 
@@ -94,16 +114,43 @@ func (d *decoder) bytes() []byte {
 	return v
 }
 
+// newDecoder reads the version (and the time of version 2) of data, which
+// is not empty.
+func newDecoder(data []byte) (*decoder, error) {
+	d := &decoder{b: data[1:]}
+	switch data[0] {
+	case dataVersion:
+	case dataVersionTime:
+		d.at = d.uvarint()
+	default:
+		return nil, fmt.Errorf("%w: unknown version %d", dedup.ErrCorruptRecord, data[0])
+	}
+	return d, d.err
+}
+
+// DoneAt returns the time data says its record was completed at, and
+// false when it does not say (or is not data of ours).
+func DoneAt(data []byte) (time.Time, bool) {
+	if len(data) == 0 || data[0] != dataVersionTime {
+		return time.Time{}, false
+	}
+	d, err := newDecoder(data)
+	if err != nil || d.at > math.MaxInt64 {
+		return time.Time{}, false
+	}
+	return time.UnixMilli(int64(d.at)), true
+}
+
 // DecodeData is the inverse of EncodeData. Empty data decodes to
 // nothing; data it did not write fails with dedup.ErrCorruptRecord.
 func DecodeData(data []byte) (fingerprint []byte, msgs []*message.Message, err error) {
 	if len(data) == 0 {
 		return nil, nil, nil
 	}
-	if data[0] != dataVersion {
-		return nil, nil, fmt.Errorf("%w: unknown version %d", dedup.ErrCorruptRecord, data[0])
+	d, err := newDecoder(data)
+	if err != nil {
+		return nil, nil, err
 	}
-	d := &decoder{b: data[1:]}
 	fingerprint = d.bytes()
 	n := d.uvarint()
 	if d.err == nil && n > uint64(len(d.b)) {
