@@ -4,10 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"testing"
 	"time"
@@ -22,82 +18,27 @@ import (
 )
 
 // natsServer is a nats-server of a test's own, with JetStream, on a
-// loopback port of its own.
-type natsServer struct {
-	t    *testing.T
-	port int
-	dir  string // its JetStream store, kept across restarts
-	cmd  *exec.Cmd
-	done chan struct{}
-}
+// loopback port of its own (testkit.StartNATS).
+type natsServer struct{ *testkit.NATSServer }
 
 // startNATS starts a nats-server with JetStream and the config lines
-// extra (such as "max_payload: 8192"), stopped by PID when t ends.
+// extra (such as "max_payload: 8192"), killed by PID when t ends.
 func startNATS(t *testing.T, extra string) *natsServer {
 	t.Helper()
-	if _, err := exec.LookPath("nats-server"); err != nil {
-		testkit.Unavailable(t, "nats-server (to start a NATS server of the test's own)", "$PATH", err)
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	_ = l.Close()
-	s := &natsServer{t: t, port: port, dir: t.TempDir()}
-	s.start(extra)
-	t.Cleanup(s.stop)
-	return s
+	return &natsServer{testkit.StartNATS(t, extra)}
 }
 
-func (s *natsServer) url() string { return "nats://127.0.0.1:" + strconv.Itoa(s.port) }
+func (s *natsServer) url() string { return s.URL() }
 
-// start runs the server with the config lines extra, and waits until it
-// accepts connections.
+// start runs the server again with the config lines extra, and waits
+// until JetStream answers.
 func (s *natsServer) start(extra string) {
-	s.t.Helper()
-	conf := filepath.Join(s.dir, "nats.conf")
-	text := fmt.Sprintf("listen: 127.0.0.1:%d\njetstream {\n  store_dir: %q\n}\n%s\n", s.port, filepath.Join(s.dir, "js"), extra)
-	if err := os.WriteFile(conf, []byte(text), 0o600); err != nil {
-		s.t.Fatal(err)
-	}
-	s.cmd = exec.Command("nats-server", "-c", conf, "-l", filepath.Join(s.dir, "nats.log"))
-	if err := s.cmd.Start(); err != nil {
-		s.t.Fatalf("starting nats-server: %v", err)
-	}
-	s.done = make(chan struct{})
-	go func() { _ = s.cmd.Wait(); close(s.done) }()
-	for deadline := time.Now().Add(20 * time.Second); ; {
-		nc, err := nats.Connect(s.url(), nats.Timeout(time.Second))
-		if err == nil {
-			js, _ := jetstream.New(nc)
-			_, err = js.AccountInfo(context.Background())
-			nc.Close()
-			if err == nil {
-				return
-			}
-		}
-		select {
-		case <-s.done:
-			s.t.Fatalf("nats-server exited: %v", err)
-		default:
-		}
-		if time.Now().After(deadline) {
-			s.t.Fatalf("nats-server on %s does not answer: %v", s.url(), err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	s.SetConfig(extra)
+	s.Start()
 }
 
 // stop kills the server's process, by its PID, and waits for it.
-func (s *natsServer) stop() {
-	if s.cmd == nil {
-		return
-	}
-	_ = s.cmd.Process.Kill()
-	<-s.done
-	s.cmd = nil
-}
+func (s *natsServer) stop() { s.Kill() }
 
 // TestMaxDataFollowsMaxPayload: on a server with a small max_payload,
 // the store states the most data a record keeps in a message of that
