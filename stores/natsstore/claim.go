@@ -40,8 +40,10 @@ import (
 // cannot put a key back (the connection dropped, or the caller's context
 // ended while a write was out and its outcome is unknown), the key stays
 // processing under a token nobody holds until its lease runs out, and is
-// then taken over like the key of a crashed consumer. Undos of a caller
-// that has gone run in the background, bounded by 2s, until Close.
+// then taken over like the key of a crashed consumer. Undos run within
+// the caller's context, which the Claim never outlives for them; what is
+// left when it ends goes on in the background, bounded by 2s, until
+// Close.
 func (s *Store) Claim(ctx context.Context, scope string, keys []string, lease time.Duration) (*stores.Claim, error) {
 	if err := storekit.CheckCall(ctx, s.closed.Load(), storekit.CheckKeys(keys), storekit.CheckLease(lease),
 		checkDuration("lease", lease, s.cfg.MaxLease)); err != nil {
@@ -158,19 +160,23 @@ type undoItem struct {
 	token string
 }
 
-// undo puts back what items wrote, last first. It runs at once when the
-// caller is still there, in the background (until Close) when its
-// context has ended; either way bounded by undoTimeout. A key that
-// changed again since is left alone: it is someone else's now.
+// undo puts back what items wrote, last first. It runs at once while
+// the caller is there, within the caller's context: a call never
+// outlives its context to give back its writes. What is left when the
+// caller's context ends (or when it had ended already) goes on in the
+// background, until Close. Either way it is bounded by undoTimeout. A
+// key that changed again since is left alone: it is someone else's now.
 func (s *Store) undo(ctx context.Context, items []undoItem) {
 	if len(items) == 0 {
 		return
 	}
 	if ctx.Err() == nil {
-		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), undoTimeout)
-		defer cancel()
-		s.undoNow(uctx, items)
-		return
+		uctx, cancel := context.WithTimeout(ctx, undoTimeout)
+		items = s.undoNow(uctx, items)
+		cancel()
+		if len(items) == 0 || ctx.Err() == nil {
+			return // done, or out of time with the caller still there
+		}
 	}
 	s.bgMu.Lock()
 	if s.bgStopped {
@@ -187,17 +193,27 @@ func (s *Store) undo(ctx context.Context, items []undoItem) {
 	}()
 }
 
-func (s *Store) undoNow(ctx context.Context, items []undoItem) {
+// undoNow puts back what items wrote, last first, and returns the items
+// it did not get to, or did not finish, when ctx ended: putting one
+// back again is safe (each write is conditional on the revision, so one
+// that landed makes its retry a no-op).
+func (s *Store) undoNow(ctx context.Context, items []undoItem) []undoItem {
 	cctx, release, err := s.watch.callCtx(ctx)
 	if err != nil {
-		return // the connection is down: the leases will run out
+		return nil // the connection is down: the leases will run out
 	}
 	defer release()
 	for i := len(items) - 1; i >= 0; i-- {
+		if ctx.Err() != nil {
+			return items[:i+1]
+		}
 		it := items[i]
 		rev := it.rev
 		if rev == 0 {
 			e, err := s.read(cctx, it.rec)
+			if err != nil && ctx.Err() != nil {
+				return items[:i+1]
+			}
 			if err != nil || e.state != stateProcessing || e.token != it.token {
 				continue
 			}
@@ -207,6 +223,9 @@ func (s *Store) undoNow(ctx context.Context, items []undoItem) {
 		if it.prev.state == stateProcessing {
 			value = it.prev.raw
 		}
-		_, _ = s.write(cctx, it.rec, value, rev)
+		if _, err := s.write(cctx, it.rec, value, rev); err != nil && ctx.Err() != nil {
+			return items[:i+1]
+		}
 	}
+	return nil
 }

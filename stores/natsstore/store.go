@@ -68,7 +68,7 @@ type Store struct {
 	closeOnce sync.Once
 	closeErr  error
 
-	// Background undos of calls whose callers had gone.
+	// Background undos of calls whose callers' contexts ended.
 	bg        sync.WaitGroup
 	bgMu      sync.Mutex
 	bgStopped bool // set by Close: no new background undo
