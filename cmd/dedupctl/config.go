@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/watermill-dedup/dedup/internal/cliflag"
+	"github.com/watermill-dedup/dedup/internal/storeopen"
 	"github.com/watermill-dedup/dedup/stores"
 )
 
@@ -55,6 +56,7 @@ type config struct {
 	table                string
 	runID                string
 	nats                 natsConfig
+	redisTLS             storeopen.RedisTLS
 	purgeGrace           time.Duration
 	timeout              time.Duration
 
@@ -86,7 +88,7 @@ var commandFlags = map[string][]string{
 
 // connectionFlags are read from the environment too.
 var connectionFlags = []string{
-	"store", "redis-addr", "redis-cluster", "redis-prefix", "compact-keys", "digest-keys-longer-than",
+	"store", "redis-addr", "redis-cluster", "redis-ca", "redis-cert", "redis-key", "redis-prefix", "compact-keys", "digest-keys-longer-than",
 	"postgres-dsn", "mysql-dsn", "dir", "sqlite-file", "table", "run-id", "purge-grace", "timeout",
 	"nats-url", "nats-bucket", "nats-shards", "nats-user", "nats-password", "nats-token", "nats-creds", "nats-nkey", "nats-ca",
 }
@@ -96,8 +98,9 @@ func newFlagSet(c *config) *flag.FlagSet {
 	fs.SetOutput(io.Discard)
 
 	fs.StringVar(&c.store, "store", "", "the store: "+strings.Join(storeNames, " | "))
-	fs.StringVar(&c.redisAddr, "redis-addr", defaultRedisAddr, "Redis `host:port`; with -redis-cluster, comma-separated addresses of some of its nodes")
+	fs.StringVar(&c.redisAddr, "redis-addr", defaultRedisAddr, "Redis `address`: host:port, or a URL redis://user:password@host:port/db (rediss:// for TLS; a password is safer in REDIS_ADDR than on the command line); with -redis-cluster, comma-separated addresses or URLs of some of its nodes")
 	fs.BoolVar(&c.redisCluster, "redis-cluster", false, "Redis is a Redis Cluster")
+	c.redisTLS.RegisterFlags(fs)
 	fs.StringVar(&c.redisPrefix, "redis-prefix", "", "the store's key prefix, Config.Prefix (default \"dedup:\", \"d:\" with -compact-keys, \"dedup:<run id>:\" with -run-id)")
 	fs.BoolVar(&c.compactKeys, "compact-keys", false, "the store runs with Config.CompactKeys")
 	fs.IntVar(&c.digestKeysLongerThan, "digest-keys-longer-than", 0, "the store's Config.DigestKeysLongerThan")
@@ -147,6 +150,8 @@ func parseArgs(args []string, getenv func(string) string) (cfg config, cmd strin
 			}
 		}
 	}
+	var given []string // the command line's flags
+	trackSets(fs, &given)
 	var tail []string
 	if i := slices.Index(args, "--"); i >= 0 {
 		args, tail = args[:i], args[i+1:]
@@ -185,6 +190,9 @@ func parseArgs(args []string, getenv func(string) string) (cfg config, cmd strin
 	if len(bad) > 0 {
 		return cfg, "", nil, usagef("%s does not take %s (see -help)", cmd, strings.Join(bad, ", "))
 	}
+	if cfg.store == "" && cmd != "window" {
+		cfg.store = impliedStore(given)
+	}
 	return cfg, cmd, pos, cfg.validate(cmd)
 }
 
@@ -219,7 +227,7 @@ func (c *config) validate(cmd string) error {
 	switch c.store {
 	case storeRedis, storePostgres, storeMySQL, storeSQLite, storeNATS:
 	case "":
-		return usagef("no store: set -store (or DEDUP_STORE) to one of %s", strings.Join(storeNames, ", "))
+		return usagef("no store: set -store (or DEDUP_STORE) to one of %s, or give the address flag of one store only (-redis-addr, -postgres-dsn, ...)", strings.Join(storeNames, ", "))
 	case storeMemory:
 		return usagef("the memory store lives inside its process: dedupctl cannot reach it (a service can call its stores.Admin methods itself); -store must be one of %s", strings.Join(storeNames, ", "))
 	default:

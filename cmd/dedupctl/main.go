@@ -12,6 +12,13 @@
 // -postgres-dsn (POSTGRES_DSN), -mysql-dsn (MYSQL_DSN), -dir (the
 // directory of the example's SQLite file), -run-id; -redis-prefix and
 // -table point at the store's records, -sqlite-file at any SQLite file.
+// -redis-addr also takes a URL, redis://user:password@host:port/db, or
+// rediss:// for TLS with -redis-ca for a private CA (-redis-cert and
+// -redis-key for a client certificate); no output shows its password.
+// Without -store, the address flags of one store name it:
+//
+//	go run ./cmd/dedupctl -redis-addr=redis://127.0.0.1:6379/0 stats
+//
 // It reaches natsstore's KV buckets on NATS JetStream with -store=nats,
 // -nats-url (NATS_URL, as router_example's NATS broker: credentials in
 // the URL, tls:// for TLS), -nats-bucket and -nats-shards (the store's

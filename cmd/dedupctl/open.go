@@ -8,9 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"strings"
 
-	"github.com/watermill-dedup/dedup/internal/cliflag"
 	"github.com/watermill-dedup/dedup/internal/storeopen"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/redisstore"
@@ -42,14 +40,7 @@ func openStore(ctx context.Context, c *config) (*admin, error) {
 }
 
 func openRedis(ctx context.Context, c *config) (*admin, error) {
-	addrs := cliflag.SplitList(c.redisAddr)
-	if len(addrs) == 0 {
-		return nil, usagef("-redis-addr is empty")
-	}
-	if len(addrs) > 1 && !c.redisCluster {
-		return nil, usagef("-redis-addr has %d addresses: add -redis-cluster for a Redis Cluster, or give one", len(addrs))
-	}
-	client, err := connect.Redis(ctx, addrs, c.redisCluster)
+	client, target, err := connect.OpenRedis(ctx, storeopen.RedisConfig{Addr: c.redisAddr, Cluster: c.redisCluster, TLS: c.redisTLS})
 	if err != nil {
 		return nil, err
 	}
@@ -60,14 +51,9 @@ func openRedis(ctx context.Context, c *config) (*admin, error) {
 	service := "Redis"
 	if c.redisCluster {
 		service = "Redis Cluster"
-	} else {
+	} else if isClusterNode(ctx, client) {
 		// A node of a Cluster holds a part of the records only.
-		ictx, cancel := context.WithTimeout(ctx, storeopen.DialTimeout)
-		info, err := client.Info(ictx, "cluster").Result()
-		cancel()
-		if err == nil && strings.Contains(info, "cluster_enabled:1") {
-			return fail(usagef("the Redis at %s is a node of a Redis Cluster: add -redis-cluster", addrs[0]))
-		}
+		return fail(usagef("the Redis at %s is a node of a Redis Cluster: add -redis-cluster", target.Display))
 	}
 	s, err := redisstore.New(client, redisstore.Config{
 		Prefix:               c.prefix(),
@@ -88,7 +74,7 @@ func openRedis(ctx context.Context, c *config) (*admin, error) {
 	}
 	return &admin{
 		Admin: s,
-		where: fmt.Sprintf("%s %s, prefix %q", service, c.redisAddr, prefix),
+		where: fmt.Sprintf("%s %s, prefix %q", service, target.Display, prefix),
 		close: func(ctx context.Context) error {
 			return errors.Join(s.Close(ctx), client.Close())
 		},

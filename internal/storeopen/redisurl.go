@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"flag"
 	"fmt"
 	"net"
 	"net/url"
@@ -34,15 +35,30 @@ type RedisConfig struct {
 	// URLs with the same scheme and credentials.
 	Addr    string
 	Cluster bool
+	TLS     RedisTLS
+}
 
+// RedisTLS are the files of a Redis connection's TLS, for a rediss://
+// URL.
+type RedisTLS struct {
 	// CAFile is a PEM file of the certificate authorities that sign the
 	// server's certificate, for a private CA; default: the system's.
-	// rediss:// only.
 	CAFile string
 
 	// CertFile and KeyFile are a PEM client certificate and its key, for
-	// a server that asks for one (tls-auth-clients). rediss:// only.
+	// a server that asks for one (tls-auth-clients).
 	CertFile, KeyFile string
+}
+
+// RedisTLSFlags are the flags RegisterFlags defines.
+var RedisTLSFlags = []string{"redis-ca", "redis-cert", "redis-key"}
+
+// RegisterFlags defines the flags of f on fs, f's values their defaults:
+// -redis-ca, -redis-cert and -redis-key, as both programs name them.
+func (f *RedisTLS) RegisterFlags(fs *flag.FlagSet) {
+	fs.StringVar(&f.CAFile, "redis-ca", f.CAFile, "PEM `file` of the authority that signed the Redis server's TLS certificate, for a private CA (with a rediss:// URL)")
+	fs.StringVar(&f.CertFile, "redis-cert", f.CertFile, "PEM client certificate `file`, for a Redis server that asks for one (tls-auth-clients; with -redis-key)")
+	fs.StringVar(&f.KeyFile, "redis-key", f.KeyFile, "PEM `file` of the key of -redis-cert")
 }
 
 // RedisTarget is a RedisConfig that parsed: the go-redis options it
@@ -132,15 +148,15 @@ func ParseRedis(c RedisConfig) (*RedisTarget, error) {
 		t.addrs, t.single, tlsCfg = []string{opts.Addr}, opts, opts.TLSConfig
 	}
 	t.TLS = tlsCfg != nil
-	if err := c.applyTLS(tlsCfg); err != nil {
+	if err := c.TLS.apply(tlsCfg); err != nil {
 		return nil, err
 	}
 	return t, nil
 }
 
-// applyTLS adds the CA and the client certificate to cfg, the TLS
+// apply adds the CA and the client certificate to cfg, the TLS
 // configuration of a rediss:// URL (nil for any other).
-func (c RedisConfig) applyTLS(cfg *tls.Config) error {
+func (c RedisTLS) apply(cfg *tls.Config) error {
 	if cfg == nil {
 		for _, f := range []struct{ file, setting string }{{c.CAFile, RedisCASetting}, {c.CertFile, RedisCertSetting}, {c.KeyFile, RedisKeySetting}} {
 			if f.file != "" {

@@ -106,12 +106,12 @@ func TestParseRedisErrors(t *testing.T) {
 		{RedisConfig{Addr: "redis://dedup:" + secret + "@h1:1,redis://other:" + secret + "@h2:2", Cluster: true}, RedisSetting, "differ in scheme or credentials"},
 		{RedisConfig{Addr: "redis://dedup:" + secret + "@h1:1,rediss://dedup:" + secret + "@h2:2", Cluster: true}, RedisSetting, "differ in scheme or credentials"},
 		{RedisConfig{Addr: "redis://dedup:" + secret + "@h1:1/3", Cluster: true}, RedisSetting, "database 0 only"},
-		{RedisConfig{Addr: "redis://dedup:" + secret + "@h:1", CAFile: notPEM}, RedisCASetting, "TLS needs a rediss:// URL"},
-		{RedisConfig{Addr: "h:1", CertFile: notPEM}, RedisCertSetting, "TLS needs a rediss:// URL"},
-		{RedisConfig{Addr: "rediss://dedup:" + secret + "@h:1", CAFile: notPEM}, RedisCASetting, "no PEM certificate"},
-		{RedisConfig{Addr: "rediss://dedup:" + secret + "@h:1", CAFile: filepath.Join(dir, "missing.pem")}, RedisCASetting, "no such file"},
-		{RedisConfig{Addr: "rediss://dedup:" + secret + "@h:1", CertFile: notPEM}, RedisKeySetting, "needs its key"},
-		{RedisConfig{Addr: "rediss://dedup:" + secret + "@h:1", CertFile: notPEM, KeyFile: notPEM}, RedisCertSetting, "-redis-cert"},
+		{RedisConfig{Addr: "redis://dedup:" + secret + "@h:1", TLS: RedisTLS{CAFile: notPEM}}, RedisCASetting, "TLS needs a rediss:// URL"},
+		{RedisConfig{Addr: "h:1", TLS: RedisTLS{CertFile: notPEM}}, RedisCertSetting, "TLS needs a rediss:// URL"},
+		{RedisConfig{Addr: "rediss://dedup:" + secret + "@h:1", TLS: RedisTLS{CAFile: notPEM}}, RedisCASetting, "no PEM certificate"},
+		{RedisConfig{Addr: "rediss://dedup:" + secret + "@h:1", TLS: RedisTLS{CAFile: filepath.Join(dir, "missing.pem")}}, RedisCASetting, "no such file"},
+		{RedisConfig{Addr: "rediss://dedup:" + secret + "@h:1", TLS: RedisTLS{CertFile: notPEM}}, RedisKeySetting, "needs its key"},
+		{RedisConfig{Addr: "rediss://dedup:" + secret + "@h:1", TLS: RedisTLS{CertFile: notPEM, KeyFile: notPEM}}, RedisCertSetting, "-redis-cert"},
 	} {
 		_, err := ParseRedis(tc.cfg)
 		var s *SettingError
