@@ -184,7 +184,7 @@ func TestPartitionDDLWaitsBounded(t *testing.T) {
 		if err != nil {
 			t.Fatalf("Purge with every partition there: %v", err)
 		}
-	case <-time.After(10 * time.Second):
+	case <-time.After(time.Minute): // the long transaction stays open until the test ends
 		t.Fatal("Purge with every partition there waited for the long transaction")
 	}
 	clock.Advance(24 * time.Hour) // a partition is missing now
@@ -194,11 +194,11 @@ func TestPartitionDDLWaitsBounded(t *testing.T) {
 		if err == nil {
 			t.Fatal("Purge created a partition under a lock the long transaction holds")
 		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("Purge still waiting for the long transaction after 10s: every claim queues behind it")
+	case <-time.After(time.Minute): // it gives up after its 500ms lock_timeout
+		t.Fatal("Purge still waiting for the long transaction after a minute: every claim queues behind it")
 	}
 	// Claims go on: nothing of the purge waits in the lock queue.
-	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	cctx, cancel := context.WithTimeout(ctx, time.Minute) // behind a queued lock it would wait until the test ends
 	defer cancel()
 	if c, err := s.Claim(cctx, "p", []string{"k"}, time.Minute); err != nil || c.Result != stores.Claimed {
 		t.Fatalf("Claim after the purge gave up = %+v, %v", c, err)
