@@ -218,7 +218,7 @@ func TestInboxLedger(t *testing.T) {
 		db := b.open(t)
 		s := newStore(t, db, b.dialect, sqlstore.Config{})
 		l := newLedger(t, db, b.dialect, 16)
-		r := ledgerRun{events: 2000, maxCopies: 3, workers: 64, deadline: 30 * time.Second}
+		r := ledgerRun{events: 2000, maxCopies: 3, workers: 64, deadline: 5 * time.Minute}
 		want, st := r.run(t, s, l)
 		if got := l.sum(t, db); got != want {
 			t.Errorf("ledger sum = %d, want %d", got, want)
@@ -447,7 +447,7 @@ func TestConnectionCut(t *testing.T) {
 
 		var cutOnce, restoreOnce sync.Once
 		restored := make(chan struct{})
-		r := ledgerRun{events: 600, maxCopies: 2, workers: 16, deadline: 30 * time.Second, faults: true,
+		r := ledgerRun{events: 600, maxCopies: 2, workers: 16, deadline: 5 * time.Minute, faults: true,
 			afterAck: func(n int64) {
 				if n == 150 {
 					cutOnce.Do(func() {

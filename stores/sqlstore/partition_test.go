@@ -27,7 +27,7 @@ func TestPartitionedInboxLedger(t *testing.T) {
 	db := openPostgres(t)
 	s := newStore(t, db, sqlstore.Postgres, partitionedConfig(nil))
 	l := newLedger(t, db, sqlstore.Postgres, 16)
-	r := ledgerRun{events: 2000, maxCopies: 3, workers: 64, deadline: 30 * time.Second}
+	r := ledgerRun{events: 2000, maxCopies: 3, workers: 64, deadline: 5 * time.Minute}
 	want, _ := r.run(t, s, l)
 	if got := l.sum(t, db); got != want {
 		t.Errorf("ledger sum = %d, want %d", got, want)

@@ -161,7 +161,7 @@ func TestPurgeJob(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(time.Minute)
 	for countRows(t, db, sqlstore.SQLite, prep.Table()) != 0 {
 		if time.Now().After(deadline) {
 			t.Fatal("the purge job did not delete the expired record")

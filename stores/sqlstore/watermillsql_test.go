@@ -150,7 +150,7 @@ func TestWatermillSQLSubscriberTx(t *testing.T) {
 		// The subscriber commits its transaction (offset ack, records,
 		// ledger) after the batch's last ack: wait for it before closing,
 		// which would roll the batch back.
-		for deadline := time.Now().Add(10 * time.Second); countRows(t, db, b.dialect, s.Table()) < events && time.Now().Before(deadline); {
+		for deadline := time.Now().Add(time.Minute); countRows(t, db, b.dialect, s.Table()) < events && time.Now().Before(deadline); {
 			time.Sleep(10 * time.Millisecond)
 		}
 		cancel()
