@@ -3,7 +3,6 @@ package redisstore
 import (
 	"context"
 	"errors"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -47,8 +46,13 @@ func (s *Store) run(ctx context.Context, o op) (any, error) {
 }
 
 // runOne sends one op on its own: EVALSHA, falling back to EVAL when the
-// server does not have the script cached.
+// server does not have the script cached (with WaitReplicas, followed by
+// WAIT: see runWaited).
 func (s *Store) runOne(ctx context.Context, o op) (any, error) {
+	if s.waiting() {
+		vals, errs := s.runWaited(ctx, []op{o})
+		return vals[0], errs[0]
+	}
 	if o.script == nil {
 		return s.client.Do(ctx, o.args...).Result()
 	}
@@ -74,9 +78,22 @@ func (s *Store) execBatch(ctx context.Context, calls []*batch.Call[op, any]) err
 }
 
 // runAll sends ops in one pipeline (go-redis splits it per node in Redis
-// Cluster) and returns each op's reply and error. Ops that failed because a
-// node did not have the script cached are sent again with EVAL.
+// Cluster; with WaitReplicas the store does, and ends each node's part
+// with WAIT: see runWaited) and returns each op's reply and error.
 func (s *Store) runAll(ctx context.Context, ops []op) ([]any, []error) {
+	if s.waiting() {
+		return s.runWaited(ctx, ops)
+	}
+	return s.runPipelined(ctx, ops)
+}
+
+// runPipelined sends ops in one pipeline, without WAIT, and returns each
+// op's reply and error. Ops that failed because a node did not have the
+// script cached are sent again with EVAL. The undos of claims and
+// fenced calls use it directly: what they give back need not reach the
+// replicas (a claim given back that a failover brings back runs out
+// with its lease, and no handler ran for it).
+func (s *Store) runPipelined(ctx context.Context, ops []op) ([]any, []error) {
 	vals, errs := make([]any, len(ops)), make([]error, len(ops))
 	cmds := make([]*redis.Cmd, len(ops))
 	_, _ = s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
@@ -134,31 +151,9 @@ func (s *Store) undoOrphans(ctx context.Context, calls []*batch.Call[op, any]) {
 	var ops []op
 	for _, c := range calls {
 		v, err := c.Result()
-		if c.Req.script == nil && errors.Is(err, redis.Nil) {
-			// claimSetOp took the key.
-			token := c.Req.setValue()[1 : 1+tokenLen]
-			ops = append(ops, releaseOp([]string{c.Req.setKey()}, token))
-			continue
-		}
-		if err != nil || c.Req.script != claimScript {
-			continue
-		}
-		r, err := parseClaim(v)
-		if err != nil || r.result != 1 {
-			continue
-		}
-		held := make([]heldKey, len(c.Req.keys))
-		now := time.Now()
-		for i, k := range c.Req.keys {
-			held[i].key, held[i].at = k, now
-		}
-		for _, p := range r.taken {
-			held[p.index].prev, held[p.index].tookOver = p, true
-		}
-		token, leaseMS := c.Req.args[0].(string), c.Req.args[1].(string)
-		ops = append(ops, undoOps(token, string(processingID)+token+leaseMS, held)...)
+		ops = append(ops, claimUndo(c.Req, v, err)...)
 	}
 	if len(ops) > 0 {
-		s.runAll(ctx, ops)
+		s.runPipelined(ctx, ops)
 	}
 }

@@ -115,6 +115,9 @@ func (s *Store) CheckServer(ctx context.Context) error {
 		})
 		errs = append(errs, err)
 	}
+	if err := s.checkReplicas(ctx); err != nil {
+		errs = append(errs, err)
+	}
 	return errors.Join(errs...)
 }
 

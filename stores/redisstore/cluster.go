@@ -111,7 +111,7 @@ func (s *Store) undo(ctx context.Context, token string, lease time.Duration, hel
 	// A cancelled ctx must not leave keys held that we could still free.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), undoTimeout)
 	defer cancel()
-	s.runAll(ctx, undoOps(token, processingValue(token, ms(lease)), heldKeys))
+	s.runPipelined(ctx, undoOps(token, processingValue(token, ms(lease)), heldKeys))
 }
 
 // undoOps returns the ops that undo a claim of heldKeys under token, whose
@@ -178,6 +178,14 @@ func (s *Store) fencedSharded(ctx context.Context, what string, c *stores.Claim,
 			return err
 		}
 		if !rec.processing || rec.token != c.Token {
+			if s.waiting() {
+				// Confirm the refusal as one node's fenced call would
+				// (see wait.go): the op refuses again, touching the
+				// record, and its WAIT covers what the check read.
+				if _, errs := s.runAll(ctx, []op{build(rkeys[i : i+1])}); errs[0] != nil {
+					return fmt.Errorf("redisstore: %s: %w", what, classify(errs[0]))
+				}
+			}
 			return s.lostClaim(what, c, rkeys[i])
 		}
 	}
@@ -285,7 +293,7 @@ func (s *Store) putBack(ctx context.Context, rkeys []string, ops []op, snaps []s
 		}
 		undo[j] = putBackOp(rkeys[i], written, snaps[i].value, snaps[i].pttl-time.Since(snaps[i].at).Milliseconds())
 	}
-	_, errs := s.runAll(ctx, undo)
+	_, errs := s.runPipelined(ctx, undo)
 	var first error
 	for _, err := range errs {
 		first = firstNonNil(first, err)

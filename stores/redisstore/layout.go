@@ -309,10 +309,18 @@ return taken
 	// 2×lease) and the undo of a takeover use it.
 	//
 	// Reply: 0 when applied, else the index of the first key not owned.
+	//
+	// With ARGV[4] (Config.WaitReplicas), a key not owned that exists
+	// gets its own expiry set again (unchanged, to the millisecond), a
+	// write that reaches the replication stream after whatever wrote
+	// the record: the WAIT that follows then confirms that the record
+	// which made the call fail is on the replicas too (see
+	// refusalTouch).
 	setScript = redis.NewScript(expandLua(`
 for i, k in ipairs(KEYS) do
   local v = redis.call('GET', k)
   if not v or string.byte(v, 1) ~= P or string.sub(v, 2, TOKEN_END) ~= ARGV[1] then
+    TOUCH(ARGV[4])
     return i
   end
 end
@@ -335,11 +343,13 @@ return 1
 `)
 
 	// delScript deletes every key of KEYS if every key is processing under
-	// token ARGV[1]; otherwise it changes nothing. Same reply as setScript.
+	// token ARGV[1]; otherwise it changes nothing. Same reply as setScript,
+	// and ARGV[2] is setScript's ARGV[4].
 	delScript = redis.NewScript(expandLua(`
 for i, k in ipairs(KEYS) do
   local v = redis.call('GET', k)
   if not v or string.byte(v, 1) ~= P or string.sub(v, 2, TOKEN_END) ~= ARGV[1] then
+    TOUCH(ARGV[2])
     return i
   end
 end
@@ -348,12 +358,29 @@ return 0
 `))
 )
 
+// refusalTouch is the Lua of TOUCH(flag) in the fenced scripts: when flag
+// is set and the key k that refuses the call exists, its expiry is set
+// again to what it is. It changes nothing a reader can see (the time
+// of a script is fixed while it runs, so PTTL then PEXPIRE gives the key
+// the expiry it had), but it is a write: Redis propagates it, after
+// every earlier write of the key, so a WAIT that follows on the same
+// connection covers the record the refusal was read from. A key
+// without a TTL (not this store's) is left alone.
+const refusalTouch = `if FLAG and v then
+      local ttl = redis.call('PTTL', k)
+      if ttl > 0 then
+        redis.call('PEXPIRE', k, ttl)
+      end
+    end`
+
 // expandLua writes the value layout's constants into a script.
 func expandLua(src string) string {
 	return strings.NewReplacer(
 		"TOKEN_END", strconv.Itoa(1+tokenLen),
 		"LEASE_START", strconv.Itoa(2+tokenLen),
 		"~= P", "~= "+strconv.Itoa(processingID),
+		"TOUCH(ARGV[2])", strings.ReplaceAll(refusalTouch, "FLAG", "ARGV[2]"),
+		"TOUCH(ARGV[4])", strings.ReplaceAll(refusalTouch, "FLAG", "ARGV[4]"),
 	).Replace(src)
 }
 

@@ -82,6 +82,13 @@ const (
 	DefaultMaxInFlight = 2
 	// MaxInFlightLimit bounds BatchConfig.MaxInFlight.
 	MaxInFlightLimit = 1024
+
+	// MaxWaitReplicas bounds Config.WaitReplicas.
+	MaxWaitReplicas = 64
+	// DefaultWaitTimeout is the default Config.WaitTimeout.
+	DefaultWaitTimeout = time.Second
+	// MaxWaitTimeout bounds Config.WaitTimeout.
+	MaxWaitTimeout = time.Minute
 )
 
 // batchLimits are the defaults and bounds of BatchConfig.
@@ -166,6 +173,44 @@ type Config struct {
 	// maxmemory-policy in the background. Call [Store.CheckServer]
 	// yourself, or not at all.
 	SkipServerCheck bool
+
+	// WaitReplicas, when positive, makes Claim, Complete, Release and
+	// Extend succeed only once what they wrote has reached this many
+	// replicas of the node that took it: each pipeline the store sends
+	// to a node ends with WAIT WaitReplicas WaitTimeout (one WAIT per
+	// pipeline and node, not per call), and a call whose write the WAIT
+	// did not see acknowledged by enough replicas in time fails with
+	// [ErrNotReplicated]. A Claim that fails so leaves no claim behind
+	// (the store gives it back) and must not run the handler; a
+	// Complete that fails so is retried by the middleware. Claims
+	// answering Duplicate or InProgress wrote nothing and wait for
+	// nothing; a Complete, Release or Extend refused with
+	// stores.ErrLostClaim is confirmed as well (see the README:
+	// a retried Complete relies on it). Admin calls do not wait.
+	//
+	// It is 0 (the default: Redis's asynchronous replication, a
+	// failover may lose the last writes) or between 1 and
+	// MaxWaitReplicas. It bounds what a failover can lose, not more:
+	// WAIT is not strong consistency (the README says which failovers
+	// can still lose an acknowledged write). With it, a node with fewer
+	// connected replicas than WaitReplicas fails every write: keep it
+	// below the replicas each master has to ride out one replica down.
+	//
+	// It needs a *redis.Client (standalone, or Sentinel through
+	// redis.NewFailoverClient), a *redis.ClusterClient or a *redis.Ring:
+	// the WAIT must follow the write on the same connection, so the
+	// store sends each node's pipeline on that node's client itself.
+	WaitReplicas int
+
+	// WaitTimeout bounds each WAIT: a write not acknowledged by
+	// WaitReplicas replicas by then fails with [ErrNotReplicated]. The
+	// default is DefaultWaitTimeout (1s); at most MaxWaitTimeout, and
+	// below the client's ReadTimeout (3s by default), which go-redis
+	// applies to the whole pipeline (New refuses a WaitTimeout that is
+	// not). Keep it well below the middleware's StoreTimeout too, so that
+	// a call fails as not replicated rather than by its deadline. It may
+	// only be set with WaitReplicas.
+	WaitTimeout time.Duration
 }
 
 // BatchConfig configures auto-batching (group commit): Claim, Complete,
@@ -224,7 +269,7 @@ func (c Config) Validate() error {
 	if err := batch.Config(c.Batch).Validate(batchLimits); err != nil {
 		return fmt.Errorf("redisstore: %w", err)
 	}
-	return nil
+	return c.validateWait()
 }
 
 func (c *Config) setDefaults() {
@@ -243,6 +288,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.Logger == nil {
 		c.Logger = watermill.NopLogger{}
+	}
+	if c.WaitReplicas > 0 && c.WaitTimeout == 0 {
+		c.WaitTimeout = DefaultWaitTimeout
 	}
 }
 
@@ -267,6 +315,10 @@ type Store struct {
 	// batcher coalesces concurrent ops into pipelines; nil when
 	// Batch.Disabled.
 	batcher *batch.Batcher[op, any]
+
+	// redirects counts the MOVED and ASK replies followed by waited
+	// pipelines (WaitReplicas), for the tests.
+	redirects atomic.Int64
 
 	closed    atomic.Bool
 	closeOnce sync.Once
@@ -298,6 +350,9 @@ func New(client redis.UniversalClient, cfg Config) (*Store, error) {
 		return nil, err
 	}
 	cfg.setDefaults()
+	if err := checkWaitClient(client, cfg); err != nil {
+		return nil, err
+	}
 	s := &Store{
 		client:    client,
 		cfg:       cfg,
@@ -317,7 +372,7 @@ func New(client redis.UniversalClient, cfg Config) (*Store, error) {
 	go func() {
 		defer close(s.checkDone)
 		err := s.CheckServer(ctx)
-		if err != nil && !errors.Is(err, ErrEvictionPolicy) && !errors.Is(err, ErrDataLimit) && ctx.Err() == nil {
+		if err != nil && !errors.Is(err, ErrEvictionPolicy) && !errors.Is(err, ErrDataLimit) && !errors.Is(err, ErrTooFewReplicas) && ctx.Err() == nil {
 			// CheckServer logged eviction itself; this is "could not ask".
 			s.cfg.Logger.Info("redisstore: could not check the server's maxmemory-policy; make sure it is noeviction", watermill.LogFields{"err": err.Error()})
 		}
@@ -471,6 +526,11 @@ func (s *Store) Extend(ctx context.Context, c *stores.Claim, lease time.Duration
 // fenced runs the token-checked op that build makes for rkeys: as one
 // script on one node, or key by key in Redis Cluster (see fencedSharded).
 func (s *Store) fenced(ctx context.Context, what string, c *stores.Claim, rkeys []string, build func([]string) op) error {
+	if s.waiting() {
+		// A refusal is confirmed by the WAIT too (see wait.go).
+		untouched := build
+		build = func(keys []string) op { return untouched(keys).touching() }
+	}
 	if s.sharded && len(rkeys) > 1 {
 		return s.fencedSharded(ctx, what, c, rkeys, build)
 	}
@@ -500,7 +560,7 @@ func (s *Store) checkData(data []byte) error {
 // stores.ErrTooLarge. Other errors are returned as they are.
 func classify(err error) error {
 	switch {
-	case err == nil || errors.Is(err, stores.ErrUnavailable) || errors.Is(err, stores.ErrTooLarge):
+	case err == nil || errors.Is(err, stores.ErrUnavailable) || errors.Is(err, stores.ErrTooLarge) || errors.Is(err, ErrNotReplicated):
 		return err
 	case isTooLarge(err):
 		return fmt.Errorf("%w: %w", stores.ErrTooLarge, err)

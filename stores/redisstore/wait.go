@@ -1,0 +1,449 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/watermill-dedup/dedup/stores"
+)
+
+// Acknowledged means replicated (Config.WaitReplicas).
+//
+// Redis replicates asynchronously: a master answers a write before any
+// replica has it, and a failover that promotes a replica which had not
+// received it loses the write although the client was told it
+// succeeded. WAIT numreplicas timeout blocks the client's connection
+// until the replicas have acknowledged every write the connection made
+// before it (its last write's replication offset, and so everything the
+// master wrote up to there, whoever wrote it), or the timeout passes,
+// and answers how many replicas did. It cannot run in a script, and it
+// counts the writes of its own connection only: it must follow the
+// writes on the connection that carried them. A ClusterClient pipeline
+// sends a keyless command to whichever node it likes, and a write
+// redirected by MOVED to another node, so with WaitReplicas the store
+// groups its ops by node itself and sends each group, then one WAIT,
+// as one pipeline on that node's client (the ClusterClient's own client
+// for the node: same pool, same options), following MOVED and ASK
+// itself.
+//
+// A call whose answer rests on a write — a Claim that claimed, a fenced
+// call that applied — succeeds only when its pipeline's WAIT saw at
+// least WaitReplicas replicas. A fenced call refused (ErrLostClaim) is
+// confirmed too: its script writes the refusing record's expiry again
+// (unchanged) before refusing, so that the WAIT covers the record it
+// read. That matters for a Complete retried after ErrNotReplicated: its
+// first attempt may have landed, unconfirmed, on a master about to lose
+// it in a failover; the retry on that master finds the record done and
+// is refused, and the middleware then claims again and takes the
+// Duplicate for "recorded". Confirming the refusal keeps that from
+// acknowledging a record the replicas do not have. Claims answering
+// Duplicate or InProgress wrote nothing, and their answers are not held
+// to the WAIT.
+
+// ErrNotReplicated is wrapped by the error of a Claim, Complete, Release
+// or Extend whose write fewer than Config.WaitReplicas replicas
+// acknowledged within Config.WaitTimeout (or whose WAIT failed). The
+// write happened on the master, and may not survive a failover: what
+// it did is of unknown durability, not unknown outcome.
+//
+// It is a class of its own, not [stores.ErrUnavailable]: the store
+// answered, and holds its records. A Claim that fails with it has
+// given its claim back (best effort: a claim it cannot give back runs
+// out with its lease), so no handler may run for it, and the
+// middleware nacks it under either OnStoreError policy: FailOpen never
+// runs a handler through it, since running the handler unprotected
+// would give up the very durability asked for, and dedup with it. A
+// Complete, Release or Extend that fails with it is retried by the
+// middleware like any failure not known to be permanent (a retried
+// Complete whose first attempt landed finds it done, is refused, and is
+// reconciled, the refusal confirmed by WAIT as well).
+var ErrNotReplicated = errors.New("redisstore: write not acknowledged by Config.WaitReplicas replicas within WaitTimeout")
+
+// validateWait checks WaitReplicas and WaitTimeout.
+func (c Config) validateWait() error {
+	switch {
+	case c.WaitReplicas < 0 || c.WaitReplicas > MaxWaitReplicas:
+		return fmt.Errorf("redisstore: WaitReplicas must be 0 (no WAIT) or between 1 and %d, got %d", MaxWaitReplicas, c.WaitReplicas)
+	case c.WaitTimeout < 0 || c.WaitTimeout > MaxWaitTimeout:
+		return fmt.Errorf("redisstore: WaitTimeout must be 0 (the default, %s) or positive and at most %s, got %s", DefaultWaitTimeout, MaxWaitTimeout, c.WaitTimeout)
+	case c.WaitTimeout > 0 && c.WaitReplicas == 0:
+		return fmt.Errorf("redisstore: WaitTimeout (%s) is set but WaitReplicas is 0: set WaitReplicas to wait for replicas", c.WaitTimeout)
+	}
+	return nil
+}
+
+// checkWaitClient refuses WaitReplicas on a client whose nodes the store
+// cannot address one by one, or whose ReadTimeout would cut a WAIT
+// short (go-redis applies it to a whole pipeline, WAIT included).
+func checkWaitClient(client redis.UniversalClient, cfg Config) error {
+	if cfg.WaitReplicas == 0 {
+		return nil
+	}
+	var read time.Duration
+	switch c := client.(type) {
+	case *redis.Client:
+		read = c.Options().ReadTimeout
+	case *redis.ClusterClient:
+		read = c.Options().ReadTimeout
+	case *redis.Ring:
+		read = c.Options().ReadTimeout
+	default:
+		return fmt.Errorf("redisstore: WaitReplicas needs a *redis.Client, *redis.ClusterClient or *redis.Ring (the WAIT must follow the write on its node's connection), got %T", client)
+	}
+	if read > 0 && cfg.WaitTimeout >= read {
+		return fmt.Errorf("redisstore: WaitTimeout (%s) must be below the client's ReadTimeout (%s), which bounds the pipeline that carries the WAIT", cfg.WaitTimeout, read)
+	}
+	return nil
+}
+
+// waiting reports whether writes wait for replicas.
+func (s *Store) waiting() bool { return s.cfg.WaitReplicas > 0 }
+
+// touching returns o with the flag that makes a fenced script confirm
+// its refusal (see refusalTouch); other ops are returned as they are.
+func (o op) touching() op {
+	if o.script == setScript || o.script == delScript {
+		o.args = append(o.args[:len(o.args):len(o.args)], "1")
+	}
+	return o
+}
+
+// wrote reports whether the answer v, err of o rests on a write the
+// WAIT must confirm: a claim that took its keys, a fenced call that
+// applied or (touching) was refused, a put-back that put back.
+func wrote(o op, v any, err error) bool {
+	switch o.script {
+	case nil: // claimSetOp: redis.Nil when the SET took the key
+		return errors.Is(err, redis.Nil)
+	case claimScript:
+		r, perr := parseClaim(v)
+		return err == nil && perr == nil && r.result == 1
+	case setScript, delScript:
+		return err == nil
+	case putBackScript:
+		n, ok := v.(int64)
+		return err == nil && ok && n == 0
+	}
+	return false
+}
+
+// firstKey is the key that decides o's node.
+func (o op) firstKey() string {
+	if o.script == nil {
+		return o.setKey()
+	}
+	return o.keys[0]
+}
+
+// nodeFor returns the client of the node (master) that serves key.
+func (s *Store) nodeFor(ctx context.Context, key string) (*redis.Client, error) {
+	switch c := s.client.(type) {
+	case *redis.Client:
+		return c, nil
+	case *redis.ClusterClient:
+		return c.MasterForKey(ctx, key)
+	case *redis.Ring:
+		return c.GetShardClientForKey(key)
+	}
+	return nil, fmt.Errorf("redisstore: WaitReplicas with a %T", s.client) // New refuses it
+}
+
+// redirect is an op a node answered with MOVED or ASK.
+type redirect struct {
+	i    int
+	key  string
+	ask  bool
+	addr string
+	err  error
+}
+
+// isRedirect parses a MOVED or ASK reply.
+func isRedirect(err error) (ask bool, addr string, ok bool) {
+	var re redis.Error
+	if !errors.As(err, &re) {
+		return false, "", false
+	}
+	f := strings.Fields(re.Error())
+	if len(f) != 3 || (f[0] != "MOVED" && f[0] != "ASK") {
+		return false, "", false
+	}
+	return f[0] == "ASK", f[2], true
+}
+
+// runWaited sends ops, grouped by the node that serves them, as one
+// pipeline per node that ends with WAIT, and returns each op's reply and
+// error; an op whose answer rests on a write (see wrote) that the WAIT
+// did not confirm fails with ErrNotReplicated instead, and a claim among
+// them is given back. Ops a node redirects (MOVED, ASK) go again, with
+// their own WAIT, to the node named, up to the ClusterClient's
+// MaxRedirects times; NOSCRIPT replies go again with EVAL.
+func (s *Store) runWaited(ctx context.Context, ops []op) ([]any, []error) {
+	vals, errs := make([]any, len(ops)), make([]error, len(ops))
+	pending := make([]int, len(ops))
+	for i := range pending {
+		pending[i] = i
+	}
+	var (
+		to     = map[int]*redis.Client{} // where a redirect sends an op
+		asking = map[int]bool{}
+		undo   []op
+	)
+	for attempt := 0; len(pending) > 0; attempt++ {
+		groups := map[*redis.Client][]int{}
+		var order []*redis.Client
+		for _, i := range pending {
+			node := to[i]
+			if node == nil {
+				var err error
+				if node, err = s.nodeFor(ctx, ops[i].firstKey()); err != nil {
+					errs[i] = err
+					continue
+				}
+			}
+			if groups[node] == nil {
+				order = append(order, node)
+			}
+			groups[node] = append(groups[node], i)
+		}
+		var (
+			mu        sync.Mutex
+			redirects []redirect
+			wg        sync.WaitGroup
+		)
+		run := func(node *redis.Client, idx []int) {
+			rs, u := s.runNode(ctx, node, ops, idx, asking, vals, errs)
+			mu.Lock()
+			redirects, undo = append(redirects, rs...), append(undo, u...)
+			mu.Unlock()
+		}
+		for _, node := range order[1:] {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				run(node, groups[node])
+			}()
+		}
+		if len(order) > 0 {
+			run(order[0], groups[order[0]])
+		}
+		wg.Wait()
+		pending = s.followRedirects(ctx, redirects, attempt, to, asking, errs)
+	}
+	if len(undo) > 0 {
+		// A claim whose write was not confirmed must leave nothing
+		// behind: give it back, whatever the caller's context.
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), undoTimeout)
+		s.runPipelined(uctx, undo)
+		cancel()
+	}
+	return vals, errs
+}
+
+// followRedirects returns the ops of redirects to send again, and where
+// (in to and asking); an op redirected more often than the client
+// allows fails as unavailable.
+func (s *Store) followRedirects(ctx context.Context, redirects []redirect, attempt int, to map[int]*redis.Client, asking map[int]bool, errs []error) []int {
+	if len(redirects) == 0 {
+		return nil
+	}
+	cc, ok := s.client.(*redis.ClusterClient)
+	if !ok || attempt >= cc.Options().MaxRedirects {
+		for _, r := range redirects {
+			errs[r.i] = fmt.Errorf("%w: the cluster redirected the call %d times: %w", stores.ErrUnavailable, attempt+1, r.err)
+		}
+		return nil
+	}
+	s.redirects.Add(int64(len(redirects)))
+	// ForEachShard reloads the slot map first, so the node named is
+	// known (a replica just promoted was known as a replica).
+	nodes := map[string]*redis.Client{}
+	var mu sync.Mutex
+	err := cc.ForEachShard(ctx, func(_ context.Context, c *redis.Client) error {
+		mu.Lock()
+		nodes[c.Options().Addr] = c
+		mu.Unlock()
+		return nil
+	})
+	var pending []int
+	for _, r := range redirects {
+		node := nodes[r.addr]
+		if node == nil && !r.ask {
+			// Not in the map read just now: the master of the slot by
+			// that map, if it has one.
+			node, _ = cc.MasterForKey(ctx, r.key)
+		}
+		if node == nil {
+			errs[r.i] = fmt.Errorf("%w: the cluster redirected the call to %s, a node the client does not know (%v): %w", stores.ErrUnavailable, r.addr, err, r.err)
+			continue
+		}
+		to[r.i], asking[r.i] = node, r.ask
+		pending = append(pending, r.i)
+	}
+	return pending
+}
+
+// runNode sends the ops of idx to node, then WAIT, in one pipeline (and
+// those the node did not have the script of again, with EVAL, then
+// WAIT), and sets their results. It returns the ops the node
+// redirected, and the ops that give back claims whose write was not
+// confirmed.
+func (s *Store) runNode(ctx context.Context, node *redis.Client, ops []op, idx []int, asking map[int]bool, vals []any, errs []error) (redirects []redirect, undo []op) {
+	eval := false
+	for len(idx) > 0 {
+		cmds := make([]*redis.Cmd, len(idx))
+		var wait *redis.Cmd
+		_, _ = node.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for j, i := range idx {
+				o := ops[i]
+				if asking[i] {
+					p.Do(ctx, "asking")
+				}
+				switch {
+				case o.script == nil:
+					cmds[j] = p.Do(ctx, o.args...)
+				case eval:
+					cmds[j] = o.script.Eval(ctx, p, o.keys, o.args...)
+				default:
+					cmds[j] = o.script.EvalSha(ctx, p, o.keys, o.args...)
+				}
+			}
+			wait = p.Do(ctx, "wait", s.cfg.WaitReplicas, ms(s.cfg.WaitTimeout))
+			return nil
+		})
+		n, werr := wait.Int64()
+		if werr != nil || n < int64(s.cfg.WaitReplicas) {
+			// A node that did not answer, or whose replicas did not:
+			// maybe a failover under way. Have the slot map read again
+			// (go-redis does it after its own failed calls, and
+			// coalesces the reloads), so that the retries find the new
+			// master.
+			s.reloadSlots(ctx)
+		}
+		var again []int
+		for j, i := range idx {
+			o := ops[i]
+			v, err := cmds[j].Result()
+			if o.script != nil && err != nil && isNoScript(err) && !eval {
+				again = append(again, i)
+				continue
+			}
+			if ask, addr, ok := isRedirect(err); ok {
+				redirects = append(redirects, redirect{i: i, key: o.firstKey(), ask: ask, addr: addr, err: err})
+				continue
+			}
+			vals[i], errs[i] = v, err
+			if wrote(o, v, err) && (werr != nil || n < int64(s.cfg.WaitReplicas)) {
+				vals[i], errs[i] = nil, s.notReplicated(node, n, werr)
+				undo = append(undo, claimUndo(o, v, err)...)
+			}
+		}
+		idx, eval = again, true
+	}
+	return redirects, undo
+}
+
+// reloadSlots has a ClusterClient read its slot map again, in the
+// background.
+func (s *Store) reloadSlots(ctx context.Context) {
+	if cc, ok := s.client.(*redis.ClusterClient); ok {
+		cc.ReloadState(ctx)
+	}
+}
+
+// notReplicated is the error of a write whose WAIT on node answered n
+// replicas, or failed with werr.
+func (s *Store) notReplicated(node *redis.Client, n int64, werr error) error {
+	addr := node.Options().Addr
+	if werr != nil {
+		// The cause is told, not wrapped: the write was done, and only
+		// its durability is unknown (not an outage, whatever WAIT's
+		// connection did).
+		return fmt.Errorf("%w: WAIT %d on %s failed: %v", ErrNotReplicated, s.cfg.WaitReplicas, addr, werr)
+	}
+	return fmt.Errorf("%w: %d of %d replicas of %s acknowledged the write within %s", ErrNotReplicated, n, s.cfg.WaitReplicas, addr, s.cfg.WaitTimeout)
+}
+
+// claimUndo returns the ops that give back what the claim op o took, by
+// its answer v, err (none for an op that is not a claim, or took
+// nothing): a key that was free is deleted, a key taken over from an
+// expired lease gets its previous record back.
+func claimUndo(o op, v any, err error) []op {
+	if o.script == nil {
+		if !errors.Is(err, redis.Nil) {
+			return nil
+		}
+		// claimSetOp took the key.
+		token := o.setValue()[1 : 1+tokenLen]
+		return []op{releaseOp([]string{o.setKey()}, token)}
+	}
+	if err != nil || o.script != claimScript {
+		return nil
+	}
+	r, err := parseClaim(v)
+	if err != nil || r.result != 1 {
+		return nil
+	}
+	held := make([]heldKey, len(o.keys))
+	now := time.Now()
+	for i, k := range o.keys {
+		held[i].key, held[i].at = k, now
+	}
+	for _, p := range r.taken {
+		held[p.index].prev, held[p.index].tookOver = p, true
+	}
+	token, leaseMS := o.args[0].(string), o.args[1].(string)
+	return undoOps(token, string(processingID)+token+leaseMS, held)
+}
+
+// ErrTooFewReplicas is returned by [Store.CheckServer] when a master
+// has fewer replicas online than Config.WaitReplicas: every write to it
+// fails with [ErrNotReplicated] until enough are back.
+var ErrTooFewReplicas = errors.New("redisstore: a Redis master has fewer replicas online than Config.WaitReplicas")
+
+// checkReplicas reports, with WaitReplicas, every master with fewer
+// replicas online than that (INFO replication); replicas (a Cluster's)
+// are passed over. A node whose INFO is refused is not counted as a
+// failure, as for CONFIG GET.
+func (s *Store) checkReplicas(ctx context.Context) error {
+	if !s.waiting() {
+		return nil
+	}
+	var (
+		mu  sync.Mutex
+		few []string
+	)
+	err := s.forEachNode(ctx, func(ctx context.Context, addr string, c redis.Cmdable) error {
+		info, err := c.Info(ctx, "replication").Result()
+		var rerr redis.Error
+		if errors.As(err, &rerr) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("%s: %w", addr, err)
+		}
+		if !strings.Contains(info, "role:master") {
+			return nil
+		}
+		if n := strings.Count(info, "state=online"); n < s.cfg.WaitReplicas {
+			mu.Lock()
+			few = append(few, fmt.Sprintf("%s has %d", addr, n))
+			mu.Unlock()
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("redisstore: checking the replicas: %w", err)
+	}
+	if len(few) == 0 {
+		return nil
+	}
+	err = fmt.Errorf("%w (%d): %s", ErrTooFewReplicas, s.cfg.WaitReplicas, strings.Join(few, "; "))
+	s.cfg.Logger.Error("redisstore: a Redis master has too few replicas for Config.WaitReplicas: its writes fail as not replicated", err, nil)
+	return err
+}

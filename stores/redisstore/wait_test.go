@@ -1,0 +1,389 @@
+package redisstore_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/watermill-dedup/dedup/stores"
+	"github.com/watermill-dedup/dedup/stores/internal/errtest"
+	"github.com/watermill-dedup/dedup/stores/redisstore"
+	"github.com/watermill-dedup/dedup/stores/storetest"
+	"github.com/watermill-dedup/dedup/testkit"
+)
+
+// Config.WaitReplicas: acknowledged means replicated. These tests run
+// on a primary with one replica of their own; TestClusterFailover runs
+// the same on a Redis Cluster with replicas, through failovers.
+
+func TestWaitReplicasConfig(t *testing.T) {
+	for _, cfg := range []redisstore.Config{
+		{WaitReplicas: -1},
+		{WaitReplicas: redisstore.MaxWaitReplicas + 1},
+		{WaitReplicas: 1, WaitTimeout: -time.Second},
+		{WaitReplicas: 1, WaitTimeout: redisstore.MaxWaitTimeout + time.Millisecond},
+		{WaitTimeout: time.Second}, // a timeout for a WAIT never sent
+	} {
+		if err := cfg.Validate(); err == nil {
+			t.Errorf("Validate(WaitReplicas %d, WaitTimeout %s) = nil, want an error", cfg.WaitReplicas, cfg.WaitTimeout)
+		}
+	}
+	for _, cfg := range []redisstore.Config{
+		{WaitReplicas: 1},
+		{WaitReplicas: redisstore.MaxWaitReplicas, WaitTimeout: redisstore.MaxWaitTimeout},
+		{WaitReplicas: 2, WaitTimeout: time.Nanosecond},
+	} {
+		if err := cfg.Validate(); err != nil {
+			t.Errorf("Validate(WaitReplicas %d, WaitTimeout %s) = %v", cfg.WaitReplicas, cfg.WaitTimeout, err)
+		}
+	}
+
+	// New: the WAIT must fit in the client's ReadTimeout (go-redis
+	// bounds the pipeline that carries it by it), and the client must
+	// let the store address each node.
+	c := redis.NewClient(&redis.Options{Addr: testkit.ClosedAddr(t), ReadTimeout: 2 * time.Second})
+	t.Cleanup(func() { _ = c.Close() })
+	for _, cfg := range []redisstore.Config{
+		{WaitReplicas: 1, WaitTimeout: 2 * time.Second, SkipServerCheck: true},
+		{WaitReplicas: 1, WaitTimeout: 3 * time.Second, SkipServerCheck: true},
+	} {
+		if _, err := redisstore.New(c, cfg); err == nil {
+			t.Errorf("New(WaitTimeout %s) on a client with ReadTimeout 2s succeeded", cfg.WaitTimeout)
+		}
+	}
+	s, err := redisstore.New(c, redisstore.Config{WaitReplicas: 1, SkipServerCheck: true}) // the default 1s
+	if err != nil {
+		t.Fatalf("New(WaitReplicas 1) on a client with ReadTimeout 2s: %v", err)
+	}
+	_ = s.Close(context.Background())
+	if _, err := redisstore.New(otherClient{c}, redisstore.Config{WaitReplicas: 1, SkipServerCheck: true}); err == nil {
+		t.Error("New(WaitReplicas 1) on a client of another type succeeded")
+	}
+	if s, err := redisstore.New(otherClient{c}, redisstore.Config{SkipServerCheck: true}); err != nil {
+		t.Errorf("New on a client of another type without WaitReplicas: %v", err)
+	} else {
+		_ = s.Close(context.Background())
+	}
+}
+
+// otherClient is a UniversalClient of a type the store does not know.
+type otherClient struct{ *redis.Client }
+
+// replicated starts a primary with one replica and returns a client for
+// the primary (ReadTimeout 10s: room for the WAITs of the tests) and the
+// two servers.
+func replicated(t *testing.T) (*redis.Client, *testkit.RedisServer, *testkit.RedisServer) {
+	t.Helper()
+	servers := testkit.StartRedisReplicated(t, 1)
+	c := redis.NewClient(&redis.Options{Addr: servers[0].Addr, ContextTimeoutEnabled: true, ReadTimeout: 10 * time.Second})
+	t.Cleanup(func() { _ = c.Close() })
+	return c, servers[0], servers[1]
+}
+
+// waitCfg is the configuration of the tests' stores with WaitReplicas:
+// a WaitTimeout long enough that a replica that runs acknowledges in
+// time on a loaded machine, below the client's ReadTimeout.
+var waitCfg = redisstore.Config{WaitReplicas: 1, WaitTimeout: 5 * time.Second}
+
+func TestWaitReplicas(t *testing.T) {
+	c, _, replica := replicated(t)
+
+	t.Run("Conformance", func(t *testing.T) {
+		storetest.Run(t, factory(c, waitCfg), serverTime(c))
+	})
+
+	t.Run("ConformanceUnbatched", func(t *testing.T) {
+		cfg := waitCfg
+		cfg.Batch.Disabled = true
+		storetest.Run(t, factory(c, cfg), serverTime(c))
+	})
+
+	t.Run("OneWaitPerPipeline", func(t *testing.T) {
+		testOneWaitPerPipeline(t, c)
+	})
+
+	t.Run("CheckServer", func(t *testing.T) {
+		log := watermill.NewCaptureLogger()
+		cfg := waitCfg
+		cfg.Logger = log
+		s := newStore(t, c, cfg)
+		if err := s.CheckServer(context.Background()); err != nil {
+			t.Fatalf("CheckServer with WaitReplicas 1 on a primary with one replica: %v", err)
+		}
+		cfg.WaitReplicas = 2
+		s = newStore(t, c, cfg)
+		err := s.CheckServer(context.Background())
+		errtest.Wraps(t, "CheckServer with WaitReplicas 2 on a primary with one replica", err, redisstore.ErrTooFewReplicas)
+		if len(log.Captured()[watermill.ErrorLogLevel]) == 0 {
+			t.Error("CheckServer logged nothing of the missing replica")
+		}
+	})
+
+	for _, batched := range []bool{true, false} {
+		name := "ReplicaStopped"
+		if !batched {
+			name += "Unbatched"
+		}
+		t.Run(name, func(t *testing.T) {
+			cfg := waitCfg
+			cfg.Batch.Disabled = !batched
+			fresh := func(t *testing.T) redis.UniversalClient {
+				f := redis.NewClient(c.Options())
+				t.Cleanup(func() { _ = f.Close() })
+				return f
+			}
+			testReplicaStopped(t, c, c, fresh, replica, cfg, []string{"k"})
+		})
+	}
+}
+
+// pipeTap records, for each pipeline that carries a command of the
+// store (a key under prefix), the names of its commands.
+type pipeTap struct {
+	prefix string
+
+	mu        sync.Mutex
+	singles   int
+	pipelines [][]string
+}
+
+func (h *pipeTap) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *pipeTap) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if strings.HasPrefix(cmdKey(cmd), h.prefix) {
+			h.mu.Lock()
+			h.singles++
+			h.mu.Unlock()
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (h *pipeTap) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		var names []string
+		mine := false
+		for _, c := range cmds {
+			names = append(names, strings.ToLower(c.Name()))
+			mine = mine || strings.HasPrefix(cmdKey(c), h.prefix)
+		}
+		if mine {
+			h.mu.Lock()
+			h.pipelines = append(h.pipelines, names)
+			h.mu.Unlock()
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// check fails t unless every pipeline of the store ended with its one
+// WAIT and no store command went out alone, and returns the pipelines
+// and the store commands in them.
+func (h *pipeTap) check(t *testing.T) (pipelines, ops int) {
+	t.Helper()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.singles != 0 {
+		t.Errorf("%d store commands were sent alone, without a WAIT after them", h.singles)
+	}
+	for _, p := range h.pipelines {
+		waits := 0
+		for _, n := range p {
+			if n == "wait" {
+				waits++
+			}
+		}
+		if waits != 1 || p[len(p)-1] != "wait" {
+			t.Errorf("a pipeline of the store is %v: want one WAIT, last", p)
+		}
+		ops += len(p) - waits
+	}
+	return len(h.pipelines), ops
+}
+
+// testOneWaitPerPipeline: every call goes out with a WAIT after it, and
+// concurrent calls share their pipeline's one WAIT.
+func testOneWaitPerPipeline(t *testing.T, c *redis.Client) {
+	ctx := context.Background()
+	cfg := waitCfg
+	cfg.Prefix = testPrefix(t, c)
+	h := &pipeTap{prefix: cfg.Prefix}
+	c.AddHook(h)
+	s := newStore(t, c, cfg)
+
+	// A lone caller: one pipeline, one WAIT, per call.
+	for range 5 {
+		if err := cycle(ctx, s, watermill.NewUUID()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if pipelines, ops := h.check(t); pipelines != 10 || ops != 10 {
+		t.Fatalf("5 claim+complete cycles from one caller: %d store commands in %d pipelines, want 10 in 10 (a WAIT each)", ops, pipelines)
+	}
+
+	const callers, cycles = 16, 20
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			for range cycles {
+				if err := cycle(ctx, s, watermill.NewUUID()); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	if t.Failed() {
+		t.FailNow()
+	}
+	pipelines, ops := h.check(t)
+	if want := 10 + 2*callers*cycles; ops != want {
+		t.Fatalf("%d store commands, want %d", ops, want)
+	}
+	if pipelines*2 > ops {
+		t.Fatalf("%d WAITs for %d commands: concurrent calls did not share their WAIT", pipelines, ops)
+	}
+	t.Logf("%d store commands in %d pipelines, each with one WAIT", ops, pipelines)
+}
+
+// testReplicaStopped stops replica (SIGSTOP) and checks what each call
+// does while it acknowledges nothing: what wrote fails with
+// ErrNotReplicated (not an outage) and a claim leaves nothing behind,
+// what wrote nothing answers as usual; then resumes it and checks that
+// the calls refused meanwhile were confirmed. keys are the keys of the
+// claims (several: a claim over several nodes of a cluster); primary is
+// a client the test reads the records through; fresh makes a new client
+// like client (with connections of its own).
+func testReplicaStopped(t *testing.T, client, primary redis.UniversalClient, fresh func(t *testing.T) redis.UniversalClient, replica *testkit.RedisServer, cfg redisstore.Config, keys []string) {
+	ctx := context.Background()
+	cfg.WaitTimeout = 100 * time.Millisecond // the replica is stopped: every WAIT runs out
+	s := newStore(t, client, cfg)
+	with := func(tag string) []string {
+		ks := make([]string, len(keys))
+		for i, k := range keys {
+			ks[i] = tag + "-" + k
+		}
+		return ks
+	}
+	claim := func(what string, ks []string, want stores.Result) *stores.Claim {
+		t.Helper()
+		c, err := s.Claim(ctx, "h", ks, time.Minute)
+		if err != nil || c.Result != want {
+			t.Fatalf("%s: Claim = %v, %v; want %s", what, c, err, want)
+		}
+		return c
+	}
+	records := func(ks []string) []string {
+		t.Helper()
+		vals := make([]string, len(ks))
+		for i, k := range ks {
+			v, err := primary.Get(ctx, s.EncodeKey("h", k)).Result()
+			if err != nil && !errors.Is(err, redis.Nil) {
+				t.Fatal(err)
+			}
+			vals[i] = v
+		}
+		return vals
+	}
+
+	// Before the replica stops: a claim held, a record done, a lease run
+	// out (taken over later).
+	held := claim("held", with("held"), stores.Claimed)
+	done := claim("done", with("done"), stores.Claimed)
+	if err := s.Complete(ctx, done, time.Hour, []byte("kept")); err != nil {
+		t.Fatal(err)
+	}
+	claim("expired", with("expired"), stores.Claimed)
+	for _, k := range with("expired") {
+		age(t, client, 61*time.Second, s.EncodeKey("h", k)) // PX 2 min, lease 1 min: run out
+	}
+	expiredBefore := records(with("expired"))
+
+	replica.Pause()
+	resumed := false
+	resume := func() {
+		if !resumed {
+			resumed = true
+			replica.Resume()
+		}
+	}
+	t.Cleanup(resume)
+
+	notReplicated := func(what string, err error) {
+		t.Helper()
+		errtest.Wraps(t, what, err, redisstore.ErrNotReplicated)
+		if errors.Is(err, stores.ErrUnavailable) || errors.Is(err, stores.ErrLostClaim) {
+			t.Errorf("%s: %v is also of another class", what, err)
+		}
+	}
+
+	// A claim that took its keys fails, and gives them back.
+	_, err := s.Claim(ctx, "h", with("new"), time.Minute)
+	notReplicated("Claim of new keys", err)
+	for i, v := range records(with("new")) {
+		if v != "" {
+			t.Errorf("Claim of new keys failed but left key %q held: %q", with("new")[i], v)
+		}
+	}
+	// A takeover too, and the lease it took over is put back.
+	_, err = s.Claim(ctx, "h", with("expired"), time.Minute)
+	notReplicated("Claim taking over a lease run out", err)
+	for i, v := range records(with("expired")) {
+		if v != expiredBefore[i] {
+			t.Errorf("failed takeover of %q left %q, want the lease it took over back (%q)", with("expired")[i], v, expiredBefore[i])
+		}
+	}
+
+	// Answers that wrote nothing wait for nothing.
+	if c := claim("done, replica stopped", with("done"), stores.Duplicate); string(c.Data) != "kept" {
+		t.Errorf("Duplicate data %q, want %q", c.Data, "kept")
+	}
+	claim("held, replica stopped", with("held"), stores.InProgress)
+
+	// Fenced calls that applied fail; refused ones too until the WAIT
+	// confirms the record they read.
+	notReplicated("Extend", s.Extend(ctx, held, time.Minute))
+	notReplicated("Complete", s.Complete(ctx, held, time.Hour, []byte("out")))
+	for _, v := range records(with("held")) {
+		if v != "dout" {
+			t.Fatalf("the Complete that failed as not replicated did not write its record: %q", v)
+		}
+	}
+	// Through a client of its own: a connection that wrote nothing yet.
+	// From Redis 7.2 on a WAIT covers the writes of its own connection
+	// only, and a refusal that wrote nothing would pass it at once (the
+	// first Complete's connection still has its own write waiting);
+	// Redis 7.0 moves a connection's WAIT offset on to the master's
+	// after every command, write or not, so there the WAIT of this
+	// refusal covers the first Complete either way.
+	cfg.Prefix = s.Prefix()
+	notReplicated("Complete again, its first attempt landed (refused, unconfirmed)", newStore(t, fresh(t), cfg).Complete(ctx, held, time.Hour, []byte("out")))
+	notReplicated("Release after Complete (refused, unconfirmed)", newStore(t, fresh(t), cfg).Release(ctx, held))
+
+	resume()
+	cfg.WaitTimeout = waitCfg.WaitTimeout
+	s = newStore(t, client, cfg) // same records, a WaitTimeout for a replica that runs
+	if err := s.Complete(ctx, held, time.Hour, []byte("out")); !errors.Is(err, stores.ErrLostClaim) {
+		t.Fatalf("Complete again, the replica back: %v, want ErrLostClaim (the record is done, and replicated)", err)
+	}
+	if c := claim("held, completed", with("held"), stores.Duplicate); string(c.Data) != "out" {
+		t.Errorf("Duplicate data %q, want %q", c.Data, "out")
+	}
+	claim("new, given back", with("new"), stores.Claimed)
+	if c := claim("expired, put back", with("expired"), stores.Claimed); !c.Takeover {
+		t.Error("the lease put back was not taken over")
+	}
+}
