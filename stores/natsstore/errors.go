@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strings"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -17,13 +18,50 @@ import (
 // (stores.ErrUnavailable), data too large (stores.ErrTooLarge) or a
 // write that lost its compare-and-set.
 
-// classify is the package's classify, with a closed store first.
+// classify is the package's classify, with a closed store first, and a
+// call that timed out because the server denied the store a subject
+// (see denied) before the caller's context.
 func (s *Store) classify(ctx, cctx context.Context, err error) error {
+	if err != nil && (ctx.Err() != nil || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout)) {
+		if d := s.denied(); d != nil {
+			return fmt.Errorf("natsstore: %w (the user lacks a permission the store needs: see the Permissions section of natsstore's README); the call ended: %v", d, err)
+		}
+	}
 	err = classify(ctx, cctx, err)
 	if s.closed.Load() && !errors.Is(err, ctx.Err()) {
 		return fmt.Errorf("%w (%v)", stores.ErrClosed, err)
 	}
 	return err
+}
+
+// denied returns the permissions violation the server last reported on
+// the connection, when it names a subject of the store's (a bucket's
+// keys, its stream's JetStream API) or the replies' inbox, or nil. The
+// server answers a denied publish or subscription with nothing but that
+// report: a request to a subject the user may not publish to, or whose
+// reply it may not receive, just times out, which would otherwise pass
+// for an outage, the one class a fail-open consumer runs its handler
+// through unprotected.
+func (s *Store) denied() error {
+	err := s.nc.LastError()
+	if !errors.Is(err, nats.ErrPermissionViolation) {
+		return nil
+	}
+	msg := err.Error()
+	inbox := s.nc.Opts.InboxPrefix
+	if inbox == "" {
+		inbox = nats.InboxPrefix
+	}
+	if strings.Contains(msg, "Subscription to \""+strings.TrimSuffix(inbox, ".")) {
+		return err
+	}
+	for _, b := range s.cfg.Buckets() {
+		stream := streamName(b)
+		if strings.Contains(msg, subjectPrefix(b)) || strings.Contains(msg, stream+"\"") || strings.Contains(msg, stream+".") {
+			return err
+		}
+	}
+	return nil
 }
 
 // classify puts err, from I/O made under cctx (see callCtx) for a caller

@@ -171,7 +171,7 @@ func newStore(ctx context.Context, nc *nats.Conn, own bool, cfg Config) (*Store,
 func (s *Store) openBucket(ctx context.Context, bucket string) (*shard, error) {
 	need := s.cfg.RequiredMaxAge()
 	fail := func(what string, err error) (*shard, error) {
-		return nil, fmt.Errorf("natsstore: %s bucket %q: %w", what, bucket, classify(ctx, nil, err))
+		return nil, fmt.Errorf("natsstore: %s bucket %q: %w", what, bucket, s.classify(ctx, nil, err))
 	}
 	st, err := s.js.Stream(ctx, streamName(bucket))
 	if errors.Is(err, jetstream.ErrStreamNotFound) && s.cfg.asIs {
