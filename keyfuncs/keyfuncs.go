@@ -23,7 +23,12 @@
 // errors to a poison queue.
 //
 // Broker-specific extractors live in subpackages (keyfuncs/kafkakeys), so
-// that importing keyfuncs pulls no broker client into a build.
+// that importing keyfuncs pulls no broker client into a build, one per
+// major of the Watermill pub/sub where they depend on its types:
+// keyfuncs/sqlkeys for watermill-sql v3 and keyfuncs/sqlkeys/v4 for v4,
+// keyfuncs/amqpkeys for watermill-amqp v2 and keyfuncs/amqpkeys/v3 for
+// v3. The two of a pair have the same API and give the same keys, and a
+// build compiles only the major it imports.
 package keyfuncs
 
 import (

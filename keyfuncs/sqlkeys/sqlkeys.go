@@ -1,5 +1,8 @@
-// Package sqlkeys keys messages consumed with watermill-sql by the row
-// that carried them, for rows other producers insert with plain SQL.
+// Package sqlkeys keys messages consumed with watermill-sql v3
+// (github.com/ThreeDotsLabs/watermill-sql/v3) by the row that carried
+// them, for rows other producers insert with plain SQL. For watermill-sql
+// v4 use github.com/watermill-dedup/dedup/keyfuncs/sqlkeys/v4: the same
+// API on v4's adapters, and the same keys.
 //
 // watermill-sql delivers a row's uuid column as the message UUID, its
 // payload column as the payload and its metadata column (a JSON object of
@@ -36,22 +39,20 @@
 // middleware.Config.PublishedAt to middleware.MetadataTime("published_at").
 //
 // It is a separate package so that importing keyfuncs does not pull
-// watermill-sql into every build.
+// watermill-sql into every build, and each major has its own, so that a
+// build compiles only the major it uses.
 package sqlkeys
 
 import (
-	"fmt"
-	"strconv"
-
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
-	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/watermill-dedup/dedup/keyfuncs"
+	"github.com/watermill-dedup/dedup/keyfuncs/internal/sqloffset"
 )
 
 // MetadataOffset is the metadata name under which SchemaAdapter carries a
 // row's offset (decimal).
-const MetadataOffset = "sql_offset"
+const MetadataOffset = sqloffset.Metadata
 
 // SchemaAdapter is a watermill-sql SchemaAdapter that carries each row's
 // offset into the message's metadata (MetadataOffset), for [Offset]. It
@@ -69,10 +70,7 @@ func (a SchemaAdapter) UnmarshalMessage(row wsql.Scanner) (wsql.Row, error) {
 	if err != nil || r.Msg == nil {
 		return r, err
 	}
-	if r.Msg.Metadata == nil {
-		r.Msg.Metadata = message.Metadata{}
-	}
-	r.Msg.Metadata.Set(MetadataOffset, strconv.FormatInt(r.Offset, 10))
+	sqloffset.Set(r.Msg, r.Offset)
 	return r, nil
 }
 
@@ -87,16 +85,4 @@ func (a SchemaAdapter) UnmarshalMessage(row wsql.Scanner) (wsql.Row, error) {
 // identity restarted), and the new rows would then be duplicates of old
 // records still within retention. Purge the scope's records (or use a new
 // topic name) when you recreate a topic's table.
-func Offset() keyfuncs.KeyFunc {
-	return func(msg *message.Message) ([]string, error) {
-		topic := message.SubscribeTopicFromCtx(msg.Context())
-		offset := msg.Metadata.Get(MetadataOffset)
-		switch {
-		case topic == "":
-			return nil, fmt.Errorf("%w: message %s: no subscribe topic in its context (not consumed through a Watermill router)", keyfuncs.ErrNoKey, keyfuncs.Name(msg))
-		case offset == "":
-			return nil, fmt.Errorf("%w: message %s: no row offset (metadata %q): is sqlkeys.SchemaAdapter the subscriber's schema adapter?", keyfuncs.ErrNoKey, keyfuncs.Name(msg), MetadataOffset)
-		}
-		return []string{keyfuncs.Bound(topic + "/" + offset)}, nil
-	}
-}
+func Offset() keyfuncs.KeyFunc { return sqloffset.Key() }

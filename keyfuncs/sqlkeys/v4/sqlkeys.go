@@ -1,0 +1,82 @@
+// Package sqlkeys keys messages consumed with watermill-sql v4
+// (github.com/ThreeDotsLabs/watermill-sql/v4) by the row that carried
+// them, for rows other producers insert with plain SQL. It is
+// github.com/watermill-dedup/dedup/keyfuncs/sqlkeys (for watermill-sql v3)
+// on v4's adapters: the same [SchemaAdapter], [Offset] and
+// [MetadataOffset], the same keys, so consumers may move from v3 to v4
+// without their records changing meaning. That package's doc shows the
+// INSERT another producer runs and what its columns must hold (a uuid of
+// at most 36 characters; a metadata column NULL or a JSON object of
+// strings, anything else stalling the topic inside watermill-sql; no
+// created_at delivered, so a producer that wants the ttl-miss check
+// writes its time into the metadata). It compiles nothing of v3.
+//
+// [SchemaAdapter] wraps any of v4's schema adapters: DefaultPostgreSQLSchema
+// and DefaultMySQLSchema (consumer groups, offsets acked per group), and
+// PostgreSQLQueueSchema and MySQLQueueSchema (no consumer groups; rows
+// marked acked, or deleted with the queue offsets adapter's
+// DeleteOnAck). In each the offset column numbers the rows and is never
+// given again while the table lives, so [Offset] names one row; when a
+// topic's table is dropped and created again the numbers start over:
+// purge the scope's records (or use a new topic name) then.
+//
+// With the queue schemas, set SubscribeBatchSize to 1. Their offsets
+// adapters (v4.1.2) ack every row of the batch the subscriber read,
+// delivered or not, when the batch is cut short (the subscriber closing,
+// an AckDeadline passing): those rows are never delivered again, and no
+// key can bring back a message that never arrives. A batch of one row is
+// acked only when its message was.
+//
+// With the pgx adapter (BeginnerFromPgx) as with database/sql
+// (BeginnerFromStdSQL), the subscriber hands the adapter the same rows.
+package sqlkeys
+
+import (
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+
+	"github.com/watermill-dedup/dedup/keyfuncs"
+	"github.com/watermill-dedup/dedup/keyfuncs/internal/sqloffset"
+)
+
+// MetadataOffset is the metadata name under which SchemaAdapter carries a
+// row's offset (decimal), as in keyfuncs/sqlkeys.
+const MetadataOffset = sqloffset.Metadata
+
+// SchemaAdapter is a watermill-sql v4 SchemaAdapter that carries each
+// row's offset into the message's metadata (MetadataOffset), for
+// [Offset]. It does everything else as the adapter it wraps. Use it in
+// the subscriber's configuration:
+//
+//	SchemaAdapter: sqlkeys.SchemaAdapter{SchemaAdapter: wsql.DefaultPostgreSQLSchema{}},
+type SchemaAdapter struct {
+	wsql.SchemaAdapter
+}
+
+// UnmarshalMessage implements wsql.SchemaAdapter.
+func (a SchemaAdapter) UnmarshalMessage(params wsql.UnmarshalMessageParams) (wsql.Row, error) {
+	r, err := a.SchemaAdapter.UnmarshalMessage(params)
+	if err != nil || r.Msg == nil {
+		return r, err
+	}
+	sqloffset.Set(r.Msg, r.Offset)
+	return r, nil
+}
+
+// RequiresTransaction implements wsql.RequiresTransaction as the adapter
+// it wraps does: watermill-sql v4 creates a topic's tables in a
+// transaction (under an advisory lock, with DefaultPostgreSQLSchema) only
+// when the subscriber's adapter says so, which an adapter that merely
+// embeds another would not.
+func (a SchemaAdapter) RequiresTransaction() bool {
+	rt, ok := a.SchemaAdapter.(wsql.RequiresTransaction)
+	return ok && rt.RequiresTransaction()
+}
+
+var _ wsql.RequiresTransaction = SchemaAdapter{}
+
+// Offset keys a message by "topic/offset": its subscribe topic (from the
+// router) and the offset of its row (from SchemaAdapter). The pair names
+// one row, so it catches watermill-sql's redeliveries of it, not a
+// producer that inserts the event again (a new row). A message without
+// them gives an error wrapping keyfuncs.ErrNoKey.
+func Offset() keyfuncs.KeyFunc { return sqloffset.Key() }
