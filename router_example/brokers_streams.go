@@ -69,18 +69,11 @@ func natsStreamConfig(topic string) jetstream.StreamConfig {
 // drops a resend of one message within natsDuplicates: the broker's first
 // line of defence against the producer's own publish retries.
 func (b *broker) openNATS(ctx context.Context, cfg Config, logger watermill.LoggerAdapter, closers, removers *teardown) error {
-	const setting = "-nats-url or NATS_URL"
-	b.addr = redactURL(cfg.NATSURL)
-	hostPort, err := urlHostPort(cfg.NATSURL, "4222")
+	// Without the credentials the URL may carry (a password, a token).
+	b.addr = storeopen.RedactNATSURL(cfg.NATSURL)
+	nc, err := connect.NATS(ctx, cfg.NATSURL, cfg.NATSAuth)
 	if err != nil {
-		return fmt.Errorf("-nats-url (or NATS_URL): %w", err)
-	}
-	if err := storeopen.ProbeTCP(ctx, "NATS", hostPort, setting); err != nil {
 		return err
-	}
-	nc, err := nats.Connect(cfg.NATSURL, nats.Timeout(dialTimeout))
-	if err != nil {
-		return unreachable("NATS", b.addr, setting, err)
 	}
 	closers.add("close the NATS connection", func(context.Context) error { nc.Close(); return nil })
 	js, err := jetstream.New(nc)
@@ -93,8 +86,14 @@ func (b *broker) openNATS(ctx context.Context, cfg Config, logger watermill.Logg
 	pub := &natsPublisher{js: js}
 	b.pub = pub
 	b.brokerDedup = pub.summary
+	// The subscriber's own connection: its Close drains it.
+	subConn, err := connect.NATS(ctx, cfg.NATSURL, cfg.NATSAuth)
+	if err != nil {
+		return err
+	}
+	closers.add("close the NATS subscriber's connection", func(context.Context) error { subConn.Close(); return nil })
 	sub, err := wmjs.NewSubscriber(wmjs.SubscriberConfig{
-		URL:             cfg.NATSURL,
+		Conn:            subConn,
 		Logger:          logger,
 		AckWaitTimeout:  natsAckWait,
 		ConfigureStream: natsStreamConfig,
@@ -110,12 +109,12 @@ func (b *broker) openNATS(ctx context.Context, cfg Config, logger watermill.Logg
 		},
 	})
 	if err != nil {
-		return unreachable("NATS", b.addr, setting, err)
+		return fmt.Errorf("NATS at %s: %w", b.addr, err)
 	}
 	closers.add("close the NATS subscriber", func(context.Context) error { return sub.Close() })
 	b.sub = sub
 	removers.add("delete JetStream streams "+natsStreamName(b.topic)+", "+natsStreamName(b.poisonTopic)+" (and their consumers)", func(ctx context.Context) error {
-		nc, err := nats.Connect(cfg.NATSURL, nats.Timeout(dialTimeout))
+		nc, err := connect.NATS(ctx, cfg.NATSURL, cfg.NATSAuth)
 		if err != nil {
 			return err
 		}

@@ -16,6 +16,7 @@ import (
 
 	dedup "github.com/watermill-dedup/dedup"
 	"github.com/watermill-dedup/dedup/internal/cliflag"
+	"github.com/watermill-dedup/dedup/internal/storeopen"
 )
 
 // Brokers and stores the example can run on.
@@ -70,6 +71,7 @@ type Config struct {
 	KafkaRF      int
 	AMQPURL      string
 	NATSURL      string
+	NATSAuth     storeopen.NATSAuth
 	RedisAddr    string
 	PostgresDSN  string
 	MySQLDSN     string
@@ -161,7 +163,8 @@ func newFlagSet(c *Config, output io.Writer) *flag.FlagSet {
 	fs.StringVar(&c.KafkaBrokers, "kafka-brokers", c.KafkaBrokers, "comma-separated Kafka bootstrap `addresses` (-broker=kafka)")
 	fs.IntVar(&c.KafkaRF, "kafka-replication-factor", c.KafkaRF, "replication factor of the topics the example creates (-broker=kafka)")
 	fs.StringVar(&c.AMQPURL, "amqp-url", c.AMQPURL, "RabbitMQ `URL` (-broker=amqp)")
-	fs.StringVar(&c.NATSURL, "nats-url", c.NATSURL, "NATS `URL`, a server with JetStream (-broker=nats)")
+	fs.StringVar(&c.NATSURL, "nats-url", c.NATSURL, "NATS `URL`, a server with JetStream (-broker=nats): nats://user:password@host:port or nats://token@host:port carry credentials, tls:// asks for TLS")
+	c.NATSAuth.RegisterFlags(fs)
 	fs.StringVar(&c.RedisAddr, "redis-addr", c.RedisAddr, "Redis `host:port` (-store=redis, -broker=redis-streams)")
 	fs.StringVar(&c.PostgresDSN, "postgres-dsn", c.PostgresDSN, "PostgreSQL `DSN` (-broker=postgres, -store=postgres)")
 	fs.StringVar(&c.MySQLDSN, "mysql-dsn", c.MySQLDSN, "MySQL/MariaDB `DSN` in go-sql-driver form (-broker=mysql, -store=mysql)")
@@ -460,6 +463,9 @@ func (c Config) warnings() []string {
 	}
 	if c.Broker != brokerNATS {
 		ignored("nats-url", "without -broker=nats")
+		for _, name := range storeopen.NATSAuthFlags {
+			ignored(name, "without -broker=nats")
+		}
 	}
 	if c.Store != storeRedis && c.Broker != brokerRedisStreams {
 		ignored("redis-addr", "without -store=redis or -broker=redis-streams")

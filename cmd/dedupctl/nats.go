@@ -28,12 +28,7 @@ func (n *natsConfig) flags(fs *flag.FlagSet) {
 	fs.StringVar(&n.url, "nats-url", defaultNATSURL, "NATS `URL` (comma-separated: servers of one cluster); nats://user:password@host:port or nats://token@host:port carry credentials, tls:// asks for TLS")
 	fs.StringVar(&n.bucket, "nats-bucket", natsstore.DefaultBucket, "the store's KV bucket, Config.Bucket")
 	fs.IntVar(&n.shards, "nats-shards", 0, "the store's Config.Shards: its records are in the buckets <bucket>-0 ... <bucket>-<n-1>")
-	fs.StringVar(&n.auth.User, "nats-user", "", "NATS user (with -nats-password)")
-	fs.StringVar(&n.auth.Password, "nats-password", "", "NATS password")
-	fs.StringVar(&n.auth.Token, "nats-token", "", "NATS token")
-	fs.StringVar(&n.auth.CredsFile, "nats-creds", "", "NATS credentials `file` (a user JWT and its nkey seed)")
-	fs.StringVar(&n.auth.NKeyFile, "nats-nkey", "", "`file` holding a NATS user's nkey seed")
-	fs.StringVar(&n.auth.CAFile, "nats-ca", "", "PEM `file` of the authority that signed the NATS server's TLS certificate (a private CA)")
+	n.auth.RegisterFlags(fs)
 }
 
 func openNATS(ctx context.Context, c *config) (*admin, error) {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/watermill-dedup/dedup/internal/storeopen"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/natsstore"
 	"github.com/watermill-dedup/dedup/testkit"
@@ -88,4 +89,14 @@ func TestNATSUnreachable(t *testing.T) {
 		t.Fatalf("the credentials are printed: %s", r)
 	}
 	dedupctlEnv(t, map[string]string{"DEDUP_STORE": "nats", "NATS_URL": "nats://" + addr}, "stats").want(t, exitError, "stderr:NATS is not reachable at nats://"+addr)
+}
+
+// The NATS credential flags are connection flags: read from the
+// environment, allowed with every command.
+func TestNATSAuthFlagsAreConnectionFlags(t *testing.T) {
+	for _, name := range storeopen.NATSAuthFlags {
+		if !isConnectionFlag(name) {
+			t.Errorf("-%s is not in connectionFlags", name)
+		}
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/x509"
 	"errors"
+	"flag"
 	"fmt"
 	"net"
 	"net/url"
@@ -42,6 +43,21 @@ type NATSAuth struct {
 	// CAFile holds the PEM certificates of the authorities that sign the
 	// server's certificate, for a private CA: -nats-ca.
 	CAFile string
+}
+
+// NATSAuthFlags are the flags RegisterFlags defines.
+var NATSAuthFlags = []string{"nats-user", "nats-password", "nats-token", "nats-creds", "nats-nkey", "nats-ca"}
+
+// RegisterFlags defines the flags of a on fs, a's values their defaults:
+// -nats-user, -nats-password, -nats-token, -nats-creds, -nats-nkey and
+// -nats-ca, as both programs name them.
+func (a *NATSAuth) RegisterFlags(fs *flag.FlagSet) {
+	fs.StringVar(&a.User, "nats-user", a.User, "NATS user (with -nats-password; or in the URL, nats://user:password@host:port)")
+	fs.StringVar(&a.Password, "nats-password", a.Password, "NATS password")
+	fs.StringVar(&a.Token, "nats-token", a.Token, "NATS token (or in the URL, nats://token@host:port)")
+	fs.StringVar(&a.CredsFile, "nats-creds", a.CredsFile, "NATS credentials `file` (a user JWT and its nkey seed)")
+	fs.StringVar(&a.NKeyFile, "nats-nkey", a.NKeyFile, "`file` holding a NATS user's nkey seed")
+	fs.StringVar(&a.CAFile, "nats-ca", a.CAFile, "PEM `file` of the authority that signed the NATS server's TLS certificate, for a private CA (with a tls:// URL)")
 }
 
 // Options returns the nats.go options of a, or a *SettingError for
