@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -13,6 +14,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/watermill-dedup/dedup/testkit"
 )
 
 var (
@@ -97,36 +100,105 @@ func TestReadmeSnippetsCompile(t *testing.T) {
 // TestQuickstartRuns runs the Quickstart and compares its output with the
 // one the README shows under it: one award for the payment delivered three
 // times, the keyless event poisoned, and the middleware's error log line
-// for it.
+// for it. It runs it as written (memstore), and with the store swapped for
+// redisstore and natsstore, as its comment invites, twice on each: the
+// records of the first run must not change the second's output.
 func TestQuickstartRuns(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs a program")
 	}
-	bin, err := build(t, program(t, "points awarded for"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	var stdout, stderr bytes.Buffer
-	cmd := exec.CommandContext(ctx, bin)
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("Quickstart: %v\nstdout:\n%s\nstderr:\n%s", err, &stdout, &stderr)
-	}
+	src := program(t, "points awarded for")
 	readme, _ := os.ReadFile("../../README.md")
 	shown := regexp.MustCompile(`(?s)It prints \(besides the log lines\):\n\n(.*?)\n\n`).FindSubmatch(readme)
 	if shown == nil {
 		t.Fatal("README.md does not show the Quickstart's output")
 	}
-	want := strings.ReplaceAll(string(shown[1]), "    ", "")
-	if got := strings.TrimSpace(stdout.String()); got != strings.TrimSpace(want) {
-		t.Errorf("Quickstart printed:\n%s\nthe README shows:\n%s", got, want)
+	want := strings.TrimSpace(strings.ReplaceAll(string(shown[1]), "    ", ""))
+	const memstoreLine = "store, err := memstore.New(memstore.Config{})"
+	if !bytes.Contains(src, []byte(memstoreLine)) {
+		t.Fatalf("the Quickstart no longer opens its store with %q", memstoreLine)
 	}
-	if !strings.Contains(stderr.String(), "ERROR Dedup cannot process this message") || !strings.Contains(stderr.String(), "outcome=no_key") {
-		t.Errorf("the keyless event was not logged at error level:\n%s", &stderr)
+	swaps := []struct {
+		name, service, addr, imports, open string
+	}{
+		{name: "memstore"},
+		{"redisstore", "Redis", testkit.RedisAddr(),
+			"\"github.com/redis/go-redis/v9\"\n\t\"github.com/watermill-dedup/dedup/stores/redisstore\"",
+			"client := redis.NewClient(&redis.Options{Addr: %q})\n\tdefer client.Close()\n\tstore, err := redisstore.New(client, redisstore.Config{})"},
+		{"natsstore", "NATS", testkit.NATSURL(),
+			"\"github.com/watermill-dedup/dedup/stores/natsstore\"",
+			"store, err := natsstore.Connect(context.Background(), %q, natsstore.Config{})"},
+	}
+	for _, sw := range swaps {
+		t.Run(sw.name, func(t *testing.T) {
+			prog := src
+			if sw.open != "" {
+				if sw.service == "Redis" {
+					testkit.RequireRedis(t)
+				} else {
+					testkit.RequireNATS(t)
+				}
+				prog = bytes.Replace(prog, []byte(memstoreLine), []byte(fmt.Sprintf(sw.open, sw.addr)), 1)
+				prog = bytes.Replace(prog, []byte(`"github.com/watermill-dedup/dedup/stores/memstore"`), []byte(sw.imports), 1)
+			}
+			bin, err := build(t, prog)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for run := 1; run <= 2; run++ {
+				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+				var stdout, stderr bytes.Buffer
+				cmd := exec.CommandContext(ctx, bin)
+				cmd.Stdout, cmd.Stderr = &stdout, &stderr
+				err := cmd.Run()
+				cancel()
+				if err != nil {
+					t.Fatalf("run %d: %v\nstdout:\n%s\nstderr:\n%s", run, err, &stdout, &stderr)
+				}
+				got := scopeID.ReplaceAllString(strings.TrimSpace(stdout.String()), "loyalty-…")
+				if got != want {
+					t.Errorf("run %d printed:\n%s\nthe README shows:\n%s", run, got, want)
+				}
+				logged := stderr.String()
+				if strings.Count(logged, "ERROR Dedup cannot process this message") != 1 || !strings.Contains(logged, "outcome=no_key") {
+					t.Errorf("run %d: the keyless event was not logged once at error level:\n%s", run, logged)
+				}
+				if strings.Contains(logged, "being processed by another") {
+					t.Errorf("run %d: a copy was nacked as in progress:\n%s", run, logged)
+				}
+			}
+		})
 	}
 }
+
+// TestOutboxProgramRuns runs the README's transactional outbox program
+// on PostgreSQL: the order handled twice enters the outbox once.
+func TestOutboxProgramRuns(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs a program")
+	}
+	dsn := testkit.RequirePostgres(t)
+	bin, err := build(t, program(t, "outbox rows for"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var stdout, stderr bytes.Buffer
+	cmd := exec.CommandContext(ctx, bin)
+	cmd.Env = append(os.Environ(), "POSTGRES_DSN="+dsn)
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("outbox program: %v\nstdout:\n%s\nstderr:\n%s", err, &stdout, &stderr)
+	}
+	readme, _ := os.ReadFile("../../README.md")
+	if got := strings.TrimSpace(stdout.String()); got != "outbox rows for ORD-7: 1" || !bytes.Contains(readme, []byte("It prints `"+got+"`")) {
+		t.Fatalf("the outbox program printed %q; the README says otherwise, or it is not one row", got)
+	}
+}
+
+// scopeID is the Quickstart's per-run scope.
+var scopeID = regexp.MustCompile(`loyalty-[0-9A-Za-z]+`)
 
 // TestPrometheusProgramServesSeries runs the README's Prometheus program
 // and reads /metrics: the outcome series of its handler are there before
