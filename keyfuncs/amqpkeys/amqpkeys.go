@@ -1,6 +1,9 @@
 // Package amqpkeys keys messages consumed from RabbitMQ (AMQP 0-9-1) with
-// watermill-amqp by the delivery's own identity, so that messages
-// published by producers that are not Watermill can be deduplicated.
+// watermill-amqp v2 (github.com/ThreeDotsLabs/watermill-amqp/v2) by the
+// delivery's own identity, so that messages published by producers that
+// are not Watermill can be deduplicated. For watermill-amqp v3 use
+// github.com/watermill-dedup/dedup/keyfuncs/amqpkeys/v3: the same API on
+// v3's marshalers, with the same metadata and keys.
 //
 // A Watermill publisher writes the message UUID in a header of its own
 // (_watermill_message_uuid). Other producers set the AMQP message_id
@@ -20,14 +23,11 @@
 // republishes an event usually gives it a new message_id.
 //
 // It is a separate package so that importing keyfuncs does not pull the
-// AMQP client into every build.
+// AMQP client into every build, and each major has its own, so that a
+// build compiles only the major it uses.
 package amqpkeys
 
 import (
-	"fmt"
-	"sort"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
@@ -35,6 +35,7 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/watermill-dedup/dedup/keyfuncs"
+	"github.com/watermill-dedup/dedup/keyfuncs/internal/amqpmsg"
 )
 
 // The metadata names under which Marshaler carries a delivery's AMQP
@@ -52,18 +53,18 @@ const (
 	// cannot tell. Producers must keep ids within 255 bytes; combine the id
 	// with a business key (keyfuncs.All) so that a cut id cannot merge two
 	// events. A blank one (white space only) is not carried.
-	MetadataMessageID = "amqp_message_id"
+	MetadataMessageID = amqpmsg.MetadataMessageID
 	// MetadataCorrelationID is the correlation_id property.
-	MetadataCorrelationID = "amqp_correlation_id"
+	MetadataCorrelationID = amqpmsg.MetadataCorrelationID
 	// MetadataTimestamp is the timestamp property (whole seconds in AMQP),
 	// in RFC 3339, UTC. A timestamp at or before the Unix epoch (clients
 	// send 0 for "none") or after the year 9999 (milliseconds sent where
 	// AMQP wants seconds, as with JavaScript's Date.now()) is not carried.
-	MetadataTimestamp = "amqp_timestamp"
+	MetadataTimestamp = amqpmsg.MetadataTimestamp
 	// MetadataAppID is the app_id property.
-	MetadataAppID = "amqp_app_id"
+	MetadataAppID = amqpmsg.MetadataAppID
 	// MetadataType is the type property.
-	MetadataType = "amqp_type"
+	MetadataType = amqpmsg.MetadataType
 )
 
 // Marshaler is a watermill-amqp Marshaler for consuming messages that
@@ -108,120 +109,7 @@ func (m Marshaler) Marshal(msg *message.Message) (amqp091.Publishing, error) {
 
 // Unmarshal implements amqp.Marshaler.
 func (m Marshaler) Unmarshal(d amqp091.Delivery) (*message.Message, error) {
-	if len(d.Headers) > 0 {
-		headers := make(amqp091.Table, len(d.Headers))
-		for k, v := range d.Headers {
-			headers[k] = headerString(v)
-		}
-		d.Headers = headers
-	}
-	msg, err := m.inner().Unmarshal(d)
-	if err != nil {
-		return nil, err
-	}
-	if msg.Metadata == nil {
-		msg.Metadata = message.Metadata{}
-	}
-	set := func(name, v string) {
-		delete(msg.Metadata, name)
-		if strings.TrimSpace(v) != "" {
-			msg.Metadata.Set(name, v)
-		}
-	}
-	set(MetadataMessageID, d.MessageId)
-	set(MetadataCorrelationID, d.CorrelationId)
-	ts := ""
-	if d.Timestamp.Unix() > 0 && d.Timestamp.Year() <= 9999 {
-		ts = d.Timestamp.UTC().Format(time.RFC3339Nano)
-	}
-	set(MetadataTimestamp, ts)
-	set(MetadataAppID, d.AppId)
-	set(MetadataType, d.Type)
-	if strings.TrimSpace(msg.UUID) == "" && strings.TrimSpace(d.MessageId) != "" {
-		msg.UUID = d.MessageId
-	}
-	return msg, nil
-}
-
-// headerString is the string form of an AMQP table value.
-func headerString(v any) string {
-	switch v := v.(type) {
-	case string:
-		return v
-	case []byte:
-		return string(v)
-	case time.Time:
-		return v.UTC().Format(time.RFC3339Nano)
-	case amqp091.Decimal:
-		return decimalString(v)
-	case nil:
-		return ""
-	case amqp091.Table, []any:
-		var b strings.Builder
-		writeNested(&b, v)
-		return b.String()
-	default:
-		return fmt.Sprint(v)
-	}
-}
-
-// writeNested writes a table or array value in a JSON-like notation that
-// keeps distinct values distinct: table keys sorted, strings (and byte
-// arrays, timestamps) quoted as Go quotes them — bytes that are not UTF-8
-// as \xNN, where JSON would turn them all into U+FFFD — and numbers,
-// booleans, decimals and null bare. {"a":1} and {"a":"1"} differ.
-func writeNested(b *strings.Builder, v any) {
-	switch v := v.(type) {
-	case amqp091.Table:
-		keys := make([]string, 0, len(v))
-		for k := range v {
-			keys = append(keys, k)
-		}
-		sort.Strings(keys)
-		b.WriteByte('{')
-		for i, k := range keys {
-			if i > 0 {
-				b.WriteByte(',')
-			}
-			b.WriteString(strconv.Quote(k))
-			b.WriteByte(':')
-			writeNested(b, v[k])
-		}
-		b.WriteByte('}')
-	case []any:
-		b.WriteByte('[')
-		for i, x := range v {
-			if i > 0 {
-				b.WriteByte(',')
-			}
-			writeNested(b, x)
-		}
-		b.WriteByte(']')
-	case nil:
-		b.WriteString("null")
-	case string, []byte, time.Time:
-		b.WriteString(strconv.Quote(headerString(v)))
-	default: // numbers, booleans, decimals
-		b.WriteString(headerString(v))
-	}
-}
-
-// decimalString writes an AMQP decimal (Value × 10^-Scale) in decimal
-// notation.
-func decimalString(d amqp091.Decimal) string {
-	digits := strconv.FormatInt(int64(d.Value), 10)
-	sign := ""
-	if d.Value < 0 {
-		sign, digits = "-", digits[1:]
-	}
-	scale := int(d.Scale)
-	if scale == 0 {
-		return sign + digits
-	}
-	if len(digits) <= scale {
-		digits = strings.Repeat("0", scale-len(digits)+1) + digits
-	}
-	return sign + digits[:len(digits)-scale] + "." + digits[len(digits)-scale:]
+	return amqpmsg.Unmarshal(d, m.inner().Unmarshal)
 }
 
 // MessageID keys a message by its AMQP message_id property, as Marshaler
@@ -229,27 +117,9 @@ func decimalString(d amqp091.Decimal) string {
 // UUID: use it to dedup on the producer's own id whoever published. A
 // message without the property gives an error wrapping keyfuncs.ErrNoKey
 // that says where it should have come from.
-func MessageID() keyfuncs.KeyFunc {
-	return func(msg *message.Message) ([]string, error) {
-		v := msg.Metadata.Get(MetadataMessageID)
-		if strings.TrimSpace(v) == "" {
-			return nil, fmt.Errorf("%w: message %s has no AMQP message_id (metadata %q): the producer did not set the property, or the subscriber's marshaler is not amqpkeys.Marshaler", keyfuncs.ErrNoKey, keyfuncs.Name(msg), MetadataMessageID)
-		}
-		return []string{keyfuncs.Bound(v)}, nil
-	}
-}
+func MessageID() keyfuncs.KeyFunc { return amqpmsg.MessageID() }
 
 // PublishedAt is a middleware.Config.PublishedAt that reads the AMQP
 // timestamp property, as Marshaler carries it, for the ttl-miss check.
 // AMQP keeps whole seconds. A time at or before the Unix epoch is no time.
-func PublishedAt(msg *message.Message) (time.Time, bool) {
-	v := msg.Metadata.Get(MetadataTimestamp)
-	if v == "" {
-		return time.Time{}, false
-	}
-	t, err := time.Parse(time.RFC3339Nano, v)
-	if err != nil || t.Unix() <= 0 {
-		return time.Time{}, false
-	}
-	return t, true
-}
+func PublishedAt(msg *message.Message) (time.Time, bool) { return amqpmsg.PublishedAt(msg) }
