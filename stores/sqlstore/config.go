@@ -186,6 +186,18 @@ type Config struct {
 	// miss a record committed in another partition. See README.md.
 	DailyPartitions bool
 
+	// PurgeJobElsewhere (DailyPartitions only) says that the purge job,
+	// which creates the partitions ahead and drops the expired ones, runs
+	// in another process: a store on the same table, with PurgeInterval
+	// set, connected as a role that owns the table (creating and dropping
+	// partitions needs that). This store then runs none, and PurgeInterval
+	// must be 0: it needs no privilege but SELECT, INSERT, UPDATE and
+	// DELETE on the table, and runs no DDL. If no job runs at least daily,
+	// writes fail once the partitions made ahead run out. Its Purge (and
+	// dedupctl purge) still runs the job, and fails for a role that may
+	// not. See README.md, "Least privilege".
+	PurgeJobElsewhere bool
+
 	// PartitionDaysAhead is how many days a lease or retention may last on
 	// the partitioned layout; longer ones fail with
 	// stores.ErrInvalidArgument. Partitions exist one more day ahead (see
@@ -257,9 +269,14 @@ func (c Config) Validate() error {
 		if c.Dialect != "" && !dialects[c.Dialect].partitions {
 			return fmt.Errorf("sqlstore: DailyPartitions is for PostgreSQL only, Dialect is %q", c.Dialect)
 		}
-		if c.PurgeInterval <= 0 || c.PurgeInterval > 24*time.Hour {
-			return fmt.Errorf("sqlstore: DailyPartitions needs a PurgeInterval between 0 and 24h (the purge job creates the partitions ahead, at least once a day), got %s", c.PurgeInterval)
+		switch {
+		case c.PurgeJobElsewhere && c.PurgeInterval != 0:
+			return fmt.Errorf("sqlstore: PurgeJobElsewhere runs no purge job: PurgeInterval must be 0, got %s", c.PurgeInterval)
+		case !c.PurgeJobElsewhere && (c.PurgeInterval <= 0 || c.PurgeInterval > 24*time.Hour):
+			return fmt.Errorf("sqlstore: DailyPartitions needs a PurgeInterval between 0 and 24h (the purge job creates the partitions ahead, at least once a day), got %s; or PurgeJobElsewhere, when another process runs the job", c.PurgeInterval)
 		}
+	} else if c.PurgeJobElsewhere {
+		return errors.New("sqlstore: PurgeJobElsewhere is for DailyPartitions; on the plain layout a PurgeInterval of 0 runs no purge job")
 	}
 	return nil
 }

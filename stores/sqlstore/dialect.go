@@ -82,8 +82,9 @@ type partitioner interface {
 	// inserts.
 	lockIDs(ctx context.Context, tx *sql.Tx, ids []recordID) error
 	// createPartitions creates the partitions from the day before today
-	// to daysAhead+1 days after it that do not exist yet.
-	createPartitions(ctx context.Context, db *sql.DB, today time.Time, daysAhead int) error
+	// to daysAhead+1 days after it that do not exist yet, but for those
+	// whose day ended before cutoff (dropPartitions would drop them).
+	createPartitions(ctx context.Context, db *sql.DB, today time.Time, daysAhead int, cutoff time.Time) error
 	// dropPartitions drops every partition whose day ended before cutoff,
 	// and reports each one's estimated row count to dropped.
 	dropPartitions(ctx context.Context, db *sql.DB, cutoff time.Time, dropped func(rows int64)) (int64, error)

@@ -72,6 +72,13 @@ func newInboxFixture(t *testing.T, db *sql.DB, d sqlstore.Dialect, cfg sqlstore.
 // It returns a fixture with WriteEffect and CountEffects set.
 func newEffectsTable(t *testing.T, db *sql.DB, d sqlstore.Dialect) storetest.InboxFixture {
 	t.Helper()
+	fx, _ := newEffectsTableNamed(t, db, d)
+	return fx
+}
+
+// newEffectsTableNamed is newEffectsTable, which also returns the table.
+func newEffectsTableNamed(t *testing.T, db *sql.DB, d sqlstore.Dialect) (storetest.InboxFixture, string) {
+	t.Helper()
 	table := "effects_" + storetest.NewID()
 	ddl := fmt.Sprintf(`CREATE TABLE "%s" (k TEXT NOT NULL)`, table)
 	if d == sqlstore.MySQL {
@@ -95,7 +102,7 @@ func newEffectsTable(t *testing.T, db *sql.DB, d sqlstore.Dialect) storetest.Inb
 			err := db.QueryRowContext(ctx, fmt.Sprintf("SELECT COUNT(*) FROM %s WHERE k = %s", table, ph(d, 1)), key).Scan(&n)
 			return n, err
 		},
-	}
+	}, table
 }
 
 // sqlOuter is a caller's *sql.Tx as a storetest.OuterTx.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -138,6 +139,43 @@ func TestPartitionsAfterMidnight(t *testing.T) {
 	}
 }
 
+// TestPartitionedPurgeIdleAllDay: a purge run that finds nothing to do
+// takes no lock on the table, at any time of day, not only in the first
+// PurgeGrace after midnight: it does not create yesterday's partition
+// when it would drop it at once (its day ended more than PurgeGrace
+// ago), as each hourly run did, locking the table twice.
+func TestPartitionedPurgeIdleAllDay(t *testing.T) {
+	db := openPostgres(t)
+	clock := storetest.NewFakeClock(time.Date(2030, 1, 1, 10, 0, 0, 0, time.UTC))
+	cfg := partitionedConfig(clock)
+	cfg.PartitionDaysAhead = 2
+	s := newStore(t, db, sqlstore.Postgres, cfg)
+	ctx := context.Background()
+	if _, err := s.Purge(ctx); err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(time.Hour) // the next hourly run
+	long, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer long.Rollback()
+	var n int
+	if err := long.QueryRowContext(ctx, `SELECT count(*) FROM "`+s.Table()+`"`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	purged := make(chan error, 1)
+	go func() { _, err := s.Purge(ctx); purged <- err }()
+	select {
+	case err := <-purged:
+		if err != nil {
+			t.Fatalf("an hourly Purge with nothing to create or drop: %v (it took a lock the long transaction holds)", err)
+		}
+	case <-time.After(time.Minute): // it would give up after its 500ms lock_timeout
+		t.Fatal("an hourly Purge with nothing to do waited for the long transaction")
+	}
+}
+
 // TestPartitionedPurgeIntervalBound: the purge job must run at least once
 // a day to keep a partition ahead of every record.
 func TestPartitionedPurgeIntervalBound(t *testing.T) {
@@ -150,6 +188,20 @@ func TestPartitionedPurgeIntervalBound(t *testing.T) {
 	cfg := sqlstore.Config{Dialect: sqlstore.Postgres, DailyPartitions: true, PurgeInterval: 24 * time.Hour}
 	if err := cfg.Validate(); err != nil {
 		t.Errorf("Validate with a daily purge: %v", err)
+	}
+
+	// Or the job runs in another process (as the table's owner).
+	cfg = sqlstore.Config{Dialect: sqlstore.Postgres, DailyPartitions: true, PurgeJobElsewhere: true}
+	if err := cfg.Validate(); err != nil {
+		t.Errorf("Validate with PurgeJobElsewhere: %v", err)
+	}
+	for _, bad := range []sqlstore.Config{
+		{Dialect: sqlstore.Postgres, DailyPartitions: true, PurgeJobElsewhere: true, PurgeInterval: time.Hour},
+		{Dialect: sqlstore.Postgres, PurgeJobElsewhere: true},
+	} {
+		if err := bad.Validate(); err == nil || !strings.Contains(err.Error(), "PurgeJobElsewhere") {
+			t.Errorf("Validate(%+v) = %v, want an error naming PurgeJobElsewhere", bad, err)
+		}
 	}
 }
 

@@ -458,15 +458,15 @@ func (d *postgresDialect) partitionDDL(ctx context.Context, db *sql.DB, stmt str
 // PurgeInterval is at most a day): one with a lease or retention of
 // daysAhead days then expires on the day after today+daysAhead. Only a
 // missing partition takes the lock on the parent table.
-func (d *postgresDialect) createPartitions(ctx context.Context, db *sql.DB, today time.Time, daysAhead int) error {
+func (d *postgresDialect) createPartitions(ctx context.Context, db *sql.DB, today time.Time, daysAhead int, cutoff time.Time) error {
 	parts, err := d.partitions(ctx, db)
 	if err != nil {
 		return err
 	}
 	for i := -1; i <= daysAhead+1; i++ {
 		day := today.AddDate(0, 0, i)
-		if _, ok := parts[d.partitionName(day)]; ok {
-			continue
+		if _, ok := parts[d.partitionName(day)]; ok || !day.Add(24*time.Hour).After(cutoff) {
+			continue // there, or one the purge would drop at once
 		}
 		from := day.UTC().Truncate(24 * time.Hour)
 		stmt := fmt.Sprintf("CREATE TABLE IF NOT EXISTS %s PARTITION OF %s FOR VALUES FROM ('%s') TO ('%s')",

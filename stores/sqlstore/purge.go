@@ -134,9 +134,13 @@ func (s *Store) purgeLoop(ctx context.Context) {
 }
 
 // createPartitions creates the partitions from yesterday to
-// PartitionDaysAhead+1 days ahead (UTC days) that do not exist yet.
+// PartitionDaysAhead+1 days ahead (UTC days) that do not exist yet, but
+// yesterday's once its day ended more than the purge's grace ago: the
+// purge would drop it again at once, and each hourly run would lock the
+// table twice for it.
 func (s *Store) createPartitions(ctx context.Context) error {
-	return s.part.createPartitions(ctx, s.db, s.now().UTC().Truncate(24*time.Hour), s.cfg.PartitionDaysAhead)
+	now := s.now()
+	return s.part.createPartitions(ctx, s.db, now.UTC().Truncate(24*time.Hour), s.cfg.PartitionDaysAhead, now.Add(-s.grace()))
 }
 
 // purgePartitions is Purge on the partitioned layout: it creates the
@@ -145,7 +149,7 @@ func (s *Store) createPartitions(ctx context.Context) error {
 // ago. It returns the dropped partitions' estimated row count.
 func (s *Store) purgePartitions(ctx context.Context) (int64, error) {
 	if err := s.createPartitions(ctx); err != nil {
-		return 0, fmt.Errorf("sqlstore: creating partitions of table %s: %w", s.cfg.Table, s.classify(err))
+		return 0, fmt.Errorf("sqlstore: creating partitions of table %s%s: %w", s.cfg.Table, ownerHint(err), s.classify(err))
 	}
 	n, err := s.part.dropPartitions(ctx, s.db, s.now().Add(-s.grace()), func(rows int64) {
 		if s.onPurgeBatch != nil {
@@ -153,7 +157,17 @@ func (s *Store) purgePartitions(ctx context.Context) (int64, error) {
 		}
 	})
 	if err != nil {
-		return n, fmt.Errorf("sqlstore: purge of table %s: %w", s.cfg.Table, s.classify(err))
+		return n, fmt.Errorf("sqlstore: purge of table %s%s: %w", s.cfg.Table, ownerHint(err), s.classify(err))
 	}
 	return n, nil
+}
+
+// ownerHint explains a refused partition DDL (SQLSTATE 42501,
+// insufficient privilege: "must be owner of table", "permission denied
+// for schema"): the partitioned layout's purge needs the table's owner.
+func ownerHint(err error) string {
+	if code, _ := sqlState(err); code == "42501" {
+		return " (the partitioned layout's purge creates and drops partitions, which needs a role that owns the table: run the purge job as that role, and set PurgeJobElsewhere on the stores of roles that may only read and write it)"
+	}
+	return ""
 }
