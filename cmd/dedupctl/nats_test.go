@@ -3,10 +3,12 @@ package main
 import (
 	"context"
 	"errors"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/watermill-dedup/dedup/internal/storeopen"
@@ -99,4 +101,64 @@ func TestNATSAuthFlagsAreConnectionFlags(t *testing.T) {
 			t.Errorf("-%s is not in connectionFlags", name)
 		}
 	}
+}
+
+// Every command on a NATS server of the test's own that requires TLS (a
+// private CA) and credentials, as a user allowed only the store's and
+// the admin scans' subjects of the bucket (natsstore's README,
+// Permissions): they work, and print no password; a wrong one is a
+// refusal.
+func TestNATSCredentialsAndTLS(t *testing.T) {
+	const password = "ctl-Secret-2718"
+	files := testkit.MakeTLSFiles(t)
+	var allow []string
+	for _, s := range []string{
+		"$JS.API.STREAM.INFO.KV_dedup", "$KV.dedup.>", "$JS.API.DIRECT.GET.KV_dedup.>", "$JS.API.STREAM.MSG.GET.KV_dedup",
+		"$JS.API.CONSUMER.CREATE.KV_dedup.>", "$JS.API.CONSUMER.MSG.NEXT.KV_dedup.*", "$JS.API.CONSUMER.DELETE.KV_dedup.*",
+	} {
+		allow = append(allow, strconv.Quote(s))
+	}
+	conf := "tls {\n  cert_file: \"" + files.ServerCert + "\"\n  key_file: \"" + files.ServerKey + "\"\n}\n" +
+		"authorization {\n  users = [\n    {user: root, password: root}\n" +
+		"    {user: ctl, password: \"" + password + "\", permissions: {publish: {allow: [" + strings.Join(allow, ", ") + "]}, subscribe: {allow: [\"_INBOX.>\"]}}}\n  ]\n}\n"
+	addr := testkit.StartNATSSecure(t, conf, nats.UserInfo("root", "root"), nats.RootCAs(files.CA))
+	root, err := nats.Connect("tls://root:root@"+addr, nats.RootCAs(files.CA))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(root.Close)
+	s, err := natsstore.New(t.Context(), root, natsstore.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close(context.Background()) })
+	tg := &target{kind: testkit.StoreNATS, store: s, admin: s,
+		args: []string{"-store=nats", "-nats-url=tls://ctl:" + password + "@" + addr, "-nats-ca=" + files.CA}}
+	tg.done(t, "s", "d1")
+	tg.done(t, "s", "d2")
+	tg.claim(t, "s", "p1", time.Minute)
+	secretFree := func(r result) {
+		t.Helper()
+		if strings.Contains(r.stdout+r.stderr, password) {
+			t.Fatalf("the password is printed: %s", r)
+		}
+	}
+	for _, args := range [][]string{
+		{"stats"}, {"get", "s", "d1"}, {"list", "-limit=1"}, {"forget", "s", "d1", "-yes"}, {"release", "s", "p1", "-yes"}, {"purge"},
+	} {
+		secretFree(tg.run(t, args...).want(t, exitOK))
+	}
+	tg.run(t, "purge").want(t, exitOK, "stdout:on NATS tls://"+addr+", bucket dedup")
+	var st statsJSON
+	tg.run(t, "stats", "-json").want(t, exitOK).json(t, &st)
+	if st.Done != 1 || st.Processing != 0 {
+		t.Fatalf("stats after forget and release = %+v", st)
+	}
+	// The password in the environment instead.
+	r := dedupctlEnv(t, map[string]string{"DEDUP_NATS_USER": "ctl", "DEDUP_NATS_PASSWORD": password, "DEDUP_NATS_CA": files.CA, "NATS_URL": "tls://" + addr},
+		"-store=nats", "get", "s", "d2").want(t, exitOK)
+	secretFree(r)
+	r = dedupctl(t, "-store=nats", "-nats-url=tls://ctl:wrong-"+password+"@"+addr, "-nats-ca="+files.CA, "stats").
+		want(t, exitError, "stderr:NATS at tls://"+addr+" refused the connection (check the credentials")
+	secretFree(r)
 }
