@@ -32,16 +32,26 @@ type SQLRole struct {
 }
 
 // NewSQLRole makes a role (PostgreSQL: LOGIN, PASSWORD) or user
-// (MySQL/MariaDB: 'name'@'%') that can log in to the database of dsn,
-// through admin (a connection to it as a role that may create roles), and
+// (MySQL/MariaDB: 'name'@'%') that can log in to the database of dsn, as
+// dsn's user (one that may create roles, and grant on the tables), and
 // may do nothing else. It never changes the server's settings.
-func NewSQLRole(t testing.TB, d sqlstore.Dialect, admin *sql.DB, dsn string) *SQLRole {
+func NewSQLRole(t testing.TB, d sqlstore.Dialect, dsn string) *SQLRole {
 	t.Helper()
 	id := UniqueName("")
-	r := &SQLRole{Name: "dedup_role_" + id, dialect: d, admin: admin}
+	r := &SQLRole{Name: "dedup_role_" + id, dialect: d}
 	password := "pw-" + id
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+	driver := "pgx"
+	if d == sqlstore.MySQL {
+		driver = "mysql"
+	}
+	admin, err := storeopen.OpenDB(ctx, driver, dsn, 2, 10*time.Second)
+	if err != nil {
+		Unavailable(t, string(d), "its DSN", err)
+	}
+	r.admin = admin
+	t.Cleanup(func() { _ = admin.Close() }) // after the role is dropped
 	switch d {
 	case sqlstore.Postgres:
 		u, err := url.Parse(dsn)

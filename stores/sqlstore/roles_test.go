@@ -35,7 +35,7 @@ func newRoleEnv(t *testing.T, b backend) *roleEnv {
 	if b.dialect == sqlstore.MySQL {
 		dsn = testkit.MySQLDSN()
 	}
-	role := testkit.NewSQLRole(t, b.dialect, admin, dsn)
+	role := testkit.NewSQLRole(t, b.dialect, dsn)
 	return &roleEnv{t: t, b: b, admin: admin, role: role}
 }
 

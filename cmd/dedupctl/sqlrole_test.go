@@ -1,0 +1,75 @@
+package main
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/watermill-dedup/dedup/stores"
+	"github.com/watermill-dedup/dedup/testkit"
+)
+
+// TestSQLRole runs every command as a role (PostgreSQL) or user (MariaDB)
+// that may only SELECT, INSERT, UPDATE and DELETE on the table, which the
+// test's own connection, the migration role, created: dedupctl needs no
+// other privilege, and shows no password.
+func TestSQLRole(t *testing.T) {
+	for _, tc := range []struct {
+		kind testkit.StoreKind
+		flag string
+		dsn  func(testing.TB) string
+	}{
+		{testkit.StorePostgres, "-postgres-dsn", testkit.RequirePostgres},
+		{testkit.StoreMySQL, "-mysql-dsn", testkit.RequireMySQL},
+	} {
+		t.Run(string(tc.kind), func(t *testing.T) {
+			dsn := tc.dsn(t)
+			o, closeStore, err := testkit.OpenStore(context.Background(), testkit.StoreParams{Kind: tc.kind, CreateSchema: true, Teardown: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			role := testkit.NewSQLRole(t, o.Dialect, dsn) // dropped after the table
+			t.Cleanup(func() { _ = closeStore(context.Background()) })
+			role.Grant(t, testkit.StoreGrants, o.Name)
+
+			ctx := t.Context()
+			for _, k := range []string{"done-1", "held-1", "gone-1"} {
+				c, err := o.Store.Claim(ctx, "loyalty", []string{k}, time.Hour)
+				if err != nil || c.Result != stores.Claimed {
+					t.Fatalf("Claim(%q) = %+v, %v", k, c, err)
+				}
+				retention := time.Hour
+				if k == "gone-1" {
+					retention = time.Millisecond // expired by the purge below
+				}
+				if k != "held-1" {
+					if err := o.Store.Complete(ctx, c, retention, nil); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			password := role.DSN[strings.Index(role.DSN, "pw-"):]
+			password = password[:len("pw-")+10]
+			run := func(args ...string) result {
+				t.Helper()
+				r := dedupctl(t, append([]string{tc.flag + "=" + role.DSN, "-table=" + o.Name}, args...)...)
+				if strings.Contains(r.stdout+r.stderr, password) || strings.Contains(r.stdout+r.stderr, role.Name+":") {
+					t.Fatalf("the output shows the role's password: %s", r)
+				}
+				return r
+			}
+			run("stats").want(t, exitOK, "stdout:"+o.Name)
+			run("stats", "-json").want(t, exitOK, `stdout:"store"`)
+			run("list").want(t, exitOK)
+			run("get", "loyalty", "done-1").want(t, exitOK, "stdout:done")
+			run("forget", "loyalty", "done-1", "-yes").want(t, exitOK)
+			run("release", "loyalty", "held-1", "-yes").want(t, exitOK)
+			run("purge", "-purge-grace=1ms").want(t, exitOK, "stdout:purged 1 expired record")
+			run("stats", "-json").want(t, exitOK, `stdout:"total": 0`)
+
+			// A table the role was not granted: refused, and said so.
+			run("-table=dedup_nope", "stats").want(t, exitError, "stderr:cannot read the table dedup_nope")
+		})
+	}
+}
