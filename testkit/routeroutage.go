@@ -26,27 +26,32 @@ import (
 // in the middle of the stream and restore later. Fail-closed must nack
 // during the cut and never run the handler for a message it could not
 // claim; after the restore every message must be applied exactly once and
-// every delivery acked. A store keeps a claim's record for one more lease
-// after the lease ran out, which the Complete retried across the outage
-// relies on.
+// every delivery acked, and every message recorded done. The outage
+// lasts until the middleware felt it, however long a loaded machine takes
+// to get there, and no lease or retention runs out because the machine
+// was slow.
 func RouterOutage(t *testing.T, store stores.Store, cut, restore func()) {
 	t.Helper()
 	waitFor := WaitFor
 	// Exactly-once across the outage needs a Complete that outlasts it: a
 	// handler that ran just before the cut completes after the restore.
-	// The middleware retries Complete for CompleteTimeout (default: the
-	// lease) with a doubling backoff, more than the 2s outage; the record
-	// is still the claim's then.
-	const lease = 3 * time.Second
+	// The middleware retries Complete for CompleteTimeout with a doubling
+	// backoff, and the record is still the claim's then: the lease is
+	// longer than any outage a loaded machine makes of this one, so no
+	// duplicate delivery takes a message over while its Complete waits
+	// for the store. (A claim whose reply the cut lost holds its key until
+	// the lease runs out: the wait for every ack below outlasts it.)
+	const lease = time.Minute
 	mwLog := watermill.NewCaptureLogger()
+	watch := &completeWatch{Store: store, fail: map[string]int{}}
 	dedupMW, err := middleware.New(middleware.Config{
-		Store: store,
+		Store: watch,
 		Key:   keyfuncs.MessageID(),
 		Policy: dedup.Policy{
 			Lease:        lease,
-			Retention:    time.Minute,
-			StoreTimeout: 300 * time.Millisecond,
-			Tuning:       dedup.Tuning{CompleteTimeout: 5 * time.Second},
+			Retention:    time.Hour,
+			StoreTimeout: time.Second,
+			Tuning:       dedup.Tuning{CompleteTimeout: lease},
 			OnStoreError: dedup.FailClosed,
 			Logger:       mwLog,
 		},
@@ -121,7 +126,8 @@ func RouterOutage(t *testing.T, store stores.Store, cut, restore func()) {
 	<-router.Running()
 
 	// The publisher: a new message every 5ms, and every third tick a
-	// duplicate delivery of an earlier one, tagged with the phase.
+	// duplicate delivery of an earlier one, tagged with the phase; at least
+	// total, and on until some were published after the restore.
 	var phase atomic.Value
 	phase.Store("before")
 	pubDone := make(chan struct{})
@@ -129,7 +135,13 @@ func RouterOutage(t *testing.T, store stores.Store, cut, restore func()) {
 	go func() {
 		defer close(pubDone)
 		var ids []string
-		for i := range total {
+		for i := 0; ; i++ {
+			mu.Lock()
+			enough := i >= total && byPhase["after"] >= 20
+			mu.Unlock()
+			if enough || ctx.Err() != nil {
+				return
+			}
 			var m *message.Message
 			if i%3 == 2 {
 				m = message.NewMessage(ids[i%len(ids)], []byte("dup"))
@@ -151,7 +163,7 @@ func RouterOutage(t *testing.T, store stores.Store, cut, restore func()) {
 	}()
 
 	// Cut mid-stream, once some messages went through.
-	waitFor(t, 10*time.Second, "messages applied before the cut", func() bool {
+	waitFor(t, time.Minute, "messages applied before the cut", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return len(applied) >= 20
@@ -174,18 +186,26 @@ func RouterOutage(t *testing.T, store stores.Store, cut, restore func()) {
 	phase.Store("cut")
 	close(slowRelease)
 	nacksAtCut := nacks.Load()
-	// The outage. gochannel hands a subscriber one delivery at a time, and
-	// each attempt during the cut fails at StoreTimeout: a nack every ~0.6s.
-	time.Sleep(2 * time.Second)
-	if n := nacks.Load() - nacksAtCut; n < 2 {
-		t.Errorf("%d deliveries nacked during the outage, want at least 2", n)
-	}
+	// The outage lasts until the middleware felt it: deliveries nacked
+	// (gochannel hands a subscriber one delivery at a time, and each
+	// attempt fails, at StoreTimeout at the latest), deliveries published
+	// meanwhile, and the slow message's Complete failed.
+	waitFor(t, time.Minute, "two deliveries nacked, one published and the slow message's Complete failed during the outage", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return nacks.Load()-nacksAtCut >= 2 && byPhase["cut"] > 0 && watch.failed(slow.UUID) > 0
+	})
 	restored.Store(true)
 	restore()
 	phase.Store("after")
 	// A duplicate delivery of the message whose Complete fell in the
-	// outage, after its lease would have run out: a duplicate, not a rerun.
-	time.Sleep(lease + lease/4)
+	// outage, once that message was acked (its Complete retried across
+	// the outage): a duplicate, not a rerun.
+	waitFor(t, time.Minute, "the slow message acked", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return acked[slow.UUID] > 0
+	})
 	dup := message.NewMessage(slow.UUID, []byte("slow"))
 	dup.Metadata.Set("phase", "after")
 	publish(dup)
@@ -193,7 +213,7 @@ func RouterOutage(t *testing.T, store stores.Store, cut, restore func()) {
 
 	// Every delivery is acked eventually (a claim whose reply the cut lost
 	// holds its key until the lease runs out, then is taken over).
-	waitFor(t, 40*time.Second, "every delivery acked", func() bool {
+	waitFor(t, lease+2*time.Minute, "every delivery acked", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		for id, n := range published {
@@ -215,6 +235,11 @@ func RouterOutage(t *testing.T, store stores.Store, cut, restore func()) {
 		if acked[id] != published[id] {
 			t.Errorf("message %s: %d deliveries, %d acks", id, published[id], acked[id])
 		}
+		// Acked with its record done: a Complete that gave up (acked
+		// anyway) would let a duplicate after the lease run it again.
+		if c, err := store.Claim(context.Background(), "outage", []string{id}, lease); err != nil || c.Result != stores.Duplicate {
+			t.Errorf("message %s: acked, but its record is not done: a claim of it = %+v, %v", id, c, err)
+		}
 	}
 	if t.Failed() {
 		for _, m := range mwLog.Captured()[watermill.ErrorLogLevel] {
@@ -230,6 +255,32 @@ func RouterOutage(t *testing.T, store stores.Store, cut, restore func()) {
 		}
 	}
 	t.Logf("%d messages, deliveries by phase %v, %d nacks", len(published), byPhase, nacks.Load())
+}
+
+// completeWatch is a store that counts, per key, the Completes that
+// failed.
+type completeWatch struct {
+	stores.Store
+	mu   sync.Mutex
+	fail map[string]int // by key
+}
+
+func (w *completeWatch) Complete(ctx context.Context, c *stores.Claim, retention time.Duration, data []byte) error {
+	err := w.Store.Complete(ctx, c, retention, data)
+	if err != nil {
+		w.mu.Lock()
+		for _, k := range c.Keys {
+			w.fail[k]++
+		}
+		w.mu.Unlock()
+	}
+	return err
+}
+
+func (w *completeWatch) failed(key string) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.fail[key]
 }
 
 // WaitFor polls cond until it holds, or fails t after timeout, naming
