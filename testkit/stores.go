@@ -299,8 +299,8 @@ func (p StoreParams) openRedis(ctx context.Context, cl *closers) (*OpenedStore, 
 }
 
 // DeleteRedisPrefix deletes the keys under prefix, and only those (SCAN
-// and UNLINK, never FLUSHDB a shared Redis); on a cluster, on every
-// master. It is the programs' storeopen.DeleteRedisPrefix.
+// and DEL, never FLUSHDB a shared Redis); on a cluster, on every master.
+// It is the programs' storeopen.DeleteRedisPrefix.
 func DeleteRedisPrefix(ctx context.Context, client redis.UniversalClient, prefix string) error {
 	return storeopen.DeleteRedisPrefix(ctx, client, prefix)
 }

@@ -8,8 +8,11 @@ import (
 )
 
 // DeleteRedisPrefix deletes the keys under prefix, and only those (SCAN
-// and UNLINK, never FLUSHDB a shared Redis); on a cluster, on every
-// master.
+// and DEL, never FLUSHDB a shared Redis); on a cluster, on every master.
+// DEL, not UNLINK: a record is a short string, which DEL frees at once as
+// well, and DEL is a command the store's least-privilege ACL user has
+// (stores/redisstore/README.md), so a program running as that user
+// cleans up after itself.
 func DeleteRedisPrefix(ctx context.Context, client redis.UniversalClient, prefix string) error {
 	if cc, ok := client.(*redis.ClusterClient); ok {
 		return cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
@@ -23,12 +26,12 @@ func deletePrefix(ctx context.Context, c redis.Cmdable, prefix string) error {
 	const batch = 500
 	iter := c.Scan(ctx, 0, prefix+"*", 1000).Iterator()
 	keys := make([]string, 0, batch)
-	// One key per UNLINK: the keys of one Cluster node hash to different
+	// One key per DEL: the keys of one Cluster node hash to different
 	// slots, which one command may not mix (CROSSSLOT).
 	unlink := func() error {
 		_, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for _, k := range keys {
-				p.Unlink(ctx, k)
+				p.Del(ctx, k)
 			}
 			return nil
 		})
