@@ -175,6 +175,9 @@ func (s *RedisServer) Start() {
 // and returns them, the primary first, once every replica is in sync.
 func StartRedisReplicated(t testing.TB, n int, args ...string) []*RedisServer {
 	t.Helper()
+	// A replica's sync starts at once, not after the default 5s wait for
+	// more replicas to share it.
+	args = append([]string{"--repl-diskless-sync-delay", "0"}, args...)
 	primary := StartRedisServer(t, args...)
 	servers := []*RedisServer{primary}
 	for range n {
@@ -253,7 +256,8 @@ func StartRedisClusterServers(t testing.TB, opts ...RedisClusterOption) []*Redis
 	for i := range nodes {
 		nodes[i] = StartRedisServer(t, "--cluster-enabled", "yes",
 			"--cluster-config-file", "nodes-"+UniqueName("")+".conf",
-			"--cluster-node-timeout", strconv.FormatInt(cfg.nodeTimeout.Milliseconds(), 10))
+			"--cluster-node-timeout", strconv.FormatInt(cfg.nodeTimeout.Milliseconds(), 10),
+			"--repl-diskless-sync-delay", "0") // a replica (re)joining syncs at once
 		addrs[i] = nodes[i].Addr
 	}
 	cli, err := exec.LookPath("redis-cli")
@@ -282,7 +286,7 @@ func WaitRedisClusterOK(ctx context.Context, addrs []string, replicas int, timeo
 	deadline := time.Now().Add(timeout)
 	var last string
 	for {
-		last = redisClusterNotOK(ctx, addrs, replicas)
+		last = RedisClusterNotOK(ctx, addrs, replicas)
 		if last == "" {
 			return nil
 		}
@@ -293,9 +297,9 @@ func WaitRedisClusterOK(ctx context.Context, addrs []string, replicas int, timeo
 	}
 }
 
-// redisClusterNotOK returns why the cluster of addrs is not ok yet, or
-// "" when it is.
-func redisClusterNotOK(ctx context.Context, addrs []string, replicas int) string {
+// RedisClusterNotOK returns why the cluster of addrs is not ok yet (see
+// WaitRedisClusterOK), or "" when it is.
+func RedisClusterNotOK(ctx context.Context, addrs []string, replicas int) string {
 	known := "cluster_known_nodes:" + strconv.Itoa(len(addrs))
 	synced := 0
 	for _, a := range addrs {

@@ -18,6 +18,10 @@ func (s *Store) Prefix() string { return s.cfg.Prefix }
 // Sharded reports whether the store uses the one-key-per-script path.
 func (s *Store) Sharded() bool { return s.sharded }
 
+// Redirects is how many MOVED and ASK replies the store's waited
+// pipelines (WaitReplicas) followed.
+func (s *Store) Redirects() int64 { return s.redirects.Load() }
+
 // TokenLen is the length of a claim token.
 const TokenLen = tokenLen
 

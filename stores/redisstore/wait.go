@@ -202,7 +202,8 @@ func (s *Store) runWaited(ctx context.Context, ops []op) ([]any, []error) {
 			if node == nil {
 				var err error
 				if node, err = s.nodeFor(ctx, ops[i].firstKey()); err != nil {
-					errs[i] = err
+					// No slot map could be read: no node answered.
+					errs[i] = fmt.Errorf("%w: finding the node of the call: %w", stores.ErrUnavailable, err)
 					continue
 				}
 			}

@@ -138,7 +138,7 @@ func TestWaitReplicas(t *testing.T) {
 				t.Cleanup(func() { _ = f.Close() })
 				return f
 			}
-			testReplicaStopped(t, c, c, fresh, replica, cfg, []string{"k"})
+			testReplicaStopped(t, c, c, fresh, replica, cfg, func(_ *redisstore.Store, tag string) string { return tag })
 		})
 	}
 }
@@ -263,20 +263,22 @@ func testOneWaitPerPipeline(t *testing.T, c *redis.Client) {
 // does while it acknowledges nothing: what wrote fails with
 // ErrNotReplicated (not an outage) and a claim leaves nothing behind,
 // what wrote nothing answers as usual; then resumes it and checks that
-// the calls refused meanwhile were confirmed. keys are the keys of the
-// claims (several: a claim over several nodes of a cluster); primary is
-// a client the test reads the records through; fresh makes a new client
-// like client (with connections of its own).
-func testReplicaStopped(t *testing.T, client, primary redis.UniversalClient, fresh func(t *testing.T) redis.UniversalClient, replica *testkit.RedisServer, cfg redisstore.Config, keys []string) {
+// the calls refused meanwhile were confirmed. keyFor returns the key
+// of the claims the test makes for a tag (one served by replica's
+// primary, in a cluster); primary is a client the test reads the
+// records through; fresh makes a new client like client (with
+// connections of its own).
+func testReplicaStopped(t *testing.T, client, primary redis.UniversalClient, fresh func(t *testing.T) redis.UniversalClient, replica *testkit.RedisServer, cfg redisstore.Config, keyFor func(s *redisstore.Store, tag string) string) {
 	ctx := context.Background()
+	timeout := cfg.WaitTimeout
 	cfg.WaitTimeout = 100 * time.Millisecond // the replica is stopped: every WAIT runs out
 	s := newStore(t, client, cfg)
+	keys := map[string][]string{}
 	with := func(tag string) []string {
-		ks := make([]string, len(keys))
-		for i, k := range keys {
-			ks[i] = tag + "-" + k
+		if keys[tag] == nil {
+			keys[tag] = []string{keyFor(s, tag)}
 		}
-		return ks
+		return keys[tag]
 	}
 	claim := func(what string, ks []string, want stores.Result) *stores.Claim {
 		t.Helper()
@@ -374,7 +376,7 @@ func testReplicaStopped(t *testing.T, client, primary redis.UniversalClient, fre
 	notReplicated("Release after Complete (refused, unconfirmed)", newStore(t, fresh(t), cfg).Release(ctx, held))
 
 	resume()
-	cfg.WaitTimeout = waitCfg.WaitTimeout
+	cfg.WaitTimeout = timeout
 	s = newStore(t, client, cfg) // same records, a WaitTimeout for a replica that runs
 	if err := s.Complete(ctx, held, time.Hour, []byte("out")); !errors.Is(err, stores.ErrLostClaim) {
 		t.Fatalf("Complete again, the replica back: %v, want ErrLostClaim (the record is done, and replicated)", err)
