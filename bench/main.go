@@ -11,7 +11,9 @@
 //	go run ./bench -only=e2e -brokers=kfake16 -cases=dedup_redis -cpuprofile cpu.prof
 //
 // Sections: middleware (middleware + memstore vs a bare handler vs
-// Watermill's Deduplicator), redis (redisstore vs redis-benchmark), sql
+// Watermill's Deduplicator), redis (redisstore vs redis-benchmark),
+// redis-wait (redisstore with Config.WaitReplicas 1 vs without, on a
+// private Redis with a replica), sql
 // (sqlstore vs pgbench), e2e (a router on kfake and RabbitMQ with and
 // without dedup), growth (claim latency as the store fills, and bytes per
 // done record at the largest size). A section whose service is unreachable is reported as
@@ -63,6 +65,7 @@ func (o *options) scale(n, div int) int {
 var sections = []section{
 	{"middleware", runMiddleware},
 	{"redis", runRedis},
+	{"redis-wait", runRedisWait},
 	{"sql", runSQL},
 	{"e2e", runE2E},
 	{"growth", runGrowth}, // also reports bytes per record

@@ -2,9 +2,11 @@ package testkit
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -61,25 +63,85 @@ func StartRedisServer(t testing.TB, args ...string) *RedisServer {
 	if err != nil {
 		Unavailable(t, "redis-server (to start test Redis nodes)", "$PATH", err)
 	}
-	dir := t.TempDir()
+	s, err := launchRedis(bin, t.TempDir(), args)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.t = t
+	t.Cleanup(s.Kill)
+	return s
+}
+
+// LaunchRedisReplicated is StartRedisReplicated for a program (the
+// bench): it starts the servers in dir and returns them, or an error
+// having killed the ones it started. The caller kills them (Kill) when
+// done; Start, Pause and Resume are for tests only.
+func LaunchRedisReplicated(dir string, n int, args ...string) ([]*RedisServer, error) {
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		return nil, fmt.Errorf("redis-server is not installed: %w", err)
+	}
+	var servers []*RedisServer
+	fail := func(err error) ([]*RedisServer, error) {
+		for _, s := range servers {
+			s.Kill()
+		}
+		return nil, err
+	}
+	for i, args := range replicatedArgs(n, args) {
+		if i > 0 {
+			args = append(args[:len(args):len(args)], strconv.Itoa(servers[0].Port))
+		}
+		s, err := launchRedis(bin, filepath.Join(dir, strconv.Itoa(i)), args)
+		if err != nil {
+			return fail(err)
+		}
+		servers = append(servers, s)
+	}
+	if err := WaitRedisReplicas(context.Background(), servers[0].Addr, n, time.Minute); err != nil {
+		return fail(err)
+	}
+	return servers, nil
+}
+
+// replicatedArgs are the arguments of a primary and n replicas (each to
+// be followed by the primary's port).
+func replicatedArgs(n int, args []string) [][]string {
+	// A replica's sync starts at once, not after the default 5s wait for
+	// more replicas to share it.
+	args = append([]string{"--repl-diskless-sync-delay", "0"}, args...)
+	all := [][]string{args}
+	for range n {
+		all = append(all, append(args[:len(args):len(args)], "--replicaof", "127.0.0.1"))
+	}
+	return all
+}
+
+// launchRedis starts bin (redis-server) with args on a free loopback
+// port, in dir, and returns it once it answers PING.
+func launchRedis(bin, dir string, args []string) (*RedisServer, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
 	var lastErr error
 	for range 5 {
-		port := freePort(t)
-		s := &RedisServer{Addr: "127.0.0.1:" + strconv.Itoa(port), Port: port, Dir: dir, t: t, bin: bin}
+		port, err := freePortPair()
+		if err != nil {
+			return nil, err
+		}
+		s := &RedisServer{Addr: "127.0.0.1:" + strconv.Itoa(port), Port: port, Dir: dir, bin: bin}
 		s.args = append([]string{
 			"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
 			"--dir", dir, "--save", "", "--appendonly", "no",
 			"--logfile", filepath.Join(dir, strconv.Itoa(port)+".log"),
 			"--daemonize", "no",
 		}, args...)
-		if lastErr = s.start(); lastErr != nil {
-			continue // the port was taken meanwhile: try another
+		if lastErr = s.start(); lastErr == nil {
+			return s, nil
 		}
-		t.Cleanup(s.Kill)
-		return s
+		// The port was taken meanwhile: try another.
 	}
-	t.Fatalf("could not start redis-server: %v", lastErr)
-	return nil
+	return nil, fmt.Errorf("could not start redis-server: %w", lastErr)
 }
 
 // start runs the server and waits until it answers PING; on failure it
@@ -87,7 +149,7 @@ func StartRedisServer(t testing.TB, args ...string) *RedisServer {
 func (s *RedisServer) start() error {
 	cmd := exec.Command(s.bin, s.args...)
 	if err := cmd.Start(); err != nil {
-		s.t.Fatalf("starting redis-server: %v", err)
+		return fmt.Errorf("starting redis-server: %w", err)
 	}
 	exited := make(chan struct{})
 	errc := make(chan error, 1)
@@ -175,14 +237,14 @@ func (s *RedisServer) Start() {
 // and returns them, the primary first, once every replica is in sync.
 func StartRedisReplicated(t testing.TB, n int, args ...string) []*RedisServer {
 	t.Helper()
-	// A replica's sync starts at once, not after the default 5s wait for
-	// more replicas to share it.
-	args = append([]string{"--repl-diskless-sync-delay", "0"}, args...)
-	primary := StartRedisServer(t, args...)
-	servers := []*RedisServer{primary}
-	for range n {
-		servers = append(servers, StartRedisServer(t, append([]string{"--replicaof", "127.0.0.1", strconv.Itoa(primary.Port)}, args...)...))
+	var servers []*RedisServer
+	for i, args := range replicatedArgs(n, args) {
+		if i > 0 {
+			args = append(args, strconv.Itoa(servers[0].Port))
+		}
+		servers = append(servers, StartRedisServer(t, args...))
 	}
+	primary := servers[0]
 	if err := WaitRedisReplicas(context.Background(), primary.Addr, n, time.Minute); err != nil {
 		t.Fatal(err)
 	}
@@ -333,6 +395,15 @@ func RedisClusterNotOK(ctx context.Context, addrs []string, replicas int) string
 // cluster bus port).
 func freePort(t testing.TB) int {
 	t.Helper()
+	p, err := freePortPair()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// freePortPair is freePort for a program.
+func freePortPair() (int, error) {
 	for range 100 {
 		p := 20000 + rand.IntN(10000)
 		l1, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
@@ -345,10 +416,9 @@ func freePort(t testing.TB) int {
 			continue
 		}
 		_ = l2.Close()
-		return p
+		return p, nil
 	}
-	t.Fatal("no free loopback port pair found")
-	return 0
+	return 0, errors.New("no free loopback port pair found")
 }
 
 // waitPing waits until a server started at addr answers PING, or exits.
