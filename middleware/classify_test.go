@@ -15,6 +15,7 @@ import (
 	"github.com/watermill-dedup/dedup/keyfuncs"
 	"github.com/watermill-dedup/dedup/middleware"
 	"github.com/watermill-dedup/dedup/stores"
+	"github.com/watermill-dedup/dedup/stores/redisstore"
 	"github.com/watermill-dedup/dedup/stores/storetest"
 )
 
@@ -106,6 +107,8 @@ func TestFailureClassification(t *testing.T) {
 			failClosed: nack(), failOpen: nack()},
 		{name: "dead outer transaction", fail: failWith(fmt.Errorf("%w: Error 1305: SAVEPOINT sqlstore_1 does not exist", stores.ErrTxAborted)),
 			failClosed: nack(stores.ErrTxAborted), failOpen: nack(stores.ErrTxAborted)},
+		{name: "not replicated", fail: failWith(fmt.Errorf("redisstore: claim: %w: 0 of 1 replicas of 127.0.0.1:7000 acknowledged the write within 1s", redisstore.ErrNotReplicated)),
+			failClosed: nack(redisstore.ErrNotReplicated), failOpen: nack(redisstore.ErrNotReplicated)},
 	}
 	readme := readmeFailureTable(t)
 	for _, row := range rows {

@@ -2,6 +2,7 @@ package redisstore_test
 
 import (
 	"context"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -89,6 +90,23 @@ func ExampleConfig_compactKeys() {
 	defer client.Close()
 
 	store, err := redisstore.New(client, redisstore.Config{CompactKeys: true})
+	if err != nil {
+		panic(err)
+	}
+	defer store.Close(context.Background())
+}
+
+// Acknowledged means replicated: each write succeeds once a replica of
+// its node has it, or fails with ErrNotReplicated. (The snippet of the
+// README's section on replication and failover.)
+func ExampleConfig_waitReplicas() {
+	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:7000"}, ContextTimeoutEnabled: true})
+	defer client.Close()
+
+	store, err := redisstore.New(client, redisstore.Config{
+		WaitReplicas: 1,           // a write succeeds once 1 replica has it
+		WaitTimeout:  time.Second, // the default; below the client's ReadTimeout
+	})
 	if err != nil {
 		panic(err)
 	}

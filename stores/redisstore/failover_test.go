@@ -61,6 +61,15 @@ func TestClusterFailover(t *testing.T) {
 		storetest.Run(t, factory(cc, cfg), serverTime(cc))
 	})
 
+	t.Run("CheckServer", func(t *testing.T) {
+		if err := newStore(t, cc, cfg).CheckServer(context.Background()); err != nil {
+			t.Fatalf("CheckServer with WaitReplicas 1, a replica for each master: %v", err)
+		}
+		two := cfg
+		two.WaitReplicas = 2
+		errtest.Wraps(t, "CheckServer with WaitReplicas 2, one replica for each master", newStore(t, cc, two).CheckServer(context.Background()), redisstore.ErrTooFewReplicas)
+	})
+
 	t.Run("WaitOnEveryNodeWritten", func(t *testing.T) {
 		ctx := context.Background()
 		prefix := testPrefix(t, cc)
