@@ -155,24 +155,41 @@ func TestPartitionedPurgeIdleAllDay(t *testing.T) {
 		t.Fatal(err)
 	}
 	clock.Advance(time.Hour) // the next hourly run
-	long, err := db.BeginTx(ctx, nil)
+	holdRead(t, db, s)
+	if err := purgeBeside(t, s, "an hourly Purge with nothing to do"); err != nil {
+		t.Fatalf("an hourly Purge with nothing to create or drop: %v (it took a lock the long transaction holds)", err)
+	}
+}
+
+// holdRead opens a transaction that reads s's table and stays open until
+// t ends: creating or dropping a partition waits for its lock.
+func holdRead(t *testing.T, db *sql.DB, s *sqlstore.Store) {
+	t.Helper()
+	long, err := db.BeginTx(context.Background(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer long.Rollback()
+	t.Cleanup(func() { _ = long.Rollback() }) // before the table is dropped
 	var n int
-	if err := long.QueryRowContext(ctx, `SELECT count(*) FROM "`+s.Table()+`"`).Scan(&n); err != nil {
+	if err := long.QueryRowContext(context.Background(), `SELECT count(*) FROM "`+s.Table()+`"`).Scan(&n); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// purgeBeside runs s.Purge beside holdRead's transaction and returns its
+// error. A purge that needs the lock gives up after its 500ms
+// lock_timeout; one still waiting after a minute fails t: every claim
+// would queue behind it.
+func purgeBeside(t *testing.T, s *sqlstore.Store, what string) error {
+	t.Helper()
 	purged := make(chan error, 1)
-	go func() { _, err := s.Purge(ctx); purged <- err }()
+	go func() { _, err := s.Purge(context.Background()); purged <- err }()
 	select {
 	case err := <-purged:
-		if err != nil {
-			t.Fatalf("an hourly Purge with nothing to create or drop: %v (it took a lock the long transaction holds)", err)
-		}
-	case <-time.After(time.Minute): // it would give up after its 500ms lock_timeout
-		t.Fatal("an hourly Purge with nothing to do waited for the long transaction")
+		return err
+	case <-time.After(time.Minute):
+		t.Fatalf("%s still waiting for the long transaction after a minute: every claim queues behind it", what)
+		return nil
 	}
 }
 
@@ -219,35 +236,14 @@ func TestPartitionDDLWaitsBounded(t *testing.T) {
 	cfg.PartitionDaysAhead = 2
 	s := newStore(t, db, sqlstore.Postgres, cfg)
 	ctx := context.Background()
-	long, err := db.BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer long.Rollback()
-	var n int
-	if err := long.QueryRowContext(ctx, `SELECT count(*) FROM "`+s.Table()+`"`).Scan(&n); err != nil {
-		t.Fatal(err)
-	}
+	holdRead(t, db, s)
 	// Nothing is missing, nothing is due: the purge takes no lock.
-	purged := make(chan error, 1)
-	go func() { _, err := s.Purge(ctx); purged <- err }()
-	select {
-	case err := <-purged:
-		if err != nil {
-			t.Fatalf("Purge with every partition there: %v", err)
-		}
-	case <-time.After(time.Minute): // the long transaction stays open until the test ends
-		t.Fatal("Purge with every partition there waited for the long transaction")
+	if err := purgeBeside(t, s, "Purge with every partition there"); err != nil {
+		t.Fatalf("Purge with every partition there: %v", err)
 	}
 	clock.Advance(24 * time.Hour) // a partition is missing now
-	go func() { _, err := s.Purge(ctx); purged <- err }()
-	select {
-	case err := <-purged:
-		if err == nil {
-			t.Fatal("Purge created a partition under a lock the long transaction holds")
-		}
-	case <-time.After(time.Minute): // it gives up after its 500ms lock_timeout
-		t.Fatal("Purge still waiting for the long transaction after a minute: every claim queues behind it")
+	if err := purgeBeside(t, s, "Purge"); err == nil {
+		t.Fatal("Purge created a partition under a lock the long transaction holds")
 	}
 	// Claims go on: nothing of the purge waits in the lock queue.
 	cctx, cancel := context.WithTimeout(ctx, time.Minute) // behind a queued lock it would wait until the test ends

@@ -72,6 +72,24 @@ func (e *roleEnv) store(t *testing.T, cfg sqlstore.Config) *sqlstore.Store {
 	return s
 }
 
+// inbox is the Inbox fixture of store, the role's: the handler's writes
+// go to an effects table that the migration role creates and grants the
+// role, in outer transactions of the role's.
+func (e *roleEnv) inbox(t *testing.T, store storetest.InboxStore) storetest.InboxFixture {
+	t.Helper()
+	fx, effects := newEffectsTableNamed(t, e.admin, e.b.dialect)
+	e.grant(t, "SELECT, INSERT", effects)
+	fx.Store = store
+	fx.BeginOuter = func(ctx context.Context) (storetest.OuterTx, error) {
+		tx, err := e.db.BeginTx(ctx, nil)
+		if err != nil {
+			return nil, err
+		}
+		return sqlOuter{tx}, nil
+	}
+	return fx
+}
+
 // TestLeastPrivilegeRole runs the store as a role that may only read and
 // write its table: SELECT, INSERT, UPDATE and DELETE on it, granted by
 // the migration role that created it with the README's DDL. The role
@@ -104,18 +122,7 @@ func TestLeastPrivilegeRole(t *testing.T) {
 			storetest.RunInbox(t, func(t *testing.T, clock stores.Clock) storetest.InboxFixture {
 				cfg := sqlstore.Config{Table: "dedup_role_" + storetest.NewID(), Clock: clock}
 				e.table(t, cfg)
-				fx, effects := newEffectsTableNamed(t, e.admin, b.dialect)
-				// The effects table is the migration role's too.
-				e.grant(t, "SELECT, INSERT", effects)
-				fx.Store = e.store(t, cfg)
-				fx.BeginOuter = func(ctx context.Context) (storetest.OuterTx, error) {
-					tx, err := e.db.BeginTx(ctx, nil)
-					if err != nil {
-						return nil, err
-					}
-					return sqlOuter{tx}, nil
-				}
-				return fx
+				return e.inbox(t, e.store(t, cfg))
 			})
 		})
 
@@ -175,18 +182,8 @@ func TestLeastPrivilegePartitions(t *testing.T) {
 	t.Run("inbox", func(t *testing.T) {
 		storetest.RunInbox(t, func(t *testing.T, clock stores.Clock) storetest.InboxFixture {
 			cfg := partitioned(clock)
-			owner := owned(t, cfg)
-			fx, effects := newEffectsTableNamed(t, e.admin, sqlstore.Postgres)
-			e.grant(t, "SELECT, INSERT", effects)
-			fx.Store = purgedBy{e.store(t, cfg), owner}
-			fx.BeginOuter = func(ctx context.Context) (storetest.OuterTx, error) {
-				tx, err := e.db.BeginTx(ctx, nil)
-				if err != nil {
-					return nil, err
-				}
-				return sqlOuter{tx}, nil
-			}
-			return fx
+			owner := owned(t, cfg) // before the role's store: it grants
+			return e.inbox(t, purgedBy{e.store(t, cfg), owner})
 		})
 	})
 	t.Run("the role's own purge", func(t *testing.T) {
