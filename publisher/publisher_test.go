@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -493,5 +494,40 @@ func TestConcurrentProducers(t *testing.T) {
 	slices.Sort(got)
 	if len(got) != 201 || len(slices.Compact(got)) != 201 {
 		t.Fatalf("published %d messages, %d distinct; want 201 once each", len(rec.uuids()), len(slices.Compact(got)))
+	}
+}
+
+// TestDuplicateInTheCallClaimsNothing: a message left out as a repeat of
+// an earlier one of the same call claims none of its keys, so a later
+// message sharing only its other key is published; and a repeat is
+// reported as one of the first message it repeats.
+func TestDuplicateInTheCallClaimsNothing(t *testing.T) {
+	rec := &recorder{}
+	logger := watermill.NewCaptureLogger()
+	keys := func(m *message.Message) ([]string, error) { return strings.Split(m.Metadata.Get("keys"), ","), nil }
+	pub := decorate(t, publisher.Config{Store: newMem(t, nil), Key: keys, Policy: dedup.Policy{Logger: logger}}, rec)
+	with := func(uuid, k string) *message.Message {
+		m := msg(uuid, "")
+		m.Metadata.Set("keys", k)
+		return m
+	}
+	// m1 repeats m0 (key a) and m2 (key c); m3 shares only m1's key b.
+	if err := pub.Publish("t", with("m0", "a"), with("m2", "c"), with("m1", "a,c,b"), with("m3", "b")); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := rec.uuids(), []string{"m0", "m2", "m3"}; !slices.Equal(got, want) {
+		t.Fatalf("published %v, want %v", got, want)
+	}
+	reported := false
+	for _, l := range logger.Captured()[watermill.DebugLogLevel] {
+		if l.Fields["message_uuid"] == "m1" {
+			reported = true
+			if l.Fields["duplicate_of"] != "m0" {
+				t.Fatalf("m1 reported as a duplicate of %v, want m0 (the first message it repeats)", l.Fields["duplicate_of"])
+			}
+		}
+	}
+	if !reported {
+		t.Fatal("m1 was not reported as left out")
 	}
 }
