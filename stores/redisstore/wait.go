@@ -189,6 +189,15 @@ func (s *Store) runWaited(ctx context.Context, ops []op) ([]any, []error) {
 	for i := range pending {
 		pending[i] = i
 	}
+	if node, ok := s.client.(*redis.Client); ok {
+		// One node, which redirects nothing: no grouping.
+		redirects, undo := s.runNode(ctx, node, ops, pending, nil, vals, errs)
+		for _, r := range redirects {
+			errs[r.i] = r.err
+		}
+		s.giveBack(ctx, undo)
+		return vals, errs
+	}
 	var (
 		to     = map[int]*redis.Client{} // where a redirect sends an op
 		asking = map[int]bool{}
@@ -236,14 +245,21 @@ func (s *Store) runWaited(ctx context.Context, ops []op) ([]any, []error) {
 		wg.Wait()
 		pending = s.followRedirects(ctx, redirects, attempt, to, asking, errs)
 	}
-	if len(undo) > 0 {
-		// A claim whose write was not confirmed must leave nothing
-		// behind: give it back, whatever the caller's context.
-		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), undoTimeout)
-		s.runPipelined(uctx, undo)
-		cancel()
-	}
+	s.giveBack(ctx, undo)
 	return vals, errs
+}
+
+// giveBack runs the undo of claims whose write was not confirmed: a
+// claim that failed must leave nothing behind, whatever the caller's
+// context (bounded by undoTimeout; best effort: a key it cannot reach
+// stays claimed until its lease runs out).
+func (s *Store) giveBack(ctx context.Context, undo []op) {
+	if len(undo) == 0 {
+		return
+	}
+	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), undoTimeout)
+	defer cancel()
+	s.runPipelined(uctx, undo)
 }
 
 // followRedirects returns the ops of redirects to send again, and where
