@@ -21,13 +21,47 @@ import (
 // rabbitMQ is RabbitMQ through watermill-amqp: a durable fanout exchange
 // per topic and a durable queue per consumer group (topic_group), whose
 // consumers compete; a nack requeues. Unacked messages of a closed or
-// killed consumer go back to the queue.
-func rabbitMQ() acceptance.Backend {
-	config := func(env acceptance.Env, group string) amqp.Config {
-		return amqp.NewDurablePubSubConfig(env["url"], amqp.GenerateQueueNameTopicNameWithSuffix(group))
-	}
+// killed consumer go back to the queue. This is watermill-amqp v2;
+// rabbitMQ3 is v3.
+func rabbitMQ() acceptance.Backend { return rabbitMQOf(amqpV2) }
+
+// amqpClients are the clients of one watermill-amqp major.
+type amqpClients struct {
+	name string
+	// newPublisher and newSubscriber (of group) are on the durable pub/sub
+	// configuration (a fanout exchange per topic, a queue per group);
+	// foreign: set up for the native producer's messages (amqpkeys'
+	// marshaler).
+	newPublisher  func(url string) (message.Publisher, error)
+	newSubscriber func(url, group string, foreign bool) (message.Subscriber, error)
+	// queue is the name of group's queue of topic.
+	queue func(topic, group string) string
+	// messageID and publishedAt are amqpkeys' of the major.
+	messageID   keyfuncs.KeyFunc
+	publishedAt func(*message.Message) (time.Time, bool)
+}
+
+var amqpV2 = amqpClients{
+	name: "rabbitmq",
+	newPublisher: func(url string) (message.Publisher, error) {
+		return amqp.NewPublisher(amqp.NewDurablePubSubConfig(url, amqp.GenerateQueueNameTopicNameWithSuffix("")), testLogger())
+	},
+	newSubscriber: func(url, group string, foreign bool) (message.Subscriber, error) {
+		c := amqp.NewDurablePubSubConfig(url, amqp.GenerateQueueNameTopicNameWithSuffix(group))
+		if foreign {
+			c.Marshaler = amqpkeys.Marshaler{Inner: c.Marshaler}
+		}
+		return amqp.NewSubscriber(c, testLogger())
+	},
+	queue:       func(topic, group string) string { return amqp.GenerateQueueNameTopicNameWithSuffix(group)(topic) },
+	messageID:   amqpkeys.MessageID(),
+	publishedAt: amqpkeys.PublishedAt,
+}
+
+// rabbitMQOf is rabbitMQ on the clients of c.
+func rabbitMQOf(c amqpClients) acceptance.Backend {
 	return acceptance.Backend{
-		Name: "rabbitmq",
+		Name: c.name,
 		Features: acceptance.Features{
 			ConsumerGroups: true,
 			Persistent:     true,
@@ -51,13 +85,13 @@ func rabbitMQ() acceptance.Backend {
 			return nil
 		},
 		NewPublisher: func(_ testing.TB, env acceptance.Env) (message.Publisher, error) {
-			return amqp.NewPublisher(config(env, ""), testLogger())
+			return c.newPublisher(env["url"])
 		},
 		NewSubscriber: func(_ testing.TB, env acceptance.Env, group string) (message.Subscriber, error) {
-			return amqp.NewSubscriber(config(env, group), testLogger())
+			return c.newSubscriber(env["url"], group, false)
 		},
 		RemoveGroup: func(_ testing.TB, env acceptance.Env, topic, group string) error {
-			name := amqp.GenerateQueueNameTopicNameWithSuffix(group)(topic)
+			name := c.queue(topic, group)
 			return amqpDelete(env, func(ch *amqp091.Channel) error {
 				_, err := ch.QueueDelete(name, false, false, false)
 				return err
@@ -69,14 +103,12 @@ func rabbitMQ() acceptance.Backend {
 			// amqpkeys.Marshaler: message_id becomes the UUID, the
 			// properties become metadata, non-string headers strings.
 			NewSubscriber: func(_ testing.TB, env acceptance.Env, group string) (message.Subscriber, error) {
-				c := config(env, group)
-				c.Marshaler = amqpkeys.Marshaler{Inner: c.Marshaler}
-				return amqp.NewSubscriber(c, testLogger())
+				return c.newSubscriber(env["url"], group, true)
 			},
 			Key:         keyfuncs.MessageID(),
 			KeyName:     "keyfuncs.MessageID()",
-			OtherKeys:   map[string]keyfuncs.KeyFunc{"amqpkeys.MessageID()": amqpkeys.MessageID()},
-			PublishedAt: amqpkeys.PublishedAt,
+			OtherKeys:   map[string]keyfuncs.KeyFunc{"amqpkeys.MessageID()": c.messageID},
+			PublishedAt: c.publishedAt,
 		},
 	}
 }

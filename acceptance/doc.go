@@ -14,8 +14,11 @@
 // JetStream and Redis Streams with redisstore in lease mode, with and
 // without AsyncComplete; on NATS JetStream and Redis Streams also with
 // sqlstore on PostgreSQL in lease mode; on each watermill-sql pub/sub with
-// sqlstore in transactional mode on the same database; and every store,
-// in every mode, through scenarios 1-4 and 6 on gochannel and on Kafka.
+// sqlstore in transactional mode on the same database; the same, leaner,
+// on the new majors of the clients (watermill-sql v4, joined and in the
+// store's own transaction, and watermill-amqp v3 with Redis); and every
+// store, in every mode, through scenarios 1-4 and 6 on gochannel and on
+// Kafka.
 //
 // # Running it
 //

@@ -46,7 +46,11 @@ var storeScenarios = []acceptance.Scenario{
 //     PostgreSQL in lease mode; each watermill-sql pub/sub with sqlstore
 //     in transactional mode on the same database (joining the
 //     subscriber's transaction, the default; and in its own transaction
-//     for the crash and lease expiry scenarios);
+//     for the crash and lease expiry scenarios); the same on the new
+//     majors, lean: watermill-sql v4 (sql-v4-*) joined through the
+//     scenarios the v3 joined rows run, in the store's own transaction
+//     through the crash and lease expiry scenarios, and watermill-amqp
+//     v3 (rabbitmq-v3) with Redis in lease mode through every scenario;
 //   - every store, in every mode, through scenarios 1-4 and 6 on gochannel
 //     and on Kafka.
 //
@@ -74,7 +78,7 @@ func TestAcceptance(t *testing.T) {
 	for _, d := range []sqlstore.Dialect{sqlstore.Postgres, sqlstore.MySQL} {
 		acceptance.Run(t, sqlPubSub(d), sqlStore(d, true))
 		// The inbox joining the subscriber's transaction
-		// (JoinWatermillTx): every scenario but the stalled handler,
+		// (JoinTx): every scenario but the stalled handler,
 		// which outlives watermill-sql's AckDeadline — the subscriber
 		// then commits its transaction under the running handler, the
 		// documented reason the option needs an AckDeadline longer
@@ -86,7 +90,16 @@ func TestAcceptance(t *testing.T) {
 			}
 		}
 		acceptance.Run(t, sqlPubSub(d), sqlStoreJoinedTx(d), joined...)
+		// watermill-sql v4, lean: the joined store (wsql4.SubscriberTx)
+		// through the same scenarios, and the store's own transaction
+		// through those the joined one cannot run or that kill its
+		// consumers.
+		acceptance.Run(t, sqlPubSub4(d), sqlStoreJoinedTx4(d), joined...)
+		acceptance.Run(t, sqlPubSub4(d), sqlStore(d, true), acceptance.ConsumerCrash, acceptance.LeaseExpiry)
 	}
+	// watermill-amqp v3, lean: Redis in lease mode (AsyncComplete is the
+	// middleware's, the same on either major).
+	acceptance.Run(t, rabbitMQ3(), redisStore())
 
 	for _, s := range stores() {
 		if s.Name != "memstore" && s.Name != "nats" { // they ran every scenario above

@@ -31,10 +31,50 @@ const sqlAckDeadline = 3 * time.Second
 // in order. Its database is the SQL stores' database, so the outage
 // scenario cuts both, and sqlstore's transactional mode joins the
 // subscriber's transaction: offset, dedup record and ledger commit
-// together.
-func sqlPubSub(d sqlstore.Dialect) acceptance.Backend {
+// together. This is watermill-sql v3; sqlPubSub4 is v4.
+func sqlPubSub(d sqlstore.Dialect) acceptance.Backend { return sqlPubSubOf(d, wsqlV3) }
+
+// wsqlClients are the clients of one watermill-sql major on a database.
+type wsqlClients struct {
+	// prefix begins the backend's name, before the dialect.
+	prefix string
+	// initialize creates topic's tables.
+	initialize   func(db *sql.DB, d sqlstore.Dialect, topic string) error
+	newPublisher func(db *sql.DB, d sqlstore.Dialect) (message.Publisher, error)
+	// newSubscriber's subscriber is in group; foreign: set up for the
+	// native producer's rows (sqlkeys' schema adapter).
+	newSubscriber func(db *sql.DB, d sqlstore.Dialect, group string, foreign bool) (message.Subscriber, error)
+	// copyKey is sqlkeys' Offset of the major.
+	copyKey keyfuncs.KeyFunc
+}
+
+var wsqlV3 = wsqlClients{
+	prefix: "sql-",
+	initialize: func(db *sql.DB, d sqlstore.Dialect, topic string) error {
+		sub, err := wsql.NewSubscriber(db, subscriberConfig(d, ""), nil)
+		if err != nil {
+			return err
+		}
+		defer sub.Close()
+		return sub.SubscribeInitialize(topic)
+	},
+	newPublisher: func(db *sql.DB, d sqlstore.Dialect) (message.Publisher, error) {
+		return wsql.NewPublisher(db, wsql.PublisherConfig{SchemaAdapter: schemaAdapter(d)}, testLogger())
+	},
+	newSubscriber: func(db *sql.DB, d sqlstore.Dialect, group string, foreign bool) (message.Subscriber, error) {
+		cfg := subscriberConfig(d, group)
+		if foreign {
+			cfg.SchemaAdapter = sqlkeys.SchemaAdapter{SchemaAdapter: cfg.SchemaAdapter}
+		}
+		return wsql.NewSubscriber(db, cfg, testLogger())
+	},
+	copyKey: sqlkeys.Offset(),
+}
+
+// sqlPubSubOf is sqlPubSub on the clients of c.
+func sqlPubSubOf(d sqlstore.Dialect, c wsqlClients) acceptance.Backend {
 	return acceptance.Backend{
-		Name: "sql-" + string(d),
+		Name: c.prefix + string(d),
 		Features: acceptance.Features{
 			ConsumerGroups: true,
 			Persistent:     true,
@@ -52,12 +92,7 @@ func sqlPubSub(d sqlstore.Dialect) acceptance.Backend {
 			defer db.Close()
 			// Create the tables once here: concurrent CREATE TABLE IF NOT
 			// EXISTS by several subscribers can fail on PostgreSQL.
-			sub, err := wsql.NewSubscriber(db, subscriberConfig(d, ""), nil)
-			if err != nil {
-				return err
-			}
-			defer sub.Close()
-			if err := sub.SubscribeInitialize(topic); err != nil {
+			if err := c.initialize(db, d, topic); err != nil {
 				return err
 			}
 			t.Cleanup(func() {
@@ -71,7 +106,7 @@ func sqlPubSub(d sqlstore.Dialect) acceptance.Backend {
 				return nil, err
 			}
 			db.SetMaxOpenConns(2)
-			pub, err := wsql.NewPublisher(db, wsql.PublisherConfig{SchemaAdapter: schemaAdapter(d)}, testLogger())
+			pub, err := c.newPublisher(db, d)
 			if err != nil {
 				_ = db.Close()
 				return nil, err
@@ -85,7 +120,7 @@ func sqlPubSub(d sqlstore.Dialect) acceptance.Backend {
 			}
 			// The subscriber holds one transaction at a time.
 			db.SetMaxOpenConns(2)
-			sub, err := wsql.NewSubscriber(db, subscriberConfig(d, group), testLogger())
+			sub, err := c.newSubscriber(db, d, group, false)
 			if err != nil {
 				_ = db.Close()
 				return nil, err
@@ -110,9 +145,7 @@ func sqlPubSub(d sqlstore.Dialect) acceptance.Backend {
 					return nil, err
 				}
 				db.SetMaxOpenConns(2)
-				cfg := subscriberConfig(d, group)
-				cfg.SchemaAdapter = sqlkeys.SchemaAdapter{SchemaAdapter: cfg.SchemaAdapter}
-				sub, err := wsql.NewSubscriber(db, cfg, testLogger())
+				sub, err := c.newSubscriber(db, d, group, true)
 				if err != nil {
 					_ = db.Close()
 					return nil, err
@@ -121,7 +154,7 @@ func sqlPubSub(d sqlstore.Dialect) acceptance.Backend {
 			},
 			Key:         keyfuncs.MessageID(),
 			KeyName:     "keyfuncs.MessageID() (uuid column)",
-			CopyKey:     sqlkeys.Offset(),
+			CopyKey:     c.copyKey,
 			CopyKeyName: "sqlkeys.Offset()",
 			// watermill-sql does not deliver created_at: the producer
 			// writes its time into the metadata, as sqlkeys advises.
@@ -193,14 +226,14 @@ func subscriberConfig(d sqlstore.Dialect, group string) wsql.SubscriberConfig {
 
 // sqlPublisher and sqlSubscriber close their database with them.
 type sqlPublisher struct {
-	*wsql.Publisher
+	message.Publisher
 	db *sql.DB
 }
 
 func (p *sqlPublisher) Close() error { return errors.Join(p.Publisher.Close(), p.db.Close()) }
 
 type sqlSubscriber struct {
-	*wsql.Subscriber
+	message.Subscriber
 	db   *sql.DB
 	once sync.Once
 	err  error

@@ -15,6 +15,7 @@ import (
 	"github.com/watermill-dedup/dedup/stores/natsstore"
 	"github.com/watermill-dedup/dedup/stores/redisstore"
 	"github.com/watermill-dedup/dedup/stores/sqlstore"
+	"github.com/watermill-dedup/dedup/stores/sqlstore/wsql3"
 	"github.com/watermill-dedup/dedup/testkit"
 	"github.com/watermill-dedup/dedup/testkit/ledger"
 )
@@ -144,12 +145,13 @@ func sqlStore(d sqlstore.Dialect, transactional bool) acceptance.Store {
 	return sqlStoreConfig(d, transactional, mode, sqlstore.Config{})
 }
 
-// sqlStoreJoinedTx is sqlstore in transactional mode with
-// JoinWatermillTx: on a watermill-sql pub/sub its inbox record is a
-// savepoint in the subscriber's transaction, so offset ack, record and
-// ledger commit together.
+// sqlStoreJoinedTx is sqlstore in transactional mode joining a
+// watermill-sql v3 subscriber's transaction (JoinTx: wsql3.SubscriberTx):
+// on a watermill-sql pub/sub its inbox record is a savepoint in the
+// subscriber's transaction, so offset ack, record and ledger commit
+// together.
 func sqlStoreJoinedTx(d sqlstore.Dialect) acceptance.Store {
-	return sqlStoreConfig(d, true, "tx-joined", sqlstore.Config{JoinWatermillTx: true})
+	return sqlStoreConfig(d, true, "tx-joined", sqlstore.Config{JoinTx: mustFind(wsql3.SubscriberTx)})
 }
 
 // sqlKind is the testkit store kind of d.

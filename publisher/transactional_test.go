@@ -26,13 +26,54 @@ import (
 type outbox struct {
 	db     *sql.DB
 	kind   testkit.StoreKind
-	schema sqlSchema
+	schema sqlSchema // v3's; nil on another major
+	table  string    // the topic's messages table, quoted
 	topic  string
 	d      *publisher.Decorator
 	store  *sqlstore.Store
+	// publisher is the major's publisher on tx, or on db when tx is nil.
+	publisher func(tx *sql.Tx) (message.Publisher, error)
+}
+
+// sqlMajor is a major of watermill-sql as the outbox uses it.
+type sqlMajor struct {
+	// initialize creates the topic's tables on db (a publisher on a
+	// transaction cannot) and returns them, quoted, the messages table
+	// first.
+	initialize func(t *testing.T, db *sql.DB, kind testkit.StoreKind, topic string) []string
+	// publisher is the major's publisher on tx, or on db when tx is nil.
+	publisher func(db *sql.DB, tx *sql.Tx, kind testkit.StoreKind) (message.Publisher, error)
+}
+
+var sqlV3 = sqlMajor{
+	initialize: func(t *testing.T, db *sql.DB, kind testkit.StoreKind, topic string) []string {
+		schema, offsets := sqlAdapters(kind)
+		init, err := wsql.NewSubscriber(db, wsql.SubscriberConfig{ConsumerGroup: "readers", SchemaAdapter: schema, OffsetsAdapter: offsets, InitializeSchema: true}, watermill.NopLogger{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := init.SubscribeInitialize(topic); err != nil {
+			t.Fatal(err)
+		}
+		_ = init.Close()
+		return []string{schema.MessagesTable(topic), offsets.MessagesOffsetsTable(topic)}
+	},
+	publisher: func(db *sql.DB, tx *sql.Tx, kind testkit.StoreKind) (message.Publisher, error) {
+		schema, _ := sqlAdapters(kind)
+		if tx == nil {
+			return wsql.NewPublisher(db, wsql.PublisherConfig{SchemaAdapter: schema}, watermill.NopLogger{})
+		}
+		return wsql.NewPublisher(tx, wsql.PublisherConfig{SchemaAdapter: schema}, watermill.NopLogger{})
+	},
 }
 
 func newOutbox(t *testing.T, kind testkit.StoreKind) *outbox {
+	o := newOutboxOf(t, kind, sqlV3)
+	o.schema, _ = sqlAdapters(kind)
+	return o
+}
+
+func newOutboxOf(t *testing.T, kind testkit.StoreKind, m sqlMajor) *outbox {
 	ctx := context.Background()
 	db := openDB(t, kind)
 	dialect, _ := kind.SQLDialect()
@@ -44,21 +85,11 @@ func newOutbox(t *testing.T, kind testkit.StoreKind) *outbox {
 	if err := store.CreateSchema(ctx); err != nil {
 		t.Fatal(err)
 	}
-	schema, offsets := sqlAdapters(kind)
 	topic := testkit.UniqueName("outbox_")
-	// The outbox table is created up front: a publisher on a transaction
-	// cannot create it.
-	init, err := wsql.NewSubscriber(db, wsql.SubscriberConfig{ConsumerGroup: "readers", SchemaAdapter: schema, OffsetsAdapter: offsets, InitializeSchema: true}, watermill.NopLogger{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := init.SubscribeInitialize(topic); err != nil {
-		t.Fatal(err)
-	}
-	_ = init.Close()
+	tables := m.initialize(t, db, kind, topic)
 	t.Cleanup(func() {
 		_ = store.Close(ctx)
-		if err := testkit.DropTables(context.Background(), db, kind, table, schema.MessagesTable(topic), offsets.MessagesOffsetsTable(topic)); err != nil {
+		if err := testkit.DropTables(context.Background(), db, kind, append([]string{table}, tables...)...); err != nil {
 			t.Error(err)
 		}
 	})
@@ -71,7 +102,8 @@ func newOutbox(t *testing.T, kind testkit.StoreKind) *outbox {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &outbox{db: db, kind: kind, schema: schema, topic: topic, d: d, store: store}
+	return &outbox{db: db, kind: kind, table: tables[0], topic: topic, d: d, store: store,
+		publisher: func(tx *sql.Tx) (message.Publisher, error) { return m.publisher(db, tx, kind) }}
 }
 
 // publishIn publishes the events in a transaction of their own, as a
@@ -83,8 +115,7 @@ func (o *outbox) publishIn(ctx context.Context, events []string, rollback bool, 
 		return err
 	}
 	defer func() { _ = tx.Rollback() }()
-	var inner message.Publisher
-	inner, err = wsql.NewPublisher(tx, wsql.PublisherConfig{SchemaAdapter: o.schema}, watermill.NopLogger{})
+	inner, err := o.publisher(tx)
 	if err != nil {
 		return err
 	}
@@ -115,7 +146,7 @@ func (o *outbox) publishIn(ctx context.Context, events []string, rollback bool, 
 // rows counts the outbox rows of each event.
 func (o *outbox) rows(t *testing.T) map[string]int {
 	t.Helper()
-	rows, err := o.db.QueryContext(context.Background(), "SELECT metadata FROM "+o.schema.MessagesTable(o.topic))
+	rows, err := o.db.QueryContext(context.Background(), "SELECT metadata FROM "+o.table)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -146,78 +177,80 @@ func forEachSQL(t *testing.T, fn func(t *testing.T, kind testkit.StoreKind)) {
 
 // TestTransactionalOutbox: the record commits with the outbox row, so an
 // event enters the outbox once, whatever the producer retries and
-// whichever transaction rolls back.
+// whichever transaction rolls back. TestTransactionalOutboxV4 runs it on
+// watermill-sql v4.
 func TestTransactionalOutbox(t *testing.T) {
-	forEachSQL(t, func(t *testing.T, kind testkit.StoreKind) {
-		ctx := context.Background()
-		o := newOutbox(t, kind)
+	forEachSQL(t, func(t *testing.T, kind testkit.StoreKind) { testTransactionalOutbox(t, newOutbox(t, kind)) })
+}
 
-		// A transaction rolled back after the publish (the service
-		// failed later): neither the record nor the row stays.
-		if err := o.publishIn(ctx, []string{"a"}, true, nil); err != nil {
-			t.Fatal(err)
-		}
-		if n := o.rows(t)["a"]; n != 0 {
-			t.Fatalf("a rolled-back transaction left %d outbox rows", n)
-		}
-		// The retry commits; a second retry and a batch repeating it
-		// within the call add nothing for it.
-		if err := o.publishIn(ctx, []string{"a"}, false, nil); err != nil {
-			t.Fatal(err)
-		}
-		if err := o.publishIn(ctx, []string{"a", "b", "b", "c"}, false, nil); err != nil {
-			t.Fatal(err)
-		}
-		// The outbox publisher fails in the middle of the transaction:
-		// the records roll back to their savepoints, the transaction
-		// stays usable, and the same transaction publishes again.
-		tx, err := o.db.BeginTx(ctx, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		inner, err := wsql.NewPublisher(tx, wsql.PublisherConfig{SchemaAdapter: o.schema}, watermill.NopLogger{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		pub, err := o.d.Decorate(&flaky{Publisher: inner})
-		if err != nil {
-			t.Fatal(err)
-		}
-		m := func(e string) *message.Message {
-			mm := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
-			mm.Metadata.Set("event_id", e)
-			mm.SetContext(sqlstore.WithTx(ctx, tx))
-			return mm
-		}
-		if err := pub.Publish(o.topic, m("d"), m("e")); !errors.Is(err, errBroker) {
-			t.Fatalf("first publish in the transaction: %v, want the outbox's error", err)
-		}
-		if err := pub.Publish(o.topic, m("d"), m("e"), m("a")); err != nil {
-			t.Fatalf("publish again in the same transaction: %v", err)
-		}
-		if err := tx.Commit(); err != nil {
-			t.Fatal(err)
-		}
-		want := map[string]int{"a": 1, "b": 1, "c": 1, "d": 1, "e": 1}
-		if got := o.rows(t); fmt.Sprint(got) != fmt.Sprint(want) {
-			t.Fatalf("outbox rows per event %v, want %v", got, want)
-		}
+func testTransactionalOutbox(t *testing.T, o *outbox) {
+	ctx := context.Background()
 
-		// Without a transaction in the context: refused, nothing written.
-		free, err := wsql.NewPublisher(o.db, wsql.PublisherConfig{SchemaAdapter: o.schema}, watermill.NopLogger{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		dp, _ := o.d.Decorate(free)
+	// A transaction rolled back after the publish (the service
+	// failed later): neither the record nor the row stays.
+	if err := o.publishIn(ctx, []string{"a"}, true, nil); err != nil {
+		t.Fatal(err)
+	}
+	if n := o.rows(t)["a"]; n != 0 {
+		t.Fatalf("a rolled-back transaction left %d outbox rows", n)
+	}
+	// The retry commits; a second retry and a batch repeating it
+	// within the call add nothing for it.
+	if err := o.publishIn(ctx, []string{"a"}, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := o.publishIn(ctx, []string{"a", "b", "b", "c"}, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	// The outbox publisher fails in the middle of the transaction:
+	// the records roll back to their savepoints, the transaction
+	// stays usable, and the same transaction publishes again.
+	tx, err := o.db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inner, err := o.publisher(tx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, err := o.d.Decorate(&flaky{Publisher: inner})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := func(e string) *message.Message {
 		mm := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
-		mm.Metadata.Set("event_id", "f")
-		if err := dp.Publish(o.topic, mm); !errors.Is(err, publisher.ErrNoTransaction) {
-			t.Fatalf("got %v, want ErrNoTransaction", err)
-		}
-		if n := o.rows(t)["f"]; n != 0 {
-			t.Fatal("a message without a transaction was published")
-		}
-	})
+		mm.Metadata.Set("event_id", e)
+		mm.SetContext(sqlstore.WithTx(ctx, tx))
+		return mm
+	}
+	if err := pub.Publish(o.topic, m("d"), m("e")); !errors.Is(err, errBroker) {
+		t.Fatalf("first publish in the transaction: %v, want the outbox's error", err)
+	}
+	if err := pub.Publish(o.topic, m("d"), m("e"), m("a")); err != nil {
+		t.Fatalf("publish again in the same transaction: %v", err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]int{"a": 1, "b": 1, "c": 1, "d": 1, "e": 1}
+	if got := o.rows(t); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("outbox rows per event %v, want %v", got, want)
+	}
+
+	// Without a transaction in the context: refused, nothing written.
+	free, err := o.publisher(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dp, _ := o.d.Decorate(free)
+	mm := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
+	mm.Metadata.Set("event_id", "f")
+	if err := dp.Publish(o.topic, mm); !errors.Is(err, publisher.ErrNoTransaction) {
+		t.Fatalf("got %v, want ErrNoTransaction", err)
+	}
+	if n := o.rows(t)["f"]; n != 0 {
+		t.Fatal("a message without a transaction was published")
+	}
 }
 
 // TestTransactionalConcurrentProducers: producers in concurrent

@@ -194,14 +194,16 @@ func (p *natsPublisher) summary() string {
 // publisher and the subscriber each have a client of their own, which
 // their Close closes.
 func (b *broker) openRedisStreams(ctx context.Context, cfg Config, logger watermill.LoggerAdapter, closers, removers *teardown) error {
-	const setting = "-redis-addr or REDIS_ADDR"
-	b.addr = cfg.RedisAddr
-	if err := storeopen.ProbeTCP(ctx, "Redis", cfg.RedisAddr, setting); err != nil {
+	target, err := storeopen.ParseRedis(storeopen.RedisConfig{Addr: cfg.RedisAddr, TLS: cfg.RedisTLS})
+	if err != nil {
 		return err
 	}
-	client := func() *redis.Client {
-		return redis.NewClient(&redis.Options{Addr: cfg.RedisAddr, DialTimeout: dialTimeout})
+	b.addr = target.Display
+	opts := target.Options()
+	if err := storeopen.ProbeTCP(ctx, "Redis", opts.Addr, storeopen.RedisSetting); err != nil {
+		return err
 	}
+	client := func() *redis.Client { return redis.NewClient(target.Options()) }
 	pub, err := redisstream.NewPublisher(redisstream.PublisherConfig{Client: client()}, logger)
 	if err != nil {
 		return err

@@ -73,6 +73,7 @@ type Config struct {
 	NATSURL      string
 	NATSAuth     storeopen.NATSAuth
 	RedisAddr    string
+	RedisTLS     storeopen.RedisTLS
 	PostgresDSN  string
 	MySQLDSN     string
 	Dir          string
@@ -165,7 +166,8 @@ func newFlagSet(c *Config, output io.Writer) *flag.FlagSet {
 	fs.StringVar(&c.AMQPURL, "amqp-url", c.AMQPURL, "RabbitMQ `URL` (-broker=amqp)")
 	fs.StringVar(&c.NATSURL, "nats-url", c.NATSURL, "NATS `URL`, a server with JetStream (-broker=nats): nats://user:password@host:port or nats://token@host:port carry credentials, tls:// asks for TLS")
 	c.NATSAuth.RegisterFlags(fs)
-	fs.StringVar(&c.RedisAddr, "redis-addr", c.RedisAddr, "Redis `host:port` (-store=redis, -broker=redis-streams)")
+	fs.StringVar(&c.RedisAddr, "redis-addr", c.RedisAddr, "Redis `address` (-store=redis, -broker=redis-streams): host:port, or a URL redis://user:password@host:port/db, rediss:// for TLS (a password is safer in REDIS_ADDR or the -config file than on the command line)")
+	c.RedisTLS.RegisterFlags(fs)
 	fs.StringVar(&c.PostgresDSN, "postgres-dsn", c.PostgresDSN, "PostgreSQL `DSN` (-broker=postgres, -store=postgres)")
 	fs.StringVar(&c.MySQLDSN, "mysql-dsn", c.MySQLDSN, "MySQL/MariaDB `DSN` in go-sql-driver form (-broker=mysql, -store=mysql)")
 	fs.StringVar(&c.Dir, "dir", c.Dir, "`directory` of the SQLite file (-store=sqlite); default: a temporary directory removed at exit")
@@ -419,6 +421,11 @@ func (c Config) Validate() error {
 	if c.OnStoreError == dedup.FailOpen.String() && c.mode() == modeTransactional && c.Dedup {
 		return errors.New("-on-store-error=fail-open cannot be combined with transactional mode (the handler's writes need the store's database): use -mode=lease")
 	}
+	if c.Store == storeRedis || c.Broker == brokerRedisStreams {
+		if _, err := storeopen.ParseRedis(storeopen.RedisConfig{Addr: c.RedisAddr, TLS: c.RedisTLS}); err != nil {
+			return err // shows no password
+		}
+	}
 	if c.Linger > 0 && c.MetricsAddr == "" {
 		return errors.New("-linger keeps the metrics endpoint up: set -metrics-addr too")
 	}
@@ -468,7 +475,9 @@ func (c Config) warnings() []string {
 		}
 	}
 	if c.Store != storeRedis && c.Broker != brokerRedisStreams {
-		ignored("redis-addr", "without -store=redis or -broker=redis-streams")
+		for _, name := range append([]string{"redis-addr"}, storeopen.RedisTLSFlags...) {
+			ignored(name, "without -store=redis or -broker=redis-streams")
+		}
 	}
 	if c.Broker != brokerPostgres && c.Store != storePostgres {
 		ignored("postgres-dsn", "without -broker=postgres or -store=postgres")

@@ -14,6 +14,7 @@ import (
 	"github.com/watermill-dedup/dedup/stores/memstore"
 	"github.com/watermill-dedup/dedup/stores/redisstore"
 	"github.com/watermill-dedup/dedup/stores/sqlstore"
+	"github.com/watermill-dedup/dedup/stores/sqlstore/wsql3"
 )
 
 // dedupStore is the configured store, and the database behind it when it
@@ -51,7 +52,7 @@ func openStore(ctx context.Context, cfg Config, runID string, logger watermill.L
 }
 
 func openRedisStore(ctx context.Context, cfg Config, runID string, logger watermill.LoggerAdapter, closers, removers *teardown) (*dedupStore, error) {
-	client, err := connect.Redis(ctx, []string{cfg.RedisAddr}, false)
+	client, target, err := connect.OpenRedis(ctx, storeopen.RedisConfig{Addr: cfg.RedisAddr, TLS: cfg.RedisTLS})
 	if err != nil {
 		return nil, err
 	}
@@ -65,7 +66,7 @@ func openRedisStore(ctx context.Context, cfg Config, runID string, logger waterm
 	removers.add("delete Redis keys "+prefix+"*", func(ctx context.Context) error {
 		return storeopen.DeleteRedisPrefix(ctx, client, prefix)
 	})
-	return &dedupStore{store: s, addr: cfg.RedisAddr}, nil
+	return &dedupStore{store: s, addr: target.Display}, nil
 }
 
 func openSQLStore(ctx context.Context, cfg Config, runID string, logger watermill.LoggerAdapter, closers, removers *teardown) (*dedupStore, error) {
@@ -87,15 +88,19 @@ func openSQLStore(ctx context.Context, cfg Config, runID string, logger watermil
 		return nil, err
 	}
 	closers.add("close the "+cfg.Store+" store connection", func(context.Context) error { return db.Close() })
+	// Inside a watermill-sql subscriber's transaction the inbox record
+	// joins it (offset ack, record and ledger commit together), but only
+	// when that transaction is on this database. The example's handlers
+	// are far shorter than the subscriber's AckDeadline, which joining
+	// requires (see sqlstore.Config.JoinTx).
+	var joinTx sqlstore.TxFinder
+	if cfg.Broker == cfg.Store {
+		joinTx = wsql3.SubscriberTx
+	}
 	s, err := sqlstore.New(db, sqlstore.Config{
 		Table:  dedupTable(runID),
 		Logger: logger,
-		// Inside a watermill-sql subscriber's transaction the inbox record
-		// joins it (offset ack, record and ledger commit together), but
-		// only when that transaction is on this database. The example's
-		// handlers are far shorter than the subscriber's AckDeadline,
-		// which joining requires (see sqlstore.Config.JoinWatermillTx).
-		JoinWatermillTx: cfg.Broker == cfg.Store,
+		JoinTx: joinTx,
 	})
 	if err != nil {
 		return nil, err

@@ -204,18 +204,35 @@ type Config struct {
 	// DailyPartitions). The default is 8; at most 366.
 	PartitionDaysAhead int
 
-	// JoinWatermillTx makes Begin join a watermill-sql subscriber's
-	// transaction carried by ctx, with a SAVEPOINT, so that the offset ack,
-	// the dedup record and the handler's writes commit together; the
-	// subscriber's database must be the one holding the table. By default
-	// Begin opens its own transaction. A transaction given with WithTx is
-	// always joined.
+	// JoinTx makes Begin join the transaction it finds in ctx, with a
+	// SAVEPOINT: a watermill-sql subscriber's, so that the offset ack, the
+	// dedup record and the handler's writes commit together. Set it to
+	// the finder of the subscriber's major: wsql3.SubscriberTx
+	// (github.com/watermill-dedup/dedup/stores/sqlstore/wsql3) for
+	// watermill-sql v3, wsql4.SubscriberTx (.../stores/sqlstore/wsql4)
+	// for v4, whose subscriber must then be on database/sql
+	// (wsql.BeginnerFromStdSQL; over a pgx pool, stdlib.OpenDBFromPool): a
+	// pgx transaction (wsql.BeginnerFromPgx) cannot be joined, and Begin
+	// refuses it with ErrTxNotJoinable. The subscriber's database must be
+	// the one holding the table. nil (the default): Begin opens its own
+	// transaction. A transaction given with WithTx is always joined.
 	//
 	// Opt in only with a subscriber AckDeadline longer than any handler
-	// can run: watermill-sql v3 commits its transaction when the deadline
-	// passes even while the handler still runs, which commits the dedup
-	// record without the handler's effect — the redelivery is then acked as
-	// a duplicate and the effect is lost.
+	// can run: watermill-sql (v3, and v4 too) commits its transaction when
+	// the deadline passes even while the handler still runs, which commits
+	// the dedup record without the handler's effect — the redelivery is
+	// then acked as a duplicate and the effect is lost. v4 also takes an
+	// AckDeadline of 0, no deadline: the transaction then stays open as
+	// long as the handler runs (on PostgreSQL its snapshot holds back
+	// every subscriber of the database meanwhile).
+	JoinTx TxFinder
+
+	// Deprecated: set JoinTx to wsql3.SubscriberTx, which finds the
+	// transaction this found (watermill-sql v3's). sqlstore imports no
+	// watermill-sql major, so that a build on v4 compiles nothing of v3:
+	// New refuses JoinWatermillTx without JoinTx, naming the fix, rather
+	// than have Begin open a transaction of its own where the handler
+	// expects the subscriber's. With JoinTx set it changes nothing.
 	JoinWatermillTx bool
 
 	// MaxData is the most bytes of data a record keeps
@@ -246,6 +263,9 @@ func (c Config) Validate() error {
 		if err := checkTable(c.Table, c.Dialect); err != nil {
 			return err
 		}
+	}
+	if c.JoinWatermillTx && c.JoinTx == nil {
+		return errJoinWatermillTx
 	}
 	if c.PurgeInterval < 0 {
 		return fmt.Errorf("sqlstore: PurgeInterval must not be negative, got %s", c.PurgeInterval)

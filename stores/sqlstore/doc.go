@@ -9,9 +9,11 @@
 //   - transactional inbox mode ([stores.Inbox]): Begin inserts a done record
 //     inside a transaction that the handler's own writes join (through
 //     [TxFromContext]); commit writes effect and record together, rollback
-//     neither. Inside a watermill-sql subscriber's transaction it uses a
-//     SAVEPOINT, so offset ack, dedup record and business write commit
-//     together.
+//     neither. Inside a watermill-sql subscriber's transaction (found by
+//     [Config].JoinTx: wsql3.SubscriberTx for watermill-sql v3,
+//     wsql4.SubscriberTx for v4, in packages of their own so that this one
+//     compiles neither major) it uses a SAVEPOINT, so offset ack, dedup
+//     record and business write commit together.
 //
 // # Schema
 //

@@ -8,8 +8,6 @@ import (
 	"sync"
 	"time"
 
-	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
-
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/storekit"
 )
@@ -42,24 +40,27 @@ func WithTx(ctx context.Context, tx *sql.Tx) context.Context {
 }
 
 // outerTx is the transaction Begin must join, if any: one given with
-// WithTx (or by an enclosing inbox transaction), else a watermill-sql
-// subscriber's.
-func (s *Store) outerTx(ctx context.Context) (*sql.Tx, bool) {
+// WithTx (or by an enclosing inbox transaction), else the one
+// Config.JoinTx finds (a watermill-sql subscriber's). An error is
+// Config.JoinTx's refusal (ErrTxNotJoinable).
+func (s *Store) outerTx(ctx context.Context) (*sql.Tx, bool, error) {
 	if tx, ok := TxFromContext(ctx); ok {
-		return tx, true
+		return tx, true, nil
 	}
-	if !s.cfg.JoinWatermillTx {
-		return nil, false
-	}
-	tx, ok := wsql.TxFromContext(ctx)
-	return tx, ok && tx != nil
+	return s.findTx(ctx)
 }
 
 // JoinedTx implements [stores.TxJoiner]: it returns the *sql.Tx that ctx
-// carries for Begin to join (one given with [WithTx], or watermill-sql's
-// subscriber transaction under Config.JoinWatermillTx).
+// carries for Begin to join (one given with [WithTx], or the one
+// Config.JoinTx finds). A transaction Config.JoinTx finds but refuses is
+// reported too (ok, as a value equal for the same refusal), since Begin
+// would not open a transaction of its own there: it fails with
+// ErrTxNotJoinable.
 func (s *Store) JoinedTx(ctx context.Context) (any, bool) {
-	tx, ok := s.outerTx(ctx)
+	tx, ok, err := s.outerTx(ctx)
+	if err != nil {
+		return refusedTx{err.Error()}, true
+	}
 	if !ok {
 		return nil, false
 	}
@@ -78,8 +79,8 @@ func (s *Store) JoinedTx(ctx context.Context) (any, bool) {
 // back), an expired one is replaced, a live processing one (a lease-mode
 // claim sharing the table) makes the result InProgress (rolled back too).
 //
-// When ctx carries a transaction (one given with WithTx, or watermill-sql's
-// subscriber transaction under Config.JoinWatermillTx) Begin works inside
+// When ctx carries a transaction (one given with WithTx, or the one
+// Config.JoinTx finds: a watermill-sql subscriber's) Begin works inside
 // it under a SAVEPOINT:
 // Commit releases it, Rollback and a Duplicate roll back to it. Each
 // attempt of a message gets its own savepoint, which matters with
@@ -101,7 +102,11 @@ func (s *Store) Begin(ctx context.Context, scope string, keys []string, retentio
 		return nil, fmt.Errorf("sqlstore: begin: %w", err)
 	}
 	ks := newKeySet(scope, keys)
-	if tx, ok := s.outerTx(ctx); ok {
+	tx, ok, err := s.outerTx(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("sqlstore: begin in scope %q: %w", scope, err)
+	}
+	if ok {
 		itx, err := s.beginSavepoint(ctx, tx, ks, retention)
 		if err != nil {
 			return nil, fmt.Errorf("sqlstore: begin in scope %q: %w", scope, s.classify(err))
@@ -109,7 +114,7 @@ func (s *Store) Begin(ctx context.Context, scope string, keys []string, retentio
 		return itx, nil
 	}
 	var itx *inboxTx
-	err := s.retry(ctx, func() (err error) {
+	err = s.retry(ctx, func() (err error) {
 		if s.qk.lockWaitIgnoresContext != nil && s.qk.lockWaitIgnoresContext() {
 			itx, err = s.watched(ctx, func() (*inboxTx, error) { return s.beginOwnOnce(ctx, ks, retention) })
 		} else {

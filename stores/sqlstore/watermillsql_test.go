@@ -2,6 +2,7 @@ package sqlstore_test
 
 import (
 	"context"
+	"database/sql"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/sqlstore"
+	"github.com/watermill-dedup/dedup/stores/sqlstore/wsql3"
 	"github.com/watermill-dedup/dedup/stores/storetest"
 )
 
@@ -26,52 +28,35 @@ import (
 // attempt of every tenth event after its ledger write and checks that the
 // resend runs in the same transaction and that the rollback to the
 // attempt's savepoint undid the write (the ledger sum is exact).
+// watermillsql4_test.go runs the same on watermill-sql v4.
 func TestWatermillSQLSubscriberTx(t *testing.T) {
-	forEachBackend(t, serverBackends, func(t *testing.T, b backend) {
-		db := b.open(t)
-		s := newStore(t, db, b.dialect, sqlstore.Config{JoinWatermillTx: true})
-		l := newLedger(t, db, b.dialect, 4)
-		topic := "dedup_" + storetest.NewID()
+	forEachBackend(t, serverBackends, func(t *testing.T, b backend) { testSubscriberTx(t, b, wsqlV3) })
+}
 
-		var (
-			schema  wsql.SchemaAdapter
-			offsets wsql.OffsetsAdapter
-		)
-		switch b.dialect {
-		case sqlstore.Postgres:
-			schema, offsets = wsql.DefaultPostgreSQLSchema{}, wsql.DefaultPostgreSQLOffsetsAdapter{}
-		case sqlstore.MySQL:
+// wsqlMajor is a major of watermill-sql as testSubscriberTx uses it.
+type wsqlMajor struct {
+	// joinTx is the store's Config.JoinTx.
+	joinTx sqlstore.TxFinder
+	// pubSub returns a publisher and a subscriber (of consumer group
+	// "dedup-test", with ack as its AckDeadline) on the database of db.
+	pubSub func(t *testing.T, db *sql.DB, d sqlstore.Dialect, ack time.Duration) (message.Publisher, message.Subscriber)
+	// subscriberTx is the *sql.Tx a message's context carries from the
+	// subscriber.
+	subscriberTx func(ctx context.Context) (*sql.Tx, bool)
+}
+
+var wsqlV3 = wsqlMajor{
+	joinTx: wsql3.SubscriberTx,
+	pubSub: func(t *testing.T, db *sql.DB, d sqlstore.Dialect, ack time.Duration) (message.Publisher, message.Subscriber) {
+		schema, offsets := wsql.SchemaAdapter(wsql.DefaultPostgreSQLSchema{}), wsql.OffsetsAdapter(wsql.DefaultPostgreSQLOffsetsAdapter{})
+		if d == sqlstore.MySQL {
 			schema, offsets = wsql.DefaultMySQLSchema{}, wsql.DefaultMySQLOffsetsAdapter{}
 		}
-		t.Cleanup(func() {
-			dropTable(t, db, b.dialect, "watermill_"+topic)
-			dropTable(t, db, b.dialect, "watermill_offsets_"+topic)
-		})
 		logger := watermill.NopLogger{}
 		pub, err := wsql.NewPublisher(db, wsql.PublisherConfig{SchemaAdapter: schema, AutoInitializeSchema: true}, logger)
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer pub.Close()
-
-		const events = 120
-		var want int64
-		deliveries := 0
-		for i := range events {
-			amount := i%7 + 1
-			want += int64(amount)
-			for range 1 + i%3 { // each event published 1-3 times, under new message ids
-				m := message.NewMessage(watermill.NewUUID(), []byte(`{"event":`+strconv.Itoa(i)+`}`))
-				m.Metadata.Set("event_id", strconv.Itoa(i))
-				m.Metadata.Set("amount", strconv.Itoa(amount))
-				if err := pub.Publish(topic, m); err != nil {
-					t.Fatal(err)
-				}
-				deliveries++
-			}
-		}
-
-		ack := 5 * time.Second
 		sub, err := wsql.NewSubscriber(db, wsql.SubscriberConfig{
 			ConsumerGroup:    "dedup-test",
 			SchemaAdapter:    schema,
@@ -84,93 +69,127 @@ func TestWatermillSQLSubscriberTx(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer sub.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-		defer cancel()
-		msgs, err := sub.Subscribe(ctx, topic)
-		if err != nil {
-			t.Fatal(err)
-		}
+		return pub, sub
+	},
+	subscriberTx: wsql.TxFromContext,
+}
 
-		scope := "wsql-" + topic
-		failedTx := map[int]any{} // event -> the subscriber tx its failed attempt ran in
-		var acked, duplicates, resendsInSameTx atomic.Int64
-		for acked.Load() < int64(deliveries) {
-			var msg *message.Message
-			select {
-			case msg = <-msgs:
-			case <-ctx.Done():
-				t.Fatalf("timed out after %d of %d acks", acked.Load(), deliveries)
-			}
-			subTx, ok := wsql.TxFromContext(msg.Context())
-			if !ok {
-				t.Fatal("the watermill-sql message context carries no transaction")
-			}
-			ev, _ := strconv.Atoi(msg.Metadata.Get("event_id"))
-			amount, _ := strconv.Atoi(msg.Metadata.Get("amount"))
-			itx, err := s.Begin(msg.Context(), scope, []string{msg.Metadata.Get("event_id")}, time.Hour)
-			if err != nil {
-				t.Logf("Begin: %v (nack)", err)
-				msg.Nack()
-				continue
-			}
-			if itx.Result() == stores.Duplicate {
-				if string(itx.Data()) != "done "+strconv.Itoa(ev) {
-					t.Fatalf("duplicate data %q", itx.Data())
-				}
-				duplicates.Add(1)
-				acked.Add(1)
-				msg.Ack()
-				continue
-			}
-			hctx := itx.Context(msg.Context())
-			tx, _ := sqlstore.TxFromContext(hctx)
-			if tx != subTx {
-				t.Fatal("the handler's transaction is not the subscriber's")
-			}
-			if err := l.add(hctx, tx, ev%4, amount); err != nil {
+// testSubscriberTx is TestWatermillSQLSubscriberTx on b with w.
+func testSubscriberTx(t *testing.T, b backend, w wsqlMajor) {
+	db := b.open(t)
+	s := newStore(t, db, b.dialect, sqlstore.Config{JoinTx: w.joinTx})
+	l := newLedger(t, db, b.dialect, 4)
+	topic := "dedup_" + storetest.NewID()
+	t.Cleanup(func() {
+		dropTable(t, db, b.dialect, "watermill_"+topic)
+		dropTable(t, db, b.dialect, "watermill_offsets_"+topic)
+	})
+	pub, sub := w.pubSub(t, db, b.dialect, 5*time.Second)
+	defer pub.Close()
+
+	const events = 120
+	var want int64
+	deliveries := 0
+	for i := range events {
+		amount := i%7 + 1
+		want += int64(amount)
+		for range 1 + i%3 { // each event published 1-3 times, under new message ids
+			m := message.NewMessage(watermill.NewUUID(), []byte(`{"event":`+strconv.Itoa(i)+`}`))
+			m.Metadata.Set("event_id", strconv.Itoa(i))
+			m.Metadata.Set("amount", strconv.Itoa(amount))
+			if err := pub.Publish(topic, m); err != nil {
 				t.Fatal(err)
 			}
-			if prev, seen := failedTx[ev]; ev%10 == 0 && !seen {
-				failedTx[ev] = subTx
-				if err := itx.Rollback(hctx); err != nil {
-					t.Fatal(err)
-				}
-				msg.Nack() // resent inside the same transaction
-				continue
-			} else if seen && prev == subTx {
-				resendsInSameTx.Add(1)
+			deliveries++
+		}
+	}
+
+	defer sub.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	msgs, err := sub.Subscribe(ctx, topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	scope := "wsql-" + topic
+	failedTx := map[int]any{} // event -> the subscriber tx its failed attempt ran in
+	var acked, duplicates, resendsInSameTx atomic.Int64
+	for acked.Load() < int64(deliveries) {
+		var msg *message.Message
+		select {
+		case msg = <-msgs:
+		case <-ctx.Done():
+			t.Fatalf("timed out after %d of %d acks", acked.Load(), deliveries)
+		}
+		subTx, ok := w.subscriberTx(msg.Context())
+		if !ok {
+			t.Fatal("the watermill-sql message context carries no transaction")
+		}
+		ev, _ := strconv.Atoi(msg.Metadata.Get("event_id"))
+		amount, _ := strconv.Atoi(msg.Metadata.Get("amount"))
+		itx, err := s.Begin(msg.Context(), scope, []string{msg.Metadata.Get("event_id")}, time.Hour)
+		if err != nil {
+			t.Logf("Begin: %v (nack)", err)
+			msg.Nack()
+			continue
+		}
+		if itx.Result() == stores.Duplicate {
+			if string(itx.Data()) != "done "+strconv.Itoa(ev) {
+				t.Fatalf("duplicate data %q", itx.Data())
 			}
-			if err := itx.Commit(hctx, []byte("done "+strconv.Itoa(ev))); err != nil {
-				t.Fatal(err)
-			}
+			duplicates.Add(1)
 			acked.Add(1)
 			msg.Ack()
+			continue
 		}
-		// The subscriber commits its transaction (offset ack, records,
-		// ledger) after the batch's last ack: wait for it before closing,
-		// which would roll the batch back.
-		for deadline := time.Now().Add(time.Minute); countRows(t, db, b.dialect, s.Table()) < events && time.Now().Before(deadline); {
-			time.Sleep(10 * time.Millisecond)
+		hctx := itx.Context(msg.Context())
+		tx, _ := sqlstore.TxFromContext(hctx)
+		if tx != subTx {
+			t.Fatal("the handler's transaction is not the subscriber's")
 		}
-		cancel()
-		if err := sub.Close(); err != nil {
+		if err := l.add(hctx, tx, ev%4, amount); err != nil {
 			t.Fatal(err)
 		}
+		if prev, seen := failedTx[ev]; ev%10 == 0 && !seen {
+			failedTx[ev] = subTx
+			if err := itx.Rollback(hctx); err != nil {
+				t.Fatal(err)
+			}
+			msg.Nack() // resent inside the same transaction
+			continue
+		} else if seen && prev == subTx {
+			resendsInSameTx.Add(1)
+		}
+		if err := itx.Commit(hctx, []byte("done "+strconv.Itoa(ev))); err != nil {
+			t.Fatal(err)
+		}
+		acked.Add(1)
+		msg.Ack()
+	}
+	// The subscriber commits its transaction (offset ack, records,
+	// ledger) after the batch's last ack: wait for it before closing,
+	// which would roll the batch back.
+	for deadline := time.Now().Add(time.Minute); countRows(t, db, b.dialect, s.Table()) < events && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
+	cancel()
+	if err := sub.Close(); err != nil {
+		t.Fatal(err)
+	}
 
-		if got := l.sum(t, db); got != want {
-			t.Errorf("ledger sum = %d, want %d", got, want)
-		}
-		if got := countRows(t, db, b.dialect, s.Table()); got != events {
-			t.Errorf("inbox rows = %d, want %d", got, events)
-		}
-		if int(duplicates.Load()) != deliveries-events {
-			t.Errorf("%d duplicates, want %d", duplicates.Load(), deliveries-events)
-		}
-		if resendsInSameTx.Load() == 0 {
-			t.Error("no nacked message was resent in the same transaction: the test did not exercise Watermill issue #224")
-		}
-		t.Logf("%s: %d deliveries, %d duplicates, %d of %d failed attempts resent in the same subscriber transaction",
-			b.dialect, deliveries, duplicates.Load(), resendsInSameTx.Load(), len(failedTx))
-	})
+	if got := l.sum(t, db); got != want {
+		t.Errorf("ledger sum = %d, want %d", got, want)
+	}
+	if got := countRows(t, db, b.dialect, s.Table()); got != events {
+		t.Errorf("inbox rows = %d, want %d", got, events)
+	}
+	if int(duplicates.Load()) != deliveries-events {
+		t.Errorf("%d duplicates, want %d", duplicates.Load(), deliveries-events)
+	}
+	if resendsInSameTx.Load() == 0 {
+		t.Error("no nacked message was resent in the same transaction: the test did not exercise Watermill issue #224")
+	}
+	t.Logf("%s: %d deliveries, %d duplicates, %d of %d failed attempts resent in the same subscriber transaction",
+		b.dialect, deliveries, duplicates.Load(), resendsInSameTx.Load(), len(failedTx))
 }

@@ -1,0 +1,59 @@
+package publisher_test
+
+import (
+	"database/sql"
+	"testing"
+
+	"github.com/ThreeDotsLabs/watermill"
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/watermill-dedup/dedup/testkit"
+)
+
+// TestTransactionalOutboxV4 is TestTransactionalOutbox with watermill-sql
+// v4's publisher as the outbox: on the caller's *sql.Tx through
+// wsql.TxFromStdSQL, the record joining the same transaction
+// (sqlstore.WithTx).
+func TestTransactionalOutboxV4(t *testing.T) {
+	forEachSQL(t, func(t *testing.T, kind testkit.StoreKind) { testTransactionalOutbox(t, newOutboxOf(t, kind, sqlV4)) })
+}
+
+var sqlV4 = sqlMajor{
+	initialize: func(t *testing.T, db *sql.DB, kind testkit.StoreKind, topic string) []string {
+		schema, offsets := sqlAdapters4(kind)
+		init, err := wsql.NewSubscriber(wsql.BeginnerFromStdSQL(db), wsql.SubscriberConfig{ConsumerGroup: "readers", SchemaAdapter: schema, OffsetsAdapter: offsets}, watermill.NopLogger{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := init.SubscribeInitialize(topic); err != nil {
+			t.Fatal(err)
+		}
+		_ = init.Close()
+		return []string{schema.MessagesTable(topic), offsets.MessagesOffsetsTable(topic)}
+	},
+	publisher: func(db *sql.DB, tx *sql.Tx, kind testkit.StoreKind) (message.Publisher, error) {
+		schema, _ := sqlAdapters4(kind)
+		if tx == nil {
+			return wsql.NewPublisher(wsql.BeginnerFromStdSQL(db), wsql.PublisherConfig{SchemaAdapter: schema}, watermill.NopLogger{})
+		}
+		return wsql.NewPublisher(wsql.TxFromStdSQL(tx), wsql.PublisherConfig{SchemaAdapter: schema}, watermill.NopLogger{})
+	},
+}
+
+type sqlSchema4 interface {
+	wsql.SchemaAdapter
+	MessagesTable(topic string) string
+}
+
+type sqlOffsets4 interface {
+	wsql.OffsetsAdapter
+	MessagesOffsetsTable(topic string) string
+}
+
+func sqlAdapters4(kind testkit.StoreKind) (sqlSchema4, sqlOffsets4) {
+	if kind == testkit.StorePostgres {
+		return wsql.DefaultPostgreSQLSchema{}, wsql.DefaultPostgreSQLOffsetsAdapter{}
+	}
+	return wsql.DefaultMySQLSchema{}, wsql.DefaultMySQLOffsetsAdapter{}
+}
