@@ -21,6 +21,13 @@
 // undoes the ones it took when a later one is not free; see [Store.Claim]
 // for the guarantee. A CROSSSLOT error never reaches the caller.
 //
+// Redis replicates asynchronously: a failover may lose the writes a
+// master acknowledged last, done records and claims among them. With
+// Config.WaitReplicas a write succeeds only once that many replicas of
+// its node have it (WAIT, one per pipeline and node), and fails with
+// [ErrNotReplicated] otherwise; the README says what it guarantees and
+// what it costs.
+//
 // Redis must not evict dedup records: run it with maxmemory-policy
 // noeviction. The store checks the policy when it starts and logs an error
 // when the server would evict live records (see [Store.CheckServer]).
