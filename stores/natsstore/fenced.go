@@ -61,8 +61,15 @@ func (s *Store) Extend(ctx context.Context, c *stores.Claim, lease time.Duration
 // and the call fails with ErrLostClaim; meanwhile a Claim of such a key
 // may have seen it done (Complete: the handler did run) or free. A key
 // changed by another call of the same claim (an Extend beside a
-// Complete) is still the claim's: the call is tried again.
+// Complete) is still the claim's: the call is tried again. Within the
+// process, the fenced calls of one claim run one at a time (see
+// claimLocks).
 func (s *Store) fenced(ctx context.Context, op string, c *stores.Claim, value func(now int64) []byte) error {
+	unlock, err := s.claimLocks.lock(ctx, c.Token)
+	if err != nil {
+		return fmt.Errorf("natsstore: %s: waiting for the claim's other call: %w", op, err)
+	}
+	defer unlock()
 	cctx, release, err := s.watch.callCtx(ctx)
 	if err != nil {
 		return fmt.Errorf("natsstore: %s: %w", op, err)

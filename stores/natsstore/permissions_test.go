@@ -102,7 +102,8 @@ func TestLeastPrivilege(t *testing.T) {
 		"  ]\n}\n"
 	addr := testkit.StartNATSSecure(t, conf, nats.UserInfo("root", "root-pw"))
 	as := func(user string) *nats.Conn {
-		return connect(t, "nats://"+addr, nats.UserInfo(user, user+"-pw"))
+		// Quiet: nats.go would print each permissions violation.
+		return connect(t, "nats://"+addr, nats.UserInfo(user, user+"-pw"), nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
 	}
 	root := as("root")
 	ctx := context.Background()

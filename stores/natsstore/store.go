@@ -81,6 +81,9 @@ type Store struct {
 	// testBeforeDelete, when set, runs between Delete's read and its
 	// write (tests only).
 	testBeforeDelete func()
+
+	// claimLocks serialise each claim's fenced calls (claimlock.go).
+	claimLocks claimLocks
 }
 
 var _ stores.Store = (*Store)(nil)
