@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -88,7 +89,7 @@ const (
 // then, it skips the final pass, saying so.
 func TestClusterFailover(t *testing.T) {
 	if testing.Short() {
-		t.Skip("TestClusterFailover runs a JetStream cluster through leader failures for a minute or more: not under -short")
+		t.Skip("TestClusterFailover runs a JetStream cluster through leader failures for half a minute or more: not under -short")
 	}
 	cl := testkit.StartNATSCluster(t, 3, "")
 	cfg := natsstore.Config{Bucket: testBucket(), Replicas: 3}
@@ -99,20 +100,34 @@ func TestClusterFailover(t *testing.T) {
 	// and the other's on a follower: killing the leader then drops one
 	// store's connection (it reconnects to another server) and leaves the
 	// other's to see the stream without a leader.
-	setup := openClusterStore(t, cl.URL(), cfg)
+	conns := &connEvents{start: time.Now()}
+	setup := openClusterStore(t, cl.URL(), cfg, nil)
 	_ = setup.Close(ctx)
-	leader := adm.waitLeader(t)
+	leader, ok := adm.waitLeader()
+	if !ok {
+		t.Fatalf("the bucket's stream has no leader %s after it was created", failoverRecovery)
+	}
 	follower := (leader + 1) % len(cl.Servers)
 	load := &failoverLoad{
 		t:      t,
+		t0:     conns.start,
 		scope:  "failover",
-		stores: []*natsstore.Store{openClusterStore(t, serverOrder(cl, leader), cfg), openClusterStore(t, serverOrder(cl, follower), cfg)},
+		stores: []*natsstore.Store{openClusterStore(t, serverOrder(cl, leader), cfg, conns.of("store 0")), openClusterStore(t, serverOrder(cl, follower), cfg, conns.of("store 1"))},
 	}
 	load.start()
 	if !load.waitServing(time.Time{}, failoverRecovery) {
 		t.Fatalf("the store did not serve %d Completes within %s on a healthy cluster", failoverSteady, failoverRecovery)
 	}
 
+	// onLeader waits for the stream's leader and records a fault about
+	// to hit it, which the caller ends.
+	onLeader := func(what string) (int, *failoverFault, bool) {
+		idx, ok := adm.waitLeader()
+		if !ok {
+			return -1, nil, false
+		}
+		return idx, load.fault(what + " " + cl.Servers[idx].Name), true
+	}
 	// The faults, one after the other while the workload runs. Each
 	// reports false when JetStream did not serve again within
 	// failoverRecovery.
@@ -121,13 +136,12 @@ func TestClusterFailover(t *testing.T) {
 		// SIGKILL of the leader until another is elected and serves,
 		// then a restart of the killed server.
 		func() bool {
-			idx, ok := adm.leader()
+			idx, f, ok := onLeader("SIGKILL of the stream leader")
 			if !ok {
 				return false
 			}
-			srv := cl.Servers[idx]
-			f := load.fault("SIGKILL of the stream leader " + srv.Name)
 			defer load.endFault(f)
+			srv := cl.Servers[idx]
 			srv.Kill()
 			adm.down(idx)
 			if !adm.elected(f, idx) || !load.waitServing(f.at, failoverRecovery) {
@@ -140,13 +154,12 @@ func TestClusterFailover(t *testing.T) {
 		// SIGSTOP of the leader until another is elected and serves,
 		// then SIGCONT.
 		func() bool {
-			idx, ok := adm.leader()
+			idx, f, ok := onLeader("SIGSTOP of the stream leader")
 			if !ok {
 				return false
 			}
-			srv := cl.Servers[idx]
-			f := load.fault("SIGSTOP of the stream leader " + srv.Name)
 			defer load.endFault(f)
+			srv := cl.Servers[idx]
 			srv.Pause()
 			adm.down(idx)
 			ok = adm.elected(f, idx) && load.waitServing(f.at, failoverRecovery)
@@ -159,18 +172,17 @@ func TestClusterFailover(t *testing.T) {
 		// does not recover. Every call meanwhile must fail bounded and
 		// classified (checked on each); then both are started again.
 		func() bool {
-			idx, ok := adm.leader()
+			idx, f, ok := onLeader("SIGKILL of both followers (no quorum) of the stream leader")
 			if !ok {
 				return false
 			}
+			defer load.endFault(f)
 			var others []int
 			for i := range cl.Servers {
 				if i != idx {
 					others = append(others, i)
 				}
 			}
-			f := load.fault(fmt.Sprintf("SIGKILL of both followers %s and %s of the stream leader %s (no quorum)", cl.Servers[others[0]].Name, cl.Servers[others[1]].Name, cl.Servers[idx].Name))
-			defer load.endFault(f)
 			for _, i := range others {
 				cl.Servers[i].Kill()
 				adm.down(i)
@@ -197,6 +209,7 @@ func TestClusterFailover(t *testing.T) {
 	}
 	load.stop()
 	load.report()
+	conns.report(t, cl)
 	if !recovered {
 		t.Logf("JetStream did not serve again even after restarting every server: the final check of the %d acknowledged records is skipped (the checks above held: every call bounded and classified, no double claim)", load.acked)
 		return
@@ -207,11 +220,17 @@ func TestClusterFailover(t *testing.T) {
 // openClusterStore opens a store on url (a server list) whose
 // connection reconnects for ever, pings its server every second (a
 // paused server is left after 2 unanswered pings), and is closed when
-// the test ends.
-func openClusterStore(t *testing.T, url string, cfg natsstore.Config) *natsstore.Store {
+// the test ends. Its disconnections and reconnections go to events,
+// when not nil.
+func openClusterStore(t *testing.T, url string, cfg natsstore.Config, events func(string)) *natsstore.Store {
 	t.Helper()
+	if events == nil {
+		events = func(string) {}
+	}
 	nc := connect(t, url, nats.DontRandomize(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond),
 		nats.PingInterval(time.Second), nats.MaxPingsOutstanding(2),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { events(fmt.Sprint("disconnected: ", err)) }),
+		nats.ReconnectHandler(func(nc *nats.Conn) { events("reconnected to " + nc.ConnectedUrl()) }),
 		nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
 	var s *natsstore.Store
 	var err error
@@ -230,6 +249,36 @@ func openClusterStore(t *testing.T, url string, cfg natsstore.Config) *natsstore
 	}
 	t.Cleanup(func() { _ = s.Close(context.Background()) })
 	return s
+}
+
+// connEvents records what became of the stores' connections.
+type connEvents struct {
+	start  time.Time
+	mu     sync.Mutex
+	events []string
+}
+
+// of returns the recorder of one connection.
+func (c *connEvents) of(name string) func(string) {
+	return func(what string) {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		c.events = append(c.events, fmt.Sprintf("+%s %s %s", time.Since(c.start).Round(time.Millisecond), name, what))
+	}
+}
+
+func (c *connEvents) report(t *testing.T, cl *testkit.NATSCluster) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var names []string
+	for _, s := range cl.Servers {
+		names = append(names, s.URL(), s.Name, strconv.Itoa(s.Port), s.Name)
+	}
+	r := strings.NewReplacer(names...)
+	t.Logf("the stores' connections: %d events", len(c.events))
+	for _, e := range c.events {
+		t.Log(r.Replace(e))
+	}
 }
 
 // serverOrder is the cluster's server list starting with server first.
@@ -304,16 +353,19 @@ func (a *clusterAdmin) leader() (int, bool) {
 }
 
 // waitLeader waits for the stream to have a leader the test has not
-// faulted, and returns it; it fails the test after failoverRecovery.
-func (a *clusterAdmin) waitLeader(t *testing.T) int {
-	t.Helper()
-	i := -1
-	testkit.WaitFor(t, failoverRecovery, "the bucket's stream to have a leader", func() bool {
-		var ok bool
-		i, ok = a.leader()
-		return ok
-	})
-	return i
+// faulted, and returns it; false when it has none after
+// failoverRecovery.
+func (a *clusterAdmin) waitLeader() (int, bool) {
+	deadline := time.Now().Add(failoverRecovery)
+	for {
+		if i, ok := a.leader(); ok {
+			return i, true
+		}
+		if time.Now().After(deadline) {
+			return -1, false
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // elected waits for the stream to elect a leader other than the server
@@ -371,6 +423,7 @@ type failoverFault struct {
 // failoverLoad is the workload and what it saw.
 type failoverLoad struct {
 	t      *testing.T
+	t0     time.Time // the times logged are from it
 	scope  string
 	stores []*natsstore.Store
 
@@ -646,14 +699,7 @@ func (l *failoverLoad) fault(name string) *failoverFault {
 
 func (l *failoverLoad) endFault(f *failoverFault) { f.end = time.Now() }
 
-func (l *failoverLoad) since(t time.Time) time.Duration {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if len(l.calls) == 0 {
-		return 0
-	}
-	return t.Sub(l.calls[0].start).Round(time.Millisecond)
-}
+func (l *failoverLoad) since(t time.Time) time.Duration { return t.Sub(l.t0).Round(time.Millisecond) }
 
 // waitServing waits until failoverSteady Completes that began after
 // since have been acknowledged, and reports whether that happened within
@@ -779,9 +825,10 @@ func (l *failoverLoad) report() {
 }
 
 // outage describes how calls fared after f (l.mu held): when the first
-// call failed, when the first call begun after that failure succeeded
-// (and the first Complete, a write: a stream without quorum may still
-// answer reads), the longest time without a successful call from the
+// call failed, when the first call begun after that failure (and after
+// the servers' restart, for a fault that restarted them) succeeded, and
+// the first Complete (a write: a stream without quorum may still answer
+// some calls), the longest time without a successful call from the
 // fault until the test moved on, and the errors seen.
 func (l *failoverLoad) outage(f *failoverFault) string {
 	var firstFail, firstOK, firstWrite *failoverCall
@@ -806,7 +853,9 @@ func (l *failoverLoad) outage(f *failoverFault) string {
 			continue
 		}
 		ends = append(ends, c.end)
-		if firstFail != nil && !c.start.Before(firstFail.end) {
+		// After a restart, the first successes begun after it: a stream
+		// without quorum may still answer some calls before.
+		if firstFail != nil && !c.start.Before(firstFail.end) && !c.start.Before(f.restarted) {
 			if firstOK == nil {
 				firstOK = c
 			}
@@ -835,6 +884,10 @@ func (l *failoverLoad) outage(f *failoverFault) string {
 		b.WriteString("no call failed")
 	case firstOK == nil || firstWrite == nil:
 		fmt.Fprintf(&b, "calls failed from %s and no Complete succeeded again", after(firstFail.end))
+	case !f.restarted.IsZero():
+		fmt.Fprintf(&b, "calls failed from %s; after the restart, first success %s (%s after it), first Complete %s (%s after it)",
+			after(firstFail.end), after(firstOK.end), firstOK.end.Sub(f.restarted).Round(time.Millisecond),
+			after(firstWrite.end), firstWrite.end.Sub(f.restarted).Round(time.Millisecond))
 	default:
 		fmt.Fprintf(&b, "calls failed from %s: first success %s (%s of failing), first Complete %s (%s)",
 			after(firstFail.end), after(firstOK.end), firstOK.end.Sub(firstFail.end).Round(time.Millisecond),
