@@ -66,6 +66,59 @@ func TestACL(t *testing.T) {
 	}
 }
 
+// TestACLWait: with Config.WaitReplicas the store also sends WAIT, and
+// its fenced scripts PEXPIRE the key that refuses a call (so that the
+// WAIT covers it), which README.md adds to the rule as +wait +pexpire:
+// the conformance suite passes as a user with them, on a primary with a
+// replica of the test's own, and a user without them is refused
+// (NOPERM), not taken for an outage.
+func TestACLWait(t *testing.T) {
+	rule := append(testkit.RedisACLRules(t)[0], "+wait", "+pexpire")
+	primary := startRedis(t)
+	admin := newClient(t, primary)
+	host, port, _ := strings.Cut(primary, ":")
+	replica := newClient(t, startRedis(t, "--replicaof", host, port))
+	deadline := time.Now().Add(time.Minute)
+	for {
+		info, err := replica.Info(context.Background(), "replication").Result()
+		if err == nil && strings.Contains(info, "master_link_status:up") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the replica is not in sync after a minute: %v\n%s", err, info)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	user, password := "dedup-"+storetest.NewID(), storetest.NewID()
+	testkit.SetRedisACLUser(t, admin, rule, user, password, aclPrefix)
+	c := redis.NewClient(&redis.Options{Addr: primary, Username: user, Password: password, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = c.Close() })
+	storetest.Run(t, func(t *testing.T, _ stores.Clock) stores.Store {
+		s, err := redisstore.New(c, redisstore.Config{Prefix: aclPrefix + storetest.NewID() + ":", WaitReplicas: 1, WaitTimeout: 2 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = s.Close(context.Background()) })
+		return s
+	}, serverTime(admin))
+
+	t.Run("without +wait +pexpire", func(t *testing.T) {
+		user := "dedup-" + storetest.NewID()
+		testkit.SetRedisACLUser(t, admin, rule[:len(rule)-2], user, password, aclPrefix)
+		c := redis.NewClient(&redis.Options{Addr: primary, Username: user, Password: password, ContextTimeoutEnabled: true})
+		defer c.Close()
+		s, err := redisstore.New(c, redisstore.Config{Prefix: aclPrefix + storetest.NewID() + ":", WaitReplicas: 1, SkipServerCheck: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close(context.Background())
+		_, err = s.Claim(context.Background(), "s", []string{"k"}, time.Minute)
+		if err == nil || !strings.Contains(err.Error(), "NOPERM") || errors.Is(err, stores.ErrUnavailable) {
+			t.Fatalf("Claim with WaitReplicas as a user denied WAIT: %v, want an unclassified NOPERM", err)
+		}
+	})
+}
+
 // testACLUser runs the store on client, an ACL user's, and moves time
 // with admin, the default user's (the suite's ageing is no command of
 // the store's).
