@@ -194,8 +194,8 @@ func TestFailedPublishReleases(t *testing.T) {
 	pub := decorate(t, publisher.Config{Store: newMem(t, nil), Policy: dedup.Policy{Metrics: m}}, rec)
 	batch := []*message.Message{msg("a", ""), msg("b", "")}
 	err := pub.Publish("t", batch...)
-	if !errors.Is(err, errBroker) {
-		t.Fatalf("first publish: %v, want the broker's error", err)
+	if !errors.Is(err, errBroker) || !strings.Contains(err.Error(), "2 message(s) to topic \"t\" failed (2 claim(s) released") {
+		t.Fatalf("first publish: %v, want the broker's error, saying 2 claims were released", err)
 	}
 	if got := m.get("publish:t", dedup.OutcomeReleased); got != 2 {
 		t.Fatalf("%d released, want 2", got)
