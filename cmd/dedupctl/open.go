@@ -107,12 +107,13 @@ func openSQL(ctx context.Context, c *config) (*admin, error) {
 		_ = db.Close()
 		return nil, err
 	}
-	st, err := sqlstore.New(db, sqlstore.Config{
+	cfg := sqlstore.Config{
 		Dialect:    dialect,
 		Table:      c.tableName(),
 		PurgeGrace: c.purgeGrace,
 		Batch:      sqlstore.BatchConfig{Disabled: true},
-	})
+	}
+	st, err := sqlstore.New(db, cfg)
 	if err != nil {
 		return fail(usagef("-table: %v", err))
 	}
@@ -121,6 +122,9 @@ func openSQL(ctx context.Context, c *config) (*admin, error) {
 	defer cancel()
 	if _, err := db.ExecContext(tctx, "SELECT 1 FROM "+st.Table()+" WHERE 1 = 0"); err != nil {
 		return fail(fmt.Errorf("cannot read the table %s on %s %s (does it exist? change -table or -run-id): %w", st.Table(), service, addr, err))
+	}
+	if st, err = partitioned(tctx, db, st, cfg); err != nil {
+		return fail(err)
 	}
 	return &admin{
 		Admin: st,

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/watermill-dedup/dedup/stores"
+	"github.com/watermill-dedup/dedup/stores/sqlstore"
 	"github.com/watermill-dedup/dedup/testkit"
 )
 
@@ -72,4 +73,41 @@ func TestSQLRole(t *testing.T) {
 			run("-table=dedup_nope", "stats").want(t, exitError, "stderr:cannot read the table dedup_nope")
 		})
 	}
+}
+
+// TestSQLRolePartitioned: on PostgreSQL's daily partitions, dedupctl
+// reads and writes records as a role that may only read and write the
+// table; its purge drops and creates partitions as the layout's purge
+// job does (not the rows a plain purge would look for, of which the
+// parent table holds none), which needs the table's owner: as the role it
+// fails and says so, as the owner it runs.
+func TestSQLRolePartitioned(t *testing.T) {
+	dsn := testkit.RequirePostgres(t)
+	o, closeStore, err := testkit.OpenStore(context.Background(), testkit.StoreParams{
+		Kind: testkit.StorePostgres, CreateSchema: true, Teardown: true,
+		// Fewer days ahead than dedupctl's default: its purge has
+		// partitions to create.
+		SQL: sqlstore.Config{DailyPartitions: true, PurgeInterval: time.Hour, PartitionDaysAhead: 2},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	role := testkit.NewSQLRole(t, o.Dialect, dsn)
+	t.Cleanup(func() { _ = closeStore(context.Background()) })
+	role.Grant(t, testkit.StoreGrants, o.Name)
+	c, err := o.Store.Claim(t.Context(), "loyalty", []string{"done-1"}, time.Hour)
+	if err != nil || c.Result != stores.Claimed {
+		t.Fatalf("Claim = %+v, %v", c, err)
+	}
+	if err := o.Store.Complete(t.Context(), c, time.Hour, nil); err != nil {
+		t.Fatal(err)
+	}
+	asRole := []string{"-postgres-dsn=" + role.DSN, "-table=" + o.Name}
+	dedupctl(t, append(asRole, "get", "loyalty", "done-1")...).want(t, exitOK, "stdout:done")
+	dedupctl(t, append(asRole, "stats")...).want(t, exitOK, "stdout:"+o.Name)
+	dedupctl(t, append(asRole, "purge")...).want(t, exitError, "stderr:needs a role that owns the table", "stderr:SQLSTATE 42501")
+	dedupctl(t, "-postgres-dsn="+dsn, "-table="+o.Name, "purge").want(t, exitOK, "stdout:purged")
+	dedupctl(t, append(asRole, "purge")...).want(t, exitOK, "stdout:purged 0")
+	dedupctl(t, append(asRole, "forget", "loyalty", "done-1", "-yes")...).want(t, exitOK)
+	dedupctl(t, append(asRole, "get", "loyalty", "done-1")...).want(t, exitNotFound)
 }
