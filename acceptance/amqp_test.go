@@ -76,7 +76,7 @@ func rabbitMQOf(c amqpClients) acceptance.Backend {
 			// The publisher and subscribers declare the exchange; remove
 			// it at the end.
 			t.Cleanup(func() {
-				if err := amqpDelete(env, func(ch *amqp091.Channel) error {
+				if err := testkit.DeleteAMQP(env["url"], func(ch *amqp091.Channel) error {
 					return ch.ExchangeDelete(topic, false, false)
 				}); err != nil {
 					t.Logf("rabbitmq cleanup: delete exchange %s: %v", topic, err)
@@ -92,7 +92,7 @@ func rabbitMQOf(c amqpClients) acceptance.Backend {
 		},
 		RemoveGroup: func(_ testing.TB, env acceptance.Env, topic, group string) error {
 			name := c.queue(topic, group)
-			return amqpDelete(env, func(ch *amqp091.Channel) error {
+			return testkit.DeleteAMQP(env["url"], func(ch *amqp091.Channel) error {
 				_, err := ch.QueueDelete(name, false, false, false)
 				return err
 			})
@@ -191,18 +191,3 @@ func (p *amqpProducer) Publish(topic string, m acceptance.NativeMessage) error {
 }
 
 func (p *amqpProducer) Close() error { return errors.Join(p.ch.Close(), p.conn.Close()) }
-
-// amqpDelete runs del on a channel of its own connection.
-func amqpDelete(env acceptance.Env, del func(*amqp091.Channel) error) error {
-	conn, err := amqp091.Dial(env["url"])
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		return err
-	}
-	defer ch.Close()
-	return errors.Join(del(ch))
-}

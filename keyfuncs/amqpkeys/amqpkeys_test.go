@@ -15,8 +15,8 @@ import (
 
 	"github.com/watermill-dedup/dedup/keyfuncs"
 	"github.com/watermill-dedup/dedup/keyfuncs/amqpkeys"
+	"github.com/watermill-dedup/dedup/keyfuncs/internal/keytest"
 	"github.com/watermill-dedup/dedup/middleware"
-	"github.com/watermill-dedup/dedup/stores/memstore"
 	"github.com/watermill-dedup/dedup/stores/storetest"
 	"github.com/watermill-dedup/dedup/testkit"
 )
@@ -107,45 +107,21 @@ func TestForeignProducerDeduplicated(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	store, err := memstore.New(memstore.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = store.Close(context.Background()) })
-	mw, err := middleware.New(middleware.Config{Store: store, PublishedAt: amqpkeys.PublishedAt})
-	if err != nil {
-		t.Fatal(err)
-	}
-	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 5 * time.Second}, watermill.NopLogger{})
-	if err != nil {
-		t.Fatal(err)
-	}
 	var (
 		mu   sync.Mutex
 		runs = map[string]int{}
 		acks = make(chan string, 16)
 	)
-	// Outermost: sees every delivery the router acks, duplicates included.
-	router.AddMiddleware(func(h message.HandlerFunc) message.HandlerFunc {
-		return func(msg *message.Message) ([]*message.Message, error) {
-			out, err := h(msg)
-			if err == nil {
-				acks <- msg.Metadata.Get(amqpkeys.MetadataMessageID)
-			}
-			return out, err
+	keytest.Run(t, sub, queue, middleware.Config{PublishedAt: amqpkeys.PublishedAt}, func(msg *message.Message, err error) {
+		if err == nil {
+			acks <- msg.Metadata.Get(amqpkeys.MetadataMessageID)
 		}
-	})
-	router.AddMiddleware(mw.Middleware)
-	router.AddNoPublisherHandler("orders", queue, sub, func(msg *message.Message) error {
+	}, func(msg *message.Message) error {
 		mu.Lock()
 		runs[msg.UUID]++
 		mu.Unlock()
 		return nil
 	})
-	done := make(chan struct{})
-	go func() { defer close(done); _ = router.Run(context.Background()) }()
-	t.Cleanup(func() { _ = router.Close(); <-done })
-	<-router.Running()
 
 	conn, err := amqp091.Dial(url)
 	if err != nil {
@@ -164,14 +140,9 @@ func TestForeignProducerDeduplicated(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	for range 2 {
-		select {
-		case id := <-acks:
-			if id != "order-42" {
-				t.Fatalf("acked a delivery with message_id %q", id)
-			}
-		case <-time.After(20 * time.Second):
-			t.Fatal("timed out waiting for both deliveries to be acked")
+	for _, id := range keytest.Await(t, acks, 2) {
+		if id != "order-42" {
+			t.Fatalf("acked a delivery with message_id %q", id)
 		}
 	}
 	mu.Lock()

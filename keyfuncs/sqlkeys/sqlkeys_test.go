@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,9 +15,8 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/watermill-dedup/dedup/keyfuncs"
+	"github.com/watermill-dedup/dedup/keyfuncs/internal/keytest"
 	"github.com/watermill-dedup/dedup/keyfuncs/sqlkeys"
-	"github.com/watermill-dedup/dedup/middleware"
-	"github.com/watermill-dedup/dedup/stores/memstore"
 	"github.com/watermill-dedup/dedup/stores/storetest"
 	"github.com/watermill-dedup/dedup/testkit"
 )
@@ -95,64 +93,11 @@ func TestForeignRows(t *testing.T) {
 				}
 			}
 
-			store, err := memstore.New(memstore.Config{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = store.Close(context.Background()) })
-			mw, err := middleware.New(middleware.Config{Store: store})
-			if err != nil {
-				t.Fatal(err)
-			}
-			router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 5 * time.Second}, watermill.NopLogger{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			var (
-				mu      sync.Mutex
-				runs    = map[string]int{}
-				offsets = map[string]bool{}
-				acked   = make(chan struct{}, 8)
-			)
-			router.AddMiddleware(func(h message.HandlerFunc) message.HandlerFunc {
-				return func(msg *message.Message) ([]*message.Message, error) {
-					keys, err := sqlkeys.Offset()(msg)
-					if err != nil {
-						t.Errorf("Offset(): %v", err)
-					} else {
-						mu.Lock()
-						offsets[keys[0]] = true
-						mu.Unlock()
-					}
-					out, err := h(msg)
-					if err == nil {
-						acked <- struct{}{}
-					}
-					return out, err
-				}
-			}, mw.Middleware)
-			router.AddNoPublisherHandler("payments", topic, sub, func(msg *message.Message) error {
+			runs, offsets := keytest.Count(t, sub, topic, 3, sqlkeys.Offset(), func(msg *message.Message) {
 				if msg.Metadata.Get("source") != "billing" {
 					t.Errorf("metadata = %v, want the row's", msg.Metadata)
 				}
-				mu.Lock()
-				runs[msg.UUID]++
-				mu.Unlock()
-				return nil
 			})
-			done := make(chan struct{})
-			go func() { defer close(done); _ = router.Run(ctx) }()
-			t.Cleanup(func() { _ = router.Close(); <-done })
-			<-router.Running()
-			for range 3 {
-				select {
-				case <-acked:
-				case <-time.After(20 * time.Second):
-					t.Fatal("timed out waiting for the three rows")
-				}
-			}
-			mu.Lock()
-			defer mu.Unlock()
 			if runs["pay-42"] != 1 || len(runs) != 2 {
 				t.Errorf("handler runs by UUID = %v; want pay-42 once and the other row once", runs)
 			}

@@ -17,8 +17,8 @@ import (
 	"github.com/watermill-dedup/dedup/keyfuncs"
 	amqpkeys2 "github.com/watermill-dedup/dedup/keyfuncs/amqpkeys"
 	amqpkeys "github.com/watermill-dedup/dedup/keyfuncs/amqpkeys/v3"
+	"github.com/watermill-dedup/dedup/keyfuncs/internal/keytest"
 	"github.com/watermill-dedup/dedup/middleware"
-	"github.com/watermill-dedup/dedup/stores/memstore"
 	"github.com/watermill-dedup/dedup/stores/storetest"
 	"github.com/watermill-dedup/dedup/testkit"
 )
@@ -104,19 +104,6 @@ func TestForeignProducerDeduplicated(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	store, err := memstore.New(memstore.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = store.Close(context.Background()) })
-	mw, err := middleware.New(middleware.Config{Store: store, PublishedAt: amqpkeys.PublishedAt})
-	if err != nil {
-		t.Fatal(err)
-	}
-	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 5 * time.Second}, watermill.NopLogger{})
-	if err != nil {
-		t.Fatal(err)
-	}
 	type delivery struct {
 		id          string
 		redelivered bool
@@ -128,16 +115,9 @@ func TestForeignProducerDeduplicated(t *testing.T) {
 		failed     bool
 		deliveries = make(chan delivery, 16)
 	)
-	// Outermost: sees every delivery, duplicates included.
-	router.AddMiddleware(func(h message.HandlerFunc) message.HandlerFunc {
-		return func(msg *message.Message) ([]*message.Message, error) {
-			out, err := h(msg)
-			deliveries <- delivery{msg.Metadata.Get(amqpkeys.MetadataMessageID), amqp.IsMessageRedelivered(msg), err}
-			return out, err
-		}
-	})
-	router.AddMiddleware(mw.Middleware)
-	router.AddNoPublisherHandler("orders", queue, sub, func(msg *message.Message) error {
+	keytest.Run(t, sub, queue, middleware.Config{PublishedAt: amqpkeys.PublishedAt}, func(msg *message.Message, err error) {
+		deliveries <- delivery{msg.Metadata.Get(amqpkeys.MetadataMessageID), amqp.IsMessageRedelivered(msg), err}
+	}, func(msg *message.Message) error {
 		mu.Lock()
 		defer mu.Unlock()
 		if !failed {
@@ -147,10 +127,6 @@ func TestForeignProducerDeduplicated(t *testing.T) {
 		runs[msg.UUID]++
 		return nil
 	})
-	done := make(chan struct{})
-	go func() { defer close(done); _ = router.Run(context.Background()) }()
-	t.Cleanup(func() { _ = router.Close(); <-done })
-	<-router.Running()
 
 	conn, err := amqp091.Dial(url)
 	if err != nil {
@@ -169,24 +145,19 @@ func TestForeignProducerDeduplicated(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	guard := time.After(5 * time.Minute) // a hang guard only
 	var nacked, acked, redeliveredAcked int
 	for acked < 2 {
-		select {
-		case d := <-deliveries:
-			if d.id != "order-42" {
-				t.Fatalf("a delivery with message_id %q", d.id)
-			}
-			if d.err != nil {
-				nacked++
-				continue
-			}
-			acked++
-			if d.redelivered {
-				redeliveredAcked++
-			}
-		case <-guard:
-			t.Fatalf("%d nacked and %d acked deliveries before the hang guard", nacked, acked)
+		d := keytest.Await(t, deliveries, 1)[0]
+		if d.id != "order-42" {
+			t.Fatalf("a delivery with message_id %q", d.id)
+		}
+		if d.err != nil {
+			nacked++
+			continue
+		}
+		acked++
+		if d.redelivered {
+			redeliveredAcked++
 		}
 	}
 	mu.Lock()

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,9 +17,8 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/watermill-dedup/dedup/keyfuncs"
+	"github.com/watermill-dedup/dedup/keyfuncs/internal/keytest"
 	sqlkeys "github.com/watermill-dedup/dedup/keyfuncs/sqlkeys/v4"
-	"github.com/watermill-dedup/dedup/middleware"
-	"github.com/watermill-dedup/dedup/stores/memstore"
 	"github.com/watermill-dedup/dedup/stores/storetest"
 	"github.com/watermill-dedup/dedup/testkit"
 )
@@ -95,7 +93,11 @@ func TestForeignRows(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			runs, offsets := consume(t, sub, topic, 3)
+			runs, offsets := keytest.Count(t, sub, topic, 3, sqlkeys.Offset(), func(msg *message.Message) {
+				if msg.Metadata.Get("source") != "billing" {
+					t.Errorf("metadata = %v, want the row's", msg.Metadata)
+				}
+			})
 			if runs["pay-42"] != 1 || len(runs) != 2 {
 				t.Errorf("handler runs by UUID = %v; want pay-42 once and the other row once", runs)
 			}
@@ -138,74 +140,6 @@ func openDB(t *testing.T, mysql, pgx bool) (*sql.DB, wsql.Beginner) {
 	}
 	t.Cleanup(pool.Close)
 	return db, wsql.BeginnerFromPgx(pool)
-}
-
-// consume runs a router with the middleware (default key, in memory) on
-// topic until n messages were handled and acked, and returns the
-// handler's runs by UUID and the Offset() key of every delivery.
-func consume(t *testing.T, sub message.Subscriber, topic string, n int) (map[string]int, map[string]bool) {
-	t.Helper()
-	store, err := memstore.New(memstore.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = store.Close(context.Background()) })
-	mw, err := middleware.New(middleware.Config{Store: store})
-	if err != nil {
-		t.Fatal(err)
-	}
-	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 5 * time.Second}, watermill.NopLogger{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var (
-		mu      sync.Mutex
-		runs    = map[string]int{}
-		offsets = map[string]bool{}
-		handled = make(chan struct{}, n)
-	)
-	router.AddMiddleware(func(h message.HandlerFunc) message.HandlerFunc {
-		return func(msg *message.Message) ([]*message.Message, error) {
-			keys, err := sqlkeys.Offset()(msg)
-			if err != nil {
-				t.Errorf("Offset(): %v", err)
-			} else {
-				mu.Lock()
-				offsets[keys[0]] = true
-				mu.Unlock()
-			}
-			out, err := h(msg)
-			if err == nil {
-				handled <- struct{}{}
-			}
-			return out, err
-		}
-	}, mw.Middleware)
-	router.AddNoPublisherHandler("payments", topic, sub, func(msg *message.Message) error {
-		if msg.Metadata.Get("source") != "billing" {
-			t.Errorf("metadata = %v, want the row's", msg.Metadata)
-		}
-		mu.Lock()
-		runs[msg.UUID]++
-		mu.Unlock()
-		return nil
-	})
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute) // a hang guard only
-	defer cancel()
-	done := make(chan struct{})
-	go func() { defer close(done); _ = router.Run(context.Background()) }()
-	defer func() { _ = router.Close(); <-done }()
-	<-router.Running()
-	for i := range n {
-		select {
-		case <-handled:
-		case <-ctx.Done():
-			t.Fatalf("%d of the %d rows handled before the hang guard", i, n)
-		}
-	}
-	mu.Lock()
-	defer mu.Unlock()
-	return runs, offsets
 }
 
 // TestSchemaAdapterKeepsRequiresTransaction: watermill-sql v4 creates a
