@@ -134,6 +134,33 @@ func hookedStore(t *testing.T, client redis.UniversalClient, cfg redisstore.Conf
 	return newStore(t, client, cfg), h
 }
 
+// cycleConcurrently runs cycles claim+complete cycles of new keys from
+// each of callers goroutines, started together, and fails t now if one
+// failed.
+func cycleConcurrently(t *testing.T, s *redisstore.Store, callers, cycles int) {
+	t.Helper()
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			for range cycles {
+				if err := cycle(context.Background(), s, watermill.NewUUID()); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	if t.Failed() {
+		t.FailNow()
+	}
+}
+
 // cycle claims key and completes the claim, as the middleware does for a
 // new message.
 func cycle(ctx context.Context, s *redisstore.Store, key string) error {
@@ -173,26 +200,7 @@ func testBatching(t *testing.T, client redis.UniversalClient) {
 	concurrent := func(t *testing.T, cfg redisstore.Config) *cmdHook {
 		s, h := hookedStore(t, client, cfg)
 		const callers, cycles = 32, 30
-		var wg sync.WaitGroup
-		start := make(chan struct{})
-		for range callers {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				<-start
-				for range cycles {
-					if err := cycle(ctx, s, watermill.NewUUID()); err != nil {
-						t.Error(err)
-						return
-					}
-				}
-			}()
-		}
-		close(start)
-		wg.Wait()
-		if t.Failed() {
-			t.FailNow()
-		}
+		cycleConcurrently(t, s, callers, cycles)
 		singles, pipelines, pipelined, largest := h.counts()
 		if ops := singles + pipelined; ops != 2*callers*cycles {
 			t.Fatalf("%d store commands for %d claim+complete cycles", ops, callers*cycles)
