@@ -121,12 +121,27 @@ func TestMySQLConnectionKilled(t *testing.T) {
 	db := openMySQL(t)
 	table := "dedup_test_" + storetest.NewID()
 	s := newStore(t, db, sqlstore.MySQL, sqlstore.Config{Table: table, Batch: sqlstore.BatchConfig{Disabled: true}})
-	holder, err := sqlstore.New(db, sqlstore.Config{Dialect: sqlstore.MySQL, Table: table})
+	// The holder runs on a connection of its own whose id the query
+	// below excludes: a connection whose statement has just returned can
+	// still show as running it in PROCESSLIST, and KILL of the holder
+	// would end its transaction and let the Claim through.
+	holderDB, err := sql.Open("mysql", testkit.RequireMySQL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = holderDB.Close() })
+	holderDB.SetMaxOpenConns(1)
+	holderDB.SetMaxIdleConns(1)
+	var holderID int64
+	if err := holderDB.QueryRow("SELECT CONNECTION_ID()").Scan(&holderID); err != nil {
+		t.Fatal(err)
+	}
+	holder, err := sqlstore.New(holderDB, sqlstore.Config{Dialect: sqlstore.MySQL, Table: table})
 	if err != nil {
 		t.Fatal(err)
 	}
 	err = blockedClaim(t, s, holder, db,
-		"SELECT ID FROM information_schema.PROCESSLIST WHERE COMMAND IN ('Query', 'Execute') AND INFO LIKE ? AND ID <> CONNECTION_ID() LIMIT 1",
+		fmt.Sprintf("SELECT ID FROM information_schema.PROCESSLIST WHERE COMMAND IN ('Query', 'Execute') AND INFO LIKE ? AND ID <> CONNECTION_ID() AND ID <> %d LIMIT 1", holderID),
 		func(id int64) {
 			if _, err := db.Exec(fmt.Sprintf("KILL CONNECTION %d", id)); err != nil {
 				t.Fatal(err)
