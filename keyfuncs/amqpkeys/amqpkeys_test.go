@@ -15,10 +15,10 @@ import (
 
 	"github.com/watermill-dedup/dedup/keyfuncs"
 	"github.com/watermill-dedup/dedup/keyfuncs/amqpkeys"
-	"github.com/watermill-dedup/dedup/keyfuncs/internal/keytest"
 	"github.com/watermill-dedup/dedup/middleware"
 	"github.com/watermill-dedup/dedup/stores/storetest"
 	"github.com/watermill-dedup/dedup/testkit"
+	"github.com/watermill-dedup/dedup/testkit/keytest"
 )
 
 // TestDefaultMarshalerLosesTheIdentity is the problem Marshaler solves:

@@ -15,10 +15,10 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/watermill-dedup/dedup/keyfuncs"
-	"github.com/watermill-dedup/dedup/keyfuncs/internal/keytest"
 	"github.com/watermill-dedup/dedup/keyfuncs/sqlkeys"
 	"github.com/watermill-dedup/dedup/stores/storetest"
 	"github.com/watermill-dedup/dedup/testkit"
+	"github.com/watermill-dedup/dedup/testkit/keytest"
 )
 
 type dialect struct {

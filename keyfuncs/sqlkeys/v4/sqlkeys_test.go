@@ -17,10 +17,10 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/watermill-dedup/dedup/keyfuncs"
-	"github.com/watermill-dedup/dedup/keyfuncs/internal/keytest"
 	sqlkeys "github.com/watermill-dedup/dedup/keyfuncs/sqlkeys/v4"
 	"github.com/watermill-dedup/dedup/stores/storetest"
 	"github.com/watermill-dedup/dedup/testkit"
+	"github.com/watermill-dedup/dedup/testkit/keytest"
 )
 
 // adapters are v4's schema adapters, each with its offsets adapter, the
