@@ -25,6 +25,11 @@ var (
 	storeNames    = []string{storeMemory, storeRedis, storePostgres, storeMySQL, storeSQLite}
 	modeNames     = []string{modeAuto, modeLease, modeTransactional}
 	producerNames = []string{producerWatermill, producerForeign}
+
+	// foreignProducerBrokers have a producer of their own in the example
+	// (producers.go): -producer=foreign is refused with the others before
+	// anything connects.
+	foreignProducerBrokers = []string{brokerKafkaEmbedded, brokerKafka, brokerAMQP, brokerPostgres, brokerMySQL}
 )
 
 const (
@@ -160,7 +165,7 @@ func newFlagSet(c *Config, output io.Writer) *flag.FlagSet {
 	fs.StringVar(&c.Broker, "broker", c.Broker, "message broker: "+strings.Join(brokerNames, " | "))
 	fs.StringVar(&c.Store, "store", c.Store, "dedup store: "+strings.Join(storeNames, " | "))
 	fs.StringVar(&c.Mode, "mode", c.Mode, "store mode: lease | transactional (SQL stores only) | auto (transactional on SQL stores, else lease)")
-	fs.StringVar(&c.Producer, "producer", c.Producer, "who publishes the events: watermill (Watermill's publisher) | foreign (the broker's own client, no Watermill UUID: Sarama for Kafka, amqp091 for RabbitMQ, plain INSERTs for the SQL brokers; not with gochannel)")
+	fs.StringVar(&c.Producer, "producer", c.Producer, "who publishes the events: watermill (Watermill's publisher) | foreign (the broker's own client, no Watermill UUID: Sarama for Kafka, amqp091 for RabbitMQ, plain INSERTs for the SQL brokers; not with gochannel, nats or redis-streams)")
 	fs.StringVar(&c.KafkaBrokers, "kafka-brokers", c.KafkaBrokers, "comma-separated Kafka bootstrap `addresses` (-broker=kafka)")
 	fs.IntVar(&c.KafkaRF, "kafka-replication-factor", c.KafkaRF, "replication factor of the topics the example creates (-broker=kafka)")
 	fs.StringVar(&c.AMQPURL, "amqp-url", c.AMQPURL, "RabbitMQ `URL` (-broker=amqp)")
@@ -359,8 +364,11 @@ func (c Config) Validate() error {
 	if !slices.Contains(producerNames, c.Producer) {
 		return fmt.Errorf("unknown producer %q: set -producer (or DEDUP_PRODUCER) to one of %s", c.Producer, strings.Join(producerNames, ", "))
 	}
-	if c.Producer == producerForeign && c.Broker == brokerGoChannel {
-		return errors.New("-producer=foreign publishes with the broker's own client, and gochannel has none: use it with -broker=kafka-embedded, kafka, amqp, postgres or mysql, or keep -producer=watermill")
+	if c.Producer == producerForeign && !slices.Contains(foreignProducerBrokers, c.Broker) {
+		if c.Broker == brokerGoChannel {
+			return errors.New("-producer=foreign publishes with the broker's own client, and gochannel has none: use it with -broker=kafka-embedded, kafka, amqp, postgres or mysql, or keep -producer=watermill")
+		}
+		return fmt.Errorf("-producer=foreign is not available with -broker=%s: the example has a foreign producer for %s only; keep -producer=watermill, or choose one of those brokers", c.Broker, strings.Join(foreignProducerBrokers, ", "))
 	}
 	if c.Mode == modeTransactional && !isSQLStore(c.Store) {
 		return fmt.Errorf("-mode=transactional needs a SQL store (-store=sqlite, postgres or mysql): the %s store has lease mode only", c.Store)
@@ -522,24 +530,25 @@ func printDefaults(fs *flag.FlagSet) {
 			b.WriteString(" " + typ)
 		}
 		b.WriteString("\n    \t" + strings.ReplaceAll(usage, "\n", "\n    \t"))
-		var zero bool
+		// The default as shown, computed here: the flag is not changed, so
+		// that printing twice (flag.Parse prints the usage on -help before
+		// loadConfig does) prints the same.
+		def, zero := f.DefValue, false
 		if g, ok := f.Value.(flag.Getter); ok {
 			switch g.Get().(type) {
 			case string:
-				zero = f.DefValue == ""
-				if !zero {
-					f.DefValue = strconv.Quote(f.DefValue)
-				}
+				zero = def == ""
+				def = strconv.Quote(def)
 			case bool:
-				zero = f.DefValue == "false"
+				zero = def == "false"
 			default:
-				zero = f.DefValue == "0"
+				zero = def == "0"
 			}
 		} else {
-			zero = f.DefValue == "0s"
+			zero = def == "0s"
 		}
 		if !zero {
-			fmt.Fprintf(&b, " (default %s)", f.DefValue)
+			fmt.Fprintf(&b, " (default %s)", def)
 		}
 		fmt.Fprintln(fs.Output(), b.String())
 	})

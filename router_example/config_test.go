@@ -101,6 +101,10 @@ func TestConfigErrors(t *testing.T) {
 		{[]string{"-producer", "kafka"}, nil, "set -producer (or DEDUP_PRODUCER) to one of watermill, foreign"},
 		{[]string{"-producer", "foreign"}, nil, "gochannel has none"},
 		{nil, map[string]string{"DEDUP_PRODUCER": "foreign"}, "gochannel has none"},
+		// Caught before anything connects (#23): nats and redis-streams
+		// have no foreign producer in the example.
+		{[]string{"-producer", "foreign", "-broker", "nats"}, nil, "-producer=foreign is not available with -broker=nats"},
+		{[]string{"-producer", "foreign", "-broker", "redis-streams"}, nil, "-producer=foreign is not available with -broker=redis-streams"},
 		{[]string{"-store", "redis", "-mode", "transactional"}, nil, "needs a SQL store"},
 		{[]string{"-run-id", "Bad-Id"}, nil, "-run-id"},
 		{[]string{"-events", "0"}, nil, "-events"},
@@ -140,6 +144,34 @@ func TestUsageNamesEnvVars(t *testing.T) {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("usage lacks %q:\n%s", want, b.String())
 		}
+	}
+}
+
+// -help prints each default once, as the flag package does: a string
+// quoted once (#23: the printer quoted f.DefValue in place, and the usage
+// runs twice, so every string default came out quoted twice).
+func TestUsageDefaults(t *testing.T) {
+	var b strings.Builder
+	if _, err := loadConfig([]string{"-help"}, env(nil), &b); !errors.Is(err, flag.ErrHelp) {
+		t.Fatalf("-help: %v", err)
+	}
+	out := b.String()
+	if n := strings.Count(out, "Usage:"); n != 1 {
+		t.Errorf("the usage is printed %d times, want once:\n%s", n, out)
+	}
+	for _, want := range []string{`(default "gochannel")`, `(default "amqp://guest:guest@127.0.0.1:5672/")`, `(default 1000)`, `(default true)`, "(default 1s)", `(default "fail-closed")`} {
+		if !strings.Contains(out, want) {
+			t.Errorf("usage lacks %s", want)
+		}
+	}
+	if strings.Contains(out, `\"`) {
+		t.Errorf("usage shows a default quoted twice:\n%s", out)
+	}
+	// And again: the flag set keeps no state between prints.
+	var again strings.Builder
+	_, _ = loadConfig([]string{"-h"}, env(nil), &again)
+	if again.String() != out {
+		t.Errorf("a second -help prints differently:\n%s", again.String())
 	}
 }
 

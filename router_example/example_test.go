@@ -367,6 +367,10 @@ func TestExampleConfigErrors(t *testing.T) {
 		{[]string{"-broker=pulsar"}, []string{`unknown broker "pulsar"`, "-broker"}},
 		{[]string{"-store=etcd"}, []string{`unknown store "etcd"`, "-store"}},
 		{[]string{"-producer=foreign"}, []string{"-producer=foreign", "gochannel has none", "-broker=kafka-embedded"}},
+		// Refused before connecting (#23): the run connected to NATS, then
+		// failed, and offered to delete streams it never created.
+		{[]string{"-producer=foreign", "-broker=nats", "-nats-url=" + testkit.NATSURL()}, []string{"-producer=foreign is not available with -broker=nats"}},
+		{[]string{"-producer=foreign", "-broker=redis-streams", "-redis-addr=" + testkit.RedisAddr()}, []string{"-producer=foreign is not available with -broker=redis-streams"}},
 		{[]string{"-broker=amqp", "-amqp-url=amqp://guest:secret@" + closed + "/"}, []string{"RabbitMQ is not reachable at " + closed, "-amqp-url or AMQP_URL"}},
 		{[]string{"-broker=kafka", "-kafka-brokers=" + closed}, []string{"Kafka is not reachable at " + closed, "-kafka-brokers or KAFKA_BROKERS"}},
 		{[]string{"-store=redis", "-redis-addr=" + closed}, []string{"Redis is not reachable at " + closed, "-redis-addr or REDIS_ADDR"}},
@@ -387,6 +391,9 @@ func TestExampleConfigErrors(t *testing.T) {
 		}
 		if strings.Contains(r.stderr, "secret") || strings.Contains(r.stderr, "panic") {
 			t.Errorf("%v: stderr shows a password or a panic\n%s", tc.args, r)
+		}
+		if strings.Contains(r.stderr, "kept for inspection") {
+			t.Errorf("%v: a run that created nothing says it kept something\n%s", tc.args, r)
 		}
 		requireOnlyOwnLines(t, r)
 	}
