@@ -5,11 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"strconv"
 	"time"
 
-	dedup "github.com/watermill-dedup/dedup"
 	"github.com/watermill-dedup/dedup/stores"
 )
 
@@ -89,18 +87,7 @@ func (c *cli) checkArgs(cmd string, pos []string) error {
 		if n != 0 {
 			return usagef("window takes no arguments, got %s", args(n))
 		}
-		if c.cfg.horizon <= 0 {
-			return usagef("window needs -horizon, the broker's longest redelivery horizon (such as -horizon=24h)")
-		}
-		if c.cfg.rate <= 0 || math.IsInf(c.cfg.rate, 0) || math.IsNaN(c.cfg.rate) {
-			return usagef("window needs -rate, messages per second (such as -rate=500), got %v", c.cfg.rate)
-		}
-		if c.cfg.keysPerMessage < 1 {
-			return usagef("-keys-per-message must be at least 1, got %d", c.cfg.keysPerMessage)
-		}
-		if c.cfg.bytesPerRecord < 0 || math.IsInf(c.cfg.bytesPerRecord, 0) || math.IsNaN(c.cfg.bytesPerRecord) {
-			return usagef("-bytes-per-record must be positive, got %v", c.cfg.bytesPerRecord)
-		}
+		return c.cfg.checkWindow()
 	default: // stats, purge
 		if n != 0 {
 			return usagef("%s takes no arguments, got %s", cmd, args(n))
@@ -350,87 +337,6 @@ func (c *cli) stats(ctx context.Context, a *admin) error {
 		return writeJSON(c.out, statsView(a.where, st))
 	}
 	writeStats(c.out, a, st, time.Now())
-	return nil
-}
-
-// Bytes a done record without data takes, from BENCHMARKS.md (the
-// "memory ≤ 110 B/record" row of the goals table: 10⁶ done records of
-// 36-byte keys): memstore 67.2 B, PostgreSQL 104.1 B, Redis 110.7 B with
-// the default layout and 97.1 B with CompactKeys. MySQL and SQLite have no
-// figure there.
-var benchmarkBytes = map[string]float64{
-	storeMemory:   67.2,
-	storePostgres: 104.1,
-	storeRedis:    110.7,
-}
-
-const benchmarkBytesCompact = 97.1
-
-// natsBytesPerRecord is the stream bytes of a done record without data,
-// as natsstore's TestBytesPerRecord measured them (its README, "Bytes per
-// record").
-const natsBytesPerRecord = 137.4
-
-// bytesPerRecord is the figure window uses, and where it comes from.
-func bytesPerRecord(c *config) (float64, string, error) {
-	if c.bytesPerRecord > 0 {
-		return c.bytesPerRecord, "-bytes-per-record", nil
-	}
-	switch c.store {
-	case storeRedis:
-		if c.compactKeys {
-			return benchmarkBytesCompact, "Redis with CompactKeys, BENCHMARKS.md", nil
-		}
-		return benchmarkBytes[storeRedis], "Redis, default layout, BENCHMARKS.md", nil
-	case storePostgres:
-		return benchmarkBytes[storePostgres], "PostgreSQL, BENCHMARKS.md", nil
-	case storeMemory:
-		return benchmarkBytes[storeMemory], "memstore, BENCHMARKS.md", nil
-	case storeNATS:
-		// A NATS bucket keeps every record for its MaxAge, about the
-		// retention (max(MaxRetention, 2 x MaxLease) + ClockSkew).
-		return natsBytesPerRecord, "NATS stream bytes, stores/natsstore/README.md (the disk holds about 2.6 times that)", nil
-	case storeMySQL, storeSQLite:
-		return 0, "", usagef("no benchmark figure for %s: give -bytes-per-record (dedupctl stats on a table of representative records prints its bytes a record)", c.store)
-	case "":
-		return 0, "", usagef("window needs -store (memory, redis, postgres, nats) for the benchmarks' bytes a record, or -bytes-per-record")
-	}
-	return 0, "", usagef("unknown store %q: set -store to one of memory, %s", c.store, "redis, postgres, mysql, sqlite, nats")
-}
-
-func (c *cli) window() error {
-	bpr, source, err := bytesPerRecord(c.cfg)
-	if err != nil {
-		return err
-	}
-	h := c.cfg.horizon
-	if float64(h)*dedup.RetentionSafetyFactor >= math.MaxInt64 {
-		return usagef("-horizon %s is too long: %.1f times it is no duration", h, dedup.RetentionSafetyFactor)
-	}
-	// RetentionSafetyFactor x the horizon as dedup.CheckRetention
-	// computes it, rounded up to a second.
-	minimum := time.Duration(float64(h) * dedup.RetentionSafetyFactor)
-	retention := minimum.Truncate(time.Second)
-	if retention < minimum {
-		retention += time.Second
-	}
-	records := c.cfg.rate * float64(c.cfg.keysPerMessage) * retention.Seconds()
-	w := windowView{
-		Horizon:        h.String(),
-		Factor:         dedup.RetentionSafetyFactor,
-		Retention:      retention.String(),
-		RetentionSec:   retention.Seconds(),
-		Rate:           c.cfg.rate,
-		KeysPerMessage: c.cfg.keysPerMessage,
-		Records:        math.Ceil(records),
-		BytesPerRecord: bpr,
-		Source:         source,
-		Bytes:          math.Ceil(records * bpr),
-	}
-	if c.cfg.json {
-		return writeJSON(c.out, w)
-	}
-	writeWindow(c.out, w)
 	return nil
 }
 

@@ -69,6 +69,7 @@ type config struct {
 	yes            bool
 	all            bool
 	horizon        time.Duration
+	horizonSet     bool // -horizon is on the command line
 	rate           float64
 	keysPerMessage int
 	bytesPerRecord float64
@@ -123,9 +124,9 @@ func newFlagSet(c *config) *flag.FlagSet {
 	fs.BoolVar(&c.yes, "yes", false, "forget, release: do it (without -yes they only show what they would change)")
 	fs.BoolVar(&c.all, "all", false, "forget, release: change every record -prefix matches, not just one")
 	cliflag.DurationVar(fs, &c.horizon, "horizon", "window: the broker's longest redelivery horizon, a `duration` (SQS: maxReceiveCount x visibility timeout; RabbitMQ: your consumer-outage budget; Kafka: group recovery time)")
-	fs.Float64Var(&c.rate, "rate", 0, "window: messages per second")
+	fs.Float64Var(&c.rate, "rate", 0, "window: messages per second, to size the storage (without it, window prints the retention only)")
 	fs.IntVar(&c.keysPerMessage, "keys-per-message", 1, "window: dedup keys per message, one record each (router_example: 2, message id and payment id)")
-	fs.Float64Var(&c.bytesPerRecord, "bytes-per-record", 0, "window: bytes a record takes (default: the store's benchmark figure; required for mysql and sqlite)")
+	fs.Float64Var(&c.bytesPerRecord, "bytes-per-record", 0, "window: bytes a record takes (default: the benchmark figure of -store, or of every store; mysql and sqlite have none)")
 	return fs
 }
 
@@ -190,6 +191,7 @@ func parseArgs(args []string, getenv func(string) string) (cfg config, cmd strin
 	if len(bad) > 0 {
 		return cfg, "", nil, usagef("%s does not take %s (see -help)", cmd, strings.Join(bad, ", "))
 	}
+	cfg.horizonSet = slices.Contains(given, "horizon")
 	if cfg.store == "" && cmd != "window" {
 		cfg.store = impliedStore(given)
 	}

@@ -40,8 +40,9 @@
 //	                       (unless another of its keys still has a done record)
 //	release SCOPE KEY      delete a processing record: frees a stuck claim
 //	purge                  delete expired records now
-//	window                 the retention to configure for a redelivery horizon
-//	                       (-horizon) and the storage it needs at a rate (-rate)
+//	window                 a calculator: the retention to configure for a redelivery
+//	                       horizon (-horizon), and with -rate the storage it needs on
+//	                       every store (or on -store, or at -bytes-per-record)
 //
 // forget and release change nothing without -yes: they show what they
 // would delete. Instead of KEY they take -prefix=KEY_PREFIX (or, with
@@ -157,7 +158,8 @@ Commands:
   forget SCOPE KEY    delete a done record, so its message is processed again (-yes)
   release SCOPE KEY   delete a processing record, freeing a stuck claim (-yes)
   purge               delete expired records now
-  window              retention for a redelivery horizon, and the storage it needs (-horizon, -rate)
+  window              retention for a redelivery horizon (-horizon), and with -rate the
+                      storage it needs on each store (-store, -bytes-per-record: one only)
 
 forget and release show what they would delete and change nothing without -yes.
 Instead of KEY they take -prefix (or -all alone: the whole scope), and refuse to

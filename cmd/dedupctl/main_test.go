@@ -520,36 +520,6 @@ func TestRunID(t *testing.T) {
 	})
 }
 
-func TestWindow(t *testing.T) {
-	var w windowView
-	dedupctl(t, "window", "-store=redis", "-horizon=24h", "-rate=500", "-keys-per-message=2", "-json").want(t, exitOK).json(t, &w)
-	if w.Retention != "31h12m0s" || w.RetentionSec != 112320 || w.Records != 112_320_000 || w.BytesPerRecord != 110.7 || w.Bytes != 12_433_824_000 {
-		t.Fatalf("window -json = %+v", w)
-	}
-	dedupctl(t, "window", "-store=redis", "-horizon=24h", "-rate=500", "-keys-per-message=2").
-		want(t, exitOK, "stdout:31h12m0s", "stdout:1.3 x redelivery horizon 24h0m0s", "stdout:12.4 GB", "stdout:BENCHMARKS.md")
-	dedupctl(t, "window", "-store=redis", "-compact-keys", "-horizon=1h", "-rate=1", "-json").want(t, exitOK).json(t, &w)
-	if w.BytesPerRecord != 97.1 || w.Retention != "1h18m0s" || w.Records != 4680 {
-		t.Fatalf("window with -compact-keys = %+v", w)
-	}
-	dedupctl(t, "window", "-store=postgres", "-horizon=7s", "-rate=1", "-json").want(t, exitOK).json(t, &w)
-	if w.Retention != "10s" || w.BytesPerRecord != 104.1 {
-		t.Fatalf("window of 7s = %+v", w)
-	}
-	if err := dedup.CheckRetention(10*time.Second, 7*time.Second); err != nil {
-		t.Fatalf("the retention window prints is too short: %v", err)
-	}
-	dedupctl(t, "window", "-store=mysql", "-horizon=1h", "-rate=1").want(t, exitUsage, "stderr:no benchmark figure for mysql", "stderr:-bytes-per-record")
-	dedupctl(t, "window", "-store=sqlite", "-horizon=1h", "-rate=10", "-bytes-per-record=150", "-json").want(t, exitOK).json(t, &w)
-	if w.Bytes != 150*46800 || w.Source != "-bytes-per-record" {
-		t.Fatalf("window -bytes-per-record = %+v", w)
-	}
-	dedupctl(t, "window", "-store=memory", "-horizon=1h", "-rate=1").want(t, exitOK, "stdout:67.2")
-	dedupctl(t, "window", "-horizon=1h").want(t, exitUsage, "stderr:needs -rate")
-	dedupctl(t, "window", "-rate=1").want(t, exitUsage, "stderr:needs -horizon")
-	dedupctl(t, "window", "-horizon=1h", "-rate=1").want(t, exitUsage, "stderr:needs -store")
-}
-
 func TestUnreachable(t *testing.T) {
 	addr := testkit.ClosedAddr(t)
 	dedupctl(t, "-store=redis", "-redis-addr="+addr, "stats").

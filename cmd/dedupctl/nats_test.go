@@ -76,9 +76,8 @@ func TestNATSUsage(t *testing.T) {
 		}
 	}
 	dedupctl(t, "-help").want(t, exitOK, "stdout:[env NATS_URL]", "stdout:[env DEDUP_NATS_BUCKET]", "stdout:-nats-creds")
-	var w windowView
-	dedupctl(t, "window", "-store=nats", "-horizon=1h", "-rate=10", "-json").want(t, exitOK).json(t, &w)
-	if w.BytesPerRecord != natsBytesPerRecord || w.Records != 46800 {
+	w := windowJSON(t, "-store=nats", "-horizon=1h", "-rate=10")
+	if r := w.row(t, storeNATS, false); value(r.BytesPerRecord) != natsBytesPerRecord || w.Records != 46800 || len(w.Storage) != 1 {
 		t.Fatalf("window -store=nats = %+v", w)
 	}
 }

@@ -311,29 +311,6 @@ func fmtBytes(n float64) string {
 	return fmt.Sprintf("%.1f %s", n, units[i])
 }
 
-// windowView is window's answer.
-type windowView struct {
-	Horizon        string  `json:"horizon"`
-	Factor         float64 `json:"factor"`
-	Retention      string  `json:"retention"`
-	RetentionSec   float64 `json:"retention_seconds"`
-	Rate           float64 `json:"rate"`
-	KeysPerMessage int     `json:"keys_per_message"`
-	Records        float64 `json:"records"`
-	BytesPerRecord float64 `json:"bytes_per_record"`
-	Source         string  `json:"bytes_per_record_source"`
-	Bytes          float64 `json:"bytes"`
-}
-
-func writeWindow(w io.Writer, v windowView) {
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	defer tw.Flush()
-	fmt.Fprintf(tw, "retention\t%s\t(%.1f x redelivery horizon %s): set Config.Retention to at least this\n", v.Retention, v.Factor, v.Horizon)
-	fmt.Fprintf(tw, "records\t%s\t(%g messages/s x %d %s x %s)\n", thousands(v.Records), v.Rate, v.KeysPerMessage, plural(v.KeysPerMessage, "key", "keys"), v.Retention)
-	fmt.Fprintf(tw, "bytes a record\t%g\t(%s; records without data: add what a fingerprint and stored outputs take)\n", v.BytesPerRecord, v.Source)
-	fmt.Fprintf(tw, "storage\t%s\t(%s bytes)\n", fmtBytes(v.Bytes), thousands(v.Bytes))
-}
-
 // thousands writes a whole number with commas between thousands.
 func thousands(n float64) string {
 	s := strconv.FormatFloat(n, 'f', 0, 64)
