@@ -6,7 +6,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/watermill-dedup/dedup/internal/batch"
+	"github.com/watermill-dedup/dedup/stores/internal/batch"
 )
 
 // Auto-batching. Every script call of the store (an [op]) goes through

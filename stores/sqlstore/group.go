@@ -7,7 +7,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/watermill-dedup/dedup/internal/batch"
+	"github.com/watermill-dedup/dedup/stores/internal/batch"
 	"github.com/watermill-dedup/dedup/stores"
 )
 

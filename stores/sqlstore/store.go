@@ -13,7 +13,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 
-	"github.com/watermill-dedup/dedup/internal/batch"
+	"github.com/watermill-dedup/dedup/stores/internal/batch"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/storekit"
 )

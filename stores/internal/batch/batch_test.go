@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/watermill-dedup/dedup/internal/batch"
+	"github.com/watermill-dedup/dedup/stores/internal/batch"
 )
 
 func TestLoneCallRunsAtOnceAlone(t *testing.T) {

@@ -11,7 +11,7 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/watermill-dedup/dedup/internal/batch"
+	"github.com/watermill-dedup/dedup/stores/internal/batch"
 )
 
 // gatedExec is an Exec that answers req+1 for every call, after waiting
