@@ -14,8 +14,11 @@
 // Watermill's Deduplicator), redis (redisstore vs redis-benchmark),
 // redis-wait (redisstore with Config.WaitReplicas 1 vs without, on a
 // private Redis with a replica), sql
-// (sqlstore vs pgbench), e2e (a router on kfake and RabbitMQ with and
-// without dedup), growth (claim latency as the store fills, and bytes per
+// (sqlstore vs pgbench), e2e (a router on kfake, RabbitMQ and
+// watermill-sql with and without dedup, against a hand-rolled SET NX, with
+// a handler that writes to PostgreSQL, and the CPU a message costs the
+// consumer, Redis and PostgreSQL), replay (a consumer group re-reading
+// messages already processed, against the first pass), growth (claim latency as the store fills, and bytes per
 // done record at the largest size). A section whose service is unreachable is reported as
 // skipped, naming the service. See BENCHMARKS.md for a run and what each
 // ratio means.
@@ -68,6 +71,7 @@ var sections = []section{
 	{"redis-wait", runRedisWait},
 	{"sql", runSQL},
 	{"e2e", runE2E},
+	{"replay", runReplay},
 	{"growth", runGrowth}, // also reports bytes per record
 }
 
