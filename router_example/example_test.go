@@ -355,6 +355,14 @@ func TestExampleWithoutDedupBreaksTheInvariant(t *testing.T) {
 	if r.code != exitBroken || !strings.HasPrefix(r.invariant(), "invariant: BROKEN") {
 		t.Fatalf("want exit 1 and a BROKEN invariant\n%s", r)
 	}
+	// Nothing claims without the middleware: the summary counts the
+	// handler's runs, one effect each (#23: "claimed (handler ran) 0").
+	if ran, applied := r.count(t, "handler ran"), r.count(t, "effects applied"); ran != applied || ran <= 202 {
+		t.Errorf("handler ran %d, effects applied %d: want equal, above the 202 events\n%s", ran, applied, r)
+	}
+	if strings.Contains(r.stdout, "claimed") {
+		t.Errorf("the summary shows claims without the middleware\n%s", r)
+	}
 }
 
 func TestExampleConfigErrors(t *testing.T) {

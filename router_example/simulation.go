@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -47,6 +48,7 @@ type simulation struct {
 	progress    progress
 	res         *result
 	removed     bool
+	handlerRuns atomic.Int64 // calls of the handler, for the summary
 }
 
 func newSimulation(cfg Config, stdout, stderr io.Writer) *simulation {
@@ -143,9 +145,12 @@ func (s *simulation) outer(h message.HandlerFunc) message.HandlerFunc {
 }
 
 // inner wraps the handler, inside the dedup middleware: it fails it before
-// its side effect, or crashes it after.
+// its side effect, or crashes it after, and counts its calls.
 func (s *simulation) inner(h message.HandlerFunc) message.HandlerFunc {
-	return s.faults.inner(h)
+	return s.faults.inner(func(msg *message.Message) ([]*message.Message, error) {
+		s.handlerRuns.Add(1)
+		return h(msg)
+	})
 }
 
 // fail records err, the first failure of the run.
@@ -246,6 +251,7 @@ func (s *simulation) report(ctx context.Context) bool {
 	res.stats = s.tracker.stats()
 	res.published = s.tracker.expectedCount()
 	res.failures, res.crashes, res.lostAcks = s.faults.counts()
+	res.handlerRuns = s.handlerRuns.Load()
 	if s.broker != nil && s.broker.brokerDedup != nil {
 		res.brokerDup = s.broker.brokerDedup()
 	}

@@ -26,7 +26,8 @@ type result struct {
 	published       int
 	publishFailures int
 	stats           deliveryStats
-	failures        int // injected
+	handlerRuns     int64 // times the handler was called
+	failures        int   // injected
 	crashes         int
 	lostAcks        int
 	outcome         func(dedup.Outcome) int64
@@ -116,13 +117,18 @@ func (r *result) print(w io.Writer) {
 	row("published messages", int64(r.published), r.publishedNote())
 	row("deliveries", int64(r.stats.deliveries), "")
 	row("redelivered", int64(r.stats.redelivered), fmt.Sprintf("%d injected failures, %d lost acks, %d crashes", r.failures, r.lostAcks, r.crashes))
-	row("claimed (handler ran)", o(dedup.OutcomeClaimed), "")
-	row("duplicates dropped", o(dedup.OutcomeDuplicate), "acked without running the handler")
-	row("in progress (nacked)", o(dedup.OutcomeInProgress), "")
-	row("lease takeovers", o(dedup.OutcomeTakeover), "")
-	row("ttl misses", o(dedup.OutcomeTTLMiss), fmt.Sprintf("%d stale events published", r.plan.stale))
-	row("store errors", o(dedup.OutcomeStoreError), "")
-	row("bypassed (fail-open)", o(dedup.OutcomeBypassed), "")
+	if r.cfg.Dedup {
+		row("claimed (handler ran)", o(dedup.OutcomeClaimed), "")
+		row("duplicates dropped", o(dedup.OutcomeDuplicate), "acked without running the handler")
+		row("in progress (nacked)", o(dedup.OutcomeInProgress), "")
+		row("lease takeovers", o(dedup.OutcomeTakeover), "")
+		row("ttl misses", o(dedup.OutcomeTTLMiss), fmt.Sprintf("%d stale events published", r.plan.stale))
+		row("store errors", o(dedup.OutcomeStoreError), "")
+		row("bypassed (fail-open)", o(dedup.OutcomeBypassed), "")
+	} else {
+		// Nothing claims, drops or counts outcomes without the middleware.
+		row("handler ran", r.handlerRuns, "no middleware (-dedup=false): duplicates run it too")
+	}
 	row("poisoned", int64(r.stats.poisoned), "")
 	row("effects applied", r.ledger.Entries, "ledger entries")
 	row("ledger total", r.ledger.BalanceTotal, "points")

@@ -106,6 +106,26 @@ func TestSummaryPrint(t *testing.T) {
 	}
 }
 
+// Without the middleware nothing is claimed: the summary counts the
+// handler's runs, and shows no middleware outcome at all (#23: it printed
+// "claimed (handler ran) 0" beside 345 effects applied).
+func TestSummaryWithoutDedup(t *testing.T) {
+	r := sampleResult(modeLease, map[string]int64{"A": 2, "B": 1})
+	r.cfg.Dedup = false
+	r.handlerRuns = 3
+	var b strings.Builder
+	r.print(&b)
+	out := b.String()
+	if !regexp.MustCompile(`(?m)^  handler ran\s+3  no middleware \(-dedup=false\): duplicates run it too$`).MatchString(out) {
+		t.Errorf("the summary does not count the handler's runs:\n%s", out)
+	}
+	for _, row := range []string{"claimed", "duplicates dropped", "in progress", "lease takeovers", "ttl misses", "store errors", "bypassed"} {
+		if strings.Contains(out, "\n  "+row) {
+			t.Errorf("the summary shows the middleware's %q without a middleware:\n%s", row, out)
+		}
+	}
+}
+
 func TestPlan(t *testing.T) {
 	cfg := defaultConfig()
 	cfg.Events, cfg.StaleEvents, cfg.RepublishRate = 100, 3, 0.5
