@@ -29,7 +29,7 @@ import (
 // connection) fails every call in it, as it would have failed each call
 // sent alone.
 //
-// Deadlines (see the internal/batch package): a caller whose context ends
+// Deadlines (see the stores/internal/batch package): a caller whose context ends
 // while it waits returns at once with the context's error; a pipeline of
 // several calls runs under the latest of their deadlines, so that one
 // caller giving up never fails the others. A Claim that succeeds for a

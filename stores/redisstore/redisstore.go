@@ -60,8 +60,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/watermill-dedup/dedup/stores/internal/batch"
 	"github.com/watermill-dedup/dedup/stores"
+	"github.com/watermill-dedup/dedup/stores/internal/batch"
 	"github.com/watermill-dedup/dedup/stores/storekit"
 )
 

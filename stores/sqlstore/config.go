@@ -11,8 +11,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 
-	"github.com/watermill-dedup/dedup/stores/internal/batch"
 	"github.com/watermill-dedup/dedup/stores"
+	"github.com/watermill-dedup/dedup/stores/internal/batch"
 )
 
 // The configuration of a Store: Config, its defaults and validation, the

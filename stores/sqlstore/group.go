@@ -7,11 +7,11 @@ import (
 	"slices"
 	"time"
 
-	"github.com/watermill-dedup/dedup/stores/internal/batch"
 	"github.com/watermill-dedup/dedup/stores"
+	"github.com/watermill-dedup/dedup/stores/internal/batch"
 )
 
-// Group commit of single-key lease-mode calls, on internal/batch. The
+// Group commit of single-key lease-mode calls, on stores/internal/batch. The
 // group type is in store.go, beside the Store, which holds it;
 // BatchConfig and its bounds are in config.go.
 

@@ -112,7 +112,7 @@ func waitingInBatcher() int {
 	waiting := 0
 	for _, g := range bytes.Split(buf, []byte("\n\n")) {
 		header, rest, _ := bytes.Cut(g, []byte("\n"))
-		if bytes.Contains(header, []byte("[select")) && bytes.HasPrefix(rest, []byte("github.com/watermill-dedup/dedup/internal/batch.(*Batcher[")) {
+		if bytes.Contains(header, []byte("[select")) && bytes.HasPrefix(rest, []byte("github.com/watermill-dedup/dedup/stores/internal/batch.(*Batcher[")) {
 			waiting++
 		}
 	}

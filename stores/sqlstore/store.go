@@ -13,8 +13,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 
-	"github.com/watermill-dedup/dedup/stores/internal/batch"
 	"github.com/watermill-dedup/dedup/stores"
+	"github.com/watermill-dedup/dedup/stores/internal/batch"
 	"github.com/watermill-dedup/dedup/stores/storekit"
 )
 
