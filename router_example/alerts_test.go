@@ -60,6 +60,20 @@ func exportedSeries(t *testing.T) map[string]bool {
 	return names
 }
 
+// exportedLabelValues are the values prommetrics gives its labels outcome,
+// result and op.
+func exportedLabelValues() map[string][]string {
+	outcomes := []string{}
+	for _, o := range dedup.Outcomes() {
+		outcomes = append(outcomes, o.String())
+	}
+	return map[string][]string{
+		"outcome": outcomes,
+		"result":  {dedup.ResultOK, dedup.ResultError, dedup.ResultLostClaim, dedup.ResultInvalid},
+		"op":      {dedup.OpClaim, dedup.OpComplete, dedup.OpRelease, dedup.OpExtend, dedup.OpBegin, dedup.OpCommit, dedup.OpRollback},
+	}
+}
+
 var (
 	metricRef   = regexp.MustCompile(`\b(dedup[_:][a-zA-Z0-9_:]*)`)
 	labelMatch  = regexp.MustCompile(`\b(outcome|result|op)\s*(=~|!~|=|!=)\s*"([^"]*)"`)
@@ -91,15 +105,7 @@ func TestAlertRules(t *testing.T) {
 			}
 		}
 	}
-	outcomes := []string{}
-	for _, o := range dedup.Outcomes() {
-		outcomes = append(outcomes, o.String())
-	}
-	labelValues := map[string][]string{
-		"outcome": outcomes,
-		"result":  {dedup.ResultOK, dedup.ResultError, dedup.ResultLostClaim, dedup.ResultInvalid},
-		"op":      {dedup.OpClaim, dedup.OpComplete, dedup.OpRelease, dedup.OpExtend, dedup.OpBegin, dedup.OpCommit, dedup.OpRollback},
-	}
+	labelValues := exportedLabelValues()
 
 	alerts := map[string]string{} // name -> expr
 	for _, g := range rf.Groups {
