@@ -97,12 +97,16 @@ func blank(v string) bool { return strings.TrimSpace(v) == "" }
 //
 // A message published by a producer that is not Watermill usually has no
 // UUID: Watermill's subscribers read it from a header of Watermill's own.
-// The error then says how to key such messages: by the broker's own
-// identity (kafkakeys.KafkaOffset or kafkakeys.RecordKey for Kafka; for
-// RabbitMQ, amqpkeys.Marshaler as the subscriber's marshaler, which makes
-// the AMQP message_id the UUID; for watermill-sql, the row's uuid column or
-// sqlkeys.Offset), by a header the producer sets ([Metadata]), or by
-// business fields ([JSON]). A UUID of white space counts as none.
+// The error then says, in short, how to key such messages, and links the
+// README's section "Messages from other producers", which has the details
+// for each broker: by the broker's own identity (kafkakeys.KafkaOffset or
+// kafkakeys.RecordKey for Kafka; for RabbitMQ, amqpkeys.Marshaler as the
+// subscriber's marshaler, which makes the AMQP message_id the UUID; for
+// watermill-sql, the row's uuid column or sqlkeys.Offset; for NATS
+// JetStream and Redis Streams, an unmarshaler that makes Nats-Msg-Id or the
+// producer's id field the UUID), by a header the producer sets
+// ([Metadata]), or by business fields ([JSON]). A UUID of white space
+// counts as none.
 func MessageID() KeyFunc {
 	return func(msg *message.Message) ([]string, error) {
 		if msg.UUID == "" {
@@ -115,14 +119,15 @@ func MessageID() KeyFunc {
 	}
 }
 
-// noUUIDAdvice is the error text of a message MessageID cannot key.
-const noUUIDAdvice = "the message has no UUID. Was it published by a producer that is not Watermill? " +
-	"Watermill's subscribers read the UUID from a header of Watermill's own. Key such messages by the broker's identity " +
-	"(Kafka: kafkakeys.KafkaOffset() or kafkakeys.RecordKey(); RabbitMQ: set amqpkeys.Marshaler as the subscriber's marshaler, " +
-	"which makes the AMQP message_id the UUID, and if it already is, the producer did not set message_id; " +
-	"watermill-sql: the producer left the row's uuid column empty, so key by the row with sqlkeys.Offset() and sqlkeys.SchemaAdapter), " +
-	"by a header the producer sets (keyfuncs.Metadata) " +
-	"or by business fields of the payload (keyfuncs.JSON), combined with keyfuncs.All"
+// noUUIDAdvice is the error text of a message MessageID cannot key: short,
+// one line in a log, with the README section that has the details.
+const noUUIDAdvice = "the message has no UUID (not from Watermill?): key it by the broker's id " +
+	"(kafkakeys, amqpkeys.Marshaler, sqlkeys; NATS, Redis Streams: an unmarshaler setting it), " +
+	"keyfuncs.Metadata or keyfuncs.JSON: see " + otherProducersURL
+
+// otherProducersURL is the README section on keying messages from
+// producers that are not Watermill.
+const otherProducersURL = "https://github.com/watermill-dedup/dedup#messages-from-other-producers"
 
 // Metadata keys a message by the value of a metadata header, such as an
 // idempotency_key set by the producer. A missing, empty or blank (white

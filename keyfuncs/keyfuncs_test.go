@@ -3,6 +3,7 @@ package keyfuncs_test
 import (
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 
@@ -44,14 +45,30 @@ func TestMessageID(t *testing.T) {
 		t.Fatalf("MessageID = %q", got)
 	}
 	// A message without a UUID (published by another producer) gets an
-	// error saying how to key it.
+	// error saying how to key it, on every broker, in a few words and a
+	// link to the README's section (#23: 700 characters, nothing for NATS
+	// or Redis Streams).
 	err := func() error { _, err := keyfuncs.MessageID()(message.NewMessage("", nil)); return err }()
-	for _, want := range []string{"no UUID", "not Watermill", "kafkakeys.KafkaOffset()", "amqpkeys.Marshaler", "did not set message_id", "sqlkeys.Offset()", "uuid column", "keyfuncs.JSON"} {
+	for _, want := range []string{"no UUID", "not from Watermill", "kafkakeys", "amqpkeys.Marshaler", "sqlkeys", "NATS", "Redis Streams", "keyfuncs.Metadata", "keyfuncs.JSON", readmeOtherProducers} {
 		if !errors.Is(err, keyfuncs.ErrNoKey) || !strings.Contains(err.Error(), want) {
 			t.Errorf("MessageID() of a message without UUID: %v; want ErrNoKey mentioning %q", err, want)
 		}
 	}
+	if n := len(err.Error()); n > 300 {
+		t.Errorf("the error for a message without UUID is %d characters, want at most 300: %v", n, err)
+	}
+	// The link leads to a section of the README.
+	readme, rerr := os.ReadFile("../README.md")
+	if rerr != nil {
+		t.Fatal(rerr)
+	}
+	if !strings.Contains(string(readme), "\n## Messages from other producers\n") {
+		t.Errorf("README.md has no section %q", readmeOtherProducers)
+	}
 }
+
+// readmeOtherProducers is the README section errors point to.
+const readmeOtherProducers = "https://github.com/watermill-dedup/dedup#messages-from-other-producers"
 
 // TestBlankIDsAreNoKey: an id of white space is no identity. Keying by it
 // would make every such message a duplicate of the first.
