@@ -112,6 +112,7 @@ type Config struct {
 	// Observability.
 	MetricsAddr string
 	Linger      time.Duration
+	Trace       string
 	Verbose     bool
 
 	// given holds the flags set on the command line or in the file, for
@@ -203,6 +204,7 @@ func newFlagSet(c *Config, output io.Writer) *flag.FlagSet {
 
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", c.MetricsAddr, "serve Prometheus metrics on this `host:port` at /metrics (port 0: any free port); default: off")
 	cliflag.DurationVar(fs, &c.Linger, "linger", "keep serving metrics this long after the summary (Ctrl-C ends it sooner)")
+	fs.StringVar(&c.Trace, "trace", c.Trace, "write OpenTelemetry spans to this `file`, a JSON object a line (the stdout exporter's): each delivery's handler span and the dedup spans under it; default: off")
 	fs.BoolVar(&c.Verbose, "v", c.Verbose, "log Watermill's and the middleware's info messages to stderr")
 
 	fs.VisitAll(func(f *flag.Flag) {

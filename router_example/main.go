@@ -3,9 +3,10 @@
 // with the dedup middleware in front of it.
 //
 // This file is the router to copy into a service: the handler, Recoverer,
-// a poison queue, the dedup middleware, Prometheus metrics and a graceful
-// shutdown. brokers.go and stores.go open the broker and the store that
-// -broker and -store choose; config.go reads flags, environment and YAML.
+// a poison queue, the dedup middleware, Prometheus metrics, OpenTelemetry
+// tracing (tracing.go) and a graceful shutdown. brokers.go and stores.go
+// open the broker and the store that -broker and -store choose; config.go
+// reads flags, environment and YAML.
 // The rest of the directory is the simulator that drives the router
 // through sim (simulation.go): it publishes events, injects redeliveries,
 // keeps the loyalty ledger and checks it in a summary.
@@ -128,6 +129,11 @@ func setUp(ctx context.Context, cfg Config, sim *simulation) (*message.Router, *
 			return nil, nil, err
 		}
 	}
+	// OpenTelemetry, with -trace: the handler's span, the dedup spans under it (tracing.go).
+	tp, err := newTracerProvider(cfg.Trace, &sim.closers)
+	if err != nil {
+		return nil, nil, err
+	}
 
 	b, err := openBroker(ctx, cfg, sim.runID, logger, &sim.closers, &sim.removers)
 	if err != nil {
@@ -156,8 +162,9 @@ func setUp(ctx context.Context, cfg Config, sim *simulation) (*message.Router, *
 		return nil, nil, err
 	}
 	// Outermost first; sim.outer counts deliveries, bounds concurrency and
-	// loses acks, sim.inner fails or crashes the handler.
-	router.AddMiddleware(sim.outer, wmw.Recoverer, poison)
+	// loses acks, sim.inner fails or crashes the handler. handlerSpan
+	// starts the span the dedup middleware's spans are children of.
+	router.AddMiddleware(sim.outer, wmw.Recoverer, poison, handlerSpan(tp))
 
 	var dedupMW *middleware.Middleware
 	if cfg.Dedup { // -dedup=false shows what the duplicates do without it
@@ -180,6 +187,7 @@ func setUp(ctx context.Context, cfg Config, sim *simulation) (*message.Router, *
 				OnStoreError:   cfg.storeErrorPolicy(),
 				Logger:         logger,
 				Metrics:        sim.tally(metrics),
+				Tracing:        dedup.Tracing{Provider: tp}, // nil: no spans
 			},
 			PublishedAt: publishedAt, // counts deliveries older than Retention (ttl misses)
 			Fingerprint: middleware.PayloadFingerprint,
