@@ -16,6 +16,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -31,6 +32,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/watermill-dedup/dedup/internal/cliflag"
+	"github.com/watermill-dedup/dedup/internal/storeopen"
 	"github.com/watermill-dedup/dedup/testkit"
 )
 
@@ -147,8 +149,14 @@ func runExample(t *testing.T, runID string, args ...string) exampleRun {
 // runExampleEnv is runExample with extra environment variables.
 func runExampleEnv(t *testing.T, runID string, env []string, args ...string) exampleRun {
 	t.Helper()
+	return execExample(t, env, append([]string{"-events=200", "-cleanup", "-timeout=90s", "-run-id=" + runID}, args...)...)
+}
+
+// execExample runs the binary to completion with args alone, and the
+// test's environment with env added.
+func execExample(t *testing.T, env []string, args ...string) exampleRun {
+	t.Helper()
 	bin := buildExample(t)
-	args = append([]string{"-events=200", "-cleanup", "-timeout=90s", "-run-id=" + runID}, args...)
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin, args...)
@@ -362,6 +370,73 @@ func TestExampleWithoutDedupBreaksTheInvariant(t *testing.T) {
 	}
 	if strings.Contains(r.stdout, "claimed") {
 		t.Errorf("the summary shows claims without the middleware\n%s", r)
+	}
+}
+
+// A run id whose records a store still holds is refused before anything
+// runs (#23): reused, its records made every message a duplicate of the
+// earlier run's, and the summary reported "lost messages". Refused, the
+// run deletes nothing, even under -cleanup: the records are that run's.
+func TestExampleRefusesAUsedRunID(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name  string
+		args  func(t *testing.T) []string
+		count func(t *testing.T, runID string) int
+	}{
+		{"redis", func(t *testing.T) []string {
+			return []string{"-store=redis", "-redis-addr=" + testkit.RequireRedis(t)}
+		}, func(t *testing.T, runID string) int {
+			c := redis.NewClient(&redis.Options{Addr: testkit.RedisAddr()})
+			t.Cleanup(func() {
+				_ = storeopen.DeleteRedisPrefix(context.Background(), c, "dedup:"+runID+":")
+				_ = c.Close()
+			})
+			keys, err := c.Keys(t.Context(), "dedup:"+runID+":*").Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			return len(keys)
+		}},
+		{"sqlite", func(t *testing.T) []string { return []string{"-dir=" + t.TempDir()} }, nil},
+		// A run without the middleware leaves no dedup record, but its
+		// ledger entries would count as the next run's awards.
+		{"sqlite ledger", func(t *testing.T) []string { return []string{"-dir=" + t.TempDir()} }, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			runID := newTestRunID()
+			args := append([]string{"-events=20", "-timeout=90s", "-run-id=" + runID}, tc.args(t)...)
+			first := args
+			if tc.name == "sqlite ledger" {
+				first = append(slices.Clip(args), "-dedup=false", "-republish-rate=0", "-fail-rate=0", "-lost-ack-rate=0")
+			}
+			requireOK(t, execExample(t, nil, first...)) // no -cleanup: its records stay
+			var before int
+			if tc.count != nil {
+				if before = tc.count(t, runID); before == 0 {
+					t.Fatalf("the first run left no records under dedup:%s:", runID)
+				}
+			}
+			r := execExample(t, nil, append(args, "-cleanup")...)
+			if r.code != exitConfig {
+				t.Fatalf("a run id used before: exit %d, want %d\n%s", r.code, exitConfig, r)
+			}
+			for _, want := range []string{"-run-id " + runID + " was used before", "Choose another -run-id"} {
+				if !strings.Contains(r.stderr, want) {
+					t.Errorf("stderr lacks %q\n%s", want, r)
+				}
+			}
+			if strings.Contains(r.stdout+r.stderr, "lost") || r.invariant() != "" {
+				t.Errorf("a refused run reports lost messages or a verdict\n%s", r)
+			}
+			requireOnlyOwnLines(t, r)
+			if tc.count != nil {
+				if after := tc.count(t, runID); after != before {
+					t.Errorf("the refused run changed the earlier run's records: %d keys, were %d", after, before)
+				}
+			}
+		})
 	}
 }
 

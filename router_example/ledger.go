@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"database/sql"
+	"fmt"
 	"strings"
 
 	"github.com/watermill-dedup/dedup/stores/sqlstore"
@@ -49,7 +50,7 @@ func newMemLedger() kitLedger { return kitLedger{kit.NewMem()} }
 
 // newSQLLedger creates the ledger's tables; dropping them goes to removers.
 func newSQLLedger(ctx context.Context, db *sql.DB, dialect sqlstore.Dialect, runID string, removers *teardown) (kitLedger, error) {
-	l, err := kit.NewSQL(db, kit.SQLConfig{Dialect: dialect, Table: "loyalty_ledger_" + runID})
+	l, err := kit.NewSQL(db, kit.SQLConfig{Dialect: dialect, Table: ledgerTable(runID)})
 	if err != nil {
 		return kitLedger{}, err
 	}
@@ -58,6 +59,23 @@ func newSQLLedger(ctx context.Context, db *sql.DB, dialect sqlstore.Dialect, run
 	}
 	removers.add("drop tables "+strings.Join(l.Tables(), ", "), l.DropTables)
 	return kitLedger{l}, nil
+}
+
+func ledgerTable(runID string) string { return "loyalty_ledger_" + runID }
+
+// refuseUsedLedger fails with a *runIDUsedError when db holds a ledger of
+// runID with entries: an earlier run's awards (a run with -dedup=false
+// leaves no dedup record) would count as this run's. It creates nothing;
+// a table that cannot be read is taken for none (the ledger's creation
+// reports a database that fails).
+func refuseUsedLedger(ctx context.Context, db *sql.DB, runID, addr string) error {
+	var n int64
+	// The name is ours: a fixed prefix and a checked run id.
+	err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM "+ledgerTable(runID)).Scan(&n)
+	if err != nil || n == 0 { // no table (or none readable), no entry: no earlier run
+		return nil
+	}
+	return &runIDUsedError{RunID: runID, What: fmt.Sprintf("the ledger table %s of %s holds that run's %d awards, which would count as this run's", ledgerTable(runID), addr, n)}
 }
 
 func (k kitLedger) Award(ctx context.Context, a award) error {

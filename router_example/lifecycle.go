@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/watermill-dedup/dedup/internal/storeopen"
+	"github.com/watermill-dedup/dedup/stores"
 )
 
 // teardown is a stack of named steps run in reverse order, like
@@ -88,4 +89,38 @@ func urlHostPort(raw, defaultPort string) (string, error) {
 		return net.JoinHostPort(u.Hostname(), defaultPort), nil
 	}
 	return u.Host, nil
+}
+
+// runIDUsedError refuses a run id whose records are still there from an
+// earlier run: its dedup records would make every message of this run a
+// duplicate of that run's (never handled, the ledger short: "lost"), and
+// its ledger entries would count as this run's awards.
+type runIDUsedError struct {
+	RunID string
+	What  string // what was found, and what it would do: "the Redis at ... holds that run's dedup records, ..."
+}
+
+func (e *runIDUsedError) Error() string {
+	return fmt.Sprintf("-run-id %s was used before: %s. Choose another -run-id, or leave it out for a random one "+
+		"(a run given -cleanup deletes what it wrote when it ends)", e.RunID, e.What)
+}
+
+// refuseUsedRunID fails with a *runIDUsedError when s, the store at
+// where, holds a record: a run's store is its own (its key prefix or
+// table carries the run id), so a record there is an earlier run's. Call
+// it before registering the removal of what the run creates: a refused
+// run deletes nothing.
+func refuseUsedRunID(ctx context.Context, s stores.Store, runID, where string) error {
+	a, ok := s.(stores.Admin)
+	if !ok {
+		return nil
+	}
+	recs, _, err := a.List(ctx, stores.ListOptions{Limit: 1})
+	if err != nil {
+		return fmt.Errorf("look for the records of an earlier run with -run-id %s in %s: %w", runID, where, err)
+	}
+	if len(recs) > 0 {
+		return &runIDUsedError{RunID: runID, What: where + " holds that run's dedup records, which would make this run's messages duplicates of that run's"}
+	}
+	return nil
 }

@@ -63,6 +63,9 @@ func openRedisStore(ctx context.Context, cfg Config, runID string, logger waterm
 		return nil, err
 	}
 	closers.add("close the Redis store", s.Close)
+	if err := refuseUsedRunID(ctx, s, runID, "the Redis at "+target.Display+" (keys "+prefix+"*)"); err != nil {
+		return nil, err
+	}
 	removers.add("delete Redis keys "+prefix+"*", func(ctx context.Context) error {
 		return storeopen.DeleteRedisPrefix(ctx, client, prefix)
 	})
@@ -108,6 +111,12 @@ func openSQLStore(ctx context.Context, cfg Config, runID string, logger watermil
 	closers.add("close the SQL store", s.Close)
 	if err := s.CreateSchema(ctx); err != nil {
 		return nil, fmt.Errorf("create the dedup table %s on %s: %w", s.Table(), addr, err)
+	}
+	if err := refuseUsedRunID(ctx, s, runID, "the table "+s.Table()+" of "+addr); err != nil {
+		return nil, err
+	}
+	if err := refuseUsedLedger(ctx, db, runID, addr); err != nil {
+		return nil, err
 	}
 	removers.add("drop table "+s.Table(), func(ctx context.Context) error {
 		_, err := db.ExecContext(ctx, "DROP TABLE IF EXISTS "+s.Table())

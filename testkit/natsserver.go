@@ -2,6 +2,7 @@ package testkit
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -39,8 +40,9 @@ type NATSServer struct {
 	Dir string
 
 	t       testing.TB
-	cluster string // cluster name; "" outside a cluster
-	routes  []int  // the other servers' route ports
+	cluster string        // cluster name; "" outside a cluster
+	routes  []int         // the other servers' route ports
+	ready   []nats.Option // the options of the client that checks it is up
 
 	mu     sync.Mutex
 	extra  string
@@ -54,16 +56,41 @@ type NATSServer struct {
 // it once JetStream answers. It is killed when t ends.
 func StartNATS(t testing.TB, extra string) *NATSServer {
 	t.Helper()
+	return startNATS(t, extra, nil)
+}
+
+// StartNATSSecure starts a nats-server of the test's own with JetStream
+// on a free loopback port, configured with the lines conf (users and
+// their permissions, a token, TLS: whatever a test of credentials
+// needs), and returns its address (127.0.0.1:port) once a client
+// connecting with ready (the options of a user the config lets in, and
+// TLS if it asks for it) gets an answer to a JetStream request. A
+// server that refuses that client (its credentials, or its TLS) fails
+// the test at once. The server is killed by its PID when t ends.
+func StartNATSSecure(t testing.TB, conf string, ready ...nats.Option) string {
+	t.Helper()
+	return startNATS(t, conf, ready).Addr()
+}
+
+// startNATS starts a server outside a cluster, with the config lines
+// extra, and returns it once a client with the options ready gets an
+// answer to a JetStream request.
+func startNATS(t testing.TB, extra string, ready []nats.Option) *NATSServer {
+	t.Helper()
 	needNATSServer(t)
 	var err error
 	for range 5 {
 		s := newNATSServer(t, "nats-0", freePort(t), 0, "", nil, extra)
+		s.ready = ready
 		if err = s.start(); err == nil {
-			if err = s.waitJetStream(30 * time.Second); err == nil {
+			if err = s.waitJetStream(time.Minute); err == nil {
 				return s
 			}
 		}
 		s.kill()
+		if errors.Is(err, errClientRefused) {
+			t.Fatalf("nats-server on %s: %v", s.Addr(), err)
+		}
 		// The port may have been taken meanwhile: try another.
 	}
 	t.Fatalf("could not start nats-server: %v", err)
@@ -182,7 +209,10 @@ func newNATSServer(t testing.TB, name string, port, clusterPort int, cluster str
 }
 
 // URL is the server's client URL.
-func (s *NATSServer) URL() string { return "nats://127.0.0.1:" + strconv.Itoa(s.Port) }
+func (s *NATSServer) URL() string { return "nats://" + s.Addr() }
+
+// Addr is the server's client address, 127.0.0.1:port.
+func (s *NATSServer) Addr() string { return "127.0.0.1:" + strconv.Itoa(s.Port) }
 
 // LogPath is the file the server logs to (kept across restarts).
 func (s *NATSServer) LogPath() string { return filepath.Join(s.Dir, "nats.log") }
@@ -359,16 +389,22 @@ func (s *NATSServer) start() error {
 	return nil
 }
 
+// errClientRefused marks a server that refused the client checking it is
+// up: its credentials or its TLS. Waiting would not help.
+var errClientRefused = errors.New("the server refused the client that checks it is up")
+
 // waitJetStream waits until the server answers a JetStream request
-// (account info), or exits.
+// (account info) of a client with the options s.ready, or exits, or
+// refuses that client (errClientRefused).
 func (s *NATSServer) waitJetStream(timeout time.Duration) error {
 	s.mu.Lock()
 	exited := s.exited
 	s.mu.Unlock()
+	opts := append([]nats.Option{nats.Timeout(2 * time.Second), nats.NoReconnect()}, s.ready...)
 	var err error
 	for deadline := time.Now().Add(timeout); ; {
 		var nc *nats.Conn
-		nc, err = nats.Connect(s.URL(), nats.Timeout(time.Second), nats.NoReconnect())
+		nc, err = nats.Connect(s.URL(), opts...)
 		if err == nil {
 			js, _ := jetstream.New(nc)
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
@@ -378,6 +414,9 @@ func (s *NATSServer) waitJetStream(timeout time.Duration) error {
 			if err == nil {
 				return nil
 			}
+		}
+		if refusesClient(err) {
+			return fmt.Errorf("%w: %w", errClientRefused, err)
 		}
 		select {
 		case <-exited:
@@ -389,6 +428,20 @@ func (s *NATSServer) waitJetStream(timeout time.Duration) error {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// refusesClient tells a refusal of the client's credentials or of its
+// TLS (an untrusted certificate, a client certificate missing) from a
+// server not up yet. nats.go does not wrap every one of them.
+func refusesClient(err error) bool {
+	if err == nil {
+		return false
+	}
+	if errors.Is(err, nats.ErrAuthorization) || errors.Is(err, nats.ErrSecureConnRequired) {
+		return true
+	}
+	msg := err.Error()
+	return strings.Contains(msg, "uthorization") || strings.Contains(msg, "x509") || strings.Contains(msg, "remote error: tls")
 }
 
 func lastLines(lines []string, n int) []string {

@@ -91,7 +91,7 @@ var commandFlags = map[string][]string{
 var connectionFlags = []string{
 	"store", "redis-addr", "redis-cluster", "redis-ca", "redis-cert", "redis-key", "redis-prefix", "compact-keys", "digest-keys-longer-than",
 	"postgres-dsn", "mysql-dsn", "dir", "sqlite-file", "table", "run-id", "purge-grace", "timeout",
-	"nats-url", "nats-bucket", "nats-shards", "nats-user", "nats-password", "nats-token", "nats-creds", "nats-nkey", "nats-ca",
+	"nats-url", "nats-bucket", "nats-shards", "nats-user", "nats-password", "nats-token", "nats-creds", "nats-nkey", "nats-ca", "nats-cert", "nats-key",
 }
 
 func newFlagSet(c *config) *flag.FlagSet {

@@ -2,6 +2,7 @@ package storeopen
 
 import (
 	"context"
+	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"flag"
@@ -10,6 +11,7 @@ import (
 	"net/url"
 	"os"
 	"strings"
+	"syscall"
 
 	"github.com/nats-io/nats.go"
 )
@@ -43,14 +45,19 @@ type NATSAuth struct {
 	// CAFile holds the PEM certificates of the authorities that sign the
 	// server's certificate, for a private CA: -nats-ca.
 	CAFile string
+	// CertFile and KeyFile are a PEM client certificate and its key, for
+	// a server that asks for one (tls { verify: true }): -nats-cert,
+	// -nats-key. They prove who connects beside the user's credentials
+	// (or, with verify_and_map, as them).
+	CertFile, KeyFile string
 }
 
 // NATSAuthFlags are the flags RegisterFlags defines.
-var NATSAuthFlags = []string{"nats-user", "nats-password", "nats-token", "nats-creds", "nats-nkey", "nats-ca"}
+var NATSAuthFlags = []string{"nats-user", "nats-password", "nats-token", "nats-creds", "nats-nkey", "nats-ca", "nats-cert", "nats-key"}
 
 // RegisterFlags defines the flags of a on fs, a's values their defaults:
-// -nats-user, -nats-password, -nats-token, -nats-creds, -nats-nkey and
-// -nats-ca, as both programs name them.
+// -nats-user, -nats-password, -nats-token, -nats-creds, -nats-nkey,
+// -nats-ca, -nats-cert and -nats-key, as both programs name them.
 func (a *NATSAuth) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&a.User, "nats-user", a.User, "NATS user (with -nats-password; or in the URL, nats://user:password@host:port)")
 	fs.StringVar(&a.Password, "nats-password", a.Password, "NATS password")
@@ -58,6 +65,8 @@ func (a *NATSAuth) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&a.CredsFile, "nats-creds", a.CredsFile, "NATS credentials `file` (a user JWT and its nkey seed)")
 	fs.StringVar(&a.NKeyFile, "nats-nkey", a.NKeyFile, "`file` holding a NATS user's nkey seed")
 	fs.StringVar(&a.CAFile, "nats-ca", a.CAFile, "PEM `file` of the authority that signed the NATS server's TLS certificate, for a private CA (with a tls:// URL)")
+	fs.StringVar(&a.CertFile, "nats-cert", a.CertFile, "PEM client certificate `file`, for a NATS server that asks for one (tls verify; with -nats-key)")
+	fs.StringVar(&a.KeyFile, "nats-key", a.KeyFile, "PEM `file` of the key of -nats-cert")
 }
 
 // Options returns the nats.go options of a, or a *SettingError for
@@ -104,6 +113,19 @@ func (a NATSAuth) Options() ([]nats.Option, error) {
 			return nil, &SettingError{"-nats-ca", fmt.Errorf("%s holds no PEM certificate", a.CAFile)}
 		}
 		opts = append(opts, nats.RootCAs(a.CAFile))
+	}
+	switch {
+	case a.CertFile != "" && a.KeyFile != "":
+		// Loaded now, so that a bad pair names the settings; nats.go
+		// loads it again on each connection.
+		if _, err := tls.LoadX509KeyPair(a.CertFile, a.KeyFile); err != nil {
+			return nil, &SettingError{"-nats-cert and -nats-key", err}
+		}
+		opts = append(opts, nats.ClientCert(a.CertFile, a.KeyFile))
+	case a.CertFile != "":
+		return nil, &SettingError{"-nats-key", errors.New("a client certificate needs its key")}
+	case a.KeyFile != "":
+		return nil, &SettingError{"-nats-cert", errors.New("a client key needs its certificate")}
 	}
 	return opts, nil
 }
@@ -185,14 +207,20 @@ func (o Opener) NATS(ctx context.Context, rawURL string, auth NATSAuth, opts ...
 	all := append([]nats.Option{nats.Timeout(DialTimeout)}, authOpts...)
 	nc, err := nats.Connect(rawURL, append(all, opts...)...)
 	if err != nil {
-		return nil, natsConnectError(addr, err, redactor(rawURL, auth))
+		return nil, natsConnectError(addr, err, redactor(rawURL, auth), auth.usesTLS(rawURL))
 	}
 	return nc, nil
 }
 
+// usesTLS reports whether a connection to rawURL with a is meant to
+// use TLS: a tls:// URL, or a CA or a client certificate given.
+func (a NATSAuth) usesTLS(rawURL string) bool {
+	return strings.Contains(rawURL, "tls://") || a.CAFile != "" || a.CertFile != ""
+}
+
 // natsConnectError explains a failed connection: a refusal of the
 // credentials, a certificate not trusted, or nothing that answered.
-func natsConnectError(addr string, err error, redact func(string) string) error {
+func natsConnectError(addr string, err error, redact func(string) string, tlsConfigured bool) error {
 	err = redactedError{err, redact}
 	var (
 		unknownCA x509.UnknownAuthorityError
@@ -204,6 +232,14 @@ func natsConnectError(addr string, err error, redact func(string) string) error 
 		return &UnreachableError{Service: "NATS", Addr: addr, Setting: NATSSetting, Err: fmt.Errorf("%w (the server's TLS certificate is not trusted: give the authority that signed it with -nats-ca)", err)}
 	case errors.Is(err, nats.ErrSecureConnRequired):
 		return &UnreachableError{Service: "NATS", Addr: addr, Setting: NATSSetting, Err: fmt.Errorf("%w (use a tls:// URL)", err)}
+	case strings.Contains(err.Error(), "remote error: tls:"), tlsConfigured && (errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET)):
+		// The server's TLS alert ("bad certificate", "certificate
+		// required", "unknown certificate authority"): it checks client
+		// certificates, and refused this one, or its absence. From TLS
+		// 1.3 on the client's handshake ends before the server has seen
+		// its certificate, and the alert may arrive as a connection
+		// the server closed, under the client's first write.
+		return &UnreachableError{Service: "NATS", Addr: addr, Setting: "-nats-cert and -nats-key", Check: "client certificate its CA signed", Err: tlsRefusal{err}}
 	}
 	if natsRefusal(err) != nil {
 		return &UnreachableError{Service: "NATS", Addr: addr, Setting: NATSAuthSetting, Check: "credentials", Err: err}
@@ -214,6 +250,10 @@ func natsConnectError(addr string, err error, redact func(string) string) error 
 // natsRefusal returns the refusal of a NATS server found in err: its
 // authorization violation, or a credential that expired or was revoked.
 func natsRefusal(err error) error {
+	var tr tlsRefusal
+	if errors.As(err, &tr) {
+		return tr
+	}
 	for _, target := range []error{nats.ErrAuthorization, nats.ErrAuthExpired, nats.ErrAuthRevoked, nats.ErrAccountAuthExpired, nats.ErrPermissionViolation} {
 		if errors.Is(err, target) {
 			return target
@@ -221,6 +261,20 @@ func natsRefusal(err error) error {
 	}
 	return nil
 }
+
+// tlsRefusal is a NATS server's TLS alert, which refused the client's
+// certificate.
+type tlsRefusal struct{ err error }
+
+func (e tlsRefusal) Error() string {
+	var op *net.OpError
+	if errors.As(e.err, &op) {
+		return op.Error() // "remote error: tls: bad certificate"
+	}
+	return e.err.Error()
+}
+
+func (e tlsRefusal) Unwrap() error { return e.err }
 
 // redactor returns a function that removes the secrets of rawURL and
 // auth from a text: nats.go's errors may quote what it was given.

@@ -48,6 +48,10 @@ func TestNATSAuthSettings(t *testing.T) {
 		{storeopen.NATSAuth{NKeyFile: filepath.Join(dir, "none.nk")}, "-nats-nkey"},
 		{storeopen.NATSAuth{CAFile: filepath.Join(dir, "none.pem")}, "-nats-ca"},
 		{storeopen.NATSAuth{CAFile: notPEM}, "holds no PEM certificate"},
+		{storeopen.NATSAuth{CertFile: notPEM}, "-nats-key: a client certificate needs its key"},
+		{storeopen.NATSAuth{KeyFile: notPEM}, "-nats-cert: a client key needs its certificate"},
+		{storeopen.NATSAuth{CertFile: notPEM, KeyFile: notPEM}, "-nats-cert and -nats-key"},
+		{storeopen.NATSAuth{CertFile: filepath.Join(dir, "none.pem"), KeyFile: notPEM}, "-nats-cert and -nats-key"},
 	} {
 		_, err := storeopen.Opener{}.NATS(context.Background(), "nats://127.0.0.1:1", tc.auth)
 		var se *storeopen.SettingError
