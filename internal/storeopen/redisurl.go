@@ -254,6 +254,10 @@ func (o Opener) OpenRedis(ctx context.Context, c RedisConfig) (redis.UniversalCl
 	defer cancel()
 	if err := client.Ping(pctx).Err(); err != nil {
 		_ = client.Close()
+		if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+			// Something accepted the connection and said nothing.
+			err = fmt.Errorf("no answer within %s", DialTimeout)
+		}
 		return nil, nil, o.unreachable(service, t.Display, RedisSetting, err)
 	}
 	return client, t, nil

@@ -188,7 +188,12 @@ func ServerRefusal(err error) error {
 		return pg
 	case errors.As(err, &my):
 		return my
-	case errors.As(err, &amqp):
+	case errors.As(err, &amqp) && (amqp.Server || amqp.Code == amqp091.AccessRefused):
+		// amqp091 reports its own failures as an *amqp091.Error too (a
+		// handshake that timed out, a connection closed under it): only
+		// what the server sent, and the refusals amqp091 makes of the
+		// server closing the handshake (ErrCredentials, ErrVhost,
+		// ErrSASL, all ACCESS_REFUSED), are refusals.
 		return amqp
 	case errors.As(err, &re):
 		return re

@@ -3,11 +3,13 @@ package storeopen_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/watermill-dedup/dedup/internal/storeopen"
@@ -34,6 +36,43 @@ func TestUnreachableError(t *testing.T) {
 		if got := tc.err.Error(); got != tc.want {
 			t.Errorf("got  %q\nwant %q", got, tc.want)
 		}
+	}
+}
+
+// amqp091 reports its own failures as *amqp091.Error too: a handshake that
+// timed out, a connection closed. They are no refusal (#23: a server that
+// never answered was said to have "refused the connection (check the
+// user, password and virtual host...)").
+func TestServerRefusalAMQP(t *testing.T) {
+	timeout := &amqp091.Error{Code: amqp091.FrameError, Reason: "read tcp 127.0.0.1:1->127.0.0.1:2: i/o timeout"}
+	for _, err := range []error{timeout, amqp091.ErrClosed, fmt.Errorf("cannot connect to AMQP: %w", timeout)} {
+		if r := storeopen.ServerRefusal(err); r != nil {
+			t.Errorf("ServerRefusal(%v) = %v, want nil: the client gave up, the server said nothing", err, r)
+		}
+	}
+	for _, err := range []error{amqp091.ErrCredentials, amqp091.ErrVhost, amqp091.ErrSASL,
+		&amqp091.Error{Code: amqp091.NotAllowed, Reason: "NOT_ALLOWED - vhost nosuchvhost not found", Server: true}} {
+		if r := storeopen.ServerRefusal(fmt.Errorf("cannot connect to AMQP: %w", err)); r == nil {
+			t.Errorf("ServerRefusal(%v) = nil, want the refusal", err)
+		}
+	}
+	u := &storeopen.UnreachableError{Service: "RabbitMQ", Addr: "h:1", Setting: "-amqp-url or AMQP_URL", Check: "user, password and virtual host", Err: timeout}
+	if got, want := u.Error(), "RabbitMQ is not reachable at h:1 (change it with -amqp-url or AMQP_URL): "; !strings.HasPrefix(got, want) || !strings.Contains(got, "i/o timeout") {
+		t.Errorf("got  %q\nwant %q and the time-out", got, want)
+	}
+}
+
+// A Redis that accepts the connection and never answers is "no answer
+// within" the time-out, as for the SQL databases, not "context deadline
+// exceeded".
+func TestOpenerRedisNoAnswer(t *testing.T) {
+	hung := testkit.NewProxy(t, testkit.ClosedAddr(t))
+	hung.Blackhole()
+	_, err := storeopen.Opener{}.Redis(context.Background(), []string{hung.Addr()}, false)
+	var u *storeopen.UnreachableError
+	if !errors.As(err, &u) || u.Addr != hung.Addr() || !strings.Contains(err.Error(), "Redis is not reachable at "+hung.Addr()) ||
+		!strings.Contains(err.Error(), "no answer within "+storeopen.DialTimeout.String()) {
+		t.Fatalf("Redis that never answers: %v", err)
 	}
 }
 
