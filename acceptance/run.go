@@ -552,22 +552,42 @@ func (r *run) hangReleased(event string) bool {
 
 // ---- waiting and reading
 
-// eventually polls cond until it holds or timeout passes; cond returns
-// what is still missing.
+// eventually polls cond until it holds; cond returns what is still
+// missing. It judges by progress, not by the clock alone: it gives up
+// when timeout passes without a single due message handled (the run is
+// stuck), or after progressCap timeouts in all (a hang guard), so that a
+// slow but moving run on a loaded machine is not failed.
 func (r *run) eventually(what string, timeout time.Duration, cond func() (bool, string)) {
 	r.t.Helper()
-	deadline := time.Now().Add(timeout)
+	start := time.Now()
+	deadline := start.Add(timeout)
+	last := r.progress()
 	for {
 		ok, missing := cond()
 		if ok {
 			return
 		}
-		if time.Now().After(deadline) {
+		now := time.Now()
+		if p := r.progress(); p > last {
+			last, deadline = p, now.Add(timeout)
+		}
+		if now.After(deadline) || now.Sub(start) > progressCap*timeout {
 			r.note("timed out waiting for %s: %s", what, missing)
-			r.t.Fatalf("timed out after %s waiting for %s: %s", timeout, what, missing)
+			r.t.Fatalf("timed out after %s (%s without progress) waiting for %s: %s",
+				now.Sub(start).Round(time.Second), timeout, what, missing)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// progressCap bounds a wait that keeps progressing, in timeouts.
+const progressCap = 4
+
+// progress counts the due messages handled so far.
+func (r *run) progress() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.handledDue
 }
 
 // timeout scales a wait with the number of events.
