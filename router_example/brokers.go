@@ -109,7 +109,7 @@ func openBroker(ctx context.Context, cfg Config, runID string, logger watermill.
 	// the Kafka consumer group needs its topic.
 	if init, ok := b.sub.(message.SubscribeInitializer); ok {
 		for _, t := range []string{b.topic, b.poisonTopic} {
-			if err := init.SubscribeInitialize(t); err != nil {
+			if err := awaitErr(ctx, "creating "+b.name+" topic "+t, func() error { return init.SubscribeInitialize(t) }); err != nil {
 				return nil, fmt.Errorf("%s: create topic %s: %w", b.name, t, err)
 			}
 		}
@@ -144,8 +144,12 @@ func kafkaProducerConfig() *sarama.Config {
 	c.Producer.Return.Successes = true
 	c.Metadata.Retry.Max = 3
 	c.Metadata.Retry.Backoff = 250 * time.Millisecond
+	c.Net.DialTimeout = dialTimeout // Sarama's default: 30s a connection attempt
 	return c
 }
+
+// kafkaSetting is what changes the Kafka brokers' addresses.
+const kafkaSetting = "-kafka-brokers or KAFKA_BROKERS"
 
 func kafkaConsumerConfig() *sarama.Config {
 	c := kafka.DefaultSaramaSubscriberConfig()
@@ -157,6 +161,7 @@ func kafkaConsumerConfig() *sarama.Config {
 	c.Consumer.Offsets.AutoCommit.Interval = 200 * time.Millisecond
 	c.Metadata.Retry.Max = 3
 	c.Metadata.Retry.Backoff = 250 * time.Millisecond
+	c.Net.DialTimeout = dialTimeout
 	return c
 }
 
@@ -176,7 +181,9 @@ func (b *broker) openKafka(ctx context.Context, cfg Config, logger watermill.Log
 		brokers, rf = cluster.ListenAddrs(), 1
 		b.addr = "in-process kfake at " + strings.Join(brokers, ",")
 	} else {
-		if err := storeopen.ProbeTCP(ctx, "Kafka", brokers[0], "-kafka-brokers or KAFKA_BROKERS"); err != nil {
+		// Something that accepts connections and never answers would
+		// hold Sarama for minutes: it must answer a request first.
+		if err := probeAnswer(ctx, "Kafka", brokers[0], kafkaSetting, kafkaHello()); err != nil {
 			return err
 		}
 		b.addr = strings.Join(brokers, ",")
@@ -187,13 +194,17 @@ func (b *broker) openKafka(ctx context.Context, cfg Config, logger watermill.Log
 	marshaler := kafka.NewWithPartitioningMarshaler(func(_ string, msg *message.Message) (string, error) {
 		return msg.Metadata.Get(metaCustomerID), nil
 	})
-	pub, err := kafka.NewPublisher(kafka.PublisherConfig{
-		Brokers:               brokers,
-		Marshaler:             marshaler,
-		OverwriteSaramaConfig: kafkaProducerConfig(),
-	}, logger)
+	// Sarama takes no context: await ends the wait at a signal, or
+	// after stepTimeout.
+	pub, err := await(ctx, "connecting the Kafka publisher to "+b.addr, func() (*kafka.Publisher, error) {
+		return kafka.NewPublisher(kafka.PublisherConfig{
+			Brokers:               brokers,
+			Marshaler:             marshaler,
+			OverwriteSaramaConfig: kafkaProducerConfig(),
+		}, logger)
+	}, func(p *kafka.Publisher) { _ = p.Close() })
 	if err != nil {
-		return unreachable("Kafka", b.addr, "-kafka-brokers or KAFKA_BROKERS", err)
+		return unreachable("Kafka", b.addr, kafkaSetting, err)
 	}
 	closers.add("close the Kafka publisher", func(context.Context) error { return pub.Close() })
 	sub, err := kafka.NewSubscriber(kafka.SubscriberConfig{
@@ -210,10 +221,13 @@ func (b *broker) openKafka(ctx context.Context, cfg Config, logger watermill.Log
 	closers.add("close the Kafka subscriber", func(context.Context) error { return sub.Close() })
 	b.pub, b.sub = pub, sub
 	if cfg.Producer == producerForeign {
-		p, err := newKafkaForeignProducer(brokers, closers)
+		p, err := await(ctx, "connecting the Sarama producer to "+b.addr, func() (*kafkaForeignProducer, error) {
+			return newKafkaForeignProducer(brokers)
+		}, func(p *kafkaForeignProducer) { _ = p.Close() })
 		if err != nil {
-			return unreachable("Kafka", b.addr, "-kafka-brokers or KAFKA_BROKERS", err)
+			return unreachable("Kafka", b.addr, kafkaSetting, err)
 		}
+		closers.add("close the Sarama producer", func(context.Context) error { return p.Close() })
 		b.producer, b.producerText = p, kafkaForeignText
 	}
 
@@ -240,18 +254,37 @@ func (b *broker) openKafka(ctx context.Context, cfg Config, logger watermill.Log
 	return nil
 }
 
+// amqpSetting is what changes RabbitMQ's URL.
+const amqpSetting = "-amqp-url or AMQP_URL"
+
 func (b *broker) openAMQP(ctx context.Context, cfg Config, logger watermill.LoggerAdapter, closers, removers *teardown) error {
 	b.addr = redactURL(cfg.AMQPURL)
-	hostPort, err := urlHostPort(cfg.AMQPURL, "5672")
+	tlsURL := strings.HasPrefix(cfg.AMQPURL, "amqps://")
+	port := "5672"
+	if tlsURL {
+		port = "5671"
+	}
+	hostPort, err := urlHostPort(cfg.AMQPURL, port)
 	if err != nil {
 		return fmt.Errorf("-amqp-url (or AMQP_URL): %w", err)
 	}
-	if err := storeopen.ProbeTCP(ctx, "RabbitMQ", hostPort, "-amqp-url or AMQP_URL"); err != nil {
+	// Something that accepts connections and never answers would hold
+	// amqp091 for its 30s handshake: it must answer the protocol header
+	// (over TLS, amqp091's bounded TLS handshake is the probe).
+	if tlsURL {
+		err = storeopen.ProbeTCP(ctx, "RabbitMQ", hostPort, amqpSetting)
+	} else {
+		err = probeAnswer(ctx, "RabbitMQ", hostPort, amqpSetting, amqpHello)
+	}
+	if err != nil {
 		return err
 	}
 	// One durable queue per topic on the default exchange; a nack
 	// requeues the message.
 	acfg := amqp.NewDurableQueueConfig(cfg.AMQPURL)
+	// The handshake bounded by dialTimeout (amqp091's default: 30s);
+	// amqp091 fills in its defaults for the rest.
+	acfg.Connection.AmqpConfig = &amqp091.Config{Dial: amqp091.DefaultDial(dialTimeout)}
 	acfg.Publish.ConfirmDelivery = true // Publish returns once RabbitMQ has the message
 	// amqpkeys.Marshaler unmarshals as watermill-amqp's own does, and also
 	// takes the message_id property as the UUID when a message has no
@@ -260,28 +293,36 @@ func (b *broker) openAMQP(ctx context.Context, cfg Config, logger watermill.Logg
 	// strings instead of failing the delivery for ever. A Watermill
 	// message keeps its UUID, so it is used whoever the producer is.
 	acfg.Marshaler = amqpkeys.Marshaler{Inner: acfg.Marshaler}
-	pub, err := amqp.NewPublisher(acfg, logger)
+	// watermill-amqp takes no context: await ends the wait at a signal.
+	pub, err := await(ctx, "connecting the RabbitMQ publisher to "+b.addr, func() (*amqp.Publisher, error) {
+		return amqp.NewPublisher(acfg, logger)
+	}, func(p *amqp.Publisher) { _ = p.Close() })
 	if err != nil {
-		return unreachable("RabbitMQ", b.addr, "-amqp-url or AMQP_URL", err)
+		return unreachable("RabbitMQ", b.addr, amqpSetting, err)
 	}
 	closers.add("close the RabbitMQ publisher", func(context.Context) error { return pub.Close() })
-	sub, err := amqp.NewSubscriber(acfg, logger)
+	sub, err := await(ctx, "connecting the RabbitMQ subscriber to "+b.addr, func() (*amqp.Subscriber, error) {
+		return amqp.NewSubscriber(acfg, logger)
+	}, func(s *amqp.Subscriber) { _ = s.Close() })
 	if err != nil {
-		return unreachable("RabbitMQ", b.addr, "-amqp-url or AMQP_URL", err)
+		return unreachable("RabbitMQ", b.addr, amqpSetting, err)
 	}
 	closers.add("close the RabbitMQ subscriber", func(context.Context) error { return sub.Close() })
 	b.pub, b.sub = pub, sub
 	if cfg.Producer == producerForeign {
-		p, err := newAMQPForeignProducer(cfg.AMQPURL, closers)
+		p, err := await(ctx, "connecting the amqp091 producer to "+b.addr, func() (*amqpForeignProducer, error) {
+			return newAMQPForeignProducer(cfg.AMQPURL)
+		}, func(p *amqpForeignProducer) { _ = p.Close() })
 		if err != nil {
-			return unreachable("RabbitMQ", b.addr, "-amqp-url or AMQP_URL", err)
+			return unreachable("RabbitMQ", b.addr, amqpSetting, err)
 		}
+		closers.add("close the amqp091 producer connection", func(context.Context) error { return p.Close() })
 		b.producer, b.producerText = p, amqpForeignText
 	}
 
 	url := cfg.AMQPURL
 	removers.add("delete RabbitMQ queues "+b.topic+", "+b.poisonTopic, func(context.Context) error {
-		conn, err := amqp091.Dial(url)
+		conn, err := amqp091.DialConfig(url, amqp091.Config{Dial: amqp091.DefaultDial(dialTimeout)})
 		if err != nil {
 			return err
 		}

@@ -71,7 +71,13 @@ func natsStreamConfig(topic string) jetstream.StreamConfig {
 func (b *broker) openNATS(ctx context.Context, cfg Config, logger watermill.LoggerAdapter, closers, removers *teardown) error {
 	// Without the credentials the URL may carry (a password, a token).
 	b.addr = storeopen.RedactNATSURL(cfg.NATSURL)
-	nc, err := connect.NATS(ctx, cfg.NATSURL, cfg.NATSAuth)
+	// nats.go takes no context: await ends the wait at a signal.
+	natsConnect := func(what string) (*nats.Conn, error) {
+		return await(ctx, what, func() (*nats.Conn, error) {
+			return connect.NATS(ctx, cfg.NATSURL, cfg.NATSAuth)
+		}, (*nats.Conn).Close)
+	}
+	nc, err := natsConnect("connecting to NATS at " + b.addr)
 	if err != nil {
 		return err
 	}
@@ -87,7 +93,7 @@ func (b *broker) openNATS(ctx context.Context, cfg Config, logger watermill.Logg
 	b.pub = pub
 	b.brokerDedup = pub.summary
 	// The subscriber's own connection: its Close drains it.
-	subConn, err := connect.NATS(ctx, cfg.NATSURL, cfg.NATSAuth)
+	subConn, err := natsConnect("connecting the NATS subscriber to " + b.addr)
 	if err != nil {
 		return err
 	}
@@ -194,15 +200,16 @@ func (p *natsPublisher) summary() string {
 // publisher and the subscriber each have a client of their own, which
 // their Close closes.
 func (b *broker) openRedisStreams(ctx context.Context, cfg Config, logger watermill.LoggerAdapter, closers, removers *teardown) error {
-	target, err := storeopen.ParseRedis(storeopen.RedisConfig{Addr: cfg.RedisAddr, TLS: cfg.RedisTLS})
+	// The server must answer first, as for the Redis store: the
+	// subscriber would otherwise retry its reads until the run's
+	// -timeout, saying nothing. admin, the client that asked, deletes
+	// the streams under -cleanup.
+	admin, target, err := openRedis(ctx, cfg)
 	if err != nil {
 		return err
 	}
+	closers.add("close the Redis Streams admin client", func(context.Context) error { return admin.Close() })
 	b.addr = target.Display
-	opts := target.Options()
-	if err := storeopen.ProbeTCP(ctx, "Redis", opts.Addr, storeopen.RedisSetting); err != nil {
-		return err
-	}
 	client := func() *redis.Client { return redis.NewClient(target.Options()) }
 	pub, err := redisstream.NewPublisher(redisstream.PublisherConfig{Client: client()}, logger)
 	if err != nil {
@@ -227,9 +234,7 @@ func (b *broker) openRedisStreams(ctx context.Context, cfg Config, logger waterm
 	closers.add("close the Redis Streams subscriber", func(context.Context) error { return sub.Close() })
 	b.pub, b.sub = pub, sub
 	removers.add("delete Redis streams "+b.topic+", "+b.poisonTopic+" (and their groups)", func(ctx context.Context) error {
-		c := client()
-		defer c.Close()
-		return c.Del(ctx, b.topic, b.poisonTopic).Err()
+		return admin.Del(ctx, b.topic, b.poisonTopic).Err()
 	})
 	return nil
 }

@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/url"
 	"time"
@@ -56,6 +58,9 @@ func (t *teardown) names() []string {
 // which setting changes: nothing answered there, or the server refused
 // and the error says which credentials to check in setting.
 func unreachable(service, addr, setting string, err error) error {
+	if errors.Is(err, errInterrupted) {
+		return err // a signal cut it short: the service is not to blame
+	}
 	check := connect.Check // "user, password and database"
 	if service == "RabbitMQ" {
 		check = "user, password and virtual host"
@@ -66,6 +71,154 @@ func unreachable(service, addr, setting string, err error) error {
 // dialTimeout bounds the reachability probe of every service, and each
 // connection attempt.
 const dialTimeout = storeopen.DialTimeout
+
+// stepTimeout bounds each set-up step a client library runs without a
+// context (connecting, creating a topic): a server that stops answering
+// half-way fails the set-up then, not after the library's own time-outs
+// (minutes, in Sarama).
+const stepTimeout = 30 * time.Second
+
+// errInterrupted is wrapped by the error of a set-up step a signal cut
+// short (SIGINT, SIGTERM: the context of run): an *interruptedError.
+var errInterrupted = errors.New("interrupted")
+
+// interruptedError is a set-up step a signal cut short.
+type interruptedError struct {
+	While string // what the step was doing: "waiting for Kafka at 127.0.0.1:9092 to answer"
+}
+
+func (e *interruptedError) Error() string { return "interrupted while " + e.While }
+
+func (e *interruptedError) Is(target error) bool { return target == errInterrupted }
+
+// interruption is what to say of a set-up that failed with err after a
+// signal: what it was doing, when a step said so; a step that takes a
+// context fails with its own error then (context canceled), which says
+// nothing about the service.
+func interruption(err error) string {
+	var ie *interruptedError
+	if errors.As(err, &ie) {
+		return ie.Error()
+	}
+	return "interrupted during set-up"
+}
+
+// stepTimeoutError is a set-up step that took longer than stepTimeout.
+type stepTimeoutError struct {
+	Step    string
+	Timeout time.Duration
+}
+
+func (e *stepTimeoutError) Error() string {
+	return fmt.Sprintf("%s: no answer within %s", e.Step, e.Timeout)
+}
+
+// await runs step, a client library's call that takes no context, and
+// returns what it returns; or, as soon as ctx ends (a signal), an error
+// wrapping errInterrupted; or, after stepTimeout, a *stepTimeoutError. A
+// step abandoned so runs on in the background, and what it returns then
+// is given to discard (to close it); nothing else sees it.
+func await[T any](ctx context.Context, what string, step func() (T, error), discard func(T)) (T, error) {
+	return awaitWithin(ctx, stepTimeout, what, step, discard)
+}
+
+// awaitWithin is await with a time-out of its own.
+func awaitWithin[T any](ctx context.Context, timeout time.Duration, what string, step func() (T, error), discard func(T)) (T, error) {
+	type result struct {
+		v   T
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		v, err := step()
+		done <- result{v, err}
+	}()
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	var err error
+	select {
+	case r := <-done:
+		return r.v, r.err
+	case <-ctx.Done():
+		err = &interruptedError{While: what}
+	case <-timer.C:
+		err = &stepTimeoutError{Step: what, Timeout: timeout}
+	}
+	go func() {
+		if r := <-done; r.err == nil && discard != nil {
+			discard(r.v)
+		}
+	}()
+	var zero T
+	return zero, err
+}
+
+// awaitErr is await for a step that returns only an error.
+func awaitErr(ctx context.Context, what string, step func() error) error {
+	_, err := await(ctx, what, func() (struct{}, error) { return struct{}{}, step() }, nil)
+	return err
+}
+
+// probeAnswer checks that a server answers at addr before a client
+// library connects with its own long (or endless) waits: it connects, as
+// storeopen.ProbeTCP does, sends hello, a request of the service's
+// protocol that any server of it answers, and waits dialTimeout for the
+// first byte of an answer. Nothing listening, or no answer, is an
+// *storeopen.UnreachableError naming setting; a signal (ctx), an error
+// wrapping errInterrupted.
+func probeAnswer(ctx context.Context, service, addr, setting string, hello []byte) error {
+	fail := func(err error) error {
+		if ctx.Err() != nil {
+			return &interruptedError{While: "waiting for " + service + " at " + addr + " to answer"}
+		}
+		return &storeopen.UnreachableError{Service: service, Addr: addr, Setting: setting, Err: err}
+	}
+	dctx, cancel := context.WithTimeout(ctx, dialTimeout)
+	defer cancel()
+	var d net.Dialer
+	conn, err := d.DialContext(dctx, "tcp", addr)
+	if err != nil {
+		return fail(err)
+	}
+	defer conn.Close()
+	// A signal ends the wait at once: the deadline passes.
+	stop := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Now()) })
+	defer stop()
+	if err := conn.SetDeadline(time.Now().Add(dialTimeout)); err != nil {
+		return fail(err)
+	}
+	if _, err := conn.Write(hello); err != nil {
+		return fail(err)
+	}
+	var b [1]byte
+	_, err = conn.Read(b[:])
+	var ne net.Error
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &ne) && ne.Timeout():
+		err = fmt.Errorf("no answer within %s (something accepts connections there, but no %s server answered)", dialTimeout, service)
+	case errors.Is(err, io.EOF):
+		err = fmt.Errorf("the connection was closed without an answer (is it a %s server?)", service)
+	}
+	return fail(err)
+}
+
+// kafkaHello is a Kafka ApiVersions request, version 0: every Kafka
+// broker answers it, before any authentication.
+func kafkaHello() []byte {
+	const clientID = "router_example"
+	b := binary.BigEndian.AppendUint32(nil, uint32(2+2+4+2+len(clientID))) // size
+	b = binary.BigEndian.AppendUint16(b, 18)                               // api key: ApiVersions
+	b = binary.BigEndian.AppendUint16(b, 0)                                // api version
+	b = binary.BigEndian.AppendUint32(b, 1)                                // correlation id
+	b = binary.BigEndian.AppendUint16(b, uint16(len(clientID)))
+	return append(b, clientID...)
+}
+
+// amqpHello is the AMQP 0-9-1 protocol header: the server answers it with
+// Connection.Start (or with the protocol header it speaks).
+var amqpHello = []byte("AMQP\x00\x00\x09\x01")
 
 // redactURL hides the password of a URL for messages.
 func redactURL(raw string) string {

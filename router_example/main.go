@@ -16,8 +16,9 @@
 //	go run ./router_example -help                      # every flag, its env variable
 //
 // The exit status is 0 when every payment was awarded exactly once, 1 when
-// not, 2 for a configuration error or a service that cannot be used (under
-// `go run` the shell sees 1: go run prints "exit status 2").
+// not (or the run was interrupted), 2 for a configuration error or a
+// service that cannot be used (under `go run` the shell sees 1: go run
+// prints "exit status 2").
 package main
 
 import (
@@ -53,7 +54,11 @@ const (
 func main() {
 	// Graceful shutdown: SIGINT or SIGTERM cancels ctx; run then closes the
 	// router, waits for the handlers running, and closes the middleware.
+	// Set-up takes ctx too: a signal ends a connection attempt at once. A
+	// second signal ends the process there and then (stop restores the
+	// default handling).
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	context.AfterFunc(ctx, stop)
 	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr, os.Getenv)
 	stop()
 	os.Exit(code)
@@ -73,6 +78,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	defer sim.close(ctx)
 	router, dedupMW, err := setUp(ctx, cfg, sim)
 	if err != nil {
+		if ctx.Err() != nil { // a signal cut the set-up short: the run did not finish
+			fmt.Fprintf(stderr, "router_example: %s\n", interruption(err))
+			return exitBroken
+		}
 		fmt.Fprintf(stderr, "router_example: %v\n", err)
 		return exitConfig
 	}
@@ -135,13 +144,15 @@ func setUp(ctx context.Context, cfg Config, sim *simulation) (*message.Router, *
 		return nil, nil, err
 	}
 
-	b, err := openBroker(ctx, cfg, sim.runID, logger, &sim.closers, &sim.removers)
-	if err != nil {
-		return nil, nil, fmt.Errorf("broker %s: %w", cfg.Broker, err)
-	}
+	// The store first: it refuses a -run-id an earlier run left records
+	// under before the broker's topics of that name are touched.
 	st, err := openStore(ctx, cfg, sim.runID, logger, &sim.closers, &sim.removers)
 	if err != nil {
 		return nil, nil, fmt.Errorf("store %s: %w", cfg.Store, err)
+	}
+	b, err := openBroker(ctx, cfg, sim.runID, logger, &sim.closers, &sim.removers)
+	if err != nil {
+		return nil, nil, fmt.Errorf("broker %s: %w", cfg.Broker, err)
 	}
 	ledger, err := sim.start(ctx, b, st) // the plan, the ledger, the injected faults
 	if err != nil {

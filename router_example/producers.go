@@ -60,16 +60,17 @@ const (
 // the Watermill publisher.
 type kafkaForeignProducer struct{ prod sarama.SyncProducer }
 
-func newKafkaForeignProducer(brokers []string, closers *teardown) (*kafkaForeignProducer, error) {
+func newKafkaForeignProducer(brokers []string) (*kafkaForeignProducer, error) {
 	cfg := kafkaProducerConfig()
 	cfg.ClientID = "payments-producer"
 	prod, err := sarama.NewSyncProducer(brokers, cfg)
 	if err != nil {
 		return nil, err
 	}
-	closers.add("close the Sarama producer", func(context.Context) error { return prod.Close() })
 	return &kafkaForeignProducer{prod: prod}, nil
 }
+
+func (p *kafkaForeignProducer) Close() error { return p.prod.Close() }
 
 func (p *kafkaForeignProducer) publish(_ context.Context, topic string, pm plannedMessage) (string, error) {
 	payload, err := json.Marshal(pm.event)
@@ -97,23 +98,31 @@ func (p *kafkaForeignProducer) publish(_ context.Context, topic string, pm plann
 // seconds in AMQP), and the attempt an integer header, as other clients
 // send them: watermill-amqp's own marshaler fails such a delivery,
 // amqpkeys.Marshaler turns the header into the string "2".
-type amqpForeignProducer struct{ ch *amqp091.Channel }
+type amqpForeignProducer struct {
+	conn *amqp091.Connection
+	ch   *amqp091.Channel
+}
 
-func newAMQPForeignProducer(url string, closers *teardown) (*amqpForeignProducer, error) {
+func newAMQPForeignProducer(url string) (*amqpForeignProducer, error) {
 	conn, err := amqp091.DialConfig(url, amqp091.Config{Dial: amqp091.DefaultDial(dialTimeout)})
 	if err != nil {
 		return nil, err
 	}
-	closers.add("close the amqp091 producer connection", func(context.Context) error { return conn.Close() })
 	ch, err := conn.Channel()
+	if err == nil {
+		if err = ch.Confirm(false); err != nil {
+			err = fmt.Errorf("publisher confirms: %w", err)
+		}
+	}
 	if err != nil {
+		_ = conn.Close()
 		return nil, err
 	}
-	if err := ch.Confirm(false); err != nil {
-		return nil, fmt.Errorf("publisher confirms: %w", err)
-	}
-	return &amqpForeignProducer{ch: ch}, nil
+	return &amqpForeignProducer{conn: conn, ch: ch}, nil
 }
+
+// Close closes the connection, and the channel with it.
+func (p *amqpForeignProducer) Close() error { return p.conn.Close() }
 
 func (p *amqpForeignProducer) publish(ctx context.Context, queue string, pm plannedMessage) (string, error) {
 	payload, err := json.Marshal(pm.event)

@@ -47,6 +47,7 @@ type simulation struct {
 	limit       message.HandlerMiddleware
 	progress    progress
 	res         *result
+	ran         bool // the router ran: the run has something to inspect
 	removed     bool
 	handlerRuns atomic.Int64 // calls of the handler, for the summary
 }
@@ -168,6 +169,7 @@ func (s *simulation) drive(ctx context.Context, running, stopped <-chan struct{}
 	defer func() { s.res.elapsed = time.Since(start) }()
 	select {
 	case <-running:
+		s.ran = true
 	case <-stopped:
 		s.fail("router", errors.New("it stopped before it ran"))
 		return
@@ -281,7 +283,11 @@ func (s *simulation) removeCreated(ctx context.Context) {
 	}
 	s.removed = true
 	if !s.cfg.Cleanup {
-		fmt.Fprintf(s.stderr, "router_example: kept for inspection (run with -cleanup to remove): %s\n", strings.Join(s.removers.names(), "; "))
+		// A run that never ran created nothing worth a word: empty
+		// topics and tables at most.
+		if s.ran {
+			fmt.Fprintf(s.stderr, "router_example: kept for inspection (run with -cleanup to remove): %s\n", strings.Join(s.removers.names(), "; "))
+		}
 		return
 	}
 	if err := s.removers.run(context.WithoutCancel(ctx), 30*time.Second); err != nil {

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 
 	"github.com/ThreeDotsLabs/watermill"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/watermill-dedup/dedup/internal/storeopen"
 	"github.com/watermill-dedup/dedup/stores"
@@ -52,7 +53,7 @@ func openStore(ctx context.Context, cfg Config, runID string, logger watermill.L
 }
 
 func openRedisStore(ctx context.Context, cfg Config, runID string, logger watermill.LoggerAdapter, closers, removers *teardown) (*dedupStore, error) {
-	client, target, err := connect.OpenRedis(ctx, storeopen.RedisConfig{Addr: cfg.RedisAddr, TLS: cfg.RedisTLS})
+	client, target, err := openRedis(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -149,6 +150,21 @@ func openSQLite(ctx context.Context, cfg Config, closers *teardown) (*sql.DB, st
 		return nil, "", fmt.Errorf("open SQLite file %s (change -dir): %w", path, err)
 	}
 	return db, path, nil
+}
+
+// openRedis connects to -redis-addr and pings it. go-redis bounds the
+// ping by the context's deadline only (3s): await ends the wait at once
+// on a signal.
+func openRedis(ctx context.Context, cfg Config) (redis.UniversalClient, *storeopen.RedisTarget, error) {
+	type opened struct {
+		client redis.UniversalClient
+		target *storeopen.RedisTarget
+	}
+	o, err := await(ctx, "connecting to Redis at "+storeopen.RedactRedis(cfg.RedisAddr), func() (opened, error) {
+		c, t, err := connect.OpenRedis(ctx, storeopen.RedisConfig{Addr: cfg.RedisAddr, TLS: cfg.RedisTLS})
+		return opened{c, t}, err
+	}, func(o opened) { _ = o.client.Close() })
+	return o.client, o.target, err
 }
 
 // connect opens the connections of the store and of the SQL pub/subs:
