@@ -20,6 +20,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
+	"go.uber.org/goleak"
 
 	dedup "github.com/watermill-dedup/dedup"
 	"github.com/watermill-dedup/dedup/keyfuncs"
@@ -254,6 +255,34 @@ func TestHandlerSpanContinuesTheProducersTrace(t *testing.T) {
 		case s.Parent().SpanID() != h.SpanContext().SpanID() || s.SpanContext().TraceID() != publish.SpanContext().TraceID():
 			t.Errorf("%s: parent %s in trace %s, want the handler span %s in the producer's trace %s", name, s.Parent().SpanID(), s.SpanContext().TraceID(), h.SpanContext().SpanID(), publish.SpanContext().TraceID())
 		}
+	}
+}
+
+// run with -trace flushes the trace and stops the exporter's goroutine
+// before it returns.
+func TestRunWithTraceStopsEveryGoroutine(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the example")
+	}
+	path := filepath.Join(t.TempDir(), "trace.json")
+	args := []string{"-events=20", "-store=memory", "-cleanup", "-run-id=" + newTestRunID(), "-timeout=60s", "-trace=" + path}
+	ignore := goleak.IgnoreCurrent()
+	var stdout, stderr strings.Builder
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	code := run(ctx, args, &stdout, &stderr, func(string) string { return "" })
+	cancel()
+	if code != exitOK {
+		t.Fatalf("exit %d\n%s\n%s", code, stdout.String(), stderr.String())
+	}
+	goleak.VerifyNone(t, ignore)
+	handlers := 0
+	for _, s := range readTrace(t, path) {
+		if s.Name == handlerSpanName {
+			handlers++
+		}
+	}
+	if handlers < 20 {
+		t.Fatalf("%d handler spans in the trace for 20 events: not flushed", handlers)
 	}
 }
 
