@@ -224,10 +224,12 @@ which wins over the file):
 `)
 		printDefaults(fs)
 		fmt.Fprintf(fs.Output(), `
-Exit status: 0 the invariant holds, 1 it is broken or the run did not finish,
-2 bad configuration or a service that cannot be used. Under "go run" the
-shell sees 1 for any failure (go run prints "exit status 2"): build the
-binary (go build -o router_example ./router_example) to see the status.
+Exit status: 0 the invariant holds, 1 it is broken or the run did not finish
+(-timeout, or a signal: SIGINT or SIGTERM end it at any moment, set-up
+included), 2 bad configuration or a service that cannot be used. Under
+"go run" the shell sees 1 for any failure (go run prints "exit status 2"):
+build the binary (go build -o router_example ./router_example) to see the
+status.
 `)
 	}
 	return fs
