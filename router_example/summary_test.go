@@ -64,6 +64,13 @@ func TestVerdict(t *testing.T) {
 			r.stats.poisoned = 1
 			return r
 		}, false, "poison"},
+		// A poisoned message was acked and never handled: its payment is
+		// missing, and not lost (#23: never say "lost" for what is not).
+		{"poisoned, hence missing", func() *result {
+			r := sampleResult(modeTransactional, map[string]int64{"A": 1})
+			r.stats.poisoned = 1
+			return r
+		}, false, "invariant: BROKEN — 1 messages went to the poison topic (1 payments never awarded)"},
 		{"unfinished", func() *result {
 			r := sampleResult(modeTransactional, map[string]int64{"A": 1, "B": 1})
 			r.finished, r.stats.unacked = false, 1
