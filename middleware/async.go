@@ -30,17 +30,107 @@ type pending struct {
 	keys map[flightKey]*flight
 	// landings counts the flights that have ended.
 	landings atomic.Uint64
+	// work hands a Complete to an idle completer goroutine: unbuffered,
+	// so that a send succeeds only when one is waiting.
+	work chan *flight
 }
 
-// flight is one background Complete.
+// flight is one background Complete: what it records, and the keys it
+// holds meanwhile. One allocation carries it all, the Complete's context
+// included.
 type flight struct {
 	scope string
 	keys  []string
-	done  chan struct{} // closed when the Complete has landed or given up
+	// done is closed when the Complete has landed or given up; made by
+	// the first landing that waits for it (under pending.mu), so that a
+	// flight nobody waits for makes no channel.
+	done chan struct{}
+
+	m    *Middleware
+	msg  *message.Message
+	hb   *cycle.Beat
+	data []byte
+	ctx  completeCtx
+}
+
+// completeCtx is the context of a background Complete: the values of the
+// message's context as the handler got it, detached from its
+// cancellation (the subscriber may cancel it after the ack), and
+// cancelled when Close gives up waiting (pending.stop) — what
+// context.WithCancel(context.WithoutCancel(msgCtx)) stopped by an
+// AfterFunc on pending.stop was, without their allocations and locks.
+type completeCtx struct {
+	values context.Context // hb.Detached(): the message's values
+	stop   context.Context
+}
+
+var _ context.Context = (*completeCtx)(nil)
+
+func (c *completeCtx) Deadline() (time.Time, bool) { return time.Time{}, false }
+func (c *completeCtx) Done() <-chan struct{}       { return c.stop.Done() }
+func (c *completeCtx) Err() error                  { return c.stop.Err() }
+
+// Value returns the message's values; the context package's own lookup of
+// a cancellable ancestor finds stop, whose cancellation this is.
+func (c *completeCtx) Value(key any) any {
+	if cycle.IsCancelKey(key) {
+		return c.stop.Value(key)
+	}
+	return c.values.Value(key)
+}
+
+func (c *completeCtx) String() string { return "middleware.completeCtx" }
+
+// run completes f in the background: on an idle completer goroutine when
+// one waits, else on a new one.
+func (p *pending) run(f *flight) {
+	select {
+	case p.work <- f:
+	default:
+		go p.completer(f)
+	}
+}
+
+// completerIdle is how long a completer goroutine waits for the next
+// Complete before it exits.
+const completerIdle = 100 * time.Millisecond
+
+// completer runs background Completes, the first f, then each that run
+// hands it, until none came for completerIdle or Close has stopped
+// waiting. A Complete goes deep (the store's client, a pipeline): a
+// goroutine started for each would grow its stack each time, which cost
+// more CPU than the Complete's own code; a completer keeps the stack it
+// grew.
+func (p *pending) completer(f *flight) {
+	var idle *time.Timer
+	for {
+		f.complete()
+		if idle == nil {
+			idle = time.NewTimer(completerIdle)
+		} else {
+			idle.Reset(completerIdle)
+		}
+		select {
+		case f = <-p.work:
+		case <-idle.C:
+			return
+		case <-p.stop.Done():
+			idle.Stop()
+			return
+		}
+	}
+}
+
+// complete records f's message done (it was acked already) and ends the
+// flight. A failure can only be reported: the cycle logs it.
+func (f *flight) complete() {
+	defer f.m.async.done(f)
+	f.m.cyc.Complete(&f.ctx, f.msg, f.hb, f.data)
+	f.m.cyc.Drop(f.hb)
 }
 
 func newPending() *pending {
-	p := &pending{idle: make(chan struct{}), keys: map[flightKey]*flight{}}
+	p := &pending{idle: make(chan struct{}), keys: map[flightKey]*flight{}, work: make(chan *flight)}
 	p.stop, p.cancel = context.WithCancel(context.Background())
 	return p
 }
@@ -49,10 +139,12 @@ func newPending() *pending {
 // builds no string.
 type flightKey struct{ scope, key string }
 
-// start registers a background Complete of c, or returns nil after Close:
-// the caller then completes synchronously.
-func (p *pending) start(c *stores.Claim) *flight {
-	f := &flight{scope: c.Scope, keys: c.Keys, done: make(chan struct{})}
+// start registers a background Complete of c by the middleware m, for msg
+// whose handler ran under hb and produced data, or returns nil after
+// Close: the caller then completes synchronously. run sends it.
+func (p *pending) start(m *Middleware, c *stores.Claim, msg *message.Message, hb *cycle.Beat, data []byte) *flight {
+	f := &flight{scope: c.Scope, keys: c.Keys, m: m, msg: msg, hb: hb, data: data}
+	f.ctx = completeCtx{values: hb.Detached(), stop: p.stop}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
@@ -74,7 +166,9 @@ func (p *pending) done(f *flight) {
 			delete(p.keys, fk)
 		}
 	}
-	close(f.done)
+	if f.done != nil {
+		close(f.done)
+	}
 	p.landings.Add(1)
 	p.n--
 	if p.n == 0 && p.closed {
@@ -89,6 +183,10 @@ func (p *pending) landing(scope string, keys []string) <-chan struct{} {
 	defer p.mu.Unlock()
 	for _, k := range keys {
 		if f, ok := p.keys[flightKey{scope, k}]; ok {
+			if f.done == nil {
+				// Not ended: done deletes its keys, under p.mu.
+				f.done = make(chan struct{})
+			}
 			return f.done
 		}
 	}
@@ -124,11 +222,11 @@ func (p *pending) close(ctx context.Context) error {
 // startAsync registers a background Complete of c, or returns nil when c
 // completes before the ack: outside ModeAsyncComplete, on a store that
 // never blocks, and after Close.
-func (m *Middleware) startAsync(c *stores.Claim) *flight {
+func (m *Middleware) startAsync(c *stores.Claim, msg *message.Message, hb *cycle.Beat, data []byte) *flight {
 	if m.async == nil || m.cyc.NonBlocking() {
 		return nil
 	}
-	return m.async.start(c)
+	return m.async.start(m, c, msg, hb, data)
 }
 
 // awaitOwnComplete handles keys found in progress under
@@ -176,18 +274,3 @@ func (m *Middleware) awaitOwnComplete(msg *message.Message, scope string, keys [
 
 // closedChan is a channel that is always ready.
 var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
-
-// completeAsync records a message already acked (ModeAsyncComplete): the
-// subscriber may have cancelled its context, so the Complete detaches
-// from it, and a failure can only be reported (the cycle logs it).
-//
-// msgCtx is the message's context as the handler got it: the message
-// itself belongs to the router again, which may set another.
-func (m *Middleware) completeAsync(msgCtx context.Context, msg *message.Message, hb *cycle.Beat, data []byte) {
-	// Detached from the message, whose subscriber may cancel it after the
-	// ack, but stopped by a Close that gives up waiting.
-	ctx, cancel := context.WithCancel(context.WithoutCancel(msgCtx))
-	defer cancel()
-	defer context.AfterFunc(m.async.stop, cancel)()
-	m.cyc.Complete(ctx, msg, hb, data)
-}

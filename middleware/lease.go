@@ -6,8 +6,6 @@ package middleware
 // the handler fails.
 
 import (
-	"context"
-
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	dedup "github.com/watermill-dedup/dedup"
@@ -100,18 +98,17 @@ func (m *Middleware) runClaimed(h message.HandlerFunc, msg *message.Message, c *
 	settled = true
 	hb.Completing()
 	// A store that never blocks has no round trip to hide: complete inline.
-	if f := m.startAsync(c); f != nil {
-		go func() {
-			defer m.async.done(f)
-			m.completeAsync(parent, msg, hb, data)
-			m.cyc.Drop(hb)
-		}()
+	if f := m.startAsync(c, msg, hb, data); f != nil {
+		// Its context is the message's as the handler got it (hb's
+		// parent), detached from its cancellation: the message itself
+		// belongs to the router again, which may set another.
+		m.async.run(f)
 		return outputs, nil
 	}
 	// Retried for CompleteTimeout whatever becomes of the message's
 	// context: its effect happened, and giving up early would leave the
 	// record processing for a later duplicate to run again.
-	rec, recorded := m.cyc.Complete(context.WithoutCancel(parent), msg, hb, data)
+	rec, recorded := m.cyc.Complete(hb.Detached(), msg, hb, data)
 	m.cyc.Drop(hb)
 	switch rec {
 	case cycle.DoneBefore:

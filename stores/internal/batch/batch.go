@@ -3,11 +3,13 @@
 //
 // A call that arrives while nothing else is running runs at once, alone,
 // in the caller's goroutine. A call that arrives while other calls are out
-// waits in a queue. If one of the MaxInFlight slots is free, a worker
-// goroutine takes it at once and, after one yield of the processor (so
-// that callers just woken by a finished batch can queue their next calls
-// and go out together, instead of one by one), sends everything queued as
-// one batch. If every slot is busy, the queue goes out when a batch
+// waits in a queue. If one of the MaxInFlight slots is free, the caller
+// takes it at once and, after one yield of the processor (so that
+// callers just woken by a finished batch can queue their next calls and
+// go out together, instead of one by one), sends everything queued as one
+// batch: alone, in its own goroutine, if nobody joined it; else through a
+// worker goroutine, so that each caller can leave at its own deadline. If
+// every slot is busy, the queue goes out when a batch
 // finishes: that batch's worker takes it (up to MaxBatch calls a batch)
 // and goes on until the queue is empty, then frees its slot. There is no
 // timer: a lone caller runs immediately, and under load the batch size
@@ -25,9 +27,10 @@
 //     error. One whose context ends while its batch is running returns its
 //     error at once too; the batch carries on without it, and its result,
 //     if it gets one, goes to the OnOrphaned undo.
-//   - A lone call running in its caller's goroutine runs under its own
-//     context, exactly as an unbatched call: it returns when the backend
-//     honours that context.
+//   - A lone call running in its caller's goroutine (nothing else out,
+//     or a free slot that nobody joined) runs under its own context,
+//     exactly as an unbatched call: it returns when the backend honours
+//     that context.
 //   - A batch of one call runs under that call's context. A batch of
 //     several runs under a context that carries the values of its first
 //     call's context, is not cancelled when one caller gives up (one
@@ -197,13 +200,28 @@ func (b *Batcher[Req, Resp]) Do(ctx context.Context, req Req) (Resp, error) {
 	}
 	b.queue = append(b.queue, c)
 	if b.inFlight < b.maxInFlight && !b.starting {
-		// Other calls are out but a slot is free: a worker takes it and
-		// sends what is queued once the goroutines that are runnable now
-		// (callers just woken by a finished batch) have queued theirs.
+		// Other calls are out but a slot is free: this caller takes it,
+		// and sends what is queued once the goroutines that are runnable
+		// now (callers just woken by a finished batch) have queued
+		// theirs.
 		b.inFlight++
 		b.starting = true
 		b.mu.Unlock()
-		go b.start()
+		if calls := b.start(); len(calls) == 1 && calls[0] == c {
+			// Nobody joined: run it alone in this goroutine, as a lone
+			// call, without a worker to start and wake this caller.
+			b.run(c.self[:])
+			if next := b.next(); next != nil {
+				go b.work(next)
+			}
+			<-c.done
+			return b.result(c)
+		} else if calls != nil {
+			// A batch of several (or without this call, which a batch
+			// finishing meanwhile took): a worker runs it, so that each
+			// of its callers can leave at its own deadline.
+			go b.work(calls)
+		}
 	} else {
 		b.mu.Unlock()
 	}
@@ -271,13 +289,15 @@ func (b *Batcher[Req, Resp]) next() []*Call[Req, Resp] {
 	return calls
 }
 
-// start runs a worker in a slot taken for it, after a yield.
-func (b *Batcher[Req, Resp]) start() {
+// start takes the queue for a slot taken for it, after a yield: nil when
+// it is empty (a batch finishing meanwhile took it; the slot is free
+// again).
+func (b *Batcher[Req, Resp]) start() []*Call[Req, Resp] {
 	runtime.Gosched()
 	b.mu.Lock()
 	b.starting = false
 	b.mu.Unlock()
-	b.work(b.next())
+	return b.next()
 }
 
 // work runs batches from the queue in a slot until the queue is empty.

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -464,4 +466,30 @@ func TestCloseWaitsForUndos(t *testing.T) {
 	if n := undone.Load(); n != 1 {
 		t.Fatalf("%d orphans undone, want 1 (none after Close)", n)
 	}
+}
+
+// A call that finds a slot free while another batch is out, and that
+// nobody joins, runs in its caller's goroutine, as a lone call: no worker
+// goroutine to start, and no wake-up between the batch and its caller.
+func TestFreeSlotCallRunsInCaller(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	g := newGatedExec(1)
+	var inCaller atomic.Bool
+	b := batch.New(func(ctx context.Context, calls []*batch.Call[int, int]) error {
+		if calls[0].Req == 5 {
+			buf := make([]byte, 64<<10)
+			inCaller.Store(strings.Contains(string(buf[:runtime.Stack(buf, false)]), "batch_test.TestFreeSlotCallRunsInCaller("))
+		}
+		return g.exec(ctx, calls)
+	}, 8, 2)
+	first := goDo(b, context.Background(), 1)
+	<-g.entered
+	if r, err := b.Do(context.Background(), 5); err != nil || r != 6 {
+		t.Fatalf("Do(5) = %d, %v", r, err)
+	}
+	if !inCaller.Load() {
+		t.Fatal("the call ran in a goroutine other than its caller's")
+	}
+	g.open(1)
+	<-first
 }
