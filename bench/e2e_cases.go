@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"sync"
@@ -252,6 +254,11 @@ type e2eRun struct {
 	hasRedis, hasPG      bool
 	// duplicates counts the messages the middleware found done.
 	duplicates int64
+	// inChain and gap are, on a sequential broker, the median time a
+	// message spent in the middleware and handler, and the median time
+	// from one message's return to the next one's arrival (the ack and
+	// the delivery): where the time a message takes goes.
+	inChain, gap time.Duration
 }
 
 // publish publishes n messages to topic, message ids prefix-0 to
@@ -271,7 +278,7 @@ func publish(b *e2eBroker, topic, prefix string, n int) error {
 
 // consumeRate publishes b.n messages to a fresh topic and consumes them
 // (see consume).
-func consumeRate(ctx context.Context, b *e2eBroker, mw message.HandlerMiddleware, h message.HandlerFunc, meter *cpuMeter) (e2eRun, error) {
+func consumeRate(ctx context.Context, b *e2eBroker, mw message.HandlerMiddleware, h message.HandlerFunc, meter *cpuMeter, profile string) (e2eRun, error) {
 	run := runID()
 	topic := b.topic(run)
 	sub, err := b.newSub(run)
@@ -287,7 +294,7 @@ func consumeRate(ctx context.Context, b *e2eBroker, mw message.HandlerMiddleware
 	if err := publish(b, topic, run, b.n); err != nil {
 		return e2eRun{}, err
 	}
-	return consume(ctx, b, sub, topic, run, b.n, mw, h, meter)
+	return consume(ctx, b, sub, topic, run, b.n, mw, h, meter, profile)
 }
 
 // consume runs a router that consumes n messages of topic from sub, each
@@ -296,7 +303,8 @@ func consumeRate(ctx context.Context, b *e2eBroker, mw message.HandlerMiddleware
 // (a consumer group's join, say) is not in it — and the CPU time a
 // message cost over the same span. A message counts once the chain
 // returns without an error: a duplicate counts too, without reaching h.
-func consume(ctx context.Context, b *e2eBroker, sub message.Subscriber, topic, run string, n int, mw message.HandlerMiddleware, h message.HandlerFunc, meter *cpuMeter) (e2eRun, error) {
+// With -caseprofile, the router's run is profiled as profile.
+func consume(ctx context.Context, b *e2eBroker, sub message.Subscriber, topic, run string, n int, mw message.HandlerMiddleware, h message.HandlerFunc, meter *cpuMeter, profile string) (e2eRun, error) {
 	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
 	if err != nil {
 		return e2eRun{}, err
@@ -310,9 +318,26 @@ func consume(ctx context.Context, b *e2eBroker, sub message.Subscriber, topic, r
 	var s0, s1 cpuSample
 	servers0 := make(chan struct{})
 	done := make(chan struct{})
+	// On a sequential broker, when each message entered and left the
+	// chain: the time in it, and the broker's gap from one message's
+	// return (its ack) to the next one's arrival.
+	var enter, leave []time.Time
+	var entered atomic.Int64
+	if b.sequential() {
+		enter, leave = make([]time.Time, n+1), make([]time.Time, n+1)
+	}
 	counted := func(msg *message.Message) error {
+		var i int64
+		if enter != nil {
+			if i = entered.Add(1); i <= int64(n) {
+				enter[i] = time.Now()
+			}
+		}
 		if _, err := chain(msg); err != nil {
 			return err
+		}
+		if enter != nil && i <= int64(n) {
+			leave[i] = time.Now()
 		}
 		switch handled.Add(1) {
 		case 1:
@@ -334,6 +359,8 @@ func consume(ctx context.Context, b *e2eBroker, sub message.Subscriber, topic, r
 	for i := range b.handlers {
 		r.AddNoPublisherHandler("bench-"+run+"-"+strconv.Itoa(i), topic, sub, counted)
 	}
+	stopProfile := profileRun(profile)
+	defer stopProfile()
 	runErr := make(chan error, 1)
 	go func() { runErr <- r.Run(ctx) }()
 	select {
@@ -348,9 +375,23 @@ func consume(ctx context.Context, b *e2eBroker, sub message.Subscriber, topic, r
 	if f := first.Load(); f != nil { // nil only if message 1's chain has not got that far
 		elapsed = time.Since(*f)
 	}
+	stopProfile()
 	meter.servers(ctx, &s1)
 	<-servers0
 	run1 := e2eRun{rate: float64(n-1) / elapsed.Seconds()}
+	if enter != nil && entered.Load() == int64(n) {
+		// Only when no message ran twice (a nack), so that the i-th
+		// entry is the i-th message.
+		var in, gap []time.Duration
+		for i := 1; i <= n; i++ {
+			in = append(in, leave[i].Sub(enter[i]))
+			if i > 1 {
+				gap = append(gap, enter[i].Sub(leave[i-1]))
+			}
+		}
+		run1.inChain, _ = percentiles(in)
+		run1.gap, _ = percentiles(gap)
+	}
 	used, uerr := meter.used(s0, s1)
 	per := func(d time.Duration) time.Duration { return d / time.Duration(max(n-1, 1)) }
 	run1.cpu, run1.redisCPU, run1.pgCPU = per(used.self), per(used.redis), per(used.pg)
@@ -411,13 +452,49 @@ func runCase(ctx context.Context, b *e2eBroker, c e2eCase, st *e2eStores, lat *s
 		return e2eRun{}, err
 	}
 	lat.reset()
-	r, err := consumeRate(ctx, b, mw, st.handler(c), st.meter(c))
+	r, err := consumeRate(ctx, b, mw, st.handler(c), st.meter(c), b.name+"_"+c.name)
 	if cerr := closeMW(ctx); err == nil {
 		err = cerr
 	}
 	r.claim, r.complete = lat.means()
 	r.duplicates = lat.duplicates.Load()
 	return r, err
+}
+
+// caseProfiles, when set (-caseprofile), is the directory that gets a
+// CPU profile of each e2e run: <broker>_<case>_<n>.prof.
+var caseProfiles string
+
+// profileRun starts the CPU profile of a run named name, if asked, and
+// returns what stops it.
+// The stop function may be called more than once.
+func profileRun(name string) func() {
+	if caseProfiles == "" || name == "" {
+		return func() {}
+	}
+	for i := 1; ; i++ {
+		path := filepath.Join(caseProfiles, fmt.Sprintf("%s_%d.prof", name, i))
+		if _, err := os.Stat(path); err == nil {
+			continue
+		}
+		f, err := os.Create(path)
+		if err == nil {
+			if err = pprof.StartCPUProfile(f); err != nil {
+				_ = f.Close()
+			}
+		}
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "bench: -caseprofile: %v\n", err)
+			return func() {}
+		}
+		var once sync.Once
+		return func() {
+			once.Do(func() {
+				pprof.StopCPUProfile()
+				_ = f.Close()
+			})
+		}
+	}
 }
 
 // storeLatencies records the middleware's Claim and Complete latencies,

@@ -106,7 +106,7 @@ func measureBroker(ctx context.Context, b *e2eBroker, st *e2eStores, lat *storeL
 	cases := pickCases(b, st, o)
 	// One run unmeasured: the broker's first consumer pays for connections
 	// and buffers the others find ready.
-	if _, err := consumeRate(ctx, b, nil, st.handler(casePlain), nil); err != nil {
+	if _, err := consumeRate(ctx, b, nil, st.handler(casePlain), nil, ""); err != nil {
 		return nil, fmt.Errorf("warm-up: %w", err)
 	}
 	runs := map[string][]e2eRun{}
@@ -140,6 +140,7 @@ func measureBroker(ctx context.Context, b *e2eBroker, st *e2eStores, lat *storeL
 	rs := []result{{sec, prefix + "plain_msgs_per_s", median(each(plain, rate)), "msgs/s",
 		fmt.Sprintf("%s, %d messages, router without dedup; %s", b.desc, b.n, spread(each(plain, rate)))}}
 	rs = append(rs, cpuResults(prefix, casePlain, plain, each)...)
+	rs = append(rs, pathResults(prefix, casePlain, plain, each)...)
 	for _, c := range cases {
 		if c.name == casePlain.name {
 			continue
@@ -168,6 +169,7 @@ func measureBroker(ctx context.Context, b *e2eBroker, st *e2eStores, lat *storeL
 		rs = append(rs, cpuResults(prefix, c, rr, each)...)
 		rs = append(rs, result{sec, prefix + c.name + "_added_cpu_us", median(addedCPU), "us",
 			"consumer CPU a message costs over " + c.base + "; " + spread(addedCPU)})
+		rs = append(rs, pathResults(prefix, c, rr, each)...)
 		if c.store == "" {
 			continue // no store calls
 		}
@@ -252,6 +254,22 @@ func cpuResults(prefix string, c e2eCase, rr []e2eRun, each func([]e2eRun, func(
 			"PostgreSQL CPU a message (the harness's backends, /proc schedstat); " + spread(xs)})
 	}
 	return rs
+}
+
+// pathResults are, on a sequential broker, where a message's time goes:
+// in the chain (middleware and handler) and between one message's return
+// and the next one's arrival (the broker's ack and delivery).
+func pathResults(prefix string, c e2eCase, rr []e2eRun, each func([]e2eRun, func(e2eRun, int) float64) []float64) []result {
+	const sec = "e2e"
+	if !slices.ContainsFunc(rr, func(r e2eRun) bool { return r.gap > 0 }) {
+		return nil
+	}
+	in := each(rr, func(r e2eRun, _ int) float64 { return micros(r.inChain) })
+	gap := each(rr, func(r e2eRun, _ int) float64 { return micros(r.gap) })
+	return []result{
+		{sec, prefix + c.name + "_in_chain_p50_us", median(in), "us", "median time a message spends in the middleware and handler; " + spread(in)},
+		{sec, prefix + c.name + "_broker_gap_p50_us", median(gap), "us", "median time from a message's return (its ack) to the next one's arrival; " + spread(gap)},
+	}
 }
 
 // spread says over how many rounds a median was taken, and its range.

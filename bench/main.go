@@ -9,6 +9,7 @@
 //	go run ./bench -only=middleware,growth
 //	go run ./bench -quick          # smaller counts, for a smoke run
 //	go run ./bench -only=e2e -brokers=kfake16 -cases=dedup_redis -cpuprofile cpu.prof
+//	go run ./bench -only=e2e -brokers=kfake16 -cases=dedup_async_redis -caseprofile /tmp/prof
 //
 // Sections: middleware (middleware + memstore vs a bare handler vs
 // Watermill's Deduplicator), redis (redisstore vs redis-benchmark),
@@ -81,6 +82,7 @@ func main() {
 	brokers := flag.String("brokers", "", "comma-separated e2e brokers to run (default: all): "+strings.Join(e2eBrokerNames, ","))
 	cases := flag.String("cases", "", "comma-separated e2e cases to run besides plain (default: all): "+strings.Join(e2eCaseNames(), ","))
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run (this process only) to `file`")
+	flag.StringVar(&caseProfiles, "caseprofile", "", "write a CPU profile of each e2e run into `dir`, one file a run: <broker>_<case>_<n>.prof (not with -cpuprofile)")
 	flag.Parse()
 	if *cpuprofile != "" {
 		f, err := os.Create(*cpuprofile)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -36,13 +37,16 @@ func runReplay(ctx context.Context, o *options) ([]result, error) {
 	var cases []e2eCase
 	var rs []result
 	for _, c := range replayCases {
+		if len(o.cases) > 0 && !o.cases[c.name] {
+			continue
+		}
 		if !st.available(c) {
 			rs = append(rs, skipped(sec, c.name+": its store is not reachable")...)
 			continue
 		}
 		cases = append(cases, c)
 	}
-	if _, err := consumeRate(ctx, b, nil, st.handler(casePlain), nil); err != nil {
+	if _, err := consumeRate(ctx, b, nil, st.handler(casePlain), nil, ""); err != nil {
 		return rs, fmt.Errorf("warm-up: %w", err)
 	}
 	lat := &storeLatencies{}
@@ -106,7 +110,7 @@ func replayOnce(ctx context.Context, b *e2eBroker, c e2eCase, st *e2eStores, lat
 			return e2eRun{}, err
 		}
 		lat.reset()
-		r, err := consume(ctx, b, sub, topic, group, b.n, mw, st.handler(c), st.meter(c))
+		r, err := consume(ctx, b, sub, topic, group, b.n, mw, st.handler(c), st.meter(c), "replay_"+c.name+"_"+strings.TrimPrefix(group, run+"-"))
 		if cerr := closeMW(ctx); err == nil {
 			err = cerr
 		}

@@ -78,6 +78,30 @@ func txThroughput(ctx context.Context, inbox stores.Inbox, workers int, d time.D
 	})
 }
 
+// dbsqlTx runs pgbench's BEGIN, INSERT ... ON CONFLICT DO NOTHING,
+// COMMIT script through database/sql and pgx, the driver the store uses,
+// with c workers for d, and returns transactions per second: the floor
+// of a transactional inbox in Go, without the store.
+func dbsqlTx(ctx context.Context, db *sql.DB, workers int, d time.Duration) (float64, error) {
+	table := "dedup_dbsql_" + runID()
+	if _, err := db.ExecContext(ctx, "CREATE TABLE "+table+" (k text PRIMARY KEY)"); err != nil {
+		return 0, err
+	}
+	defer db.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+table) //nolint:errcheck
+	insert := "INSERT INTO " + table + " (k) VALUES ($1) ON CONFLICT DO NOTHING"
+	return rate(workers, d, func(w, i int) error {
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, insert, "b0e6c1e4-5f2a-4c0d-"+strconv.Itoa(w)+"-"+strconv.Itoa(i)); err != nil {
+			_ = tx.Rollback()
+			return err
+		}
+		return tx.Commit()
+	})
+}
+
 var tpsRe = regexp.MustCompile(`tps = ([0-9.]+)`)
 
 // pgbench runs a single-row INSERT ... ON CONFLICT DO NOTHING script with c
@@ -181,7 +205,7 @@ func runSQL(ctx context.Context, o *options) ([]result, error) {
 // seconds apart, and a ratio of figures taken side by side drifts less.
 func comparePostgres(ctx context.Context, b *sqlBench, c int, d time.Duration, rounds int) ([]result, error) {
 	const sec = "sql"
-	var leases, txs, pbs, pbtxs, leaseRatios, txRatios []float64
+	var leases, txs, pbs, pbtxs, dbtxs, leaseRatios, txRatios, dbRatios []float64
 	for r := range rounds {
 		lease, err := throughput(ctx, b.store, c, d, fmt.Sprintf("l%d-%d-", c, r))
 		if err != nil {
@@ -208,6 +232,11 @@ func comparePostgres(ctx context.Context, b *sqlBench, c int, d time.Duration, r
 		}
 		pbs = append(pbs, pb)
 		leaseRatios, txRatios = append(leaseRatios, lease/pb), append(txRatios, tx/pb)
+		dbtx, err := dbsqlTx(ctx, b.db, c, d)
+		if err != nil {
+			return nil, fmt.Errorf("database/sql transactions: %w", err)
+		}
+		dbtxs, dbRatios = append(dbtxs, dbtx), append(dbRatios, tx/dbtx)
 	}
 	note := fmt.Sprintf("median of %d rounds", rounds)
 	return []result{
@@ -215,7 +244,10 @@ func comparePostgres(ctx context.Context, b *sqlBench, c int, d time.Duration, r
 		{sec, fmt.Sprintf("sql_postgres_tx_c%d_msgs_per_s", c), median(txs), "msgs/s", "begin+commit, " + note},
 		{sec, fmt.Sprintf("pgbench_insert_c%d_tps", c), median(pbs), "tps", "single-row INSERT ON CONFLICT DO NOTHING, " + note},
 		{sec, fmt.Sprintf("pgbench_begin_insert_commit_c%d_tps", c), median(pbtxs), "tps", "the same INSERT between BEGIN and COMMIT (3 round trips, as a transactional inbox), " + note},
-		{sec, fmt.Sprintf("sql_postgres_tx_vs_pgbench_tx_c%d_ratio", c), median(txs) / median(pbtxs), "x", "transactional mode against its floor"},
+		{sec, fmt.Sprintf("dbsql_begin_insert_commit_c%d_tps", c), median(dbtxs), "tps", "pgbench's BEGIN/INSERT/COMMIT through database/sql and pgx, the store's driver, " + note},
+		{sec, fmt.Sprintf("dbsql_tx_vs_pgbench_tx_c%d_ratio", c), median(dbtxs) / median(pbtxs), "x", "the Go driver against pgbench, the same statements"},
+		{sec, fmt.Sprintf("sql_postgres_tx_vs_pgbench_tx_c%d_ratio", c), median(txs) / median(pbtxs), "x", goalNote(c == 16, "goal >= 0.9; ") + "transactional mode against its floor"},
+		{sec, fmt.Sprintf("sql_postgres_tx_vs_dbsql_tx_c%d_ratio", c), median(dbRatios), "x", "transactional mode against the same transaction through its driver; median of the rounds' ratios"},
 		{sec, fmt.Sprintf("sql_postgres_lease_vs_pgbench_c%d_ratio", c), median(leaseRatios), "x", goalNote(c == 16, "goal >= 1.0; ") + "median of the rounds' ratios"},
 		{sec, fmt.Sprintf("sql_postgres_tx_vs_pgbench_c%d_ratio", c), median(txRatios), "x", goalNote(c == 16, "goal >= 0.8; ") + "median of the rounds' ratios"},
 	}, nil
