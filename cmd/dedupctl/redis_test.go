@@ -215,6 +215,9 @@ func TestRedisURLErrors(t *testing.T) {
 		{"redis://u:hunter2#" + password + "@" + closed, exitUsage, "not a valid URL"},
 		{"u:" + password + "@" + closed, exitUsage, "must be a URL"},
 		{"redis://u:" + password + "@" + closed + ",redis://u:" + password + "@" + closed, exitUsage, "add -redis-cluster"},
+		{"redis://u:1234," + password + "@" + closed + "/0", exitUsage, "not a valid URL"}, // a ',' in the password
+		{"u:" + password + "@" + closed + "," + closed, exitUsage, "must be a URL"},
+		{"redis://u:" + password + "@" + closed + "/-1", exitUsage, "names database -1: a database number is 0 or more"},
 	} {
 		r := dedupctl(t, "-store=redis", "-redis-addr="+tc.addr, "stats").want(t, tc.code, "stderr:"+tc.says)
 		if strings.Contains(r.stdout+r.stderr, "hunter2") {

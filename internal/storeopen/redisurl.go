@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"slices"
 	"strings"
 
 	"github.com/redis/go-redis/v9"
@@ -83,6 +84,14 @@ func ParseRedis(c RedisConfig) (*RedisTarget, error) {
 	if len(items) == 0 {
 		return nil, &SettingError{RedisSetting, errors.New("no Redis address")}
 	}
+	if credentialsOutsideURL(items) {
+		// Quote none of it: a URL's password with a ',' in it, split in
+		// two, or credentials without a scheme.
+		if slices.ContainsFunc(items, isRedisURL) {
+			return nil, &SettingError{RedisSetting, errInvalidURL}
+		}
+		return nil, &SettingError{RedisSetting, errors.New("an address with credentials must be a URL: redis://user:password@host:port (rediss:// for TLS)")}
+	}
 	if len(items) > 1 && !c.Cluster {
 		return nil, &SettingError{RedisSetting, fmt.Errorf("%d addresses (%s) for one Redis: give one, or add -redis-cluster for a Redis Cluster", len(items), RedactRedis(c.Addr))}
 	}
@@ -144,6 +153,11 @@ func ParseRedis(c RedisConfig) (*RedisTarget, error) {
 		}
 		if opts.Network != "tcp" {
 			return nil, &SettingError{RedisSetting, fmt.Errorf("%s: only redis:// and rediss:// URLs are supported", t.Display)}
+		}
+		if opts.DB < 0 {
+			// go-redis SELECTs a positive database only: a negative one
+			// would be database 0, silently.
+			return nil, &SettingError{RedisSetting, fmt.Errorf("%s names database %d: a database number is 0 or more", t.Display, opts.DB)}
 		}
 		t.addrs, t.single, tlsCfg = []string{opts.Addr}, opts, opts.TLSConfig
 	}
@@ -268,6 +282,9 @@ func (o Opener) OpenRedis(ctx context.Context, c RedisConfig) (redis.UniversalCl
 // "(unparsable Redis URL)" for a URL that does not parse.
 func RedactRedis(addr string) string {
 	items := cliflag.SplitList(addr)
+	if credentialsOutsideURL(items) {
+		return "(unparsable Redis URL)"
+	}
 	for i, a := range items {
 		if isRedisURL(a) {
 			items[i] = redactURL(a)
@@ -278,6 +295,20 @@ func RedactRedis(addr string) string {
 
 // isRedisURL tells a URL from a host:port address.
 func isRedisURL(s string) bool { return strings.Contains(s, "://") }
+
+// credentialsOutsideURL reports an item of a -redis-addr list that is
+// no URL but holds an '@': credentials without a scheme, or the end of
+// a URL's password that held a ',' (the list is split at commas), whose
+// beginning may even parse as a URL of its own (redis://user:1234 is
+// host "user", port 1234). No part of such an address can be shown.
+func credentialsOutsideURL(items []string) bool {
+	for _, a := range items {
+		if !isRedisURL(a) && strings.Contains(a, "@") {
+			return true
+		}
+	}
+	return false
+}
 
 func redactURL(s string) string {
 	u, ok := parseURL(s)
@@ -308,22 +339,23 @@ func urlDB(s string) string {
 	return strings.Trim(u.Path, "/")
 }
 
+// errInvalidURL is the error of a URL that does not parse, which quotes
+// none of it.
+var errInvalidURL = errors.New("not a valid URL: write redis://user:password@host:port/db (rediss:// for TLS), with any of ,:/?#[]@% in the user or password percent-encoded")
+
 // urlError is go-redis's error for a URL, without the URL: url.Parse's
 // errors quote it whole, password and all, and their detail may quote a
 // part of the password (a '#' or '/' in it ends the host early).
 func urlError(raw string, err error) error {
 	if _, ok := parseURL(raw); !ok {
-		return errors.New("not a valid URL: write redis://user:password@host:port/db (rediss:// for TLS), with any of :/?#[]@ in the user or password percent-encoded")
+		return errInvalidURL
 	}
 	return fmt.Errorf("%s: %w", redactURL(raw), err)
 }
 
-// checkHostPort checks a host:port address.
+// checkHostPort checks a host:port address (one without credentials:
+// see credentialsOutsideURL).
 func checkHostPort(a string) error {
-	if strings.Contains(a, "@") {
-		// Credentials without a scheme: quote none of it.
-		return errors.New("an address with credentials must be a URL: redis://user:password@host:port (rediss:// for TLS)")
-	}
 	host, port, err := net.SplitHostPort(a)
 	if err != nil || host == "" || port == "" {
 		return fmt.Errorf("%q is neither host:port nor a redis:// or rediss:// URL", a)

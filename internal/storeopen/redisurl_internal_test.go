@@ -112,6 +112,16 @@ func TestParseRedisErrors(t *testing.T) {
 		{RedisConfig{Addr: "rediss://dedup:" + secret + "@h:1", TLS: RedisTLS{CAFile: filepath.Join(dir, "missing.pem")}}, RedisCASetting, "no such file"},
 		{RedisConfig{Addr: "rediss://dedup:" + secret + "@h:1", TLS: RedisTLS{CertFile: notPEM}}, RedisKeySetting, "needs its key"},
 		{RedisConfig{Addr: "rediss://dedup:" + secret + "@h:1", TLS: RedisTLS{CertFile: notPEM, KeyFile: notPEM}}, RedisCertSetting, "-redis-cert"},
+		// A ',' in the password splits the URL in two: the halves may
+		// parse (host "dedup", port 1234), and must show nothing.
+		{RedisConfig{Addr: "redis://dedup:1234," + secret + "@h:1/0"}, RedisSetting, "not a valid URL"},
+		{RedisConfig{Addr: "redis://dedup:1234," + secret + "@h:1/0", Cluster: true}, RedisSetting, "not a valid URL"},
+		{RedisConfig{Addr: "redis://dedup:s3c," + secret + "@h:1/0"}, RedisSetting, "not a valid URL"},
+		{RedisConfig{Addr: "rediss://dedup:" + secret + "@h:1,dedup:" + secret + "@h:2", Cluster: true}, RedisSetting, "not a valid URL"},
+		// go-redis takes a negative database for 0 (it SELECTs only a
+		// positive one).
+		{RedisConfig{Addr: "redis://dedup:" + secret + "@h:1/-1"}, RedisSetting, "database -1"},
+		{RedisConfig{Addr: "redis://dedup:" + secret + "@h:1?db=-2"}, RedisSetting, "database -2"},
 	} {
 		_, err := ParseRedis(tc.cfg)
 		var s *SettingError
@@ -139,6 +149,8 @@ func TestRedactRedis(t *testing.T) {
 		" redis://u:" + secret + "@h:1 , h:2 , ":  "redis://u:xxxxx@h:1,h:2",
 		"redis://u:" + secret + "@[::1]:6379/1":   "redis://u:xxxxx@[::1]:6379/1",
 		"redis://u:" + secret + "@h:1/0#fragment": "redis://u:xxxxx@h:1/0#fragment",
+		"redis://u:1234," + secret + "@h:1/0":     "(unparsable Redis URL)", // a ',' in the password
+		"redis://u:1234,x,y," + secret + "@h:1/0": "(unparsable Redis URL)",
 	} {
 		if got := RedactRedis(in); got != want {
 			t.Errorf("RedactRedis(%q) = %q, want %q", in, got, want)
