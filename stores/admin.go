@@ -78,7 +78,7 @@ type Record struct {
 	// ASCII written \xHH as redis-cli shows them (redisstore), the KV
 	// key, a digest of (scope, key) in 22 characters (natsstore). Every
 	// record a store holds has a distinct ID, the same in Get, List and
-	// Delete.
+	// Delete, and GetByID and DeleteByID find the record by it.
 	ID string
 
 	// State is StateProcessing or StateDone.
@@ -217,6 +217,19 @@ type Admin interface {
 	// [ErrNotFound]. want must be StateProcessing or StateDone
 	// ([ErrInvalidArgument] otherwise).
 	Delete(ctx context.Context, scope, key string, want RecordState) (Record, error)
+
+	// GetByID returns the record whose ID (Record.ID, as Get, List and
+	// Delete report it) is id, live or expired: the way to a record that
+	// a List showed on a layout that keeps neither scope nor key. Its
+	// Scope and Key are filled in as far as the layout keeps them, as in
+	// a List. An id that is not in the form of the store's IDs fails
+	// with [ErrInvalidArgument]; no record, with [ErrNotFound].
+	GetByID(ctx context.Context, id string) (Record, error)
+
+	// DeleteByID is Delete of the record whose ID is id: it deletes the
+	// record if it is in state want, whoever holds it, and returns it as
+	// it was, with the errors of Delete and GetByID.
+	DeleteByID(ctx context.Context, id string, want RecordState) (Record, error)
 
 	// Stats counts the records. It may read every record.
 	Stats(ctx context.Context) (Stats, error)

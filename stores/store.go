@@ -59,7 +59,8 @@
 // people and scripts, not for the message path, and List and Stats may
 // read every record.
 //
-// Get and Delete find a record by (scope, key) on every layout. Listing
+// Get and Delete find a record by (scope, key) on every layout, GetByID
+// and DeleteByID by the ID a List showed. Listing
 // and counting by scope need a layout that keeps the scope: memstore,
 // sqlstore and natsstore keep each record under a digest of (scope,
 // key), and so does redisstore with CompactKeys. There a record is known by its ID only,

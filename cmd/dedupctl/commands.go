@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"time"
 
@@ -42,7 +43,7 @@ func (c *cli) exec(ctx context.Context, cmd string, pos []string) error {
 	case "stats":
 		return c.stats(ctx, a)
 	case "get":
-		return c.get(ctx, a, pos[0], pos[1])
+		return c.get(ctx, a, c.named(pos))
 	case "list":
 		var scope string
 		if len(pos) == 1 {
@@ -63,8 +64,11 @@ func (c *cli) checkArgs(cmd string, pos []string) error {
 	n := len(pos)
 	switch cmd {
 	case "get":
-		if n != 2 {
-			return usagef("get takes SCOPE and KEY, got %s", args(n))
+		switch {
+		case c.cfg.id != "" && n != 0:
+			return usagef("get takes SCOPE KEY or -id, not both")
+		case c.cfg.id == "" && n != 2:
+			return usagef("get takes SCOPE and KEY (or -id=ID), got %s", args(n))
 		}
 	case "list":
 		if n > 1 {
@@ -72,6 +76,11 @@ func (c *cli) checkArgs(cmd string, pos []string) error {
 		}
 	case "forget", "release":
 		switch {
+		case c.cfg.id != "" && n != 0:
+			return usagef("%s takes SCOPE KEY or -id, not both", cmd)
+		case c.cfg.id != "" && (c.cfg.keyPrefix != "" || c.cfg.all):
+			return usagef("%s -id names one record: it takes no -prefix or -all", cmd)
+		case c.cfg.id != "":
 		case n < 1 || n > 2:
 			return usagef("%s takes SCOPE and KEY (or SCOPE and -prefix), got %s", cmd, args(n))
 		case n == 2 && c.cfg.keyPrefix != "":
@@ -98,7 +107,7 @@ func (c *cli) checkArgs(cmd string, pos []string) error {
 
 // digestNote explains what a store keeping (scope, key) as a digest
 // cannot do, and what works instead.
-const digestNote = "the store keeps each record under a digest of (scope, key), which cannot be read back: `dedupctl get SCOPE KEY` reads one record, `dedupctl list` (without SCOPE or -prefix) lists every record by id"
+const digestNote = "the store keeps each record under a digest of (scope, key), which cannot be read back: `dedupctl get SCOPE KEY` reads one record, `dedupctl list` (without SCOPE or -prefix) lists every record by id, and -id=ID names one of them to get, forget or release"
 
 // notByScope turns ErrNotSupported into the explanation of what does not
 // work, why, and what does.
@@ -109,10 +118,43 @@ func notByScope(cmd string, a *admin, err error) error {
 	return err
 }
 
-func (c *cli) get(ctx context.Context, a *admin, scope, key string) error {
-	r, err := a.Get(ctx, scope, key)
+// one is the record that get, forget or release names: by SCOPE KEY, or
+// by -id.
+type one struct{ scope, key, id string }
+
+// named is the record pos (SCOPE KEY) or -id names.
+func (c *cli) named(pos []string) one {
+	if c.cfg.id != "" {
+		return one{id: c.cfg.id}
+	}
+	return one{scope: pos[0], key: pos[1]}
+}
+
+func (o one) String() string {
+	if o.id != "" {
+		return "with id " + o.id
+	}
+	return fmt.Sprintf("for key %q in scope %q", o.key, o.scope)
+}
+
+func (o one) get(ctx context.Context, a *admin) (stores.Record, error) {
+	if o.id != "" {
+		return a.GetByID(ctx, o.id)
+	}
+	return a.Get(ctx, o.scope, o.key)
+}
+
+func (o one) delete(ctx context.Context, a *admin, want stores.RecordState) (stores.Record, error) {
+	if o.id != "" {
+		return a.DeleteByID(ctx, o.id, want)
+	}
+	return a.Delete(ctx, o.scope, o.key, want)
+}
+
+func (c *cli) get(ctx context.Context, a *admin, o one) error {
+	r, err := o.get(ctx, a)
 	if errors.Is(err, stores.ErrNotFound) {
-		return &notFoundError{fmt.Sprintf("no record for key %q in scope %q on %s", key, scope, a.where)}
+		return &notFoundError{fmt.Sprintf("no record %s on %s", o, a.where)}
 	}
 	if err != nil {
 		return err
@@ -151,6 +193,9 @@ func (c *cli) list(ctx context.Context, a *admin, scope string) error {
 	if next != "" {
 		fmt.Fprintf(c.out, "\nmore records: add -after=%s\n", next)
 	}
+	if slices.ContainsFunc(recs, func(r stores.Record) bool { return !r.KeyKnown }) {
+		fmt.Fprintf(c.out, "\nget, forget (done) or release (processing) one of them by its ID: dedupctl get -id=ID, dedupctl release -id=ID -yes\n")
+	}
 	return nil
 }
 
@@ -160,18 +205,20 @@ func (c *cli) remove(ctx context.Context, a *admin, want stores.RecordState, pos
 	if want == stores.StateProcessing {
 		verb = "release"
 	}
-	scope := pos[0]
+	single := c.cfg.id != "" || len(pos) == 2
 	var targets []stores.Record
-	if len(pos) == 2 {
-		r, err := a.Get(ctx, scope, pos[1])
+	if single {
+		o := c.named(pos)
+		r, err := o.get(ctx, a)
 		if err != nil {
-			return removeError(verb, a, scope, pos[1], r, err)
+			return removeError(verb, a, o, r, err)
 		}
 		if r.State != want {
 			return wrongState(verb, r)
 		}
 		targets = []stores.Record{r}
 	} else {
+		scope := pos[0]
 		recs, err := listAll(ctx, a, stores.ListOptions{Scope: scope, KeyPrefix: c.cfg.keyPrefix, State: want})
 		if err != nil {
 			return notByScope(verb, a, err)
@@ -201,32 +248,30 @@ func (c *cli) remove(ctx context.Context, a *admin, want stores.RecordState, pos
 			}
 		} else {
 			fmt.Fprintf(c.out, "would %s %d %s on %s:\n", verb, len(targets), plural(len(targets), "record", "records"), a.where)
-			writeRecords(c.out, targets, time.Now())
+			writeRecordTable(c.out, targets, time.Now(), c.cfg.id != "")
 		}
 		return &refusedError{fmt.Sprintf("nothing deleted: add -yes to %s %s", verb, plural(len(targets), "this record", "these records"))}
 	}
 
-	if len(pos) == 2 {
-		r, err := a.Delete(ctx, scope, pos[1], want)
+	if single {
+		o := c.named(pos)
+		r, err := o.delete(ctx, a, want)
 		if err != nil {
-			return removeError(verb, a, scope, pos[1], r, err)
+			return removeError(verb, a, o, r, err)
 		}
 		return c.writeRemoved(verb, removeResult{Deleted: []recordJSON{recordView(r)}})
 	}
 	var res removeResult
 	for _, t := range targets {
-		if !t.KeyKnown {
-			res.Skipped = append(res.Skipped, skipped{recordView(t), "its key is stored as a digest: only get, forget or release SCOPE KEY reach it"})
-			continue
-		}
-		r, err := a.Delete(ctx, scope, t.Key, want)
+		// By the ID listed: a key stored as a digest has no other way.
+		r, err := a.DeleteByID(ctx, t.ID, want)
 		switch {
 		case err == nil:
-			res.Deleted = append(res.Deleted, recordView(r))
+			res.Deleted = append(res.Deleted, recordView(keep(r, t)))
 		case errors.Is(err, stores.ErrNotFound):
 			res.Skipped = append(res.Skipped, skipped{recordView(t), "gone since it was listed"})
 		case errors.Is(err, stores.ErrWrongState):
-			res.Skipped = append(res.Skipped, skipped{recordView(r), "it is " + r.State.String() + " now"})
+			res.Skipped = append(res.Skipped, skipped{recordView(keep(r, t)), "it is " + r.State.String() + " now"})
 		default:
 			if werr := c.writeRemoved(verb, res); werr != nil {
 				return werr
@@ -237,11 +282,22 @@ func (c *cli) remove(ctx context.Context, a *admin, want stores.RecordState, pos
 	return c.writeRemoved(verb, res)
 }
 
-// removeError explains the failure of a forget or release of one key.
-func removeError(verb string, a *admin, scope, key string, r stores.Record, err error) error {
+// keep fills in r the scope and key its listing t knew.
+func keep(r, t stores.Record) stores.Record {
+	if !r.ScopeKnown && t.ScopeKnown {
+		r.Scope, r.ScopeKnown = t.Scope, true
+	}
+	if !r.KeyKnown && t.KeyKnown {
+		r.Key, r.KeyKnown = t.Key, true
+	}
+	return r
+}
+
+// removeError explains the failure of a forget or release of one record.
+func removeError(verb string, a *admin, o one, r stores.Record, err error) error {
 	switch {
 	case errors.Is(err, stores.ErrNotFound):
-		return &notFoundError{fmt.Sprintf("no record for key %q in scope %q on %s: nothing to %s", key, scope, a.where, verb)}
+		return &notFoundError{fmt.Sprintf("no record %s on %s: nothing to %s", o, a.where, verb)}
 	case errors.Is(err, stores.ErrWrongState):
 		return wrongState(verb, r)
 	}
@@ -268,12 +324,16 @@ func (c *cli) writeRemoved(verb string, res removeResult) error {
 // done one.
 func wrongState(verb string, r stores.Record) error {
 	now := time.Now()
-	if r.State == stores.StateProcessing {
-		return &refusedError{fmt.Sprintf("the record for key %q in scope %q is processing (a claim under token %s, lease until %s): forget deletes done records; release frees a claim; nothing deleted",
-			r.Key, r.Scope, r.Token, fmtTime(r.LeaseUntil, now))}
+	name := "the record with id " + r.ID
+	if r.KeyKnown {
+		name = fmt.Sprintf("the record for key %q in scope %q", r.Key, r.Scope)
 	}
-	return &refusedError{fmt.Sprintf("the record for key %q in scope %q is done (expires at %s): release frees processing claims; forget deletes a done record so its message is processed again; nothing deleted",
-		r.Key, r.Scope, fmtTime(r.ExpiresAt, now))}
+	if r.State == stores.StateProcessing {
+		return &refusedError{fmt.Sprintf("%s is processing (a claim under token %s, lease until %s): forget deletes done records; release frees a claim; nothing deleted",
+			name, r.Token, fmtTime(r.LeaseUntil, now))}
+	}
+	return &refusedError{fmt.Sprintf("%s is done (expires at %s): release frees processing claims; forget deletes a done record so its message is processed again; nothing deleted",
+		name, fmtTime(r.ExpiresAt, now))}
 }
 
 type removeResult struct {

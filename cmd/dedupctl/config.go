@@ -64,6 +64,7 @@ type config struct {
 	json           bool
 	state          string
 	keyPrefix      string
+	id             string
 	limit          int
 	after          string
 	yes            bool
@@ -79,10 +80,10 @@ type config struct {
 // flags and -json.
 var commandFlags = map[string][]string{
 	"stats":   nil,
-	"get":     nil,
+	"get":     {"id"},
 	"list":    {"state", "prefix", "limit", "after"},
-	"forget":  {"prefix", "all", "yes"},
-	"release": {"prefix", "all", "yes"},
+	"forget":  {"id", "prefix", "all", "yes"},
+	"release": {"id", "prefix", "all", "yes"},
 	"purge":   nil,
 	"window":  {"horizon", "rate", "keys-per-message", "bytes-per-record"},
 }
@@ -118,6 +119,7 @@ func newFlagSet(c *config) *flag.FlagSet {
 
 	fs.BoolVar(&c.json, "json", false, "write JSON instead of a table")
 	fs.StringVar(&c.state, "state", "", "list: only records in this state, processing | done")
+	fs.StringVar(&c.id, "id", "", "get, forget, release: the record whose `id` list shows, instead of SCOPE KEY (the way to a record on a layout that keeps no scope and key: SQL, NATS, -compact-keys)")
 	fs.StringVar(&c.keyPrefix, "prefix", "", "list, forget, release: only records whose key starts with this `prefix` (needs a layout that keeps keys)")
 	fs.IntVar(&c.limit, "limit", stores.DefaultListLimit, "list: most records to show")
 	fs.StringVar(&c.after, "after", "", "list: the `cursor` a previous list printed, to show the next records")

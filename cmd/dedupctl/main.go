@@ -23,7 +23,8 @@
 // -nats-url (NATS_URL, as router_example's NATS broker: credentials in
 // the URL, tls:// for TLS), -nats-bucket and -nats-shards (the store's
 // Bucket and Shards), -nats-user and -nats-password, -nats-token,
-// -nats-creds or -nats-nkey, and -nats-ca for a private CA.
+// -nats-creds or -nats-nkey, -nats-ca for a private CA, and -nats-cert
+// with -nats-key for a client certificate.
 // Every connection flag -some-name is also the environment variable
 // DEDUP_SOME_NAME, but for the addresses (NATS_URL too); a flag wins over
 // the environment. Flags may come before or after the command.
@@ -34,11 +35,13 @@
 //	                       purged) and by scope, oldest and newest expiry, approximate size
 //	get SCOPE KEY          one record: state, token, lease until, expires at,
 //	                       payload fingerprint, number of stored outputs
+//	get -id=ID             the record of an id list printed
 //	list [SCOPE]           records; -state=processing|done, -prefix=KEY_PREFIX,
 //	                       -limit=N, -after=CURSOR (the next page)
 //	forget SCOPE KEY       delete a done record: its message is processed again
 //	                       (unless another of its keys still has a done record)
 //	release SCOPE KEY      delete a processing record: frees a stuck claim
+//	forget|release -id=ID  the same, for the record of an id list printed
 //	purge                  delete expired records now
 //	window                 a calculator: the retention to configure for a redelivery
 //	                       horizon (-horizon), and with -rate the storage it needs on
@@ -54,7 +57,9 @@
 // and so do natsstore (its KV key) and redisstore with -compact-keys:
 // there list, forget and release cannot select a scope or key prefix,
 // and stats does not count by scope. get SCOPE KEY still reads any
-// record, and list without SCOPE lists every record by id. Redis's
+// record, list without SCOPE lists every record by id, and get, forget
+// and release take such an id as -id=ID (with the same dry run, -yes and
+// state check). Redis's
 // default layout keeps scopes and keys (but for keys stored as digests,
 // -digest-keys-longer-than).
 //
@@ -157,6 +162,7 @@ Commands:
   list [SCOPE]        records (-state, -prefix, -limit, -after)
   forget SCOPE KEY    delete a done record, so its message is processed again (-yes)
   release SCOPE KEY   delete a processing record, freeing a stuck claim (-yes)
+  get|forget|release -id=ID   the same, for the record of an id list printed
   purge               delete expired records now
   window              retention for a redelivery horizon (-horizon), and with -rate the
                       storage it needs on each store (-store, -bytes-per-record: one only)
@@ -168,7 +174,7 @@ delete more than one record without -all.
 On SQL stores, NATS and Redis with -compact-keys, records are stored under a digest
 of (scope, key): list, forget and release cannot select a scope or key prefix there,
 and stats does not count by scope. get SCOPE KEY reads any record; list without
-SCOPE lists every record by id.
+SCOPE lists every record by id, and get, forget and release take one as -id=ID.
 
 Where the records are (each flag also read from the environment variable shown):
 `)

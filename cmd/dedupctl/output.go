@@ -161,7 +161,13 @@ func writeRecord(w io.Writer, r stores.Record, now time.Time) {
 // writeRecords writes records as a table: by scope and key where the
 // store knows them, with their ID where it does not know every key.
 func writeRecords(w io.Writer, recs []stores.Record, now time.Time) {
-	scoped, keyed := false, true
+	writeRecordTable(w, recs, now, false)
+}
+
+// writeRecordTable is writeRecords, with the ID column always when
+// withID.
+func writeRecordTable(w io.Writer, recs []stores.Record, now time.Time, withID bool) {
+	scoped, keyed := false, !withID
 	for _, r := range recs {
 		scoped = scoped || r.ScopeKnown
 		keyed = keyed && r.KeyKnown

@@ -28,14 +28,28 @@ func (s *Store) Get(ctx context.Context, scope, key string) (stores.Record, erro
 	if err := storekit.CheckCall(ctx, s.closed.Load(), storekit.CheckRecordKey(key)); err != nil {
 		return stores.Record{}, fmt.Errorf("memstore: get: %w", err)
 	}
-	h := s.hash(scope, key)
+	return s.get(s.hash(scope, key), scope, key)
+}
+
+// GetByID implements [stores.Admin].
+func (s *Store) GetByID(ctx context.Context, id string) (stores.Record, error) {
+	h, err := parseID(id)
+	if err := storekit.CheckCall(ctx, s.closed.Load(), err); err != nil {
+		return stores.Record{}, fmt.Errorf("memstore: get: %w", err)
+	}
+	return s.get(h, "", "")
+}
+
+// get returns the record of h; scope and key are the caller's, when
+// known.
+func (s *Store) get(h hkey, scope, key string) (stores.Record, error) {
 	sh := s.shard(h)
 	sh.mu.Lock()
 	r, ok := sh.recs.get(h)
 	data := sh.data[h]
 	sh.mu.Unlock()
 	if !ok {
-		return stores.Record{}, fmt.Errorf("memstore: get: %w: scope %q key %q", stores.ErrNotFound, scope, key)
+		return stores.Record{}, fmt.Errorf("memstore: get: %w: %s", stores.ErrNotFound, describe(h, scope, key))
 	}
 	return s.record(h, r, data, s.now(), scope, key), nil
 }
@@ -45,20 +59,42 @@ func (s *Store) Delete(ctx context.Context, scope, key string, want stores.Recor
 	if err := storekit.CheckCall(ctx, s.closed.Load(), storekit.CheckRecordKey(key), storekit.CheckState(want)); err != nil {
 		return stores.Record{}, fmt.Errorf("memstore: delete: %w", err)
 	}
-	h := s.hash(scope, key)
+	return s.delete(s.hash(scope, key), scope, key, want)
+}
+
+// DeleteByID implements [stores.Admin].
+func (s *Store) DeleteByID(ctx context.Context, id string, want stores.RecordState) (stores.Record, error) {
+	h, err := parseID(id)
+	if err := storekit.CheckCall(ctx, s.closed.Load(), err, storekit.CheckState(want)); err != nil {
+		return stores.Record{}, fmt.Errorf("memstore: delete: %w", err)
+	}
+	return s.delete(h, "", "", want)
+}
+
+// delete deletes the record of h if it is in state want; scope and key
+// are the caller's, when known.
+func (s *Store) delete(h hkey, scope, key string, want stores.RecordState) (stores.Record, error) {
 	sh := s.shard(h)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	r, ok := sh.recs.get(h)
 	if !ok {
-		return stores.Record{}, fmt.Errorf("memstore: delete: %w: scope %q key %q", stores.ErrNotFound, scope, key)
+		return stores.Record{}, fmt.Errorf("memstore: delete: %w: %s", stores.ErrNotFound, describe(h, scope, key))
 	}
 	rec := s.record(h, r, sh.data[h], s.now(), scope, key)
 	if rec.State != want {
-		return rec, fmt.Errorf("memstore: delete: %w: scope %q key %q is %s, not %s", stores.ErrWrongState, scope, key, rec.State, want)
+		return rec, fmt.Errorf("memstore: delete: %w: %s is %s, not %s", stores.ErrWrongState, describe(h, scope, key), rec.State, want)
 	}
 	sh.delete(h)
 	return rec, nil
+}
+
+// describe names a record in an error: by scope and key when known.
+func describe(h hkey, scope, key string) string {
+	if key == "" {
+		return "id " + idOf(h)
+	}
+	return fmt.Sprintf("scope %q key %q", scope, key)
 }
 
 // List implements [stores.Admin]: records in the order of their IDs. A
@@ -225,11 +261,12 @@ func idOf(h hkey) string {
 	return hex.EncodeToString(b[:])
 }
 
-// parseID is the inverse of idOf, for a List cursor.
+// parseID is the inverse of idOf, for GetByID, DeleteByID and a List
+// cursor.
 func parseID(id string) (hkey, error) {
 	b, err := hex.DecodeString(id)
 	if err != nil || len(b) != 16 {
-		return hkey{}, fmt.Errorf("%w: cursor %q is not a memstore record ID", stores.ErrInvalidArgument, id)
+		return hkey{}, fmt.Errorf("%w: %q is not a memstore record ID", stores.ErrInvalidArgument, id)
 	}
 	var h hkey
 	for i := range 8 {

@@ -57,6 +57,24 @@ func (s *Store) Get(ctx context.Context, scope, key string) (stores.Record, erro
 		return stores.Record{}, fmt.Errorf("natsstore: get: %w", err)
 	}
 	r := s.records(scope, []string{key})[0]
+	rec, err := s.get(ctx, r, fmt.Sprintf("scope %q key %q (id %s)", scope, key, r.id()))
+	if err != nil {
+		return stores.Record{}, err
+	}
+	return known(rec, scope, key), nil
+}
+
+// GetByID implements [stores.Admin]: id is the record's KV key.
+func (s *Store) GetByID(ctx context.Context, id string) (stores.Record, error) {
+	r, err := s.recordOfID(id)
+	if err := storekit.CheckCall(ctx, s.closed.Load(), err); err != nil {
+		return stores.Record{}, fmt.Errorf("natsstore: get: %w", err)
+	}
+	return s.get(ctx, r, "id "+id)
+}
+
+// get reads the record r; what names it in errors.
+func (s *Store) get(ctx context.Context, r record, what string) (stores.Record, error) {
 	cctx, release, err := s.watch.callCtx(ctx)
 	if err != nil {
 		return stores.Record{}, fmt.Errorf("natsstore: get: %w", err)
@@ -67,9 +85,9 @@ func (s *Store) Get(ctx context.Context, scope, key string) (stores.Record, erro
 		return stores.Record{}, fmt.Errorf("natsstore: get: %w", s.classify(ctx, cctx, err))
 	}
 	if e.state == stateNone {
-		return stores.Record{}, fmt.Errorf("natsstore: get: %w: scope %q key %q (id %s)", stores.ErrNotFound, scope, key, r.id())
+		return stores.Record{}, fmt.Errorf("natsstore: get: %w: %s", stores.ErrNotFound, what)
 	}
-	return known(s.adminRecord(r.id(), e, s.clock.Now().UnixNano()), scope, key), nil
+	return s.adminRecord(r.id(), e, s.clock.Now().UnixNano()), nil
 }
 
 // Delete implements [stores.Admin]: a read of the record, then a purge
@@ -81,6 +99,26 @@ func (s *Store) Delete(ctx context.Context, scope, key string, want stores.Recor
 		return stores.Record{}, fmt.Errorf("natsstore: delete: %w", err)
 	}
 	r := s.records(scope, []string{key})[0]
+	rec, err := s.delete(ctx, r, want, fmt.Sprintf("scope %q key %q (id %s)", scope, key, r.id()))
+	if rec.ID != "" {
+		rec = known(rec, scope, key)
+	}
+	return rec, err
+}
+
+// DeleteByID implements [stores.Admin], as Delete does; id as in
+// GetByID.
+func (s *Store) DeleteByID(ctx context.Context, id string, want stores.RecordState) (stores.Record, error) {
+	r, err := s.recordOfID(id)
+	if err := storekit.CheckCall(ctx, s.closed.Load(), err, storekit.CheckState(want)); err != nil {
+		return stores.Record{}, fmt.Errorf("natsstore: delete: %w", err)
+	}
+	return s.delete(ctx, r, want, "id "+id)
+}
+
+// delete deletes the record r if it is in state want; what names it in
+// errors.
+func (s *Store) delete(ctx context.Context, r record, want stores.RecordState, what string) (stores.Record, error) {
 	cctx, release, err := s.watch.callCtx(ctx)
 	if err != nil {
 		return stores.Record{}, fmt.Errorf("natsstore: delete: %w", err)
@@ -92,11 +130,11 @@ func (s *Store) Delete(ctx context.Context, scope, key string, want stores.Recor
 			return stores.Record{}, fmt.Errorf("natsstore: delete: %w", s.classify(ctx, cctx, err))
 		}
 		if e.state == stateNone {
-			return stores.Record{}, fmt.Errorf("natsstore: delete: %w: scope %q key %q (id %s)", stores.ErrNotFound, scope, key, r.id())
+			return stores.Record{}, fmt.Errorf("natsstore: delete: %w: %s", stores.ErrNotFound, what)
 		}
-		rec := known(s.adminRecord(r.id(), e, s.clock.Now().UnixNano()), scope, key)
+		rec := s.adminRecord(r.id(), e, s.clock.Now().UnixNano())
 		if rec.State != want {
-			return rec, fmt.Errorf("natsstore: delete: %w: scope %q key %q is %s, not %s", stores.ErrWrongState, scope, key, rec.State, want)
+			return rec, fmt.Errorf("natsstore: delete: %w: %s is %s, not %s", stores.ErrWrongState, what, rec.State, want)
 		}
 		if s.testBeforeDelete != nil {
 			s.testBeforeDelete()
@@ -108,10 +146,20 @@ func (s *Store) Delete(ctx context.Context, scope, key string, want stores.Recor
 		case !isConflict(err):
 			return stores.Record{}, fmt.Errorf("natsstore: delete: %w", s.classify(ctx, cctx, err))
 		case attempt == maxDeleteAttempts:
-			return stores.Record{}, fmt.Errorf("natsstore: delete: %w: scope %q key %q changed %d times between its read and its deletion; nothing deleted",
-				stores.ErrUnavailable, scope, key, attempt)
+			return stores.Record{}, fmt.Errorf("natsstore: delete: %w: %s changed %d times between its read and its deletion; nothing deleted",
+				stores.ErrUnavailable, what, attempt)
 		}
 	}
+}
+
+// recordOfID is the record whose ID (its KV key) is id, in its shard.
+func (s *Store) recordOfID(id string) (record, error) {
+	d, err := base64.RawURLEncoding.DecodeString(id)
+	if len(id) != KeyLen || err != nil || len(d) != digestLen || encodeKey([digestLen]byte(d)) != id {
+		return record{}, fmt.Errorf("%w: %q is not a natsstore record ID (a KV key of %d characters)", stores.ErrInvalidArgument, id, KeyLen)
+	}
+	sh := s.shards[shardOf([digestLen]byte(d), len(s.shards))]
+	return record{sh: sh, subj: sh.prefix + id}, nil
 }
 
 // List implements [stores.Admin]: records in stream order, bucket after

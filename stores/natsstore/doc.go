@@ -31,8 +31,9 @@
 // several buckets, whose leaders JetStream places on different servers
 // of a cluster.
 //
-// The Store implements [stores.Admin] (Get, List, Delete, Stats, Purge;
-// see admin.go): a record is known by its KV key only, so List cannot
+// The Store implements [stores.Admin] (Get, List, Delete, GetByID,
+// DeleteByID, Stats, Purge; see admin.go): a record is known by its KV
+// key only (its ID, which GetByID and DeleteByID take), so List cannot
 // select a scope or a key prefix ([stores.ErrNotSupported]) and Stats
 // does not count by scope. It does not implement [stores.Inbox].
 //

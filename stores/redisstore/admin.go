@@ -18,7 +18,7 @@ import (
 )
 
 // The admin interface. A record's ID is its Redis key, written as
-// redis-cli shows it. List and Stats SCAN the keys under the prefix on
+// redis-cli shows it; GetByID and DeleteByID take it back. List and Stats SCAN the keys under the prefix on
 // every node (every master in Redis Cluster, every shard of a Ring) and
 // read each record with a one-key script. The readable layout keeps the
 // scope of every record and the key of every record but those stored as
@@ -42,6 +42,26 @@ func (s *Store) Get(ctx context.Context, scope, key string) (stores.Record, erro
 	if err != nil {
 		return stores.Record{}, fmt.Errorf("redisstore: get: %w", err)
 	}
+	rec, err := s.get(ctx, rkey, fmt.Sprintf("scope %q key %q", scope, key))
+	if err != nil {
+		return stores.Record{}, err
+	}
+	rec.Scope, rec.Key, rec.ScopeKnown, rec.KeyKnown = scope, key, true, true
+	return rec, nil
+}
+
+// GetByID implements [stores.Admin]: id is the record's Redis key as
+// Record.ID shows it.
+func (s *Store) GetByID(ctx context.Context, id string) (stores.Record, error) {
+	rkey, err := s.keyOfID(id)
+	if err := storekit.CheckCall(ctx, s.closed.Load(), err); err != nil {
+		return stores.Record{}, fmt.Errorf("redisstore: get: %w", err)
+	}
+	return s.get(ctx, rkey, "id "+id)
+}
+
+// get reads the record of rkey; what names it in errors.
+func (s *Store) get(ctx context.Context, rkey, what string) (stores.Record, error) {
 	v, err := s.runOne(ctx, op{readScript, []string{rkey}, nil})
 	if err != nil {
 		return stores.Record{}, fmt.Errorf("redisstore: get: %w", classify(err))
@@ -51,13 +71,12 @@ func (s *Store) Get(ctx context.Context, scope, key string) (stores.Record, erro
 		return stores.Record{}, fmt.Errorf("redisstore: get: %w", err)
 	}
 	if !ok {
-		return stores.Record{}, fmt.Errorf("redisstore: get: %w: scope %q key %q", stores.ErrNotFound, scope, key)
+		return stores.Record{}, fmt.Errorf("redisstore: get: %w: %s", stores.ErrNotFound, what)
 	}
 	rec, err := s.record(rkey, value, pttl, msNow())
 	if err != nil {
 		return stores.Record{}, fmt.Errorf("redisstore: get: %w", err)
 	}
-	rec.Scope, rec.Key, rec.ScopeKnown, rec.KeyKnown = scope, key, true, true
 	return rec, nil
 }
 
@@ -67,6 +86,26 @@ func (s *Store) Delete(ctx context.Context, scope, key string, want stores.Recor
 	if err != nil {
 		return stores.Record{}, fmt.Errorf("redisstore: delete: %w", err)
 	}
+	rec, err := s.delete(ctx, rkey, want, fmt.Sprintf("scope %q key %q", scope, key))
+	if rec.ID != "" {
+		rec.Scope, rec.Key, rec.ScopeKnown, rec.KeyKnown = scope, key, true, true
+	}
+	return rec, err
+}
+
+// DeleteByID implements [stores.Admin], as Delete does; id as in
+// GetByID.
+func (s *Store) DeleteByID(ctx context.Context, id string, want stores.RecordState) (stores.Record, error) {
+	rkey, err := s.keyOfID(id)
+	if err := storekit.CheckCall(ctx, s.closed.Load(), err, storekit.CheckState(want)); err != nil {
+		return stores.Record{}, fmt.Errorf("redisstore: delete: %w", err)
+	}
+	return s.delete(ctx, rkey, want, "id "+id)
+}
+
+// delete deletes the record of rkey if it is in state want; what names
+// it in errors.
+func (s *Store) delete(ctx context.Context, rkey string, want stores.RecordState, what string) (stores.Record, error) {
 	arg := "d"
 	if want == stores.StateProcessing {
 		arg = "p"
@@ -80,7 +119,7 @@ func (s *Store) Delete(ctx context.Context, scope, key string, want stores.Recor
 		return stores.Record{}, fmt.Errorf("redisstore: delete: unexpected reply %v", v)
 	}
 	if len(a) == 0 {
-		return stores.Record{}, fmt.Errorf("redisstore: delete: %w: scope %q key %q", stores.ErrNotFound, scope, key)
+		return stores.Record{}, fmt.Errorf("redisstore: delete: %w: %s", stores.ErrNotFound, what)
 	}
 	deleted, ok1 := a[0].(int64)
 	value, pttl, ok2, err := parseRead(a[1:])
@@ -91,11 +130,34 @@ func (s *Store) Delete(ctx context.Context, scope, key string, want stores.Recor
 	if err != nil {
 		return stores.Record{}, fmt.Errorf("redisstore: delete: %w", err)
 	}
-	rec.Scope, rec.Key, rec.ScopeKnown, rec.KeyKnown = scope, key, true, true
 	if deleted != 1 {
-		return rec, fmt.Errorf("redisstore: delete: %w: scope %q key %q is %s, not %s", stores.ErrWrongState, scope, key, rec.State, want)
+		return rec, fmt.Errorf("redisstore: delete: %w: %s is %s, not %s", stores.ErrWrongState, what, rec.State, want)
 	}
 	return rec, nil
+}
+
+// keyOfID is the Redis key of a record ID: the inverse of printable, for
+// a key under the prefix in the store's layout.
+func (s *Store) keyOfID(id string) (string, error) {
+	rkey, ok := unprintable(id)
+	if !ok || !s.ownKey(rkey) {
+		return "", fmt.Errorf("%w: %q is not the ID of a record of this store (its Redis key, as redis-cli shows it, under the prefix %q)", stores.ErrInvalidArgument, id, s.cfg.Prefix)
+	}
+	return rkey, nil
+}
+
+// ownKey reports whether rkey is a key the store writes: under its
+// prefix, in its layout.
+func (s *Store) ownKey(rkey string) bool {
+	rest, ok := strings.CutPrefix(rkey, s.cfg.Prefix)
+	if !ok {
+		return false
+	}
+	if s.cfg.CompactKeys {
+		return len(rest) == compactLen
+	}
+	_, _, scopeOK, _ := s.decodeKey(rkey)
+	return scopeOK
 }
 
 // List implements [stores.Admin]: records in SCAN order, node by node.

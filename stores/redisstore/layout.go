@@ -620,6 +620,54 @@ func printable(rkey string) string {
 	return b.String()
 }
 
+// unprintable is the inverse of printable: ok is false for a text that
+// printable would not have written.
+func unprintable(text string) (string, bool) {
+	b := make([]byte, 0, len(text))
+	for i := 0; i < len(text); i++ {
+		c := text[i]
+		if c != '\\' {
+			b = append(b, c)
+			continue
+		}
+		if i+1 == len(text) {
+			return "", false
+		}
+		i++
+		switch text[i] {
+		case '\\', '"':
+			b = append(b, text[i])
+		case 'n':
+			b = append(b, '\n')
+		case 'r':
+			b = append(b, '\r')
+		case 't':
+			b = append(b, '\t')
+		case 'a':
+			b = append(b, '\a')
+		case 'b':
+			b = append(b, '\b')
+		case 'x':
+			if i+2 >= len(text) {
+				return "", false
+			}
+			hi, lo := strings.IndexByte("0123456789abcdef", text[i+1]), strings.IndexByte("0123456789abcdef", text[i+2])
+			if hi < 0 || lo < 0 {
+				return "", false
+			}
+			b = append(b, byte(hi<<4|lo))
+			i += 2
+		default:
+			return "", false
+		}
+	}
+	// One form only: printable's (no \x41 for A, no bare quote).
+	if printable(string(b)) != text {
+		return "", false
+	}
+	return string(b), true
+}
+
 // globEscape makes s match itself in a SCAN MATCH pattern.
 func globEscape(s string) string {
 	var b strings.Builder

@@ -157,7 +157,26 @@ func TestPrintable(t *testing.T) {
 		if got := printable(in); got != want {
 			t.Errorf("printable(%q) = %q, want %q", in, got, want)
 		}
+		if back, ok := unprintable(want); !ok || back != in {
+			t.Errorf("unprintable(%q) = %q, %v; want %q", want, back, ok, in)
+		}
 	}
+	// Texts printable never writes.
+	for _, text := range []string{`\`, `a\`, `\q`, `\x4`, `\x4G`, `\x41`, `\xFF`, `"`, "\x00\x01", "é"} {
+		if back, ok := unprintable(text); ok {
+			t.Errorf("unprintable(%q) = %q, want it refused", text, back)
+		}
+	}
+}
+
+// FuzzPrintable checks that unprintable inverts printable.
+func FuzzPrintable(f *testing.F) {
+	f.Add("dedup:s=\x00\xff{")
+	f.Fuzz(func(t *testing.T, key string) {
+		if back, ok := unprintable(printable(key)); !ok || back != key {
+			t.Fatalf("unprintable(printable(%q)) = %q, %v", key, back, ok)
+		}
+	})
 }
 
 func TestMatchPattern(t *testing.T) {

@@ -49,16 +49,34 @@ func (s *Store) Get(ctx context.Context, scope, key string) (stores.Record, erro
 	if err := s.checkCall(ctx, storekit.CheckRecordKey(key)); err != nil {
 		return stores.Record{}, fmt.Errorf("sqlstore: get: %w", err)
 	}
-	id := digest(scope, key)
+	rec, err := s.get(ctx, digest(scope, key), fmt.Sprintf("scope %q key %q", scope, key))
+	if err != nil {
+		return stores.Record{}, err
+	}
+	rec.Scope, rec.Key, rec.ScopeKnown, rec.KeyKnown = scope, key, true, true
+	return rec, nil
+}
+
+// GetByID implements [stores.Admin]: id is a RecordID as Record.ID shows
+// it (a UUID), or in 32 hexadecimal digits.
+func (s *Store) GetByID(ctx context.Context, id string) (stores.Record, error) {
+	rid, err := parseRecordID(id)
+	if err := s.checkCall(ctx, err); err != nil {
+		return stores.Record{}, fmt.Errorf("sqlstore: get: %w", err)
+	}
+	return s.get(ctx, rid, "the record")
+}
+
+// get reads the record of id; what names it in errors.
+func (s *Store) get(ctx context.Context, id recordID, what string) (stores.Record, error) {
 	q := fmt.Sprintf("SELECT %s FROM %s WHERE id = %s", s.adminColumns(), s.q.table, s.q.ph(1))
 	rec, err := s.readRecord(s.db.QueryRowContext(ctx, q, s.d.idArg(id)))
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
-		return stores.Record{}, fmt.Errorf("sqlstore: get: %w: scope %q key %q (id %s)", stores.ErrNotFound, scope, key, id.uuid())
+		return stores.Record{}, fmt.Errorf("sqlstore: get: %w: %s (id %s)", stores.ErrNotFound, what, id.uuid())
 	case err != nil:
 		return stores.Record{}, fmt.Errorf("sqlstore: get: %w", s.classify(err))
 	}
-	rec.Scope, rec.Key, rec.ScopeKnown, rec.KeyKnown = scope, key, true, true
 	return rec, nil
 }
 
@@ -68,7 +86,26 @@ func (s *Store) Delete(ctx context.Context, scope, key string, want stores.Recor
 	if err := s.checkCall(ctx, storekit.CheckRecordKey(key), storekit.CheckState(want)); err != nil {
 		return stores.Record{}, fmt.Errorf("sqlstore: delete: %w", err)
 	}
-	id := digest(scope, key)
+	rec, err := s.delete(ctx, digest(scope, key), want, fmt.Sprintf("scope %q key %q", scope, key))
+	if rec.ID != "" {
+		rec.Scope, rec.Key, rec.ScopeKnown, rec.KeyKnown = scope, key, true, true
+	}
+	return rec, err
+}
+
+// DeleteByID implements [stores.Admin], as Delete does; id as in
+// GetByID.
+func (s *Store) DeleteByID(ctx context.Context, id string, want stores.RecordState) (stores.Record, error) {
+	rid, err := parseRecordID(id)
+	if err := s.checkCall(ctx, err, storekit.CheckState(want)); err != nil {
+		return stores.Record{}, fmt.Errorf("sqlstore: delete: %w", err)
+	}
+	return s.delete(ctx, rid, want, "the record")
+}
+
+// delete deletes the record of id if it is in state want; what names it
+// in errors.
+func (s *Store) delete(ctx context.Context, id recordID, want stores.RecordState, what string) (stores.Record, error) {
 	read := fmt.Sprintf("SELECT %s FROM %s WHERE id = %s%s", s.adminColumns(), s.q.table, s.q.ph(1), s.q.forUpdate)
 	del := fmt.Sprintf("DELETE FROM %s WHERE id = %s", s.q.table, s.q.ph(1))
 	var rec stores.Record
@@ -90,12 +127,11 @@ func (s *Store) Delete(ctx context.Context, scope, key string, want stores.Recor
 			return err
 		})
 	})
-	rec.Scope, rec.Key, rec.ScopeKnown, rec.KeyKnown = scope, key, true, true
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
-		return stores.Record{}, fmt.Errorf("sqlstore: delete: %w: scope %q key %q (id %s)", stores.ErrNotFound, scope, key, id.uuid())
+		return stores.Record{}, fmt.Errorf("sqlstore: delete: %w: %s (id %s)", stores.ErrNotFound, what, id.uuid())
 	case errors.Is(err, stores.ErrWrongState):
-		return rec, fmt.Errorf("sqlstore: delete: %w: scope %q key %q is %s, not %s", stores.ErrWrongState, scope, key, rec.State, want)
+		return rec, fmt.Errorf("sqlstore: delete: %w: %s (id %s) is %s, not %s", stores.ErrWrongState, what, id.uuid(), rec.State, want)
 	case err != nil:
 		return stores.Record{}, fmt.Errorf("sqlstore: delete: %w", s.classify(err))
 	}

@@ -49,8 +49,9 @@
 //
 // The Store implements [stores.Admin], which the dedupctl command uses.
 // The table keeps the digest of (scope, key), not the pair: Get and
-// Delete find a record by its scope and key, List lists records by ID
-// (RecordID as a UUID, in its order) and fails with
+// Delete find a record by its scope and key, GetByID and DeleteByID by
+// its ID, List lists records by ID (RecordID as a UUID, in its order)
+// and fails with
 // [stores.ErrNotSupported] for a scope or a key prefix, and Stats counts
 // records by state, not by scope. List and Stats read the whole table.
 //

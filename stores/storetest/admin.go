@@ -3,6 +3,7 @@ package storetest
 import (
 	"bytes"
 	"context"
+	"errors"
 	"slices"
 	"strconv"
 	"strings"
@@ -40,6 +41,7 @@ var adminTests = []struct {
 }{
 	{"AdminGet", testAdminGet},
 	{"AdminDelete", testAdminDelete},
+	{"AdminByID", testAdminByID},
 	{"AdminList", testAdminList},
 	{"AdminListByScope", testAdminListByScope},
 	{"AdminStats", testAdminStats},
@@ -266,6 +268,93 @@ func testAdminDelete(e *env, a stores.Admin) {
 	e.advance(e.lease() + e.lease()/2)
 	if r, err := a.Delete(e.ctx, e.scope, kl, stores.StateProcessing); err != nil || !r.Expired || r.Token != cl.Token {
 		e.t.Fatalf("Delete of a lapsed claim = %+v, %v; want it, expired", r, err)
+	}
+	e.release(e.expect([]string{kl}, stores.Claimed))
+}
+
+// getByID is GetByID of id, which must find the record want (a Get's
+// view of it).
+func (e *env) getByID(a stores.Admin, id string, want stores.Record) stores.Record {
+	e.t.Helper()
+	var r stores.Record
+	var err error
+	e.timed(func() { r, err = a.GetByID(e.ctx, id) })
+	if err != nil {
+		e.t.Fatalf("GetByID(%q): %v", id, err)
+	}
+	if r.ID != id {
+		e.t.Fatalf("GetByID(%q) returned the record of ID %q", id, r.ID)
+	}
+	e.sameRecord(r, want)
+	return r
+}
+
+// testAdminByID: GetByID and DeleteByID find a record by the ID Get and
+// List report, with the state checks of Delete.
+func testAdminByID(e *env, a stores.Admin) {
+	kd, kp := e.key("done"), e.key("processing")
+	e.done(e.scope, kd, e.long(), []byte("x"))
+	cp := e.claimLease(e.long(), kp)
+	e.mustResult(cp, stores.Claimed)
+	rd, rp := e.get(a, e.scope, kd), e.get(a, e.scope, kp)
+
+	// By the IDs of Get, and by those of List.
+	e.mustBeDone("GetByID of a done record", e.getByID(a, rd.ID, rd), []byte("x"))
+	e.mustBeProcessing("GetByID of a processing record", e.getByID(a, rp.ID, rp), cp.Token)
+	listed := e.byID(e.listAll(a, stores.ListOptions{}))
+	for _, w := range []stores.Record{rd, rp} {
+		l, ok := listed[w.ID]
+		if !ok {
+			e.t.Fatalf("List does not list %q", w.ID)
+		}
+		e.getByID(a, l.ID, w)
+	}
+
+	// The wrong state: nothing changes, the record comes back.
+	r, err := a.DeleteByID(e.ctx, rd.ID, stores.StateProcessing)
+	mustBe(e.t, "DeleteByID(processing) of a done record", err, stores.ErrWrongState)
+	e.mustBeDone("the record DeleteByID refused", r, []byte("x"))
+	r, err = a.DeleteByID(e.ctx, rp.ID, stores.StateDone)
+	mustBe(e.t, "DeleteByID(done) of a processing record", err, stores.ErrWrongState)
+	e.mustBeProcessing("the record DeleteByID refused", r, cp.Token)
+	e.expect([]string{kd}, stores.Duplicate)
+	e.expect([]string{kp}, stores.InProgress)
+
+	// Forget a done record: its message is processed again.
+	r, err = a.DeleteByID(e.ctx, rd.ID, stores.StateDone)
+	if err != nil {
+		e.t.Fatalf("DeleteByID(done) of a done record: %v", err)
+	}
+	e.mustBeDone("the record DeleteByID deleted", r, []byte("x"))
+	if r.ID != rd.ID {
+		e.t.Fatalf("DeleteByID(%q) reports the ID %q", rd.ID, r.ID)
+	}
+	_, err = a.Get(e.ctx, e.scope, kd)
+	mustBe(e.t, "Get after DeleteByID", err, stores.ErrNotFound)
+	_, err = a.GetByID(e.ctx, rd.ID)
+	mustBe(e.t, "GetByID after DeleteByID", err, stores.ErrNotFound)
+	_, err = a.DeleteByID(e.ctx, rd.ID, stores.StateDone)
+	mustBe(e.t, "DeleteByID of an ID without a record", err, stores.ErrNotFound)
+	e.release(e.expect([]string{kd}, stores.Claimed))
+
+	// Release a processing record: another consumer claims it, and the
+	// owner is fenced off.
+	r, err = a.DeleteByID(e.ctx, rp.ID, stores.StateProcessing)
+	if err != nil {
+		e.t.Fatalf("DeleteByID(processing) of a processing record: %v", err)
+	}
+	e.mustBeProcessing("the record DeleteByID deleted", r, cp.Token)
+	next := e.expect([]string{kp}, stores.Claimed)
+	mustBe(e.t, "Complete by the owner of a claim deleted by ID", e.s.Complete(e.ctx, cp, e.retention(), nil), stores.ErrLostClaim)
+	e.release(next)
+
+	// A claim whose lease ran out can be released by its ID too.
+	kl := e.key("lapsed")
+	cl := e.expect([]string{kl}, stores.Claimed)
+	rl := e.get(a, e.scope, kl)
+	e.advance(e.lease() + e.lease()/2)
+	if r, err := a.DeleteByID(e.ctx, rl.ID, stores.StateProcessing); err != nil || !r.Expired || r.Token != cl.Token {
+		e.t.Fatalf("DeleteByID of a lapsed claim = %+v, %v; want it, expired", r, err)
 	}
 	e.release(e.expect([]string{kl}, stores.Claimed))
 }
@@ -603,6 +692,25 @@ func testAdminInvalidInput(e *env, a stores.Admin) {
 		_, err = a.Delete(e.ctx, e.scope, k, st)
 		mustBe(e.t, "Delete in state "+st.String(), err, stores.ErrInvalidArgument)
 	}
+	id := e.get(a, e.scope, k).ID
+	for _, bad := range []string{"", "not an ID", "\x00\xff", id + "0", "x" + id} {
+		_, err = a.GetByID(e.ctx, bad)
+		if !errors.Is(err, stores.ErrInvalidArgument) && !errors.Is(err, stores.ErrNotFound) {
+			e.t.Fatalf("GetByID(%q): got error %v, want one wrapping %v or %v", bad, err, stores.ErrInvalidArgument, stores.ErrNotFound)
+		}
+		_, err = a.DeleteByID(e.ctx, bad, stores.StateDone)
+		if !errors.Is(err, stores.ErrInvalidArgument) && !errors.Is(err, stores.ErrNotFound) {
+			e.t.Fatalf("DeleteByID(%q): got error %v, want one wrapping %v or %v", bad, err, stores.ErrInvalidArgument, stores.ErrNotFound)
+		}
+	}
+	for _, bad := range []string{"", "not an ID", "\x00\xff"} {
+		_, err = a.GetByID(e.ctx, bad)
+		mustBe(e.t, "GetByID of "+strconv.Quote(bad), err, stores.ErrInvalidArgument)
+	}
+	for _, st := range []stores.RecordState{0, 3} {
+		_, err = a.DeleteByID(e.ctx, id, st)
+		mustBe(e.t, "DeleteByID in state "+st.String(), err, stores.ErrInvalidArgument)
+	}
 	for _, opts := range []stores.ListOptions{
 		{Limit: -1}, {Limit: stores.MaxListLimit + 1}, {State: 3}, {After: "not a cursor"}, {After: "\x00\xff"},
 	} {
@@ -620,6 +728,10 @@ func testAdminInvalidInput(e *env, a stores.Admin) {
 	mustBe(e.t, "List with a cancelled context", err, context.Canceled)
 	_, err = a.Delete(done, e.scope, k, stores.StateDone)
 	mustBe(e.t, "Delete with a cancelled context", err, context.Canceled)
+	_, err = a.GetByID(done, id)
+	mustBe(e.t, "GetByID with a cancelled context", err, context.Canceled)
+	_, err = a.DeleteByID(done, id, stores.StateDone)
+	mustBe(e.t, "DeleteByID with a cancelled context", err, context.Canceled)
 	_, err = a.Stats(done)
 	mustBe(e.t, "Stats with a cancelled context", err, context.Canceled)
 	_, err = a.Purge(done)
@@ -630,6 +742,7 @@ func testAdminInvalidInput(e *env, a stores.Admin) {
 func testAdminClosed(e *env, a stores.Admin) {
 	k := e.key("a")
 	e.done(e.scope, k, e.long(), nil)
+	id := e.get(a, e.scope, k).ID
 	if err := e.s.Close(e.ctx); err != nil {
 		e.t.Fatalf("Close: %v", err)
 	}
@@ -639,6 +752,10 @@ func testAdminClosed(e *env, a stores.Admin) {
 	mustBe(e.t, "List after Close", err, stores.ErrClosed)
 	_, err = a.Delete(e.ctx, e.scope, k, stores.StateDone)
 	mustBe(e.t, "Delete after Close", err, stores.ErrClosed)
+	_, err = a.GetByID(e.ctx, id)
+	mustBe(e.t, "GetByID after Close", err, stores.ErrClosed)
+	_, err = a.DeleteByID(e.ctx, id, stores.StateDone)
+	mustBe(e.t, "DeleteByID after Close", err, stores.ErrClosed)
 	_, err = a.Stats(e.ctx)
 	mustBe(e.t, "Stats after Close", err, stores.ErrClosed)
 	_, err = a.Purge(e.ctx)
