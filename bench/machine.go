@@ -48,3 +48,18 @@ func (t cpuTimes) since(t0 cpuTimes) []result {
 		{"machine", "machine_cpu_steal_pct", pct(steal), "%", "time the hypervisor gave to other guests"},
 	}
 }
+
+// loadAvg returns the 1-minute load average of /proc/loadavg (Linux):
+// how many processes wanted a CPU, on average, over the last minute.
+func loadAvg() (float64, bool) {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return 0, false
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return 0, false
+	}
+	v, err := strconv.ParseFloat(f[0], 64)
+	return v, err == nil
+}

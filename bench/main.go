@@ -30,6 +30,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"runtime"
 	"runtime/pprof"
 	"slices"
 	"strings"
@@ -109,6 +110,7 @@ func main() {
 	ctx := context.Background()
 	var all []result
 	cpu0, cpuErr := readCPU()
+	load0, loadOK := loadAvg()
 	failed := false
 	for _, s := range sections {
 		if len(want) > 0 && !want[s.name] {
@@ -126,6 +128,12 @@ func main() {
 	}
 	if cpu1, err := readCPU(); err == nil && cpuErr == nil {
 		all = append(all, cpu1.since(cpu0)...)
+	}
+	if load1, ok := loadAvg(); ok && loadOK {
+		all = append(all,
+			result{"machine", "machine_loadavg_1m_start", load0, "", fmt.Sprintf("processes wanting a CPU, 1-minute average, at the start (%d CPUs)", runtime.NumCPU())},
+			result{"machine", "machine_loadavg_1m_end", load1, "", "the same at the end"},
+		)
 	}
 	printTable(all)
 	for _, r := range all {
