@@ -111,7 +111,10 @@ func (b *broker) openNATS(ctx context.Context, cfg Config, logger watermill.Logg
 				MaxDeliver:    -1,
 				DeliverPolicy: jetstream.DeliverAllPolicy,
 			})
-			return c, nil, err // the group outlives the subscriber: -cleanup deletes it
+			if err != nil {
+				return nil, nil, err
+			}
+			return closingGuard{Consumer: c, logger: logger}, nil, nil // the group outlives the subscriber: -cleanup deletes it
 		},
 	})
 	if err != nil {
