@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/watermill-dedup/dedup/acceptance"
+	"github.com/watermill-dedup/dedup/internal/jsguard"
 	"github.com/watermill-dedup/dedup/keyfuncs"
 	"github.com/watermill-dedup/dedup/middleware"
 	"github.com/watermill-dedup/dedup/testkit"
@@ -154,9 +155,13 @@ func natsDurable(group string) wmjs.ResourceInitializer {
 			MaxDeliver:    -1,
 			DeliverPolicy: jetstream.DeliverAllPolicy,
 		})
+		if err != nil {
+			return nil, nil, err
+		}
 		// No closer: the group outlives any one member; RemoveGroup
-		// deletes it.
-		return c, nil, err
+		// deletes it. The guard: a member closing while messages
+		// arrive must not end the process (see jsguard).
+		return jsguard.Consumer{Consumer: c}, nil, nil
 	}
 }
 

@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/watermill-dedup/dedup/internal/jsguard"
 	"github.com/watermill-dedup/dedup/internal/storeopen"
 )
 
@@ -114,7 +115,7 @@ func (b *broker) openNATS(ctx context.Context, cfg Config, logger watermill.Logg
 			if err != nil {
 				return nil, nil, err
 			}
-			return closingGuard{Consumer: c, logger: logger}, nil, nil // the group outlives the subscriber: -cleanup deletes it
+			return jsguard.Consumer{Consumer: c, Logger: logger}, nil, nil // the group outlives the subscriber: -cleanup deletes it
 		},
 	})
 	if err != nil {

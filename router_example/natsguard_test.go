@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/watermill-dedup/dedup/internal/jsguard"
 	"github.com/watermill-dedup/dedup/testkit"
 )
 
@@ -20,7 +21,7 @@ import (
 // with "send on closed channel" (it did, at the end of a run of the
 // example, in CI). Each round subscribes to a stream full of messages,
 // acks what it reads, then ends the Subscribe context mid-stream, as the
-// router does when it closes; without closingGuard some round panics and
+// router does when it closes; without jsguard.Consumer some round panics and
 // the test binary dies.
 func TestNATSSubscriberClosesWhileDelivering(t *testing.T) {
 	url := testkit.RequireNATS(t)
@@ -68,7 +69,7 @@ func TestNATSSubscriberClosesWhileDelivering(t *testing.T) {
 				if err != nil {
 					return nil, nil, err
 				}
-				return closingGuard{Consumer: c, logger: logger}, nil, nil
+				return jsguard.Consumer{Consumer: c, Logger: logger}, nil, nil
 			},
 		})
 		if err != nil {
@@ -99,29 +100,5 @@ func TestNATSSubscriberClosesWhileDelivering(t *testing.T) {
 			t.Fatalf("round %d: close: %v", round, err)
 		}
 		subConn.Close()
-	}
-}
-
-// TestClosingGuardRepanics: the guard recovers only the closed-channel
-// send; any other panic of the callback goes on.
-func TestClosingGuardRepanics(t *testing.T) {
-	if !sendOnClosedChannel(func() (r any) {
-		defer func() { r = recover() }()
-		ch := make(chan int)
-		close(ch)
-		ch <- 1
-		return nil
-	}()) {
-		t.Error("a send on a closed channel is not recognised")
-	}
-	for _, v := range []any{"send on closed channel", fmt.Errorf("send on closed channel"), func() (r any) {
-		defer func() { r = recover() }()
-		var m map[string]int
-		m["x"] = 1
-		return nil
-	}()} {
-		if sendOnClosedChannel(v) {
-			t.Errorf("%v (%T) taken for a send on a closed channel", v, v)
-		}
 	}
 }
