@@ -47,6 +47,10 @@ type e2eCase struct {
 	// write: the handler INSERTs a row into a PostgreSQL table (the
 	// shape of the example's loyalty handler) instead of doing nothing.
 	write bool
+	// ownTx: the writing handler opens a transaction of its own for its
+	// INSERT (BEGIN, INSERT, COMMIT), as a handler writing more than one
+	// row would.
+	ownTx bool
 	// base is the case this one is measured against: plain, or
 	// plain_write for the writing cases.
 	base string
@@ -74,6 +78,7 @@ var (
 
 	casePlainWrite      = e2eCase{name: "plain_write", note: "router without dedup, the handler INSERTs one row into PostgreSQL", write: true, base: "plain"}
 	caseAsyncRedisWrite = e2eCase{name: "dedup_async_redis_write", note: "the writing handler behind ModeAsyncComplete on redisstore", store: "redis", async: true, write: true, base: "plain_write"}
+	casePlainWriteTx    = e2eCase{name: "plain_write_tx", note: "diagnostic: router without dedup, the handler's INSERT in a transaction of its own (BEGIN, INSERT, COMMIT)", write: true, ownTx: true, diagnostic: true, base: "plain_write"}
 	caseTxWrite         = e2eCase{name: "tx_postgres_write", note: "the writing handler behind ModeTransactional on sqlstore PostgreSQL: its INSERT and the record in one transaction", store: "postgres", tx: true, write: true, base: "plain_write"}
 
 	// e2eBrokerNames are the brokers in the order they run.
@@ -81,7 +86,7 @@ var (
 
 	sequentialCases = []e2eCase{casePlain, caseNaive, caseRedis, caseAsyncRedis, caseAsyncRedisID, caseMemstore, caseDeduplicator}
 	concurrentCases = []e2eCase{casePlain, caseNaive, caseRedis, caseAsyncRedis, caseAsyncRedisID, casePostgres, caseAsyncPostgres, caseMemstore, caseDeduplicator,
-		casePlainWrite, caseAsyncRedisWrite, caseTxWrite}
+		casePlainWrite, casePlainWriteTx, caseAsyncRedisWrite, caseTxWrite}
 	sqlCases = []e2eCase{casePlain, caseNaive, caseRedis, caseAsyncRedis, caseAsyncRedisID}
 )
 
@@ -222,6 +227,16 @@ func (st *e2eStores) handler(c e2eCase) message.HandlerFunc {
 		var err error
 		if tx, ok := sqlstore.TxFromContext(ctx); ok {
 			_, err = tx.ExecContext(ctx, insert, msg.UUID, p.PaymentID)
+		} else if c.ownTx {
+			var tx *sql.Tx
+			if tx, err = st.pg.BeginTx(ctx, nil); err != nil {
+				return nil, err
+			}
+			if _, err = tx.ExecContext(ctx, insert, msg.UUID, p.PaymentID); err != nil {
+				_ = tx.Rollback()
+				return nil, err
+			}
+			err = tx.Commit()
 		} else {
 			_, err = st.pg.ExecContext(ctx, insert, msg.UUID, p.PaymentID)
 		}

@@ -226,6 +226,13 @@ func measureBroker(ctx context.Context, b *e2eBroker, st *e2eStores, lat *storeL
 				goalNote(b.name == "kfake16" && !c.diagnostic, "goal <= 2; ") + "consumer CPU added to plain, this case's / naive's; " + spread(cpuRatios)})
 		}
 	}
+	// The transactional inbox against the handler's own transaction: the
+	// record's INSERTs in a transaction that exists anyway.
+	if own, tx := runs[casePlainWriteTx.name], runs[caseTxWrite.name]; len(own) > 0 && len(tx) > 0 {
+		ratios := each(tx, func(r e2eRun, i int) float64 { return r.rate / own[i].rate })
+		rs = append(rs, result{sec, prefix + caseTxWrite.name + "_vs_plain_write_tx_ratio", median(ratios), "x",
+			"diagnostic: against the handler's INSERT in its own transaction; " + spread(ratios)})
+	}
 	// AsyncComplete against ModeLease on the same store, round by round.
 	for _, pair := range [][2]e2eCase{{caseRedis, caseAsyncRedis}, {casePostgres, caseAsyncPostgres}} {
 		lease, async := runs[pair[0].name], runs[pair[1].name]
