@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/watermill-dedup/dedup/stores"
+	"github.com/watermill-dedup/dedup/stores/internal/errtest"
 	"github.com/watermill-dedup/dedup/stores/redisstore"
 	"github.com/watermill-dedup/dedup/stores/storetest"
 	"github.com/watermill-dedup/dedup/testkit"
@@ -102,21 +103,59 @@ func TestACLWait(t *testing.T) {
 		return s
 	}, serverTime(admin))
 
-	t.Run("without +wait +pexpire", func(t *testing.T) {
-		user := "dedup-" + storetest.NewID()
-		testkit.SetRedisACLUser(t, admin, rule[:len(rule)-2], user, password, aclPrefix)
-		c := redis.NewClient(&redis.Options{Addr: primary, Username: user, Password: password, ContextTimeoutEnabled: true})
-		defer c.Close()
+	t.Run("CheckServer", func(t *testing.T) {
 		s, err := redisstore.New(c, redisstore.Config{Prefix: aclPrefix + storetest.NewID() + ":", WaitReplicas: 1, SkipServerCheck: true})
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer s.Close(context.Background())
-		_, err = s.Claim(context.Background(), "s", []string{"k"}, time.Minute)
-		if err == nil || !strings.Contains(err.Error(), "NOPERM") || errors.Is(err, stores.ErrUnavailable) {
-			t.Fatalf("Claim with WaitReplicas as a user denied WAIT: %v, want an unclassified NOPERM", err)
+		if err := s.CheckServer(context.Background()); err != nil {
+			t.Fatalf("CheckServer as a user with +wait +pexpire: %v", err)
 		}
 	})
+
+	// A user denied WAIT, or PEXPIRE, or both: CheckServer says which,
+	// and the rule to fix; a Claim fails (NOPERM, not an outage) and
+	// leaves no claim behind.
+	for _, tc := range []struct {
+		name, denied string
+		rule         []string
+	}{
+		{"without +wait +pexpire", "WAIT, PEXPIRE", rule[:len(rule)-2]},
+		{"without +pexpire", "PEXPIRE", rule[:len(rule)-1]},
+		{"without +wait", "WAIT", append(rule[:len(rule)-2:len(rule)-2], "+pexpire")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			user := "dedup-" + storetest.NewID()
+			testkit.SetRedisACLUser(t, admin, tc.rule, user, password, aclPrefix)
+			c := redis.NewClient(&redis.Options{Addr: primary, Username: user, Password: password, ContextTimeoutEnabled: true})
+			defer c.Close()
+			log := watermill.NewCaptureLogger()
+			s, err := redisstore.New(c, redisstore.Config{Prefix: aclPrefix + storetest.NewID() + ":", WaitReplicas: 1, SkipServerCheck: true, Logger: log})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close(context.Background())
+			err = s.CheckServer(context.Background())
+			errtest.Wraps(t, "CheckServer as "+tc.name, err, redisstore.ErrWaitDenied)
+			if err != nil && (!strings.Contains(err.Error(), "denied "+tc.denied+")") || !strings.Contains(err.Error(), "+wait +pexpire")) {
+				t.Errorf("CheckServer as %s: %v, want it to name %s and the rule's +wait +pexpire", tc.name, err, tc.denied)
+			}
+			if len(log.Captured()[watermill.ErrorLogLevel]) == 0 {
+				t.Error("CheckServer logged no error")
+			}
+			if !strings.Contains(tc.denied, "WAIT") {
+				return // claims work; refusals fail (their PEXPIRE)
+			}
+			_, err = s.Claim(context.Background(), "s", []string{"k"}, time.Minute)
+			if err == nil || !strings.Contains(err.Error(), "NOPERM") || errors.Is(err, stores.ErrUnavailable) {
+				t.Fatalf("Claim with WaitReplicas as a user denied WAIT: %v, want an unclassified NOPERM", err)
+			}
+			if n, err := admin.Exists(context.Background(), s.EncodeKey("s", "k")).Result(); err != nil || n != 0 {
+				t.Fatalf("the Claim that failed left its key held: EXISTS = %d, %v", n, err)
+			}
+		})
+	}
 }
 
 // testACLUser runs the store on client, an ACL user's, and moves time

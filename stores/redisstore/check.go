@@ -39,6 +39,10 @@ var ErrDataLimit = errors.New("redisstore: Redis proto-max-bulk-len is below Con
 // logs that at Info level and does not count it as a failure. Other errors
 // (the server is unreachable) are returned as they are.
 //
+// With Config.WaitReplicas it also reports a user the server denies WAIT
+// or PEXPIRE ([ErrWaitDenied]: every write would fail) and a master with
+// fewer replicas online than WaitReplicas ([ErrTooFewReplicas]).
+//
 // New runs it in the background unless Config.SkipServerCheck is set.
 // After Close it returns an error wrapping stores.ErrClosed.
 func (s *Store) CheckServer(ctx context.Context) error {

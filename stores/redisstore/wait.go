@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/watermill-dedup/dedup/stores"
@@ -423,6 +425,72 @@ func claimUndo(o op, v any, err error) []op {
 // fails with [ErrNotReplicated] until enough are back.
 var ErrTooFewReplicas = errors.New("redisstore: a Redis master has fewer replicas online than Config.WaitReplicas")
 
+// checkWaitACL reports a user the server denies a command WaitReplicas
+// needs: WAIT (on any node: ACLs are each node's), and PEXPIRE, which
+// the fenced scripts send to confirm a refusal. WAIT 0 0 answers at once;
+// PEXPIRE GT on the bare prefix, which is no record's key, changes no
+// expiry (GT never shortens one, nor sets one on a key without). Only a
+// NOPERM counts: another refusal (a Redis before 7.0 takes no GT) says
+// the user may run the command.
+func (s *Store) checkWaitACL(ctx context.Context) error {
+	var (
+		mu     sync.Mutex
+		denied []string
+		nodes  []string
+	)
+	deny := func(cmd, addr string) {
+		mu.Lock()
+		defer mu.Unlock()
+		if !slices.Contains(denied, cmd) {
+			denied = append(denied, cmd)
+		}
+		if !slices.Contains(nodes, addr) {
+			nodes = append(nodes, addr)
+		}
+	}
+	err := s.forEachNode(ctx, func(ctx context.Context, addr string, c redis.Cmdable) error {
+		// Do, not Wait: go-redis lifts the read timeout off a Wait.
+		d, ok := c.(interface {
+			Do(ctx context.Context, args ...any) *redis.Cmd
+		})
+		if !ok {
+			return nil // New refuses such a client with WaitReplicas
+		}
+		if err := d.Do(ctx, "wait", 0, 0).Err(); isNoPerm(err) {
+			deny("WAIT", addr)
+		} else if err != nil && !isRedisError(err) {
+			return fmt.Errorf("%s: %w", addr, err)
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("redisstore: checking the user's permissions: %w", err)
+	}
+	if err := s.client.Do(ctx, "pexpire", s.cfg.Prefix, 1, "gt").Err(); isNoPerm(err) {
+		deny("PEXPIRE", "the prefix's node")
+	} else if err != nil && !isRedisError(err) {
+		return fmt.Errorf("redisstore: checking the user's permissions: %w", err)
+	}
+	if len(denied) == 0 {
+		return nil
+	}
+	err = fmt.Errorf("%w (denied %s): add +wait +pexpire to the user's ACL rule (stores/redisstore/README.md); until then every write fails", ErrWaitDenied, strings.Join(denied, ", "))
+	s.cfg.Logger.Error("redisstore: the Redis user may not run WAIT or PEXPIRE, which Config.WaitReplicas needs: every write fails", err, watermill.LogFields{"prefix": s.cfg.Prefix})
+	return err
+}
+
+// isNoPerm reports an ACL refusal.
+func isNoPerm(err error) bool {
+	var re redis.Error
+	return errors.As(err, &re) && strings.HasPrefix(re.Error(), "NOPERM")
+}
+
+// isRedisError reports an error a server answered.
+func isRedisError(err error) bool {
+	var re redis.Error
+	return errors.As(err, &re)
+}
+
 // checkReplicas reports, with WaitReplicas, every master with fewer
 // replicas online than that (INFO replication); replicas (a Cluster's)
 // are passed over. A node whose INFO is refused is not counted as a
@@ -430,6 +498,9 @@ var ErrTooFewReplicas = errors.New("redisstore: a Redis master has fewer replica
 func (s *Store) checkReplicas(ctx context.Context) error {
 	if !s.waiting() {
 		return nil
+	}
+	if err := s.checkWaitACL(ctx); err != nil {
+		return err
 	}
 	var (
 		mu  sync.Mutex
@@ -464,3 +535,8 @@ func (s *Store) checkReplicas(ctx context.Context) error {
 	s.cfg.Logger.Error("redisstore: a Redis master has too few replicas for Config.WaitReplicas: its writes fail as not replicated", err, nil)
 	return err
 }
+
+// ErrWaitDenied is returned by [Store.CheckServer] when, with
+// Config.WaitReplicas, the server denies the store's user WAIT or
+// PEXPIRE (its ACL rule lacks +wait +pexpire): every write would fail.
+var ErrWaitDenied = errors.New("redisstore: the Redis user may not run a command Config.WaitReplicas needs")
