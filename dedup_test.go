@@ -138,8 +138,14 @@ func TestRetentionShorterThanHorizon(t *testing.T) {
 	if err := dedup.CheckRetention(2*time.Hour, time.Hour); err != nil {
 		t.Fatalf("2h retention over a 1h horizon: %v", err)
 	}
-	if err := dedup.CheckRetention(time.Hour, 0); err != nil {
-		t.Fatalf("an unknown horizon: %v", err)
+	// An unknown (zero or negative) horizon is never too long, whatever
+	// the retention.
+	for _, r := range []time.Duration{time.Hour, time.Nanosecond, -time.Second} {
+		for _, h := range []time.Duration{0, -time.Hour} {
+			if err := dedup.CheckRetention(r, h); err != nil {
+				t.Fatalf("CheckRetention(%s, %s), an unknown horizon: %v", r, h, err)
+			}
+		}
 	}
 	// Zero is the default retention, 24h.
 	if err := dedup.CheckRetention(0, 18*time.Hour); err != nil {

@@ -14,11 +14,7 @@ type slogDefault struct {
 }
 
 func (l slogDefault) logger() watermill.LoggerAdapter {
-	var a watermill.LoggerAdapter = watermill.NewSlogLogger(slog.Default())
-	if len(l.fields) > 0 {
-		a = a.With(l.fields)
-	}
-	return a
+	return watermill.NewSlogLogger(slog.Default()).With(l.fields)
 }
 
 func (l slogDefault) Error(msg string, err error, fields watermill.LogFields) {

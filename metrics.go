@@ -79,7 +79,7 @@ func (o Outcome) String() string {
 
 // Outcomes lists every outcome, for adapters that pre-create series.
 func Outcomes() []Outcome {
-	out := make([]Outcome, 0, len(outcomeNames)-1)
+	var out []Outcome
 	for o := OutcomeClaimed; int(o) < len(outcomeNames); o++ {
 		out = append(out, o)
 	}

@@ -265,7 +265,7 @@ func (p Policy) Validate() error {
 	case t.InProgressPoll < 0:
 		return fmt.Errorf("%w: Tuning.InProgressPoll must not be negative, got %s", ErrInvalidConfig, t.InProgressPoll)
 	}
-	if lease := p.WithDefaults().Lease; t.Heartbeat > 0 && t.Heartbeat >= lease {
+	if lease := p.WithDefaults().Lease; t.Heartbeat >= lease { // a zero or negative Heartbeat is the default or none
 		return fmt.Errorf("%w: Tuning.Heartbeat (%s) must be shorter than Lease (%s)", ErrInvalidConfig, t.Heartbeat, lease)
 	}
 	return nil
