@@ -173,7 +173,20 @@ type Stats struct {
 	// Scopes are the counts of each scope that has records, sorted by
 	// scope, when PerScope.
 	Scopes []ScopeStats
+
+	// Skipped counts what Stats found among the store's records that is
+	// not one of them, and passed over (as List does): redisstore's keys
+	// under its Prefix that are not in its layout, hold a value it did
+	// not write, or that its Config.Foreign names. SkippedSample holds a
+	// few of them (at most MaxSkippedSample), written as Record.ID
+	// writes a record's. A store whose records nothing else shares
+	// reports none.
+	Skipped       int64
+	SkippedSample []string
 }
+
+// MaxSkippedSample is the most keys Stats.SkippedSample holds.
+const MaxSkippedSample = 5
 
 // ScopeStats are the records of one scope.
 type ScopeStats struct {

@@ -86,7 +86,7 @@ func (c *cli) checkArgs(cmd string, pos []string) error {
 		case n == 2 && c.cfg.keyPrefix != "":
 			return usagef("%s takes KEY or -prefix, not both", cmd)
 		case n == 1 && c.cfg.keyPrefix == "" && !c.cfg.all:
-			return usagef("%s needs the KEY, or -prefix=KEY_PREFIX, or -all for every record of scope %q", cmd, pos[0])
+			return usagef("%s needs the KEY, or -prefix=KEY_PREFIX, or -all for every record of scope %+q", cmd, pos[0])
 		case n == 1 && pos[0] == "":
 			// A listing without a scope lists every scope: -all would
 			// reach far beyond what the operator named.
@@ -134,7 +134,7 @@ func (o one) String() string {
 	if o.id != "" {
 		return "with id " + o.id
 	}
-	return fmt.Sprintf("for key %q in scope %q", o.key, o.scope)
+	return fmt.Sprintf("for key %+q in scope %+q", o.key, o.scope)
 }
 
 func (o one) get(ctx context.Context, a *admin) (stores.Record, error) {
@@ -175,16 +175,11 @@ func (c *cli) list(ctx context.Context, a *admin, scope string) error {
 	if err != nil {
 		return notByScope("list", a, err)
 	}
+	runs := a.runs.take()
 	if c.cfg.json {
-		out := struct {
-			Records []recordJSON `json:"records"`
-			Next    string       `json:"next,omitempty"`
-		}{Records: make([]recordJSON, len(recs)), Next: next}
-		for i, r := range recs {
-			out.Records[i] = recordView(r)
-		}
-		return writeJSON(c.out, out)
+		return writeJSON(c.out, listJSON{Records: views(recs), Next: next, SkippedRuns: runs})
 	}
+	defer writeRuns(c.out, runs)
 	if len(recs) == 0 {
 		fmt.Fprintf(c.out, "no records on %s\n", a.where)
 		return nil
@@ -197,6 +192,16 @@ func (c *cli) list(ctx context.Context, a *admin, scope string) error {
 		fmt.Fprintf(c.out, "\nget, forget (done) or release (processing) one of them by its ID: dedupctl get -id=ID, dedupctl release -id=ID -yes\n")
 	}
 	return nil
+}
+
+// listJSON is a page of list for -json.
+type listJSON struct {
+	Records []recordJSON `json:"records"`
+	// Next is the cursor of the next page, absent after the last.
+	Next string `json:"next,omitempty"`
+	// SkippedRuns are the router_example runs whose keys the page
+	// passed over.
+	SkippedRuns []skippedRun `json:"skipped_runs,omitempty"`
 }
 
 // remove is forget (want done) and release (want processing).
@@ -223,9 +228,9 @@ func (c *cli) remove(ctx context.Context, a *admin, want stores.RecordState, pos
 		if err != nil {
 			return notByScope(verb, a, err)
 		}
-		sel := fmt.Sprintf("scope %q", scope)
+		sel := fmt.Sprintf("scope %+q", scope)
 		if c.cfg.keyPrefix != "" {
-			sel = fmt.Sprintf("scope %q with a key starting %q", scope, c.cfg.keyPrefix)
+			sel = fmt.Sprintf("scope %+q with a key starting %+q", scope, c.cfg.keyPrefix)
 		}
 		if len(recs) == 0 {
 			return &notFoundError{fmt.Sprintf("no %s record in %s on %s: nothing to %s", want, sel, a.where, verb)}
@@ -326,7 +331,7 @@ func wrongState(verb string, r stores.Record) error {
 	now := time.Now()
 	name := "the record with id " + r.ID
 	if r.KeyKnown {
-		name = fmt.Sprintf("the record for key %q in scope %q", r.Key, r.Scope)
+		name = fmt.Sprintf("the record for key %+q in scope %+q", r.Key, r.Scope)
 	}
 	if r.State == stores.StateProcessing {
 		return &refusedError{fmt.Sprintf("%s is processing (a claim under token %s, lease until %s): forget deletes done records; release frees a claim; nothing deleted",
@@ -393,10 +398,11 @@ func (c *cli) stats(ctx context.Context, a *admin) error {
 	if err != nil {
 		return err
 	}
+	runs := a.runs.take()
 	if c.cfg.json {
-		return writeJSON(c.out, statsView(a.where, st))
+		return writeJSON(c.out, statsView(a.where, st, runs))
 	}
-	writeStats(c.out, a, st, time.Now())
+	writeStats(c.out, a, st, runs, time.Now())
 	return nil
 }
 

@@ -22,6 +22,9 @@ type admin struct {
 	// address (no password) and the prefix or table.
 	where string
 	close func(context.Context) error
+	// runs counts the keys of router_example runs passed over (Redis with
+	// the default prefix only; nil otherwise).
+	runs *runTally
 }
 
 // connect opens the connections: a pool of two is enough for one command
@@ -55,13 +58,20 @@ func openRedis(ctx context.Context, c *config) (*admin, error) {
 		// A node of a Cluster holds a part of the records only.
 		return fail(usagef("the Redis at %s is a node of a Redis Cluster: add -redis-cluster", target.Display))
 	}
-	s, err := redisstore.New(client, redisstore.Config{
+	cfg := redisstore.Config{
 		Prefix:               c.prefix(),
 		CompactKeys:          c.compactKeys,
 		DigestKeysLongerThan: c.digestKeysLongerThan,
 		SkipServerCheck:      true,
 		Batch:                redisstore.BatchConfig{Disabled: true},
-	})
+	}
+	var runs *runTally
+	if cfg.Prefix == "" && !cfg.CompactKeys {
+		// The default "dedup:" holds router_example's runs (runs.go).
+		runs = &runTally{}
+		cfg.Foreign = runs.foreign
+	}
+	s, err := redisstore.New(client, cfg)
 	if err != nil {
 		return fail(usagef("%v", err))
 	}
@@ -78,6 +88,7 @@ func openRedis(ctx context.Context, c *config) (*admin, error) {
 		close: func(ctx context.Context) error {
 			return errors.Join(s.Close(ctx), client.Close())
 		},
+		runs: runs,
 	}, nil
 }
 

@@ -102,10 +102,10 @@ func deref(s *string) string {
 func describe(r recordJSON, now time.Time) string {
 	var b strings.Builder
 	if r.Scope != nil {
-		fmt.Fprintf(&b, "scope %q ", *r.Scope)
+		fmt.Fprintf(&b, "scope %+q ", *r.Scope)
 	}
 	if r.Key != nil {
-		fmt.Fprintf(&b, "key %q ", *r.Key)
+		fmt.Fprintf(&b, "key %+q ", *r.Key)
 	}
 	fmt.Fprintf(&b, "(id %s): %s", r.ID, r.State)
 	if r.LeaseUntil != nil {
@@ -126,8 +126,8 @@ func writeRecord(w io.Writer, r stores.Record, now time.Time) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	defer tw.Flush()
 	row := func(k, v string) { fmt.Fprintf(tw, "%s\t%s\n", k, v) }
-	row("scope", strconv.Quote(deref(v.Scope)))
-	row("key", strconv.Quote(deref(v.Key)))
+	row("scope", strconv.QuoteToASCII(deref(v.Scope)))
+	row("key", strconv.QuoteToASCII(deref(v.Key)))
 	row("id", v.ID)
 	row("state", v.State)
 	if r.State == stores.StateProcessing {
@@ -220,7 +220,7 @@ func quoteOr(s *string) string {
 	if s == nil {
 		return "?"
 	}
-	return strconv.Quote(*s)
+	return strconv.QuoteToASCII(*s)
 }
 
 func or(s, def string) string {
@@ -239,6 +239,12 @@ type statsJSON struct {
 	// then absent.
 	PerScope bool         `json:"per_scope"`
 	Scopes   []countsJSON `json:"scopes,omitempty"`
+	// Skipped counts the keys under the prefix that are not the store's
+	// records, SkippedRuns those of router_example runs among them, and
+	// SkippedSample shows a few.
+	Skipped       int64        `json:"skipped"`
+	SkippedRuns   []skippedRun `json:"skipped_runs,omitempty"`
+	SkippedSample []string     `json:"skipped_sample,omitempty"`
 }
 
 type countsJSON struct {
@@ -260,8 +266,9 @@ func counts(c stores.Counts, oldest, newest time.Time) countsJSON {
 	return v
 }
 
-func statsView(where string, st stores.Stats) statsJSON {
-	v := statsJSON{Store: where, countsJSON: counts(st.Counts, st.OldestExpiry, st.NewestExpiry), Bytes: st.Bytes, PerScope: st.PerScope}
+func statsView(where string, st stores.Stats, runs []skippedRun) statsJSON {
+	v := statsJSON{Store: where, countsJSON: counts(st.Counts, st.OldestExpiry, st.NewestExpiry), Bytes: st.Bytes, PerScope: st.PerScope,
+		Skipped: st.Skipped, SkippedRuns: runs, SkippedSample: st.SkippedSample}
 	for _, sc := range st.Scopes {
 		c := counts(sc.Counts, sc.OldestExpiry, sc.NewestExpiry)
 		c.Scope = &sc.Scope
@@ -270,7 +277,7 @@ func statsView(where string, st stores.Stats) statsJSON {
 	return v
 }
 
-func writeStats(w io.Writer, a *admin, st stores.Stats, now time.Time) {
+func writeStats(w io.Writer, a *admin, st stores.Stats, runs []skippedRun, now time.Time) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "store\t%s\n", a.where)
 	fmt.Fprintf(tw, "records\t%d: %d processing, %d done, %d expired (not yet purged)\n", st.Total(), st.Processing, st.Done, st.Expired)
@@ -286,6 +293,8 @@ func writeStats(w io.Writer, a *admin, st stores.Stats, now time.Time) {
 		fmt.Fprintf(tw, "size\tabout %s\n", fmtBytes(float64(st.Bytes)))
 	}
 	tw.Flush()
+	defer writeSkipped(w, st.Skipped-runKeys(runs), st.SkippedSample)
+	defer writeRuns(w, runs)
 	if !st.PerScope {
 		fmt.Fprintf(w, "\nno counts by scope: %s\n", digestNote)
 		return
@@ -298,7 +307,7 @@ func writeStats(w io.Writer, a *admin, st stores.Stats, now time.Time) {
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "SCOPE\tPROCESSING\tDONE\tEXPIRED\tOLDEST EXPIRY\tNEWEST EXPIRY")
 	for _, sc := range st.Scopes {
-		fmt.Fprintf(tw, "%q\t%d\t%d\t%d\t%s\t%s\n", sc.Scope, sc.Processing, sc.Done, sc.Expired, fmtTime(sc.OldestExpiry, now), fmtTime(sc.NewestExpiry, now))
+		fmt.Fprintf(tw, "%+q\t%d\t%d\t%d\t%s\t%s\n", sc.Scope, sc.Processing, sc.Done, sc.Expired, fmtTime(sc.OldestExpiry, now), fmtTime(sc.NewestExpiry, now))
 	}
 	tw.Flush()
 }

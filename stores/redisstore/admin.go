@@ -25,7 +25,10 @@ import (
 // digests (DigestKeysLongerThan): List selects by scope with a SCAN
 // pattern, and Stats counts by scope. With CompactKeys neither is kept:
 // a List by Scope or KeyPrefix fails with stores.ErrNotSupported, and
-// Stats has no per-scope counts.
+// Stats has no per-scope counts. A key under the prefix that is not a
+// record of the store (not in its layout, a value it did not write, no
+// expiry, or one Config.Foreign names) is passed over by both, and Stats
+// counts it in Skipped.
 //
 // Redis deletes a record when its PX runs out, so an expired done record
 // is never seen, and Purge has nothing to do. A processing record whose
@@ -270,6 +273,13 @@ func (s *Store) Stats(ctx context.Context) (stores.Stats, error) {
 			if err != nil {
 				return stores.Stats{}, fmt.Errorf("redisstore: stats: scan %s: %w", n.addr, classify(err))
 			}
+			keys = slices.DeleteFunc(keys, func(k string) bool {
+				if s.isRecordKey(k) {
+					return false
+				}
+				skip(&st, k)
+				return true
+			})
 			ops := make([]op, len(keys))
 			for i, k := range keys {
 				ops[i] = op{peekScript, []string{k}, nil}
@@ -295,7 +305,8 @@ func (s *Store) Stats(ctx context.Context) (stores.Stats, error) {
 				}
 				r, err := s.peek(head, pttl, now)
 				if err != nil {
-					return stores.Stats{}, fmt.Errorf("redisstore: stats: key %q: %w", printable(k), err)
+					skip(&st, k) // a value the store did not write
+					continue
 				}
 				if st.Bytes >= 0 {
 					st.Bytes += mem
@@ -305,10 +316,7 @@ func (s *Store) Stats(ctx context.Context) (stores.Stats, error) {
 				}
 				tally(total, r)
 				if st.PerScope {
-					scope, _, ok, _ := s.decodeKey(k)
-					if !ok {
-						return stores.Stats{}, fmt.Errorf("redisstore: stats: key %q under the prefix %q is not one the store writes (is the Prefix right?)", printable(k), s.cfg.Prefix)
-					}
+					scope, _, _, _ := s.decodeKey(k) // isRecordKey decoded it
 					sc := scopes[scope]
 					if sc == nil {
 						sc = &stores.ScopeStats{Scope: scope}
@@ -332,6 +340,21 @@ func (s *Store) Stats(ctx context.Context) (stores.Stats, error) {
 		slices.SortFunc(st.Scopes, func(a, b stores.ScopeStats) int { return cmp.Compare(a.Scope, b.Scope) })
 	}
 	return st, nil
+}
+
+// skip counts k in st as a key that is not a record of the store.
+func skip(st *stores.Stats, k string) {
+	st.Skipped++
+	if len(st.SkippedSample) < stores.MaxSkippedSample {
+		st.SkippedSample = append(st.SkippedSample, printable(k))
+	}
+}
+
+// isRecordKey reports whether the admin interface reads k, a key under
+// the prefix, as a record: one of the store's layout that Foreign does
+// not name.
+func (s *Store) isRecordKey(k string) bool {
+	return (s.cfg.Foreign == nil || !s.cfg.Foreign(k)) && s.ownKey(k)
 }
 
 // tally adds r to st.
@@ -438,31 +461,36 @@ func (s *Store) peek(head string, pttl int64, now time.Time) (stores.Record, err
 }
 
 // readAll reads the records of keys, in one pipeline (split per node by
-// go-redis). A key gone since the SCAN is nil.
+// go-redis). A key gone since the SCAN is nil, and so is a key that is
+// not a record of the store (isRecordKey), or holds a value it did not
+// write: List passes over them.
 func (s *Store) readAll(ctx context.Context, keys []string) ([]*stores.Record, error) {
-	ops := make([]op, len(keys))
+	var ops []op
+	var at []int // the index in keys of each op
 	for i, k := range keys {
-		ops[i] = op{readScript, []string{k}, nil}
+		if s.isRecordKey(k) {
+			ops = append(ops, op{readScript, []string{k}, nil})
+			at = append(at, i)
+		}
 	}
 	vals, errs := s.runAll(ctx, ops)
 	now := msNow()
 	out := make([]*stores.Record, len(keys))
-	for i, k := range keys {
-		if errs[i] != nil {
-			return nil, fmt.Errorf("key %q: %w", printable(k), classify(errs[i]))
+	for j, i := range at {
+		k := keys[i]
+		if errs[j] != nil {
+			return nil, fmt.Errorf("key %q: %w", printable(k), classify(errs[j]))
 		}
-		value, pttl, ok, err := parseRead(vals[i])
+		value, pttl, ok, err := parseRead(vals[j])
 		if err != nil {
 			return nil, fmt.Errorf("key %q: %w", printable(k), err)
 		}
 		if !ok {
 			continue
 		}
-		r, err := s.record(k, value, pttl, now)
-		if err != nil {
-			return nil, err
+		if r, err := s.record(k, value, pttl, now); err == nil {
+			out[i] = &r
 		}
-		out[i] = &r
 	}
 	return out, nil
 }

@@ -38,7 +38,10 @@
 // are listed and counted by scope (but for keys stored as digests, whose
 // key is unknown); with CompactKeys they are known by their Redis key
 // only, and a List by scope or key prefix fails with
-// [stores.ErrNotSupported].
+// [stores.ErrNotSupported]. Keys under the prefix that are not the
+// store's records (another layout's, another program's, those
+// Config.Foreign names, such as another store's under a longer prefix)
+// are passed over, and Stats counts them in Skipped.
 //
 // The README next to this file describes the key layout, the memory each
 // record takes and how to size Redis for a message rate and window.
@@ -121,6 +124,17 @@ type Config struct {
 	// single atomic scripts in Cluster too, at the price of not spreading
 	// the records over the cluster.
 	Prefix string
+
+	// Foreign, when set, names keys under Prefix that are not this store's
+	// records although they may look like them: those of another store
+	// whose Prefix starts with this one's, such as router_example's runs
+	// under "dedup:<run id>:", inside the default "dedup:". The admin
+	// interface's List and Stats pass over them, as over every key under
+	// Prefix that is not one of the store's records, and Stats counts
+	// them in stores.Stats.Skipped. It is given the Redis key, and may be
+	// called from several goroutines at once; the message path (Claim,
+	// Complete, ...) never calls it.
+	Foreign func(key string) bool
 
 	// MaxKeyLen is the longest scope, and the longest key not stored as a
 	// digest (see DigestKeysLongerThan and CompactKeys), in bytes. Longer
