@@ -60,7 +60,7 @@ type flight struct {
 // context.WithCancel(context.WithoutCancel(msgCtx)) stopped by an
 // AfterFunc on pending.stop was, without their allocations and locks.
 type completeCtx struct {
-	values context.Context // hb.Detached(): the message's values
+	values context.Context // hb.Detached(): the message's values, no cancellation
 	stop   context.Context
 }
 
@@ -70,14 +70,15 @@ func (c *completeCtx) Deadline() (time.Time, bool) { return time.Time{}, false }
 func (c *completeCtx) Done() <-chan struct{}       { return c.stop.Done() }
 func (c *completeCtx) Err() error                  { return c.stop.Err() }
 
-// Value returns the message's values; the context package's own lookup of
-// a cancellable ancestor finds stop, whose cancellation this is.
-func (c *completeCtx) Value(key any) any {
-	if cycle.IsCancelKey(key) {
-		return c.stop.Value(key)
-	}
-	return c.values.Value(key)
-}
+// Value returns the message's values (values hides the message context's
+// cancellation from the context package's lookups, as WithoutCancel
+// does: context.Cause falls back to Err).
+func (c *completeCtx) Value(key any) any { return c.values.Value(key) }
+
+// AfterFunc lets a context derived from this one (a store call's
+// timeout) be cancelled with stop without a goroutine of its own: the
+// context package uses a parent's AfterFunc method when it has one.
+func (c *completeCtx) AfterFunc(f func()) func() bool { return context.AfterFunc(c.stop, f) }
 
 func (c *completeCtx) String() string { return "middleware.completeCtx" }
 

@@ -134,69 +134,9 @@ func (e *Beat) Value(key any) any {
 }
 
 // Detached returns the Beat's parent context without its cancellation
-// and deadline, as context.WithoutCancel(parent) does, without an
-// allocation: the context of the Complete that follows the effect. It
-// does not carry the claim.
-func (e *Beat) Detached() context.Context { return (*detached)(e) }
-
-// detached is a Beat seen as context.WithoutCancel of its parent.
-type detached Beat
-
-var _ context.Context = (*detached)(nil)
-
-func (d *detached) Deadline() (time.Time, bool) { return time.Time{}, false }
-func (d *detached) Done() <-chan struct{}       { return nil }
-func (d *detached) Err() error                  { return nil }
-
-// Value returns the parent's values, but hides its cancellable
-// ancestor, as context.WithoutCancel does (context.Cause then reports no
-// cause, as Err reports no error).
-func (d *detached) Value(key any) any {
-	if IsCancelKey(key) {
-		return nil
-	}
-	return d.parent.Value(key)
-}
-
-// cancelKey is the key by which the context package finds a context's
-// cancellable ancestor (context.Cause, and a derived context registering
-// with its parent): a context of this package's that replaces another's
-// cancellation must answer it as the one whose cancellation it has.
-// Learnt once from context.Cause, which asks it of the context it is
-// given.
-var cancelKey = func() any {
-	p := &keyProbe{Context: context.Background()}
-	_ = context.Cause(p)
-	return p.key
-}()
-
-type keyProbe struct {
-	context.Context
-	key any
-}
-
-func (p *keyProbe) Value(key any) any {
-	p.key = key
-	return nil
-}
-
-// Err makes context.Cause look further: it asks nothing of a context
-// that is not done.
-func (p *keyProbe) Err() error { return context.Canceled }
-
-// IsCancelKey reports whether key is the context package's key for a
-// context's cancellable ancestor (see cancelKey). On a Go whose
-// context.Cause asked nothing it reports every *int key, and the contexts
-// using it hide a little more than they need.
-func IsCancelKey(key any) bool {
-	if cancelKey == nil {
-		_, ok := key.(*int)
-		return ok
-	}
-	return key == cancelKey
-}
-
-func (d *detached) String() string { return "cycle.Beat.Detached" }
+// and deadline (context.WithoutCancel): the context of the Complete that
+// follows the effect. It does not carry the claim.
+func (e *Beat) Detached() context.Context { return context.WithoutCancel(e.parent) }
 
 // maxTick bounds the loop's period, so an idle loop exits soon and due
 // claims are found with little delay; minTick keeps a heartbeat shorter
