@@ -594,6 +594,9 @@ func testAdminStats(e *env, a stores.Admin) {
 	if s1.OldestExpiry.After(oldest.Add(e.slack())) || s1.NewestExpiry.Before(newest.Add(-e.slack())) {
 		e.t.Fatalf("Stats expiries %s to %s, want them to span %s to %s", s1.OldestExpiry, s1.NewestExpiry, oldest, newest)
 	}
+	if s1.Skipped != s0.Skipped || len(s1.SkippedSample) > stores.MaxSkippedSample {
+		e.t.Fatalf("Stats skipped %d keys (%q), %d before: the store's own records are not skipped", s1.Skipped, s1.SkippedSample, s0.Skipped)
+	}
 	if s1.Bytes == 0 || s1.Bytes < -1 {
 		e.t.Fatalf("Stats.Bytes = %d with records held, want a size or -1", s1.Bytes)
 	}
