@@ -150,6 +150,10 @@ func TestClusterFailover(t *testing.T) {
 		}
 	})
 
+	t.Run("Redirects", func(t *testing.T) {
+		testWaitRedirects(t, fc, newClient)
+	})
+
 	faults := []string{"kill", "force", "kill", "force", "force"}
 	t.Run("Failovers", func(t *testing.T) {
 		r := runFailovers(t, fc, newClient(t, nil), redisstore.Config{WaitReplicas: 1}, faults)
