@@ -375,15 +375,18 @@ func listAll(ctx context.Context, a *admin, opts stores.ListOptions) ([]stores.R
 	}
 }
 
+// purgeJSON is purge's answer for -json.
+type purgeJSON struct {
+	Purged int64 `json:"purged"`
+}
+
 func (c *cli) purge(ctx context.Context, a *admin) error {
 	n, err := a.Purge(ctx)
 	if err != nil {
 		return err
 	}
 	if c.cfg.json {
-		return writeJSON(c.out, struct {
-			Purged int64 `json:"purged"`
-		}{n})
+		return writeJSON(c.out, purgeJSON{n})
 	}
 	if c.cfg.store == storeRedis {
 		fmt.Fprintf(c.out, "nothing to purge on %s: Redis deletes expired records by itself\n", a.where)

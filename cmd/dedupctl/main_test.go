@@ -461,7 +461,7 @@ func TestStatsAndPurge(t *testing.T) {
 		r := tg.run(t, "stats").want(t, exitOK, "stdout:bytes a record")
 		r.field(t, "records", strconv.FormatInt(want.Total(), 10)+":")
 		if tg.scopes {
-			if len(st.Scopes) != 1 || deref(st.Scopes[0].Scope) != scope || st.Scopes[0].Processing != 1 || st.Scopes[0].Done != 2 {
+			if len(st.Scopes) != 1 || st.Scopes[0].Scope != scope || st.Scopes[0].Processing != 1 || st.Scopes[0].Done != 2 {
 				t.Fatalf("stats -json scopes = %+v", st.Scopes)
 			}
 			r.want(t, exitOK, `stdout:"`+scope+`"  1`)

@@ -237,8 +237,8 @@ type statsJSON struct {
 	Bytes int64 `json:"bytes"`
 	// PerScope is false where the layout keeps no scopes: Scopes is
 	// then absent.
-	PerScope bool         `json:"per_scope"`
-	Scopes   []countsJSON `json:"scopes,omitempty"`
+	PerScope bool        `json:"per_scope"`
+	Scopes   []scopeJSON `json:"scopes,omitempty"`
 	// Skipped counts the keys under the prefix that are not the store's
 	// records, SkippedRuns those of router_example runs among them, and
 	// SkippedSample shows a few.
@@ -247,8 +247,13 @@ type statsJSON struct {
 	SkippedSample []string     `json:"skipped_sample,omitempty"`
 }
 
+// scopeJSON is the counts of one scope.
+type scopeJSON struct {
+	Scope string `json:"scope"`
+	countsJSON
+}
+
 type countsJSON struct {
-	Scope        *string    `json:"scope,omitempty"`
 	Processing   int64      `json:"processing"`
 	Done         int64      `json:"done"`
 	Expired      int64      `json:"expired"`
@@ -270,9 +275,7 @@ func statsView(where string, st stores.Stats, runs []skippedRun) statsJSON {
 	v := statsJSON{Store: where, countsJSON: counts(st.Counts, st.OldestExpiry, st.NewestExpiry), Bytes: st.Bytes, PerScope: st.PerScope,
 		Skipped: st.Skipped, SkippedRuns: runs, SkippedSample: st.SkippedSample}
 	for _, sc := range st.Scopes {
-		c := counts(sc.Counts, sc.OldestExpiry, sc.NewestExpiry)
-		c.Scope = &sc.Scope
-		v.Scopes = append(v.Scopes, c)
+		v.Scopes = append(v.Scopes, scopeJSON{sc.Scope, counts(sc.Counts, sc.OldestExpiry, sc.NewestExpiry)})
 	}
 	return v
 }

@@ -92,7 +92,7 @@ func TestExampleRunUnderDefaultPrefix(t *testing.T) {
 		t.Fatalf("stats -json skipped runs = %+v, want run %s with %d keys", st.SkippedRuns, runID, n)
 	}
 	for _, sc := range st.Scopes {
-		if deref(sc.Scope) == runID {
+		if sc.Scope == runID {
 			t.Fatalf("stats counts the run id %s as a scope: %+v", runID, st.Scopes)
 		}
 	}
@@ -133,7 +133,7 @@ func TestExampleRunUnderDefaultPrefix(t *testing.T) {
 	}
 	st = statsJSON{}
 	dedupctl(t, append(base, "-run-id="+runID, "stats", "-json")...).want(t, exitOK).json(t, &st)
-	if st.Done != int64(n) || st.Skipped != 0 || len(st.Scopes) != 1 || deref(st.Scopes[0].Scope) != "loyalty" {
+	if st.Done != int64(n) || st.Skipped != 0 || len(st.Scopes) != 1 || st.Scopes[0].Scope != "loyalty" {
 		t.Fatalf("stats -run-id -json = %+v", st)
 	}
 	// An explicit -redis-prefix=dedup: reads the keys as the store with
