@@ -13,9 +13,10 @@ import (
 
 // Command is a `go run PROGRAM ...` line the docs show.
 type Command struct {
-	Where string   // the file
-	Line  string   // as written
-	Args  []string // the program's arguments
+	Where   string   // the file
+	Line    string   // as written
+	Program string   // such as "./router_example"
+	Args    []string // the program's arguments
 }
 
 var shBlock = regexp.MustCompile("(?s)```sh\n(.*?)```")
@@ -42,7 +43,7 @@ func Commands(t testing.TB, program string, files ...string) []Command {
 			return
 		}
 		seen[key] = true
-		out = append(out, Command{where, line, f[3:]})
+		out = append(out, Command{where, line, program, f[3:]})
 	}
 	for _, path := range files {
 		data, err := os.ReadFile(path)
@@ -59,6 +60,40 @@ func Commands(t testing.TB, program string, files ...string) []Command {
 			for _, line := range strings.Split(block[1], "\n") {
 				add(path, line)
 			}
+		}
+	}
+	return out
+}
+
+// Blocks returns the `go run` commands of each sh block of the Markdown
+// file path, in the order the block gives them, for the blocks that
+// show one of every program given (such as "./router_example" and
+// "./cmd/dedupctl": a sequence whose later commands read what the first
+// left).
+func Blocks(t testing.TB, path string, programs ...string) [][]Command {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out [][]Command
+	for _, block := range shBlock.FindAllStringSubmatch(string(data), -1) {
+		var cmds []Command
+		has := map[string]bool{}
+		for _, line := range strings.Split(block[1], "\n") {
+			f := shellFields(line)
+			if len(f) < 3 || f[0] != "go" || f[1] != "run" {
+				continue
+			}
+			cmds = append(cmds, Command{path, line, f[2], f[3:]})
+			has[f[2]] = true
+		}
+		all := len(cmds) > 0
+		for _, p := range programs {
+			all = all && has[p]
+		}
+		if all {
+			out = append(out, cmds)
 		}
 	}
 	return out
