@@ -642,6 +642,9 @@ func isUnavailable(err error) bool {
 		errors.Is(err, redis.ErrPoolTimeout) || errors.Is(err, redis.ErrPoolExhausted) {
 		return true
 	}
+	if isTLSAlert(err) {
+		return false
+	}
 	var ne net.Error
 	if errors.As(err, &ne) {
 		return true
@@ -655,6 +658,18 @@ func isUnavailable(err error) bool {
 		}
 	}
 	return false
+}
+
+// isTLSAlert reports the TLS alert of a server that refused the
+// client's certificate (none given, or one its CA did not sign: "remote
+// error: tls: certificate required", "... unknown certificate
+// authority"). crypto/tls returns it as a *net.OpError, a net.Error, but
+// it is a refusal of the client's settings, as a wrong password is, not
+// an outage: under FailOpen it would run every handler unprotected for
+// as long as the settings stay wrong.
+func isTLSAlert(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "remote error"
 }
 
 // lostClaim builds the ErrLostClaim error for the record key rkey of c.

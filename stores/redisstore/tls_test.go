@@ -3,12 +3,14 @@ package redisstore_test
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/redisstore"
 	"github.com/watermill-dedup/dedup/stores/storetest"
 	"github.com/watermill-dedup/dedup/testkit"
@@ -39,9 +41,22 @@ func TestTLS(t *testing.T) {
 	}
 
 	t.Run("refused", func(t *testing.T) {
-		noCert := newStore(t, newTLSClient(t, false), redisstore.Config{Prefix: s.Prefix()})
-		if _, err := noCert.Claim(ctx, "s", []string{"k"}, time.Minute); err == nil {
-			t.Error("a client without a certificate was let in")
+		// A server that refuses the client's certificate (its TLS alert:
+		// none given, or one of another CA) refuses a setting, as it
+		// does a wrong password: not an outage, which FailOpen would run
+		// handlers through, unprotected, for as long as it lasts.
+		other := testkit.MakeTLSFiles(t)
+		otherCert := files.ClientConfig(t, false)
+		otherCert.Certificates = other.ClientConfig(t, true).Certificates
+		for name, cfg := range map[string]*tls.Config{"without a certificate": files.ClientConfig(t, false), "with a certificate of another CA": otherCert} {
+			c := redis.NewClient(&redis.Options{Addr: addr, TLSConfig: cfg, ContextTimeoutEnabled: true, MaxRetries: -1})
+			defer c.Close()
+			_, err := newStore(t, c, redisstore.Config{Prefix: s.Prefix()}).Claim(ctx, "s", []string{"k"}, time.Minute)
+			if err == nil {
+				t.Errorf("a client %s was let in", name)
+			} else if errors.Is(err, stores.ErrUnavailable) || !strings.Contains(err.Error(), "remote error: tls") {
+				t.Errorf("a client %s: %v, want the server's TLS alert, not an outage", name, err)
+			}
 		}
 		untrusting := redis.NewClient(&redis.Options{Addr: addr, TLSConfig: &tls.Config{MinVersion: tls.VersionTLS12}, MaxRetries: -1})
 		defer untrusting.Close()
