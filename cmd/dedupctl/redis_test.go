@@ -27,6 +27,8 @@ func TestRedisURL(t *testing.T) {
 	dedupctl(t, "-redis-addr="+url, "stats").want(t, exitOK, "stdout:Redis "+url+`, prefix "dedup:"`, "stdout:records  5: 1 processing, 4 done")
 	dedupctl(t, "-redis-addr="+url, "get", "loyalty", "done-1").want(t, exitOK, "stdout:done")
 	dedupctl(t, "-redis-addr=redis://"+own+"/1", "get", "loyalty", "done-1").want(t, exitNotFound) // another database
+	// A database the server does not have (16 by default: 0 to 15).
+	dedupctl(t, "-redis-addr=redis://"+own+"/16", "stats").want(t, exitError, "stderr:Redis at redis://"+own+"/16 refused the connection", "stderr:DB index is out of range")
 
 	// The shared Redis, records under a prefix of the test's own.
 	addr := testkit.RequireRedis(t)
