@@ -42,6 +42,21 @@ func TestParseRedis(t *testing.T) {
 					t.Errorf("TLS %v, config %+v", rt.TLS, o.TLSConfig)
 				}
 			}},
+		// Passwords holding what a URL uses, the special ones percent-encoded.
+		{name: "password with @ and :", cfg: RedisConfig{Addr: "redis://dedup:p@ss:w0rd@h:1/3"}, display: "redis://dedup:xxxxx@h:1/3", addrs: []string{"h:1"},
+			check: func(t *testing.T, rt *RedisTarget) {
+				if o := rt.Options(); o.Password != "p@ss:w0rd" || o.DB != 3 {
+					t.Errorf("options %+v", o)
+				}
+			}},
+		{name: "password percent-encoded", cfg: RedisConfig{Addr: "redis://dedup:a%2Cb%2Fc%3Fd%23e%25f@h:1"}, display: "redis://dedup:xxxxx@h:1", addrs: []string{"h:1"},
+			check: func(t *testing.T, rt *RedisTarget) {
+				if o := rt.Options(); o.Password != "a,b/c?d#e%f" {
+					t.Errorf("password %q", o.Password)
+				}
+			}},
+		{name: "IPv6", cfg: RedisConfig{Addr: "redis://dedup:" + secret + "@[::1]:6379/1"}, display: "redis://dedup:xxxxx@[::1]:6379/1", addrs: []string{"[::1]:6379"}},
+		{name: "IPv6 host:port", cfg: RedisConfig{Addr: "[::1]:6379"}, display: "[::1]:6379", addrs: []string{"[::1]:6379"}},
 		{name: "cluster addresses", cfg: RedisConfig{Addr: "10.0.0.1:7000, 10.0.0.2:7000", Cluster: true}, display: "10.0.0.1:7000,10.0.0.2:7000", addrs: []string{"10.0.0.1:7000", "10.0.0.2:7000"}},
 		{name: "cluster URL", cfg: RedisConfig{Addr: "redis://dedup:" + secret + "@10.0.0.1:7000?addr=10.0.0.2:7000", Cluster: true},
 			display: "redis://dedup:xxxxx@10.0.0.1:7000?addr=10.0.0.2:7000", addrs: []string{"10.0.0.1:7000", "10.0.0.2:7000"},
