@@ -181,15 +181,22 @@ func (b *beats) remove(e *Beat) {
 	if b.every() <= 0 {
 		return
 	}
-	e.mu.Lock()
-	e.stopped = true
-	e.mu.Unlock()
 	b.mu.Lock()
 	e.prev.next = e.next
 	e.next.prev = e.prev
 	e.prev, e.next = nil, nil
 	b.n--
 	b.mu.Unlock()
+	// Unlinked, e is picked by no later tick. A tick that picked it
+	// before set extending under b.mu, which stays set until that Extend
+	// has returned and released e.mu: only then is there one to wait for
+	// (or to stop before it starts). Most claims end between ticks and
+	// skip the lock.
+	if e.extending.Load() {
+		e.mu.Lock()
+		e.stopped = true
+		e.mu.Unlock()
+	}
 }
 
 func (b *beats) loop() {
