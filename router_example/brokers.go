@@ -183,7 +183,7 @@ func (b *broker) openKafka(ctx context.Context, cfg Config, logger watermill.Log
 	} else {
 		// Something that accepts connections and never answers would
 		// hold Sarama for minutes: it must answer a request first.
-		if err := probeAnswer(ctx, "Kafka", brokers[0], kafkaSetting, kafkaHello()); err != nil {
+		if err := probeAnswer(ctx, "Kafka", brokers[0], kafkaSetting, kafkaHello(), kafkaAnswer); err != nil {
 			return err
 		}
 		b.addr = strings.Join(brokers, ",")
@@ -274,7 +274,7 @@ func (b *broker) openAMQP(ctx context.Context, cfg Config, logger watermill.Logg
 	if tlsURL {
 		err = storeopen.ProbeTCP(ctx, "RabbitMQ", hostPort, amqpSetting)
 	} else {
-		err = probeAnswer(ctx, "RabbitMQ", hostPort, amqpSetting, amqpHello)
+		err = probeAnswer(ctx, "RabbitMQ", hostPort, amqpSetting, amqpHello, amqpAnswer)
 	}
 	if err != nil {
 		return err

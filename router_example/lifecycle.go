@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -163,10 +164,11 @@ func awaitErr(ctx context.Context, what string, step func() error) error {
 // library connects with its own long (or endless) waits: it connects, as
 // storeopen.ProbeTCP does, sends hello, a request of the service's
 // protocol that any server of it answers, and waits dialTimeout for the
-// first byte of an answer. Nothing listening, or no answer, is an
-// *storeopen.UnreachableError naming setting; a signal (ctx), an error
-// wrapping errInterrupted.
-func probeAnswer(ctx context.Context, service, addr, setting string, hello []byte) error {
+// start of an answer, which answer must accept (it gets what arrived,
+// probeAnswerLen bytes at the most). Nothing listening, no answer, or an
+// answer of another protocol is an *storeopen.UnreachableError naming
+// setting; a signal (ctx), an error wrapping errInterrupted.
+func probeAnswer(ctx context.Context, service, addr, setting string, hello []byte, answer func([]byte) bool) error {
 	fail := func(err error) error {
 		if ctx.Err() != nil {
 			return &interruptedError{While: "waiting for " + service + " at " + addr + " to answer"}
@@ -190,18 +192,44 @@ func probeAnswer(ctx context.Context, service, addr, setting string, hello []byt
 	if _, err := conn.Write(hello); err != nil {
 		return fail(err)
 	}
-	var b [1]byte
-	_, err = conn.Read(b[:])
+	var b [probeAnswerLen]byte
+	// Enough to judge, or what came before the server stopped sending.
+	n, err := io.ReadAtLeast(conn, b[:], probeAnswerLen)
+	if n > 0 {
+		if answer(b[:n]) {
+			return nil
+		}
+		return fail(fmt.Errorf("it answered, but not as a %s server does (%q): is the address right?", service, b[:n]))
+	}
 	var ne net.Error
 	switch {
-	case err == nil:
-		return nil
 	case errors.As(err, &ne) && ne.Timeout():
 		err = fmt.Errorf("no answer within %s (something accepts connections there, but no %s server answered)", dialTimeout, service)
 	case errors.Is(err, io.EOF):
 		err = fmt.Errorf("the connection was closed without an answer (is it a %s server?)", service)
 	}
 	return fail(err)
+}
+
+// probeAnswerLen is how much of an answer probeAnswer reads to judge it:
+// a Kafka response's size and correlation id.
+const probeAnswerLen = 8
+
+// kafkaAnswer accepts the start of a Kafka response to kafkaHello: a
+// plausible size, then kafkaHello's correlation id.
+func kafkaAnswer(b []byte) bool {
+	if len(b) < 8 {
+		return false
+	}
+	size := binary.BigEndian.Uint32(b)
+	return size >= 4 && size <= 1<<24 && binary.BigEndian.Uint32(b[4:]) == 1
+}
+
+// amqpAnswer accepts the start of an AMQP 0-9-1 server's answer to its
+// protocol header: a method frame (Connection.Start), or the header of
+// the version it speaks instead.
+func amqpAnswer(b []byte) bool {
+	return len(b) > 0 && (b[0] == 1 || bytes.HasPrefix(b, []byte("AMQP")))
 }
 
 // kafkaHello is a Kafka ApiVersions request, version 0: every Kafka
