@@ -79,8 +79,20 @@ func (c *config) checkWindow() error {
 	if c.store != "" && !slices.Contains(windowStores, c.store) {
 		return usagef("unknown store %q: -store must be one of %s", c.store, strings.Join(windowStores, ", "))
 	}
+	// The records and bytes must be figures, not +Inf.
+	records := c.rate * (float64(c.horizon) * dedup.RetentionSafetyFactor / float64(time.Second)) * float64(c.keysPerMessage)
+	switch {
+	case records > maxWindowRecords:
+		return usagef("-rate %v over -horizon %s is more than %g records: no store holds that window", c.rate, c.horizon, maxWindowRecords)
+	case records*c.bytesPerRecord > maxWindowRecords*1e6:
+		return usagef("-bytes-per-record %v over %g records is more bytes than any store holds", c.bytesPerRecord, records)
+	}
 	return nil
 }
+
+// maxWindowRecords bounds the window the calculator sizes, well inside a
+// float64's exact range of figures people read.
+const maxWindowRecords = 1e18
 
 // windowFigures are the figures window sizes the storage with: the one
 // -bytes-per-record gives, the one of the store -store names, or every

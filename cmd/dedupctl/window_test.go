@@ -113,4 +113,9 @@ func TestWindowCalculator(t *testing.T) {
 	dedupctl(t, "window", "-horizon=-1h", "-rate=1").want(t, exitUsage, "stderr:-horizon must be positive, got -1h0m0s")
 	dedupctl(t, "window", "-horizon=0s", "-rate=1").want(t, exitUsage, "stderr:-horizon must be positive")
 	dedupctl(t, "window").want(t, exitUsage, "stderr:window needs -horizon")
+	// A rate whose window overflows is a usage error, with or without
+	// -json (it printed +Inf bytes, and -json failed with exit 1).
+	dedupctl(t, "window", "-horizon=24h", "-rate=1e308").want(t, exitUsage, "stderr:-rate")
+	dedupctl(t, "window", "-horizon=24h", "-rate=1e308", "-json").want(t, exitUsage, "stderr:-rate")
+	dedupctl(t, "window", "-horizon=24h", "-rate=1000", "-bytes-per-record=1e308").want(t, exitUsage, "stderr:-bytes-per-record")
 }
