@@ -371,6 +371,13 @@ func TestExampleWithoutDedupBreaksTheInvariant(t *testing.T) {
 	if strings.Contains(r.stdout, "claimed") {
 		t.Errorf("the summary shows claims without the middleware\n%s", r)
 	}
+	// On Redis nothing is written without the middleware: nothing is
+	// said to be kept for inspection there (it named keys never written).
+	// Without -cleanup, so that the run lists what it keeps.
+	r = execExample(t, nil, "-run-id="+newTestRunID(), "-timeout=90s", "-dedup=false", "-store=redis", "-events=20", "-redis-addr="+testkit.RequireRedis(t))
+	if strings.Contains(r.stdout+r.stderr, "delete Redis keys") {
+		t.Errorf("a run without the middleware keeps Redis keys it never wrote\n%s", r)
+	}
 }
 
 // A run id whose records a store still holds is refused before anything

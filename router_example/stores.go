@@ -67,9 +67,11 @@ func openRedisStore(ctx context.Context, cfg Config, runID string, logger waterm
 	if err := refuseUsedRunID(ctx, s, runID, "the Redis at "+target.Display+" (keys "+prefix+"*)"); err != nil {
 		return nil, err
 	}
-	removers.add("delete Redis keys "+prefix+"*", func(ctx context.Context) error {
-		return storeopen.DeleteRedisPrefix(ctx, client, prefix)
-	})
+	if cfg.Dedup { // without the middleware the run writes no key
+		removers.add("delete Redis keys "+prefix+"*", func(ctx context.Context) error {
+			return storeopen.DeleteRedisPrefix(ctx, client, prefix)
+		})
+	}
 	return &dedupStore{store: s, addr: target.Display}, nil
 }
 
