@@ -20,6 +20,8 @@ func TestSmoke(t *testing.T) {
 		cases: map[string]bool{
 			caseNaive.name: true, caseAsyncRedis.name: true, caseRedis.name: true,
 			casePlainWrite.name: true, caseAsyncRedisWrite.name: true, caseTxWrite.name: true,
+			// The replay's stores besides Redis.
+			caseMemstore.name: true, casePostgres.name: true,
 		},
 	}
 	want := []string{
