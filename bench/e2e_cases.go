@@ -278,6 +278,9 @@ type e2eRun struct {
 	// from one message's return to the next one's arrival (the ack and
 	// the delivery): where the time a message takes goes.
 	inChain, gap time.Duration
+	// inChainMean and gapMean are their means: the rate's share of them,
+	// slow messages included.
+	inChainMean, gapMean time.Duration
 }
 
 // publish publishes n messages to topic, message ids prefix-0 to
@@ -408,6 +411,7 @@ func consume(ctx context.Context, b *e2eBroker, sub message.Subscriber, topic, r
 				gap = append(gap, enter[i].Sub(leave[i-1]))
 			}
 		}
+		run1.inChainMean, run1.gapMean = mean(in), mean(gap)
 		run1.inChain, _ = percentiles(in)
 		run1.gap, _ = percentiles(gap)
 	}

@@ -276,9 +276,13 @@ func pathResults(prefix string, c e2eCase, rr []e2eRun, each func([]e2eRun, func
 	}
 	in := each(rr, func(r e2eRun, _ int) float64 { return micros(r.inChain) })
 	gap := each(rr, func(r e2eRun, _ int) float64 { return micros(r.gap) })
+	inMean := each(rr, func(r e2eRun, _ int) float64 { return micros(r.inChainMean) })
+	gapMean := each(rr, func(r e2eRun, _ int) float64 { return micros(r.gapMean) })
 	return []result{
 		{sec, prefix + c.name + "_in_chain_p50_us", median(in), "us", "median time a message spends in the middleware and handler; " + spread(in)},
+		{sec, prefix + c.name + "_in_chain_mean_us", median(inMean), "us", "the same, mean; " + spread(inMean)},
 		{sec, prefix + c.name + "_broker_gap_p50_us", median(gap), "us", "median time from a message's return (its ack) to the next one's arrival; " + spread(gap)},
+		{sec, prefix + c.name + "_broker_gap_mean_us", median(gapMean), "us", "the same, mean; " + spread(gapMean)},
 	}
 }
 
