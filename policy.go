@@ -125,6 +125,7 @@ const (
 	DefaultRetention      = 24 * time.Hour
 	DefaultStoreTimeout   = 5 * time.Second
 	DefaultInProgressPoll = 100 * time.Millisecond
+	DefaultCompleteLinger = time.Millisecond
 	// RetentionSafetyFactor is the margin the retention window needs over
 	// the broker's maximum redelivery horizon: 30% for the redeliveries
 	// that arrive late (consumer restarts, rebalances, clock skew).
@@ -243,6 +244,21 @@ type Tuning struct {
 	// random spread, so that waiting producers do not claim in step).
 	// The default is DefaultInProgressPoll (100ms).
 	InProgressPoll time.Duration
+
+	// CompleteLinger is how long a background Complete (the middleware's
+	// ModeAsyncComplete) may wait, on a store that batches its calls
+	// (redisstore, sqlstore), to go out in one round trip with the next
+	// store call instead of in one of its own: on a sequential consumer
+	// the record of one message then goes out with the claim of the
+	// next, which halves the round trips and the CPU they cost on both
+	// sides (see stores.WithLinger). The message was acked already; the
+	// record stays processing (and a duplicate waits for it) up to this
+	// much longer. It must be shorter than Lease and StoreTimeout (a
+	// Complete waiting for company is bounded by StoreTimeout too). The
+	// default is DefaultCompleteLinger (1ms), or Lease/10 or
+	// StoreTimeout/10 if shorter; a negative value sends each Complete at
+	// once.
+	CompleteLinger time.Duration
 }
 
 // Validate reports the first invalid field, naming it and the bound. Its
@@ -265,8 +281,12 @@ func (p Policy) Validate() error {
 	case t.InProgressPoll < 0:
 		return fmt.Errorf("%w: Tuning.InProgressPoll must not be negative, got %s", ErrInvalidConfig, t.InProgressPoll)
 	}
-	if lease := p.WithDefaults().Lease; t.Heartbeat >= lease { // a zero or negative Heartbeat is the default or none
-		return fmt.Errorf("%w: Tuning.Heartbeat (%s) must be shorter than Lease (%s)", ErrInvalidConfig, t.Heartbeat, lease)
+	d := p.WithDefaults()
+	if t.Heartbeat >= d.Lease { // a zero or negative Heartbeat is the default or none
+		return fmt.Errorf("%w: Tuning.Heartbeat (%s) must be shorter than Lease (%s)", ErrInvalidConfig, t.Heartbeat, d.Lease)
+	}
+	if bound := min(d.Lease, d.StoreTimeout); t.CompleteLinger >= bound { // likewise
+		return fmt.Errorf("%w: Tuning.CompleteLinger (%s) must be shorter than Lease (%s) and StoreTimeout (%s)", ErrInvalidConfig, t.CompleteLinger, d.Lease, d.StoreTimeout)
 	}
 	return nil
 }
@@ -290,6 +310,9 @@ func (p Policy) WithDefaults() Policy {
 	}
 	if p.Tuning.InProgressPoll == 0 {
 		p.Tuning.InProgressPoll = DefaultInProgressPoll
+	}
+	if p.Tuning.CompleteLinger == 0 {
+		p.Tuning.CompleteLinger = min(DefaultCompleteLinger, p.Lease/10, p.StoreTimeout/10)
 	}
 	if p.Logger == nil {
 		p.Logger = slogDefault{}

@@ -33,6 +33,10 @@ type pending struct {
 	// work hands a Complete to an idle completer goroutine: unbuffered,
 	// so that a send succeeds only when one is waiting.
 	work chan *flight
+	// linger carries Tuning.CompleteLinger to the store (stores.WithLinger)
+	// in every background Complete's context: a store that batches sends
+	// the Complete with its next call.
+	linger context.Context
 }
 
 // flight is one background Complete: what it records, and the keys it
@@ -62,6 +66,9 @@ type flight struct {
 type completeCtx struct {
 	values context.Context // hb.Detached(): the message's values, no cancellation
 	stop   context.Context
+	// linger is pending.linger: stores.WithLinger's value, looked up
+	// before the message's.
+	linger context.Context
 }
 
 var _ context.Context = (*completeCtx)(nil)
@@ -73,7 +80,12 @@ func (c *completeCtx) Err() error                  { return c.stop.Err() }
 // Value returns the message's values (values hides the message context's
 // cancellation from the context package's lookups, as WithoutCancel
 // does: context.Cause falls back to Err).
-func (c *completeCtx) Value(key any) any { return c.values.Value(key) }
+func (c *completeCtx) Value(key any) any {
+	if v := c.linger.Value(key); v != nil {
+		return v
+	}
+	return c.values.Value(key)
+}
 
 // AfterFunc lets a context derived from this one (a store call's
 // timeout) be cancelled with stop without a goroutine of its own: the
@@ -130,8 +142,9 @@ func (f *flight) complete() {
 	f.m.cyc.Drop(f.hb)
 }
 
-func newPending() *pending {
+func newPending(linger time.Duration) *pending {
 	p := &pending{idle: make(chan struct{}), keys: map[flightKey]*flight{}, work: make(chan *flight)}
+	p.linger = stores.WithLinger(context.Background(), linger)
 	p.stop, p.cancel = context.WithCancel(context.Background())
 	return p
 }
@@ -145,7 +158,7 @@ type flightKey struct{ scope, key string }
 // Close: the caller then completes synchronously. run sends it.
 func (p *pending) start(m *Middleware, c *stores.Claim, msg *message.Message, hb *cycle.Beat, data []byte) *flight {
 	f := &flight{scope: c.Scope, keys: c.Keys, m: m, msg: msg, hb: hb, data: data}
-	f.ctx = completeCtx{values: hb.Detached(), stop: p.stop}
+	f.ctx = completeCtx{values: hb.Detached(), stop: p.stop, linger: p.linger}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {

@@ -24,6 +24,8 @@ func TestTinyAndHugeDurations(t *testing.T) {
 		{Policy: dedup.Policy{Lease: math.MaxInt64, Retention: math.MaxInt64, StoreTimeout: math.MaxInt64, Tuning: dedup.Tuning{CompleteTimeout: math.MaxInt64}}},
 		{Policy: dedup.Policy{Lease: math.MaxInt64, Tuning: dedup.Tuning{Heartbeat: math.MaxInt64 - 1}}},
 		{Policy: dedup.Policy{InProgressWait: math.MaxInt64, Tuning: dedup.Tuning{InProgressPoll: time.Nanosecond}}},
+		{Mode: dedup.ModeAsyncComplete, Policy: dedup.Policy{Lease: math.MaxInt64, StoreTimeout: math.MaxInt64, Tuning: dedup.Tuning{CompleteLinger: math.MaxInt64 - 1}}},
+		{Mode: dedup.ModeAsyncComplete, Policy: dedup.Policy{Lease: 3 * time.Nanosecond, Tuning: dedup.Tuning{CompleteLinger: -1}}},
 	} {
 		cfg.Store = newMemstore(t)
 		cfg.Scope = "s"

@@ -110,7 +110,7 @@ func New(cfg Config) (*Middleware, error) {
 	}
 	m := &Middleware{cfg: cfg, cyc: cyc, key: cycle.Key(cfg.Key)}
 	if cfg.Mode == dedup.ModeAsyncComplete {
-		m.async = newPending()
+		m.async = newPending(cyc.Policy().Tuning.CompleteLinger)
 	}
 	return m, nil
 }

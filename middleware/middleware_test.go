@@ -577,6 +577,8 @@ func TestConfigValidate(t *testing.T) {
 		"unknown mode":              {Store: s, Mode: dedup.ModeTransactional + 1},
 		"negative complete timeout": {Store: s, Policy: dedup.Policy{Tuning: dedup.Tuning{CompleteTimeout: -1}}},
 		"negative poll":             {Store: s, Policy: dedup.Policy{Tuning: dedup.Tuning{InProgressPoll: -1}}},
+		"complete linger >= lease":  {Store: s, Policy: dedup.Policy{Lease: time.Second, Tuning: dedup.Tuning{CompleteLinger: time.Second}}},
+		"linger >= store timeout":   {Store: s, Policy: dedup.Policy{StoreTimeout: time.Second, Tuning: dedup.Tuning{CompleteLinger: time.Second}}},
 		"unknown store err policy":  {Store: s, Policy: dedup.Policy{OnStoreError: 7}},
 	}
 	for name, cfg := range cases {

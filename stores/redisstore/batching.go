@@ -6,6 +6,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/internal/batch"
 )
 
@@ -15,8 +16,11 @@ import (
 // alone, in its caller's goroutine and under its caller's context, exactly
 // as without batching; calls that arrive while every slot is busy queue
 // up, and when a slot frees, everything queued (up to Batch.MaxBatch) goes
-// out as one pipeline of EVALSHA calls. There is no timer: the batch size
-// follows the load and the round-trip time by itself.
+// out as one pipeline of EVALSHA calls: the batch size follows the load and
+// the round-trip time by itself. A call whose context carries a
+// [stores.WithLinger] (a background Complete) is not sent alone while
+// another call may soon carry it: it joins the next pipeline, for up to
+// the linger.
 //
 // A pipeline of n calls costs Redis n script runs but one read and one
 // write system call on each side instead of n, which is where the time of
@@ -40,7 +44,7 @@ import (
 // run sends one op, batched unless Batch.Disabled.
 func (s *Store) run(ctx context.Context, o op) (any, error) {
 	if s.batcher != nil {
-		return s.batcher.Do(ctx, o)
+		return s.batcher.DoLater(ctx, o, stores.Linger(ctx))
 	}
 	return s.runOne(ctx, o)
 }

@@ -239,8 +239,10 @@ type Config struct {
 // Redis are sent together, as one pipeline of EVALSHA calls, and each gets
 // its own result or error. A call that finds a pipeline slot free is sent
 // at once, alone, as without batching: there is no timer and no added
-// latency, and batches grow only while calls are waiting anyway. See the
-// README for how it works and what it gains.
+// latency, and batches grow only while calls are waiting anyway. The
+// exception is a call whose context carries a stores.WithLinger (the
+// middleware's background Complete): it waits up to that long to go out
+// with the next call. See the README for how it works and what it gains.
 //
 // Each call keeps its own context: one that ends while the call waits for
 // a slot, or while its pipeline is out, returns the context's error at

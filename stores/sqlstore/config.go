@@ -353,7 +353,9 @@ const (
 // running runs at once, alone, on exactly the statements an unbatched call
 // runs, so a lone caller waits for nothing and pays nothing. Only calls
 // that would otherwise wait for the database are grouped, and batches grow
-// with the load by themselves.
+// with the load by themselves. The exception is a call whose context
+// carries a stores.WithLinger (the middleware's background Complete): it
+// waits up to that long to go out in the batch of the next call.
 //
 // A claim whose record exists is decided from it (Duplicate with its
 // data, InProgress); one that must take an expired record over, and any

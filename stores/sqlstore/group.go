@@ -47,7 +47,7 @@ func (g *group) do(ctx context.Context, o *op) error {
 	// op's results are then the caller's; or ctx's error as soon as ctx
 	// ends, and then a batch still running writes them (a claim it makes
 	// is released: see orphaned).
-	_, err := g.b.Do(ctx, o)
+	_, err := g.b.DoLater(ctx, o, stores.Linger(ctx))
 	if errors.Is(err, errFallback) {
 		return g.s.direct(o)
 	}

@@ -11,11 +11,18 @@
 // worker goroutine, so that each caller can leave at its own deadline. If
 // every slot is busy, the queue goes out when a batch
 // finishes: that batch's worker takes it (up to MaxBatch calls a batch)
-// and goes on until the queue is empty, then frees its slot. There is no
-// timer: a lone caller runs immediately, and under load the batch size
-// grows by itself to match the backend's round-trip time. This is the
-// group commit of databases, and the way a pipeline reaches a store's
-// pipelined rate.
+// and goes on until the queue is empty, then frees its slot. A lone
+// caller runs immediately, and under load the batch size grows by itself
+// to match the backend's round-trip time. This is the group commit of
+// databases, and the way a pipeline reaches a store's pipelined rate.
+//
+// A call nobody waits for on a message's path (a background write) can
+// instead be sent with [Batcher.DoLater]: it does not go out alone while
+// another call may soon come to carry it. It goes out with the next call
+// sent with Do (in its batch, or taken along by it), and only when none
+// comes within its linger does it go out on its own. On a sequential
+// consumer that halves the round trips: the record of one message goes
+// out with the claim of the next.
 //
 // # Contexts and deadlines
 //
@@ -31,6 +38,11 @@
 //     or a free slot that nobody joined) runs under its own context,
 //     exactly as an unbatched call: it returns when the backend honours
 //     that context.
+//   - A call that finds nothing out but calls sent with DoLater waiting
+//     takes them along: it runs their batch in its own goroutine when its
+//     deadline is the batch's (no call's is later, and it has one), so it
+//     returns by its deadline, but not before the batch ends when it is
+//     cancelled sooner; else through a worker, as below.
 //   - A batch of one call runs under that call's context. A batch of
 //     several runs under a context that carries the values of its first
 //     call's context, is not cancelled when one caller gives up (one
@@ -78,6 +90,10 @@ type Call[Req, Resp any] struct {
 	done chan struct{}
 	// self is the batch of a call run alone.
 	self [1]*Call[Req, Resp]
+	// later marks a call sent with DoLater, which waits for a carrier
+	// until due.
+	later bool
+	due   time.Time
 }
 
 // Set records the call's result.
@@ -111,6 +127,13 @@ type Batcher[Req, Resp any] struct {
 	queue    []*Call[Req, Resp]
 	inFlight int  // slots taken: lone calls running, and workers
 	starting bool // a worker has taken a slot and will take the queue
+	// eager counts the queued calls sent with Do: the queue goes out
+	// when one of them does. Calls sent with DoLater (the others) wait
+	// for one, or for timer, which is armed (lingering) while they wait
+	// with nothing out.
+	eager     int
+	lingering bool
+	timer     *time.Timer
 
 	// calls recycles the calls whose results were delivered. A call whose
 	// caller gave up is never recycled: its batch may still hold it.
@@ -184,6 +207,28 @@ func (b *Batcher[Req, Resp]) Do(ctx context.Context, req Req) (Resp, error) {
 	}
 	c := b.newCall(ctx, req)
 	b.mu.Lock()
+	if b.inFlight == 0 && len(b.queue) > 0 {
+		// Nothing is out, but calls sent with DoLater wait for a carrier:
+		// they go out with this one.
+		b.queue = append(b.queue, c)
+		b.eager++
+		b.inFlight++
+		calls := b.take()
+		b.mu.Unlock()
+		if !latest(c, calls) {
+			// Through a worker, as a batch of several does, so that
+			// this caller can leave at its own deadline.
+			go b.work(calls)
+			return b.wait(ctx, c)
+		}
+		// The batch ends by this caller's deadline anyway: run it here,
+		// without a goroutine to start and wake this caller.
+		b.run(calls)
+		if next := b.next(); next != nil {
+			go b.work(next)
+		}
+		return b.wait(ctx, c)
+	}
 	if b.inFlight == 0 {
 		// Nothing else is out, so nothing is queued: run at once, alone,
 		// in this goroutine and under this call's own context.
@@ -199,6 +244,7 @@ func (b *Batcher[Req, Resp]) Do(ctx context.Context, req Req) (Resp, error) {
 		return b.result(c)
 	}
 	b.queue = append(b.queue, c)
+	b.eager++
 	if b.inFlight < b.maxInFlight && !b.starting {
 		// Other calls are out but a slot is free: this caller takes it,
 		// and sends what is queued once the goroutines that are runnable
@@ -225,6 +271,80 @@ func (b *Batcher[Req, Resp]) Do(ctx context.Context, req Req) (Resp, error) {
 	} else {
 		b.mu.Unlock()
 	}
+	return b.wait(ctx, c)
+}
+
+// DoLater is Do for a call that need not go out at once: a write nobody
+// waits for on a message's path. It is queued, without taking a slot, and
+// goes out with the next call sent with Do: in that call's batch, or in
+// the next batch after it. If none comes within linger, it goes out on
+// its own (with whatever else waits) when nothing else is out. Its
+// context is honoured as in Do while it waits. A linger of zero or less
+// makes it Do.
+func (b *Batcher[Req, Resp]) DoLater(ctx context.Context, req Req, linger time.Duration) (Resp, error) {
+	if linger <= 0 {
+		return b.Do(ctx, req)
+	}
+	if err := ctx.Err(); err != nil {
+		return *new(Resp), err
+	}
+	c := b.newCall(ctx, req)
+	c.later, c.due = true, time.Now().Add(linger)
+	b.mu.Lock()
+	b.queue = append(b.queue, c)
+	if b.inFlight == 0 {
+		b.linger()
+	}
+	b.mu.Unlock()
+	return b.wait(ctx, c)
+}
+
+// linger arms the timer that sends the calls queued by DoLater when no
+// call comes to carry them, under mu, with nothing out: it fires at the
+// due time of the oldest. A timer already armed fires no later.
+func (b *Batcher[Req, Resp]) linger() {
+	if b.lingering {
+		return
+	}
+	for _, c := range b.queue {
+		if c.later {
+			b.lingering = true
+			d := max(time.Until(c.due), 0)
+			if b.timer == nil {
+				b.timer = time.AfterFunc(d, b.flushLater)
+			} else {
+				b.timer.Reset(d)
+			}
+			return
+		}
+	}
+}
+
+// flushLater is the linger timer: it sends what DoLater queued, unless a
+// batch is out or starting (the last to finish arms it again).
+func (b *Batcher[Req, Resp]) flushLater() {
+	b.mu.Lock()
+	b.lingering = false
+	if b.inFlight > 0 || b.starting || len(b.queue) == 0 {
+		b.mu.Unlock()
+		return
+	}
+	if time.Now().Before(b.queue[0].due) {
+		// Armed for a call that has gone out since: wait for the oldest
+		// of those queued now (with nothing out, only DoLater's are).
+		b.linger()
+		b.mu.Unlock()
+		return
+	}
+	b.inFlight++
+	calls := b.take()
+	b.mu.Unlock()
+	b.work(calls)
+}
+
+// wait waits for c's result, or until ctx is done (see the package
+// documentation).
+func (b *Batcher[Req, Resp]) wait(ctx context.Context, c *Call[Req, Resp]) (Resp, error) {
 	select {
 	case <-c.done:
 		return b.result(c)
@@ -234,6 +354,9 @@ func (b *Batcher[Req, Resp]) Do(ctx context.Context, req Req) (Resp, error) {
 			for i, q := range b.queue {
 				if q == c {
 					b.queue = append(b.queue[:i], b.queue[i+1:]...)
+					if !c.later {
+						b.eager--
+					}
 					break
 				}
 			}
@@ -265,23 +388,37 @@ func (b *Batcher[Req, Resp]) result(c *Call[Req, Resp]) (Resp, error) {
 	resp, err := c.resp, c.err
 	var zero Call[Req, Resp]
 	c.Req, c.ctx, c.resp, c.err, c.set = zero.Req, nil, zero.resp, nil, false
+	c.later, c.due = false, time.Time{}
 	c.state.Store(pending)
 	b.calls.Put(c)
 	return resp, err
 }
 
 // next takes the next batch from the queue for the slot of a batch that
-// has finished, or frees the slot and returns nil when nothing is queued.
+// has finished, or frees the slot and returns nil when no call sent with
+// Do is queued (calls sent with DoLater wait for one, see linger).
 func (b *Batcher[Req, Resp]) next() []*Call[Req, Resp] {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if len(b.queue) == 0 {
-		b.inFlight--
+	if b.eager == 0 {
+		if b.inFlight--; b.inFlight == 0 && len(b.queue) > 0 {
+			b.linger()
+		}
 		return nil
 	}
+	return b.take()
+}
+
+// take takes the next batch from the queue, which is not empty, under mu.
+func (b *Batcher[Req, Resp]) take() []*Call[Req, Resp] {
 	n := min(len(b.queue), b.maxBatch)
 	calls := make([]*Call[Req, Resp], n)
 	copy(calls, b.queue)
+	for _, c := range calls {
+		if !c.later {
+			b.eager--
+		}
+	}
 	b.queue = b.queue[n:]
 	if len(b.queue) == 0 {
 		b.queue = nil // let the backing array go
@@ -357,6 +494,25 @@ func (b *Batcher[Req, Resp]) run(calls []*Call[Req, Resp]) {
 	if len(orphans) > 0 && b.undo != nil {
 		b.orphaned(orphans)
 	}
+}
+
+// latest reports whether c is one of calls and has a deadline no other
+// call's is later than, or missing: the batch's context then has c's
+// deadline (see batchContext).
+func latest[Req, Resp any](c *Call[Req, Resp], calls []*Call[Req, Resp]) bool {
+	d, ok := c.ctx.Deadline()
+	if !ok {
+		return false
+	}
+	in := false
+	for _, o := range calls {
+		od, ok := o.ctx.Deadline()
+		if !ok || od.After(d) {
+			return false
+		}
+		in = in || o == c
+	}
+	return in
 }
 
 // batchContext returns the context a batch of live calls runs under (see

@@ -1,0 +1,155 @@
+package middleware_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/redis/go-redis/v9"
+
+	dedup "github.com/watermill-dedup/dedup"
+	"github.com/watermill-dedup/dedup/middleware"
+	"github.com/watermill-dedup/dedup/stores"
+	"github.com/watermill-dedup/dedup/stores/redisstore"
+	"github.com/watermill-dedup/dedup/testkit"
+)
+
+// roundTrips counts what a go-redis client sends: one per command sent
+// alone, one per pipeline.
+type roundTrips struct {
+	n   atomic.Int64
+	mu  sync.Mutex
+	log []string
+}
+
+func (r *roundTrips) add(cmds []redis.Cmder) {
+	if name := cmds[0].Name(); name == "hello" || name == "client" || name == "config" {
+		return // a new connection's handshake, the store's one look at the server's limits
+	}
+	r.n.Add(1)
+	var names []string
+	for _, c := range cmds {
+		names = append(names, fmt.Sprint(c.Args()[:min(len(c.Args()), 4)]))
+	}
+	r.mu.Lock()
+	r.log = append(r.log, fmt.Sprint(names))
+	r.mu.Unlock()
+}
+
+func (r *roundTrips) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (r *roundTrips) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		r.add([]redis.Cmder{cmd})
+		return next(ctx, cmd)
+	}
+}
+func (r *roundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		r.add(cmds)
+		return next(ctx, cmds)
+	}
+}
+
+var _ redis.Hook = (*roundTrips)(nil)
+
+// TestAsyncCompleteGoesOutWithTheNextClaim: on a sequential consumer in
+// ModeAsyncComplete on Redis, each message's background Complete goes
+// out in one round trip with the next message's Claim
+// (Tuning.CompleteLinger): n messages cost n+1 round trips, not 2n (30 for
+// 20 before the linger), and
+// every record is done. The linger is long here, so that the count does
+// not depend on how fast the machine is; the last Complete is carried by
+// one more Claim.
+func TestAsyncCompleteGoesOutWithTheNextClaim(t *testing.T) {
+	addr := testkit.RequireRedis(t)
+	client := redis.NewClient(&redis.Options{Addr: addr})
+	t.Cleanup(func() { _ = client.Close() })
+	prefix := fmt.Sprintf("dedup-linger-%d:", time.Now().UnixNano())
+	t.Cleanup(func() { _ = testkit.DeleteRedisPrefix(context.Background(), client, prefix) })
+	store, err := redisstore.New(client, redisstore.Config{Prefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = store.Close(context.Background()) })
+	// Scripts loaded before counting: a first EVALSHA would be answered
+	// NOSCRIPT and sent again.
+	warm, err := store.Claim(context.Background(), "warm", []string{"k"}, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Complete(context.Background(), warm, time.Minute, nil); err != nil {
+		t.Fatal(err)
+	}
+	trips := &roundTrips{}
+	client.AddHook(trips)
+
+	mw := newAsync(t, middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{
+		Lease: time.Minute, StoreTimeout: time.Minute, Tuning: dedup.Tuning{CompleteLinger: 30 * time.Second},
+	}})
+	h := mw.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })
+	const n = 20
+	for i := range n {
+		if _, err := h(message.NewMessage(fmt.Sprintf("m-%d", i), nil)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The last Complete goes out with a call that comes after it: a Claim
+	// of the last message, which is then a duplicate (the Complete goes
+	// first in the pipeline). The background Complete may not have been
+	// queued yet: claim until it is. Such a Claim may take two round
+	// trips (SET NX GET finds the record processing, then the script
+	// reads its lease).
+	carriers := 0
+	testkit.WaitFor(t, 10*time.Second, "the last Complete carried", func() bool {
+		carriers++
+		c, err := store.Claim(context.Background(), "s", []string{fmt.Sprintf("m-%d", n-1)}, time.Minute)
+		return err == nil && c.Result == stores.Duplicate
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := mw.Close(ctx); err != nil {
+		t.Fatalf("Close: %v (a Complete never went out)", err)
+	}
+	if got, want := trips.n.Load(), int64(n+2*carriers); got > want {
+		t.Fatalf("%d round trips for %d messages and %d more claims, want at most %d: the Completes went out on their own: %v", got, n, carriers, want, trips.log)
+	}
+	for i := range n {
+		c, err := store.Claim(context.Background(), "s", []string{fmt.Sprintf("m-%d", i)}, time.Minute)
+		if err != nil || c.Result != stores.Duplicate {
+			t.Fatalf("m-%d: %v, %v; want a duplicate (its Complete landed)", i, c.Result, err)
+		}
+	}
+}
+
+// TestAsyncCompleteLingerEndsOnItsOwn: with nothing else to carry it, a
+// background Complete goes out after CompleteLinger, and Close returns.
+func TestAsyncCompleteLingerEndsOnItsOwn(t *testing.T) {
+	addr := testkit.RequireRedis(t)
+	client := redis.NewClient(&redis.Options{Addr: addr})
+	t.Cleanup(func() { _ = client.Close() })
+	prefix := fmt.Sprintf("dedup-linger-%d:", time.Now().UnixNano())
+	t.Cleanup(func() { _ = testkit.DeleteRedisPrefix(context.Background(), client, prefix) })
+	store, err := redisstore.New(client, redisstore.Config{Prefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = store.Close(context.Background()) })
+	mw := newAsync(t, middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{Tuning: dedup.Tuning{CompleteLinger: 20 * time.Millisecond}}})
+	h := mw.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })
+	if _, err := h(message.NewMessage("m-1", nil)); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := mw.Close(ctx); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	c, err := store.Claim(context.Background(), "s", []string{"m-1"}, time.Minute)
+	if err != nil || c.Result != stores.Duplicate {
+		t.Fatalf("%v, %v; want a duplicate", c.Result, err)
+	}
+}

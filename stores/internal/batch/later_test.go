@@ -1,0 +1,284 @@
+package batch_test
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/watermill-dedup/dedup/stores/internal/batch"
+	"github.com/watermill-dedup/dedup/testkit"
+)
+
+// recorder is an Exec that records each batch's requests and answers each
+// call with its request; a batch waits for gate while it is set.
+type recorder struct {
+	mu      sync.Mutex
+	batches [][]int
+	at      map[int]time.Time // when each request went out
+	gate    chan struct{}
+}
+
+func newRecorder() *recorder { return &recorder{at: map[int]time.Time{}} }
+
+func (r *recorder) exec(_ context.Context, calls []*batch.Call[int, int]) error {
+	r.mu.Lock()
+	var reqs []int
+	for _, c := range calls {
+		reqs = append(reqs, c.Req)
+		r.at[c.Req] = time.Now()
+	}
+	r.batches = append(r.batches, reqs)
+	gate := r.gate
+	r.mu.Unlock()
+	if gate != nil {
+		<-gate
+	}
+	for _, c := range calls {
+		c.Set(c.Req, nil)
+	}
+	return nil
+}
+
+func (r *recorder) sent() [][]int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.batches)
+}
+
+// later runs DoLater in a goroutine and returns its result's channel.
+func later(ctx context.Context, b *batch.Batcher[int, int], req int, linger time.Duration) <-chan error {
+	ch := make(chan error, 1)
+	go func() {
+		got, err := b.DoLater(ctx, req, linger)
+		if err == nil && got != req {
+			err = errors.New("wrong result")
+		}
+		ch <- err
+	}()
+	return ch
+}
+
+func queued(t *testing.T, b *batch.Batcher[int, int], n int) {
+	t.Helper()
+	testkit.WaitFor(t, 10*time.Second, "calls queued", func() bool { return b.Queued() == n })
+}
+
+// A call sent with DoLater while nothing is out waits for the next call
+// and goes out in its batch, ahead of it: one round trip for both.
+func TestLaterGoesOutWithTheNextCall(t *testing.T) {
+	r := newRecorder()
+	b := batch.New(r.exec, 64, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	done := later(ctx, b, 1, time.Hour)
+	queued(t, b, 1)
+	if got := r.sent(); len(got) != 0 {
+		t.Fatalf("the later call went out alone: %v", got)
+	}
+	if got, err := b.Do(ctx, 2); err != nil || got != 2 {
+		t.Fatalf("Do = %d, %v", got, err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("DoLater: %v", err)
+	}
+	if got := r.sent(); !slices.EqualFunc(got, [][]int{{1, 2}}, slices.Equal) {
+		t.Fatalf("batches %v, want [[1 2]]", got)
+	}
+}
+
+// A call sent with DoLater while a batch is out does not go out alone
+// when that batch ends: it waits for the next call.
+func TestLaterWaitsForACallNotForABatchEnding(t *testing.T) {
+	r := newRecorder()
+	r.gate = make(chan struct{})
+	b := batch.New(r.exec, 64, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	first := make(chan error, 1)
+	go func() { _, err := b.Do(ctx, 1); first <- err }()
+	testkit.WaitFor(t, 10*time.Second, "the first call out", func() bool { return len(r.sent()) == 1 })
+	done := later(ctx, b, 2, time.Hour)
+	queued(t, b, 1)
+	r.mu.Lock()
+	close(r.gate)
+	r.gate = nil
+	r.mu.Unlock()
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	// The slot is free again, and the later call still waits.
+	if got := r.sent(); len(got) != 1 || b.Queued() != 1 {
+		t.Fatalf("batches %v, %d queued: the later call went out on its own", got, b.Queued())
+	}
+	if _, err := b.Do(ctx, 3); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if got := r.sent(); !slices.EqualFunc(got, [][]int{{1}, {2, 3}}, slices.Equal) {
+		t.Fatalf("batches %v, want [[1] [2 3]]", got)
+	}
+}
+
+// With no call to carry it, a later call goes out on its own after its
+// linger, never before.
+func TestLaterGoesOutAloneAfterItsLinger(t *testing.T) {
+	r := newRecorder()
+	b := batch.New(r.exec, 64, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	const linger = 50 * time.Millisecond
+	start := time.Now()
+	if err := <-later(ctx, b, 1, linger); err != nil {
+		t.Fatal(err)
+	}
+	if got := r.sent(); !slices.EqualFunc(got, [][]int{{1}}, slices.Equal) {
+		t.Fatalf("batches %v, want [[1]]", got)
+	}
+	if d := r.at[1].Sub(start); d < linger {
+		t.Fatalf("it went out after %s, before its linger of %s", d, linger)
+	}
+}
+
+// The timer armed for a later call that has gone out since (carried by a
+// call) does not send the next later call before that one's own linger.
+func TestLaterTimerOfACarriedCallDoesNotSendTheNext(t *testing.T) {
+	r := newRecorder()
+	b := batch.New(r.exec, 64, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	first := later(ctx, b, 1, 100*time.Millisecond)
+	queued(t, b, 1)
+	if _, err := b.Do(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	// The timer armed for 1 fires at 100ms; it must not send 3, whose
+	// linger is longer.
+	const linger = 400 * time.Millisecond
+	start := time.Now()
+	if err := <-later(ctx, b, 3, linger); err != nil {
+		t.Fatal(err)
+	}
+	r.mu.Lock()
+	at := r.at[3]
+	r.mu.Unlock()
+	if d := at.Sub(start); d < linger {
+		t.Fatalf("3 went out after %s, before its linger of %s", d, linger)
+	}
+}
+
+// A later call whose context ends while it waits leaves at once, and the
+// batcher's accounting is intact: the next call runs at once, alone.
+func TestLaterLeavesAtItsContext(t *testing.T) {
+	r := newRecorder()
+	b := batch.New(r.exec, 64, 2)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := later(ctx, b, 1, time.Hour)
+	queued(t, b, 1)
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("DoLater = %v, want context.Canceled", err)
+	}
+	if b.Queued() != 0 {
+		t.Fatalf("%d calls left queued", b.Queued())
+	}
+	for i := range 3 {
+		if _, err := b.Do(context.Background(), 10+i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := r.sent(); !slices.EqualFunc(got, [][]int{{10}, {11}, {12}}, slices.Equal) {
+		t.Fatalf("batches %v, want each call alone", got)
+	}
+}
+
+// More later calls than a batch holds all go out, with the call that
+// takes them along and after it.
+func TestLaterMoreThanABatch(t *testing.T) {
+	r := newRecorder()
+	b := batch.New(r.exec, 4, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var dones []<-chan error
+	for i := range 10 {
+		dones = append(dones, later(ctx, b, i, time.Hour))
+		queued(t, b, i+1)
+	}
+	// The carrier's batches take the queue up to and including it.
+	if _, err := b.Do(ctx, 100); err != nil {
+		t.Fatal(err)
+	}
+	for i, d := range dones {
+		select {
+		case err := <-d:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-ctx.Done():
+			t.Fatalf("later call %d never went out (batches %v)", i, r.sent())
+		}
+	}
+	if got := r.sent(); !slices.EqualFunc(got, [][]int{{0, 1, 2, 3}, {4, 5, 6, 7}, {8, 9, 100}}, slices.Equal) {
+		t.Fatalf("batches %v, want [[0 1 2 3] [4 5 6 7] [8 9 100]]", got)
+	}
+}
+
+// Do and DoLater mixed from many goroutines, with contexts that end at
+// random, under the race detector: every call returns (later calls by
+// their linger at the latest), with its own result or its context's
+// error, and nothing is left queued.
+func TestLaterStress(t *testing.T) {
+	b := batch.New(func(_ context.Context, calls []*batch.Call[int, int]) error {
+		if rand.IntN(4) == 0 {
+			time.Sleep(time.Duration(rand.IntN(200)) * time.Microsecond)
+		}
+		for _, c := range calls {
+			c.Set(c.Req, nil)
+		}
+		return nil
+	}, 8, 2)
+	var wg sync.WaitGroup
+	for g := range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 300 {
+				req := g*1000 + i
+				ctx, cancel := context.WithCancel(context.Background())
+				if rand.IntN(10) == 0 {
+					time.AfterFunc(time.Duration(rand.IntN(300))*time.Microsecond, cancel)
+				}
+				var got int
+				var err error
+				if g%2 == 0 {
+					got, err = b.DoLater(ctx, req, time.Duration(rand.IntN(2000))*time.Microsecond)
+				} else {
+					got, err = b.Do(ctx, req)
+				}
+				cancel()
+				if err != nil && !errors.Is(err, context.Canceled) {
+					t.Errorf("call %d: %v", req, err)
+				}
+				if err == nil && got != req {
+					t.Errorf("call %d got %d", req, got)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if n := b.Queued(); n != 0 {
+		t.Fatalf("%d calls left queued", n)
+	}
+	// The accounting is intact: a lone call runs at once, alone.
+	if _, err := b.Do(context.Background(), -1); err != nil {
+		t.Fatal(err)
+	}
+}
