@@ -56,15 +56,10 @@ func (r *roundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 
 var _ redis.Hook = (*roundTrips)(nil)
 
-// TestAsyncCompleteGoesOutWithTheNextClaim: on a sequential consumer in
-// ModeAsyncComplete on Redis, each message's background Complete goes
-// out in one round trip with the next message's Claim
-// (Tuning.CompleteLinger): n messages cost n+1 round trips, not 2n (30 for
-// 20 before the linger), and
-// every record is done. The linger is long here, so that the count does
-// not depend on how fast the machine is; the last Complete is carried by
-// one more Claim.
-func TestAsyncCompleteGoesOutWithTheNextClaim(t *testing.T) {
+// lingerStore returns a redisstore on the shared Redis, under a prefix of
+// its own that is deleted afterwards, and its client.
+func lingerStore(t *testing.T) (*redis.Client, *redisstore.Store) {
+	t.Helper()
 	addr := testkit.RequireRedis(t)
 	client := redis.NewClient(&redis.Options{Addr: addr})
 	t.Cleanup(func() { _ = client.Close() })
@@ -75,6 +70,18 @@ func TestAsyncCompleteGoesOutWithTheNextClaim(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = store.Close(context.Background()) })
+	return client, store
+}
+
+// TestAsyncCompleteGoesOutWithTheNextClaim: on a sequential consumer in
+// ModeAsyncComplete on Redis, each message's background Complete goes
+// out in one round trip with the next message's Claim
+// (Tuning.CompleteLinger): n messages cost n+1 round trips, not 2n (30 for
+// 20 before the linger), and every record is done. The linger is long here, so that the count does
+// not depend on how fast the machine is; the last Complete is carried by
+// one more Claim.
+func TestAsyncCompleteGoesOutWithTheNextClaim(t *testing.T) {
+	client, store := lingerStore(t)
 	// Scripts loaded before counting: a first EVALSHA would be answered
 	// NOSCRIPT and sent again.
 	warm, err := store.Claim(context.Background(), "warm", []string{"k"}, time.Minute)
@@ -128,16 +135,7 @@ func TestAsyncCompleteGoesOutWithTheNextClaim(t *testing.T) {
 // TestAsyncCompleteLingerEndsOnItsOwn: with nothing else to carry it, a
 // background Complete goes out after CompleteLinger, and Close returns.
 func TestAsyncCompleteLingerEndsOnItsOwn(t *testing.T) {
-	addr := testkit.RequireRedis(t)
-	client := redis.NewClient(&redis.Options{Addr: addr})
-	t.Cleanup(func() { _ = client.Close() })
-	prefix := fmt.Sprintf("dedup-linger-%d:", time.Now().UnixNano())
-	t.Cleanup(func() { _ = testkit.DeleteRedisPrefix(context.Background(), client, prefix) })
-	store, err := redisstore.New(client, redisstore.Config{Prefix: prefix})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = store.Close(context.Background()) })
+	_, store := lingerStore(t)
 	mw := newAsync(t, middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{Tuning: dedup.Tuning{CompleteLinger: 20 * time.Millisecond}}})
 	h := mw.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })
 	if _, err := h(message.NewMessage("m-1", nil)); err != nil {
