@@ -129,11 +129,11 @@ type Batcher[Req, Resp any] struct {
 	starting bool // a worker has taken a slot and will take the queue
 	// eager counts the queued calls sent with Do: the queue goes out
 	// when one of them does. Calls sent with DoLater (the others) wait
-	// for one, or for timer, which is armed (lingering) while they wait
-	// with nothing out.
-	eager     int
-	lingering bool
-	timer     *time.Timer
+	// for one, or until the earliest of their due times, when timer
+	// (armed for timerAt; zero when it is not) sends them.
+	eager   int
+	timer   *time.Timer
+	timerAt time.Time
 
 	// calls recycles the calls whose results were delivered. A call whose
 	// caller gave up is never recycled: its batch may still hold it.
@@ -158,7 +158,8 @@ func (b *Batcher[Req, Resp]) OnOrphaned(timeout time.Duration, undo func(ctx con
 	b.undo, b.undoTimeout = undo, timeout
 }
 
-// Close makes later orphans be dropped, and waits until the undos already
+// Close makes later orphans be dropped, sends the calls DoLater queued
+// without waiting for their linger, and waits until the undos already
 // running (see OnOrphaned) have returned, or ctx ends (ctx's error). It
 // does not stop Do: the store in front stops taking calls. It is
 // idempotent.
@@ -166,6 +167,14 @@ func (b *Batcher[Req, Resp]) Close(ctx context.Context) error {
 	b.undoMu.Lock()
 	b.closed = true
 	b.undoMu.Unlock()
+	// The calls DoLater queued are due now: they go out before the
+	// backend's client is closed, not after their linger.
+	b.mu.Lock()
+	for _, c := range b.queue {
+		c.due = time.Time{}
+	}
+	b.linger()
+	b.mu.Unlock()
 	done := make(chan struct{})
 	go func() {
 		b.undos.Wait()
@@ -277,10 +286,10 @@ func (b *Batcher[Req, Resp]) Do(ctx context.Context, req Req) (Resp, error) {
 // DoLater is Do for a call that need not go out at once: a write nobody
 // waits for on a message's path. It is queued, without taking a slot, and
 // goes out with the next call sent with Do: in that call's batch, or in
-// the next batch after it. If none comes within linger, it goes out on
-// its own (with whatever else waits) when nothing else is out. Its
-// context is honoured as in Do while it waits. A linger of zero or less
-// makes it Do.
+// the next batch after it. If none comes within linger, it goes out
+// then, with whatever else waits, in a free slot, or (every slot busy) in
+// the next batch to start. Its context is honoured as in Do while it
+// waits. A linger of zero or less makes it Do.
 func (b *Batcher[Req, Resp]) DoLater(ctx context.Context, req Req, linger time.Duration) (Resp, error) {
 	if linger <= 0 {
 		return b.Do(ctx, req)
@@ -292,47 +301,55 @@ func (b *Batcher[Req, Resp]) DoLater(ctx context.Context, req Req, linger time.D
 	c.later, c.due = true, time.Now().Add(linger)
 	b.mu.Lock()
 	b.queue = append(b.queue, c)
-	if b.inFlight == 0 {
-		b.linger()
-	}
+	b.linger()
 	b.mu.Unlock()
 	return b.wait(ctx, c)
 }
 
-// linger arms the timer that sends the calls queued by DoLater when no
-// call comes to carry them, under mu, with nothing out: it fires at the
-// due time of the oldest. A timer already armed fires no later.
+// earliestDue returns the earliest due time of the queued DoLater calls,
+// under mu; ok is false when none is queued.
+func (b *Batcher[Req, Resp]) earliestDue() (due time.Time, ok bool) {
+	for _, c := range b.queue {
+		if c.later && (!ok || c.due.Before(due)) {
+			due, ok = c.due, true
+		}
+	}
+	return due, ok
+}
+
+// linger arms the timer for the earliest due time of the queued DoLater
+// calls, under mu, unless it is armed for that time or sooner.
 func (b *Batcher[Req, Resp]) linger() {
-	if b.lingering {
+	due, ok := b.earliestDue()
+	if !ok || (!b.timerAt.IsZero() && !b.timerAt.After(due)) {
 		return
 	}
-	for _, c := range b.queue {
-		if c.later {
-			b.lingering = true
-			d := max(time.Until(c.due), 0)
-			if b.timer == nil {
-				b.timer = time.AfterFunc(d, b.flushLater)
-			} else {
-				b.timer.Reset(d)
-			}
-			return
-		}
+	b.timerAt = due
+	d := max(time.Until(due), 0)
+	if b.timer == nil {
+		b.timer = time.AfterFunc(d, b.flushLater)
+	} else {
+		b.timer.Reset(d)
 	}
 }
 
-// flushLater is the linger timer: it sends what DoLater queued, unless a
-// batch is out or starting (the last to finish arms it again).
+// flushLater is the linger timer. Once a DoLater call is due, it sends the
+// queue in a free slot; with every slot busy (or one starting), the next
+// batch to start takes it (see next). Before that (it was armed for calls
+// that have gone out since), it arms itself again.
 func (b *Batcher[Req, Resp]) flushLater() {
 	b.mu.Lock()
-	b.lingering = false
-	if b.inFlight > 0 || b.starting || len(b.queue) == 0 {
+	b.timerAt = time.Time{}
+	due, ok := b.earliestDue()
+	switch {
+	case !ok:
 		b.mu.Unlock()
 		return
-	}
-	if time.Now().Before(b.queue[0].due) {
-		// Armed for a call that has gone out since: wait for the oldest
-		// of those queued now (with nothing out, only DoLater's are).
+	case time.Now().Before(due):
 		b.linger()
+		b.mu.Unlock()
+		return
+	case b.starting || b.inFlight >= b.maxInFlight:
 		b.mu.Unlock()
 		return
 	}
@@ -396,15 +413,16 @@ func (b *Batcher[Req, Resp]) result(c *Call[Req, Resp]) (Resp, error) {
 
 // next takes the next batch from the queue for the slot of a batch that
 // has finished, or frees the slot and returns nil when no call sent with
-// Do is queued (calls sent with DoLater wait for one, see linger).
+// Do is queued and no call sent with DoLater is due (those wait for a
+// call, or their due time, see linger).
 func (b *Batcher[Req, Resp]) next() []*Call[Req, Resp] {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.eager == 0 {
-		if b.inFlight--; b.inFlight == 0 && len(b.queue) > 0 {
-			b.linger()
+		if due, ok := b.earliestDue(); !ok || time.Now().Before(due) {
+			b.inFlight--
+			return nil
 		}
-		return nil
 	}
 	return b.take()
 }

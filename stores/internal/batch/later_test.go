@@ -282,3 +282,121 @@ func TestLaterStress(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A later call goes out by its due time even while a slow batch is out:
+// in a free slot, not after that batch.
+func TestLaterGoesOutInAFreeSlotWhenDue(t *testing.T) {
+	r := newRecorder()
+	r.gate = make(chan struct{})
+	b := batch.New(r.exec, 64, 4)
+	bg, cancelBg := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancelBg()
+	first := make(chan error, 1)
+	go func() { _, err := b.Do(bg, 1); first <- err }()
+	testkit.WaitFor(t, 10*time.Second, "the first call out", func() bool { return len(r.sent()) == 1 })
+	done := later(bg, b, 2, time.Millisecond)
+	testkit.WaitFor(t, 10*time.Second, "the later call out beside the slow one", func() bool { return len(r.sent()) == 2 })
+	r.mu.Lock()
+	close(r.gate)
+	r.gate = nil
+	r.mu.Unlock()
+	for _, ch := range []<-chan error{first, done} {
+		if err := <-ch; err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// With every slot busy, a due later call goes out in the next batch to
+// start, even without a call sent with Do.
+func TestLaterDueGoesOutWhenASlotFrees(t *testing.T) {
+	r := newRecorder()
+	r.gate = make(chan struct{})
+	b := batch.New(r.exec, 64, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	first := make(chan error, 1)
+	go func() { _, err := b.Do(ctx, 1); first <- err }()
+	testkit.WaitFor(t, 10*time.Second, "the first call out", func() bool { return len(r.sent()) == 1 })
+	start := time.Now()
+	done := later(ctx, b, 2, time.Millisecond)
+	queued(t, b, 1)
+	// Due: past its linger while the only slot is busy.
+	for time.Since(start) < 5*time.Millisecond {
+		time.Sleep(time.Millisecond)
+	}
+	r.mu.Lock()
+	close(r.gate)
+	r.gate = nil
+	r.mu.Unlock()
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("the due later call: %v (batches %v)", err, r.sent())
+	}
+}
+
+// A short linger is not held up by the timer armed for a longer one
+// queued before it.
+func TestLaterShortLingerBehindALongOne(t *testing.T) {
+	r := newRecorder()
+	b := batch.New(r.exec, 64, 2)
+	bg, cancelBg := context.WithCancel(context.Background())
+	long := later(bg, b, 1, time.Hour)
+	queued(t, b, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := b.DoLater(ctx, 2, time.Millisecond); err != nil {
+		t.Fatalf("DoLater(1ms) behind DoLater(1h): %v; batches %v", err, r.sent())
+	}
+	// It took the long one along.
+	if err := <-long; err != nil {
+		t.Fatal(err)
+	}
+	cancelBg()
+}
+
+// Later calls alone, more than a batch holds, all go out.
+func TestLaterOnlyMoreThanABatch(t *testing.T) {
+	r := newRecorder()
+	b := batch.New(r.exec, 3, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var dones []<-chan error
+	for i := range 10 {
+		dones = append(dones, later(ctx, b, i, time.Millisecond))
+	}
+	for i, d := range dones {
+		if err := <-d; err != nil {
+			t.Fatalf("%d: %v (batches %v)", i, err, r.sent())
+		}
+	}
+	n := 0
+	for _, s := range r.sent() {
+		n += len(s)
+		if len(s) > 3 {
+			t.Fatalf("a batch of %d: %v", len(s), r.sent())
+		}
+	}
+	if n != 10 {
+		t.Fatalf("%d calls sent, want 10: %v", n, r.sent())
+	}
+}
+
+// Close sends the later calls at once, not after their linger: before
+// the store's client is closed.
+func TestCloseSendsLaterCalls(t *testing.T) {
+	r := newRecorder()
+	b := batch.New(r.exec, 64, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	done := later(ctx, b, 1, time.Hour)
+	queued(t, b, 1)
+	if err := b.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("the later call after Close: %v", err)
+	}
+}

@@ -1,0 +1,80 @@
+package redisstore_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/watermill-dedup/dedup/stores"
+	"github.com/watermill-dedup/dedup/stores/redisstore"
+	"github.com/watermill-dedup/dedup/testkit"
+)
+
+// holdHook holds every command or pipeline naming "slowkey" until release
+// is closed, and says so on held.
+type holdHook struct{ held, release chan struct{} }
+
+func (h holdHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h holdHook) hold(cmds []redis.Cmder) {
+	for _, c := range cmds {
+		if strings.Contains(fmt.Sprint(c.Args()), "slowkey") {
+			h.held <- struct{}{}
+			<-h.release
+			return
+		}
+	}
+}
+func (h holdHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error { h.hold([]redis.Cmder{cmd}); return next(ctx, cmd) }
+}
+func (h holdHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error { h.hold(cmds); return next(ctx, cmds) }
+}
+
+// TestLingeringCompleteBesideASlowCall: a Complete whose context carries
+// stores.WithLinger goes out once its linger has passed, in the pipeline
+// slot left free beside a call that is slow to answer (the default
+// batching has two): it waited for that call, until its own deadline,
+// before.
+func TestLingeringCompleteBesideASlowCall(t *testing.T) {
+	addr := testkit.RequireRedis(t)
+	client := redis.NewClient(&redis.Options{Addr: addr})
+	t.Cleanup(func() { _ = client.Close() })
+	h := holdHook{held: make(chan struct{}, 1), release: make(chan struct{})}
+	client.AddHook(h)
+	prefix := fmt.Sprintf("dedup-linger-%d:", time.Now().UnixNano())
+	t.Cleanup(func() { _ = testkit.DeleteRedisPrefix(context.Background(), client, prefix) })
+	s, err := redisstore.New(client, redisstore.Config{Prefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close(context.Background()) })
+	ctx := context.Background()
+	c, err := s.Claim(ctx, "s", []string{"k"}, time.Minute)
+	if err != nil || c.Result != stores.Claimed {
+		t.Fatal(c, err)
+	}
+	slow := make(chan error, 1)
+	go func() {
+		_, err := s.Claim(ctx, "s", []string{"slowkey"}, time.Minute)
+		slow <- err
+	}()
+	<-h.held
+	defer func() {
+		close(h.release)
+		if err := <-slow; err != nil {
+			t.Errorf("the slow claim: %v", err)
+		}
+	}()
+	// Bounded, so that a Complete left waiting fails the test instead of
+	// hanging it; far longer than the linger.
+	lctx, cancel := context.WithTimeout(stores.WithLinger(ctx, time.Millisecond), 30*time.Second)
+	defer cancel()
+	if err := s.Complete(lctx, c, time.Hour, nil); err != nil {
+		t.Fatalf("a lingering Complete beside a slow call: %v", err)
+	}
+}
