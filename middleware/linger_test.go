@@ -151,3 +151,58 @@ func TestAsyncCompleteLingerEndsOnItsOwn(t *testing.T) {
 		t.Fatalf("%v, %v; want a duplicate", c.Result, err)
 	}
 }
+
+// TestLingerDuplicatesRunOnce: consumers sharing one middleware deliver
+// duplicates, one after another and at once (a duplicate arriving while
+// its own Complete lingers waits for it), under lingers from 1µs to
+// 200ms: each message's handler runs exactly once, and after Close every
+// record is done.
+func TestLingerDuplicatesRunOnce(t *testing.T) {
+	_, store := lingerStore(t)
+	for round, linger := range []time.Duration{time.Microsecond, time.Millisecond, 20 * time.Millisecond, 200 * time.Millisecond, 0} {
+		scope := fmt.Sprint("s", round)
+		mw, err := middleware.New(middleware.Config{Store: store, Scope: scope, Mode: dedup.ModeAsyncComplete,
+			Policy: dedup.Policy{InProgressWait: time.Minute, Tuning: dedup.Tuning{CompleteLinger: linger, InProgressPoll: time.Millisecond}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var runs sync.Map
+		h := mw.Middleware(func(m *message.Message) ([]*message.Message, error) {
+			v, _ := runs.LoadOrStore(m.UUID, new(atomic.Int32))
+			v.(*atomic.Int32).Add(1)
+			return nil, nil
+		})
+		const n, workers = 300, 6
+		var wg sync.WaitGroup
+		for w := range workers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := range n {
+					id := fmt.Sprint("m-", (i+w*(i%2))%(n/3))
+					if _, err := h(message.NewMessage(id, nil)); err != nil {
+						t.Errorf("linger %s: %s: %v", linger, id, err)
+						return
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		err = mw.Close(ctx)
+		cancel()
+		if err != nil {
+			t.Fatalf("linger %s: Close: %v", linger, err)
+		}
+		runs.Range(func(k, v any) bool {
+			if c := v.(*atomic.Int32).Load(); c != 1 {
+				t.Errorf("linger %s: %v ran %d times", linger, k, c)
+			}
+			c, err := store.Claim(context.Background(), scope, []string{k.(string)}, time.Minute)
+			if err != nil || c.Result != stores.Duplicate {
+				t.Errorf("linger %s: %v: %v %v, want a duplicate", linger, k, c.Result, err)
+			}
+			return true
+		})
+	}
+}
