@@ -150,9 +150,15 @@ func (r *recording) drop(data []byte, refusal error) []byte {
 	return nil
 }
 
-func (c *Cycle) dropped(scope string, keys []string, data []byte, refusal error) {
+// dropped logs data completed without: err is the store's refusal of it,
+// or (not a refusal) the error of the last attempt at CompleteTimeout.
+func (c *Cycle) dropped(scope string, keys []string, data []byte, err error) {
 	f := watermill.LogFields{"scope": scope, "keys": keys, "data_bytes": len(data)}
-	c.p.Logger.Error("Dedup store will not keep the record's data (the handler's outputs and fingerprint): completing the record without them, so a redelivery after a failed publish of its outputs will not re-emit them", refusal, f)
+	if !refused(err) {
+		c.p.Logger.Error("Dedup could not record the message done with its data (the handler's outputs and fingerprint) within Tuning.CompleteTimeout: completing the record once more without them, so a redelivery after a failed publish of its outputs will not re-emit them", err, f)
+		return
+	}
+	c.p.Logger.Error("Dedup store will not keep the record's data (the handler's outputs and fingerprint): completing the record without them, so a redelivery after a failed publish of its outputs will not re-emit them", err, f)
 }
 
 // reconcile decides what a Complete refused with ErrLostClaim means by

@@ -564,6 +564,10 @@ func TestComplete(t *testing.T) {
 		if e.metrics.get(dedup.OutcomeStoreError) != 1 || !strings.Contains(e.errorLogs(), "without them") || !strings.Contains(e.errorLogs(), "stays processing") {
 			t.Fatalf("store errors %d, log %q: want the dropped data and the failure counted and logged", e.metrics.get(dedup.OutcomeStoreError), e.errorLogs())
 		}
+		// The store did not refuse the data: it did not answer in time.
+		if logs := e.errorLogs(); strings.Contains(logs, "will not keep") || !strings.Contains(logs, "within Tuning.CompleteTimeout") {
+			t.Fatalf("log %q: want the data dropped for the deadline, not for a refusal", logs)
+		}
 	})
 	t.Run("given up without data", func(t *testing.T) {
 		e := newEnv(t)
@@ -614,8 +618,8 @@ func TestComplete(t *testing.T) {
 			if got, _ := complete(c, context.Background(), newMsg("m"), e.claimed(c, "k"), []byte("d")); got != cycle.Done || e.store.completes.Load() != 2 {
 				t.Fatalf("%v: Complete = %v after %d calls, want Done after 2 (not retried, then without the data)", refusal, got, e.store.completes.Load())
 			}
-			if e.metrics.get(dedup.OutcomeStoreError) != 1 || !strings.Contains(e.errorLogs(), "without them") {
-				t.Fatalf("%v: the dropped data was not counted and logged", refusal)
+			if e.metrics.get(dedup.OutcomeStoreError) != 1 || !strings.Contains(e.errorLogs(), "without them") || !strings.Contains(e.errorLogs(), "will not keep") {
+				t.Fatalf("%v: the dropped data was not counted and logged as refused: %q", refusal, e.errorLogs())
 			}
 		}
 	})
