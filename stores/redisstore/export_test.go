@@ -66,3 +66,6 @@ func (s *Store) WriteDone(ctx context.Context, scope string, keys []string, rete
 	}
 	return nil
 }
+
+// Queued returns how many calls wait in the batcher's queue.
+func (s *Store) Queued() int { return s.batcher.Queued() }

@@ -134,6 +134,9 @@ type Batcher[Req, Resp any] struct {
 	eager   int
 	timer   *time.Timer
 	timerAt time.Time
+	// drained, made by Close, is closed once no DoLater call is queued
+	// and no batch is out.
+	drained chan struct{}
 
 	// calls recycles the calls whose results were delivered. A call whose
 	// caller gave up is never recycled: its batch may still hold it.
@@ -159,22 +162,34 @@ func (b *Batcher[Req, Resp]) OnOrphaned(timeout time.Duration, undo func(ctx con
 }
 
 // Close makes later orphans be dropped, sends the calls DoLater queued
-// without waiting for their linger, and waits until the undos already
-// running (see OnOrphaned) have returned, or ctx ends (ctx's error). It
+// without waiting for their linger, and waits until they and every batch
+// out have ended and the undos already running (see OnOrphaned) have
+// returned, or ctx ends (ctx's error). It
 // does not stop Do: the store in front stops taking calls. It is
 // idempotent.
 func (b *Batcher[Req, Resp]) Close(ctx context.Context) error {
 	b.undoMu.Lock()
 	b.closed = true
 	b.undoMu.Unlock()
-	// The calls DoLater queued are due now: they go out before the
-	// backend's client is closed, not after their linger.
+	// The calls DoLater queued are due now, and Close waits until they
+	// have gone out (the backend's client is closed after it), not for
+	// their linger.
 	b.mu.Lock()
 	for _, c := range b.queue {
 		c.due = time.Time{}
 	}
 	b.linger()
+	if b.drained == nil {
+		b.drained = make(chan struct{})
+	}
+	drained := b.drained
+	b.checkDrained()
 	b.mu.Unlock()
+	select {
+	case <-drained:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 	done := make(chan struct{})
 	go func() {
 		b.undos.Wait()
@@ -306,6 +321,14 @@ func (b *Batcher[Req, Resp]) DoLater(ctx context.Context, req Req, linger time.D
 	return b.wait(ctx, c)
 }
 
+// Queued returns how many calls wait in the queue (calls sent with
+// DoLater among them), for tests and diagnostics.
+func (b *Batcher[Req, Resp]) Queued() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.queue)
+}
+
 // earliestDue returns the earliest due time of the queued DoLater calls,
 // under mu; ok is false when none is queued.
 func (b *Batcher[Req, Resp]) earliestDue() (due time.Time, ok bool) {
@@ -377,6 +400,7 @@ func (b *Batcher[Req, Resp]) wait(ctx context.Context, c *Call[Req, Resp]) (Resp
 					break
 				}
 			}
+			b.checkDrained()
 			b.mu.Unlock()
 			// If c was not queued any more, it is in a running batch,
 			// which drops its result (see OnOrphaned).
@@ -421,10 +445,28 @@ func (b *Batcher[Req, Resp]) next() []*Call[Req, Resp] {
 	if b.eager == 0 {
 		if due, ok := b.earliestDue(); !ok || time.Now().Before(due) {
 			b.inFlight--
+			// Calls DoLater queued that are not due yet (left by a batch
+			// that took MaxBatch, or by a timer that found every slot
+			// busy) wait for their timer.
+			b.linger()
+			b.checkDrained()
 			return nil
 		}
 	}
 	return b.take()
+}
+
+// checkDrained closes drained, under mu, once no DoLater call is queued
+// and no batch is out.
+func (b *Batcher[Req, Resp]) checkDrained() {
+	if b.drained == nil || b.inFlight > 0 {
+		return
+	}
+	if _, ok := b.earliestDue(); ok {
+		return
+	}
+	close(b.drained)
+	b.drained = nil
 }
 
 // take takes the next batch from the queue, which is not empty, under mu.

@@ -1,8 +1,9 @@
 package batch
 
-// Queued returns how many calls wait in the queue.
-func (b *Batcher[Req, Resp]) Queued() int {
+// State returns the batcher's counters and whether the linger timer is
+// armed (timerAt set).
+func (b *Batcher[Req, Resp]) State() (inFlight, eager int, starting, timerArmed bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return len(b.queue)
+	return b.inFlight, b.eager, b.starting, !b.timerAt.IsZero()
 }
