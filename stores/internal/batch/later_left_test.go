@@ -48,14 +48,11 @@ func TestLaterLeftByATimerFlushIsSent(t *testing.T) {
 // the slot: the other DoLater call, not yet due, is sent at its due time
 // (it was left with no timer, and never sent).
 func TestLaterLeftAfterABusyFlushIsSent(t *testing.T) {
-	r := newRecorder()
-	r.gate = make(chan struct{})
+	r := gated()
 	b := batch.New(r.exec, 64, 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	first := make(chan error, 1)
-	go func() { _, err := b.Do(ctx, 1); first <- err }()
-	testkit.WaitFor(t, 5*time.Second, "1 out", func() bool { return len(r.sent()) == 1 })
+	first := slowFirst(t, ctx, r, b, 1)
 	xctx, xcancel := context.WithCancel(ctx)
 	x := later(xctx, b, 2, time.Millisecond)
 	queued(t, b, 1)
@@ -68,10 +65,7 @@ func TestLaterLeftAfterABusyFlushIsSent(t *testing.T) {
 	})
 	xcancel()
 	<-x
-	r.mu.Lock()
-	close(r.gate)
-	r.gate = nil
-	r.mu.Unlock()
+	r.release()
 	if err := <-first; err != nil {
 		t.Fatal(err)
 	}

@@ -43,6 +43,31 @@ func (r *recorder) exec(_ context.Context, calls []*batch.Call[int, int]) error 
 	return nil
 }
 
+// gated returns a recorder whose batches wait until release.
+func gated() *recorder {
+	r := newRecorder()
+	r.gate = make(chan struct{})
+	return r
+}
+
+// release lets the batches waiting at the gate, and those after, go on.
+func (r *recorder) release() {
+	r.mu.Lock()
+	close(r.gate)
+	r.gate = nil
+	r.mu.Unlock()
+}
+
+// slowFirst sends req with Do in the background under ctx, waits until
+// its batch is out (held at r's gate), and returns its result's channel.
+func slowFirst(t *testing.T, ctx context.Context, r *recorder, b *batch.Batcher[int, int], req int) <-chan error {
+	t.Helper()
+	ch := make(chan error, 1)
+	go func() { _, err := b.Do(ctx, req); ch <- err }()
+	testkit.WaitFor(t, 10*time.Second, "the first call out", func() bool { return len(r.sent()) == 1 })
+	return ch
+}
+
 func (r *recorder) sent() [][]int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -93,20 +118,14 @@ func TestLaterGoesOutWithTheNextCall(t *testing.T) {
 // A call sent with DoLater while a batch is out does not go out alone
 // when that batch ends: it waits for the next call.
 func TestLaterWaitsForACallNotForABatchEnding(t *testing.T) {
-	r := newRecorder()
-	r.gate = make(chan struct{})
+	r := gated()
 	b := batch.New(r.exec, 64, 2)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	first := make(chan error, 1)
-	go func() { _, err := b.Do(ctx, 1); first <- err }()
-	testkit.WaitFor(t, 10*time.Second, "the first call out", func() bool { return len(r.sent()) == 1 })
+	first := slowFirst(t, ctx, r, b, 1)
 	done := later(ctx, b, 2, time.Hour)
 	queued(t, b, 1)
-	r.mu.Lock()
-	close(r.gate)
-	r.gate = nil
-	r.mu.Unlock()
+	r.release()
 	if err := <-first; err != nil {
 		t.Fatal(err)
 	}
@@ -286,20 +305,14 @@ func TestLaterStress(t *testing.T) {
 // A later call goes out by its due time even while a slow batch is out:
 // in a free slot, not after that batch.
 func TestLaterGoesOutInAFreeSlotWhenDue(t *testing.T) {
-	r := newRecorder()
-	r.gate = make(chan struct{})
+	r := gated()
 	b := batch.New(r.exec, 64, 4)
 	bg, cancelBg := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancelBg()
-	first := make(chan error, 1)
-	go func() { _, err := b.Do(bg, 1); first <- err }()
-	testkit.WaitFor(t, 10*time.Second, "the first call out", func() bool { return len(r.sent()) == 1 })
+	first := slowFirst(t, bg, r, b, 1)
 	done := later(bg, b, 2, time.Millisecond)
 	testkit.WaitFor(t, 10*time.Second, "the later call out beside the slow one", func() bool { return len(r.sent()) == 2 })
-	r.mu.Lock()
-	close(r.gate)
-	r.gate = nil
-	r.mu.Unlock()
+	r.release()
 	for _, ch := range []<-chan error{first, done} {
 		if err := <-ch; err != nil {
 			t.Fatal(err)
@@ -310,14 +323,11 @@ func TestLaterGoesOutInAFreeSlotWhenDue(t *testing.T) {
 // With every slot busy, a due later call goes out in the next batch to
 // start, even without a call sent with Do.
 func TestLaterDueGoesOutWhenASlotFrees(t *testing.T) {
-	r := newRecorder()
-	r.gate = make(chan struct{})
+	r := gated()
 	b := batch.New(r.exec, 64, 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	first := make(chan error, 1)
-	go func() { _, err := b.Do(ctx, 1); first <- err }()
-	testkit.WaitFor(t, 10*time.Second, "the first call out", func() bool { return len(r.sent()) == 1 })
+	first := slowFirst(t, ctx, r, b, 1)
 	start := time.Now()
 	done := later(ctx, b, 2, time.Millisecond)
 	queued(t, b, 1)
@@ -325,10 +335,7 @@ func TestLaterDueGoesOutWhenASlotFrees(t *testing.T) {
 	for time.Since(start) < 5*time.Millisecond {
 		time.Sleep(time.Millisecond)
 	}
-	r.mu.Lock()
-	close(r.gate)
-	r.gate = nil
-	r.mu.Unlock()
+	r.release()
 	if err := <-first; err != nil {
 		t.Fatal(err)
 	}
