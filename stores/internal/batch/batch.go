@@ -164,9 +164,8 @@ func (b *Batcher[Req, Resp]) OnOrphaned(timeout time.Duration, undo func(ctx con
 // Close makes later orphans be dropped, sends the calls DoLater queued
 // without waiting for their linger, and waits until they and every batch
 // out have ended and the undos already running (see OnOrphaned) have
-// returned, or ctx ends (ctx's error). It
-// does not stop Do: the store in front stops taking calls. It is
-// idempotent.
+// returned, or ctx ends (ctx's error). It does not stop Do: the store in
+// front stops taking calls. It is idempotent.
 func (b *Batcher[Req, Resp]) Close(ctx context.Context) error {
 	b.undoMu.Lock()
 	b.closed = true
@@ -247,10 +246,7 @@ func (b *Batcher[Req, Resp]) Do(ctx context.Context, req Req) (Resp, error) {
 		}
 		// The batch ends by this caller's deadline anyway: run it here,
 		// without a goroutine to start and wake this caller.
-		b.run(calls)
-		if next := b.next(); next != nil {
-			go b.work(next)
-		}
+		b.runHere(calls)
 		return b.wait(ctx, c)
 	}
 	if b.inFlight == 0 {
@@ -258,12 +254,7 @@ func (b *Batcher[Req, Resp]) Do(ctx context.Context, req Req) (Resp, error) {
 		// in this goroutine and under this call's own context.
 		b.inFlight++
 		b.mu.Unlock()
-		b.run(c.self[:])
-		if next := b.next(); next != nil {
-			// Calls queued up meanwhile: a worker takes over the slot,
-			// so that this caller can return.
-			go b.work(next)
-		}
+		b.runHere(c.self[:])
 		<-c.done
 		return b.result(c)
 	}
@@ -280,10 +271,7 @@ func (b *Batcher[Req, Resp]) Do(ctx context.Context, req Req) (Resp, error) {
 		if calls := b.start(); len(calls) == 1 && calls[0] == c {
 			// Nobody joined: run it alone in this goroutine, as a lone
 			// call, without a worker to start and wake this caller.
-			b.run(c.self[:])
-			if next := b.next(); next != nil {
-				go b.work(next)
-			}
+			b.runHere(c.self[:])
 			<-c.done
 			return b.result(c)
 		} else if calls != nil {
@@ -495,6 +483,16 @@ func (b *Batcher[Req, Resp]) start() []*Call[Req, Resp] {
 	b.starting = false
 	b.mu.Unlock()
 	return b.next()
+}
+
+// runHere runs calls in the caller's goroutine, in the slot it took;
+// calls queued up meanwhile go to a worker, which takes over the slot, so
+// that the caller can return.
+func (b *Batcher[Req, Resp]) runHere(calls []*Call[Req, Resp]) {
+	b.run(calls)
+	if next := b.next(); next != nil {
+		go b.work(next)
+	}
 }
 
 // work runs batches from the queue in a slot until the queue is empty.
