@@ -396,10 +396,10 @@ func TestExampleRefusesAUsedRunID(t *testing.T) {
 		}, func(t *testing.T, runID string) int {
 			c := redis.NewClient(&redis.Options{Addr: testkit.RedisAddr()})
 			t.Cleanup(func() {
-				_ = storeopen.DeleteRedisPrefix(context.Background(), c, "dedup:"+runID+":")
+				_ = storeopen.DeleteRedisPrefix(context.Background(), c, redisPrefix(runID))
 				_ = c.Close()
 			})
-			keys, err := c.Keys(t.Context(), "dedup:"+runID+":*").Result()
+			keys, err := c.Keys(t.Context(), redisPrefix(runID)+"*").Result()
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -422,7 +422,7 @@ func TestExampleRefusesAUsedRunID(t *testing.T) {
 			var before int
 			if tc.count != nil {
 				if before = tc.count(t, runID); before == 0 {
-					t.Fatalf("the first run left no records under dedup:%s:", runID)
+					t.Fatalf("the first run left no records under %s", redisPrefix(runID))
 				}
 			}
 			r := execExample(t, nil, append(args, "-cleanup")...)
@@ -742,7 +742,7 @@ func requireNoRedisKeys(t *testing.T, runID string) {
 	t.Helper()
 	c := redis.NewClient(&redis.Options{Addr: testkit.RedisAddr()})
 	defer c.Close()
-	iter := c.Scan(t.Context(), 0, "dedup:"+runID+":*", 1000).Iterator()
+	iter := c.Scan(t.Context(), 0, redisPrefix(runID)+"*", 1000).Iterator()
 	for iter.Next(t.Context()) {
 		t.Fatalf("-cleanup left Redis key %s", iter.Val())
 	}

@@ -27,7 +27,8 @@ func TestExampleRedisACLAndTLS(t *testing.T) {
 	defer admin.Close()
 	id := newTestRunID()
 	user, password := "example-"+id, "pw-"+id+"-secret"
-	testkit.SetRedisACLUser(t, admin, testkit.RedisACLRules(t)[0], user, password, "dedup:")
+	// The store's rule, on the prefix of the example's runs.
+	testkit.SetRedisACLUser(t, admin, testkit.RedisACLRules(t)[0], user, password, redisRunsPrefix)
 	url := "rediss://" + user + ":" + password + "@" + addr + "/0"
 	shown := "rediss://" + user + ":xxxxx@" + addr + "/0"
 	tlsEnv := []string{"DEDUP_REDIS_CA=" + files.CA, "DEDUP_REDIS_CERT=" + files.ClientCert, "DEDUP_REDIS_KEY=" + files.ClientKey}
@@ -40,9 +41,9 @@ func TestExampleRedisACLAndTLS(t *testing.T) {
 	}
 	noKeys := func(t *testing.T, runID string) {
 		t.Helper()
-		keys, _, err := admin.Scan(context.Background(), 0, "dedup:"+runID+":*", 1000).Result()
+		keys, _, err := admin.Scan(context.Background(), 0, redisPrefix(runID)+"*", 1000).Result()
 		if err != nil || len(keys) > 0 {
-			t.Fatalf("-cleanup left %d keys under dedup:%s: (%v)", len(keys), runID, err)
+			t.Fatalf("-cleanup left %d keys under %s (%v)", len(keys), redisPrefix(runID), err)
 		}
 	}
 

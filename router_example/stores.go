@@ -30,7 +30,18 @@ type dedupStore struct {
 	ephemeral bool
 }
 
-func dedupTable(runID string) string { return "dedup_" + runID }
+// A run's records are under names of the example's own, which no store
+// configured with its defaults reads (redisstore's prefix "dedup:",
+// sqlstore's table dedup_inbox): a tool reading such a store, such as
+// cmd/dedupctl, finds the store's records only, and need not tell a
+// run's keys from them. cmd/dedupctl's -run-id names the same.
+func redisPrefix(runID string) string { return redisRunsPrefix + runID + ":" }
+
+// redisRunsPrefix starts the keys of every run: an ACL user of the
+// example needs its keys (~router_example:*).
+const redisRunsPrefix = "router_example:"
+
+func dedupTable(runID string) string { return "router_example_" + runID }
 
 // openStore opens the configured store. Closing is added to closers,
 // dropping what it created to removers.
@@ -58,7 +69,7 @@ func openRedisStore(ctx context.Context, cfg Config, runID string, logger waterm
 		return nil, err
 	}
 	closers.add("close the Redis client", func(context.Context) error { return client.Close() })
-	prefix := "dedup:" + runID + ":"
+	prefix := redisPrefix(runID)
 	s, err := redisstore.New(client, redisstore.Config{Prefix: prefix, Logger: logger})
 	if err != nil {
 		return nil, err

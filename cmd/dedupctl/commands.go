@@ -175,11 +175,9 @@ func (c *cli) list(ctx context.Context, a *admin, scope string) error {
 	if err != nil {
 		return notByScope("list", a, err)
 	}
-	runs := a.runs.take()
 	if c.cfg.json {
-		return writeJSON(c.out, listJSON{Records: views(recs), Next: next, SkippedRuns: runs})
+		return writeJSON(c.out, listJSON{Records: views(recs), Next: next})
 	}
-	defer writeRuns(c.out, runs)
 	if len(recs) == 0 {
 		fmt.Fprintf(c.out, "no records on %s\n", a.where)
 		return nil
@@ -199,9 +197,6 @@ type listJSON struct {
 	Records []recordJSON `json:"records"`
 	// Next is the cursor of the next page, absent after the last.
 	Next string `json:"next,omitempty"`
-	// SkippedRuns are the router_example runs whose keys the page
-	// passed over.
-	SkippedRuns []skippedRun `json:"skipped_runs,omitempty"`
 }
 
 // remove is forget (want done) and release (want processing).
@@ -401,11 +396,10 @@ func (c *cli) stats(ctx context.Context, a *admin) error {
 	if err != nil {
 		return err
 	}
-	runs := a.runs.take()
 	if c.cfg.json {
-		return writeJSON(c.out, statsView(a.where, st, runs))
+		return writeJSON(c.out, statsView(a.where, st))
 	}
-	writeStats(c.out, a, st, runs, time.Now())
+	writeStats(c.out, a, st, time.Now())
 	return nil
 }
 

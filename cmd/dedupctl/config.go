@@ -103,15 +103,15 @@ func newFlagSet(c *config) *flag.FlagSet {
 	fs.StringVar(&c.redisAddr, "redis-addr", defaultRedisAddr, "Redis `address`: host:port, or a URL redis://user:password@host:port/db (rediss:// for TLS; a password is safer in REDIS_ADDR than on the command line); with -redis-cluster, comma-separated addresses or URLs of some of its nodes")
 	fs.BoolVar(&c.redisCluster, "redis-cluster", false, "Redis is a Redis Cluster")
 	c.redisTLS.RegisterFlags(fs)
-	fs.StringVar(&c.redisPrefix, "redis-prefix", "", "the store's key prefix, Config.Prefix (default \"dedup:\", \"d:\" with -compact-keys, \"dedup:<run id>:\" with -run-id)")
+	fs.StringVar(&c.redisPrefix, "redis-prefix", "", "the store's key prefix, Config.Prefix (default \"dedup:\", \"d:\" with -compact-keys, \"router_example:<run id>:\" with -run-id)")
 	fs.BoolVar(&c.compactKeys, "compact-keys", false, "the store runs with Config.CompactKeys")
 	fs.IntVar(&c.digestKeysLongerThan, "digest-keys-longer-than", 0, "the store's Config.DigestKeysLongerThan")
 	fs.StringVar(&c.postgresDSN, "postgres-dsn", defaultPostgresDSN, "PostgreSQL `DSN`")
 	fs.StringVar(&c.mysqlDSN, "mysql-dsn", defaultMySQLDSN, "MySQL/MariaDB `DSN` in go-sql-driver form")
 	fs.StringVar(&c.dir, "dir", "", "`directory` of router_example's SQLite file, "+sqliteFile)
 	fs.StringVar(&c.sqliteFile, "sqlite-file", "", "SQLite database `file` (instead of -dir)")
-	fs.StringVar(&c.table, "table", "", "the SQL table, Config.Table (default \"dedup_inbox\", \"dedup_<run id>\" with -run-id)")
-	fs.StringVar(&c.runID, "run-id", "", "router_example's run id: sets -redis-prefix to \"dedup:<run id>:\" and -table to \"dedup_<run id>\"")
+	fs.StringVar(&c.table, "table", "", "the SQL table, Config.Table (default \"dedup_inbox\", \"router_example_<run id>\" with -run-id)")
+	fs.StringVar(&c.runID, "run-id", "", "router_example's run id: sets -redis-prefix to \"router_example:<run id>:\" and -table to \"router_example_<run id>\"")
 	c.nats.flags(fs)
 	cliflag.DurationVar(fs, &c.purgeGrace, "purge-grace", "purge (SQL, NATS): keep processing records whose lease ended less than this `duration` ago; keep it above your longest lease (default 15m, sqlstore's; NATS: 1h, natsstore's MaxLease)")
 	c.timeout = defaultTimeout
@@ -243,13 +243,15 @@ func (c *config) validate(cmd string) error {
 	return nil
 }
 
-// prefix is the Redis key prefix the flags name.
+// prefix is the Redis key prefix the flags name: a router_example run's
+// is of the example's own (router_example/stores.go), out of the
+// store's default prefix.
 func (c *config) prefix() string {
 	switch {
 	case c.redisPrefix != "":
 		return c.redisPrefix
 	case c.runID != "":
-		return "dedup:" + c.runID + ":"
+		return "router_example:" + c.runID + ":"
 	}
 	return "" // the store's default
 }
@@ -260,7 +262,7 @@ func (c *config) tableName() string {
 	case c.table != "":
 		return c.table
 	case c.runID != "":
-		return "dedup_" + c.runID
+		return "router_example_" + c.runID
 	}
 	return "" // the store's default
 }

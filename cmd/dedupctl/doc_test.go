@@ -57,12 +57,12 @@ func TestDocumentedCommands(t *testing.T) {
 		p := testkit.StoreParams{Teardown: true, CreateSchema: true}
 		switch s.kind {
 		case storeRedis:
-			p.Kind, p.Addr, p.Name = testkit.StoreRedis, testkit.RequireRedis(t), "dedup:"+s.runID+":"
+			p.Kind, p.Addr, p.Name = testkit.StoreRedis, testkit.RequireRedis(t), "router_example:"+s.runID+":"
 		case storeSQLite:
 			if err := os.MkdirAll("loyalty", 0o755); err != nil {
 				t.Fatal(err)
 			}
-			p.Kind, p.Path, p.Name = testkit.StoreSQLite, filepath.Join("loyalty", sqliteFile), "dedup_"+s.runID
+			p.Kind, p.Path, p.Name = testkit.StoreSQLite, filepath.Join("loyalty", sqliteFile), "router_example_"+s.runID
 		default:
 			t.Fatalf("the docs show a run of the %s store, for which this test writes no records", s.kind)
 		}

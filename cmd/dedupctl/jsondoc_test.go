@@ -33,14 +33,13 @@ var jsonObjects = map[string]reflect.Type{
 	"window":  reflect.TypeFor[windowView](),
 	"record":  reflect.TypeFor[recordJSON](),
 	"skipped": reflect.TypeFor[skipped](),
-	"run":     reflect.TypeFor[skippedRun](),
 	"scope":   reflect.TypeFor[scopeJSON](),
 	"storage": reflect.TypeFor[windowStorage](),
 }
 
 // objectName is the README's name of a nested object's type.
 func objectName(t reflect.Type) string {
-	for _, name := range []string{"record", "skipped", "run", "scope", "storage"} {
+	for _, name := range []string{"record", "skipped", "scope", "storage"} {
 		if jsonObjects[name] == t {
 			return name
 		}

@@ -61,11 +61,12 @@
 // and release take such an id as -id=ID (with the same dry run, -yes and
 // state check). Redis's
 // default layout keeps scopes and keys (but for keys stored as digests,
-// -digest-keys-longer-than). With Redis's default prefix "dedup:", the
-// keys of router_example's runs (under "dedup:<run id>:") are passed
-// over: stats counts them by run, and -run-id reads a run's. Other keys
-// under the prefix that are not the store's records are passed over and
-// counted too. Scopes and keys are printed quoted and escaped to ASCII.
+// -digest-keys-longer-than). Every key under the prefix is read as the
+// store with that prefix reads it: a key that is not one of its records
+// is passed over, and stats counts it. router_example keeps a run's
+// records under names of its own, "router_example:<run id>:" and the
+// table router_example_<run id>, which -run-id reads. Scopes and keys
+// are printed quoted and escaped to ASCII.
 //
 // Output is a table for people; -json writes JSON for scripts. The exit
 // status is:

@@ -95,6 +95,9 @@ type target struct {
 // per test that asks for it.
 type env struct {
 	cluster []string
+	// redis, when set, is a redis-server of the test's own that the
+	// redis targets use instead of the shared one.
+	redis string
 }
 
 var kinds = []testkit.StoreKind{testkit.StoreRedis, testkit.StoreRedisCluster, testkit.StorePostgres, testkit.StoreMySQL, testkit.StoreSQLite, testkit.StoreNATS}
@@ -120,7 +123,10 @@ func (e *env) open(t *testing.T, kind testkit.StoreKind, name string) *target {
 	tg := &target{kind: kind}
 	switch kind {
 	case testkit.StoreRedis:
-		p.Addr = testkit.RequireRedis(t)
+		p.Addr = e.redis
+		if p.Addr == "" {
+			p.Addr = testkit.RequireRedis(t)
+		}
 		tg.args = []string{"-store=redis", "-redis-addr=" + p.Addr}
 		tg.scopes = true
 	case testkit.StoreRedisCluster:
@@ -503,19 +509,21 @@ func TestRunID(t *testing.T) {
 			return
 		}
 		runID := storetest.NewID()[:12]
-		name := "dedup_" + runID
+		// router_example's names (router_example/stores.go).
+		name := "router_example_" + runID
 		if kind == testkit.StoreRedis {
-			name = "dedup:" + runID + ":"
+			name = "router_example:" + runID + ":"
 		}
 		tg := e.open(t, kind, name)
 		tg.done(t, "loyalty", "payment:PAY-1")
 		tg.run(t, "-run-id="+runID, "get", "loyalty", "payment:PAY-1").want(t, exitOK).field(t, "state", "done")
+		tg.run(t, "-run-id="+runID, "stats").want(t, exitOK, "stdout:"+name, "stdout:records  1: 0 processing, 1 done")
 		// Another run: no record under its prefix, no table of its name.
 		other := tg.run(t, "-run-id="+runID+"x", "get", "loyalty", "payment:PAY-1")
 		if kind == testkit.StoreRedis {
 			other.want(t, exitNotFound)
 		} else {
-			other.want(t, exitError, "stderr:cannot read the table dedup_"+runID+"x")
+			other.want(t, exitError, "stderr:cannot read the table router_example_"+runID+"x")
 		}
 	})
 }

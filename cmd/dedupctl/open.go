@@ -22,9 +22,6 @@ type admin struct {
 	// address (no password) and the prefix or table.
 	where string
 	close func(context.Context) error
-	// runs counts the keys of router_example runs passed over (Redis with
-	// the default prefix only; nil otherwise).
-	runs *runTally
 }
 
 // connect opens the connections: a pool of two is enough for one command
@@ -65,12 +62,6 @@ func openRedis(ctx context.Context, c *config) (*admin, error) {
 		SkipServerCheck:      true,
 		Batch:                redisstore.BatchConfig{Disabled: true},
 	}
-	var runs *runTally
-	if cfg.Prefix == "" && !cfg.CompactKeys {
-		// The default "dedup:" holds router_example's runs (runs.go).
-		runs = &runTally{}
-		cfg.Foreign = runs.foreign
-	}
 	s, err := redisstore.New(client, cfg)
 	if err != nil {
 		return fail(usagef("%v", err))
@@ -88,7 +79,6 @@ func openRedis(ctx context.Context, c *config) (*admin, error) {
 		close: func(ctx context.Context) error {
 			return errors.Join(s.Close(ctx), client.Close())
 		},
-		runs: runs,
 	}, nil
 }
 

@@ -240,11 +240,9 @@ type statsJSON struct {
 	PerScope bool        `json:"per_scope"`
 	Scopes   []scopeJSON `json:"scopes,omitempty"`
 	// Skipped counts the keys under the prefix that are not the store's
-	// records, SkippedRuns those of router_example runs among them, and
-	// SkippedSample shows a few.
-	Skipped       int64        `json:"skipped"`
-	SkippedRuns   []skippedRun `json:"skipped_runs,omitempty"`
-	SkippedSample []string     `json:"skipped_sample,omitempty"`
+	// records, and SkippedSample shows a few.
+	Skipped       int64    `json:"skipped"`
+	SkippedSample []string `json:"skipped_sample,omitempty"`
 }
 
 // scopeJSON is the counts of one scope.
@@ -271,16 +269,16 @@ func counts(c stores.Counts, oldest, newest time.Time) countsJSON {
 	return v
 }
 
-func statsView(where string, st stores.Stats, runs []skippedRun) statsJSON {
+func statsView(where string, st stores.Stats) statsJSON {
 	v := statsJSON{Store: where, countsJSON: counts(st.Counts, st.OldestExpiry, st.NewestExpiry), Bytes: st.Bytes, PerScope: st.PerScope,
-		Skipped: st.Skipped, SkippedRuns: runs, SkippedSample: st.SkippedSample}
+		Skipped: st.Skipped, SkippedSample: st.SkippedSample}
 	for _, sc := range st.Scopes {
 		v.Scopes = append(v.Scopes, scopeJSON{sc.Scope, counts(sc.Counts, sc.OldestExpiry, sc.NewestExpiry)})
 	}
 	return v
 }
 
-func writeStats(w io.Writer, a *admin, st stores.Stats, runs []skippedRun, now time.Time) {
+func writeStats(w io.Writer, a *admin, st stores.Stats, now time.Time) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "store\t%s\n", a.where)
 	fmt.Fprintf(tw, "records\t%d: %d processing, %d done, %d expired (not yet purged)\n", st.Total(), st.Processing, st.Done, st.Expired)
@@ -296,8 +294,7 @@ func writeStats(w io.Writer, a *admin, st stores.Stats, runs []skippedRun, now t
 		fmt.Fprintf(tw, "size\tabout %s\n", fmtBytes(float64(st.Bytes)))
 	}
 	tw.Flush()
-	defer writeSkipped(w, st.Skipped-runKeys(runs), st.SkippedSample)
-	defer writeRuns(w, runs)
+	defer writeSkipped(w, st.Skipped, st.SkippedSample)
 	if !st.PerScope {
 		fmt.Fprintf(w, "\nno counts by scope: %s\n", digestNote)
 		return
@@ -336,4 +333,23 @@ func thousands(n float64) string {
 		s = s[:i] + "," + s[i:]
 	}
 	return s
+}
+
+// writeSkipped writes the keys under the prefix that a stats passed over
+// as not the store's records. Which program wrote them is not guessed:
+// a guess from the key's shape took real records for another's (#7).
+func writeSkipped(w io.Writer, n int64, sample []string) {
+	if n <= 0 {
+		return
+	}
+	eg := ""
+	if len(sample) > 0 {
+		quoted := make([]string, len(sample))
+		for i, id := range sample {
+			quoted[i] = `"` + id + `"`
+		}
+		eg = ", such as " + strings.Join(quoted, ", ")
+	}
+	fmt.Fprintf(w, "\nskipped %d %s under the prefix that %s not the store's records%s: another layout's (-compact-keys, -digest-keys-longer-than), another store's with a longer prefix (-redis-prefix), or another program's\n",
+		n, plural(int(n), "key", "keys"), plural(int(n), "is", "are"), eg)
 }

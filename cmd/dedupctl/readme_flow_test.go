@@ -53,7 +53,7 @@ func runExample(t *testing.T, bin, redisAddr string, args ...string) string {
 	err := cmd.Run()
 	m := exampleRunID.FindStringSubmatch(out.String())
 	if m != nil {
-		prefix := "dedup:" + m[1] + ":"
+		prefix := "router_example:" + m[1] + ":"
 		t.Cleanup(func() {
 			client := redis.NewClient(&redis.Options{Addr: redisAddr})
 			defer client.Close()
@@ -136,8 +136,9 @@ func TestReadmeFlows(t *testing.T) {
 	}
 
 	// The root README: router_example -store=redis (Choose a store),
-	// then the Redis commands of its dedupctl section, on the default
-	// prefix under which the run's records are.
+	// then the Redis commands of its dedupctl section: on the default
+	// prefix, which holds none of the run's records (#7), and on the
+	// run's, by -run-id.
 	examples := readmetest.Commands(t, "./router_example", "../../README.md")
 	commands := readmetest.Commands(t, "./cmd/dedupctl", "../../README.md")
 	t.Run("README.md", func(t *testing.T) {
@@ -163,13 +164,22 @@ func TestReadmeFlows(t *testing.T) {
 			args := append(slices.Clone(c.Args), "-redis-addr="+redisAddr)
 			switch cmd {
 			case "stats", "list":
-				// Read-only, on the shared default prefix as written.
+				// Read-only: on the shared default prefix as written, or
+				// on the run's.
+				if cfg.runID != "" {
+					for i, a := range args {
+						args[i] = strings.ReplaceAll(a, cfg.runID, runID)
+					}
+				}
 				r := dedupctl(t, args...)
 				if r.code != exitOK || !ascii(r.stdout) {
 					t.Fatalf("%s: %s after router_example run %s: %s", c.Where, c.Line, runID, r)
 				}
-				if cmd == "stats" && cfg.prefix() == "" {
-					r.want(t, exitOK, "stdout:"+runID, "stdout:-run-id="+runID)
+				switch {
+				case cfg.runID != "" && cmd == "stats":
+					r.want(t, exitOK, `stdout:prefix "router_example:`+runID+`:"`, `stdout:"loyalty"`, "stdout:40 done")
+				case cfg.runID == "" && (strings.Contains(r.stdout, runID) || strings.Contains(r.stdout, "router_example")):
+					t.Fatalf("%s: %s shows router_example run %s on the store's prefix: %s", c.Where, c.Line, runID, r)
 				}
 			case "release", "forget":
 				// It changes the record it names: on a prefix of the
