@@ -164,6 +164,15 @@ func (s *Store) ownKey(rkey string) bool {
 }
 
 // List implements [stores.Admin]: records in SCAN order, node by node.
+//
+// A page ends where a SCAN reply ends, and the cursor is that reply's
+// SCAN cursor: a SCAN cursor stays valid while the node's hash table
+// grows, shrinks or rehashes, but the order and the grouping of the keys
+// it returns do not, so a page may not resume from the middle of a reply
+// asked for again. When the records a reply selects do not fit in the
+// page, the SCAN is asked again from the same cursor for fewer keys; a
+// reply that still holds more (a hash bucket is returned whole) leaves
+// the ones not listed in the cursor, and the next page lists them first.
 func (s *Store) List(ctx context.Context, opts stores.ListOptions) ([]stores.Record, string, error) {
 	opts, err := storekit.CheckListOptions(opts)
 	var cur listCursor
@@ -190,47 +199,64 @@ func (s *Store) List(ctx context.Context, opts stores.ListOptions) ([]stores.Rec
 	var out []stores.Record
 	for ni := first; ni < len(nodes); ni++ {
 		n := nodes[ni]
-		var at uint64 // the SCAN cursor
-		skipTo := ""
+		var (
+			at      uint64 // the SCAN cursor
+			pending []string
+		)
 		if ni == first {
-			at, skipTo = cur.scan, cur.last
+			at, pending = cur.scan, cur.pending
 		}
+		count := int64(scanCount)
 		for {
-			keys, next, err := n.client.Scan(ctx, at, pattern, scanCount).Result()
-			if err != nil {
+			var (
+				keys []string
+				next uint64
+			)
+			rest := len(pending) > 0
+			if rest {
+				// What the previous page's last reply held beyond it;
+				// the SCAN goes on from at afterwards (0: it was done).
+				keys, next, pending = pending, at, nil
+			} else if keys, next, err = n.client.Scan(ctx, at, pattern, count).Result(); err != nil {
 				return nil, "", fmt.Errorf("redisstore: list: scan %s: %w", n.addr, classify(err))
-			}
-			if skipTo != "" {
-				// Resume after the last key of the previous page, listed
-				// from the middle of this batch; a key gone since makes
-				// the whole batch listed again.
-				if i := slices.Index(keys, skipTo); i >= 0 {
-					keys = keys[i+1:]
-				}
-				skipTo = ""
 			}
 			recs, err := s.readAll(ctx, keys)
 			if err != nil {
 				return nil, "", fmt.Errorf("redisstore: list: %w", err)
 			}
+			var sel []int // the records of keys that opts selects
 			for i, r := range recs {
-				if r == nil || !matches(*r, opts) {
-					continue
+				if r != nil && matches(*r, opts) {
+					sel = append(sel, i)
 				}
-				out = append(out, *r)
-				if len(out) < opts.Limit {
-					continue
+			}
+			room := opts.Limit - len(out)
+			if len(sel) > room && !rest && count > int64(room) {
+				// Too many for the page: ask for fewer keys from the same
+				// cursor, at least half as many each time.
+				count = max(int64(room), min(count/2, count*int64(room)/int64(len(sel))))
+				continue
+			}
+			count = scanCount
+			take := min(len(sel), room)
+			for _, i := range sel[:take] {
+				out = append(out, *recs[i])
+			}
+			if take < len(sel) {
+				c := listCursor{addr: n.addr, scan: next}
+				for _, i := range sel[take:] {
+					c.pending = append(c.pending, keys[i])
 				}
-				// A full page: the cursor resumes after keys[i].
-				c := listCursor{addr: n.addr, scan: at, last: keys[i]}
-				if i == len(keys)-1 {
-					c = listCursor{addr: n.addr, scan: next}
-					if next == 0 {
-						if ni+1 == len(nodes) {
-							return out, "", nil
-						}
-						c.addr = nodes[ni+1].addr
+				return out, c.String(), nil
+			}
+			if len(out) == opts.Limit {
+				// A full page: the cursor resumes after this reply.
+				c := listCursor{addr: n.addr, scan: next}
+				if next == 0 {
+					if ni+1 == len(nodes) {
+						return out, "", nil
 					}
+					c.addr = nodes[ni+1].addr
 				}
 				return out, c.String(), nil
 			}
@@ -532,22 +558,28 @@ func (s *Store) nodes(ctx context.Context) ([]node, error) {
 	return nodes, nil
 }
 
-// listCursor is where a List resumes: on the node at addr, at SCAN
-// cursor scan, after the key last of that SCAN's batch ("" for none).
+// listCursor is where a List resumes: on the node at addr, with the
+// keys of pending (what the last SCAN reply held beyond the page), then
+// at SCAN cursor scan (0 after pending: that node's SCAN is done).
 type listCursor struct {
-	addr string
-	scan uint64
-	last string
+	addr    string
+	scan    uint64
+	pending []string
 }
 
-const cursorVersion = 1
+// cursorVersion 1 resumed in the middle of a SCAN reply asked for again,
+// which may skip keys: its cursors are refused.
+const cursorVersion = 2
 
 func (c listCursor) String() string {
 	b := []byte{cursorVersion}
 	b = binary.AppendUvarint(b, uint64(len(c.addr)))
 	b = append(b, c.addr...)
 	b = binary.AppendUvarint(b, c.scan)
-	b = append(b, c.last...)
+	for _, k := range c.pending {
+		b = binary.AppendUvarint(b, uint64(len(k)))
+		b = append(b, k...)
+	}
 	return base64.RawURLEncoding.EncodeToString(b)
 }
 
@@ -558,17 +590,32 @@ func parseCursor(s string) (listCursor, error) {
 		return listCursor{}, bad
 	}
 	b = b[1:]
-	n, k := binary.Uvarint(b)
-	if k <= 0 || n > uint64(len(b)-k) {
+	field := func() (string, bool) {
+		n, k := binary.Uvarint(b)
+		if k <= 0 || n > uint64(len(b)-k) {
+			return "", false
+		}
+		f := string(b[k : k+int(n)])
+		b = b[k+int(n):]
+		return f, true
+	}
+	addr, ok := field()
+	if !ok || addr == "" {
 		return listCursor{}, bad
 	}
-	c := listCursor{addr: string(b[k : k+int(n)])}
-	b = b[k+int(n):]
+	c := listCursor{addr: addr}
 	scan, k := binary.Uvarint(b)
-	if k <= 0 || c.addr == "" {
+	if k <= 0 {
 		return listCursor{}, bad
 	}
-	c.scan, c.last = scan, string(b[k:])
+	c.scan, b = scan, b[k:]
+	for len(b) > 0 {
+		key, ok := field()
+		if !ok {
+			return listCursor{}, bad
+		}
+		c.pending = append(c.pending, key)
+	}
 	return c, nil
 }
 

@@ -1,6 +1,8 @@
 package redisstore
 
 import (
+	"encoding/base64"
+	"reflect"
 	"strings"
 	"testing"
 )
@@ -190,13 +192,19 @@ func TestMatchPattern(t *testing.T) {
 }
 
 func TestListCursor(t *testing.T) {
-	for _, c := range []listCursor{{addr: "127.0.0.1:6379"}, {addr: "h:1", scan: 1 << 63, last: "dedup:s=\x00\xff{"}} {
+	for _, c := range []listCursor{
+		{addr: "127.0.0.1:6379"},
+		{addr: "h:1", scan: 1 << 63},
+		{addr: "h:1", pending: []string{"dedup:s=\x00\xff{", ""}},
+		{addr: "h:1", scan: 7, pending: []string{"dedup:s:a"}},
+	} {
 		got, err := parseCursor(c.String())
-		if err != nil || got != c {
+		if err != nil || !reflect.DeepEqual(got, c) {
 			t.Errorf("parseCursor(%v.String()) = %v, %v", c, got, err)
 		}
 	}
-	for _, s := range []string{"", "x", "AA", listCursor{}.String(), "AQ"} {
+	v1 := base64.RawURLEncoding.EncodeToString([]byte("\x01\x03h:1\x00"))
+	for _, s := range []string{"", "x", "AA", listCursor{}.String(), "AQ", v1} {
 		if _, err := parseCursor(s); err == nil {
 			t.Errorf("parseCursor(%q) accepted a malformed cursor", s)
 		}
