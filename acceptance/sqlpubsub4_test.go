@@ -39,7 +39,7 @@ var wsqlV4 = wsqlClients{
 		if foreign {
 			cfg.SchemaAdapter = sqlkeys.SchemaAdapter{SchemaAdapter: cfg.SchemaAdapter}
 		}
-		return wsql.NewSubscriber(wsql.BeginnerFromStdSQL(db), cfg, testLogger())
+		return wsql4.NewSubscriber(db, cfg, testLogger())
 	},
 	copyKey: sqlkeys.Offset(),
 }
@@ -74,7 +74,9 @@ func subscriberConfig4(d sqlstore.Dialect, group string) wsql.SubscriberConfig {
 // sqlStoreJoinedTx4 is sqlStoreJoinedTx on watermill-sql v4's subscriber
 // transaction (JoinTx: wsql4.SubscriberTx).
 func sqlStoreJoinedTx4(d sqlstore.Dialect) acceptance.Store {
-	return sqlStoreConfig(d, true, "tx-joined", sqlstore.Config{JoinTx: mustFind(wsql4.SubscriberTx)})
+	s := sqlStoreConfig(d, true, "tx-joined", sqlstore.Config{JoinTx: mustFind(wsql4.SubscriberTx)})
+	s.JoinsSubscriberTx = true
+	return s
 }
 
 // errNotJoined fails a Begin of a joining store that found no

@@ -17,12 +17,14 @@ import (
 	"github.com/watermill-dedup/dedup/keyfuncs/sqlkeys"
 	"github.com/watermill-dedup/dedup/middleware"
 	"github.com/watermill-dedup/dedup/stores/sqlstore"
+	"github.com/watermill-dedup/dedup/stores/sqlstore/wsql3"
 	"github.com/watermill-dedup/dedup/testkit"
 )
 
 // sqlAckDeadline is how long the watermill-sql subscriber waits for an
-// ack before it redelivers, shorter than its 30s default so the lease
-// expiry scenario's stalled handler is redelivered in time.
+// ack before it gives a delivery up and redelivers it, shorter than its
+// 30s default so the lease expiry scenario's stalled handler is
+// redelivered in time.
 const sqlAckDeadline = 3 * time.Second
 
 // sqlPubSub is watermill-sql on PostgreSQL or MySQL/MariaDB: a messages
@@ -66,7 +68,10 @@ var wsqlV3 = wsqlClients{
 		if foreign {
 			cfg.SchemaAdapter = sqlkeys.SchemaAdapter{SchemaAdapter: cfg.SchemaAdapter}
 		}
-		return wsql.NewSubscriber(db, cfg, testLogger())
+		// Guarded, so that the store can join its transaction
+		// (wsql3.SubscriberTx refuses the transaction of a subscriber
+		// built by watermill-sql itself).
+		return wsql3.NewSubscriber(db, cfg, testLogger())
 	},
 	copyKey: sqlkeys.Offset(),
 }

@@ -151,7 +151,9 @@ func sqlStore(d sqlstore.Dialect, transactional bool) acceptance.Store {
 // subscriber's transaction, so offset ack, record and ledger commit
 // together.
 func sqlStoreJoinedTx(d sqlstore.Dialect) acceptance.Store {
-	return sqlStoreConfig(d, true, "tx-joined", sqlstore.Config{JoinTx: mustFind(wsql3.SubscriberTx)})
+	s := sqlStoreConfig(d, true, "tx-joined", sqlstore.Config{JoinTx: mustFind(wsql3.SubscriberTx)})
+	s.JoinsSubscriberTx = true
+	return s
 }
 
 // sqlKind is the testkit store kind of d.

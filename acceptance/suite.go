@@ -250,6 +250,15 @@ type Store struct {
 	// flight has landed. It cannot be combined with Transactional.
 	AsyncComplete bool
 
+	// JoinsSubscriberTx: a Transactional store whose Begin joins the
+	// backend's subscriber transaction (sqlstore.Config.JoinTx on
+	// watermill-sql). Its commit releases a savepoint; the subscriber's
+	// transaction decides what stays, and rolls back, record, effect and
+	// all, when a delivery outlives the backend's deadline. The lease
+	// expiry scenario then counts a stalled run's commit that the rollback
+	// undid as well as the one that stayed.
+	JoinsSubscriberTx bool
+
 	// Setup provisions the store for one scenario, with names unique to id
 	// (a table, a key prefix; id is lowercase letters and digits), and
 	// registers their removal with t.Cleanup. It returns what Open needs,

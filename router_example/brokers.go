@@ -21,6 +21,7 @@ import (
 	"github.com/watermill-dedup/dedup/internal/cliflag"
 	"github.com/watermill-dedup/dedup/internal/storeopen"
 	"github.com/watermill-dedup/dedup/keyfuncs/amqpkeys"
+	"github.com/watermill-dedup/dedup/stores/sqlstore/wsql3"
 )
 
 // broker is a publisher and a subscriber on one message broker, and the
@@ -372,7 +373,10 @@ func (b *broker) openSQL(ctx context.Context, cfg Config, logger watermill.Logge
 		return err
 	}
 	closers.add("close the SQL publisher", func(context.Context) error { return pub.Close() })
-	sub, err := wsql.NewSubscriber(db, wsql.SubscriberConfig{
+	// wsql3's subscriber, so that the store can join its transaction: it
+	// commits only what the router acked, also when it closes or a
+	// handler outlives its AckDeadline.
+	sub, err := wsql3.NewSubscriber(db, wsql.SubscriberConfig{
 		ConsumerGroup:    b.group,
 		SchemaAdapter:    schema,
 		OffsetsAdapter:   offsets,

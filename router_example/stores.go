@@ -107,9 +107,8 @@ func openSQLStore(ctx context.Context, cfg Config, runID string, logger watermil
 	closers.add("close the "+cfg.Store+" store connection", func(context.Context) error { return db.Close() })
 	// Inside a watermill-sql subscriber's transaction the inbox record
 	// joins it (offset ack, record and ledger commit together), but only
-	// when that transaction is on this database. The example's handlers
-	// are far shorter than the subscriber's AckDeadline, which joining
-	// requires (see sqlstore.Config.JoinTx).
+	// when that transaction is on this database. The subscriber is
+	// wsql3.NewSubscriber's (see brokers.go), which SubscriberTx requires.
 	var joinTx sqlstore.TxFinder
 	if cfg.Broker == cfg.Store {
 		joinTx = wsql3.SubscriberTx

@@ -207,24 +207,24 @@ type Config struct {
 	// JoinTx makes Begin join the transaction it finds in ctx, with a
 	// SAVEPOINT: a watermill-sql subscriber's, so that the offset ack, the
 	// dedup record and the handler's writes commit together. Set it to
-	// the finder of the subscriber's major: wsql3.SubscriberTx
+	// the finder of the subscriber's major, and build the subscriber with
+	// the same package: wsql3.SubscriberTx and wsql3.NewSubscriber
 	// (github.com/watermill-dedup/dedup/stores/sqlstore/wsql3) for
-	// watermill-sql v3, wsql4.SubscriberTx (.../stores/sqlstore/wsql4)
-	// for v4, whose subscriber must then be on database/sql
-	// (wsql.BeginnerFromStdSQL; over a pgx pool, stdlib.OpenDBFromPool): a
-	// pgx transaction (wsql.BeginnerFromPgx) cannot be joined, and Begin
-	// refuses it with ErrTxNotJoinable. The subscriber's database must be
-	// the one holding the table. nil (the default): Begin opens its own
-	// transaction. A transaction given with WithTx is always joined.
+	// watermill-sql v3, wsql4.SubscriberTx and wsql4.NewSubscriber
+	// (.../stores/sqlstore/wsql4) for v4. watermill-sql commits its
+	// transaction whenever a delivery ends, acked or not (the subscriber
+	// closing, its AckDeadline passing); those subscribers commit only
+	// what the router acked, and the finders refuse the transaction of
+	// any other (Begin fails with ErrTxNotJoinable). The subscriber's
+	// database must be the one holding the table. nil (the default):
+	// Begin opens its own transaction. A transaction given with WithTx is
+	// always joined.
 	//
-	// Opt in only with a subscriber AckDeadline longer than any handler
-	// can run: watermill-sql (v3, and v4 too) commits its transaction when
-	// the deadline passes even while the handler still runs, which commits
-	// the dedup record without the handler's effect — the redelivery is
-	// then acked as a duplicate and the effect is lost. v4 also takes an
-	// AckDeadline of 0, no deadline: the transaction then stays open as
-	// long as the handler runs (on PostgreSQL its snapshot holds back
-	// every subscriber of the database meanwhile).
+	// A handler that outlives the subscriber's AckDeadline has its
+	// batch rolled back and delivered again, its effect with it. v4 also
+	// takes an AckDeadline of 0, no deadline: the transaction then stays
+	// open as long as the handler runs (on PostgreSQL its snapshot holds
+	// back every subscriber of the database meanwhile).
 	JoinTx TxFinder
 
 	// Deprecated: set JoinTx to wsql3.SubscriberTx, which finds the

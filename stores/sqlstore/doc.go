@@ -13,7 +13,11 @@
 //     [Config].JoinTx: wsql3.SubscriberTx for watermill-sql v3,
 //     wsql4.SubscriberTx for v4, in packages of their own so that this one
 //     compiles neither major) it uses a SAVEPOINT, so offset ack, dedup
-//     record and business write commit together.
+//     record and business write commit together. The subscriber must be
+//     built by the same package (wsql3.NewSubscriber, wsql4.NewSubscriber),
+//     which commits only what the router acked: watermill-sql itself
+//     commits its transaction when it closes or a delivery outlives its
+//     AckDeadline, under a handler still running.
 //
 // # Schema
 //

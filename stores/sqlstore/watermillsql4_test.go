@@ -42,8 +42,7 @@ var wsqlV4 = wsqlMajor{
 			db = stdlib.OpenDBFromPool(newPgxPool(t))
 			t.Cleanup(func() { _ = db.Close() })
 		}
-		beginner := wsql.BeginnerFromStdSQL(db)
-		return wsql4PubSub(t, beginner, schema, offsets, ack)
+		return wsql4PubSub(t, db, schema, offsets, ack)
 	},
 	subscriberTx: func(ctx context.Context) (*sql.Tx, bool) {
 		tx, ok := wsql.TxFromContext(ctx)
@@ -61,15 +60,15 @@ func wsql4Adapters(d sqlstore.Dialect) (wsql.SchemaAdapter, wsql.OffsetsAdapter)
 	return wsql.DefaultPostgreSQLSchema{}, wsql.DefaultPostgreSQLOffsetsAdapter{}
 }
 
-// wsql4PubSub returns a v4 publisher and subscriber on beginner, as
+// wsql4PubSub returns a v4 publisher and a guarded subscriber on db, as
 // wsqlMajor.pubSub documents.
-func wsql4PubSub(t *testing.T, beginner wsql.Beginner, schema wsql.SchemaAdapter, offsets wsql.OffsetsAdapter, ack time.Duration) (message.Publisher, message.Subscriber) {
+func wsql4PubSub(t *testing.T, db *sql.DB, schema wsql.SchemaAdapter, offsets wsql.OffsetsAdapter, ack time.Duration) (message.Publisher, message.Subscriber) {
 	logger := watermill.NopLogger{}
-	pub, err := wsql.NewPublisher(beginner, wsql.PublisherConfig{SchemaAdapter: schema, AutoInitializeSchema: true}, logger)
+	pub, err := wsql.NewPublisher(wsql.BeginnerFromStdSQL(db), wsql.PublisherConfig{SchemaAdapter: schema, AutoInitializeSchema: true}, logger)
 	if err != nil {
 		t.Fatal(err)
 	}
-	sub, err := wsql.NewSubscriber(beginner, wsql.SubscriberConfig{
+	sub, err := wsql4.NewSubscriber(db, wsql.SubscriberConfig{
 		ConsumerGroup:    "dedup-test",
 		SchemaAdapter:    schema,
 		OffsetsAdapter:   offsets,
@@ -81,6 +80,28 @@ func wsql4PubSub(t *testing.T, beginner wsql.Beginner, schema wsql.SchemaAdapter
 	if err != nil {
 		t.Fatal(err)
 	}
+	return pub, sub
+}
+
+// wsql4PlainPubSub is a v4 publisher and a subscriber as watermill-sql
+// builds them, on beginner, without the guard wsql4.NewSubscriber adds.
+func wsql4PlainPubSub(t *testing.T, beginner wsql.Beginner, schema wsql.SchemaAdapter, offsets wsql.OffsetsAdapter) (message.Publisher, message.Subscriber) {
+	logger := watermill.NopLogger{}
+	pub, err := wsql.NewPublisher(beginner, wsql.PublisherConfig{SchemaAdapter: schema, AutoInitializeSchema: true}, logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub, err := wsql.NewSubscriber(beginner, wsql.SubscriberConfig{
+		ConsumerGroup:    "dedup-test",
+		SchemaAdapter:    schema,
+		OffsetsAdapter:   offsets,
+		InitializeSchema: true,
+		PollInterval:     10 * time.Millisecond,
+	}, logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Close() })
 	return pub, sub
 }
 
@@ -113,7 +134,7 @@ func TestWatermillSQLv4PgxTxRefused(t *testing.T) {
 		dropTable(t, db, sqlstore.Postgres, "watermill_offsets_"+topic)
 	})
 	schema, offsets := wsql4Adapters(sqlstore.Postgres)
-	pub, sub := wsql4PubSub(t, wsql.BeginnerFromPgx(newPgxPool(t)), schema, offsets, time.Hour)
+	pub, sub := wsql4PlainPubSub(t, wsql.BeginnerFromPgx(newPgxPool(t)), schema, offsets)
 	defer pub.Close()
 	defer sub.Close()
 	if err := pub.Publish(topic, message.NewMessage(watermill.NewUUID(), []byte(`{}`))); err != nil {

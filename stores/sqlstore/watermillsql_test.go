@@ -57,7 +57,7 @@ var wsqlV3 = wsqlMajor{
 		if err != nil {
 			t.Fatal(err)
 		}
-		sub, err := wsql.NewSubscriber(db, wsql.SubscriberConfig{
+		sub, err := wsql3.NewSubscriber(db, wsql.SubscriberConfig{
 			ConsumerGroup:    "dedup-test",
 			SchemaAdapter:    schema,
 			OffsetsAdapter:   offsets,

@@ -1,33 +1,120 @@
-// Package wsql3 finds watermill-sql v3's subscriber transaction in a
-// message's context, for sqlstore to join (sqlstore.Config.JoinTx):
+// Package wsql3 lets sqlstore's transactional inbox join a watermill-sql
+// v3 subscriber's transaction (sqlstore.Config.JoinTx):
 //
+//	sub, err := wsql3.NewSubscriber(db, subscriberConfig, logger)
 //	store, err := sqlstore.New(db, sqlstore.Config{JoinTx: wsql3.SubscriberTx})
 //
 // Begin then works inside the subscriber's transaction under a
 // SAVEPOINT, so that the offset ack, the dedup record and the handler's
-// writes commit together (see sqlstore.Config.JoinTx, and its warning on
-// the subscriber's AckDeadline). It is a package of its own so that
-// sqlstore compiles no watermill-sql major; stores/sqlstore/wsql4 is v4's.
+// writes commit together. It is a package of its own so that sqlstore
+// compiles no watermill-sql major; stores/sqlstore/wsql4 is v4's.
+//
+// # Why a subscriber of its own
+//
+// watermill-sql commits its transaction whenever a delivery ends, acked
+// or not: when the subscriber closes (a router's Close, in a deploy),
+// when its context ends, when the AckDeadline passes. A handler still
+// running would have its record, and part of its writes, committed
+// without the offset, and the redelivery would be acked as a duplicate.
+// NewSubscriber's subscriber makes that commit impossible: Close waits
+// for the deliveries in flight to be acked or nacked before the
+// watermill-sql subscriber closes, and a delivery that outlives the
+// AckDeadline has its transaction rolled back before it is given up (its
+// batch is delivered again; no effect of it is kept). SubscriberTx
+// refuses the transaction of a subscriber built otherwise
+// (ErrNotGuarded).
 package wsql3
 
 import (
 	"context"
 	"database/sql"
+	"errors"
+	"fmt"
 
+	"github.com/ThreeDotsLabs/watermill"
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
+	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/watermill-dedup/dedup/stores/sqlstore"
+	"github.com/watermill-dedup/dedup/stores/sqlstore/internal/wsqlguard"
 )
 
-// SubscriberTx is a sqlstore.TxFinder: it returns the transaction a
-// watermill-sql v3 subscriber put in ctx (wsql.TxFromContext), or nil
-// when there is none. It never fails: v3's transaction is always a
-// *sql.Tx.
-func SubscriberTx(ctx context.Context) (*sql.Tx, error) {
-	if tx, ok := wsql.TxFromContext(ctx); ok && tx != nil {
-		return tx, nil
+// ErrNotGuarded is SubscriberTx's error for the transaction of a
+// subscriber not built by NewSubscriber: its commit is not tied to the
+// router's ack. Begin fails with it (and with sqlstore.ErrTxNotJoinable),
+// writing nothing.
+var ErrNotGuarded = errors.New("wsql3: the subscriber was not built by wsql3.NewSubscriber")
+
+// Subscriber is a watermill-sql v3 subscriber whose transaction commits
+// only what the router acked (see the package doc).
+type Subscriber struct {
+	guard *wsqlguard.Subscriber
+}
+
+var (
+	_ message.Subscriber           = (*Subscriber)(nil)
+	_ message.SubscribeInitializer = (*Subscriber)(nil)
+)
+
+// NewSubscriber is wsql.NewSubscriber, guarded. config.AckDeadline keeps
+// its meaning (nil: 30s; it must be positive): a delivery that outlives
+// it is given up and its batch rolled back, and delivered again.
+func NewSubscriber(db wsql.Beginner, config wsql.SubscriberConfig, logger watermill.LoggerAdapter) (*Subscriber, error) {
+	if db == nil {
+		return nil, errors.New("wsql3: db is nil")
 	}
-	return nil, nil
+	deadline := wsqlguard.DefaultAckDeadline
+	if config.AckDeadline != nil {
+		if *config.AckDeadline <= 0 {
+			return nil, fmt.Errorf("wsql3: AckDeadline must be positive, got %s", *config.AckDeadline)
+		}
+		deadline = *config.AckDeadline
+	}
+	none := wsqlguard.NoDeadline
+	config.AckDeadline = &none
+	sub, err := wsql.NewSubscriber(beginner{db}, config, logger)
+	if err != nil {
+		return nil, err
+	}
+	return &Subscriber{guard: wsqlguard.New(sub, deadline, logger)}, nil
+}
+
+// Subscribe implements message.Subscriber.
+func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	return s.guard.Subscribe(ctx, topic)
+}
+
+// SubscribeInitialize implements message.SubscribeInitializer.
+func (s *Subscriber) SubscribeInitialize(topic string) error {
+	return s.guard.SubscribeInitialize(topic)
+}
+
+// Close implements message.Subscriber: it waits for the deliveries in
+// flight to be acked or nacked, or to reach their AckDeadline, then
+// closes the watermill-sql subscriber, which commits what was acked.
+func (s *Subscriber) Close() error { return s.guard.Close() }
+
+// beginner begins the subscriber's transactions on a context the guard
+// can end.
+type beginner struct{ wsql.Beginner }
+
+func (b beginner) BeginTx(ctx context.Context, opts *sql.TxOptions) (*sql.Tx, error) {
+	return b.Beginner.BeginTx(wsqlguard.TxContext(ctx), opts)
+}
+
+// SubscriberTx is a sqlstore.TxFinder: it returns the transaction a
+// Subscriber's message carries in ctx, or nil when ctx carries none. The
+// transaction of a watermill-sql subscriber not built by NewSubscriber is
+// refused with ErrNotGuarded.
+func SubscriberTx(ctx context.Context) (*sql.Tx, error) {
+	tx, ok := wsql.TxFromContext(ctx)
+	if !ok || tx == nil {
+		return nil, nil
+	}
+	if !wsqlguard.Delivered(ctx) {
+		return nil, ErrNotGuarded
+	}
+	return tx, nil
 }
 
 var _ sqlstore.TxFinder = SubscriberTx

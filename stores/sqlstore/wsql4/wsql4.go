@@ -1,44 +1,33 @@
-// Package wsql4 finds watermill-sql v4's subscriber transaction in a
-// message's context, for sqlstore to join (sqlstore.Config.JoinTx):
+// Package wsql4 lets sqlstore's transactional inbox join a watermill-sql
+// v4 subscriber's transaction (sqlstore.Config.JoinTx):
 //
-//	sub, err := wsql.NewSubscriber(wsql.BeginnerFromStdSQL(db), subscriberConfig, logger)
+//	sub, err := wsql4.NewSubscriber(db, subscriberConfig, logger)
 //	store, err := sqlstore.New(db, sqlstore.Config{JoinTx: wsql4.SubscriberTx})
 //
 // Begin then works inside the subscriber's transaction under a
 // SAVEPOINT, so that the offset ack, the dedup record and the handler's
-// writes commit together (see sqlstore.Config.JoinTx, and its warning on
-// the subscriber's AckDeadline). It is a package of its own so that
-// sqlstore compiles no watermill-sql major; stores/sqlstore/wsql3 is v3's.
+// writes commit together. It is a package of its own so that sqlstore
+// compiles no watermill-sql major; stores/sqlstore/wsql3 is v3's, and its
+// package doc says why the subscriber must be NewSubscriber's: the same
+// holds for v4, which commits its transaction when a delivery ends
+// without an ack too.
 //
 // # database/sql, not pgx
 //
-// v4's subscriber puts a wsql.Tx in the context: a *wsql.StdSQLTx, which
-// wraps a *sql.Tx, when it is on database/sql (wsql.BeginnerFromStdSQL),
-// and a *wsql.PgxTx, which wraps a pgx.Tx, when it is on pgx itself
-// (wsql.BeginnerFromPgx). sqlstore joins the first. It cannot join the
-// second: a transaction belongs to the one server connection it was begun
-// on, the store sends its statements through its *sql.DB, whose
-// connections are others, and database/sql has no way to take in a
-// connection, or a transaction, that pgx opened (pgx's stdlib package
-// makes a *sql.DB of a pgx pool, each *sql.Conn a connection taken from
-// it, never one already lent out). Its statements would run in a second
-// transaction, committing the record apart from the handler's writes, and
-// waiting on the locks of the first one. SubscriberTx refuses it with
-// ErrNotDatabaseSQL instead (Begin fails with sqlstore.ErrTxNotJoinable;
-// the middleware nacks and logs it), and the handler's writes go nowhere.
-// Instead:
-//
-//   - keep pgx and join: build the subscriber on database/sql over the
-//     same pool, wsql.BeginnerFromStdSQL(stdlib.OpenDBFromPool(pool))
-//     (github.com/jackc/pgx/v5/stdlib): pgx is still the driver, and the
-//     subscriber's transaction is a *sql.Tx the store joins, and the
-//     handler writes in (sqlstore.TxFromContext gives it);
-//   - or keep the pgx subscriber and do not join: leave Config.JoinTx nil.
-//     Begin opens an inbox transaction of the store's own, which the
-//     handler writes its effects in (sqlstore.TxFromContext, not the
-//     subscriber's transaction): effect and record commit together, and
-//     the offset ack commits apart, after, in the subscriber's; a
-//     redelivery after a lost ack is a duplicate.
+// NewSubscriber takes a database/sql handle (a *sql.DB; over a pgx pool,
+// stdlib.OpenDBFromPool from github.com/jackc/pgx/v5/stdlib): pgx is
+// still the driver, and the subscriber's transaction is a *sql.Tx the
+// store joins and the handler writes in (sqlstore.TxFromContext gives
+// it). A subscriber on pgx itself (wsql.BeginnerFromPgx) cannot be
+// joined: its transaction belongs to a connection the store's *sql.DB
+// cannot reach, and pgx does not roll a transaction back when its
+// context ends, which the guard relies on. SubscriberTx refuses its
+// transaction with ErrNotDatabaseSQL (Begin fails with
+// sqlstore.ErrTxNotJoinable; the middleware nacks and logs it). Keep such
+// a subscriber and leave Config.JoinTx nil instead: Begin then opens an
+// inbox transaction of the store's own, effect and record commit
+// together in it, and the offset ack commits apart, after, in the
+// subscriber's; a redelivery after a lost ack is a duplicate.
 package wsql4
 
 import (
@@ -46,40 +35,113 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/watermill-dedup/dedup/stores/sqlstore"
+	"github.com/watermill-dedup/dedup/stores/sqlstore/internal/wsqlguard"
 )
 
 // ErrNotDatabaseSQL is SubscriberTx's error for a subscriber transaction
 // that is not database/sql's (see the package doc): Begin fails with it
 // (and with sqlstore.ErrTxNotJoinable), writing nothing.
-var ErrNotDatabaseSQL = errors.New("wsql4: the watermill-sql v4 subscriber's transaction is not a database/sql one, which sqlstore cannot join")
+var ErrNotDatabaseSQL = errors.New("wsql4: the subscriber's transaction is not a database/sql one")
+
+// ErrNotGuarded is SubscriberTx's error for the transaction of a
+// subscriber not built by NewSubscriber: its commit is not tied to the
+// router's ack. Begin fails with it (and with sqlstore.ErrTxNotJoinable),
+// writing nothing.
+var ErrNotGuarded = errors.New("wsql4: the subscriber was not built by wsql4.NewSubscriber")
+
+// Subscriber is a watermill-sql v4 subscriber whose transaction commits
+// only what the router acked (see wsql3's package doc).
+type Subscriber struct {
+	guard *wsqlguard.Subscriber
+}
+
+var (
+	_ message.Subscriber           = (*Subscriber)(nil)
+	_ message.SubscribeInitializer = (*Subscriber)(nil)
+)
+
+// NewSubscriber is wsql.NewSubscriber on wsql.BeginnerFromStdSQL(db),
+// guarded. config.AckDeadline keeps its meaning (nil: 30s; 0: none): a
+// delivery that outlives it is given up and its batch rolled back, and
+// delivered again.
+func NewSubscriber(db wsql.SQLBeginner, config wsql.SubscriberConfig, logger watermill.LoggerAdapter) (*Subscriber, error) {
+	if db == nil {
+		return nil, errors.New("wsql4: db is nil")
+	}
+	deadline := wsqlguard.DefaultAckDeadline
+	if config.AckDeadline != nil {
+		if *config.AckDeadline < 0 {
+			return nil, fmt.Errorf("wsql4: AckDeadline must not be negative, got %s", *config.AckDeadline)
+		}
+		deadline = *config.AckDeadline
+	}
+	var none time.Duration
+	config.AckDeadline = &none
+	sub, err := wsql.NewSubscriber(beginner{wsql.BeginnerFromStdSQL(db)}, config, logger)
+	if err != nil {
+		return nil, err
+	}
+	return &Subscriber{guard: wsqlguard.New(sub, deadline, logger)}, nil
+}
+
+// Subscribe implements message.Subscriber.
+func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	return s.guard.Subscribe(ctx, topic)
+}
+
+// SubscribeInitialize implements message.SubscribeInitializer.
+func (s *Subscriber) SubscribeInitialize(topic string) error {
+	return s.guard.SubscribeInitialize(topic)
+}
+
+// Close implements message.Subscriber: it waits for the deliveries in
+// flight to be acked or nacked, or to reach their AckDeadline, then
+// closes the watermill-sql subscriber, which commits what was acked.
+func (s *Subscriber) Close() error { return s.guard.Close() }
+
+// beginner begins the subscriber's transactions on a context the guard
+// can end.
+type beginner struct{ wsql.Beginner }
+
+func (b beginner) BeginTx(ctx context.Context, opts *sql.TxOptions) (wsql.Tx, error) {
+	return b.Beginner.BeginTx(wsqlguard.TxContext(ctx), opts)
+}
 
 // SubscriberTx is a sqlstore.TxFinder: it returns the *sql.Tx of the
-// transaction a watermill-sql v4 subscriber on database/sql put in ctx
-// (wsql.TxFromContext), or nil when there is none. A transaction of
-// another kind, pgx's above all, is refused with ErrNotDatabaseSQL.
+// transaction a Subscriber's message carries in ctx, or nil when ctx
+// carries none. A pgx transaction is refused with ErrNotDatabaseSQL, the
+// transaction of a subscriber not built by NewSubscriber with
+// ErrNotGuarded.
 func SubscriberTx(ctx context.Context) (*sql.Tx, error) {
 	tx, ok := wsql.TxFromContext(ctx)
 	if !ok || tx == nil {
 		return nil, nil
 	}
+	var std *sql.Tx
 	switch t := tx.(type) {
 	case *wsql.StdSQLTx:
 		if t == nil {
 			return nil, nil
 		}
-		return t.Tx, nil
+		std = t.Tx
 	case wsql.StdSQLTx:
-		return t.Tx, nil
+		std = t.Tx
 	case *wsql.PgxTx, wsql.PgxTx:
-		return nil, fmt.Errorf("%w: it is pgx's (a subscriber on wsql.BeginnerFromPgx), on a connection the store's database/sql pool cannot reach; "+
-			"build the subscriber on wsql.BeginnerFromStdSQL(stdlib.OpenDBFromPool(pool)) to join it, or leave Config.JoinTx nil for an inbox transaction of the store's own", ErrNotDatabaseSQL)
+		return nil, fmt.Errorf("%w: it is pgx's (a subscriber on wsql.BeginnerFromPgx)", ErrNotDatabaseSQL)
 	default:
-		return nil, fmt.Errorf("%w: it is a %T; sqlstore joins the *wsql.StdSQLTx of a subscriber on wsql.BeginnerFromStdSQL", ErrNotDatabaseSQL, tx)
+		return nil, fmt.Errorf("%w: it is a %T", ErrNotDatabaseSQL, tx)
 	}
+	if !wsqlguard.Delivered(ctx) {
+		return nil, ErrNotGuarded
+	}
+	return std, nil
 }
 
 var _ sqlstore.TxFinder = SubscriberTx

@@ -1,0 +1,327 @@
+// Package wsqlguard keeps a watermill-sql subscriber from committing its
+// transaction under a delivery the router has not acked, for the
+// subscribers of sqlstore's wsql3 and wsql4 packages.
+//
+// watermill-sql (v3 and v4) runs each batch of messages in one
+// transaction: it writes the offset of every acked message in it and
+// commits it when the batch ends. A batch also ends, and is committed,
+// when a delivery ends without an ack: the subscriber closing, its
+// context ending, or its AckDeadline passing. A handler that joined the
+// transaction (sqlstore.Config.JoinTx) may have written part of its
+// effect, and the inbox its done record, by then: the commit would keep
+// them without the ack, and the redelivery would be acked as a
+// duplicate.
+//
+// A Subscriber sits between the router and the watermill-sql subscriber
+// and makes the commit of such a transaction impossible rather than
+// unlikely. The watermill-sql subscriber begins its transactions through
+// a Beginner that calls TxContext: each transaction gets a context the
+// guard cancels, and database/sql rolls back a transaction whose context
+// ends and refuses to commit it. Then:
+//
+//   - the router's ack and nack go to watermill-sql as they are (an ack
+//     comes after the inbox committed its savepoint; a nack after it
+//     rolled back to it);
+//   - Close stops taking messages, waits until every delivery in flight
+//     is acked or nacked (or reaches its deadline), and only then closes
+//     the watermill-sql subscriber, which commits what was acked;
+//   - the end of a subscription's context (a router cancels it when it
+//     closes) stops it taking messages and ends the context of the
+//     delivery in flight, but not the transaction's: Close commits it;
+//   - the AckDeadline is the guard's (the watermill-sql subscriber is
+//     built without one): when a delivery outlives it, the guard cancels
+//     the transaction's context first, then releases the delivery. The
+//     batch rolls back, and its messages are delivered again.
+//
+// The subscriber's transaction must be database/sql's: pgx rolls nothing
+// back when the context of a transaction ends.
+package wsqlguard
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// NoDeadline is the AckDeadline to build the watermill-sql subscriber
+// with when the major cannot do without one (v3): longer than any
+// process lives. The guard keeps the real one.
+const NoDeadline = 100 * 365 * 24 * time.Hour
+
+// DefaultAckDeadline is watermill-sql's default AckDeadline.
+const DefaultAckDeadline = 30 * time.Second
+
+// ErrClosed is what Subscribe returns after Close.
+var ErrClosed = errors.New("wsqlguard: subscriber closed")
+
+type subscriptionKey struct{}
+
+type deliveryKey struct{}
+
+// TxContext returns the context to begin a watermill-sql subscriber's
+// transaction with: when ctx is a guarded subscription's, one the guard
+// cancels to roll the transaction back; otherwise ctx itself (the
+// subscriber's schema set-up, say).
+func TxContext(ctx context.Context) context.Context {
+	s, ok := ctx.Value(subscriptionKey{}).(*subscription)
+	if !ok {
+		return ctx
+	}
+	return s.begin(ctx)
+}
+
+// Delivered reports whether ctx is the context of a message a Subscriber
+// delivered.
+func Delivered(ctx context.Context) bool {
+	_, ok := ctx.Value(deliveryKey{}).(*subscription)
+	return ok
+}
+
+// Subscriber guards a watermill-sql subscriber (see the package doc).
+type Subscriber struct {
+	inner    message.Subscriber
+	deadline time.Duration // 0: none
+	logger   watermill.LoggerAdapter
+
+	mu      sync.Mutex
+	closed  bool
+	subs    []*subscription
+	closing chan struct{}
+	wg      sync.WaitGroup // forwarders
+}
+
+// New guards inner, which must begin its transactions with TxContext and
+// have no AckDeadline of its own; ackDeadline is the one to keep (0:
+// none).
+func New(inner message.Subscriber, ackDeadline time.Duration, logger watermill.LoggerAdapter) *Subscriber {
+	if logger == nil {
+		logger = watermill.NopLogger{}
+	}
+	return &Subscriber{inner: inner, deadline: ackDeadline, logger: logger, closing: make(chan struct{})}
+}
+
+// Subscribe implements message.Subscriber. When ctx ends (a router
+// cancels it as it closes), the subscription stops taking messages and
+// the context of the delivery in flight ends, but not its transaction:
+// once the delivery is acked, nacked or past its deadline, the
+// watermill-sql subscription ends too, unless Close has begun, which
+// commits what was acked. Ended by its context, watermill-sql rolls its
+// transaction back: the messages acked in it are delivered again, their
+// effects having been rolled back with them.
+func (g *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closed {
+		return nil, ErrClosed
+	}
+	s := &subscription{outer: ctx, logger: g.logger.With(watermill.LogFields{"topic": topic})}
+	sctx, cancel := context.WithCancel(context.WithoutCancel(context.WithValue(ctx, subscriptionKey{}, s)))
+	s.cancel = cancel
+	in, err := g.inner.Subscribe(sctx, topic)
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	out := make(chan *message.Message)
+	g.subs = append(g.subs, s)
+	g.wg.Add(1)
+	go g.forward(s, in, out)
+	return out, nil
+}
+
+// SubscribeInitialize implements message.SubscribeInitializer when the
+// guarded subscriber does.
+func (g *Subscriber) SubscribeInitialize(topic string) error {
+	if i, ok := g.inner.(message.SubscribeInitializer); ok {
+		return i.SubscribeInitialize(topic)
+	}
+	return nil
+}
+
+// Close stops taking messages, waits for the deliveries in flight to be
+// acked, nacked or to reach their deadline, then closes the guarded
+// subscriber: it commits what was acked. It does not bound the wait for
+// a handler with no deadline (an AckDeadline of 0): the router's
+// CloseTimeout does, and the database rolls back the transaction of a
+// process that exits meanwhile.
+func (g *Subscriber) Close() error {
+	g.mu.Lock()
+	if g.closed {
+		g.mu.Unlock()
+		return nil
+	}
+	g.closed = true
+	close(g.closing)
+	g.mu.Unlock()
+
+	g.wg.Wait()
+	err := g.inner.Close()
+	for _, s := range g.subs {
+		s.cancel()
+	}
+	return err
+}
+
+// forward hands the messages of one subscription to the router, one at a
+// time as watermill-sql delivers them, and each ack or nack back.
+func (g *Subscriber) forward(s *subscription, in <-chan *message.Message, out chan<- *message.Message) {
+	defer g.wg.Done()
+	defer close(out)
+	for {
+		var msg *message.Message
+		select {
+		case m, ok := <-in:
+			if !ok {
+				s.cancel()
+				return
+			}
+			msg = m
+		case <-g.closing:
+			return
+		case <-s.outer.Done():
+			g.ended(s)
+			return
+		}
+		if !g.deliver(s, msg, out) {
+			if s.outer.Err() != nil {
+				g.ended(s)
+			}
+			return
+		}
+	}
+}
+
+// ended ends the watermill-sql subscription of s, whose context ended,
+// unless Close has begun (it commits what was acked).
+func (g *Subscriber) ended(s *subscription) {
+	select {
+	case <-g.closing:
+	default:
+		s.cancel()
+	}
+}
+
+// deliver passes msg to the router and its ack or nack back to
+// watermill-sql; it reports false when the guard is closing or the
+// subscription's context ended, and msg was not delivered (the guarded
+// subscriber's Close ends it).
+func (g *Subscriber) deliver(s *subscription, msg *message.Message, out chan<- *message.Message) bool {
+	deadline, abandoned := s.delivery(msg.UUID, g.deadline)
+	if abandoned {
+		// A message of a transaction the guard rolled back: let
+		// watermill-sql go on to the statement that fails and to a new
+		// transaction, which delivers it again.
+		msg.Ack()
+		return true
+	}
+	var expired <-chan time.Time
+	if !deadline.IsZero() {
+		t := time.NewTimer(time.Until(deadline))
+		defer t.Stop()
+		expired = t.C
+	}
+	// The handler's context: the message's, which ends when watermill-sql
+	// gives the delivery up, also ended by the subscription's.
+	ctx, cancel := context.WithCancel(context.WithValue(msg.Context(), deliveryKey{}, s))
+	defer cancel()
+	defer context.AfterFunc(s.outer, cancel)()
+	fwd := msg.Copy()
+	fwd.SetContext(ctx)
+	select {
+	case out <- fwd:
+	case <-g.closing:
+		return false
+	case <-s.outer.Done():
+		return false
+	case <-expired:
+		s.abandon(msg)
+		return true
+	case <-msg.Context().Done():
+		return true
+	}
+	select {
+	case <-fwd.Acked():
+		s.acked()
+		msg.Ack()
+	case <-fwd.Nacked():
+		msg.Nack()
+	case <-expired:
+		s.abandon(msg)
+	case <-msg.Context().Done():
+		// watermill-sql gave the delivery up: its context ended, and with
+		// it the transaction's, which is rolled back.
+	}
+	return true
+}
+
+// subscription is one Subscribe: watermill-sql runs its transactions one
+// after another, and delivers one message at a time.
+type subscription struct {
+	outer  context.Context // the context Subscribe was given
+	logger watermill.LoggerAdapter
+	cancel context.CancelFunc // the watermill-sql subscription's context
+
+	mu       sync.Mutex
+	txCancel context.CancelFunc // the current transaction's context
+	dead     bool               // the current transaction was rolled back
+	uuid     string             // the message delivered last in it,
+	deadline time.Time          // and its deadline
+}
+
+func (s *subscription) begin(ctx context.Context) context.Context {
+	txCtx, cancel := context.WithCancel(ctx)
+	s.mu.Lock()
+	prev := s.txCancel
+	s.txCancel, s.dead, s.uuid = cancel, false, ""
+	s.mu.Unlock()
+	if prev != nil {
+		prev() // watermill-sql ended that transaction before beginning this one
+	}
+	return txCtx
+}
+
+// delivery returns the deadline of a delivery of the message uuid (a
+// message watermill-sql resends after a nack keeps its first deadline, as
+// with watermill-sql's own), or reports that its transaction was rolled
+// back.
+func (s *subscription) delivery(uuid string, d time.Duration) (deadline time.Time, abandoned bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.dead {
+		return time.Time{}, true
+	}
+	if uuid != s.uuid || uuid == "" {
+		s.uuid, s.deadline = uuid, time.Time{}
+		if d > 0 {
+			s.deadline = time.Now().Add(d)
+		}
+	}
+	return s.deadline, false
+}
+
+// acked ends the deadline of the message delivered last: a message with
+// the same uuid later in the batch (a producer's retry) gets one of its
+// own.
+func (s *subscription) acked() {
+	s.mu.Lock()
+	s.uuid = ""
+	s.mu.Unlock()
+}
+
+// abandon rolls back the transaction msg was delivered in, then lets
+// watermill-sql go on: the transaction's context ends before the
+// delivery does, so the commit that follows it fails.
+func (s *subscription) abandon(msg *message.Message) {
+	s.mu.Lock()
+	s.dead = true
+	if s.txCancel != nil {
+		s.txCancel()
+	}
+	s.mu.Unlock()
+	s.logger.Info("Delivery outlived the AckDeadline, rolling its transaction back", watermill.LogFields{"message_uuid": msg.UUID})
+	msg.Ack()
+}
