@@ -67,7 +67,7 @@ func (s *Store) GetByID(ctx context.Context, id string) (stores.Record, error) {
 func (s *Store) get(ctx context.Context, rkey, what string) (stores.Record, error) {
 	v, err := s.runOne(ctx, op{readScript, []string{rkey}, nil})
 	if err != nil {
-		return stores.Record{}, fmt.Errorf("redisstore: get: %w", classify(err))
+		return stores.Record{}, fmt.Errorf("redisstore: get: %w", s.classify(err))
 	}
 	value, pttl, ok, err := parseRead(v)
 	if err != nil {
@@ -115,7 +115,7 @@ func (s *Store) delete(ctx context.Context, rkey string, want stores.RecordState
 	}
 	v, err := s.runOne(ctx, op{deleteStateScript, []string{rkey}, []any{arg}})
 	if err != nil {
-		return stores.Record{}, fmt.Errorf("redisstore: delete: %w", classify(err))
+		return stores.Record{}, fmt.Errorf("redisstore: delete: %w", s.classify(err))
 	}
 	a, ok := v.([]any)
 	if !ok {
@@ -218,7 +218,7 @@ func (s *Store) List(ctx context.Context, opts stores.ListOptions) ([]stores.Rec
 				// the SCAN goes on from at afterwards (0: it was done).
 				keys, next, pending = pending, at, nil
 			} else if keys, next, err = n.client.Scan(ctx, at, pattern, count).Result(); err != nil {
-				return nil, "", fmt.Errorf("redisstore: list: scan %s: %w", n.addr, classify(err))
+				return nil, "", fmt.Errorf("redisstore: list: scan %s: %w", n.addr, s.classify(err))
 			}
 			recs, err := s.readAll(ctx, keys)
 			if err != nil {
@@ -297,7 +297,7 @@ func (s *Store) Stats(ctx context.Context) (stores.Stats, error) {
 		for {
 			keys, next, err := n.client.Scan(ctx, at, pattern, scanCount).Result()
 			if err != nil {
-				return stores.Stats{}, fmt.Errorf("redisstore: stats: scan %s: %w", n.addr, classify(err))
+				return stores.Stats{}, fmt.Errorf("redisstore: stats: scan %s: %w", n.addr, s.classify(err))
 			}
 			keys = slices.DeleteFunc(keys, func(k string) bool {
 				if s.isRecordKey(k) {
@@ -314,7 +314,7 @@ func (s *Store) Stats(ctx context.Context) (stores.Stats, error) {
 			now := msNow()
 			for i, k := range keys {
 				if errs[i] != nil {
-					return stores.Stats{}, fmt.Errorf("redisstore: stats: key %q: %w", printable(k), classify(errs[i]))
+					return stores.Stats{}, fmt.Errorf("redisstore: stats: key %q: %w", printable(k), s.classify(errs[i]))
 				}
 				p, ok := vals[i].([]any)
 				if !ok || (len(p) != 0 && len(p) != 3) {
@@ -505,7 +505,7 @@ func (s *Store) readAll(ctx context.Context, keys []string) ([]*stores.Record, e
 	for j, i := range at {
 		k := keys[i]
 		if errs[j] != nil {
-			return nil, fmt.Errorf("key %q: %w", printable(k), classify(errs[j]))
+			return nil, fmt.Errorf("key %q: %w", printable(k), s.classify(errs[j]))
 		}
 		value, pttl, ok, err := parseRead(vals[j])
 		if err != nil {
@@ -552,7 +552,7 @@ func (s *Store) nodes(ctx context.Context) ([]node, error) {
 		return nil, fmt.Errorf("%w: cannot SCAN the nodes of a %T", stores.ErrNotSupported, s.client)
 	}
 	if err != nil {
-		return nil, classify(err)
+		return nil, s.classify(err)
 	}
 	slices.SortFunc(nodes, func(a, b node) int { return cmp.Compare(a.addr, b.addr) })
 	return nodes, nil

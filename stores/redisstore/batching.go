@@ -57,10 +57,17 @@ func (s *Store) runOne(ctx context.Context, o op) (any, error) {
 		vals, errs := s.runWaited(ctx, []op{o})
 		return vals[0], errs[0]
 	}
+	var (
+		v   any
+		err error
+	)
 	if o.script == nil {
-		return s.client.Do(ctx, o.args...).Result()
+		v, err = s.client.Do(ctx, o.args...).Result()
+	} else {
+		v, err = o.script.Run(ctx, s.client, o.keys, o.args...).Result()
 	}
-	return o.script.Run(ctx, s.client, o.keys, o.args...).Result()
+	s.heard(err)
+	return v, err
 }
 
 // execBatch is the Batcher's Exec: one op on its own, several in one
@@ -113,6 +120,7 @@ func (s *Store) runPipelined(ctx context.Context, ops []op) ([]any, []error) {
 	var retry []int
 	for i, cmd := range cmds {
 		vals[i], errs[i] = cmd.Result()
+		s.heard(errs[i])
 		if ops[i].script != nil && errs[i] != nil && isNoScript(errs[i]) {
 			retry = append(retry, i)
 		}

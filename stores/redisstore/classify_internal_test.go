@@ -1,9 +1,14 @@
 package redisstore
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math"
+	"net"
+	"os"
+	"syscall"
 	"testing"
 	"time"
 
@@ -23,6 +28,7 @@ var _ redis.Error = replyError("")
 // TestClassifyServerReplies: the error replies of a server that cannot
 // serve now are outages; the others are not.
 func TestClassifyServerReplies(t *testing.T) {
+	classify := (&Store{}).classify
 	outages := []string{
 		"LOADING Redis is loading the dataset in memory",
 		"READONLY You can't write against a read only replica.",
@@ -69,4 +75,63 @@ func TestMSRoundsUpWithoutOverflow(t *testing.T) {
 			t.Errorf("ms(%d) = %d, want %d", c.d, got, c.want)
 		}
 	}
+}
+
+// TestClassifyConnectionErrors: an error is an outage only when it is
+// known to be one. A dial refused or timed out, a timeout, an
+// unreachable network are; a reset or an EOF is only from a server that
+// has answered the store and not refused it since (a server that turns
+// a client away closes its connection too); a TLS alert, a name that
+// does not resolve, a connection the client closed never are.
+func TestClassifyConnectionErrors(t *testing.T) {
+	op := func(o string, err error) error {
+		return &net.OpError{Op: o, Net: "tcp", Err: err}
+	}
+	reset := op("write", os.NewSyscallError("write", syscall.ECONNRESET))
+	readReset := op("read", os.NewSyscallError("read", syscall.ECONNRESET))
+	alert := op("remote error", errors.New("tls: certificate required"))
+	always := []error{
+		op("dial", os.NewSyscallError("connect", syscall.ECONNREFUSED)),
+		op("dial", os.NewSyscallError("connect", syscall.EHOSTUNREACH)),
+		op("dial", &net.DNSError{Err: "i/o timeout", Name: "redis", IsTimeout: true}),
+		op("read", os.ErrDeadlineExceeded),
+		op("write", os.NewSyscallError("write", syscall.ENETUNREACH)),
+		redis.ErrPoolTimeout,
+	}
+	never := []error{
+		op("local error", errors.New("tls: bad record MAC")),
+		op("dial", &net.DNSError{Err: "no such host", Name: "redis", IsNotFound: true}),
+		net.ErrClosed,
+		redis.ErrClosed,
+		context.DeadlineExceeded,
+	}
+	known := []error{reset, readReset, io.EOF, io.ErrUnexpectedEOF, op("write", os.NewSyscallError("write", syscall.EPIPE))}
+
+	s := &Store{}
+	check := func(when string, err error, want bool) {
+		t.Helper()
+		if got := errors.Is(s.classify(fmt.Errorf("evalsha: %w", err)), stores.ErrUnavailable); got != want {
+			t.Errorf("%s: classify(%v) is an outage: %v, want %v", when, err, got, want)
+		}
+	}
+	all := func(when string, want bool) {
+		t.Helper()
+		for _, err := range always {
+			check(when, err, true)
+		}
+		for _, err := range never {
+			check(when, err, false)
+		}
+		for _, err := range known {
+			check(when, err, want)
+		}
+	}
+	all("before any answer", false)
+	check("before any answer", alert, false)
+	s.heard(replyError("NOPERM no"))
+	all("after an answer", true)
+	check("after an answer", alert, false) // a refusal, remembered
+	all("after a TLS alert", false)
+	s.heard(redis.Nil)
+	all("after an answer again", true)
 }

@@ -167,7 +167,7 @@ func (s *Store) peekDone(ctx context.Context, rkeys []string, stop claimReply) (
 func (s *Store) fencedSharded(ctx context.Context, what string, c *stores.Claim, rkeys []string, build func([]string) op) error {
 	snaps, err := s.snapshot(ctx, rkeys)
 	if err != nil {
-		return fmt.Errorf("redisstore: %s: %w", what, classify(err))
+		return fmt.Errorf("redisstore: %s: %w", what, s.classify(err))
 	}
 	for i, sn := range snaps {
 		if !sn.exists {
@@ -183,7 +183,7 @@ func (s *Store) fencedSharded(ctx context.Context, what string, c *stores.Claim,
 				// (see wait.go): the op refuses again, touching the
 				// record, and its WAIT covers what the check read.
 				if _, errs := s.runAll(ctx, []op{build(rkeys[i : i+1])}); errs[0] != nil {
-					return fmt.Errorf("redisstore: %s: %w", what, classify(errs[0]))
+					return fmt.Errorf("redisstore: %s: %w", what, s.classify(errs[0]))
 				}
 			}
 			return s.lostClaim(what, c, rkeys[i])
@@ -225,10 +225,10 @@ func (s *Store) fencedSharded(ctx context.Context, what string, c *stores.Claim,
 	if lost >= 0 {
 		err = s.lostClaim(what, c, rkeys[lost])
 	} else {
-		err = fmt.Errorf("redisstore: %s: %w", what, classify(firstErr))
+		err = fmt.Errorf("redisstore: %s: %w", what, s.classify(firstErr))
 	}
 	if undoErr != nil {
-		return fmt.Errorf("%w (and %d of %d keys applied could not be put back: %w)", err, len(touched), len(rkeys), classify(undoErr))
+		return fmt.Errorf("%w (and %d of %d keys applied could not be put back: %w)", err, len(touched), len(rkeys), s.classify(undoErr))
 	}
 	return err
 }
@@ -258,6 +258,7 @@ func (s *Store) snapshot(ctx context.Context, rkeys []string) ([]snap, error) {
 	snaps := make([]snap, len(rkeys))
 	for i := range rkeys {
 		v, err := gets[i].Result()
+		s.heard(err)
 		if errors.Is(err, redis.Nil) {
 			continue
 		}

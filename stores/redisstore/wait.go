@@ -213,8 +213,8 @@ func (s *Store) runWaited(ctx context.Context, ops []op) ([]any, []error) {
 			if node == nil {
 				var err error
 				if node, err = s.nodeFor(ctx, ops[i].firstKey()); err != nil {
-					// No slot map could be read: no node answered.
-					errs[i] = fmt.Errorf("%w: finding the node of the call: %w", stores.ErrUnavailable, err)
+					// No slot map could be read: why is the class.
+					errs[i] = fmt.Errorf("finding the node of the call: %w", s.classify(err))
 					continue
 				}
 			}
@@ -348,6 +348,7 @@ func (s *Store) runNode(ctx context.Context, node *redis.Client, ops []op, idx [
 		for j, i := range idx {
 			o := ops[i]
 			v, err := cmds[j].Result()
+			s.heard(err)
 			if o.script != nil && err != nil && isNoScript(err) && !eval {
 				again = append(again, i)
 				continue
