@@ -164,6 +164,7 @@ func (s *Store) undoOrphans(ctx context.Context, calls []*batch.Call[op, any]) {
 	for _, c := range calls {
 		v, err := c.Result()
 		ops = append(ops, claimUndo(c.Req, v, err)...)
+		ops = append(ops, undoOf(err)...) // a claim not replicated
 	}
 	if len(ops) > 0 {
 		s.runPipelined(ctx, ops)

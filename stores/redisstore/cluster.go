@@ -63,10 +63,16 @@ func (s *Store) claimOrdered(ctx context.Context, rkeys []string, token string, 
 		var err error
 		stop, err = s.claimOne(ctx, rkeys[i], token, lease)
 		if err != nil {
-			// The key's outcome is unknown: undo it too (the scripts are
-			// token-checked, so undoing a key we did not get is a no-op).
-			heldKeys = append(heldKeys, heldKey{key: rkeys[i]})
-			s.undo(ctx, token, lease, heldKeys)
+			undo := undoOps(token, processingValue(token, ms(lease)), heldKeys)
+			if u := undoOf(err); u != nil {
+				undo = append(undo, u...) // a claim not replicated
+			} else {
+				// The key's outcome is unknown: undo it too (the scripts
+				// are token-checked, so undoing a key we did not get is
+				// a no-op).
+				undo = append(undo, releaseOp([]string{rkeys[i]}, token))
+			}
+			s.giveBack(ctx, undo, lease)
 			return claimReply{}, err
 		}
 		if stop.result != 1 {
@@ -87,9 +93,11 @@ func (s *Store) claimOrdered(ctx context.Context, rkeys []string, token string, 
 	// A key is done or held: give back what we took, and find out whether
 	// any key of the claim is done (Duplicate beats InProgress, and the
 	// data returned is that of the first done key in the claim's order).
-	s.undo(ctx, token, lease, heldKeys)
+	undone := s.giveBackLater(undoOps(token, processingValue(token, ms(lease)), heldKeys), lease)
 	stop.index = order[len(heldKeys)]
-	return s.peekDone(ctx, rkeys, stop)
+	r, err := s.peekDone(ctx, rkeys, stop)
+	waitWhile(ctx, undone)
+	return r, err
 }
 
 // heldKey is a key a claim in progress took, and what it held before.
@@ -100,18 +108,27 @@ type heldKey struct {
 	at       time.Time // when the reply that took it over arrived
 }
 
-// undo puts back the keys of heldKeys that are still ours: a key that was
-// free is deleted, a key taken over from an expired lease gets its previous
-// record and TTL back. It is best effort; a key it cannot reach stays
-// processing under our token and frees itself when the lease runs out.
-func (s *Store) undo(ctx context.Context, token string, lease time.Duration, heldKeys []heldKey) {
-	if len(heldKeys) == 0 {
-		return
+// giveBack sends undo, the ops that give back what a failed claim took
+// (a key that was free is deleted, a key taken over from an expired lease
+// gets its previous record and TTL back), in the background, bounded by
+// the claim's lease: the keys are free to take over after it anyway. It
+// waits for them while ctx lasts, so that a caller without a deadline
+// finds the keys free when the call returns, and no caller waits past its
+// deadline for them. It is best effort: a key it cannot reach stays
+// processing under the claim's token, and frees itself when the lease
+// runs out.
+func (s *Store) giveBack(ctx context.Context, undo []op, lease time.Duration) {
+	waitWhile(ctx, s.giveBackLater(undo, lease))
+}
+
+// giveBackLater is giveBack without the wait: it returns a channel
+// closed once the undo is done (nil when there is none to do, or the
+// store is closed).
+func (s *Store) giveBackLater(undo []op, lease time.Duration) <-chan struct{} {
+	if len(undo) == 0 {
+		return nil
 	}
-	// A cancelled ctx must not leave keys held that we could still free.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), undoTimeout)
-	defer cancel()
-	s.runPipelined(ctx, undoOps(token, processingValue(token, ms(lease)), heldKeys))
+	return s.background(lease, func(ctx context.Context) { s.runPipelined(ctx, undo) })
 }
 
 // undoOps returns the ops that undo a claim of heldKeys under token, whose
@@ -132,8 +149,7 @@ func undoOps(token, written string, heldKeys []heldKey) []op {
 	return ops
 }
 
-// undoTimeout bounds the undo of a failed multi-key claim in Redis Cluster,
-// and of a claim whose caller gave up.
+// undoTimeout bounds the undo of a claim whose caller gave up.
 const undoTimeout = 2 * time.Second
 
 // peekDone reads every key of a failed claim and returns Duplicate with the
@@ -279,27 +295,40 @@ func (s *Store) snapshot(ctx context.Context, rkeys []string) ([]snap, error) {
 
 // putBack undoes the ops of the keys at touched: each gets the value and
 // what is left of the TTL it had at its snapshot, if it still holds what
-// its op wrote (or nothing). It returns the first error.
+// its op wrote (or nothing). As giveBack does, it runs in the background,
+// bounded by the longest of those TTLs (the records put back have expired
+// after it), and the caller waits for it while ctx lasts; it returns the
+// first error of a put-back that ended meanwhile.
 func (s *Store) putBack(ctx context.Context, rkeys []string, ops []op, snaps []snap, touched []int) error {
 	if len(touched) == 0 {
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), undoTimeout)
-	defer cancel()
 	undo := make([]op, len(touched))
+	var ttl int64
 	for j, i := range touched {
 		written := "" // a delete
 		if ops[i].script == setScript {
 			written = ops[i].args[1].(string)
 		}
 		undo[j] = putBackOp(rkeys[i], written, snaps[i].value, snaps[i].pttl-time.Since(snaps[i].at).Milliseconds())
+		ttl = max(ttl, snaps[i].pttl)
 	}
-	_, errs := s.runPipelined(ctx, undo)
 	var first error
-	for _, err := range errs {
-		first = firstNonNil(first, err)
+	done := s.background(time.Duration(ttl)*time.Millisecond, func(ctx context.Context) {
+		_, errs := s.runPipelined(ctx, undo)
+		for _, err := range errs {
+			first = firstNonNil(first, err)
+		}
+	})
+	if done == nil {
+		return stores.ErrClosed
 	}
-	return first
+	select {
+	case <-done:
+		return first
+	case <-ctx.Done():
+		return nil // still under way
+	}
 }
 
 // firstNonNil returns first unless it is nil, else err.

@@ -75,6 +75,10 @@ func TestCluster(t *testing.T) {
 		}
 	})
 
+	t.Run("UndoNeverHoldsTheCaller", func(t *testing.T) {
+		testUndoNeverHoldsTheCaller(t, cc.Options().Addrs)
+	})
+
 	t.Run("FailedClaimKeepsExpiredLease", func(t *testing.T) {
 		testFailedMultiKeyClaimKeepsExpiredLease(t, cc, newStore(t, cc, redisstore.Config{}))
 	})

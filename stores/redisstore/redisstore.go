@@ -354,6 +354,16 @@ type Store struct {
 	cancel    context.CancelFunc
 	checkDone chan struct{}
 	closeD    chan struct{} // closed when Close has stopped everything
+
+	// The store's background work: the undos of failed claims (see
+	// background). bgCtx ends when a Close gives up waiting for it; bg
+	// counts it, and bgClosed, under bgMu, stops new work once Close
+	// waits for bg.
+	bgCtx    context.Context
+	bgStop   context.CancelFunc
+	bgMu     sync.Mutex
+	bgClosed bool
+	bg       sync.WaitGroup
 }
 
 var _ stores.Store = (*Store)(nil)
@@ -389,6 +399,7 @@ func New(client redis.UniversalClient, cfg Config) (*Store, error) {
 		checkDone: make(chan struct{}),
 		closeD:    make(chan struct{}),
 	}
+	s.bgCtx, s.bgStop = context.WithCancel(context.Background())
 	if s.batcher = batch.NewFromConfig(s.execBatch, batch.Config(cfg.Batch)); s.batcher != nil {
 		s.batcher.OnOrphaned(undoTimeout, s.undoOrphans)
 	}
@@ -463,14 +474,24 @@ func (s *Store) Claim(ctx context.Context, scope string, keys []string, lease ti
 
 // claim claims rkeys under token: one key with claimOne, several with one
 // script on one node, or key by key in Redis Cluster (claimOrdered).
+// A claim that failed gives back what it took (see giveBack).
 func (s *Store) claim(ctx context.Context, rkeys []string, token string, lease time.Duration) (claimReply, error) {
+	var (
+		r   claimReply
+		err error
+	)
 	switch {
 	case len(rkeys) == 1:
-		return s.claimOne(ctx, rkeys[0], token, lease)
+		r, err = s.claimOne(ctx, rkeys[0], token, lease)
 	case s.sharded:
-		return s.claimOrdered(ctx, rkeys, token, lease)
+		return s.claimOrdered(ctx, rkeys, token, lease) // gives back itself
+	default:
+		r, err = s.claimScript(ctx, rkeys, token, lease)
 	}
-	return s.claimScript(ctx, rkeys, token, lease)
+	if err != nil {
+		s.giveBack(ctx, undoOf(err), lease)
+	}
+	return r, err
 }
 
 func (s *Store) claimScript(ctx context.Context, rkeys []string, token string, lease time.Duration) (claimReply, error) {
@@ -790,9 +811,12 @@ func (s *Store) Capabilities() stores.Capabilities {
 }
 
 // Close stops the background server check, if still running, and waits for
-// it and for the undos of claims whose callers gave up (bounded by 2s
-// each). Every later call returns [stores.ErrClosed]; calls already under
-// way finish. It never closes the client. It is idempotent.
+// it, for the undos of failed claims (each bounded by the claim's lease)
+// and for those of claims whose callers gave up (bounded by 2s each). When
+// ctx ends first it stops them, leaving their keys to their leases, and
+// returns ctx's error. Every later call returns [stores.ErrClosed]; calls
+// already under way finish, but what they would undo after Close is left
+// to its lease. It never closes the client. It is idempotent.
 func (s *Store) Close(ctx context.Context) error {
 	s.closeOnce.Do(func() {
 		s.closed.Store(true)
@@ -802,6 +826,11 @@ func (s *Store) Close(ctx context.Context) error {
 			if s.batcher != nil {
 				_ = s.batcher.Close(context.Background())
 			}
+			s.bgMu.Lock()
+			s.bgClosed = true
+			s.bgMu.Unlock()
+			s.bg.Wait()
+			s.bgStop()
 			close(s.closeD)
 		}()
 	})
@@ -809,6 +838,40 @@ func (s *Store) Close(ctx context.Context) error {
 	case <-s.closeD:
 		return nil
 	case <-ctx.Done():
+		s.bgStop()
 		return ctx.Err()
+	}
+}
+
+// background runs f in a goroutine of its own, under a context that ends
+// after timeout or when a Close gives up waiting for it, and returns a
+// channel closed once f has returned; nil, without running f, once Close
+// waits for the background work.
+func (s *Store) background(timeout time.Duration, f func(ctx context.Context)) <-chan struct{} {
+	s.bgMu.Lock()
+	defer s.bgMu.Unlock()
+	if s.bgClosed {
+		return nil
+	}
+	s.bg.Add(1)
+	done := make(chan struct{})
+	go func() {
+		defer s.bg.Done()
+		defer close(done)
+		ctx, cancel := context.WithTimeout(s.bgCtx, timeout)
+		defer cancel()
+		f(ctx)
+	}()
+	return done
+}
+
+// waitWhile waits until done is closed (nil: at once) or ctx ends.
+func waitWhile(ctx context.Context, done <-chan struct{}) {
+	if done == nil {
+		return
+	}
+	select {
+	case <-done:
+	case <-ctx.Done():
 	}
 }

@@ -193,17 +193,14 @@ func (s *Store) runWaited(ctx context.Context, ops []op) ([]any, []error) {
 	}
 	if node, ok := s.client.(*redis.Client); ok {
 		// One node, which redirects nothing: no grouping.
-		redirects, undo := s.runNode(ctx, node, ops, pending, nil, vals, errs)
-		for _, r := range redirects {
+		for _, r := range s.runNode(ctx, node, ops, pending, nil, vals, errs) {
 			errs[r.i] = r.err
 		}
-		s.giveBack(ctx, undo)
 		return vals, errs
 	}
 	var (
 		to     = map[int]*redis.Client{} // where a redirect sends an op
 		asking = map[int]bool{}
-		undo   []op
 	)
 	for attempt := 0; len(pending) > 0; attempt++ {
 		groups := map[*redis.Client][]int{}
@@ -229,9 +226,9 @@ func (s *Store) runWaited(ctx context.Context, ops []op) ([]any, []error) {
 			wg        sync.WaitGroup
 		)
 		run := func(node *redis.Client, idx []int) {
-			rs, u := s.runNode(ctx, node, ops, idx, asking, vals, errs)
+			rs := s.runNode(ctx, node, ops, idx, asking, vals, errs)
 			mu.Lock()
-			redirects, undo = append(redirects, rs...), append(undo, u...)
+			redirects = append(redirects, rs...)
 			mu.Unlock()
 		}
 		for _, node := range order[1:] {
@@ -247,21 +244,7 @@ func (s *Store) runWaited(ctx context.Context, ops []op) ([]any, []error) {
 		wg.Wait()
 		pending = s.followRedirects(ctx, redirects, attempt, to, asking, errs)
 	}
-	s.giveBack(ctx, undo)
 	return vals, errs
-}
-
-// giveBack runs the undo of claims whose write was not confirmed: a
-// claim that failed must leave nothing behind, whatever the caller's
-// context (bounded by undoTimeout; best effort: a key it cannot reach
-// stays claimed until its lease runs out).
-func (s *Store) giveBack(ctx context.Context, undo []op) {
-	if len(undo) == 0 {
-		return
-	}
-	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), undoTimeout)
-	defer cancel()
-	s.runPipelined(uctx, undo)
 }
 
 // followRedirects returns the ops of redirects to send again, and where
@@ -309,10 +292,10 @@ func (s *Store) followRedirects(ctx context.Context, redirects []redirect, attem
 
 // runNode sends the ops of idx to node, then WAIT, in one pipeline (and
 // those the node did not have the script of again, with EVAL, then
-// WAIT), and sets their results. It returns the ops the node
-// redirected, and the ops that give back claims whose write was not
-// confirmed.
-func (s *Store) runNode(ctx context.Context, node *redis.Client, ops []op, idx []int, asking map[int]bool, vals []any, errs []error) (redirects []redirect, undo []op) {
+// WAIT), and sets their results; a claim whose write was not confirmed
+// fails with an error that carries the ops giving it back (see undoOf).
+// It returns the ops the node redirected.
+func (s *Store) runNode(ctx context.Context, node *redis.Client, ops []op, idx []int, asking map[int]bool, vals []any, errs []error) (redirects []redirect) {
 	eval := false
 	for len(idx) > 0 {
 		cmds := make([]*redis.Cmd, len(idx))
@@ -359,13 +342,12 @@ func (s *Store) runNode(ctx context.Context, node *redis.Client, ops []op, idx [
 			}
 			vals[i], errs[i] = v, err
 			if wrote(o, v, err) && (werr != nil || n < int64(s.cfg.WaitReplicas)) {
-				vals[i], errs[i] = nil, s.notReplicated(node, n, werr)
-				undo = append(undo, claimUndo(o, v, err)...)
+				vals[i], errs[i] = nil, s.notReplicated(node, n, werr, claimUndo(o, v, err))
 			}
 		}
 		idx, eval = again, true
 	}
-	return redirects, undo
+	return redirects
 }
 
 // reloadSlots has a ClusterClient read its slot map again, in the
@@ -377,16 +359,39 @@ func (s *Store) reloadSlots(ctx context.Context) {
 }
 
 // notReplicated is the error of a write whose WAIT on node answered n
-// replicas, or failed with werr.
-func (s *Store) notReplicated(node *redis.Client, n int64, werr error) error {
+// replicas, or failed with werr; undo gives back what it took, if it is
+// a claim.
+func (s *Store) notReplicated(node *redis.Client, n int64, werr error, undo []op) error {
 	addr := node.Options().Addr
 	if werr != nil {
 		// The cause is told, not wrapped: the write was done, and only
 		// its durability is unknown (not an outage, whatever WAIT's
 		// connection did).
-		return fmt.Errorf("%w: WAIT %d on %s failed: %v", ErrNotReplicated, s.cfg.WaitReplicas, addr, werr)
+		return &replicationError{fmt.Sprintf("%v: WAIT %d on %s failed: %v", ErrNotReplicated, s.cfg.WaitReplicas, addr, werr), undo}
 	}
-	return fmt.Errorf("%w: %d of %d replicas of %s acknowledged the write within %s", ErrNotReplicated, n, s.cfg.WaitReplicas, addr, s.cfg.WaitTimeout)
+	return &replicationError{fmt.Sprintf("%v: %d of %d replicas of %s acknowledged the write within %s", ErrNotReplicated, n, s.cfg.WaitReplicas, addr, s.cfg.WaitTimeout), undo}
+}
+
+// replicationError is an ErrNotReplicated that carries the ops giving
+// back the claim whose write was not confirmed: the caller gives it back
+// (see Store.giveBack), or, when the caller has gone, the batcher's
+// orphan undo does.
+type replicationError struct {
+	msg  string
+	undo []op
+}
+
+func (e *replicationError) Error() string { return e.msg }
+func (e *replicationError) Unwrap() error { return ErrNotReplicated }
+
+// undoOf returns the ops that give back the claim err failed, if err
+// carries them.
+func undoOf(err error) []op {
+	var re *replicationError
+	if errors.As(err, &re) {
+		return re.undo
+	}
+	return nil
 }
 
 // claimUndo returns the ops that give back what the claim op o took, by

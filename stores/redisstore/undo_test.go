@@ -1,0 +1,136 @@
+package redisstore_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/watermill-dedup/dedup/stores"
+	"github.com/watermill-dedup/dedup/stores/redisstore"
+	"github.com/watermill-dedup/dedup/stores/storetest"
+	"github.com/watermill-dedup/dedup/testkit"
+)
+
+// undoHook holds every pipeline that carries a script call on key until
+// release is closed, whatever its context: a node that takes as long as
+// the test likes to answer, on one key.
+type undoHook struct {
+	key     string
+	entered chan struct{} // closed when the first such pipeline is held
+	once    sync.Once
+	release chan struct{}
+}
+
+func (h *undoHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *undoHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.hold([]redis.Cmder{cmd})
+		return next(ctx, cmd)
+	}
+}
+
+func (h *undoHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		h.hold(cmds)
+		return next(ctx, cmds)
+	}
+}
+
+func (h *undoHook) hold(cmds []redis.Cmder) {
+	for _, c := range cmds {
+		if n := strings.ToLower(c.Name()); (n == "evalsha" || n == "eval") && cmdKey(c) == h.key {
+			h.once.Do(func() { close(h.entered) })
+			<-h.release
+			return
+		}
+	}
+}
+
+// testUndoNeverHoldsTheCaller: a multi-key claim over two nodes that
+// takes its first key and finds the second held gives the first back;
+// the caller does not wait for that past its deadline, however long the
+// node takes to answer (here: until the test lets it), and the key is
+// free once it has.
+func testUndoNeverHoldsTheCaller(t *testing.T, addrs []string) {
+	h := &undoHook{entered: make(chan struct{}), release: make(chan struct{})}
+	released := false
+	release := func() {
+		if !released {
+			released = true
+			close(h.release)
+		}
+	}
+	t.Cleanup(release)
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, ContextTimeoutEnabled: true})
+	cc.OnNewNode(func(c *redis.Client) { c.AddHook(h) })
+	t.Cleanup(func() { _ = cc.Close() })
+	for _, batch := range []redisstore.BatchConfig{{}, {Disabled: true}} {
+		s, err := redisstore.New(cc, redisstore.Config{Prefix: testPrefix(t, cc), SkipServerCheck: true, Batch: batch})
+		if err != nil {
+			t.Fatal(err)
+		}
+		first, second := onTwoNodes(t, cc, s, "h") // claimed in this order
+		if _, err := s.Claim(context.Background(), "h", []string{second}, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		h.key = s.EncodeKey("h", first)
+
+		ctx, cancel := context.WithCancel(context.Background())
+		type answer struct {
+			c   *stores.Claim
+			err error
+		}
+		done := make(chan answer, 1)
+		go func() {
+			c, err := s.Claim(ctx, "h", []string{first, second}, time.Minute)
+			done <- answer{c, err}
+		}()
+		<-h.entered // the first key is being given back, held by its node
+		cancel()
+		select {
+		case a := <-done:
+			if a.err == nil && a.c.Result != stores.InProgress || a.err != nil && !errors.Is(a.err, context.Canceled) {
+				t.Errorf("Claim(%q, %q), the second held = %v, %v; want in progress, or the context's error", first, second, a.c, a.err)
+			}
+		case <-time.After(time.Minute): // only a caller held by the undo waits this long
+			t.Fatalf("Claim(%q, %q) has not returned a minute after its context ended: its undo holds it (batch %+v)", first, second, batch)
+		}
+		release()
+		testkit.WaitFor(t, time.Minute, "the first key given back", func() bool {
+			c, err := s.Claim(context.Background(), "h", []string{first}, time.Minute)
+			return err == nil && c.Result == stores.Claimed
+		})
+		if err := s.Close(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		h.entered, h.once, h.release, released = make(chan struct{}), sync.Once{}, make(chan struct{}), false
+	}
+}
+
+// onTwoNodes returns two keys whose records in scope are on different
+// nodes, the first's Redis key before the second's.
+func onTwoNodes(t *testing.T, cc *redis.ClusterClient, s *redisstore.Store, scope string) (string, string) {
+	t.Helper()
+	ctx := context.Background()
+	node := func(k string) string {
+		c, err := cc.MasterForKey(ctx, s.EncodeKey(scope, k))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c.Options().Addr
+	}
+	for range 1000 {
+		id := storetest.NewID()
+		if a, b := "a-"+id, "b-"+id; node(a) != node(b) {
+			return a, b
+		}
+	}
+	t.Fatal("no two keys on two nodes")
+	return "", ""
+}
