@@ -6,23 +6,26 @@ import (
 	"net"
 	"sync"
 	"testing"
+	"time"
 )
 
 // Proxy is a TCP proxy a test owns, placed between a client and a shared
 // service so the test can simulate an outage without touching the service:
 // Cut closes every connection and refuses new ones, Blackhole keeps
 // connections open but lets no byte through (a partition, a hung server),
-// Restore lets them through again.
+// Restore lets them through again. SetLatency makes it slow instead: every
+// byte arrives, late.
 type Proxy struct {
 	target string
 	ln     net.Listener
 
-	mu    sync.Mutex
-	cut   bool
-	hole  bool
-	conns map[net.Conn]struct{}
-	wg    sync.WaitGroup
-	done  chan struct{}
+	mu      sync.Mutex
+	cut     bool
+	hole    bool
+	latency time.Duration
+	conns   map[net.Conn]struct{}
+	wg      sync.WaitGroup
+	done    chan struct{}
 }
 
 // NewProxy listens on a free loopback port and forwards to target. It is
@@ -77,10 +80,28 @@ func (p *Proxy) Restore() {
 	p.mu.Unlock()
 }
 
+// SetLatency delays every byte by d in each direction, from when the
+// proxy reads it to when it forwards it, in order and without dropping
+// any, until SetLatency(0): a slow service (or network), not a failed one.
+// A call through the proxy takes at least 2d longer; a client that gives
+// up on it meanwhile still has its request delivered, and the service
+// acts on it. Bytes read before SetLatency(0) keep their delay.
+func (p *Proxy) SetLatency(d time.Duration) {
+	p.mu.Lock()
+	p.latency = max(d, 0)
+	p.mu.Unlock()
+}
+
 func (p *Proxy) holed() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.hole
+}
+
+func (p *Proxy) delay() time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.latency
 }
 
 // Close stops the proxy and waits for its goroutines.
@@ -151,20 +172,58 @@ func (p *Proxy) accept() {
 	}
 }
 
+// chunk is what the proxy read from one side, due on the other at due.
+type chunk struct {
+	b   []byte
+	due time.Time
+}
+
+// pipe reads src and hands what it reads, stamped with its due time, to
+// forward, which writes it to dst in order. When src ends, forward writes
+// what is left (at its time) and closes both sides.
 func (p *Proxy) pipe(dst, src net.Conn) {
 	defer p.wg.Done()
+	q := make(chan chunk, 64)
+	stop := make(chan struct{}) // forward has given up: dst is gone
+	p.wg.Add(1)
+	go p.forward(dst, src, q, stop)
+	defer close(q)
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
 		if n > 0 && !p.holed() {
-			if _, werr := dst.Write(buf[:n]); werr != nil {
-				break
+			c := chunk{b: append([]byte(nil), buf[:n]...), due: time.Now().Add(p.delay())}
+			select {
+			case q <- c:
+			case <-stop:
+				return
 			}
 		}
 		if err != nil {
-			break
+			return
 		}
 	}
-	p.untrack(dst)
-	p.untrack(src)
+}
+
+func (p *Proxy) forward(dst, src net.Conn, q <-chan chunk, stop chan<- struct{}) {
+	defer p.wg.Done()
+	defer func() {
+		close(stop)
+		p.untrack(dst)
+		p.untrack(src)
+	}()
+	for c := range q {
+		if wait := time.Until(c.due); wait > 0 {
+			t := time.NewTimer(wait)
+			select {
+			case <-t.C:
+			case <-p.done:
+				t.Stop()
+				return
+			}
+		}
+		if _, err := dst.Write(c.b); err != nil {
+			return
+		}
+	}
 }
