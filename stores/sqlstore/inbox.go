@@ -111,6 +111,7 @@ func (s *Store) Begin(ctx context.Context, scope string, keys []string, retentio
 		if err != nil {
 			return nil, fmt.Errorf("sqlstore: begin in scope %q: %w", scope, s.classify(err))
 		}
+		s.heard(nil)
 		return itx, nil
 	}
 	var itx *inboxTx
@@ -125,6 +126,7 @@ func (s *Store) Begin(ctx context.Context, scope string, keys []string, retentio
 	if err != nil {
 		return nil, fmt.Errorf("sqlstore: begin in scope %q: %w", scope, s.classify(err))
 	}
+	s.heard(nil)
 	return itx, nil
 }
 
@@ -440,6 +442,7 @@ func (t *inboxTx) Commit(ctx context.Context, data []byte) error {
 		// a redelivery finds the record (Duplicate) or not (runs again).
 		return fmt.Errorf("sqlstore: commit: %w", s.classify(err))
 	}
+	s.heard(nil)
 	return nil
 }
 

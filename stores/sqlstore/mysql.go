@@ -129,9 +129,22 @@ func (d *mysqlDialect) quirks() quirks {
 // in its packet.
 const mysqlStatementRoom = 1 << 10
 
+// classify: an error with a number is the server's answer; the numbers
+// of a server that cannot serve now are outages, those of a server that
+// refused the client (access denied, a user that may not connect from
+// there, secure transport required) refusals. go-sql-driver reports a
+// connection that broke under it as "invalid connection", logging the
+// cause and returning none: a reset, an EOF, and also the TLS 1.3 alert
+// of a server that refused the client's certificate after the client's
+// side of the handshake. It is an outage only from a server that
+// answered the store and has not refused it since (Store.isOutage).
 func (d *mysqlDialect) classify(err error) errClass {
 	if errors.Is(err, mysql.ErrInvalidConn) {
-		return errUnavailable
+		return errConnLost
+	}
+	if errors.Is(err, mysql.ErrNoTLS) {
+		// TLS asked of a server without it.
+		return errRefused
 	}
 	if errors.Is(err, mysql.ErrPktTooLarge) {
 		// The driver's own refusal, before sending: a packet over the
@@ -142,7 +155,22 @@ func (d *mysqlDialect) classify(err error) errClass {
 	if !errors.As(err, &my) {
 		return 0
 	}
-	switch my.Number {
+	return errAnswered | mysqlClass(my.Number)
+}
+
+// mysqlClass is the class of a MySQL or MariaDB error number.
+func mysqlClass(n uint16) errClass {
+	switch n {
+	case 1044, 1045, 1698, // access denied (to the database; for the user, with or without a password, or its TLS: REQUIRE X509, SUBJECT, ISSUER)
+		1049,       // unknown database
+		1129, 1130, // host blocked after connection errors, host not allowed to connect
+		1251,       // an authentication plugin the client does not support
+		1820, 1862, // an expired password
+		3118, 4151, // account locked (MySQL, MariaDB)
+		3159: // MySQL: insecure transport with require_secure_transport (MariaDB says 1045)
+		return errRefused
+	}
+	switch n {
 	case 1040, 1203, 1226, // too many connections (server, user), a user's resource limit (max_user_connections, queries per hour)
 		1053,                   // server shutdown in progress
 		1152, 1159, 1160, 1161, // aborted connection, network read/write errors and timeouts

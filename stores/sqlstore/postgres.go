@@ -141,32 +141,51 @@ func (d *postgresDialect) quirks() quirks {
 	return quirks{txOptions: d.readCommited}
 }
 
+// classify: an error with a SQLSTATE is the server's answer; the codes
+// of a server that cannot serve now are outages. A connection the server
+// refused (pgx's ConnectError) is no outage for that alone: it is one
+// when the server said it cannot serve now (57P03 starting or shutting
+// down, 53300 out of connections) or when the connection could not be
+// made at all (the dial, told by Store.isOutage); a server that refused
+// the client (its password, its certificate, pg_hba.conf, the database's
+// CONNECT privilege, a database that does not exist) refused it.
 func (d *postgresDialect) classify(err error) errClass {
 	var ce *pgconn.ConnectError
-	if errors.As(err, &ce) {
-		return errUnavailable
-	}
+	connecting := errors.As(err, &ce)
 	code, ok := sqlState(err)
 	if !ok {
+		if connecting && strings.Contains(err.Error(), "server refused TLS connection") {
+			// sslmode=require (or verify-*) on a server without TLS.
+			return errRefused
+		}
 		return 0
 	}
 	switch {
+	case code == "08P01", code == "08004": // protocol_violation, sqlserver_rejected_establishment_of_sqlconnection
+		return errAnswered | errRefused
 	case strings.HasPrefix(code, "08"): // connection_exception
-		return errUnavailable
+		return errAnswered | errUnavailable
 	case code == "57P01", code == "57P02", code == "57P03": // admin_shutdown, crash_shutdown, cannot_connect_now
-		return errUnavailable
+		return errAnswered | errUnavailable
 	case code == "53300", code == "53100", code == "53200", code == "58030": // too_many_connections, disk_full, out_of_memory, io_error
-		return errUnavailable
+		return errAnswered | errUnavailable
+	case strings.HasPrefix(code, "28"): // invalid_authorization_specification (pg_hba.conf, a certificate), invalid_password
+		return errAnswered | errRefused
+	case connecting:
+		// Any other refusal of the connection: no CONNECT privilege
+		// (42501), no such database (3D000), one not accepting
+		// connections (55000).
+		return errAnswered | errRefused
 	case code == "54000": // program_limit_exceeded: a value or message over PostgreSQL's 1 GiB
-		return errTooLarge
+		return errAnswered | errTooLarge
 	case code == "40001", code == "40P01", code == "55P03": // serialization_failure, deadlock_detected, lock_not_available (lock_timeout)
-		return errRetryable
+		return errAnswered | errRetryable
 	case code == "25P02", code == "3B001": // in_failed_sql_transaction, invalid_savepoint_specification
 		// PostgreSQL refuses every statement of a transaction aborted by
 		// an earlier error until it is rolled back.
-		return errTxDead
+		return errAnswered | errTxDead
 	}
-	return 0
+	return errAnswered
 }
 
 // joinCheck refuses, on the partitioned layout, a REPEATABLE READ

@@ -100,6 +100,7 @@ func (s *Store) purgeStatement(ctx context.Context, stmt string, args []any) (in
 	if err != nil {
 		return 0, fmt.Errorf("sqlstore: purge of table %s: %w", s.cfg.Table, s.classify(err))
 	}
+	s.heard(nil)
 	if s.onPurgeBatch != nil {
 		s.onPurgeBatch(n)
 	}

@@ -65,6 +65,12 @@ type Store struct {
 	// when the session check found it below Config.MaxData; 0 otherwise.
 	serverMaxData atomic.Int64
 
+	// answered is set once the database answered the store; refusal
+	// holds its last word while that is a refusal of the client. They
+	// tell a reset that is an outage from one that is not (isOutage).
+	answered atomic.Bool
+	refusal  atomic.Pointer[string]
+
 	// onPurgeBatch, when set (by tests), sees the size of every batch.
 	onPurgeBatch func(n int64)
 	// purgeChunk is the number of heap blocks a PostgreSQL purge
@@ -163,6 +169,7 @@ func (s *Store) CreateSchema(ctx context.Context) error {
 			return fmt.Errorf("sqlstore: creating partitions of table %s: %w", s.cfg.Table, err)
 		}
 	}
+	s.heard(nil)
 	return nil
 }
 
@@ -199,6 +206,7 @@ func (s *Store) Claim(ctx context.Context, scope string, keys []string, lease ti
 	if err != nil {
 		return nil, fmt.Errorf("sqlstore: claim in scope %q: %w", scope, s.classify(err))
 	}
+	s.heard(nil)
 	if c.Result == stores.Claimed {
 		c.Token = strconv.FormatInt(token, 36)
 	}
@@ -224,6 +232,7 @@ func (s *Store) claimArgs(ctx context.Context, c *stores.Claim, args ...error) (
 // opError prefixes the error of a Complete, Release or Extend.
 func (s *Store) opError(op string, err error) error {
 	if err == nil {
+		s.heard(nil)
 		return nil
 	}
 	return fmt.Errorf("sqlstore: %s: %w", op, s.classify(err))
@@ -358,6 +367,10 @@ func (s *Store) checkSession(ctx context.Context) error {
 			return s.classify(err) // not known yet: checked again next time
 		}
 		s.sessionErr = err
+	}
+	if limit > 0 {
+		// The dialect's check asked the database (MySQL): it answered.
+		s.heard(nil)
 	}
 	if limit > 0 && limit < s.cfg.MaxData {
 		s.serverMaxData.Store(int64(limit))

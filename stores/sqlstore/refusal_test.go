@@ -1,0 +1,395 @@
+//go:build linux
+
+package sqlstore_test
+
+import (
+	"context"
+	"crypto/tls"
+	"database/sql"
+	"errors"
+	"net"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/watermill-dedup/dedup/internal/cycle"
+	"github.com/watermill-dedup/dedup/stores"
+	"github.com/watermill-dedup/dedup/stores/sqlstore"
+	"github.com/watermill-dedup/dedup/stores/storetest"
+	"github.com/watermill-dedup/dedup/testkit"
+)
+
+// An error is an outage only when it is known to be one: a server that
+// refuses the client (its credentials, its TLS, its privileges) is not
+// unavailable, whatever the driver makes of the refusal (a connect error,
+// a TLS alert that crypto/tls returns as a network error, a connection
+// the driver reports invalid), and neither is a reset or an EOF from a
+// server whose last word to the store was such a refusal. FailOpen would
+// run handlers through an outage, unprotected, for as long as the
+// settings stay wrong.
+
+// refused makes n Claims on s and checks that each fails with an error
+// that is no outage and whose text holds want.
+func refused(t *testing.T, s *sqlstore.Store, n int, want string) {
+	t.Helper()
+	for i := range n {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		_, err := s.Claim(ctx, "s", []string{"k" + string(rune('a'+i%26))}, time.Minute)
+		cancel()
+		switch {
+		case err == nil:
+			t.Fatalf("Claim %d: the client was let in, want %q", i, want)
+		case errors.Is(err, stores.ErrUnavailable) || cycle.IsOutage(err):
+			t.Fatalf("Claim %d: %v: an outage, want a refusal (%q)", i, err, want)
+		case !strings.Contains(err.Error(), want):
+			t.Fatalf("Claim %d: %v, want %q", i, err, want)
+		}
+	}
+}
+
+// storeOnDB is a store over db on an existing table, closed with the
+// test.
+func storeOnDB(t *testing.T, db *sql.DB, d sqlstore.Dialect, table string) *sqlstore.Store {
+	t.Helper()
+	s, err := sqlstore.New(db, sqlstore.Config{Dialect: d, Table: table, Batch: sqlstore.BatchConfig{Disabled: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close(context.Background()) })
+	return s
+}
+
+func openDB(t *testing.T, driver, dsn string) *sql.DB {
+	t.Helper()
+	db, err := sql.Open(driver, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	return db
+}
+
+// pgRefusalServer is a PostgreSQL cluster of the test's own that takes
+// TLS only: "dedup-client" by its client certificate (cert: verify-full),
+// pwuser by password, the other roles as they are, and a table of the
+// store's that both may use.
+func pgRefusalServer(t *testing.T, conf string) (*testkit.PostgresServer, string) {
+	t.Helper()
+	srv := testkit.StartPostgres(t, `hostssl all "dedup-client" 127.0.0.1/32 cert
+hostssl all pwuser 127.0.0.1/32 scram-sha-256
+hostssl all all 127.0.0.1/32 trust`, conf)
+	srv.Exec("postgres", "CREATE DATABASE test")
+	srv.Exec("test",
+		`CREATE ROLE "dedup-client" LOGIN`, "CREATE ROLE pwuser LOGIN PASSWORD 'pw'",
+		"CREATE ROLE noconnect LOGIN", "CREATE ROLE noprivs LOGIN",
+		"REVOKE CONNECT ON DATABASE test FROM PUBLIC",
+		`GRANT CONNECT ON DATABASE test TO "dedup-client", pwuser, noprivs`)
+	table := "dedup_test_" + storetest.NewID()
+	newStore(t, srv.Admin("test"), sqlstore.Postgres, sqlstore.Config{Table: table})
+	srv.Exec("test", `GRANT `+testkit.StoreGrants+` ON "`+table+`" TO "dedup-client", pwuser`)
+	return srv, table
+}
+
+// TestPostgresRefusalIsNotAnOutage: on a cluster of the test's own that
+// takes TLS only, with client certificates for one role: every refusal of
+// the client fails the claim unclassified (the handler of a fail-open
+// consumer does not run), and a server that is down is still an outage.
+func TestPostgresRefusalIsNotAnOutage(t *testing.T) {
+	srv, table := pgRefusalServer(t, "ssl_min_protocol_version = 'TLSv1.3'")
+	other := testkit.MakeTLSFiles(t) // another authority, trusted by neither side
+	q := func(kv ...string) url.Values {
+		v := url.Values{}
+		for i := 0; i < len(kv); i += 2 {
+			v.Set(kv[i], kv[i+1])
+		}
+		return v
+	}
+	withCert := func(files *testkit.TLSFiles, kv ...string) url.Values {
+		v := q(append([]string{"sslmode", "verify-full", "sslrootcert", srv.CA, "sslcert", files.ClientCert, "sslkey", files.ClientKey}, kv...)...)
+		return v
+	}
+
+	// The certificate the server's authority signed lets the role in.
+	good := storeOnDB(t, openDB(t, "pgx", srv.DSN("dedup-client", "", "test", withCert(srv.TLS))), sqlstore.Postgres, table)
+	if c, err := good.Claim(context.Background(), "s", []string{"good"}, time.Minute); err != nil || c.Result != stores.Claimed {
+		t.Fatalf("Claim with the client certificate = %+v, %v", c, err)
+	}
+
+	for _, c := range []struct {
+		name, user, password string
+		params               url.Values
+		want                 string
+	}{
+		{"without a client certificate", "dedup-client", "", q("sslmode", "verify-full", "sslrootcert", srv.CA), "connection requires a valid client certificate (SQLSTATE 28000)"},
+		{"with a certificate of another authority", "dedup-client", "", withCert(other), ""}, // the alert, or the reset that overtakes it
+		{"in plain text on a TLS-only server", "dedup-client", "", q("sslmode", "disable"), "no pg_hba.conf entry"},
+		{"with a wrong password", "pwuser", "wrong", q("sslmode", "require"), "(SQLSTATE 28P01)"},
+		{"without the CONNECT privilege", "noconnect", "", q("sslmode", "require"), "permission denied for database"},
+		{"without privileges on the table", "noprivs", "", q("sslmode", "require"), "(SQLSTATE 42501)"},
+		{"not trusting the server's certificate", "dedup-client", "", withCert(srv.TLS, "sslrootcert", other.CA), "x509: certificate signed by unknown authority"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s := storeOnDB(t, openDB(t, "pgx", srv.DSN(c.user, c.password, "test", c.params)), sqlstore.Postgres, table)
+			refused(t, s, 3, c.want)
+		})
+	}
+
+	t.Run("TLS 1.2 on a TLS 1.3 server", func(t *testing.T) {
+		// The server's alert (protocol version): crypto/tls returns it as
+		// a *net.OpError, a net.Error, inside pgx's connect error.
+		cfg, err := pgx.ParseConfig(srv.DSN("dedup-client", "", "test", withCert(srv.TLS)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.TLSConfig.MaxVersion = tls.VersionTLS12
+		db := stdlib.OpenDB(*cfg)
+		t.Cleanup(func() { _ = db.Close() })
+		refused(t, storeOnDB(t, db, sqlstore.Postgres, table), 3, "remote error: tls: protocol version not supported")
+	})
+
+	t.Run("FailOpen runs no handler", func(t *testing.T) {
+		s := storeOnDB(t, openDB(t, "pgx", srv.DSN("pwuser", "wrong", "test", q("sslmode", "require"))), sqlstore.Postgres, table)
+		if ran, err := testkit.FailOpenRun(t, s, 5); ran != 0 || err == nil {
+			t.Fatalf("FailOpen with a wrong password: %d of 5 handlers ran unprotected, last error %v", ran, err)
+		}
+	})
+
+	// pgVia opens the cluster as user through r, with password, over
+	// TLS.
+	pgVia := func(t *testing.T, r *redirect, user, password string) *sqlstore.Store {
+		cfg, err := pgx.ParseConfig(srv.DSN(user, password, "test", q("sslmode", "require", "connect_timeout", "10")))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.DialFunc = r.dial
+		db := stdlib.OpenDB(*cfg)
+		db.SetMaxIdleConns(0) // every call on a connection of its own, from r
+		t.Cleanup(func() { _ = db.Close() })
+		return storeOnDB(t, db, sqlstore.Postgres, table)
+	}
+	t.Run("a reset after the refusal", func(t *testing.T) {
+		resetsAfterRefusal(t, srv.Addr(), "(SQLSTATE 28P01)", func(r *redirect) *sqlstore.Store { return pgVia(t, r, "pwuser", "wrong") })
+	})
+	t.Run("outages stay outages", func(t *testing.T) {
+		outagesStay(t, srv.Addr(), func(r *redirect) *sqlstore.Store { return pgVia(t, r, "pwuser", "pw") })
+	})
+}
+
+// redirect is a dialer whose target the test switches: the server, a
+// port that closes every connection it accepts, one where nothing
+// listens.
+type redirect struct{ target atomic.Pointer[string] }
+
+func newRedirect(target string) *redirect {
+	r := &redirect{}
+	r.to(target)
+	return r
+}
+
+func (r *redirect) to(target string) { r.target.Store(&target) }
+
+func (r *redirect) dial(ctx context.Context, _, _ string) (net.Conn, error) {
+	var d net.Dialer
+	return d.DialContext(ctx, "tcp", *r.target.Load())
+}
+
+// closing listens on a loopback port and closes every connection it
+// accepts at once: with a reset (SO_LINGER 0) or an EOF.
+func closing(t *testing.T, reset bool) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			if reset {
+				_ = c.(*net.TCPConn).SetLinger(0)
+			}
+			_ = c.Close()
+		}
+	}()
+	t.Cleanup(func() {
+		_ = ln.Close()
+		<-done
+	})
+	return ln.Addr().String()
+}
+
+// resetsAfterRefusal: a server that refused the client (its error holds
+// want) is not unavailable when it closes the next connections, with a
+// reset or an EOF; neither is one that never answered the store.
+func resetsAfterRefusal(t *testing.T, server, want string, open func(*redirect) *sqlstore.Store) {
+	r := newRedirect(server)
+	s := open(r)
+	refused(t, s, 1, want)
+	for _, reset := range []bool{true, false} {
+		r.to(closing(t, reset))
+		refused(t, s, 3, "refused")
+	}
+	refused(t, open(newRedirect(closing(t, true))), 3, "not known to be an outage")
+}
+
+// outagesStay: a store the server answered meets an outage when its
+// connections are reset or closed, or nothing listens any more; a store
+// that never reached the server, when nothing listens.
+func outagesStay(t *testing.T, server string, open func(*redirect) *sqlstore.Store) {
+	ctx := context.Background()
+	r := newRedirect(server)
+	s := open(r)
+	if _, err := s.Claim(ctx, "s", []string{"answered"}, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	outage := func(what string, s *sqlstore.Store) {
+		t.Helper()
+		for i := range 3 {
+			_, err := s.Claim(ctx, "s", []string{"down" + strconv.Itoa(i)}, time.Minute)
+			if !errors.Is(err, stores.ErrUnavailable) {
+				t.Fatalf("Claim %d, %s: %v, want an outage", i, what, err)
+			}
+		}
+	}
+	r.to(closing(t, true))
+	outage("every connection reset, after the server answered", s)
+	r.to(closing(t, false))
+	outage("every connection closed, after the server answered", s)
+	closed := testkit.ClosedAddr(t)
+	r.to(closed)
+	outage("nothing listening, after the server answered", s)
+	outage("nothing listening", open(newRedirect(closed)))
+}
+
+// TestMySQLRefusalIsNotAnOutage: on a MariaDB of the test's own that
+// requires secure transport, with a user that requires a client
+// certificate (REQUIRE X509): every refusal of the client fails the claim
+// unclassified, however go-sql-driver reports it: an access denied
+// (1045), the server's TLS alert refusing a certificate of another
+// authority (a network error under TLS 1.2; under TLS 1.3, read after the
+// client's handshake, an "invalid connection"), a server certificate the
+// client does not trust. A server that is down is still an outage.
+func TestMySQLRefusalIsNotAnOutage(t *testing.T) {
+	files := testkit.MakeTLSFiles(t)
+	other := testkit.MakeTLSFiles(t)
+	srv := startMariaDB(t, "--ssl-ca="+files.CA, "--ssl-cert="+files.ServerCert, "--ssl-key="+files.ServerKey)
+	// Root on the server's socket: secure transport, whatever is required
+	// of TCP clients.
+	rootCfg := mysql.NewConfig()
+	rootCfg.User, rootCfg.Net, rootCfg.Addr, rootCfg.DBName = "root", "unix", srv.dir+"/sock", "test"
+	root := openDB(t, "mysql", rootCfg.FormatDSN())
+	ctx := context.Background()
+	for _, stmt := range []string{
+		"SET GLOBAL require_secure_transport = ON",
+		"CREATE USER x509u REQUIRE X509", "GRANT ALL ON test.* TO x509u",
+		"CREATE USER pwu IDENTIFIED BY 'pw'", "GRANT ALL ON test.* TO pwu",
+	} {
+		if _, err := root.ExecContext(ctx, stmt); err != nil {
+			t.Fatalf("%s: %v", stmt, err)
+		}
+	}
+	table := newStore(t, root, sqlstore.MySQL, sqlstore.Config{}).Table()
+	open := func(t *testing.T, user, password, addr string, tlsCfg *tls.Config) *sql.DB {
+		cfg := mysql.NewConfig()
+		cfg.User, cfg.Passwd, cfg.Net, cfg.Addr, cfg.DBName = user, password, "tcp", addr, "test"
+		cfg.TLS, cfg.Timeout = tlsCfg, 10*time.Second
+		conn, err := mysql.NewConnector(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		db := sql.OpenDB(conn)
+		t.Cleanup(func() { _ = db.Close() })
+		return db
+	}
+	addr := "127.0.0.1:" + strconv.Itoa(srv.port)
+	tlsWith := func(certOf *testkit.TLSFiles, max uint16) *tls.Config {
+		cfg := files.ClientConfig(t, false)
+		if certOf != nil {
+			cfg.Certificates = certOf.ClientConfig(t, true).Certificates
+		}
+		cfg.MaxVersion = max
+		return cfg
+	}
+
+	good := storeOnDB(t, open(t, "x509u", "", addr, tlsWith(files, 0)), sqlstore.MySQL, table)
+	if c, err := good.Claim(ctx, "s", []string{"good"}, time.Minute); err != nil || c.Result != stores.Claimed {
+		t.Fatalf("Claim with the client certificate = %+v, %v", c, err)
+	}
+
+	untrusting := files.ClientConfig(t, true)
+	untrusting.RootCAs = other.ClientConfig(t, false).RootCAs
+	for _, c := range []struct {
+		name, user, password string
+		tls                  *tls.Config
+		want                 string
+	}{
+		{"without a client certificate", "x509u", "", tlsWith(nil, 0), "Error 1045"},
+		{"in plain text", "pwu", "pw", nil, "Error 1045"},
+		{"with a wrong password", "pwu", "wrong", tlsWith(nil, 0), "Error 1045"},
+		{"with a certificate of another authority, TLS 1.2", "x509u", "", tlsWith(other, tls.VersionTLS12), "remote error: tls: unknown certificate authority"},
+		{"with a certificate of another authority, TLS 1.3", "x509u", "", tlsWith(other, tls.VersionTLS13), "connection"}, // invalid, or bad when a write met the reset
+		{"not trusting the server's certificate", "x509u", "", untrusting, "x509: certificate signed by unknown authority"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			refused(t, storeOnDB(t, open(t, c.user, c.password, addr, c.tls), sqlstore.MySQL, table), 3, c.want)
+		})
+	}
+
+	t.Run("FailOpen runs no handler", func(t *testing.T) {
+		s := storeOnDB(t, open(t, "x509u", "", addr, tlsWith(other, tls.VersionTLS13)), sqlstore.MySQL, table)
+		if ran, err := testkit.FailOpenRun(t, s, 5); ran != 0 || err == nil {
+			t.Fatalf("FailOpen with a certificate of another authority: %d of 5 handlers ran unprotected, last error %v", ran, err)
+		}
+	})
+
+	via := func(t *testing.T, r *redirect, user, password string) *sqlstore.Store {
+		cfg := mysql.NewConfig()
+		cfg.User, cfg.Passwd, cfg.Net, cfg.Addr, cfg.DBName = user, password, "tcp", addr, "test"
+		cfg.TLS, cfg.Timeout, cfg.DialFunc = tlsWith(nil, 0), 10*time.Second, r.dial
+		conn, err := mysql.NewConnector(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		db := sql.OpenDB(conn)
+		db.SetMaxIdleConns(0) // every call on a connection of its own, from r
+		t.Cleanup(func() { _ = db.Close() })
+		return storeOnDB(t, db, sqlstore.MySQL, table)
+	}
+	t.Run("a reset after the refusal", func(t *testing.T) {
+		resetsAfterRefusal(t, addr, "Error 1045", func(r *redirect) *sqlstore.Store { return via(t, r, "pwu", "wrong") })
+	})
+	t.Run("outages stay outages", func(t *testing.T) {
+		outagesStay(t, addr, func(r *redirect) *sqlstore.Store { return via(t, r, "pwu", "pw") })
+	})
+}
+
+// TestSQLiteCannotOpenIsNotAnOutage: a database file SQLite cannot open
+// (SQLITE_CANTOPEN: a directory that does not exist, a file it may not
+// read) is a path or a permission to fix, not an outage.
+func TestSQLiteCannotOpenIsNotAnOutage(t *testing.T) {
+	for _, driver := range []string{"sqlite", "sqlite3"} {
+		t.Run(driver, func(t *testing.T) {
+			path := t.TempDir() + "/missing/dedup.db"
+			dsn := sqlstore.SQLiteDSN(path)
+			if driver == "sqlite" {
+				dsn = "file:" + path + "?_pragma=busy_timeout(1000)"
+			}
+			s := storeOnDB(t, openDB(t, driver, dsn), sqlstore.SQLite, "dedup_test")
+			refused(t, s, 2, "unable to open database file")
+			if ran, err := testkit.FailOpenRun(t, s, 3); ran != 0 || err == nil {
+				t.Fatalf("FailOpen on a database SQLite cannot open: %d of 3 handlers ran unprotected, last error %v", ran, err)
+			}
+		})
+	}
+}
