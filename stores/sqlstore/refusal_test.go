@@ -182,6 +182,21 @@ func TestPostgresRefusalIsNotAnOutage(t *testing.T) {
 	})
 }
 
+// TestPostgresWithoutTLSIsNotAnOutage: a client that requires TLS
+// (sslmode=require) on a server without it is refused ("server refused
+// TLS connection"), not an outage.
+func TestPostgresWithoutTLSIsNotAnOutage(t *testing.T) {
+	srv := testkit.StartPostgres(t, "host all all 127.0.0.1/32 trust", "ssl = off")
+	srv.Exec("postgres", "CREATE DATABASE test")
+	table := "dedup_test_" + storetest.NewID()
+	newStore(t, srv.Admin("test"), sqlstore.Postgres, sqlstore.Config{Table: table})
+	s := storeOnDB(t, openDB(t, "pgx", srv.DSN("postgres", "", "test", url.Values{"sslmode": {"require"}})), sqlstore.Postgres, table)
+	refused(t, s, 3, "server refused TLS connection")
+	if ran, err := testkit.FailOpenRun(t, s, 3); ran != 0 || err == nil {
+		t.Fatalf("FailOpen with TLS required of a server without it: %d of 3 handlers ran unprotected, last error %v", ran, err)
+	}
+}
+
 // redirect is a dialer whose target the test switches: the server, a
 // port that closes every connection it accepts, one where nothing
 // listens.
