@@ -1,8 +1,11 @@
 package acceptance_test
 
 import (
+	"time"
+
 	"github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
+	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/watermill-dedup/dedup/acceptance"
 	amqpkeys "github.com/watermill-dedup/dedup/keyfuncs/amqpkeys/v3"
@@ -20,10 +23,13 @@ var amqpV3 = amqpClients{
 	newPublisher: func(url string) (message.Publisher, error) {
 		return amqp.NewPublisher(amqp.NewDurablePubSubConfig(url, amqp.GenerateQueueNameTopicNameWithSuffix("")), testLogger())
 	},
-	newSubscriber: func(url, group string, foreign bool) (message.Subscriber, error) {
+	newSubscriber: func(url, group string, foreign bool, consumerTimeout time.Duration) (message.Subscriber, error) {
 		c := amqp.NewDurablePubSubConfig(url, amqp.GenerateQueueNameTopicNameWithSuffix(group))
 		if foreign {
 			c.Marshaler = amqpkeys.Marshaler{Inner: c.Marshaler}
+		}
+		if consumerTimeout > 0 {
+			c.Queue.Arguments = amqp091.Table{"x-consumer-timeout": consumerTimeout.Milliseconds()}
 		}
 		return amqp.NewSubscriber(c, testLogger())
 	},

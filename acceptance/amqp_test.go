@@ -31,9 +31,10 @@ type amqpClients struct {
 	// newPublisher and newSubscriber (of group) are on the durable pub/sub
 	// configuration (a fanout exchange per topic, a queue per group);
 	// foreign: set up for the native producer's messages (amqpkeys'
-	// marshaler).
+	// marshaler); consumerTimeout, when positive, is the queue's
+	// x-consumer-timeout (RabbitMQ 3.12 and later).
 	newPublisher  func(url string) (message.Publisher, error)
-	newSubscriber func(url, group string, foreign bool) (message.Subscriber, error)
+	newSubscriber func(url, group string, foreign bool, consumerTimeout time.Duration) (message.Subscriber, error)
 	// queue is the name of group's queue of topic.
 	queue func(topic, group string) string
 	// messageID and publishedAt are amqpkeys' of the major.
@@ -46,10 +47,13 @@ var amqpV2 = amqpClients{
 	newPublisher: func(url string) (message.Publisher, error) {
 		return amqp.NewPublisher(amqp.NewDurablePubSubConfig(url, amqp.GenerateQueueNameTopicNameWithSuffix("")), testLogger())
 	},
-	newSubscriber: func(url, group string, foreign bool) (message.Subscriber, error) {
+	newSubscriber: func(url, group string, foreign bool, consumerTimeout time.Duration) (message.Subscriber, error) {
 		c := amqp.NewDurablePubSubConfig(url, amqp.GenerateQueueNameTopicNameWithSuffix(group))
 		if foreign {
 			c.Marshaler = amqpkeys.Marshaler{Inner: c.Marshaler}
+		}
+		if consumerTimeout > 0 {
+			c.Queue.Arguments = amqp091.Table{"x-consumer-timeout": consumerTimeout.Milliseconds()}
 		}
 		return amqp.NewSubscriber(c, testLogger())
 	},
@@ -88,7 +92,7 @@ func rabbitMQOf(c amqpClients) acceptance.Backend {
 			return c.newPublisher(env["url"])
 		},
 		NewSubscriber: func(_ testing.TB, env acceptance.Env, group string) (message.Subscriber, error) {
-			return c.newSubscriber(env["url"], group, false)
+			return c.newSubscriber(env["url"], group, false, consumerTimeoutOf(env))
 		},
 		RemoveGroup: func(_ testing.TB, env acceptance.Env, topic, group string) error {
 			name := c.queue(topic, group)
@@ -97,13 +101,14 @@ func rabbitMQOf(c amqpClients) acceptance.Backend {
 				return err
 			})
 		},
+		Deadline: &acceptance.Deadline{Name: "RabbitMQ consumer timeout", Prepare: amqpDeadline},
 		Native: &acceptance.Native{
 			Client:       "amqp091 with publisher confirms",
 			NewPublisher: newAMQPProducer,
 			// amqpkeys.Marshaler: message_id becomes the UUID, the
 			// properties become metadata, non-string headers strings.
 			NewSubscriber: func(_ testing.TB, env acceptance.Env, group string) (message.Subscriber, error) {
-				return c.newSubscriber(env["url"], group, true)
+				return c.newSubscriber(env["url"], group, true, consumerTimeoutOf(env))
 			},
 			Key:         keyfuncs.MessageID(),
 			KeyName:     "keyfuncs.MessageID()",

@@ -346,9 +346,22 @@ type consumerCore struct {
 	nackOnDeath bool
 	dead        <-chan struct{}
 
+	// hook, when set, takes over the effect of some deliveries (the
+	// lifecycle scenarios hold handlers with it); in-process consumers
+	// only.
+	hook handlerHook
+
 	ids      atomic.Uint64
 	attempts sync.Map // "kind/event" -> true
 	fails    atomic.Int64
+}
+
+// handlerHook lets a scenario run the effect of a delivery itself, where
+// and when it wants: handle returns false when it leaves d to the usual
+// handler, or true and the handler's error once it applied the effect
+// with apply (or failed).
+type handlerHook interface {
+	handle(ctx context.Context, d *delivery, apply func(context.Context) error) (bool, error)
 }
 
 func newConsumerCore(spec consumerSpec, s sink, opened Opened, b Backend, st Store, logger watermill.LoggerAdapter) *consumerCore {
@@ -589,8 +602,18 @@ func (c *consumerCore) handle(msg *message.Message) ([]*message.Message, error) 
 			return nil, err
 		}
 	}
-	if err := c.apply(ctx, d, event); err != nil {
-		return nil, err
+	applied := false
+	if c.hook != nil {
+		taken, err := c.hook.handle(ctx, d, func(ctx context.Context) error { return c.apply(ctx, d, event) })
+		if err != nil {
+			return nil, err
+		}
+		applied = taken
+	}
+	if !applied {
+		if err := c.apply(ctx, d, event); err != nil {
+			return nil, err
+		}
 	}
 	if c.spec.Crash[d.event] == crashAfterEffect && c.sink.claimCrash(d.event) {
 		return nil, c.sink.crash(d, crashAfterEffect)

@@ -28,7 +28,8 @@ func goChannel() acceptance.Backend {
 		return ps.(*gochannel.GoChannel), nil
 	}
 	return acceptance.Backend{
-		Name: "gochannel",
+		Name:     "gochannel",
+		Deadline: &acceptance.Deadline{None: "gochannel has no deadline for a delivery: it waits for the ack (or the subscriber's end) for ever"},
 		Setup: func(t *testing.T) (acceptance.Env, error) {
 			id := watermill.NewShortUUID()
 			ps := gochannel.NewGoChannel(gochannel.Config{OutputChannelBuffer: 256}, watermill.NopLogger{})

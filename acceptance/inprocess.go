@@ -22,6 +22,10 @@ type consumer struct {
 	stopped  chan struct{}
 	stopOnce sync.Once
 	torn     sync.Once
+
+	// closing is closed when the router first closes the subscriber, as
+	// it begins to close (conn.watchClose); nil otherwise.
+	closing chan struct{}
 }
 
 // noClose keeps a shared publisher open when a router closes its handler's
@@ -34,6 +38,10 @@ func (noClose) Close() error { return nil }
 type conn struct {
 	benv   Env
 	opened Opened
+	// hook takes over the effect of some deliveries (see handlerHook).
+	hook handlerHook
+	// watchClose: report when the router begins to close (consumer.closing).
+	watchClose bool
 }
 
 // startConsumer starts an in-process consumer on the run's backend and
@@ -52,10 +60,15 @@ func (r *run) startConsumerWith(spec consumerSpec, cn conn) *consumer {
 	c.core.currentProc = c.currentProc
 	c.core.nackOnDeath = !r.b.Features.Persistent
 	c.core.dead = r.done
+	c.core.hook = cn.hook
 	r.used(spec.Topic, spec.Group)
 	sub, err := newSubscriber(r.t, r.b, cn.benv, spec)
 	if err != nil {
 		r.t.Fatalf("backend %s subscriber: %v", r.b.Name, err)
+	}
+	if cn.watchClose {
+		w := &closeWatch{Subscriber: sub, closing: make(chan struct{})}
+		c.closing, sub = w.closing, w
 	}
 	c.sub = sub
 	router, err := c.core.router(sub, noClose{r.pub})
@@ -107,6 +120,58 @@ func (c *consumer) stop() {
 			c.r.t.Logf("consumer %s: closing the subscriber: %v", c.spec.Name, err)
 		}
 	})
+}
+
+// shutdown closes the consumer as a deploy does, with its handlers
+// running: router.Close, then, once the router began closing (it closed
+// the subscriber, see conn.watchClose), release, which lets the held
+// handlers go on. It waits for the router to stop, closes the middleware
+// (under AsyncComplete its Completes land first) and the subscriber.
+// Unlike stop it does not end the scenario: another consumer of the group
+// resumes. It returns router.Close's error (a handler outlived the
+// router's CloseTimeout).
+func (c *consumer) shutdown(release func()) error {
+	var closeErr error
+	c.stopOnce.Do(func() {
+		closed := make(chan error, 1)
+		go func() { closed <- c.router.Close() }()
+		select {
+		case <-c.closing:
+		case <-c.stopped:
+		case <-time.After(time.Minute):
+			c.r.t.Errorf("consumer %s: the router did not close its subscriber a minute after Close", c.spec.Name)
+		}
+		release()
+		select {
+		case closeErr = <-closed:
+		case <-time.After(2 * time.Minute):
+			c.r.t.Errorf("consumer %s: router.Close did not return within two minutes", c.spec.Name)
+		}
+		select {
+		case <-c.stopped:
+		case <-time.After(time.Minute):
+			c.r.t.Errorf("consumer %s: router still running a minute after Close", c.spec.Name)
+		}
+		if err := c.core.closeMiddleware(c.currentProc()); err != nil {
+			c.r.t.Errorf("consumer %s: closing the middleware: %v", c.spec.Name, err)
+		}
+		if err := c.sub.Close(); err != nil {
+			c.r.t.Logf("consumer %s: closing the subscriber: %v", c.spec.Name, err)
+		}
+	})
+	return closeErr
+}
+
+// closeWatch reports when its subscriber is first closed.
+type closeWatch struct {
+	message.Subscriber
+	once    sync.Once
+	closing chan struct{}
+}
+
+func (w *closeWatch) Close() error {
+	w.once.Do(func() { close(w.closing) })
+	return w.Subscriber.Close()
 }
 
 // regenerate kills the consumer's current proc and gives it a new one:

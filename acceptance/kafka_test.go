@@ -129,6 +129,11 @@ func kafkaBackend(name string) acceptance.Backend {
 				OverwriteSaramaConfig: cfg,
 			}, testLogger())
 		},
+		// A member heartbeats whatever its handlers do: no delivery
+		// deadline; what moves a message under a running handler is a
+		// rebalance.
+		Deadline:   &acceptance.Deadline{None: "Kafka has no deadline for a delivery: a member keeps its partitions while it heartbeats, however long a handler runs; a message moves under a running handler when the group rebalances (13_consumer_rebalance)"},
+		GroupState: kafkaGroupState,
 		Native: &acceptance.Native{
 			Client:       "sarama SyncProducer",
 			NewPublisher: newSaramaProducer,
@@ -245,4 +250,29 @@ func deleteKafkaGroup(env acceptance.Env, group string) error {
 		return err
 	}
 	return nil
+}
+
+// kafkaGroupState describes the consumer group: its members, and whether
+// it is rebalancing (PreparingRebalance: waiting for every member to
+// rejoin; CompletingRebalance: waiting for the leader's assignment).
+func kafkaGroupState(_ testing.TB, env acceptance.Env, group string) (acceptance.GroupState, error) {
+	admin, err := sarama.NewClusterAdmin(brokersOf(env), saramaConfig())
+	if err != nil {
+		return acceptance.GroupState{}, err
+	}
+	defer admin.Close()
+	ds, err := admin.DescribeConsumerGroups([]string{group})
+	if err != nil {
+		return acceptance.GroupState{}, err
+	}
+	if len(ds) != 1 {
+		return acceptance.GroupState{}, fmt.Errorf("describe group %s: %d groups described", group, len(ds))
+	}
+	if !errors.Is(ds[0].Err, sarama.ErrNoError) {
+		return acceptance.GroupState{}, fmt.Errorf("describe group %s: %w", group, ds[0].Err)
+	}
+	return acceptance.GroupState{
+		Members:     len(ds[0].Members),
+		Rebalancing: ds[0].State == "PreparingRebalance" || ds[0].State == "CompletingRebalance",
+	}, nil
 }

@@ -32,6 +32,18 @@ var storeScenarios = []acceptance.Scenario{
 	acceptance.ConcurrentDuplicates,
 	acceptance.ProducerRepublish,
 	acceptance.StoreOutage,
+	acceptance.GracefulShutdown,
+	acceptance.SubscriberDeadline,
+	acceptance.ConsumerRebalance,
+	acceptance.SlowStore,
+}
+
+// lifecycleScenarios run on every row of the matrix, the lean ones too.
+var lifecycleScenarios = []acceptance.Scenario{
+	acceptance.GracefulShutdown,
+	acceptance.SubscriberDeadline,
+	acceptance.ConsumerRebalance,
+	acceptance.SlowStore,
 }
 
 // TestAcceptance runs the matrix:
@@ -48,11 +60,14 @@ var storeScenarios = []acceptance.Scenario{
 //     subscriber's transaction, the default; and in its own transaction
 //     for the crash and lease expiry scenarios); the same on the new
 //     majors, lean: watermill-sql v4 (sql-v4-*) joined through every
-//     scenario, in the store's own transaction through the crash and
-//     lease expiry scenarios, and watermill-amqp
+//     scenario, in the store's own transaction through the crash, lease
+//     expiry and lifecycle scenarios, and watermill-amqp
 //     v3 (rabbitmq-v3) with Redis in lease mode through every scenario;
 //   - every store, in every mode, through scenarios 1-4 and 6 on gochannel
-//     and on Kafka.
+//     and on Kafka;
+//   - every row above through the lifecycle scenarios 11-14 (graceful
+//     shutdown, subscriber deadline, consumer rebalance, slow store),
+//     recorded as n/a with the reason where one cannot apply.
 //
 // Kafka is kfake in the test process, and also the cluster in
 // KAFKA_BROKERS when that is set.
@@ -87,7 +102,7 @@ func TestAcceptance(t *testing.T) {
 		// through every scenario, and the store's own transaction
 		// through those that kill its consumers or stall them.
 		acceptance.Run(t, sqlPubSub4(d), sqlStoreJoinedTx4(d))
-		acceptance.Run(t, sqlPubSub4(d), sqlStore(d, true), acceptance.ConsumerCrash, acceptance.LeaseExpiry)
+		acceptance.Run(t, sqlPubSub4(d), sqlStore(d, true), append([]acceptance.Scenario{acceptance.ConsumerCrash, acceptance.LeaseExpiry}, lifecycleScenarios...)...)
 	}
 	// watermill-amqp v3, lean: Redis in lease mode (AsyncComplete is the
 	// middleware's, the same on either major).

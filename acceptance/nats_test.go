@@ -109,6 +109,7 @@ func natsJetStream() acceptance.Backend {
 			}
 			return err
 		},
+		Deadline: &acceptance.Deadline{Name: fmt.Sprintf("JetStream AckWait %s (the server redelivers to any member, the subscriber stops waiting for the handler)", natsAckWait)},
 		Native: &acceptance.Native{
 			Client:       "nats.go jetstream PublishMsg with Nats-Msg-Id",
 			NewPublisher: newNATSProducer,

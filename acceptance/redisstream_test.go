@@ -119,6 +119,7 @@ func redisStreams() acceptance.Backend {
 				return c.XGroupDestroy(ctx, topic, group).Err()
 			})
 		},
+		Deadline: &acceptance.Deadline{Name: fmt.Sprintf("Redis Streams claim idle time %s (a member XCLAIMs the pending entry)", redisClaimIdle)},
 		Native: &acceptance.Native{
 			Client:       "go-redis XADD",
 			NewPublisher: newRedisProducer,

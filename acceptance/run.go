@@ -56,8 +56,8 @@ type run struct {
 	handledDue      int               // successful handles that were due
 	handledOK       map[string]int    // successful deliveries per message UUID
 	handledBy       map[string]int    // successful deliveries per consumer
-	inflight        map[string]struct{}
-	enteredN        map[string]int // store Claims/Begins per event
+	inflight        map[string]string // delivery key -> event, of the deliveries in flight
+	enteredN        map[string]int    // store Claims/Begins per event
 	completeOK      map[string]int
 	completeLost    map[string]int
 	crashPlan       map[string]bool                       // events whose crash is still to happen
@@ -73,6 +73,7 @@ type run struct {
 	effectCount     int
 	completeErr     int                // Complete/commit calls that failed (not a lost claim)
 	ackedIncomplete int                // deliveries acked although their Complete failed
+	incompleteBy    map[string]int     // the same per event (in-process consumers)
 	groups          map[[2]string]bool // (topic, group) pairs consumers used
 	stoppers        []func()           // stop every consumer started, idempotent
 }
@@ -120,7 +121,7 @@ func newRun(t *testing.T, b Backend, s Store, sc Scenario, variant string) *run 
 		eventOf:      map[string]string{},
 		handledOK:    map[string]int{},
 		handledBy:    map[string]int{},
-		inflight:     map[string]struct{}{},
+		inflight:     map[string]string{},
 		enteredN:     map[string]int{},
 		completeOK:   map[string]int{},
 		completeLost: map[string]int{},
@@ -130,6 +131,7 @@ func newRun(t *testing.T, b Backend, s Store, sc Scenario, variant string) *run 
 		effectBy:     map[string]bool{},
 		scopeDups:    map[string]int{},
 		uuidsSeen:    map[string]map[string]map[string]bool{},
+		incompleteBy: map[string]int{},
 	}
 	// Registered first, so it runs last: the row sees every failure.
 	t.Cleanup(r.record)
@@ -433,7 +435,7 @@ func (r *run) ObserveStore(string, string, time.Duration, error) {}
 func (r *run) delivered(d *delivery) {
 	r.mu.Lock()
 	r.deliveries++
-	r.inflight[d.key()] = struct{}{}
+	r.inflight[d.key()] = d.event
 	byEvent := r.uuidsSeen[d.consumer]
 	if byEvent == nil {
 		byEvent = map[string]map[string]bool{}
@@ -498,9 +500,12 @@ func (r *run) completed(d *delivery, err error) {
 
 func (r *run) storeCalled(_ *delivery, c storeCall) { r.traced(c) }
 
-func (r *run) incomplete(*delivery) {
+func (r *run) incomplete(d *delivery) {
 	r.mu.Lock()
 	r.ackedIncomplete++
+	if d != nil { // (a child's report names no delivery)
+		r.incompleteBy[d.event]++
+	}
 	r.mu.Unlock()
 }
 

@@ -128,6 +128,63 @@ const (
 	// by the payload's own "message_id" field, not by the key functions
 	// under test.
 	ForeignProducer
+
+	// GracefulShutdown: the router is closed (router.Close, as in a
+	// deploy) while handlers run, held mid-effect: one before its effect
+	// that watches its context and returns ctx.Err() when it ends, one
+	// before its effect that finishes it whatever becomes of its context,
+	// one after its effect that finishes; in transactional mode also one
+	// after its effect that returns ctx.Err() (the rollback takes the
+	// effect away). They are released once the router began closing;
+	// then a new consumer of the same group resumes the subscription.
+	// Every event has exactly one effect: a run that finished completed
+	// its record whatever became of its message's context (detached from
+	// it in lease mode, flushed by the middleware's Close under
+	// AsyncComplete), and its redelivery, when the ack did not reach the
+	// broker, is a duplicate. As many handlers are held at once as the
+	// backend runs at once (every partition of Kafka, one delivery at a
+	// time for a queue's consumer, one transaction at a time for SQLite);
+	// the rest are held by the next consumers, one shutdown each. A
+	// backend that keeps nothing for a closed subscriber (gochannel) has
+	// what it left unacked published again, as a persistent broker
+	// redelivers it.
+	GracefulShutdown
+
+	// SubscriberDeadline: a handler outlives the subscriber's own deadline
+	// for its delivery (Backend.Deadline: watermill-sql's AckDeadline,
+	// JetStream's AckWait, Redis Streams' claim by another member,
+	// RabbitMQ's consumer timeout), while its lease stays valid (the
+	// heartbeat extends it): the pub/sub delivers the message again under
+	// the running handler. Lease mode: the second delivery finds it
+	// InProgress, and once the handler is released it ends as a
+	// duplicate; the only double allowed is the documented takeover of a
+	// lease the probe saw run out. Transactional mode: the second delivery
+	// waits on the record and is a duplicate once the first commits, or,
+	// joined to a subscriber transaction the deadline rolled back, runs
+	// the effect that the first one's commit then cannot keep: exactly one
+	// effect. Not applicable without such a deadline (gochannel; Kafka,
+	// whose counterpart is ConsumerRebalance).
+	SubscriberDeadline
+
+	// ConsumerRebalance: a handler of every shard of the first member of a
+	// group is held mid-flight (before or after its effect) when a second
+	// member joins; once the group is rebalancing the handlers are
+	// released, and the shards move: the joining member takes some over,
+	// with the held messages whose offsets were not committed. Exactly one
+	// effect per event; the joining member handles messages of a shard
+	// that moved. Kafka only (Backend.GroupState).
+	ConsumerRebalance
+
+	// SlowStore: a test-owned TCP proxy in front of the store delays every
+	// byte (testkit.Proxy.SetLatency), so that store calls take longer
+	// than StoreTimeout without failing at the store, for a while, then it
+	// is fast again. Fail-closed: a handler held across the start of the
+	// slowness completes its record through it; nothing lost, nothing
+	// doubled, no bypass. Fail-open (lease mode only): the stream goes on,
+	// bypasses are counted, and an event runs at most once more than once
+	// per bypassed run of it (a bypassed run leaves no record), the bound
+	// the guarantee table states. Not applicable to an embedded store.
+	SlowStore
 )
 
 var scenarioNames = [...]string{
@@ -141,6 +198,10 @@ var scenarioNames = [...]string{
 	Outputs:              "outputs",
 	Retention:            "retention",
 	ForeignProducer:      "foreign_producer",
+	GracefulShutdown:     "graceful_shutdown",
+	SubscriberDeadline:   "subscriber_deadline",
+	ConsumerRebalance:    "consumer_rebalance",
+	SlowStore:            "slow_store",
 }
 
 // Scenarios returns every scenario, in order.
@@ -203,6 +264,26 @@ func runScenario(t *testing.T, b Backend, s Store, sc Scenario) {
 		scenarioRetention(t, b, s)
 	case ForeignProducer:
 		scenarioForeign(t, b, s)
+	case GracefulShutdown:
+		scenarioGraceful(t, b, s)
+	case SubscriberDeadline:
+		scenarioDeadline(t, b, s)
+	case ConsumerRebalance:
+		scenarioRebalance(t, b, s)
+	case SlowStore:
+		t.Run("fail_closed", func(t *testing.T) {
+			t.Parallel()
+			scenarioSlowStore(t, b, s, false)
+		})
+		if s.Transactional {
+			recordRow(Row{Broker: b.Name, Store: s.Name, Scenario: sc.label("fail_open"), Result: ResultNotApplicable,
+				Note: "fail-open cannot be combined with transactional mode (middleware.Config.Validate)"})
+			return
+		}
+		t.Run("fail_open", func(t *testing.T) {
+			t.Parallel()
+			scenarioSlowStore(t, b, s, true)
+		})
 	default:
 		t.Fatalf("acceptance: unknown scenario %d", sc)
 	}

@@ -132,6 +132,7 @@ func sqlPubSubOf(d sqlstore.Dialect, c wsqlClients) acceptance.Backend {
 			}
 			return &sqlSubscriber{Subscriber: sub, db: db}, nil
 		},
+		Deadline: &acceptance.Deadline{Name: fmt.Sprintf("watermill-sql AckDeadline %s, kept by the guarded subscriber (the batch's transaction rolled back, its messages delivered again)", sqlAckDeadline)},
 		Native: &acceptance.Native{
 			Client: "plain INSERTs (database/sql)",
 			NewPublisher: func(_ testing.TB, env acceptance.Env) (acceptance.NativePublisher, error) {

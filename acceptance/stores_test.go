@@ -196,6 +196,7 @@ func sqlStoreConfig(d sqlstore.Dialect, transactional bool, mode string, cfg sql
 		Name:          fmt.Sprintf("sql-%s-%s", d, mode),
 		Transactional: transactional,
 		MultiProcess:  d != sqlstore.SQLite,
+		SingleWriter:  maxConns(d) == 1,
 		Setup: func(t *testing.T, id string) (acceptance.Env, error) {
 			env := acceptance.Env{"table": "dedup_" + id, "ledger": "ledger_" + id}
 			if d == sqlstore.SQLite {

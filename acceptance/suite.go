@@ -133,6 +133,54 @@ type Backend struct {
 	// nil makes that scenario not applicable (gochannel, whose only
 	// producer is Watermill's publisher).
 	Native *Native
+
+	// Deadline is the subscriber's own deadline for a delivery, after
+	// which the pub/sub gives it up and delivers it again under a handler
+	// still running: watermill-sql's AckDeadline, JetStream's AckWait, the
+	// idle time after which another member of a Redis Streams group claims
+	// a pending entry, RabbitMQ's consumer timeout. The SubscriberDeadline
+	// scenario outlives it. Optional: nil, or Deadline.None, makes that
+	// scenario not applicable.
+	Deadline *Deadline
+
+	// GroupState reports the state of a consumer group whose members are
+	// assigned shards, which move between them when a member joins or
+	// leaves (a Kafka consumer group). The ConsumerRebalance scenario
+	// watches it. Optional: nil makes that scenario not applicable (the
+	// members of a queue's group take messages from it, none owns a
+	// shard).
+	GroupState func(t testing.TB, env Env, group string) (GroupState, error)
+}
+
+// Deadline describes a subscriber's deadline for a delivery (see
+// Backend.Deadline).
+type Deadline struct {
+	// Name names the deadline and its length in the summary ("JetStream
+	// AckWait 5s").
+	Name string
+
+	// None, when set, says why the pub/sub has no such deadline: the
+	// scenario is then not applicable, for this reason.
+	None string
+
+	// Prepare, when set, is called in the test process before the
+	// scenario's consumers start. It returns the Env their subscribers are
+	// built from (the deadline set, where it is a setting of the queue or
+	// the consumer), the deadline's name for the summary, and expire: nil
+	// when the pub/sub enforces the deadline itself; otherwise the broker
+	// cannot be given one (RabbitMQ before 3.12), and expire does what the
+	// broker does when it passes — the scenario calls it once a handler
+	// holds. It registers what it opens with t.Cleanup. Optional.
+	Prepare func(t *testing.T, env Env) (subEnv Env, name string, expire func(), err error)
+}
+
+// GroupState is what Backend.GroupState reports of a consumer group.
+type GroupState struct {
+	// Members is the number of members the group has, joined or joining.
+	Members int
+	// Rebalancing: the group is moving its shards between its members
+	// (Kafka's PreparingRebalance and CompletingRebalance states).
+	Rebalancing bool
 }
 
 // Native describes how a producer that is not Watermill publishes to a
@@ -258,6 +306,12 @@ type Store struct {
 	// expiry scenario then counts a stalled run's commit that the rollback
 	// undid as well as the one that stayed.
 	JoinsSubscriberTx bool
+
+	// SingleWriter: the store runs one transaction at a time (SQLite: one
+	// connection). In transactional mode a handler that holds its
+	// transaction holds every other delivery's Begin back: the lifecycle
+	// scenarios then hold one handler at a time.
+	SingleWriter bool
 
 	// Setup provisions the store for one scenario, with names unique to id
 	// (a table, a key prefix; id is lowercase letters and digits), and
@@ -386,13 +440,26 @@ func notApplicable(b Backend, s Store, sc Scenario) string {
 		return noNetworkReason
 	case sc == ForeignProducer && b.Native == nil:
 		return noNativeReason
+	case sc == SubscriberDeadline && b.Deadline == nil:
+		return noDeadlineReason
+	case sc == SubscriberDeadline && b.Deadline.None != "":
+		return b.Deadline.None
+	case sc == ConsumerRebalance && !b.Features.ConsumerGroups:
+		return "no consumer groups: every subscriber gets every message, there is no shard to move"
+	case sc == ConsumerRebalance && b.GroupState == nil:
+		return noRebalanceReason
+	case sc == SlowStore && s.Setup == nil:
+		return noSlowNetworkReason
 	}
 	return ""
 }
 
 const (
-	noNetworkReason = "embedded store: no network connection to cut (not a service skip)"
-	noNativeReason  = "no native client: every producer of this pub/sub is Watermill's publisher (Backend.Native is nil)"
+	noNetworkReason     = "embedded store: no network connection to cut (not a service skip)"
+	noSlowNetworkReason = "embedded store: no network connection to slow down (not a service skip)"
+	noNativeReason      = "no native client: every producer of this pub/sub is Watermill's publisher (Backend.Native is nil)"
+	noDeadlineReason    = "the subscriber has no deadline of its own for a delivery (Backend.Deadline is nil)"
+	noRebalanceReason   = "no consumer-group rebalance: the members of a group take messages from one queue, none owns a shard that could move (Backend.GroupState is nil)"
 )
 
 // DefaultEvents is the base number of events of a scenario.
