@@ -65,7 +65,7 @@ func (s *Store) GetByID(ctx context.Context, id string) (stores.Record, error) {
 
 // get reads the record of rkey; what names it in errors.
 func (s *Store) get(ctx context.Context, rkey, what string) (stores.Record, error) {
-	v, err := s.runOne(ctx, op{readScript, []string{rkey}, nil})
+	v, err := s.runPlain(ctx, op{script: readScript, keys: []string{rkey}})
 	if err != nil {
 		return stores.Record{}, fmt.Errorf("redisstore: get: %w", s.classify(err))
 	}
@@ -113,7 +113,7 @@ func (s *Store) delete(ctx context.Context, rkey string, want stores.RecordState
 	if want == stores.StateProcessing {
 		arg = "p"
 	}
-	v, err := s.runOne(ctx, op{deleteStateScript, []string{rkey}, []any{arg}})
+	v, err := s.runPlain(ctx, op{script: deleteStateScript, keys: []string{rkey}, args: []any{arg}})
 	if err != nil {
 		return stores.Record{}, fmt.Errorf("redisstore: delete: %w", s.classify(err))
 	}
@@ -308,9 +308,9 @@ func (s *Store) Stats(ctx context.Context) (stores.Stats, error) {
 			})
 			ops := make([]op, len(keys))
 			for i, k := range keys {
-				ops[i] = op{peekScript, []string{k}, nil}
+				ops[i] = op{script: peekScript, keys: []string{k}}
 			}
-			vals, errs := s.runAll(ctx, ops)
+			vals, errs := s.runPipelined(ctx, ops) // admin calls do not wait
 			now := msNow()
 			for i, k := range keys {
 				if errs[i] != nil {
@@ -495,11 +495,11 @@ func (s *Store) readAll(ctx context.Context, keys []string) ([]*stores.Record, e
 	var at []int // the index in keys of each op
 	for i, k := range keys {
 		if s.isRecordKey(k) {
-			ops = append(ops, op{readScript, []string{k}, nil})
+			ops = append(ops, op{script: readScript, keys: []string{k}})
 			at = append(at, i)
 		}
 	}
-	vals, errs := s.runAll(ctx, ops)
+	vals, errs := s.runPipelined(ctx, ops) // admin calls do not wait
 	now := msNow()
 	out := make([]*stores.Record, len(keys))
 	for j, i := range at {

@@ -3,6 +3,9 @@ package redisstore
 import (
 	"context"
 	"errors"
+	"slices"
+	"sync/atomic"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -25,8 +28,13 @@ import (
 // A pipeline of n calls costs Redis n script runs but one read and one
 // write system call on each side instead of n, which is where the time of
 // a short script goes: under load this is Redis's pipelined rate instead
-// of its unpipelined one. go-redis splits a pipeline per node in Redis
-// Cluster (ClusterClient) and per shard in a Ring.
+// of its unpipelined one.
+//
+// Where the keys of the calls live on several nodes (Redis Cluster, a
+// Ring), each node has a batcher of its own (a lane), with its own
+// MaxInFlight slots: a pipeline carries the calls of one node, so a node
+// that is slow to answer, or whose replicas are (WaitReplicas), holds up
+// only the calls on its own keys, never those of the other nodes.
 //
 // Each op's reply and error are its own: a script error (NOSCRIPT, a
 // wrong type) fails that call only. A failure of the pipeline itself (the
@@ -41,22 +49,114 @@ import (
 // Batcher runs in the background, so the message can be claimed again at
 // once instead of after its lease.
 
-// run sends one op, batched unless Batch.Disabled.
-func (s *Store) run(ctx context.Context, o op) (any, error) {
-	if s.batcher != nil {
-		return s.batcher.DoLater(ctx, o, stores.Linger(ctx))
+// lane batches the calls to one node (to every node when the keys of a
+// call cannot live on several).
+type lane struct {
+	b *batch.Batcher[op, any]
+	// waiting counts its pipelines out that end with WAIT: a call that
+	// leaves the lane at its deadline meanwhile was held up by the
+	// store's own wait for replicas (see cutByWait).
+	waiting atomic.Int32
+}
+
+// newLane returns a lane whose pipelines go out through execBatch.
+func (s *Store) newLane() *lane {
+	l := &lane{}
+	l.b = batch.NewFromConfig(func(ctx context.Context, calls []*batch.Call[op, any]) error {
+		return s.execBatch(ctx, l, calls)
+	}, batch.Config(s.cfg.Batch))
+	l.b.OnOrphaned(undoTimeout, s.undoOrphans)
+	return l
+}
+
+// laneOf returns the lane of o: nil without batching; the one lane when
+// the keys of a call live on one node; else the lane of the node that
+// serves o's key, made on first use ("" when no slot map can be read:
+// the call then fails in it), or nil once Close has closed the lanes (o
+// is then sent on its own).
+func (s *Store) laneOf(ctx context.Context, o op) *lane {
+	if s.cfg.Batch.Disabled || !s.sharded {
+		return s.lane0
 	}
-	return s.runOne(ctx, o)
+	addr := s.nodeAddr(ctx, o.firstKey())
+	if l, ok := s.lanes.Load(addr); ok {
+		return l.(*lane)
+	}
+	s.lanesMu.Lock()
+	defer s.lanesMu.Unlock()
+	if s.lanesClosed {
+		return nil
+	}
+	l, _ := s.lanes.LoadOrStore(addr, s.newLane())
+	return l.(*lane)
+}
+
+// nodeAddr is the address of the node (master, shard) that serves key,
+// "" when the client cannot say.
+func (s *Store) nodeAddr(ctx context.Context, key string) string {
+	var (
+		n   *redis.Client
+		err error
+	)
+	switch c := s.client.(type) {
+	case *redis.ClusterClient:
+		n, err = c.MasterForKey(ctx, key)
+	case *redis.Ring:
+		n, err = c.GetShardClientForKey(key)
+	}
+	if err != nil || n == nil {
+		return ""
+	}
+	return n.Options().Addr
+}
+
+// closeLanes stops making lanes, and closes those made (see
+// batch.Batcher.Close).
+func (s *Store) closeLanes() {
+	s.lanesMu.Lock()
+	s.lanesClosed = true
+	s.lanesMu.Unlock()
+	if s.lane0 != nil {
+		_ = s.lane0.b.Close(context.Background())
+	}
+	s.lanes.Range(func(_, l any) bool {
+		_ = l.(*lane).b.Close(context.Background())
+		return true
+	})
+}
+
+// run sends one op, batched in its lane unless Batch.Disabled.
+func (s *Store) run(ctx context.Context, o op) (any, error) {
+	if s.waiting() {
+		o.trace = traceOf(ctx)
+	}
+	l := s.laneOf(ctx, o)
+	if l == nil {
+		return s.runOne(ctx, o)
+	}
+	v, err := l.b.DoLater(ctx, o, stores.Linger(ctx))
+	if err != nil && o.trace != nil && deadlinePassed(ctx) && l.waiting.Load() > 0 {
+		// It left at its deadline while the node's pipelines waited
+		// for the node's replicas.
+		o.trace.held.Store(true)
+	}
+	return v, err
 }
 
 // runOne sends one op on its own: EVALSHA, falling back to EVAL when the
 // server does not have the script cached (with WaitReplicas, followed by
-// WAIT: see runWaited).
+// WAIT that answers by ctx's deadline: see runWaited).
 func (s *Store) runOne(ctx context.Context, o op) (any, error) {
 	if s.waiting() {
-		vals, errs := s.runWaited(ctx, []op{o})
+		deadline, _ := ctx.Deadline()
+		vals, errs := s.runWaited(ctx, []op{o}, deadline)
 		return vals[0], errs[0]
 	}
+	return s.runPlain(ctx, o)
+}
+
+// runPlain sends one op on its own, without WAIT.
+func (s *Store) runPlain(ctx context.Context, o op) (any, error) {
 	var (
 		v   any
 		err error
@@ -70,18 +170,35 @@ func (s *Store) runOne(ctx context.Context, o op) (any, error) {
 	return v, err
 }
 
-// execBatch is the Batcher's Exec: one op on its own, several in one
-// pipeline.
-func (s *Store) execBatch(ctx context.Context, calls []*batch.Call[op, any]) error {
+// execBatch is a lane's Exec: one op on its own, several in one
+// pipeline. With WaitReplicas, the pipeline's WAIT answers by the
+// earliest deadline of its calls.
+func (s *Store) execBatch(ctx context.Context, l *lane, calls []*batch.Call[op, any]) error {
+	if s.waiting() && slices.ContainsFunc(calls, func(c *batch.Call[op, any]) bool { return !c.Req.nowait }) {
+		l.waiting.Add(1)
+		defer l.waiting.Add(-1)
+	}
 	if len(calls) == 1 {
 		calls[0].Set(s.runOne(ctx, calls[0].Req))
 		return nil
 	}
 	ops := make([]op, len(calls))
+	var deadline time.Time
 	for i, c := range calls {
 		ops[i] = c.Req
+		if d, ok := c.Context().Deadline(); ok && (deadline.IsZero() || d.Before(deadline)) {
+			deadline = d
+		}
 	}
-	vals, errs := s.runAll(ctx, ops)
+	var (
+		vals []any
+		errs []error
+	)
+	if s.waiting() {
+		vals, errs = s.runWaited(ctx, ops, deadline)
+	} else {
+		vals, errs = s.runPipelined(ctx, ops)
+	}
 	for i, c := range calls {
 		c.Set(vals[i], errs[i])
 	}
@@ -93,7 +210,12 @@ func (s *Store) execBatch(ctx context.Context, calls []*batch.Call[op, any]) err
 // with WAIT: see runWaited) and returns each op's reply and error.
 func (s *Store) runAll(ctx context.Context, ops []op) ([]any, []error) {
 	if s.waiting() {
-		return s.runWaited(ctx, ops)
+		trace := traceOf(ctx)
+		for i := range ops {
+			ops[i].trace = trace
+		}
+		deadline, _ := ctx.Deadline()
+		return s.runWaited(ctx, ops, deadline)
 	}
 	return s.runPipelined(ctx, ops)
 }

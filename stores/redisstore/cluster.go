@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -39,6 +40,11 @@ import (
 
 // claimOrdered claims rkeys one call (claimOne) per key in ascending key
 // order. It returns a reply as claimScript would for all keys at once.
+//
+// With WaitReplicas the keys are taken without a WAIT each, and the claim
+// is confirmed once it holds them all (see confirm): the WAITs of its
+// nodes run at once, not one after the other, and a claim that stops
+// (Duplicate, InProgress) waits for none.
 func (s *Store) claimOrdered(ctx context.Context, rkeys []string, token string, lease time.Duration) (claimReply, error) {
 	order := make([]int, len(rkeys))
 	for i := range order {
@@ -61,7 +67,7 @@ func (s *Store) claimOrdered(ctx context.Context, rkeys []string, token string, 
 	)
 	for _, i := range order {
 		var err error
-		stop, err = s.claimOne(ctx, rkeys[i], token, lease)
+		stop, err = s.claimOne(ctx, rkeys[i], token, lease, false)
 		if err != nil {
 			undo := undoOps(token, processingValue(token, ms(lease)), heldKeys)
 			if u := undoOf(err); u != nil {
@@ -87,6 +93,10 @@ func (s *Store) claimOrdered(ctx context.Context, rkeys []string, token string, 
 		heldKeys = append(heldKeys, h)
 	}
 	if stop.result == 1 {
+		if err := s.confirm(ctx, heldKeys, token, lease); err != nil {
+			s.giveBack(ctx, undoOps(token, processingValue(token, ms(lease)), heldKeys), lease)
+			return claimReply{}, err
+		}
 		return claimReply{result: 1, taken: taken}, nil
 	}
 
@@ -100,6 +110,42 @@ func (s *Store) claimOrdered(ctx context.Context, rkeys []string, token string, 
 	return r, err
 }
 
+// confirm has the replicas of their nodes acknowledge the keys a claim
+// took under token (with WaitReplicas; nothing to do without): it writes
+// each key's processing record again, checked against the token (an
+// Extend of the claim), each node's share followed by its WAIT, the nodes
+// at once. A WAIT covers every write its node made before it, the first
+// write of the key among them; it must follow a write of its own
+// connection (from Redis 7.2 on, a WAIT covers the writes of its own
+// connection only), hence the write again. A key no longer ours (a
+// failover lost it) fails the claim as not replicated too.
+func (s *Store) confirm(ctx context.Context, heldKeys []heldKey, token string, lease time.Duration) error {
+	if !s.waiting() {
+		return nil
+	}
+	ops := make([]op, len(heldKeys))
+	for i, h := range heldKeys {
+		ops[i] = extendOp([]string{h.key}, token, lease)
+	}
+	vals, errs := s.runAll(ctx, ops)
+	var first error
+	for i := range ops {
+		err := errs[i]
+		if err == nil {
+			if lost, perr := parseFenced(vals[i]); perr != nil {
+				err = perr
+			} else if lost >= 0 {
+				err = fmt.Errorf("%w: key %q was no longer the claim's when confirmed", ErrNotReplicated, printable(heldKeys[i].key))
+			}
+		}
+		// Another error than not replicated says more (an outage).
+		if err != nil && (first == nil || errors.Is(first, ErrNotReplicated)) {
+			first = err
+		}
+	}
+	return first
+}
+
 // heldKey is a key a claim in progress took, and what it held before.
 type heldKey struct {
 	key      string
@@ -108,10 +154,11 @@ type heldKey struct {
 	at       time.Time // when the reply that took it over arrived
 }
 
-// giveBack sends undo, the ops that give back what a failed claim took
-// (a key that was free is deleted, a key taken over from an expired lease
-// gets its previous record and TTL back), in the background, bounded by
-// the claim's lease: the keys are free to take over after it anyway. It
+// giveBack sends undo, the ops that give back what a failed claim of
+// lease took (a key that was free is deleted, a key taken over from an
+// expired lease gets its previous record and TTL back), in the
+// background, bounded by the lease or by the longest TTL it puts back
+// (after them the keys are free anyway), and by undoTimeout at least. It
 // waits for them while ctx lasts, so that a caller without a deadline
 // finds the keys free when the call returns, and no caller waits past its
 // deadline for them. It is best effort: a key it cannot reach stays
@@ -128,7 +175,15 @@ func (s *Store) giveBackLater(undo []op, lease time.Duration) <-chan struct{} {
 	if len(undo) == 0 {
 		return nil
 	}
-	return s.background(lease, func(ctx context.Context) { s.runPipelined(ctx, undo) })
+	bound := max(lease, undoTimeout)
+	for _, o := range undo {
+		if o.script == putBackScript {
+			if ttl, err := strconv.ParseInt(o.args[2].(string), 10, 64); err == nil {
+				bound = max(bound, time.Duration(ttl)*time.Millisecond)
+			}
+		}
+	}
+	return s.background(bound, func(ctx context.Context) { s.runPipelined(ctx, undo) })
 }
 
 // undoOps returns the ops that undo a claim of heldKeys under token, whose
@@ -149,7 +204,9 @@ func undoOps(token, written string, heldKeys []heldKey) []op {
 	return ops
 }
 
-// undoTimeout bounds the undo of a claim whose caller gave up.
+// undoTimeout bounds the undo of a claim whose caller gave up, and is
+// the least time an undo is given (a claim's lease may be shorter than
+// a round trip).
 const undoTimeout = 2 * time.Second
 
 // peekDone reads every key of a failed claim and returns Duplicate with the
@@ -183,7 +240,7 @@ func (s *Store) peekDone(ctx context.Context, rkeys []string, stop claimReply) (
 func (s *Store) fencedSharded(ctx context.Context, what string, c *stores.Claim, rkeys []string, build func([]string) op) error {
 	snaps, err := s.snapshot(ctx, rkeys)
 	if err != nil {
-		return fmt.Errorf("redisstore: %s: %w", what, s.classify(err))
+		return fmt.Errorf("redisstore: %s: %w", what, s.classify(s.cutByWait(ctx, err)))
 	}
 	for i, sn := range snaps {
 		if !sn.exists {
@@ -199,7 +256,7 @@ func (s *Store) fencedSharded(ctx context.Context, what string, c *stores.Claim,
 				// (see wait.go): the op refuses again, touching the
 				// record, and its WAIT covers what the check read.
 				if _, errs := s.runAll(ctx, []op{build(rkeys[i : i+1])}); errs[0] != nil {
-					return fmt.Errorf("redisstore: %s: %w", what, s.classify(errs[0]))
+					return fmt.Errorf("redisstore: %s: %w", what, s.classify(s.cutByWait(ctx, errs[0])))
 				}
 			}
 			return s.lostClaim(what, c, rkeys[i])
@@ -241,7 +298,7 @@ func (s *Store) fencedSharded(ctx context.Context, what string, c *stores.Claim,
 	if lost >= 0 {
 		err = s.lostClaim(what, c, rkeys[lost])
 	} else {
-		err = fmt.Errorf("redisstore: %s: %w", what, s.classify(firstErr))
+		err = fmt.Errorf("redisstore: %s: %w", what, s.classify(s.cutByWait(ctx, firstErr)))
 	}
 	if undoErr != nil {
 		return fmt.Errorf("%w (and %d of %d keys applied could not be put back: %w)", err, len(touched), len(rkeys), s.classify(undoErr))

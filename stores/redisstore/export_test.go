@@ -67,5 +67,15 @@ func (s *Store) WriteDone(ctx context.Context, scope string, keys []string, rete
 	return nil
 }
 
-// Queued returns how many calls wait in the batcher's queue.
-func (s *Store) Queued() int { return s.batcher.Queued() }
+// Queued returns how many calls wait in the queues of the store's lanes.
+func (s *Store) Queued() int {
+	n := 0
+	if s.lane0 != nil {
+		n = s.lane0.b.Queued()
+	}
+	s.lanes.Range(func(_, l any) bool {
+		n += l.(*lane).b.Queued()
+		return true
+	})
+	return n
+}

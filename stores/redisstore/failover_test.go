@@ -93,7 +93,7 @@ func TestClusterFailover(t *testing.T) {
 			t.Errorf("WAITs went to %v: want the three masters written", tap.waits)
 		}
 		for node, n := range tap.waits {
-			if n < 2 { // the claim of its key, its Complete
+			if n < 2 { // the claim's confirmation of its key, its Complete
 				t.Errorf("node %s: %d pipelines with a WAIT, want one for each write", node, n)
 			}
 		}
@@ -206,7 +206,7 @@ func (h *nodeHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 func (h *nodeHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		var names []string
-		mine, waits, writes := false, 0, false
+		mine, waits, writes, sets := false, 0, false, false
 		for _, c := range cmds {
 			n := strings.ToLower(c.Name())
 			names = append(names, n)
@@ -215,10 +215,19 @@ func (h *nodeHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 			}
 			if strings.HasPrefix(cmdKey(c), h.prefix) {
 				mine = true
-				writes = writes || n != "get" && n != "pttl"
+				switch n {
+				case "get", "pttl":
+				case "set":
+					sets = true
+				default:
+					writes = true
+				}
 			}
 		}
-		if mine && writes {
+		// A multi-key claim's SET NX GET of each key may go without a
+		// WAIT: the claim writes its keys again, each node's share
+		// followed by its WAIT, once it holds them all.
+		if mine && (writes || sets && waits > 0) {
 			h.mu.Lock()
 			if waits == 1 && names[len(names)-1] == "wait" {
 				h.waits[h.addr]++

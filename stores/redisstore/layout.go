@@ -391,6 +391,14 @@ type op struct {
 	script *redis.Script
 	keys   []string
 	args   []any
+
+	// nowait: with WaitReplicas, what it writes need not be confirmed
+	// by the WAIT of its own pipeline (a multi-key claim in Cluster
+	// confirms its keys together, see claimOrdered).
+	nowait bool
+	// trace notes, for the store call the op is part of, that a WAIT
+	// held it up (see cutByWait); nil without WaitReplicas.
+	trace *waitTrace
 }
 
 // claimSetOp takes key if it is free, and returns what it holds otherwise:
@@ -410,20 +418,20 @@ func (o op) setValue() string { return o.args[2].(string) }
 
 func claimOp(keys []string, token string, lease time.Duration) op {
 	l := ms(lease)
-	return op{claimScript, keys, []any{token, strconv.FormatInt(l, 10), strconv.FormatInt(2*l, 10)}}
+	return op{script: claimScript, keys: keys, args: []any{token, strconv.FormatInt(l, 10), strconv.FormatInt(2*l, 10)}}
 }
 
 func completeOp(keys []string, token string, retention time.Duration, data []byte) op {
-	return op{setScript, keys, []any{token, doneValue(data), strconv.FormatInt(ms(retention), 10)}}
+	return op{script: setScript, keys: keys, args: []any{token, doneValue(data), strconv.FormatInt(ms(retention), 10)}}
 }
 
 func extendOp(keys []string, token string, lease time.Duration) op {
 	l := ms(lease)
-	return op{setScript, keys, []any{token, processingValue(token, l), strconv.FormatInt(2*l, 10)}}
+	return op{script: setScript, keys: keys, args: []any{token, processingValue(token, l), strconv.FormatInt(2*l, 10)}}
 }
 
 func releaseOp(keys []string, token string) op {
-	return op{delScript, keys, []any{token}}
+	return op{script: delScript, keys: keys, args: []any{token}}
 }
 
 // putBackOp undoes this store's own write of written on key (a claim's
@@ -432,7 +440,7 @@ func releaseOp(keys []string, token string) op {
 // nothing (our write expired since, or was a delete). A key someone else
 // wrote since is left alone.
 func putBackOp(key, written, prev string, pttl int64) op {
-	return op{putBackScript, []string{key}, []any{written, prev, strconv.FormatInt(max(pttl, 1), 10)}}
+	return op{script: putBackScript, keys: []string{key}, args: []any{written, prev, strconv.FormatInt(max(pttl, 1), 10)}}
 }
 
 // claimReply is a decoded claimScript reply.

@@ -200,8 +200,10 @@ type Config struct {
 	// Extend succeed only once what they wrote has reached this many
 	// replicas of the node that took it: each pipeline the store sends
 	// to a node ends with WAIT WaitReplicas WaitTimeout (one WAIT per
-	// pipeline and node, not per call), and a call whose write the WAIT
-	// did not see acknowledged by enough replicas in time fails with
+	// pipeline and node, not per call; a shorter timeout when a call's
+	// deadline is nearer), and a call whose write the WAIT did not see
+	// acknowledged by enough replicas in time, or whose deadline passed
+	// while the store waited for replicas, fails with
 	// [ErrNotReplicated]. A Claim that fails so leaves no claim behind
 	// (the store gives it back) and must not run the handler; a
 	// Complete that fails so is retried by the middleware. Claims
@@ -229,9 +231,11 @@ type Config struct {
 	// default is DefaultWaitTimeout (1s); at most MaxWaitTimeout, and
 	// below the client's ReadTimeout (3s by default), which go-redis
 	// applies to the whole pipeline (New refuses a WaitTimeout that is
-	// not). Keep it well below the middleware's StoreTimeout too, so that
-	// a call fails as not replicated rather than by its deadline. It may
-	// only be set with WaitReplicas.
+	// not). A WAIT that would outlast the deadline of a call it confirms
+	// is shortened to leave that call a quarter of its time (up to
+	// 250ms) for the answer, so a call fails as not replicated before its
+	// deadline, and never as an outage. It may only be set with
+	// WaitReplicas.
 	WaitTimeout time.Duration
 }
 
@@ -261,9 +265,10 @@ type BatchConfig struct {
 	MaxBatch int
 
 	// MaxInFlight is the most pipelines (and lone calls) out at once, so
-	// the most connections the store uses at a time (per node in Redis
-	// Cluster). Calls beyond wait, and go out together in the next
-	// pipeline. The default is DefaultMaxInFlight (2); at most
+	// the most connections the store uses at a time, per node in Redis
+	// Cluster and a Ring, where each node batches its own calls (a slow
+	// node holds up the calls on its keys only). Calls beyond wait, and
+	// go out together in the next pipeline. The default is DefaultMaxInFlight (2); at most
 	// MaxInFlightLimit (1024). Raise it when the round trip, not CPU, is
 	// the limit (a distant Redis): the store sends at most MaxInFlight ×
 	// MaxBatch calls per round trip.
@@ -341,9 +346,14 @@ type Store struct {
 	// while unknown or not below.
 	serverMaxData atomic.Int64
 
-	// batcher coalesces concurrent ops into pipelines; nil when
-	// Batch.Disabled.
-	batcher *batch.Batcher[op, any]
+	// The lanes coalesce concurrent ops into pipelines (batching.go):
+	// lane0 when the keys of a call live on one node, else one lane a
+	// node, by address, in lanes (*lane), made on first use until Close
+	// sets lanesClosed. None when Batch.Disabled.
+	lane0       *lane
+	lanes       sync.Map
+	lanesMu     sync.Mutex
+	lanesClosed bool
 
 	// redirects counts the MOVED and ASK replies followed by waited
 	// pipelines (WaitReplicas), for the tests.
@@ -400,8 +410,8 @@ func New(client redis.UniversalClient, cfg Config) (*Store, error) {
 		closeD:    make(chan struct{}),
 	}
 	s.bgCtx, s.bgStop = context.WithCancel(context.Background())
-	if s.batcher = batch.NewFromConfig(s.execBatch, batch.Config(cfg.Batch)); s.batcher != nil {
-		s.batcher.OnOrphaned(undoTimeout, s.undoOrphans)
+	if !cfg.Batch.Disabled && !s.sharded {
+		s.lane0 = s.newLane()
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), serverCheckTimeout)
 	s.cancel = cancel
@@ -452,9 +462,10 @@ func (s *Store) Claim(ctx context.Context, scope string, keys []string, lease ti
 		return nil, fmt.Errorf("redisstore: claim: %w", err)
 	}
 	token := rand.Text()
+	ctx = s.traced(ctx)
 	r, err := s.claim(ctx, rkeys, token, lease)
 	if err != nil {
-		return nil, fmt.Errorf("redisstore: claim: %w", s.classify(err))
+		return nil, fmt.Errorf("redisstore: claim: %w", s.classify(s.cutByWait(ctx, err)))
 	}
 	c := &stores.Claim{Scope: scope, Keys: keys}
 	switch r.result {
@@ -482,11 +493,11 @@ func (s *Store) claim(ctx context.Context, rkeys []string, token string, lease t
 	)
 	switch {
 	case len(rkeys) == 1:
-		r, err = s.claimOne(ctx, rkeys[0], token, lease)
+		r, err = s.claimOne(ctx, rkeys[0], token, lease, true)
 	case s.sharded:
 		return s.claimOrdered(ctx, rkeys, token, lease) // gives back itself
 	default:
-		r, err = s.claimScript(ctx, rkeys, token, lease)
+		r, err = s.claimScript(ctx, rkeys, token, lease, true)
 	}
 	if err != nil {
 		s.giveBack(ctx, undoOf(err), lease)
@@ -494,8 +505,10 @@ func (s *Store) claim(ctx context.Context, rkeys []string, token string, lease t
 	return r, err
 }
 
-func (s *Store) claimScript(ctx context.Context, rkeys []string, token string, lease time.Duration) (claimReply, error) {
-	v, err := s.run(ctx, claimOp(rkeys, token, lease))
+func (s *Store) claimScript(ctx context.Context, rkeys []string, token string, lease time.Duration, wait bool) (claimReply, error) {
+	o := claimOp(rkeys, token, lease)
+	o.nowait = !wait
+	v, err := s.run(ctx, o)
 	if err != nil {
 		return claimReply{}, err
 	}
@@ -510,10 +523,13 @@ func (s *Store) claimScript(ctx context.Context, rkeys []string, token string, l
 // may have run out, or this very token after a retried claim — does it run
 // the claim script, which reads the lease against the key's PTTL. On a
 // server older than 7.0, which refuses NX with GET, it goes straight to the
-// script from then on.
-func (s *Store) claimOne(ctx context.Context, rkey, token string, lease time.Duration) (claimReply, error) {
+// script from then on. With WaitReplicas, what it writes is confirmed by
+// its pipeline's WAIT unless !wait (the caller confirms it).
+func (s *Store) claimOne(ctx context.Context, rkey, token string, lease time.Duration, wait bool) (claimReply, error) {
 	if !s.noSetNXGet.Load() {
-		v, err := s.run(ctx, claimSetOp(rkey, token, lease))
+		o := claimSetOp(rkey, token, lease)
+		o.nowait = !wait
+		v, err := s.run(ctx, o)
 		switch {
 		case errors.Is(err, redis.Nil):
 			return claimReply{result: 1}, nil
@@ -534,7 +550,7 @@ func (s *Store) claimOne(ctx context.Context, rkey, token string, lease time.Dur
 			return claimReply{}, err
 		}
 	}
-	return s.claimScript(ctx, []string{rkey}, token, lease)
+	return s.claimScript(ctx, []string{rkey}, token, lease, wait)
 }
 
 // Complete implements [stores.Store]. A record whose lease ran out but that
@@ -576,6 +592,7 @@ func (s *Store) Extend(ctx context.Context, c *stores.Claim, lease time.Duration
 // fenced runs the token-checked op that build makes for rkeys: as one
 // script on one node, or key by key in Redis Cluster (see fencedSharded).
 func (s *Store) fenced(ctx context.Context, what string, c *stores.Claim, rkeys []string, build func([]string) op) error {
+	ctx = s.traced(ctx)
 	if s.waiting() {
 		// A refusal is confirmed by the WAIT too (see wait.go).
 		untouched := build
@@ -586,7 +603,7 @@ func (s *Store) fenced(ctx context.Context, what string, c *stores.Claim, rkeys 
 	}
 	v, err := s.run(ctx, build(rkeys))
 	if err != nil {
-		return fmt.Errorf("redisstore: %s: %w", what, s.classify(err))
+		return fmt.Errorf("redisstore: %s: %w", what, s.classify(s.cutByWait(ctx, err)))
 	}
 	lost, err := parseFenced(v)
 	if err != nil {
@@ -823,9 +840,7 @@ func (s *Store) Close(ctx context.Context) error {
 		s.cancel()
 		go func() {
 			<-s.checkDone
-			if s.batcher != nil {
-				_ = s.batcher.Close(context.Background())
-			}
+			s.closeLanes()
 			s.bgMu.Lock()
 			s.bgClosed = true
 			s.bgMu.Unlock()

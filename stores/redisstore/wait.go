@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -46,13 +48,33 @@ import (
 // Duplicate for "recorded". Confirming the refusal keeps that from
 // acknowledging a record the replicas do not have. Claims answering
 // Duplicate or InProgress wrote nothing, and their answers are not held
-// to the WAIT.
+// to the WAIT. A multi-key claim in Cluster takes its keys one by one
+// without a WAIT, and once it holds them all writes each again (checked
+// against its token) with a WAIT per node, the nodes at once (see
+// confirm): its WAITs do not add up, and a claim that stops waits for
+// none.
+//
+// The store's waits stay inside the caller's deadline. A WAIT's timeout
+// is WaitTimeout, or less when the earliest deadline of the calls it
+// confirms is nearer (see waitTimeout), so that a write the replicas did
+// not acknowledge in time fails as not replicated before that deadline.
+// And whatever the timing, a call that the store's own WAITs held up and
+// that then ran out of its deadline (its reply read but not its WAIT's,
+// a later step of it with no time left, or a wait in its lane behind
+// pipelines waiting in their WAIT) fails with ErrNotReplicated, not with
+// the deadline (see cutByWait): a deadline is an outage to the
+// middleware, which FailOpen runs handlers through unprotected, and a
+// master whose replicas lag is not down. Each node has a lane of its own
+// (batching.go), so that one node's lag holds up the calls on its keys
+// only.
 
 // ErrNotReplicated is wrapped by the error of a Claim, Complete, Release
 // or Extend whose write fewer than Config.WaitReplicas replicas
-// acknowledged within Config.WaitTimeout (or whose WAIT failed). The
-// write happened on the master, and may not survive a failover: what
-// it did is of unknown durability, not unknown outcome.
+// acknowledged within Config.WaitTimeout (or whose WAIT failed), or
+// whose deadline passed while the store waited for replicas. The write
+// happened on the master (in the last case: if it went out before the
+// deadline), and may not survive a failover: what it did is of unknown
+// durability.
 //
 // It is a class of its own, not [stores.ErrUnavailable]: the store
 // answered, and holds its records. A Claim that fails with it has
@@ -185,7 +207,7 @@ func isRedirect(err error) (ask bool, addr string, ok bool) {
 // them is given back. Ops a node redirects (MOVED, ASK) go again, with
 // their own WAIT, to the node named, up to the ClusterClient's
 // MaxRedirects times; NOSCRIPT replies go again with EVAL.
-func (s *Store) runWaited(ctx context.Context, ops []op) ([]any, []error) {
+func (s *Store) runWaited(ctx context.Context, ops []op, deadline time.Time) ([]any, []error) {
 	vals, errs := make([]any, len(ops)), make([]error, len(ops))
 	pending := make([]int, len(ops))
 	for i := range pending {
@@ -193,7 +215,7 @@ func (s *Store) runWaited(ctx context.Context, ops []op) ([]any, []error) {
 	}
 	if node, ok := s.client.(*redis.Client); ok {
 		// One node, which redirects nothing: no grouping.
-		for _, r := range s.runNode(ctx, node, ops, pending, nil, vals, errs) {
+		for _, r := range s.runNode(ctx, node, ops, pending, nil, vals, errs, deadline) {
 			errs[r.i] = r.err
 		}
 		return vals, errs
@@ -226,7 +248,7 @@ func (s *Store) runWaited(ctx context.Context, ops []op) ([]any, []error) {
 			wg        sync.WaitGroup
 		)
 		run := func(node *redis.Client, idx []int) {
-			rs := s.runNode(ctx, node, ops, idx, asking, vals, errs)
+			rs := s.runNode(ctx, node, ops, idx, asking, vals, errs, deadline)
 			mu.Lock()
 			redirects = append(redirects, rs...)
 			mu.Unlock()
@@ -294,12 +316,17 @@ func (s *Store) followRedirects(ctx context.Context, redirects []redirect, attem
 // those the node did not have the script of again, with EVAL, then
 // WAIT), and sets their results; a claim whose write was not confirmed
 // fails with an error that carries the ops giving it back (see undoOf).
-// It returns the ops the node redirected.
-func (s *Store) runNode(ctx context.Context, node *redis.Client, ops []op, idx []int, asking map[int]bool, vals []any, errs []error) (redirects []redirect) {
+// The WAIT answers by deadline (see waitTimeout), and is left out when
+// every op is nowait. It returns the ops the node redirected.
+func (s *Store) runNode(ctx context.Context, node *redis.Client, ops []op, idx []int, asking map[int]bool, vals []any, errs []error, deadline time.Time) (redirects []redirect) {
 	eval := false
 	for len(idx) > 0 {
 		cmds := make([]*redis.Cmd, len(idx))
-		var wait *redis.Cmd
+		var (
+			wait    *redis.Cmd
+			timeout = s.waitTimeout(deadline)
+			waits   = slices.ContainsFunc(idx, func(i int) bool { return !ops[i].nowait })
+		)
 		_, _ = node.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for j, i := range idx {
 				o := ops[i]
@@ -315,11 +342,20 @@ func (s *Store) runNode(ctx context.Context, node *redis.Client, ops []op, idx [
 					cmds[j] = o.script.EvalSha(ctx, p, o.keys, o.args...)
 				}
 			}
-			wait = p.Do(ctx, "wait", s.cfg.WaitReplicas, ms(s.cfg.WaitTimeout))
+			if waits {
+				wait = p.Do(ctx, "wait", s.cfg.WaitReplicas, ms(timeout))
+			}
 			return nil
 		})
-		n, werr := wait.Int64()
-		if werr != nil || n < int64(s.cfg.WaitReplicas) {
+		var (
+			n    int64
+			werr error
+		)
+		if waits {
+			n, werr = wait.Int64()
+		}
+		short := waits && (werr != nil || n < int64(s.cfg.WaitReplicas))
+		if short {
 			// A node that did not answer, or whose replicas did not:
 			// maybe a failover under way. Have the slot map read again
 			// (go-redis does it after its own failed calls, and
@@ -331,6 +367,13 @@ func (s *Store) runNode(ctx context.Context, node *redis.Client, ops []op, idx [
 		for j, i := range idx {
 			o := ops[i]
 			v, err := cmds[j].Result()
+			if err != nil && v != nil && !isRedisError(err) {
+				// The reply was read, and the pipeline failed after it,
+				// in its WAIT (the caller's deadline): go-redis sets the
+				// pipeline's error on every command that had none. Every
+				// reply of the store's is a value, or a server's error.
+				err = nil
+			}
 			s.heard(err)
 			if o.script != nil && err != nil && isNoScript(err) && !eval {
 				again = append(again, i)
@@ -340,14 +383,84 @@ func (s *Store) runNode(ctx context.Context, node *redis.Client, ops []op, idx [
 				redirects = append(redirects, redirect{i: i, key: o.firstKey(), ask: ask, addr: addr, err: err})
 				continue
 			}
+			if waits && o.trace != nil && (err == nil || isRedisError(err)) {
+				o.trace.held.Store(true) // the call waited for this WAIT
+			}
 			vals[i], errs[i] = v, err
-			if wrote(o, v, err) && (werr != nil || n < int64(s.cfg.WaitReplicas)) {
-				vals[i], errs[i] = nil, s.notReplicated(node, n, werr, claimUndo(o, v, err))
+			if short && !o.nowait && wrote(o, v, err) {
+				vals[i], errs[i] = nil, s.notReplicated(node, n, werr, timeout, claimUndo(o, v, err))
 			}
 		}
 		idx, eval = again, true
 	}
 	return redirects
+}
+
+// waitMargin is the most of the time left to a caller that a WAIT leaves
+// for its answer to come back (a quarter of it, up to this).
+const waitMargin = 250 * time.Millisecond
+
+// waitTimeout is the timeout of a WAIT whose answer is due by deadline
+// (zero: none): WaitTimeout, or less, so that a write its replicas did
+// not acknowledge in time fails as not replicated before its caller's
+// deadline rather than by it. A WAIT 0 would wait for ever: at least
+// 1ms.
+func (s *Store) waitTimeout(deadline time.Time) time.Duration {
+	d := s.cfg.WaitTimeout
+	if !deadline.IsZero() {
+		left := time.Until(deadline)
+		d = min(d, left-min(left/4, waitMargin))
+	}
+	return max(d, time.Millisecond)
+}
+
+// waitTrace notes that a store call was held up by the store's own WAITs:
+// an op of it went out in a pipeline with a WAIT, or it left its lane at
+// its deadline while the node's pipelines waited in theirs.
+type waitTrace struct{ held atomic.Bool }
+
+type traceKey struct{}
+
+// traced returns ctx carrying a waitTrace for the store call it is the
+// context of (with WaitReplicas).
+func (s *Store) traced(ctx context.Context) context.Context {
+	if !s.waiting() {
+		return ctx
+	}
+	return context.WithValue(ctx, traceKey{}, new(waitTrace))
+}
+
+// deadlinePassed reports whether ctx has ended, or its deadline has
+// passed: a socket's deadline, the same time, may fire before ctx's own
+// timer does.
+func deadlinePassed(ctx context.Context) bool {
+	d, ok := ctx.Deadline()
+	return ctx.Err() != nil || ok && !time.Now().Before(d)
+}
+
+// traceOf returns the waitTrace of ctx, nil when it has none.
+func traceOf(ctx context.Context) *waitTrace {
+	t, _ := ctx.Value(traceKey{}).(*waitTrace)
+	return t
+}
+
+// cutByWait turns err, the error of a store call made under ctx (see
+// traced), into an ErrNotReplicated when the call ran out of its
+// deadline after the store's own WAITs held it up: its time went to
+// waiting for replicas, and what it wrote, if anything, is of unknown
+// durability (a claim is given back). A deadline is an outage to the
+// middleware, which FailOpen runs handlers through unprotected; a master
+// whose replicas lag is not one.
+func (s *Store) cutByWait(ctx context.Context, err error) error {
+	t := traceOf(ctx)
+	if err == nil || t == nil || !t.held.Load() || !deadlinePassed(ctx) || errors.Is(err, ErrNotReplicated) {
+		return err
+	}
+	var ne net.Error
+	if !errors.Is(err, context.DeadlineExceeded) && !(errors.As(err, &ne) && ne.Timeout()) {
+		return err
+	}
+	return fmt.Errorf("%w: the call's deadline passed while it waited for the replicas of its nodes (%v)", ErrNotReplicated, err)
 }
 
 // reloadSlots has a ClusterClient read its slot map again, in the
@@ -361,7 +474,7 @@ func (s *Store) reloadSlots(ctx context.Context) {
 // notReplicated is the error of a write whose WAIT on node answered n
 // replicas, or failed with werr; undo gives back what it took, if it is
 // a claim.
-func (s *Store) notReplicated(node *redis.Client, n int64, werr error, undo []op) error {
+func (s *Store) notReplicated(node *redis.Client, n int64, werr error, timeout time.Duration, undo []op) error {
 	addr := node.Options().Addr
 	if werr != nil {
 		// The cause is told, not wrapped: the write was done, and only
@@ -369,7 +482,7 @@ func (s *Store) notReplicated(node *redis.Client, n int64, werr error, undo []op
 		// connection did).
 		return &replicationError{fmt.Sprintf("%v: WAIT %d on %s failed: %v", ErrNotReplicated, s.cfg.WaitReplicas, addr, werr), undo}
 	}
-	return &replicationError{fmt.Sprintf("%v: %d of %d replicas of %s acknowledged the write within %s", ErrNotReplicated, n, s.cfg.WaitReplicas, addr, s.cfg.WaitTimeout), undo}
+	return &replicationError{fmt.Sprintf("%v: %d of %d replicas of %s acknowledged the write within %s", ErrNotReplicated, n, s.cfg.WaitReplicas, addr, timeout), undo}
 }
 
 // replicationError is an ErrNotReplicated that carries the ops giving

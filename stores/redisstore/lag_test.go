@@ -1,0 +1,273 @@
+package redisstore_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	dedupcycle "github.com/watermill-dedup/dedup/internal/cycle"
+	"github.com/watermill-dedup/dedup/stores"
+	"github.com/watermill-dedup/dedup/stores/redisstore"
+	"github.com/watermill-dedup/dedup/testkit"
+)
+
+// TestClusterReplicaLag runs on a Redis Cluster of three masters with a
+// replica each that it starts itself, with WaitReplicas 1, and stops
+// (SIGSTOP) one master's replica: as while a master has no synced
+// replica after a failover, its WAITs run to their timeout. That lag
+// must stay on that master's keys, and no call it cuts short may fail as
+// an outage (which FailOpen runs handlers through, unprotected): a Claim
+// the store's own WAIT held to its deadline fails with ErrNotReplicated.
+func TestClusterReplicaLag(t *testing.T) {
+	servers := testkit.StartRedisClusterServers(t, testkit.ClusterReplicas(1))
+	fc := &faultCluster{t: t, byAddr: map[string]*testkit.RedisServer{}}
+	for _, s := range servers {
+		fc.addrs = append(fc.addrs, s.Addr)
+		fc.byAddr[s.Addr] = s
+	}
+	cc := redis.NewClusterClient(&redis.ClusterOptions{
+		Addrs:                 fc.addrs,
+		ContextTimeoutEnabled: true,
+		ReadTimeout:           10 * time.Second, // room for the WAITs
+	})
+	t.Cleanup(func() { _ = cc.Close() })
+
+	// pause stops the replica of the i-th master, and returns that
+	// master and another; the replica is resumed when t ends.
+	pause := func(t *testing.T, i int) (lagging, healthy string, resume func()) {
+		fc.waitOK(t, "before the replica stops")
+		lagging, replica := fc.pair(t, i)
+		healthy, _ = fc.pair(t, (i+1)%3)
+		fc.byAddr[replica].Pause()
+		resumed := false
+		resume = func() {
+			if !resumed {
+				resumed = true
+				fc.byAddr[replica].Resume()
+			}
+		}
+		t.Cleanup(func() {
+			resume()
+			fc.waitOK(t, "after the replica resumed")
+		})
+		return lagging, healthy, resume
+	}
+
+	t.Run("LagStaysOnItsNode", func(t *testing.T) {
+		ctx := context.Background()
+		s := newStore(t, cc, redisstore.Config{WaitReplicas: 1, WaitTimeout: 9 * time.Second})
+		lagging, healthy, resume := pause(t, 0)
+		// Two claims on the lagging master's keys: each waits in a WAIT
+		// there, one in each pipeline slot (Batch.MaxInFlight is 2).
+		lagged := make(chan error, 2)
+		for i := range 2 {
+			k := keyOnNode(t, cc, s, "h", "lag"+strconv.Itoa(i), lagging)
+			go func() {
+				_, err := s.Claim(ctx, "h", []string{k}, time.Minute)
+				lagged <- err
+			}()
+		}
+		waitFor(t, time.Minute, "two clients of the lagging master blocked in WAIT", func() bool {
+			return blockedClients(t, lagging) == 2
+		})
+		// The healthy master's keys are not held up by that: claims,
+		// also of two keys (on the healthy master and a third one), and
+		// Completes, answer while those WAITs still wait.
+		third := ""
+		for _, a := range fc.addrs {
+			if m, _, _, err := replication(ctx, a); err == nil && m && a != lagging && a != healthy {
+				third = a
+			}
+		}
+		var wg sync.WaitGroup
+		for i := range 8 {
+			keys := []string{keyOnNode(t, cc, s, "h", "ok"+strconv.Itoa(i), healthy)}
+			if i%2 == 1 {
+				keys = append(keys, keyOnNode(t, cc, s, "h", "third"+strconv.Itoa(i), third))
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				c, err := s.Claim(ctx, "h", keys, time.Minute)
+				if err != nil || c.Result != stores.Claimed {
+					t.Errorf("Claim(%q) on healthy masters = %v, %v", keys, c, err)
+					return
+				}
+				if err := s.Complete(ctx, c, time.Minute, nil); err != nil {
+					t.Errorf("Complete(%q) on healthy masters: %v", keys, err)
+				}
+			}()
+		}
+		wg.Wait()
+		if n := blockedClients(t, lagging); n != 2 || len(lagged) != 0 {
+			t.Errorf("the calls on the healthy masters answered after the lagging master's WAITs ended (%d still blocked, %d lagging claims returned): they waited for them", n, len(lagged))
+		}
+		resume()
+		for range 2 {
+			if err := <-lagged; err != nil {
+				t.Errorf("Claim on the lagging master, its replica resumed: %v", err)
+			}
+		}
+	})
+
+	for _, batched := range []bool{true, false} {
+		name := "DeadlineIsNotReplicated"
+		if !batched {
+			name += "Unbatched"
+		}
+		t.Run(name, func(t *testing.T) {
+			testDeadlineIsNotReplicated(t, cc, pause, !batched)
+		})
+	}
+}
+
+// blockedClients reads INFO clients' blocked_clients of the server at
+// addr.
+func blockedClients(t *testing.T, addr string) int {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: addr})
+	defer c.Close()
+	info, err := c.Info(context.Background(), "clients").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(l), "blocked_clients:"); ok {
+			n, _ := strconv.Atoi(v)
+			return n
+		}
+	}
+	t.Fatalf("no blocked_clients in INFO clients of %s", addr)
+	return 0
+}
+
+// testDeadlineIsNotReplicated: with one master's replica stopped, Claims
+// whose deadline (1s) is shorter than what the store's WAITs would take
+// fail with ErrNotReplicated, never as an outage: a key held by a live
+// claim (two round trips, each with its WAIT, before the answer), a
+// lease run out (taken over, not confirmed, given back), a new key, two
+// keys on two masters; and so do many at once, batched, with a
+// WaitTimeout below the deadline.
+func testDeadlineIsNotReplicated(t *testing.T, cc *redis.ClusterClient, pause func(*testing.T, int) (string, string, func()), unbatched bool) {
+	ctx := context.Background()
+	cfg := redisstore.Config{WaitReplicas: 1, WaitTimeout: 2 * time.Second, Batch: redisstore.BatchConfig{Disabled: unbatched}}
+	s := newStore(t, cc, cfg)
+	lagging, healthy, _ := pause(t, 1)
+	cfg.Prefix = s.Prefix()
+	// Written before the replica stopped, through a store that does not
+	// wait: a live claim, and a lease run out.
+	plain := newStore(t, cc, redisstore.Config{Prefix: s.Prefix()})
+	key := func(tag string) string { return keyOnNode(t, cc, s, "h", tag, lagging) }
+	if c, err := plain.Claim(ctx, "h", []string{key("held")}, time.Minute); err != nil || c.Result != stores.Claimed {
+		t.Fatalf("Claim(held) = %v, %v", c, err)
+	}
+	if c, err := plain.Claim(ctx, "h", []string{key("expired")}, time.Minute); err != nil || c.Result != stores.Claimed {
+		t.Fatalf("Claim(expired) = %v, %v", c, err)
+	}
+	age(t, cc, 61*time.Second, s.EncodeKey("h", key("expired")))
+	expiredBefore, err := cc.Get(ctx, s.EncodeKey("h", key("expired"))).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	within := func(keys ...string) (*stores.Claim, error) {
+		ctx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		return s.Claim(ctx, "h", keys, time.Minute)
+	}
+	notOutage := func(what string, err error) {
+		t.Helper()
+		if dedupcycle.IsOutage(err) || errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("%s: %v is an outage to the middleware: FailOpen would run the handler unprotected", what, err)
+		}
+	}
+	notReplicated := func(what string, c *stores.Claim, err error) {
+		t.Helper()
+		notOutage(what, err)
+		if !errors.Is(err, redisstore.ErrNotReplicated) {
+			t.Errorf("%s = %v, %v; want ErrNotReplicated", what, c, err)
+		}
+	}
+	free := func(what string, keys ...string) {
+		t.Helper()
+		waitFor(t, time.Minute, what+" given back", func() bool {
+			for _, k := range keys {
+				if n, err := cc.Exists(ctx, s.EncodeKey("h", k)).Result(); err != nil || n != 0 {
+					return false
+				}
+			}
+			return true
+		})
+	}
+
+	c, err := within(key("held"))
+	notOutage("Claim of a key held", err)
+	if err == nil && c.Result != stores.InProgress || err != nil && !errors.Is(err, redisstore.ErrNotReplicated) {
+		t.Errorf("Claim of a key held = %v, %v; want in progress (or, its answer late, not replicated)", c, err)
+	}
+	c, err = within(key("expired"))
+	notReplicated("Claim taking over a lease run out", c, err)
+	waitFor(t, time.Minute, "the lease taken over put back", func() bool {
+		v, err := cc.Get(ctx, s.EncodeKey("h", key("expired"))).Result()
+		return err == nil && v == expiredBefore
+	})
+	c, err = within(key("new"))
+	notReplicated("Claim of a new key", c, err)
+	free("the new key", key("new"))
+	two := []string{keyOnNode(t, cc, s, "h", "two-ok", healthy), key("two-lag")}
+	c, err = within(two...)
+	notReplicated("Claim of two keys, one on the lagging master", c, err)
+	free("the two keys", two...)
+
+	// Many at once, batched together, with a WaitTimeout below the
+	// deadline (500ms of 1s): a call waits for its slot, its keys one
+	// after the other, and its WAIT.
+	cfg.WaitTimeout = 500 * time.Millisecond
+	s = newStore(t, cc, cfg)
+	var (
+		mu       sync.Mutex
+		outcomes = map[string]int{}
+		wg       sync.WaitGroup
+	)
+	for g := range 12 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 6 {
+				tag := fmt.Sprintf("load-%d-%d", g, i)
+				var keys []string
+				switch i % 3 {
+				case 0:
+					keys = []string{key(tag)}
+				case 1:
+					keys = []string{keyOnNode(t, cc, s, "h", tag, healthy), key(tag + "-lag")}
+				default:
+					keys = []string{key(tag + "-lag"), keyOnNode(t, cc, s, "h", tag, healthy)}
+				}
+				c, err := within(keys...)
+				mu.Lock()
+				switch {
+				case err == nil:
+					outcomes[c.Result.String()]++
+				case errors.Is(err, redisstore.ErrNotReplicated):
+					outcomes["not replicated"]++
+				default:
+					outcomes[err.Error()]++
+				}
+				mu.Unlock()
+				if err != nil {
+					notReplicated(fmt.Sprintf("Claim(%q) under load", keys), c, err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	t.Logf("claims under load: %v", outcomes)
+}
