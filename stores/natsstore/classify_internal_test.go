@@ -2,9 +2,14 @@ package natsstore
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
+	"net"
+	"os"
+	"syscall"
 	"testing"
 
 	"github.com/nats-io/nats.go"
@@ -27,8 +32,10 @@ func TestClassify(t *testing.T) {
 	const (
 		outage = iota
 		tooLarge
+		refused
 		none
 	)
+	alert := &net.OpError{Op: "remote error", Net: "tcp", Err: errors.New("tls: certificate required")}
 	for _, c := range []struct {
 		name string
 		err  error
@@ -56,13 +63,23 @@ func TestClassify(t *testing.T) {
 		{"bucket full (discard new)", api(503, jsErrCodeStoreLimit, "maximum bytes exceeded"), none},
 		{"stream not found (bucket deleted)", api(404, jetstream.JSErrCodeStreamNotFound, "stream not found"), none},
 		{"permissions violation", nats.ErrPermissionViolation, none},
-		{"authorization", nats.ErrAuthorization, none},
+		{"authorization", nats.ErrAuthorization, refused},
+		{"authentication expired", nats.ErrAuthExpired, refused},
+		{"authentication revoked", nats.ErrAuthRevoked, refused},
+		{"the server's TLS alert (a net.Error)", alert, refused},
+		{"the server's TLS alert, at connect", fmt.Errorf("%w: %w", nats.ErrTLS, alert), refused},
+		{"closed right after the TLS handshake (a certificate refused under TLS 1.3)", fmt.Errorf("%w: connection closed by remote after TLS handshake: %w", nats.ErrTLS, io.EOF), refused},
+		{"a TLS handshake that timed out (a server that does not answer)", fmt.Errorf("%w: %w", nats.ErrTLS, &net.OpError{Op: "read", Net: "tcp", Err: os.ErrDeadlineExceeded}), outage},
+		{"a server certificate the client does not trust", &tls.CertificateVerificationError{Err: x509.UnknownAuthorityError{}}, refused},
+		{"TLS required by the server", nats.ErrSecureConnRequired, refused},
+		{"TLS wanted by the client", nats.ErrSecureConnWanted, refused},
+		{"a reset", &net.OpError{Op: "read", Net: "tcp", Err: os.NewSyscallError("read", syscall.ECONNRESET)}, outage},
 		{"foreign value", errForeign, none},
 	} {
 		got := classify(context.Background(), nil, c.err)
-		isOutage, isTooLarge := errors.Is(got, stores.ErrUnavailable), errors.Is(got, stores.ErrTooLarge)
-		if isOutage != (c.want == outage) || isTooLarge != (c.want == tooLarge) {
-			t.Errorf("%s: classify = %v; ErrUnavailable %t, ErrTooLarge %t", c.name, got, isOutage, isTooLarge)
+		isOutage, isTooLarge, isRefused := errors.Is(got, stores.ErrUnavailable), errors.Is(got, stores.ErrTooLarge), errors.Is(got, ErrRefused)
+		if isOutage != (c.want == outage) || isTooLarge != (c.want == tooLarge) || isRefused != (c.want == refused) {
+			t.Errorf("%s: classify = %v; ErrUnavailable %t, ErrTooLarge %t, ErrRefused %t", c.name, got, isOutage, isTooLarge, isRefused)
 		}
 	}
 	// The caller's own context ending is its class, whatever failed.

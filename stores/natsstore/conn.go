@@ -28,14 +28,24 @@ var errConnLost = errors.New("natsstore: connection to NATS lost")
 // (even one nats.go already recovered from, its events still queued)
 // cancels up, and an event that arrives late cancels nothing made after
 // it.
+//
+// While no connection is up, the watcher also keeps the last refusal of
+// the client the connection met (nats.go's LastError after a reconnect
+// the server refused: its credentials, its TLS), until a connection is up
+// again: a call made meanwhile fails with ErrRefused, not as an outage,
+// even when the later attempts end in a reset or an EOF (a server that
+// refused the client is not unavailable when it resets the next
+// connection the same way). nats.go reports each failed attempt with a
+// status event (RECONNECTING), its error already in LastError.
 type connWatch struct {
 	nc *nats.Conn
 	ch chan nats.Status
 
-	mu     sync.Mutex
-	up     context.Context
-	cancel context.CancelCauseFunc
-	gen    uint64
+	mu      sync.Mutex
+	up      context.Context
+	cancel  context.CancelCauseFunc
+	gen     uint64
+	refused error // the last refusal since a connection was last up
 
 	done chan struct{}
 }
@@ -74,6 +84,10 @@ func (w *connWatch) state() (nats.Status, uint64) {
 // a connection is up and the last one was cancelled.
 func (w *connWatch) sync() context.Context {
 	st, gen := w.state()
+	var last error
+	if st != nats.CONNECTED {
+		last = w.nc.LastError()
+	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.up.Err() == nil && (st != nats.CONNECTED || gen != w.gen) {
@@ -83,14 +97,27 @@ func (w *connWatch) sync() context.Context {
 		w.up, w.cancel = context.WithCancelCause(context.Background())
 		w.gen = gen
 	}
+	switch {
+	case st == nats.CONNECTED:
+		w.refused = nil
+	case refusal(last):
+		w.refused = last
+	}
 	return w.up
 }
 
-// current returns the up context, or an ErrUnavailable error when no
-// connection is up.
+// current returns the up context, or, when no connection is up, an
+// error: ErrRefused when the server refused the connection's last
+// attempts (see connWatch), else ErrUnavailable.
 func (w *connWatch) current() (context.Context, error) {
 	up := w.sync()
 	if up.Err() != nil {
+		w.mu.Lock()
+		refused := w.refused
+		w.mu.Unlock()
+		if refused != nil {
+			return nil, fmt.Errorf("%w: the NATS connection is %s: the server refused it: %w", ErrRefused, w.nc.Status(), refused)
+		}
 		return nil, fmt.Errorf("%w: the NATS connection is %s", stores.ErrUnavailable, w.nc.Status())
 	}
 	return up, nil

@@ -2,6 +2,8 @@ package natsstore
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -15,8 +17,21 @@ import (
 )
 
 // Error classes: which errors of nats.go and JetStream mean an outage
-// (stores.ErrUnavailable), data too large (stores.ErrTooLarge) or a
-// write that lost its compare-and-set.
+// (stores.ErrUnavailable), a refusal of the client (ErrRefused), data
+// too large (stores.ErrTooLarge) or a write that lost its
+// compare-and-set.
+
+// ErrRefused is wrapped by the error of a call made while the NATS
+// server refuses the store's connection: its credentials (an
+// authorization violation, credentials expired or revoked: a user removed
+// at a config reload, say) or its TLS (a certificate either side does not
+// trust, none given where one is required, TLS on one side only), at the
+// connection's reconnect, or at Connect. Until the connection is up
+// again, its resets and EOFs are taken for the same refusal. It is never
+// an outage: a consumer whose claims fail with it nacks under either
+// policy, where an outage (stores.ErrUnavailable) would run its handler
+// unprotected under FailOpen for as long as the settings stay wrong.
+var ErrRefused = errors.New("natsstore: the NATS server refused the client")
 
 // classify is the package's classify, with a closed store first, and a
 // call that timed out because the server denied the store a subject
@@ -25,6 +40,11 @@ func (s *Store) classify(ctx, cctx context.Context, err error) error {
 	if err != nil && (ctx.Err() != nil || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout)) {
 		if d := s.denied(); d != nil {
 			return fmt.Errorf("natsstore: %w (the user lacks a permission the store needs: see the Permissions section of natsstore's README); the call ended: %v", d, err)
+		}
+	}
+	if err != nil && ctx.Err() == nil && (errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrNoStreamResponse)) {
+		if gone := s.bucketGone(cctx); gone != nil {
+			return fmt.Errorf("natsstore: %w (nothing answered the call: %v)", gone, err)
 		}
 	}
 	err = classify(ctx, cctx, err)
@@ -64,6 +84,26 @@ func (s *Store) denied() error {
 	return nil
 }
 
+// bucketGone tells a call that nothing answered (no responders) because
+// one of the store's buckets is gone (its stream deleted: a setting to
+// fix, not an outage, and until it is fixed every call finds nothing
+// there) from one that met a stream without a leader (an election, an
+// outage): it asks JetStream for the streams' info, and returns an error
+// wrapping jetstream.ErrBucketNotFound naming the first bucket whose
+// stream JetStream says does not exist, or nil when every one exists or
+// JetStream does not answer (then the call's error is an outage).
+func (s *Store) bucketGone(ctx context.Context) error {
+	if ctx == nil {
+		return nil
+	}
+	for _, b := range s.cfg.Buckets() {
+		if _, err := s.js.Stream(ctx, streamName(b)); errors.Is(err, jetstream.ErrStreamNotFound) {
+			return fmt.Errorf("%w: bucket %q: its stream %s does not exist (deleted?): create it again (natsstore.New creates a missing bucket), or point the store at the right one: %w", jetstream.ErrBucketNotFound, b, streamName(b), err)
+		}
+	}
+	return nil
+}
+
 // classify puts err, from I/O made under cctx (see callCtx) for a caller
 // whose context is ctx, into its class of the stores contract.
 func classify(ctx, cctx context.Context, err error) error {
@@ -77,8 +117,11 @@ func classify(ctx, cctx context.Context, err error) error {
 		}
 		return fmt.Errorf("%w (%v)", cerr, err)
 	}
-	if errors.Is(err, stores.ErrUnavailable) || errors.Is(err, stores.ErrTooLarge) {
+	if errors.Is(err, stores.ErrUnavailable) || errors.Is(err, stores.ErrTooLarge) || errors.Is(err, ErrRefused) {
 		return err
+	}
+	if refusal(err) {
+		return fmt.Errorf("%w: %w", ErrRefused, err)
 	}
 	if isTooLarge(err) {
 		return fmt.Errorf("%w: %w", stores.ErrTooLarge, err)
@@ -116,9 +159,53 @@ var unavailableCodes = map[jetstream.ErrorCode]bool{
 	10118: true, // stream is offline
 }
 
+// refusal reports an error by which the server refused the client: its
+// credentials, or its TLS either way (the server's alert, which
+// crypto/tls returns as a *net.OpError, a net.Error; a server
+// certificate the client does not trust; TLS on one side only; a
+// connection nats.go saw closed right after the TLS handshake, which is
+// how a server refuses a client's certificate under TLS 1.3: ErrTLS).
+// It is never an outage.
+func refusal(err error) bool {
+	if err == nil {
+		return false
+	}
+	if errors.Is(err, nats.ErrTLS) {
+		// nats.go's wrap of every failed TLS handshake, and of a
+		// connection closed right after one: a refusal, but for a
+		// handshake that timed out (a server that does not answer).
+		var ne net.Error
+		return !errors.As(err, &ne) || !ne.Timeout()
+	}
+	for _, target := range []error{
+		nats.ErrAuthorization, nats.ErrAuthExpired, nats.ErrAuthRevoked, nats.ErrAccountAuthExpired,
+		nats.ErrSecureConnRequired, nats.ErrSecureConnWanted,
+	} {
+		if errors.Is(err, target) {
+			return true
+		}
+	}
+	var (
+		op     *net.OpError
+		verify *tls.CertificateVerificationError
+		header tls.RecordHeaderError
+		alert  tls.AlertError
+		ua     x509.UnknownAuthorityError
+		host   x509.HostnameError
+		inv    x509.CertificateInvalidError
+	)
+	return (errors.As(err, &op) && (op.Op == "remote error" || op.Op == "local error")) ||
+		errors.As(err, &verify) || errors.As(err, &header) || errors.As(err, &alert) ||
+		errors.As(err, &ua) || errors.As(err, &host) || errors.As(err, &inv)
+}
+
 // isUnavailable reports an error that means NATS could not be reached or
-// could not serve the call now.
+// could not serve the call now. A refusal of the client (see refusal)
+// is none, even when it is a net.Error.
 func isUnavailable(err error) bool {
+	if refusal(err) {
+		return false
+	}
 	for _, target := range unavailableErrs {
 		if errors.Is(err, target) {
 			return true

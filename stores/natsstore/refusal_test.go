@@ -1,0 +1,251 @@
+package natsstore_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/watermill-dedup/dedup/internal/cycle"
+	"github.com/watermill-dedup/dedup/stores"
+	"github.com/watermill-dedup/dedup/stores/natsstore"
+	"github.com/watermill-dedup/dedup/testkit"
+)
+
+// An error is an outage only when it is known to be one: a server that
+// refuses the client (its credentials, its TLS) is not unavailable,
+// whatever nats.go makes of the refusal (an authorization violation, a
+// TLS alert that crypto/tls returns as a network error, a connection
+// closed right after the TLS handshake, a reconnecting or closed
+// connection), and neither is a reset or an EOF of the next attempts of
+// a connection the server refused. FailOpen would run handlers through
+// an outage, unprotected, for as long as the settings stay wrong.
+
+// refusedCalls makes n Claims on s and checks that each fails with an
+// error that is no outage and whose text holds want.
+func refusedCalls(t *testing.T, s *natsstore.Store, n int, want string) {
+	t.Helper()
+	for i := range n {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		_, err := s.Claim(ctx, "s", []string{"refused-" + string(rune('a'+i%26))}, time.Minute)
+		cancel()
+		switch {
+		case err == nil:
+			t.Fatalf("Claim %d: the client was let in, want %q", i, want)
+		case errors.Is(err, stores.ErrUnavailable) || cycle.IsOutage(err):
+			t.Fatalf("Claim %d: %v: an outage, want a refusal (%q)", i, err, want)
+		case !strings.Contains(strings.ToLower(err.Error()), strings.ToLower(want)):
+			t.Fatalf("Claim %d: %v, want %q", i, err, want)
+		}
+	}
+}
+
+// waitLastError waits until nc's last error holds want (a refused
+// reconnect) and nc is not connected.
+func waitLastError(t *testing.T, nc *nats.Conn, want string) {
+	t.Helper()
+	testkit.WaitFor(t, time.Minute, "the reconnect refused ("+want+")", func() bool {
+		err := nc.LastError()
+		return !nc.IsConnected() && err != nil && strings.Contains(strings.ToLower(err.Error()), want)
+	})
+}
+
+// redirectDialer is a nats.CustomDialer whose target the test switches:
+// the server, or a port that resets every connection it accepts.
+type redirectDialer struct{ target atomic.Pointer[string] }
+
+func (r *redirectDialer) to(target string) { r.target.Store(&target) }
+
+func (r *redirectDialer) Dial(network, _ string) (net.Conn, error) {
+	return net.DialTimeout(network, *r.target.Load(), 5*time.Second)
+}
+
+// resetting listens on a loopback port and resets every connection it
+// accepts once the client has written to it or the server's INFO would
+// have been read: at once (SO_LINGER 0).
+func resetting(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			_ = c.(*net.TCPConn).SetLinger(0)
+			_ = c.Close()
+		}
+	}()
+	t.Cleanup(func() {
+		_ = ln.Close()
+		<-done
+	})
+	return ln.Addr().String()
+}
+
+// TestReconnectRefusalIsNotAnOutage: a store whose connection the server
+// refuses at its reconnect: the user removed at a config reload (nats.go
+// then closes the connection after the second refusal, or, with
+// IgnoreAuthErrorAbort, goes on reconnecting), or its TLS client
+// certificate no longer trusted after one. Every call fails unclassified
+// once the server refused the reconnect, also when the next attempts
+// meet a reset, and no handler of a fail-open consumer runs; a
+// connection up again works.
+func TestReconnectRefusalIsNotAnOutage(t *testing.T) {
+	users := func(names ...string) string {
+		var b strings.Builder
+		b.WriteString("authorization {\n  users = [\n")
+		for _, n := range names {
+			b.WriteString("    {user: " + n + ", password: " + n + "-pw}\n")
+		}
+		b.WriteString("  ]\n}\n")
+		return b.String()
+	}
+	quiet := nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {})
+
+	for _, keepTrying := range []bool{false, true} {
+		name := "the user removed"
+		if keepTrying {
+			name += ", IgnoreAuthErrorAbort"
+		}
+		t.Run(name, func(t *testing.T) {
+			srv := testkit.StartNATSSecureServer(t, users("root", "alice"), nats.UserInfo("root", "root-pw"))
+			r := &redirectDialer{}
+			r.to(srv.Addr())
+			opts := []nats.Option{nats.UserInfo("alice", "alice-pw"), nats.MaxReconnects(-1), nats.ReconnectWait(20 * time.Millisecond),
+				nats.ReconnectJitter(0, 0), nats.SetCustomDialer(r), quiet}
+			if keepTrying {
+				opts = append(opts, nats.IgnoreAuthErrorAbort())
+			}
+			nc := connect(t, srv.URL(), opts...)
+			cfg := natsstore.Config{Bucket: testBucket()}
+			newStore(t, connect(t, srv.URL(), nats.UserInfo("root", "root-pw")), cfg) // the bucket, made and deleted by root
+			s := openAs(t, nc, cfg)
+			if c := claim(t, s, "s", time.Minute, "before"); c.Result != stores.Claimed {
+				t.Fatalf("Claim before the reload = %s", c.Result)
+			}
+
+			srv.Reload(users("root"))
+			waitLastError(t, nc, "authorization violation")
+			refusedCalls(t, s, 5, "authorization violation")
+			if ran, err := testkit.FailOpenRun(t, s, 5); ran != 0 || err == nil {
+				t.Fatalf("FailOpen with the user removed: %d of 5 handlers ran unprotected, last error %v", ran, err)
+			}
+			if keepTrying {
+				// The next attempts meet resets: the same refusal.
+				r.to(resetting(t))
+				testkit.WaitFor(t, time.Minute, "a reconnect that meets a reset", func() bool {
+					err := nc.LastError()
+					return err != nil && !strings.Contains(strings.ToLower(err.Error()), "authorization")
+				})
+				refusedCalls(t, s, 5, "authorization violation")
+				// The user is back: the store works again.
+				r.to(srv.Addr())
+				srv.Reload(users("root", "alice"))
+				testkit.WaitFor(t, time.Minute, "the reconnect", nc.IsConnected)
+				if c := claim(t, s, "s", time.Minute, "after"); c.Result != stores.Claimed {
+					t.Fatalf("Claim once the user is back = %s", c.Result)
+				}
+			}
+		})
+	}
+
+	t.Run("the client certificate no longer trusted", func(t *testing.T) {
+		files, other := testkit.MakeTLSFiles(t), testkit.MakeTLSFiles(t)
+		tlsConf := func(ca string) string {
+			return "tls {\n  cert_file: \"" + files.ServerCert + "\"\n  key_file: \"" + files.ServerKey + "\"\n  ca_file: \"" + ca + "\"\n  verify: true\n}\n"
+		}
+		withCert := []nats.Option{nats.RootCAs(files.CA), nats.ClientCert(files.ClientCert, files.ClientKey)}
+		srv := testkit.StartNATSSecureServer(t, tlsConf(files.CA), withCert...)
+		nc := connect(t, "tls://"+srv.Addr(), append(withCert, nats.MaxReconnects(-1), nats.ReconnectWait(20*time.Millisecond), nats.ReconnectJitter(0, 0), quiet)...)
+		s := newStore(t, nc, natsstore.Config{})
+		if c := claim(t, s, "s", time.Minute, "before"); c.Result != stores.Claimed {
+			t.Fatalf("Claim before the reload = %s", c.Result)
+		}
+		// The server now trusts another authority only; the connection up
+		// keeps going until it reconnects.
+		srv.Reload(tlsConf(other.CA))
+		if err := nc.ForceReconnect(); err != nil {
+			t.Fatal(err)
+		}
+		waitLastError(t, nc, "tls")
+		refusedCalls(t, s, 5, "tls")
+		if ran, err := testkit.FailOpenRun(t, s, 5); ran != 0 || err == nil {
+			t.Fatalf("FailOpen with a client certificate no longer trusted: %d of 5 handlers ran unprotected, last error %v", ran, err)
+		}
+		// Trusted again: the store works again.
+		srv.Reload(tlsConf(files.CA))
+		testkit.WaitFor(t, time.Minute, "the reconnect", nc.IsConnected)
+		if c := claim(t, s, "s", time.Minute, "after"); c.Result != stores.Claimed {
+			t.Fatalf("Claim once the certificate is trusted again = %s", c.Result)
+		}
+	})
+}
+
+// TestConnectRefusedIsNotAnOutage: Connect to a server that refuses the
+// client's TLS (no client certificate where one is required) or its
+// credentials fails unclassified; to a port where nothing listens, as an
+// outage.
+func TestConnectRefusedIsNotAnOutage(t *testing.T) {
+	files := testkit.MakeTLSFiles(t)
+	conf := "tls {\n  cert_file: \"" + files.ServerCert + "\"\n  key_file: \"" + files.ServerKey + "\"\n  ca_file: \"" + files.CA + "\"\n  verify: true\n}\n" +
+		"authorization {\n  users = [\n    {user: alice, password: alice-pw}\n  ]\n}\n"
+	addr := testkit.StartNATSSecure(t, conf, nats.UserInfo("alice", "alice-pw"), nats.RootCAs(files.CA), nats.ClientCert(files.ClientCert, files.ClientKey))
+	ctx := context.Background()
+	for name, opts := range map[string][]nats.Option{
+		"without a client certificate": {nats.UserInfo("alice", "alice-pw"), nats.RootCAs(files.CA)},
+		"with a wrong password":        {nats.UserInfo("alice", "wrong"), nats.RootCAs(files.CA), nats.ClientCert(files.ClientCert, files.ClientKey)},
+		"not trusting the server":      {nats.UserInfo("alice", "alice-pw"), nats.ClientCert(files.ClientCert, files.ClientKey)},
+	} {
+		_, err := natsstore.Connect(ctx, "tls://"+addr, natsstore.Config{Bucket: testBucket()}, append(opts, nats.Timeout(10*time.Second))...)
+		if err == nil || errors.Is(err, stores.ErrUnavailable) || !errors.Is(err, natsstore.ErrRefused) {
+			t.Errorf("Connect %s: %v, want ErrRefused, not an outage", name, err)
+		}
+	}
+	_, err := natsstore.Connect(ctx, "nats://"+testkit.ClosedAddr(t), natsstore.Config{Bucket: testBucket()}, nats.Timeout(time.Second))
+	if !errors.Is(err, stores.ErrUnavailable) {
+		t.Errorf("Connect to a port where nothing listens: %v, want an outage", err)
+	}
+}
+
+// TestDeletedBucketIsNotAnOutage: a bucket deleted under a store (its
+// stream gone) makes nothing answer the store's writes (no responders):
+// not an outage, which FailOpen would run handlers through until the
+// bucket is made again, but an error wrapping
+// jetstream.ErrBucketNotFound that names the bucket. (A read of the
+// deleted stream, a direct get, gets no answer at all: it times out, and
+// a timeout stays an outage; a single-key claim writes first.)
+func TestDeletedBucketIsNotAnOutage(t *testing.T) {
+	nc := sharedConn(t)
+	bucket := testBucket()
+	s := newStore(t, nc, natsstore.Config{Bucket: bucket})
+	ctx := context.Background()
+	claim(t, s, "s", time.Minute, "held")
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := js.DeleteKeyValue(ctx, bucket); err != nil {
+		t.Fatal(err)
+	}
+	for _, keys := range [][]string{{"new"}, {"held"}} {
+		_, err := s.Claim(ctx, "s", keys, time.Minute)
+		if err == nil || errors.Is(err, stores.ErrUnavailable) || !errors.Is(err, jetstream.ErrBucketNotFound) || !strings.Contains(err.Error(), bucket) {
+			t.Errorf("Claim(%q) in a deleted bucket: %v, want ErrBucketNotFound naming %s, not an outage", keys, err, bucket)
+		}
+	}
+	if ran, err := testkit.FailOpenRun(t, s, 3); ran != 0 || err == nil {
+		t.Fatalf("FailOpen on a deleted bucket: %d of 3 handlers ran unprotected, last error %v", ran, err)
+	}
+}
