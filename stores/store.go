@@ -76,10 +76,17 @@
 // each failure in the right one:
 //
 //   - [ErrUnavailable]: the backend could not be reached, or said it
-//     cannot serve now (connection refused, reset or timed out; a server
-//     starting, shutting down, failing over or out of connections). The
-//     outcome of the call is unknown. This is the only class a fail-open
-//     consumer may run its handler through unprotected.
+//     cannot serve now (a connection refused or timed out before the
+//     request went out; a server starting, shutting down, failing over or
+//     out of connections). The outcome of the call is unknown. This is
+//     the only class a fail-open consumer may run its handler through
+//     unprotected, so an error is an outage only when it is known to be
+//     one. A refusal of the client (its credentials, its TLS either way,
+//     its permissions, a bad argument) never is, even when it shows up as
+//     a reset, an EOF or a timeout (a server resetting the connection
+//     before the client read its TLS alert, closing it after a failed
+//     authentication); nor is the next reset of a server that refused the
+//     client once.
 //   - The caller's context ended: the error wraps [context.Canceled] or
 //     [context.DeadlineExceeded]. A call made with a context already done
 //     fails so, before any I/O, and changes nothing; one whose context
@@ -97,8 +104,10 @@
 //     no such record, a record in the other state, a request the
 //     layout cannot serve. Nothing was done.
 //   - Anything else: the backend answered with an error the store does not
-//     classify (a missing table, a denied permission, a record it did not
-//     write). A fault to fix, never a reason to bypass the store.
+//     classify (a missing table, a denied permission, a refused password
+//     or certificate, a record it did not write), or failed in a way not
+//     known to be an outage. A fault to fix, never a reason to bypass the
+//     store.
 package stores
 
 import (
@@ -135,7 +144,9 @@ var (
 
 	// ErrUnavailable is wrapped by every error that means the backend
 	// could not be reached or could not serve the call now: the outage
-	// class (see the package doc). The call's outcome is unknown.
+	// class (see the package doc). The call's outcome is unknown. Only
+	// what is known to be an outage wraps it, never a refusal of the
+	// client (credentials, TLS, permissions), however it shows up.
 	ErrUnavailable = errors.New("dedup store: backend unavailable")
 
 	// ErrTxAborted reports a transaction the database has ended under its
