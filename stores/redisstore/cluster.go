@@ -354,14 +354,15 @@ func (s *Store) snapshot(ctx context.Context, rkeys []string) ([]snap, error) {
 // what is left of the TTL it had at its snapshot, if it still holds what
 // its op wrote (or nothing). As giveBack does, it runs in the background,
 // bounded by the longest of those TTLs (the records put back have expired
-// after it), and the caller waits for it while ctx lasts; it returns the
-// first error of a put-back that ended meanwhile.
+// after it), and by undoTimeout at least, and the caller waits for it
+// while ctx lasts; it returns the first error of a put-back that ended
+// meanwhile.
 func (s *Store) putBack(ctx context.Context, rkeys []string, ops []op, snaps []snap, touched []int) error {
 	if len(touched) == 0 {
 		return nil
 	}
 	undo := make([]op, len(touched))
-	var ttl int64
+	ttl := undoTimeout.Milliseconds()
 	for j, i := range touched {
 		written := "" // a delete
 		if ops[i].script == setScript {
