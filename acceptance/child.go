@@ -368,7 +368,7 @@ func (c *childConsumer) handleLine(f []string) {
 		}
 		r.completed(dv, err)
 	case "T":
-		fields := make([]string, 10)
+		fields := make([]string, traceFields)
 		for i := range fields {
 			fields[i] = arg(i)
 		}

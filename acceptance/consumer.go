@@ -732,7 +732,8 @@ func (s *probeStore) Claim(ctx context.Context, scope string, keys []string, lea
 	s.sink.entered(d)
 	sent := time.Now()
 	c, err := s.inner.Claim(ctx, scope, keys, lease)
-	call := storeCall{op: opClaim, delivery: d.key(), event: d.event, err: err != nil, sent: sent, returned: time.Now()}
+	call := storeCall{op: opClaim, delivery: d.key(), event: d.event, err: err != nil, sent: sent, returned: time.Now(),
+		cancelled: err != nil && errors.Is(ctx.Err(), context.Canceled)}
 	d.proc.mu.Lock()
 	call.again = d.claimed
 	if err == nil && c != nil {

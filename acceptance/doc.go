@@ -16,9 +16,11 @@
 // sqlstore on PostgreSQL in lease mode; on each watermill-sql pub/sub with
 // sqlstore in transactional mode on the same database; the same, leaner,
 // on the new majors of the clients (watermill-sql v4, joined and in the
-// store's own transaction, and watermill-amqp v3 with Redis); and every
+// store's own transaction, and watermill-amqp v3 with Redis); every
 // store, in every mode, through scenarios 1-4 and 6 on gochannel and on
-// Kafka.
+// Kafka; and every one of those rows through the lifecycle scenarios
+// 11-14 (see below), recorded as n/a, with the reason, where one cannot
+// apply.
 //
 // # Running it
 //
@@ -45,7 +47,7 @@
 //     scale with it. Any other value fails the suite.
 //   - ACCEPTANCE_PARALLEL: scenarios run at once (default 8, or
 //     -test.parallel). They mostly wait on brokers and leases, so this
-//     keeps the whole matrix at about four to five minutes on two cores.
+//     keeps the whole matrix at about five minutes on two cores.
 //   - ACCEPTANCE_LOG=info|debug|trace: log the routers, the middleware and
 //     the broker clients to stderr.
 //
@@ -69,12 +71,59 @@
 // failed ran exactly once); and a
 // redelivery after the retention window runs again (the retention
 // scenario asserts it happens exactly for the late redeliveries, counted
-// as ttl misses). See Scenario for the ten scenarios: nack redelivery,
-// consumer crash, concurrent duplicates, producer republish, lease
-// expiry, store outage, bad input, outputs, retention, and a foreign
+// as ttl misses). See Scenario for the fourteen scenarios: nack
+// redelivery, consumer crash, concurrent duplicates, producer republish,
+// lease expiry, store outage, bad input, outputs, retention, a foreign
 // producer (the broker's native client instead of Watermill's publisher:
 // messages without a Watermill UUID, keyed by the broker's documented key
-// and a business key, redelivered and republished).
+// and a business key, redelivered and republished), and the four
+// lifecycle scenarios below.
+//
+// # The lifecycle scenarios
+//
+// They hold handlers mid-effect (before or after writing it) and let them
+// go on when what they wait for has happened, as the broker or the probe
+// reports it, never after a fixed time:
+//
+//   - 11 graceful shutdown: router.Close while handlers are held; once the
+//     router began closing, the ones that finish their effect are
+//     released and the ones watching their context return ctx.Err() when
+//     it ends; a new consumer of the group resumes. Exactly one effect per
+//     event, and every run that finished recorded its event done (lease
+//     mode: the Complete runs detached from the message's context;
+//     AsyncComplete: the middleware's Close flushes it). A claim the
+//     closing router cut in flight may be recorded all the same and hold
+//     its key for a lease: counted, with its takeover.
+//   - 12 subscriber deadline: a handler outlives the subscriber's own
+//     deadline (Backend.Deadline: watermill-sql's AckDeadline, JetStream's
+//     AckWait, the Redis Streams claim idle time, RabbitMQ's consumer
+//     timeout) while its heartbeat keeps its lease; the message is
+//     delivered again under it. Lease mode: the second delivery finds it
+//     in progress and ends as a duplicate (a takeover only where the probe
+//     saw the lease run out, at most one more effect). Transactional: the
+//     second delivery waits on the record and is a duplicate, or, joined
+//     to a subscriber transaction the deadline rolled back, runs the
+//     effect the first one cannot commit. RabbitMQ before 3.12 has no
+//     consumer timeout of a queue's own: the broker is made to do what it
+//     does when the timeout passes, close the holding consumer's channel
+//     with PRECONDITION_FAILED and requeue (see amqp_deadline_test.go).
+//     Not applicable to gochannel (no deadline) and Kafka (its
+//     counterpart is the rebalance).
+//   - 13 consumer rebalance (Kafka, Backend.GroupState): a handler of
+//     every partition of the first member is held when a second member
+//     joins; once the group is rebalancing they are released, and the
+//     partitions move. Exactly one effect; the joining member handles
+//     messages of a partition that moved.
+//   - 14 slow store, fail-closed and fail-open: the test-owned proxy in
+//     front of the store delays every byte by more than StoreTimeout
+//     (testkit.Proxy.SetLatency) until the middleware felt it, then is
+//     fast again; calls time out at the client while the store still acts
+//     on them. Fail-closed: a handler held across the start of the
+//     slowness completes through it; nothing lost, nothing doubled (a
+//     Complete that gave up after CompleteTimeout would be the documented
+//     exception, counted). Fail-open (lease mode only): bypasses counted,
+//     each event doubled at most once per run of it that bypassed the
+//     store. Not applicable to an embedded store (memstore, SQLite).
 //
 // A scenario waits until every published copy of every message was
 // handled and acked and nothing is in flight, then reads the ledger; when
@@ -162,10 +211,16 @@
 //     middleware.MetadataTime on a time the producer writes into a row's
 //     metadata), which the consumer uses for the ttl-miss check. See
 //     kafka_test.go, amqp_test.go and sqlpubsub_test.go.
+//   - Set Deadline to the subscriber's own deadline for a delivery, after
+//     which it delivers the message again under a running handler (its
+//     Name, and Prepare when the deadline is a setting of the queue or
+//     the consumer, or one the broker cannot be given), or to None with
+//     the reason it has none. Set GroupState when the members of a group
+//     own shards that move when one joins (a Kafka consumer group).
 //
 // Run it with every scenario and the store that suits it (Redis in lease
-// mode for a network broker), and through scenarios 1-4 and 6 with every
-// store if it is the embedded default of a deployment.
+// mode for a network broker), and through scenarios 1-4, 6 and 11-14
+// with every store if it is the embedded default of a deployment.
 //
 // # Adding a store
 //
@@ -180,6 +235,7 @@
 // MultiProcess when every process opening the Env shares the records.
 // Set AsyncComplete to run the middleware with
 // middleware.Config.AsyncComplete (see redis-async).
-// Add it to stores() in matrix_test.go: it then runs scenarios 1-4 and 6
-// on gochannel and on Kafka.
+// Set SingleWriter when the store runs one transaction at a time
+// (SQLite). Add it to stores() in matrix_test.go: it then runs scenarios
+// 1-4, 6 and 11-14 on gochannel and on Kafka.
 package acceptance

@@ -63,8 +63,8 @@ var lifecycleScenarios = []acceptance.Scenario{
 //     scenario, in the store's own transaction through the crash, lease
 //     expiry and lifecycle scenarios, and watermill-amqp
 //     v3 (rabbitmq-v3) with Redis in lease mode through every scenario;
-//   - every store, in every mode, through scenarios 1-4 and 6 on gochannel
-//     and on Kafka;
+//   - every store, in every mode, through scenarios 1-4, 6 and 11-14 on
+//     gochannel and on Kafka;
 //   - every row above through the lifecycle scenarios 11-14 (graceful
 //     shutdown, subscriber deadline, consumer rebalance, slow store),
 //     recorded as n/a with the reason where one cannot apply.

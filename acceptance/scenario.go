@@ -135,19 +135,26 @@ const (
 	// before its effect that finishes it whatever becomes of its context,
 	// one after its effect that finishes; in transactional mode also one
 	// after its effect that returns ctx.Err() (the rollback takes the
-	// effect away). They are released once the router began closing;
-	// then a new consumer of the same group resumes the subscription.
-	// Every event has exactly one effect: a run that finished completed
-	// its record whatever became of its message's context (detached from
-	// it in lease mode, flushed by the middleware's Close under
-	// AsyncComplete), and its redelivery, when the ack did not reach the
-	// broker, is a duplicate. As many handlers are held at once as the
-	// backend runs at once (every partition of Kafka, one delivery at a
-	// time for a queue's consumer, one transaction at a time for SQLite);
-	// the rest are held by the next consumers, one shutdown each. A
-	// backend that keeps nothing for a closed subscriber (gochannel) has
-	// what it left unacked published again, as a persistent broker
-	// redelivers it.
+	// effect away; in lease mode that would be a handler's bug). Once the
+	// router began closing, the finishing ones are released, and the
+	// watching ones return when their context ends (every pub/sub of the
+	// matrix ends it as its router closes); then a new consumer of the
+	// same group resumes the subscription. Every event has exactly one
+	// effect, and every run that finished recorded its event done
+	// whatever became of its message's context (the Complete detached
+	// from it in lease mode, flushed by the middleware's Close under
+	// AsyncComplete; a joined savepoint excepted, which the subscriber's
+	// rollback undoes when its deadline passed meanwhile): its redelivery,
+	// when the ack did not reach the broker, is a duplicate. As many
+	// handlers are held at once as one consumer runs at once (a partition
+	// each on Kafka, every message on gochannel, one delivery at a time on
+	// a queue or watermill-sql, one transaction at a time on SQLite); the
+	// rest are held by the next consumers, one shutdown each. A backend
+	// that keeps nothing for a closed subscriber (gochannel) has what it
+	// left unacked published again, as a persistent broker redelivers
+	// it. A claim the closing router cut in flight may be on the store's
+	// record all the same, its key then held until the lease runs out
+	// (5s here): the summary counts them and their takeovers.
 	GracefulShutdown
 
 	// SubscriberDeadline: a handler outlives the subscriber's own deadline

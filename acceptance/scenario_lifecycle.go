@@ -323,10 +323,14 @@ func (r *run) inflightAt(consumer string) int {
 // its event done: a Complete (or commit) of its delivery succeeded. In
 // lease mode that Complete ran after the handler, whatever became of the
 // message's context; under AsyncComplete it ran in the background, and
-// the scenario has closed the middlewares. It returns how many finished.
-func (r *run) checkFinishedRecorded(h *holder) int {
+// the scenario has closed the middlewares. The exception is a store that
+// joins the subscriber's transaction: the subscriber may have rolled it
+// back under the handler (its deadline passed while the handler was
+// held), and the commit of the savepoint fails; nothing of the run stays,
+// and the redelivery runs it (the effects say whether it did). It returns
+// how many finished, and how many of those a rollback undid.
+func (r *run) checkFinishedRecorded(h *holder) (finished, undone int) {
 	r.t.Helper()
-	finished := 0
 	for _, hr := range h.all() {
 		if _, outcome := hr.state(); outcome != heldFinished {
 			continue
@@ -335,11 +339,40 @@ func (r *run) checkFinishedRecorded(h *holder) int {
 		hr.d.proc.mu.Lock()
 		completed, err := hr.d.completed, hr.d.completeErr
 		hr.d.proc.mu.Unlock()
-		if !completed {
+		switch {
+		case completed:
+		case r.s.JoinsSubscriberTx:
+			undone++
+		default:
 			r.t.Errorf("held event %s (%s) finished its effect, but its delivery %s never recorded it done (last Complete/commit error: %v)", hr.d.event, hr.stage, hr.d.key(), err)
 		}
 	}
-	return finished
+	return finished, undone
+}
+
+// cutClaims describes the claims a closing router cut: calls whose
+// delivery's context ended while the store had them. The store may have
+// acted on such a claim, and a record claimed so stays processing until
+// its lease runs out: a redelivery finds it in progress until then, and
+// takes it over after.
+func (r *run) cutClaims() string {
+	calls := r.calls()
+	cut := map[string]bool{}
+	for _, c := range calls {
+		if c.op == opClaim && c.cancelled {
+			cut[c.event] = true
+		}
+	}
+	if len(cut) == 0 {
+		return ""
+	}
+	takenOver := 0
+	for _, c := range calls {
+		if cut[c.event] && c.claimed() && c.takeover {
+			takenOver++
+		}
+	}
+	return fmt.Sprintf("claims a closing router cut in flight=%d, their keys taken over once the lease ran out=%d", len(cut), takenOver)
 }
 
 // scenarioGraceful is GracefulShutdown.
@@ -362,6 +395,11 @@ func scenarioGraceful(t *testing.T, b Backend, s Store) {
 		h.plan[evs[i].ID] = st
 	}
 	spec := r.spec("c", in)
+	// A claim a closing router cuts in flight may have been recorded all
+	// the same: its key then stays in progress until the lease runs out
+	// (see cutClaims). A lease shorter than the default keeps that wait
+	// short; the heartbeat keeps the held runs' leases.
+	spec.Lease = gracefulLease
 	var rounds []string
 	late := 0
 	for round := 1; ; round++ {
@@ -420,19 +458,28 @@ func scenarioGraceful(t *testing.T, b Backend, s Store) {
 			t.Errorf("held event %s (%s): %s", hr.d.event, hr.stage, outcome)
 		}
 	}
-	finished := r.checkFinishedRecorded(h)
+	finished, undone := r.checkFinishedRecorded(h)
+	if undone > 0 {
+		r.note("finished runs whose savepoint the subscriber's rollback undid (its deadline passed while they were held)=%d", undone)
+	}
 	r.mu.Lock()
 	incomplete := r.ackedIncomplete
 	r.mu.Unlock()
 	if incomplete > 0 {
 		t.Errorf("%d deliveries acked with their Complete not landed: a graceful Close must record every run that finished", incomplete)
 	}
+	if cut := r.cutClaims(); cut != "" {
+		r.note("%s", cut)
+	}
 	if late > 0 {
 		r.note("router.Close returned before a delivery taken while closing had ended (%d times)", late)
 	}
-	r.note("shutdowns=%d (handlers held at each Close: %s), held: %s; returned ctx.Err()=%d, finished=%d (each recorded done), duplicates after the resume=%d",
+	r.note("shutdowns=%d (handlers held at each Close: %s), held: %s; returned ctx.Err()=%d, finished=%d (recorded done), duplicates after the resume=%d",
 		len(rounds), strings.Join(rounds, ","), h.describe(), ctxErrs, finished, r.outcome(dedup.OutcomeDuplicate))
 }
+
+// gracefulLease is the lease of the graceful-shutdown scenario.
+const gracefulLease = 5 * time.Second
 
 // deadlineLease is the lease of the subscriber-deadline scenario: a
 // heartbeat (Lease/3) extends it more than once while a handler outlives
@@ -470,8 +517,14 @@ func scenarioDeadline(t *testing.T, b Backend, s Store) {
 	// One consumer more than held handlers: the second delivery needs one
 	// that is not holding (a queue's consumer, a Redis Streams member,
 	// takes one delivery at a time: the requeued message, the claimed
-	// entry, goes to another one).
+	// entry, goes to another one). An ordered backend with a single shard
+	// (watermill-sql) delivers one message at a time to its whole group,
+	// and gives the expired delivery up itself: the same consumer takes
+	// the redelivery while its router still runs the held handler.
 	k := len(heldEvs) + 1
+	if b.Features.Ordered && b.Features.shards() == 1 {
+		k = 1
+	}
 	for i := 1; i <= k; i++ {
 		sp := spec
 		sp.Name = fmt.Sprintf("c%d", i)
@@ -551,10 +604,18 @@ func scenarioDeadline(t *testing.T, b Backend, s Store) {
 			// (it released it), waiting on the record's lock, or, joined to
 			// a subscriber transaction the deadline rolled back, finding
 			// no record.
-			if dups == 0 && !s.JoinsSubscriberTx {
-				t.Errorf("held event %s: no delivery of it ended as a duplicate after the held transaction committed", ev)
+			_, outcome := hr.state()
+			switch {
+			case !s.JoinsSubscriberTx:
+				if dups == 0 {
+					t.Errorf("held event %s: no delivery of it ended as a duplicate after the held transaction committed", ev)
+				}
+				notes = append(notes, fmt.Sprintf("%s %s: the second delivery waited on the record, duplicates=%d", ev, hr.stage, dups))
+			case waited == 0 && dups == 0:
+				t.Errorf("held event %s: no other delivery claimed it or found it done", ev)
+			default:
+				notes = append(notes, fmt.Sprintf("%s %s: %s, claimed by a redelivery while held=%d, duplicates=%d", ev, hr.stage, outcome, waited, dups))
 			}
-			notes = append(notes, fmt.Sprintf("%s %s: second delivery claimed after the rollback=%d, duplicates=%d", ev, hr.stage, waited, dups))
 		case takeover != nil:
 			// The documented bound: the lease ran out (the heartbeat
 			// stalled longer than two thirds of it), and another delivery
@@ -659,7 +720,7 @@ func scenarioRebalance(t *testing.T, b Backend, s Store) {
 		r.stopConsumers()
 	}
 	AssertExactlyOnce(t, r.effects(), ids(all))
-	finished := r.checkFinishedRecorded(h)
+	finished, _ := r.checkFinishedRecorded(h)
 	r.mu.Lock()
 	byC2 := r.handledBy["c2"]
 	moved := 0
@@ -672,7 +733,7 @@ func scenarioRebalance(t *testing.T, b Backend, s Store) {
 	if byC2 == 0 {
 		t.Errorf("the joining member handled nothing: no shard moved to it")
 	}
-	r.note("handlers held when the second member joined=%d (%s), finished=%d (each recorded done); group: %s; messages handled by the joining member=%d, held messages it got again (offset not committed)=%d, duplicates=%d",
+	r.note("handlers held when the second member joined=%d (%s), finished=%d (recorded done); group: %s; messages handled by the joining member=%d, held messages it got again (offset not committed)=%d, duplicates=%d",
 		held, h.describe(), finished, strings.Join(states, " -> "), byC2, moved, r.outcome(dedup.OutcomeDuplicate))
 }
 

@@ -33,7 +33,11 @@ type storeCall struct {
 	// again: a claim by a delivery that had claimed the keys already (the
 	// middleware's reconcile after a refused Complete), not a claim that
 	// starts a delivery.
-	again          bool
+	again bool
+	// cancelled: the call failed because the delivery's context ended
+	// while the store had it (a router closing): the store may have acted
+	// on it all the same.
+	cancelled      bool
 	sent, returned time.Time
 }
 
@@ -119,8 +123,12 @@ func replacement(calls []storeCall, i int) (storeCall, bool) {
 func traceLine(id string, c storeCall) []string {
 	return []string{"T", id, c.event, string(c.op), strconv.FormatBool(c.err), strconv.Itoa(int(c.result)),
 		strconv.FormatBool(c.takeover), strconv.FormatBool(c.again),
-		strconv.FormatInt(c.sent.UnixNano(), 10), strconv.FormatInt(c.returned.UnixNano(), 10)}
+		strconv.FormatInt(c.sent.UnixNano(), 10), strconv.FormatInt(c.returned.UnixNano(), 10),
+		strconv.FormatBool(c.cancelled)}
 }
+
+// traceFields is the number of fields of a "T" line.
+const traceFields = 11
 
 // parseTrace reads a "T" line written by traceLine; f[1] is the delivery
 // id, which the caller turns into the delivery key.
@@ -131,14 +139,15 @@ func parseTrace(delivery string, f []string) storeCall {
 	}
 	res, _ := strconv.Atoi(f[5])
 	return storeCall{
-		op:       storeOp(f[3]),
-		delivery: delivery,
-		event:    f[2],
-		err:      f[4] == "true",
-		result:   stores.Result(res),
-		takeover: f[6] == "true",
-		again:    f[7] == "true",
-		sent:     at(f[8]),
-		returned: at(f[9]),
+		op:        storeOp(f[3]),
+		delivery:  delivery,
+		event:     f[2],
+		err:       f[4] == "true",
+		result:    stores.Result(res),
+		takeover:  f[6] == "true",
+		again:     f[7] == "true",
+		sent:      at(f[8]),
+		returned:  at(f[9]),
+		cancelled: f[10] == "true",
 	}
 }
