@@ -615,7 +615,11 @@ func (r *run) settled() (bool, string) {
 		return false, fmt.Sprintf("%d published messages not handled yet: %s; %d deliveries so far", len(pending), first(pending), r.deliveries)
 	}
 	if n := len(r.inflight); n > 0 {
-		return false, fmt.Sprintf("%d deliveries still in flight", n)
+		var which []string
+		for key, event := range r.inflight {
+			which = append(which, key+" (event "+event+")")
+		}
+		return false, fmt.Sprintf("%d deliveries still in flight: %s", n, first(which))
 	}
 	return true, ""
 }

@@ -56,18 +56,15 @@ const (
 
 // heldRun is one held handler.
 type heldRun struct {
-	d        *delivery
-	stage    holdStage
-	release  chan struct{}
-	let      func() // closes release, once
-	consumer string
+	d       *delivery
+	stage   holdStage
+	release chan struct{}
+	let     func() // closes release, once
 
 	mu       sync.Mutex
 	holding  bool      // waiting in the hold now
-	heldAt   time.Time // when it began to wait
 	outcome  string    // set when the handler returned
-	err      error
-	returned time.Time
+	returned time.Time // when it returned
 }
 
 func (hr *heldRun) released() bool {
@@ -87,7 +84,7 @@ func (hr *heldRun) state() (holding bool, outcome string) {
 
 func (hr *heldRun) end(outcome string, err error) error {
 	hr.mu.Lock()
-	hr.holding, hr.outcome, hr.err, hr.returned = false, outcome, err, time.Now()
+	hr.holding, hr.outcome, hr.returned = false, outcome, time.Now()
 	hr.mu.Unlock()
 	return err
 }
@@ -106,7 +103,7 @@ func (hr *heldRun) run(ctx context.Context, apply func(context.Context) error, d
 		}
 	}
 	hr.mu.Lock()
-	hr.holding, hr.heldAt = true, time.Now()
+	hr.holding = true
 	hr.mu.Unlock()
 	var ctxDone <-chan struct{}
 	if hr.stage.watchCtx {
@@ -176,7 +173,7 @@ func (h *holder) handle(ctx context.Context, d *delivery, apply func(context.Con
 	}
 	delete(h.plan, d.event)
 	release := make(chan struct{})
-	hr := &heldRun{d: d, stage: stage, release: release, let: sync.OnceFunc(func() { close(release) }), consumer: d.consumer}
+	hr := &heldRun{d: d, stage: stage, release: release, let: sync.OnceFunc(func() { close(release) })}
 	h.runs = append(h.runs, hr)
 	h.mu.Unlock()
 	return true, hr.run(ctx, apply, h.r.done)
@@ -254,6 +251,17 @@ func (h *holder) awaitHeld(what string, want int) {
 		held := h.holdingNow()
 		return held >= want, fmt.Sprintf("%d handlers held, want %d", held, want)
 	})
+}
+
+// states lists every held run: its delivery, stage, whether it holds
+// and its outcome, for a failure's log.
+func (h *holder) states() string {
+	var parts []string
+	for _, hr := range h.all() {
+		holding, outcome := hr.state()
+		parts = append(parts, fmt.Sprintf("%s %s %s holding=%t released=%t outcome=%q", hr.d.key(), hr.d.event, hr.stage, holding, hr.released(), outcome))
+	}
+	return strings.Join(parts, "; ")
 }
 
 // describe summarises the held runs: "after_effect/finish:finished".
@@ -394,6 +402,11 @@ func scenarioGraceful(t *testing.T, b Backend, s Store) {
 		// its own on Kafka.
 		h.plan[evs[i].ID] = st
 	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("held runs: %s", h.states())
+		}
+	})
 	spec := r.spec("c", in)
 	// A claim a closing router cuts in flight may have been recorded all
 	// the same: its key then stays in progress until the lease runs out
@@ -405,7 +418,10 @@ func scenarioGraceful(t *testing.T, b Backend, s Store) {
 	for round := 1; ; round++ {
 		sp := spec
 		sp.Name = fmt.Sprintf("c%d", round)
-		if h.remaining() > 0 {
+		// Decided before the consumer starts: its handlers may hold every
+		// planned event before it is asked.
+		remaining := h.remaining()
+		if remaining > 0 {
 			h.hold(sp.Name)
 		}
 		c := r.startConsumerWith(sp, conn{benv: r.benv, opened: r.opened, hook: h, watchClose: true})
@@ -418,7 +434,6 @@ func scenarioGraceful(t *testing.T, b Backend, s Store) {
 				r.note("round %d: %d messages the closed subscriber left unacked published again (gochannel keeps nothing for it)", round, k)
 			}
 		}
-		remaining := h.remaining()
 		if remaining == 0 {
 			break // this consumer resumes the subscription to the end
 		}
