@@ -118,7 +118,7 @@ func TestClassify(t *testing.T) {
 		if class := c.d.classify(c.err) &^ errAnswered; class&^errUnavailable != c.want.class&^errUnavailable {
 			t.Errorf("%T %s: class %06b, want %06b", c.d, c.name, class, c.want.class)
 		}
-		if joined := s.joinedError(c.err); errors.Is(joined, stores.ErrTxAborted) != (c.want.class&errTxDead != 0) {
+		if joined := s.joinedError(context.Background(), c.err); errors.Is(joined, stores.ErrTxAborted) != (c.want.class&errTxDead != 0) {
 			t.Errorf("%T %s: joinedError = %v; ErrTxAborted want %t", c.d, c.name, joined, c.want.class&errTxDead != 0)
 		}
 	}

@@ -221,10 +221,13 @@ type Config struct {
 	// always joined.
 	//
 	// A handler that outlives the subscriber's AckDeadline has its
-	// batch rolled back and delivered again, its effect with it. v4 also
-	// takes an AckDeadline of 0, no deadline: the transaction then stays
-	// open as long as the handler runs (on PostgreSQL its snapshot holds
-	// back every subscriber of the database meanwhile).
+	// batch rolled back and delivered again, its effect with it; so has a
+	// batch whose transaction the database aborted (a MySQL deadlock). v4
+	// also takes an AckDeadline of 0, no deadline: the transaction then
+	// stays open as long as the handler runs (on PostgreSQL its snapshot
+	// holds back every subscriber of the database meanwhile). The store's
+	// *sql.DB needs a connection of its own beside the subscriber's
+	// transaction: on MySQL its first call reads the session's settings.
 	JoinTx TxFinder
 
 	// Deprecated: set JoinTx to wsql3.SubscriberTx, which finds the

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/watermill-dedup/dedup/stores"
+	"github.com/watermill-dedup/dedup/stores/sqlstore/internal/wsqlguard"
 	"github.com/watermill-dedup/dedup/stores/storekit"
 )
 
@@ -94,8 +95,11 @@ func (s *Store) JoinedTx(ctx context.Context) (any, bool) {
 // *sql.Tx stays open (its statements would then run in autocommit, and the
 // record would commit although the handler failed), and PostgreSQL
 // refuses the statements of a transaction an earlier error aborted. With
-// watermill-sql, the message is nacked until the subscriber ends that
-// transaction (at its AckDeadline) and delivered again in a new one. On
+// a subscriber of wsql3.NewSubscriber or wsql4.NewSubscriber, the store
+// has it roll that transaction back on the client at once (Begin, Commit
+// and Rollback do, whichever finds it dead), before the message is
+// nacked: nothing runs in it any more, the subscriber's offset ack
+// included, and the batch is delivered again in a new transaction. On
 // MySQL the check costs a joined Begin one more statement.
 func (s *Store) Begin(ctx context.Context, scope string, keys []string, retention time.Duration) (stores.InboxTx, error) {
 	if err := s.checkCall(ctx, storekit.CheckKeys(keys), storekit.CheckRetention(retention), s.checkHorizon("retention", retention)); err != nil {
@@ -299,10 +303,10 @@ const maxSavepointAttempts = 3
 func (s *Store) beginSavepoint(ctx context.Context, tx *sql.Tx, ks keySet, retention time.Duration) (*inboxTx, error) {
 	sp := fmt.Sprintf("sqlstore_%d", s.savepoints.Add(1))
 	if _, err := tx.ExecContext(ctx, "SAVEPOINT "+sp); err != nil {
-		return nil, s.joinedError(err)
+		return nil, s.joinedError(ctx, err)
 	}
 	if err := s.d.joinCheck(ctx, tx, sp); err != nil {
-		return nil, s.joinedError(err)
+		return nil, s.joinedError(ctx, err)
 	}
 	for attempt := 1; ; attempt++ {
 		exp := s.now().Add(retention)
@@ -312,10 +316,10 @@ func (s *Store) beginSavepoint(ctx context.Context, tx *sql.Tx, ks keySet, reten
 		}
 		if s.is(err, errTxDead) {
 			// Nothing to roll back to: the server ended the transaction.
-			return nil, s.joinedError(err)
+			return nil, s.joinedError(ctx, err)
 		}
 		if rerr := rollbackTo(ctx, tx, sp, err == nil || (errors.Is(err, errRetry) && attempt < maxSavepointAttempts)); rerr != nil {
-			return nil, errors.Join(err, s.joinedError(rerr))
+			return nil, errors.Join(err, s.joinedError(ctx, rerr))
 		}
 		if err == nil {
 			return &inboxTx{result: res, data: data}, nil
@@ -428,12 +432,12 @@ func (t *inboxTx) Commit(ctx context.Context, data []byte) error {
 			}
 		}
 		if err != nil {
-			return errors.Join(fmt.Errorf("sqlstore: commit: storing data: %w", s.classify(s.joinedError(err))), t.abort(ctx))
+			return errors.Join(fmt.Errorf("sqlstore: commit: storing data: %w", s.classify(s.joinedError(ctx, err))), t.abort(ctx))
 		}
 	}
 	if t.own == nil {
 		if _, err := t.tx.ExecContext(ctx, "RELEASE SAVEPOINT "+t.savepoint); err != nil {
-			return errors.Join(fmt.Errorf("sqlstore: commit: releasing savepoint: %w", s.classify(s.joinedError(err))), t.abort(ctx))
+			return errors.Join(fmt.Errorf("sqlstore: commit: releasing savepoint: %w", s.classify(s.joinedError(ctx, err))), t.abort(ctx))
 		}
 		return nil
 	}
@@ -468,7 +472,7 @@ func (t *inboxTx) Rollback(ctx context.Context) error {
 
 func (t *inboxTx) abort(ctx context.Context) error {
 	if t.own == nil {
-		return t.s.joinedError(rollbackTo(ctx, t.tx, t.savepoint, false))
+		return t.s.joinedError(ctx, rollbackTo(ctx, t.tx, t.savepoint, false))
 	}
 	if err := t.own.end(ctx, false); err != nil && !errors.Is(err, sql.ErrTxDone) {
 		return err
@@ -477,10 +481,19 @@ func (t *inboxTx) abort(ctx context.Context) error {
 }
 
 // joinedError marks err with stores.ErrTxAborted when it says that the
-// transaction a joined Begin works in is over.
-func (s *Store) joinedError(err error) error {
-	if s.is(err, errTxDead) && !errors.Is(err, stores.ErrTxAborted) {
-		return fmt.Errorf("%w: %w", stores.ErrTxAborted, err)
+// transaction a joined Begin works in is over, and has the guard of the
+// watermill-sql subscriber that delivered ctx's message roll that
+// transaction back on the client too, before the delivery ends: on MySQL
+// the subscriber's offset ack would otherwise run in autocommit, and
+// commit the offsets of the messages whose effects the server rolled
+// back.
+func (s *Store) joinedError(ctx context.Context, err error) error {
+	dead := errors.Is(err, stores.ErrTxAborted)
+	if !dead && s.is(err, errTxDead) {
+		dead, err = true, fmt.Errorf("%w: %w", stores.ErrTxAborted, err)
+	}
+	if dead {
+		wsqlguard.Abort(ctx)
 	}
 	return err
 }

@@ -18,6 +18,7 @@ import (
 	dedup "github.com/watermill-dedup/dedup"
 	"github.com/watermill-dedup/dedup/keyfuncs"
 	"github.com/watermill-dedup/dedup/middleware"
+	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/sqlstore"
 	"github.com/watermill-dedup/dedup/stores/sqlstore/wsql3"
 	"github.com/watermill-dedup/dedup/stores/sqlstore/wsql4"
@@ -415,4 +416,370 @@ func TestGuardedSubscriberCloseCommitsAcked(t *testing.T) {
 		finish()
 		testkit.WaitFor(t, time.Minute, "event 3 committed", func() bool { return l.sum(t, db) == 6 })
 	})
+}
+
+// joinedRig is a store joining a guarded watermill-sql subscriber's
+// transaction, a ledger, and a topic, for the tests below that handle
+// messages by hand (no router), one step at a time.
+type joinedRig struct {
+	t     *testing.T
+	b     backend
+	db    *sql.DB
+	s     *sqlstore.Store
+	l     *ledger
+	topic string
+	scope string
+}
+
+func newJoinedRig(t *testing.T, b backend, w wsqlMajor) *joinedRig {
+	db := b.open(t)
+	r := &joinedRig{t: t, b: b, db: db, s: newStore(t, db, b.dialect, sqlstore.Config{JoinTx: w.joinTx}),
+		l: newLedger(t, db, b.dialect, 1), topic: "dedup_" + storetest.NewID()}
+	r.scope = "rig-" + r.topic
+	t.Cleanup(func() {
+		dropTable(t, db, b.dialect, "watermill_"+r.topic)
+		dropTable(t, db, b.dialect, "watermill_offsets_"+r.topic)
+	})
+	return r
+}
+
+// publish publishes events from..to, each its number as its amount.
+func (r *joinedRig) publish(pub message.Publisher, from, to int) {
+	for i := from; i <= to; i++ {
+		m := message.NewMessage(watermill.NewUUID(), nil)
+		m.Metadata.Set("event_id", strconv.Itoa(i))
+		if err := pub.Publish(r.topic, m); err != nil {
+			r.t.Fatal(err)
+		}
+	}
+}
+
+// begin reads the next message of msgs and begins its inbox transaction.
+func (r *joinedRig) begin(msgs <-chan *message.Message) (*message.Message, stores.InboxTx, *sql.Tx) {
+	r.t.Helper()
+	var msg *message.Message
+	select {
+	case msg = <-msgs:
+	case <-time.After(time.Minute):
+		r.t.Fatal("no message delivered within a minute")
+	}
+	itx, err := r.s.Begin(msg.Context(), r.scope, []string{msg.Metadata.Get("event_id")}, time.Hour)
+	if err != nil {
+		r.t.Fatalf("Begin of event %s: %v", msg.Metadata.Get("event_id"), err)
+	}
+	tx, _ := sqlstore.TxFromContext(itx.Context(msg.Context()))
+	return msg, itx, tx
+}
+
+// handle applies the next message of msgs (or finds it a duplicate) and
+// acks it; it returns its event.
+func (r *joinedRig) handle(msgs <-chan *message.Message) int {
+	r.t.Helper()
+	msg, itx, tx := r.begin(msgs)
+	ev, _ := strconv.Atoi(msg.Metadata.Get("event_id"))
+	if itx.Result() == stores.Claimed {
+		if err := r.l.add(msg.Context(), tx, 0, ev); err != nil {
+			r.t.Fatal(err)
+		}
+		if err := itx.Commit(msg.Context(), nil); err != nil {
+			r.t.Fatal(err)
+		}
+	}
+	msg.Ack()
+	return ev
+}
+
+// drain handles every message a new subscriber of the group gets until
+// the ledger holds want, and fails if it never does or holds more.
+func (r *joinedRig) drain(w wsqlMajor, want int64) {
+	r.t.Helper()
+	_, sub := w.pubSub(r.t, r.db, r.b.dialect, time.Minute)
+	defer sub.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	msgs, err := sub.Subscribe(ctx, r.topic)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case msg := <-msgs:
+				if msg == nil {
+					return
+				}
+				itx, err := r.s.Begin(msg.Context(), r.scope, []string{msg.Metadata.Get("event_id")}, time.Hour)
+				if err != nil {
+					msg.Nack()
+					continue
+				}
+				if itx.Result() == stores.Claimed {
+					ev, _ := strconv.Atoi(msg.Metadata.Get("event_id"))
+					tx, _ := sqlstore.TxFromContext(itx.Context(msg.Context()))
+					if err := r.l.add(msg.Context(), tx, 0, ev); err != nil {
+						_ = itx.Rollback(msg.Context())
+						msg.Nack()
+						continue
+					}
+					if err := itx.Commit(msg.Context(), nil); err != nil {
+						msg.Nack()
+						continue
+					}
+				}
+				msg.Ack()
+			}
+		}
+	}()
+	testkit.WaitFor(r.t, time.Minute, "every event's effect", func() bool { return r.l.sum(r.t, r.db) >= want })
+	cancel()
+	<-done
+	if got := r.l.sum(r.t, r.db); got != want {
+		r.t.Fatalf("ledger = %d, want %d", got, want)
+	}
+}
+
+// deadlock makes tx the victim of an InnoDB deadlock: the server rolls the
+// whole transaction back and the client's *sql.Tx stays open. It returns
+// the victim's error.
+func (r *joinedRig) deadlock(tx *sql.Tx) error {
+	r.t.Helper()
+	ctx := context.Background()
+	locks, heavy := "locks_"+storetest.NewID(), "heavy_"+storetest.NewID()
+	for _, q := range []string{
+		"CREATE TABLE " + locks + " (id INTEGER PRIMARY KEY, v INTEGER NOT NULL) ENGINE=InnoDB",
+		"INSERT INTO " + locks + " VALUES (1, 0), (2, 0)",
+		"CREATE TABLE " + heavy + " (id INTEGER PRIMARY KEY AUTO_INCREMENT, v INTEGER) ENGINE=InnoDB",
+	} {
+		if _, err := r.db.ExecContext(ctx, q); err != nil {
+			r.t.Fatal(err)
+		}
+	}
+	r.t.Cleanup(func() { dropTable(r.t, r.db, r.b.dialect, locks); dropTable(r.t, r.db, r.b.dialect, heavy) })
+	if _, err := tx.ExecContext(ctx, "UPDATE "+locks+" SET v = v + 1 WHERE id = 1"); err != nil {
+		r.t.Fatal(err)
+	}
+	// The other transaction writes more rows: InnoDB rolls back the
+	// lighter one, tx.
+	other, err := r.db.BeginTx(ctx, nil)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	defer other.Rollback()
+	for range 20 {
+		if _, err := other.ExecContext(ctx, "INSERT INTO "+heavy+" (v) VALUES (1), (2), (3), (4), (5), (6), (7), (8), (9), (10)"); err != nil {
+			r.t.Fatal(err)
+		}
+	}
+	if _, err := other.ExecContext(ctx, "UPDATE "+locks+" SET v = v + 1 WHERE id = 2"); err != nil {
+		r.t.Fatal(err)
+	}
+	otherDone := make(chan error, 1)
+	go func() {
+		_, err := other.ExecContext(ctx, "UPDATE "+locks+" SET v = v + 1 WHERE id = 1")
+		otherDone <- err
+	}()
+	_, err = tx.ExecContext(ctx, "UPDATE "+locks+" SET v = v + 1 WHERE id = 2")
+	if err == nil {
+		r.t.Fatalf("the joined transaction was not the deadlock's victim (the other: %v)", <-otherDone)
+	}
+	if oerr := <-otherDone; oerr != nil {
+		r.t.Fatalf("the other transaction failed too: %v", oerr)
+	}
+	return err
+}
+
+// mysqlJoined runs fn on MySQL, where a deadlock leaves the transaction
+// open on the client, with each watermill-sql major.
+func mysqlJoined(t *testing.T, fn func(t *testing.T, b backend, w wsqlMajor)) {
+	for _, w := range []struct {
+		name string
+		w    wsqlMajor
+	}{{"v3", wsqlV3}, {"v4", wsqlV4}} {
+		t.Run(w.name, func(t *testing.T) { fn(t, backends[1], w.w) })
+	}
+}
+
+// TestJoinedTxDeadlockThenClose: in a batch of five, events 1 and 2 are
+// applied and acked; event 3's handler is a deadlock's victim, and the
+// server rolls the whole subscriber transaction back, events 1 and 2
+// with it, while the client's *sql.Tx stays open. The store nacks event 3
+// (ErrTxAborted) and the subscriber is closed. Its offset ack ran in
+// autocommit and committed the offsets of events 1 and 2, which were then
+// never applied.
+func TestJoinedTxDeadlockThenClose(t *testing.T) {
+	mysqlJoined(t, func(t *testing.T, b backend, w wsqlMajor) {
+		r := newJoinedRig(t, b, w)
+		pub, sub := w.pubSub(t, r.db, b.dialect, time.Minute)
+		defer pub.Close()
+		r.publish(pub, 1, 5)
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		msgs, err := sub.Subscribe(ctx, r.topic)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.handle(msgs)
+		r.handle(msgs)
+		msg, itx, tx := r.begin(msgs)
+		derr := r.deadlock(tx)
+		if err := itx.Rollback(msg.Context()); !errors.Is(err, stores.ErrTxAborted) {
+			t.Fatalf("Rollback after the deadlock (%v) = %v, want ErrTxAborted", derr, err)
+		}
+		msg.Nack()
+		if err := sub.Close(); err != nil {
+			t.Fatal(err)
+		}
+		r.drain(w, 1+2+3+4+5)
+	})
+}
+
+// TestJoinedTxDeadlockThenAckDeadline: as TestJoinedTxDeadlockThenClose,
+// in a batch of three, without Close, and without the store seeing the
+// deadlock: event 3's delivery outlives the AckDeadline. The guard rolled
+// the transaction back by cancelling its context only, and watermill-sql's
+// offset ack, the batch's last statement, often ran before database/sql
+// had marked the transaction done: in autocommit.
+func TestJoinedTxDeadlockThenAckDeadline(t *testing.T) {
+	mysqlJoined(t, func(t *testing.T, b backend, w wsqlMajor) {
+		for round := range 3 {
+			r := newJoinedRig(t, b, w)
+			pub, sub := w.pubSub(t, r.db, b.dialect, time.Second, wsqlBatch(3))
+			r.publish(pub, 1, 3)
+			ctx, cancel := context.WithCancel(context.Background())
+			msgs, err := sub.Subscribe(ctx, r.topic)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r.handle(msgs)
+			r.handle(msgs)
+			msg, _, tx := r.begin(msgs)
+			_ = r.deadlock(tx)
+			<-msg.Context().Done() // the guard gave the delivery up at its deadline
+			cancel()
+			_ = sub.Close()
+			_ = pub.Close()
+			r.drain(w, 1+2+3)
+			t.Logf("round %d: every event applied once", round)
+		}
+	})
+}
+
+// TestQueueAdapterCloseAcksOnlyDelivered: watermill-sql v4's queue
+// adapters ack every row of a batch, also of one cut short: Close in the
+// middle of a batch of five acked the three rows never delivered, and
+// they were lost.
+func TestQueueAdapterCloseAcksOnlyDelivered(t *testing.T) {
+	forEachBackend(t, serverBackends, func(t *testing.T, b backend) {
+		r := newJoinedRig(t, b, wsqlV4)
+		pub, sub := wsqlV4.pubSub(t, r.db, b.dialect, time.Minute, wsqlBatch(5), wsqlQueue())
+		defer pub.Close()
+		r.publish(pub, 1, 5)
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		msgs, err := sub.Subscribe(ctx, r.topic)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.handle(msgs)
+		r.handle(msgs)
+		if err := sub.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if got := r.l.sum(t, r.db); got != 1+2 {
+			t.Fatalf("ledger after Close = %d, want 3", got)
+		}
+		_, next := wsqlV4.pubSub(t, r.db, b.dialect, time.Minute, wsqlQueue())
+		defer next.Close()
+		msgs, err = next.Subscribe(ctx, r.topic)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for want := 3; want <= 5; want++ {
+			if ev := r.handle(msgs); ev != want {
+				t.Fatalf("the next subscriber got event %d, want %d", ev, want)
+			}
+		}
+	})
+}
+
+// TestGuardedSubscriberSecondCloseWaits: a second Close (a router closes
+// a subscriber once per handler that shares it) returned at once while
+// the first still waited for the delivery in flight.
+func TestGuardedSubscriberSecondCloseWaits(t *testing.T) {
+	r := newJoinedRig(t, backends[0], wsqlV3)
+	pub, sub := wsqlV3.pubSub(t, r.db, r.b.dialect, time.Minute)
+	defer pub.Close()
+	r.publish(pub, 1, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	msgs, err := sub.Subscribe(ctx, r.topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg, itx, tx := r.begin(msgs)
+	first, second := make(chan error, 1), make(chan error, 1)
+	go func() { first <- sub.Close() }()
+	go func() { second <- sub.Close() }()
+	select {
+	case err := <-second:
+		t.Fatalf("a second Close returned (%v) with the delivery in flight", err)
+	case err := <-first:
+		t.Fatalf("Close returned (%v) with the delivery in flight", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	if err := r.l.add(msg.Context(), tx, 0, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := itx.Commit(msg.Context(), nil); err != nil {
+		t.Fatal(err)
+	}
+	msg.Ack()
+	if err := errors.Join(<-first, <-second); err != nil {
+		t.Fatal(err)
+	}
+	if got := r.l.sum(t, r.db); got != 1 {
+		t.Fatalf("ledger after Close = %d, want 1", got)
+	}
+}
+
+// TestGuardedSubscriberDeadlineSpansResends: a message nacked at every
+// delivery is resent in the same transaction; its AckDeadline runs from
+// its first delivery, as watermill-sql's own, so its transaction is
+// rolled back and begun again. The guard knew a resend by the message's
+// uuid: one without a uuid got a new deadline at every resend, and its
+// transaction never ended.
+func TestGuardedSubscriberDeadlineSpansResends(t *testing.T) {
+	r := newJoinedRig(t, backends[0], wsqlV3)
+	pub, sub := wsqlV3.pubSub(t, r.db, r.b.dialect, 500*time.Millisecond)
+	defer pub.Close()
+	m := message.NewMessage("", nil)
+	m.Metadata.Set("event_id", "1")
+	if err := pub.Publish(r.topic, m); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	defer sub.Close()
+	msgs, err := sub.Subscribe(ctx, r.topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	txs := map[*sql.Tx]bool{}
+	deadline := time.Now().Add(time.Minute)
+	for len(txs) < 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("after a minute of nacks the message was delivered in %d transaction(s), want a second one after its AckDeadline", len(txs))
+		}
+		msg := <-msgs
+		tx, err := wsql3.SubscriberTx(msg.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		txs[tx] = true
+		msg.Nack()
+	}
 }

@@ -36,13 +36,28 @@ func TestWatermillSQLv4SubscriberTx(t *testing.T) {
 
 var wsqlV4 = wsqlMajor{
 	joinTx: wsql4.SubscriberTx,
-	pubSub: func(t *testing.T, db *sql.DB, d sqlstore.Dialect, ack time.Duration) (message.Publisher, message.Subscriber) {
+	pubSub: func(t *testing.T, db *sql.DB, d sqlstore.Dialect, ack time.Duration, opts ...pubSubOption) (message.Publisher, message.Subscriber) {
+		o := newPubSubOptions(opts)
 		schema, offsets := wsql4Adapters(d)
+		switch {
+		case o.queue && d == sqlstore.MySQL:
+			schema, offsets = wsql.MySQLQueueSchema{SubscribeBatchSize: o.batch}, wsql.MySQLQueueOffsetsAdapter{}
+		case o.queue:
+			schema, offsets = wsql.PostgreSQLQueueSchema{SubscribeBatchSize: o.batch}, wsql.PostgreSQLQueueOffsetsAdapter{}
+		case d == sqlstore.MySQL:
+			schema = wsql.DefaultMySQLSchema{SubscribeBatchSize: o.batch}
+		default:
+			schema = wsql.DefaultPostgreSQLSchema{SubscribeBatchSize: o.batch}
+		}
+		group := "dedup-test"
+		if o.queue {
+			group = "" // the queue adapters have no consumer groups
+		}
 		if d == sqlstore.Postgres {
 			db = stdlib.OpenDBFromPool(newPgxPool(t))
 			t.Cleanup(func() { _ = db.Close() })
 		}
-		return wsql4PubSub(t, db, schema, offsets, ack)
+		return wsql4PubSub(t, db, group, schema, offsets, ack)
 	},
 	subscriberTx: func(ctx context.Context) (*sql.Tx, bool) {
 		tx, ok := wsql.TxFromContext(ctx)
@@ -62,14 +77,14 @@ func wsql4Adapters(d sqlstore.Dialect) (wsql.SchemaAdapter, wsql.OffsetsAdapter)
 
 // wsql4PubSub returns a v4 publisher and a guarded subscriber on db, as
 // wsqlMajor.pubSub documents.
-func wsql4PubSub(t *testing.T, db *sql.DB, schema wsql.SchemaAdapter, offsets wsql.OffsetsAdapter, ack time.Duration) (message.Publisher, message.Subscriber) {
+func wsql4PubSub(t *testing.T, db *sql.DB, group string, schema wsql.SchemaAdapter, offsets wsql.OffsetsAdapter, ack time.Duration) (message.Publisher, message.Subscriber) {
 	logger := watermill.NopLogger{}
 	pub, err := wsql.NewPublisher(wsql.BeginnerFromStdSQL(db), wsql.PublisherConfig{SchemaAdapter: schema, AutoInitializeSchema: true}, logger)
 	if err != nil {
 		t.Fatal(err)
 	}
 	sub, err := wsql4.NewSubscriber(db, wsql.SubscriberConfig{
-		ConsumerGroup:    "dedup-test",
+		ConsumerGroup:    group,
 		SchemaAdapter:    schema,
 		OffsetsAdapter:   offsets,
 		InitializeSchema: true,

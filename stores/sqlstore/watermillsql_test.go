@@ -37,9 +37,10 @@ func TestWatermillSQLSubscriberTx(t *testing.T) {
 type wsqlMajor struct {
 	// joinTx is the store's Config.JoinTx.
 	joinTx sqlstore.TxFinder
-	// pubSub returns a publisher and a subscriber (of consumer group
-	// "dedup-test", with ack as its AckDeadline) on the database of db.
-	pubSub func(t *testing.T, db *sql.DB, d sqlstore.Dialect, ack time.Duration) (message.Publisher, message.Subscriber)
+	// pubSub returns a publisher and a guarded subscriber (of consumer
+	// group "dedup-test", with ack as its AckDeadline) on the database of
+	// db.
+	pubSub func(t *testing.T, db *sql.DB, d sqlstore.Dialect, ack time.Duration, opts ...pubSubOption) (message.Publisher, message.Subscriber)
 	// subscriberTx is the *sql.Tx a message's context carries from the
 	// subscriber.
 	subscriberTx func(ctx context.Context) (*sql.Tx, bool)
@@ -47,10 +48,14 @@ type wsqlMajor struct {
 
 var wsqlV3 = wsqlMajor{
 	joinTx: wsql3.SubscriberTx,
-	pubSub: func(t *testing.T, db *sql.DB, d sqlstore.Dialect, ack time.Duration) (message.Publisher, message.Subscriber) {
-		schema, offsets := wsql.SchemaAdapter(wsql.DefaultPostgreSQLSchema{}), wsql.OffsetsAdapter(wsql.DefaultPostgreSQLOffsetsAdapter{})
+	pubSub: func(t *testing.T, db *sql.DB, d sqlstore.Dialect, ack time.Duration, opts ...pubSubOption) (message.Publisher, message.Subscriber) {
+		o := newPubSubOptions(opts)
+		if o.queue {
+			t.Fatal("watermill-sql v3 has no queue adapters")
+		}
+		schema, offsets := wsql.SchemaAdapter(wsql.DefaultPostgreSQLSchema{SubscribeBatchSize: o.batch}), wsql.OffsetsAdapter(wsql.DefaultPostgreSQLOffsetsAdapter{})
 		if d == sqlstore.MySQL {
-			schema, offsets = wsql.DefaultMySQLSchema{}, wsql.DefaultMySQLOffsetsAdapter{}
+			schema, offsets = wsql.DefaultMySQLSchema{SubscribeBatchSize: o.batch}, wsql.DefaultMySQLOffsetsAdapter{}
 		}
 		logger := watermill.NopLogger{}
 		pub, err := wsql.NewPublisher(db, wsql.PublisherConfig{SchemaAdapter: schema, AutoInitializeSchema: true}, logger)
@@ -72,6 +77,28 @@ var wsqlV3 = wsqlMajor{
 		return pub, sub
 	},
 	subscriberTx: wsql.TxFromContext,
+}
+
+// pubSubOption sets up wsqlMajor.pubSub's clients.
+type pubSubOption func(*pubSubOptions)
+
+type pubSubOptions struct {
+	batch int  // SubscribeBatchSize; 0: the adapter's default
+	queue bool // v4's queue adapters, without consumer groups
+}
+
+// wsqlBatch sets the schema adapter's SubscribeBatchSize.
+func wsqlBatch(n int) pubSubOption { return func(o *pubSubOptions) { o.batch = n } }
+
+// wsqlQueue uses watermill-sql v4's queue adapters.
+func wsqlQueue() pubSubOption { return func(o *pubSubOptions) { o.queue = true } }
+
+func newPubSubOptions(opts []pubSubOption) pubSubOptions {
+	var o pubSubOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	return o
 }
 
 // testSubscriberTx is TestWatermillSQLSubscriberTx on b with w.

@@ -25,7 +25,10 @@
 // delivered or not, when the batch is cut short (the subscriber closing,
 // an AckDeadline passing): those rows are never delivered again, and no
 // key can bring back a message that never arrives. A batch of one row is
-// acked only when its message was.
+// acked only when its message was. A subscriber built by
+// github.com/watermill-dedup/dedup/stores/sqlstore/wsql4.NewSubscriber
+// hands the adapter only the rows up to the last acked one, and needs no
+// such setting.
 //
 // With the pgx adapter (BeginnerFromPgx) as with database/sql
 // (BeginnerFromStdSQL), the subscriber hands the adapter the same rows.

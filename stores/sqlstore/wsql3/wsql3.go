@@ -16,13 +16,15 @@
 // when its context ends, when the AckDeadline passes. A handler still
 // running would have its record, and part of its writes, committed
 // without the offset, and the redelivery would be acked as a duplicate.
-// NewSubscriber's subscriber makes that commit impossible: Close waits
-// for the deliveries in flight to be acked or nacked before the
-// watermill-sql subscriber closes, and a delivery that outlives the
-// AckDeadline has its transaction rolled back before it is given up (its
-// batch is delivered again; no effect of it is kept). SubscriberTx
-// refuses the transaction of a subscriber built otherwise
-// (ErrNotGuarded).
+// NewSubscriber's subscriber does not let that commit happen: Close
+// waits for the deliveries in flight to be acked or nacked before the
+// watermill-sql subscriber closes; a delivery that outlives the
+// AckDeadline, or whose transaction the database aborted (a MySQL
+// deadlock, which leaves the client's transaction open and running its
+// later statements in autocommit), has its transaction rolled back before
+// it is given up (its batch is delivered again; no effect of it is kept).
+// SubscriberTx refuses the transaction of a subscriber built otherwise
+// (ErrNotGuarded). stores/sqlstore/README.md has the details.
 package wsql3
 
 import (
@@ -99,7 +101,7 @@ func (s *Subscriber) Close() error { return s.guard.Close() }
 type beginner struct{ wsql.Beginner }
 
 func (b beginner) BeginTx(ctx context.Context, opts *sql.TxOptions) (*sql.Tx, error) {
-	return b.Beginner.BeginTx(wsqlguard.TxContext(ctx), opts)
+	return wsqlguard.BeginTx(ctx, func(ctx context.Context) (*sql.Tx, error) { return b.Beginner.BeginTx(ctx, opts) })
 }
 
 // SubscriberTx is a sqlstore.TxFinder: it returns the transaction a

@@ -84,6 +84,9 @@ func NewSubscriber(db wsql.SQLBeginner, config wsql.SubscriberConfig, logger wat
 	}
 	var none time.Duration
 	config.AckDeadline = &none
+	if config.OffsetsAdapter != nil {
+		config.OffsetsAdapter = ackedRows{config.OffsetsAdapter}
+	}
 	sub, err := wsql.NewSubscriber(beginner{wsql.BeginnerFromStdSQL(db)}, config, logger)
 	if err != nil {
 		return nil, err
@@ -111,7 +114,25 @@ func (s *Subscriber) Close() error { return s.guard.Close() }
 type beginner struct{ wsql.Beginner }
 
 func (b beginner) BeginTx(ctx context.Context, opts *sql.TxOptions) (wsql.Tx, error) {
-	return b.Beginner.BeginTx(wsqlguard.TxContext(ctx), opts)
+	return wsqlguard.BeginTx(ctx, func(ctx context.Context) (wsql.Tx, error) { return b.Beginner.BeginTx(ctx, opts) })
+}
+
+// ackedRows gives the offsets adapter only the rows of a batch up to the
+// last acked one. watermill-sql v4 passes every row of a batch to
+// AckMessageQuery, also of a batch cut short (by Close): the queue
+// adapters (PostgreSQLQueueOffsetsAdapter, MySQLQueueOffsetsAdapter) ack
+// all of them, undelivered rows included, while the others ack up to
+// LastRow.
+type ackedRows struct{ wsql.OffsetsAdapter }
+
+func (a ackedRows) AckMessageQuery(params wsql.AckMessageQueryParams) (wsql.Query, error) {
+	for i, row := range params.Rows {
+		if row.Offset == params.LastRow.Offset {
+			params.Rows = params.Rows[:i+1]
+			break
+		}
+	}
+	return a.OffsetsAdapter.AckMessageQuery(params)
 }
 
 // SubscriberTx is a sqlstore.TxFinder: it returns the *sql.Tx of the

@@ -15,9 +15,9 @@
 // A Subscriber sits between the router and the watermill-sql subscriber
 // and makes the commit of such a transaction impossible rather than
 // unlikely. The watermill-sql subscriber begins its transactions through
-// a Beginner that calls TxContext: each transaction gets a context the
-// guard cancels, and database/sql rolls back a transaction whose context
-// ends and refuses to commit it. Then:
+// a Beginner that calls BeginTx: each transaction gets a context the
+// guard cancels (database/sql rolls back a transaction whose context ends
+// and refuses to commit it), and the guard keeps it to roll it back. Then:
 //
 //   - the router's ack and nack go to watermill-sql as they are (an ack
 //     comes after the inbox committed its savepoint; a nack after it
@@ -29,9 +29,12 @@
 //     closes) stops it taking messages and ends the context of the
 //     delivery in flight, but not the transaction's: Close commits it;
 //   - the AckDeadline is the guard's (the watermill-sql subscriber is
-//     built without one): when a delivery outlives it, the guard cancels
-//     the transaction's context first, then releases the delivery. The
-//     batch rolls back, and its messages are delivered again.
+//     built without one): when a delivery outlives it, the guard rolls the
+//     transaction back first, then releases the delivery. The batch's
+//     messages are delivered again;
+//   - a transaction the database ended under its client (Abort, which
+//     sqlstore calls when it finds one) is rolled back on the client too
+//     before its delivery ends, so that nothing runs in it afterwards.
 //
 // The subscriber's transaction must be database/sql's: pgx rolls nothing
 // back when the context of a transaction ends.
@@ -62,16 +65,35 @@ type subscriptionKey struct{}
 
 type deliveryKey struct{}
 
-// TxContext returns the context to begin a watermill-sql subscriber's
-// transaction with: when ctx is a guarded subscription's, one the guard
-// cancels to roll the transaction back; otherwise ctx itself (the
-// subscriber's schema set-up, say).
-func TxContext(ctx context.Context) context.Context {
+// BeginTx begins a watermill-sql subscriber's transaction with begin:
+// when ctx is a guarded subscription's, on a context the guard ends, and
+// the guard keeps the transaction to roll it back; otherwise (the
+// subscriber's schema set-up, say) on ctx itself.
+func BeginTx[T interface{ Rollback() error }](ctx context.Context, begin func(context.Context) (T, error)) (T, error) {
 	s, ok := ctx.Value(subscriptionKey{}).(*subscription)
 	if !ok {
-		return ctx
+		return begin(ctx)
 	}
-	return s.begin(ctx)
+	txCtx, cancel := context.WithCancel(ctx)
+	tx, err := begin(txCtx)
+	if err != nil {
+		cancel()
+		return tx, err
+	}
+	s.began(cancel, tx)
+	return tx, nil
+}
+
+// Abort rolls back the transaction of the delivery whose context is ctx,
+// at once, and has the guard let the subscriber go on to a new one: for
+// a transaction the database ended under its client (on MySQL a deadlock
+// rolls it back on the server while the client's *sql.Tx stays open, and
+// every later statement in it, the subscriber's offset ack included, runs
+// in autocommit). It does nothing for a context no guard delivered.
+func Abort(ctx context.Context) {
+	if s, ok := ctx.Value(deliveryKey{}).(*subscription); ok {
+		s.abort()
+	}
 }
 
 // Delivered reports whether ctx is the context of a message a Subscriber
@@ -92,16 +114,18 @@ type Subscriber struct {
 	subs    []*subscription
 	closing chan struct{}
 	wg      sync.WaitGroup // forwarders
+	done    chan struct{}  // closed when Close has closed inner
+	err     error          // inner's Close
 }
 
-// New guards inner, which must begin its transactions with TxContext and
+// New guards inner, which must begin its transactions with BeginTx and
 // have no AckDeadline of its own; ackDeadline is the one to keep (0:
 // none).
 func New(inner message.Subscriber, ackDeadline time.Duration, logger watermill.LoggerAdapter) *Subscriber {
 	if logger == nil {
 		logger = watermill.NopLogger{}
 	}
-	return &Subscriber{inner: inner, deadline: ackDeadline, logger: logger, closing: make(chan struct{})}
+	return &Subscriber{inner: inner, deadline: ackDeadline, logger: logger, closing: make(chan struct{}), done: make(chan struct{})}
 }
 
 // Subscribe implements message.Subscriber. When ctx ends (a router
@@ -144,26 +168,28 @@ func (g *Subscriber) SubscribeInitialize(topic string) error {
 
 // Close stops taking messages, waits for the deliveries in flight to be
 // acked, nacked or to reach their deadline, then closes the guarded
-// subscriber: it commits what was acked. It does not bound the wait for
-// a handler with no deadline (an AckDeadline of 0): the router's
-// CloseTimeout does, and the database rolls back the transaction of a
-// process that exits meanwhile.
+// subscriber: it commits what was acked. A second Close waits for the
+// first. It does not bound the wait for a handler with no deadline (an
+// AckDeadline of 0): the router's CloseTimeout bounds its own, and the
+// database rolls back the transaction of a process that exits meanwhile.
 func (g *Subscriber) Close() error {
 	g.mu.Lock()
 	if g.closed {
 		g.mu.Unlock()
-		return nil
+		<-g.done
+		return g.err
 	}
 	g.closed = true
 	close(g.closing)
 	g.mu.Unlock()
 
 	g.wg.Wait()
-	err := g.inner.Close()
+	g.err = g.inner.Close()
 	for _, s := range g.subs {
 		s.cancel()
 	}
-	return err
+	close(g.done)
+	return g.err
 }
 
 // forward hands the messages of one subscription to the router, one at a
@@ -210,8 +236,8 @@ func (g *Subscriber) ended(s *subscription) {
 // subscription's context ended, and msg was not delivered (the guarded
 // subscriber's Close ends it).
 func (g *Subscriber) deliver(s *subscription, msg *message.Message, out chan<- *message.Message) bool {
-	deadline, abandoned := s.delivery(msg.UUID, g.deadline)
-	if abandoned {
+	deadline, dead := s.delivery(g.deadline)
+	if dead {
 		// A message of a transaction the guard rolled back: let
 		// watermill-sql go on to the statement that fails and to a new
 		// transaction, which delivers it again.
@@ -238,7 +264,7 @@ func (g *Subscriber) deliver(s *subscription, msg *message.Message, out chan<- *
 	case <-s.outer.Done():
 		return false
 	case <-expired:
-		s.abandon(msg)
+		s.expired(msg)
 		return true
 	case <-msg.Context().Done():
 		return true
@@ -248,9 +274,13 @@ func (g *Subscriber) deliver(s *subscription, msg *message.Message, out chan<- *
 		s.acked()
 		msg.Ack()
 	case <-fwd.Nacked():
-		msg.Nack()
+		if s.isDead() {
+			msg.Ack() // as above: watermill-sql would resend it in the rolled back transaction
+		} else {
+			msg.Nack()
+		}
 	case <-expired:
-		s.abandon(msg)
+		s.expired(msg)
 	case <-msg.Context().Done():
 		// watermill-sql gave the delivery up: its context ended, and with
 		// it the transaction's, which is rolled back.
@@ -259,69 +289,89 @@ func (g *Subscriber) deliver(s *subscription, msg *message.Message, out chan<- *
 }
 
 // subscription is one Subscribe: watermill-sql runs its transactions one
-// after another, and delivers one message at a time.
+// after another, and delivers one message at a time, resending a nacked
+// one until it is acked.
 type subscription struct {
 	outer  context.Context // the context Subscribe was given
 	logger watermill.LoggerAdapter
 	cancel context.CancelFunc // the watermill-sql subscription's context
 
 	mu       sync.Mutex
-	txCancel context.CancelFunc // the current transaction's context
-	dead     bool               // the current transaction was rolled back
-	uuid     string             // the message delivered last in it,
-	deadline time.Time          // and its deadline
+	txCancel context.CancelFunc            // the current transaction's context
+	tx       interface{ Rollback() error } // the current transaction
+	dead     bool                          // it was rolled back
+	deadline time.Time                     // of the message being delivered; zero: none yet
 }
 
-func (s *subscription) begin(ctx context.Context) context.Context {
-	txCtx, cancel := context.WithCancel(ctx)
+// began records the transaction watermill-sql began, after the last one
+// ended.
+func (s *subscription) began(cancel context.CancelFunc, tx interface{ Rollback() error }) {
 	s.mu.Lock()
 	prev := s.txCancel
-	s.txCancel, s.dead, s.uuid = cancel, false, ""
+	s.txCancel, s.tx, s.dead, s.deadline = cancel, tx, false, time.Time{}
 	s.mu.Unlock()
 	if prev != nil {
 		prev() // watermill-sql ended that transaction before beginning this one
 	}
-	return txCtx
 }
 
-// delivery returns the deadline of a delivery of the message uuid (a
-// message watermill-sql resends after a nack keeps its first deadline, as
-// with watermill-sql's own), or reports that its transaction was rolled
+// delivery returns the deadline of a delivery (a message resent after a
+// nack keeps the deadline of its first delivery, as with watermill-sql's
+// own, whatever its uuid), or reports that its transaction was rolled
 // back.
-func (s *subscription) delivery(uuid string, d time.Duration) (deadline time.Time, abandoned bool) {
+func (s *subscription) delivery(d time.Duration) (deadline time.Time, dead bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.dead {
 		return time.Time{}, true
 	}
-	if uuid != s.uuid || uuid == "" {
-		s.uuid, s.deadline = uuid, time.Time{}
-		if d > 0 {
-			s.deadline = time.Now().Add(d)
-		}
+	if s.deadline.IsZero() && d > 0 {
+		s.deadline = time.Now().Add(d)
 	}
 	return s.deadline, false
 }
 
-// acked ends the deadline of the message delivered last: a message with
-// the same uuid later in the batch (a producer's retry) gets one of its
-// own.
+// acked ends the deadline of the message delivered last: the next one
+// gets one of its own.
 func (s *subscription) acked() {
 	s.mu.Lock()
-	s.uuid = ""
+	s.deadline = time.Time{}
 	s.mu.Unlock()
 }
 
-// abandon rolls back the transaction msg was delivered in, then lets
-// watermill-sql go on: the transaction's context ends before the
-// delivery does, so the commit that follows it fails.
-func (s *subscription) abandon(msg *message.Message) {
+func (s *subscription) isDead() bool {
 	s.mu.Lock()
-	s.dead = true
-	if s.txCancel != nil {
-		s.txCancel()
+	defer s.mu.Unlock()
+	return s.dead
+}
+
+// abort rolls the current transaction back before anything else can run
+// in it: its context ends (database/sql refuses to commit it), and
+// Rollback returns once database/sql has marked it done, so that no
+// statement of watermill-sql's runs in it any more (on MySQL, in a
+// transaction the server rolled back, one would run in autocommit).
+func (s *subscription) abort() {
+	s.mu.Lock()
+	if s.dead {
+		s.mu.Unlock()
+		return
 	}
+	s.dead = true
+	cancel, tx := s.txCancel, s.tx
 	s.mu.Unlock()
-	s.logger.Info("Delivery outlived the AckDeadline, rolling its transaction back", watermill.LogFields{"message_uuid": msg.UUID})
+	if cancel != nil {
+		cancel()
+	}
+	if tx != nil {
+		_ = tx.Rollback() // ErrTxDone when the context's end got there first
+	}
+}
+
+// expired rolls back the transaction of msg, which outlived its
+// deadline, then lets watermill-sql go on: the commit that follows the
+// delivery's end fails.
+func (s *subscription) expired(msg *message.Message) {
+	s.abort()
+	s.logger.Info("Delivery outlived the AckDeadline, its transaction rolled back", watermill.LogFields{"message_uuid": msg.UUID})
 	msg.Ack()
 }
