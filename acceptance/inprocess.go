@@ -124,8 +124,8 @@ func (c *consumer) stop() {
 
 // shutdown closes the consumer as a deploy does, with its handlers
 // running: router.Close, then, once the router began closing (it closed
-// the subscriber, see conn.watchClose), release, which lets the held
-// handlers go on. It waits for the router to stop, closes the middleware
+// the subscriber: the consumer must have been started with
+// conn.watchClose), release, which lets the held handlers go on. It waits for the router to stop, closes the middleware
 // (under AsyncComplete its Completes land first) and the subscriber.
 // Unlike stop it does not end the scenario: another consumer of the group
 // resumes. It returns router.Close's error (a handler outlived the
@@ -133,6 +133,9 @@ func (c *consumer) stop() {
 func (c *consumer) shutdown(release func()) error {
 	var closeErr error
 	c.stopOnce.Do(func() {
+		if c.closing == nil {
+			c.r.t.Fatalf("consumer %s: shutdown needs conn.watchClose", c.spec.Name)
+		}
 		closed := make(chan error, 1)
 		go func() { closed <- c.router.Close() }()
 		select {

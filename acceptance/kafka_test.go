@@ -254,7 +254,8 @@ func deleteKafkaGroup(env acceptance.Env, group string) error {
 
 // kafkaGroupState describes the consumer group: its members, and whether
 // it is rebalancing (PreparingRebalance: waiting for every member to
-// rejoin; CompletingRebalance: waiting for the leader's assignment).
+// rejoin; CompletingRebalance, AwaitingSync before Kafka 2.4: waiting for
+// the leader's assignment).
 func kafkaGroupState(_ testing.TB, env acceptance.Env, group string) (acceptance.GroupState, error) {
 	admin, err := sarama.NewClusterAdmin(brokersOf(env), saramaConfig())
 	if err != nil {
@@ -273,6 +274,6 @@ func kafkaGroupState(_ testing.TB, env acceptance.Env, group string) (acceptance
 	}
 	return acceptance.GroupState{
 		Members:     len(ds[0].Members),
-		Rebalancing: ds[0].State == "PreparingRebalance" || ds[0].State == "CompletingRebalance",
+		Rebalancing: ds[0].State == "PreparingRebalance" || ds[0].State == "CompletingRebalance" || ds[0].State == "AwaitingSync",
 	}, nil
 }
