@@ -92,8 +92,8 @@
 //     event, and every run that finished recorded its event done (lease
 //     mode: the Complete runs detached from the message's context;
 //     AsyncComplete: the middleware's Close flushes it). A claim the
-//     closing router cut in flight may be recorded all the same and hold
-//     its key for a lease: counted, with its takeover.
+//     closing router cut in flight is given back as soon as the store
+//     answers it: no key waits for its lease, and no takeover happens.
 //   - 12 subscriber deadline: a handler outlives the subscriber's own
 //     deadline (Backend.Deadline: watermill-sql's AckDeadline, JetStream's
 //     AckWait, the Redis Streams claim idle time, RabbitMQ's consumer

@@ -152,9 +152,9 @@ const (
 	// rest are held by the next consumers, one shutdown each. A backend
 	// that keeps nothing for a closed subscriber (gochannel) has what it
 	// left unacked published again, as a persistent broker redelivers
-	// it. A claim the closing router cut in flight may be on the store's
-	// record all the same, its key then held until the lease runs out
-	// (5s here): the summary counts them and their takeovers.
+	// it. A claim the closing router cut in flight is given back by the
+	// middleware as soon as the store answers it: with the default lease
+	// of minutes, no key may wait for its lease (no takeover).
 	GracefulShutdown
 
 	// SubscriberDeadline: a handler outlives the subscriber's own deadline

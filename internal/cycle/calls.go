@@ -2,8 +2,10 @@ package cycle
 
 import (
 	"context"
+	"sync"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"go.opentelemetry.io/otel/attribute"
 
 	dedup "github.com/watermill-dedup/dedup"
@@ -42,17 +44,93 @@ func (c *Cycle) observe(scope, op string, start time.Time, err error) {
 
 // Claim claims keys in scope for the policy's Lease. parent is the
 // message's context (or one the caller derived from it).
+//
+// The store's call does not end with parent: a claim a store makes after
+// the message's context ended (a router cancels its messages' contexts
+// as it closes) would hold the keys for a whole lease, and every
+// redelivery until then would be in progress. When parent ends first,
+// Claim returns its error at once and the claim, if the store makes it,
+// is released as soon as the store answers, bounded by StoreTimeout.
 func (c *Cycle) Claim(parent context.Context, scope string, keys []string) (*stores.Claim, error) {
 	sctx, span := c.span(parent, dedup.OpClaim, scope, keys)
-	ctx, cancel := c.ctx(sctx)
-	defer cancel()
-	start := c.now()
-	cl, err := c.store.Claim(ctx, scope, keys, c.p.Lease)
-	c.observe(scope, dedup.OpClaim, start, err)
+	var (
+		cl  *stores.Claim
+		err error
+	)
+	if c.caps.NonBlocking || parent.Done() == nil {
+		// Nothing to wait for: the call is over before parent could end
+		// in the middle of it.
+		cl, err = c.claim(sctx, scope, keys)
+	} else {
+		cl, err = c.claimDetached(parent, sctx, scope, keys)
+	}
+	if err == nil && cl.Result == stores.Claimed && parent.Err() != nil {
+		c.releaseCut(sctx, cl)
+		cl, err = nil, parent.Err()
+	}
 	if span != nil {
 		end(span, err, c.claimOutcome(parent, cl, err)...)
 	}
 	return cl, err
+}
+
+// claim is one store Claim, bounded by StoreTimeout within ctx.
+func (c *Cycle) claim(ctx context.Context, scope string, keys []string) (*stores.Claim, error) {
+	ctx, cancel := c.ctx(ctx)
+	defer cancel()
+	start := c.now()
+	cl, err := c.store.Claim(ctx, scope, keys, c.p.Lease)
+	c.observe(scope, dedup.OpClaim, start, err)
+	return cl, err
+}
+
+// claimDetached runs the claim on sctx without its cancellation, and
+// returns parent's error as soon as parent ends; the claim the store
+// then makes is released when its answer comes.
+func (c *Cycle) claimDetached(parent, sctx context.Context, scope string, keys []string) (*stores.Claim, error) {
+	var (
+		mu  sync.Mutex
+		cut bool
+		ch  = make(chan claimResult, 1)
+	)
+	go func() {
+		cl, err := c.claim(context.WithoutCancel(sctx), scope, keys)
+		mu.Lock()
+		defer mu.Unlock()
+		if !cut {
+			ch <- claimResult{cl, err}
+		} else if err == nil && cl.Result == stores.Claimed {
+			c.releaseCut(sctx, cl)
+		}
+	}()
+	select {
+	case r := <-ch:
+		return r.cl, r.err
+	case <-parent.Done():
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	select {
+	case r := <-ch:
+		return r.cl, r.err
+	default:
+		cut = true
+		return nil, parent.Err()
+	}
+}
+
+type claimResult struct {
+	cl  *stores.Claim
+	err error
+}
+
+// releaseCut gives back the keys of a claim whose message's context
+// ended while the store made it.
+func (c *Cycle) releaseCut(ctx context.Context, cl *stores.Claim) {
+	if err := c.release(ctx, cl); err != nil {
+		c.p.Logger.Info("Dedup claim of a cancelled message not released: it holds its keys until its lease ends", watermill.LogFields{
+			"scope": cl.Scope, "keys": cl.Keys, "error": err.Error()})
+	}
 }
 
 func (c *Cycle) extend(parent context.Context, cl *stores.Claim) error {
