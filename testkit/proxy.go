@@ -11,15 +11,17 @@ import (
 
 // Proxy is a TCP proxy a test owns, placed between a client and a shared
 // service so the test can simulate an outage without touching the service:
-// Cut closes every connection and refuses new ones, Blackhole keeps
-// connections open but lets no byte through (a partition, a hung server),
-// Restore lets them through again. SetLatency makes it slow instead: every
-// byte arrives, late.
+// Cut closes every connection and stops listening (a service that is down:
+// a dial is refused), Blackhole keeps connections open but lets no byte
+// through (a partition, a hung server), Restore lets them through again.
+// SetLatency makes it slow instead: every byte arrives, late.
 type Proxy struct {
+	t      testing.TB
 	target string
-	ln     net.Listener
+	addr   string
 
 	mu      sync.Mutex
+	ln      net.Listener // nil while cut
 	cut     bool
 	hole    bool
 	latency time.Duration
@@ -36,21 +38,28 @@ func NewProxy(t testing.TB, target string) *Proxy {
 	if err != nil {
 		t.Fatalf("proxy listen: %v", err)
 	}
-	p := &Proxy{target: target, ln: ln, conns: map[net.Conn]struct{}{}, done: make(chan struct{})}
+	p := &Proxy{t: t, target: target, addr: ln.Addr().String(), ln: ln, conns: map[net.Conn]struct{}{}, done: make(chan struct{})}
 	p.wg.Add(1)
-	go p.accept()
+	go p.accept(ln)
 	t.Cleanup(p.Close)
 	return p
 }
 
 // Addr is the proxy's host:port, to give the client instead of the
 // service's.
-func (p *Proxy) Addr() string { return p.ln.Addr().String() }
+func (p *Proxy) Addr() string { return p.addr }
 
-// Cut closes every open connection and refuses new ones until Restore.
+// Cut closes every open connection and stops listening until Restore: a
+// new connection is refused (ECONNREFUSED), as by a host whose service is
+// down, not accepted and closed (what a load balancer in front of a dead
+// service does, which a client cannot tell from a server turning it away).
 func (p *Proxy) Cut() {
 	p.mu.Lock()
 	p.cut = true
+	if p.ln != nil {
+		_ = p.ln.Close()
+		p.ln = nil
+	}
 	for c := range p.conns {
 		_ = c.Close()
 	}
@@ -68,16 +77,42 @@ func (p *Proxy) Blackhole() {
 
 // Restore lets connections through again. After a Blackhole it first
 // closes the connections that lost bytes, as a peer's TCP stack
-// eventually does after a partition.
+// eventually does after a partition; after a Cut it listens again on the
+// same address (a port taken meanwhile by another socket fails the test).
 func (p *Proxy) Restore() {
 	p.mu.Lock()
+	defer p.mu.Unlock()
 	if p.hole {
 		for c := range p.conns {
 			_ = c.Close()
 		}
 	}
+	if p.cut {
+		select {
+		case <-p.done:
+		default:
+			ln, err := listenAgain(p.addr)
+			if err != nil {
+				p.t.Errorf("proxy: listening again on %s after Cut: %v", p.addr, err)
+				return
+			}
+			p.ln = ln
+			p.wg.Add(1)
+			go p.accept(ln)
+		}
+	}
 	p.cut, p.hole = false, false
-	p.mu.Unlock()
+}
+
+// listenAgain listens on addr, a port the proxy listened on before: tried
+// for a while, should the port be in use by a socket of the moment.
+func listenAgain(addr string) (net.Listener, error) {
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		ln, err := net.Listen("tcp", addr)
+		if err == nil || time.Now().After(deadline) {
+			return ln, err
+		}
+	}
 }
 
 // SetLatency delays every byte by d in each direction, from when the
@@ -106,13 +141,15 @@ func (p *Proxy) delay() time.Duration {
 
 // Close stops the proxy and waits for its goroutines.
 func (p *Proxy) Close() {
+	p.mu.Lock()
 	select {
 	case <-p.done:
+		p.mu.Unlock()
 		return
 	default:
 		close(p.done)
 	}
-	_ = p.ln.Close()
+	p.mu.Unlock()
 	p.Cut()
 	p.wg.Wait()
 }
@@ -134,10 +171,10 @@ func (p *Proxy) untrack(c net.Conn) {
 	_ = c.Close()
 }
 
-func (p *Proxy) accept() {
+func (p *Proxy) accept(ln net.Listener) {
 	defer p.wg.Done()
 	for {
-		client, err := p.ln.Accept()
+		client, err := ln.Accept()
 		if err != nil {
 			if errors.Is(err, net.ErrClosed) {
 				return

@@ -2,8 +2,10 @@ package testkit
 
 import (
 	"bytes"
+	"errors"
 	"io"
 	"net"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -108,5 +110,45 @@ func TestProxyLatencyDeliversAfterTheClientLeft(t *testing.T) {
 		}
 	case <-time.After(time.Minute):
 		t.Fatal("the service never saw the request of the client that left")
+	}
+}
+
+// TestProxyCut: Cut closes the connections through the proxy and stops
+// listening, so a new connection is refused (not accepted and closed);
+// Restore listens again on the same address and forwards again.
+func TestProxyCut(t *testing.T) {
+	addr, _ := echoServer(t)
+	p := NewProxy(t, addr)
+	echo := func() error {
+		c, err := net.DialTimeout("tcp", p.Addr(), 5*time.Second)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		if _, err := c.Write([]byte("ping")); err != nil {
+			return err
+		}
+		buf := make([]byte, 4)
+		_, err = io.ReadFull(c, buf)
+		return err
+	}
+	if err := echo(); err != nil {
+		t.Fatalf("through the proxy: %v", err)
+	}
+	open, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer open.Close()
+	p.Cut()
+	if _, err := io.ReadAll(open); err != nil && !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("a connection open at the cut: %v, want it closed", err)
+	}
+	if err := echo(); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Fatalf("a dial during the cut: %v, want ECONNREFUSED", err)
+	}
+	p.Restore()
+	if err := echo(); err != nil {
+		t.Fatalf("through the proxy after Restore: %v", err)
 	}
 }
