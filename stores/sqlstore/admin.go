@@ -75,7 +75,7 @@ func (s *Store) get(ctx context.Context, id recordID, what string) (stores.Recor
 	case errors.Is(err, sql.ErrNoRows):
 		return stores.Record{}, fmt.Errorf("sqlstore: get: %w: %s (id %s)", stores.ErrNotFound, what, id.uuid())
 	case err != nil:
-		return stores.Record{}, fmt.Errorf("sqlstore: get: %w", s.classify(err))
+		return stores.Record{}, fmt.Errorf("sqlstore: get: %w", s.classify(ctx, err))
 	}
 	return rec, nil
 }
@@ -133,7 +133,7 @@ func (s *Store) delete(ctx context.Context, id recordID, want stores.RecordState
 	case errors.Is(err, stores.ErrWrongState):
 		return rec, fmt.Errorf("sqlstore: delete: %w: %s (id %s) is %s, not %s", stores.ErrWrongState, what, id.uuid(), rec.State, want)
 	case err != nil:
-		return stores.Record{}, fmt.Errorf("sqlstore: delete: %w", s.classify(err))
+		return stores.Record{}, fmt.Errorf("sqlstore: delete: %w", s.classify(ctx, err))
 	}
 	return rec, nil
 }
@@ -172,19 +172,19 @@ func (s *Store) List(ctx context.Context, opts stores.ListOptions) ([]stores.Rec
 	q += " ORDER BY id LIMIT " + s.q.ph(len(args))
 	rows, err := s.db.QueryContext(ctx, q, args...)
 	if err != nil {
-		return nil, "", fmt.Errorf("sqlstore: list: %w", s.classify(err))
+		return nil, "", fmt.Errorf("sqlstore: list: %w", s.classify(ctx, err))
 	}
 	defer rows.Close()
 	var out []stores.Record
 	for rows.Next() {
 		rec, err := s.readRecord(rows)
 		if err != nil {
-			return nil, "", fmt.Errorf("sqlstore: list: %w", s.classify(err))
+			return nil, "", fmt.Errorf("sqlstore: list: %w", s.classify(ctx, err))
 		}
 		out = append(out, rec)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, "", fmt.Errorf("sqlstore: list: %w", s.classify(err))
+		return nil, "", fmt.Errorf("sqlstore: list: %w", s.classify(ctx, err))
 	}
 	var next string
 	if len(out) > opts.Limit {
@@ -209,7 +209,7 @@ func (s *Store) Stats(ctx context.Context) (stores.Stats, error) {
 		a.state, s.q.ph(1), a.micros("MIN(expires_at)"), a.micros("MAX(expires_at)"), s.q.table)
 	rows, err := s.db.QueryContext(ctx, q, s.d.timeArg(s.now()))
 	if err != nil {
-		return stores.Stats{}, fmt.Errorf("sqlstore: stats: %w", s.classify(err))
+		return stores.Stats{}, fmt.Errorf("sqlstore: stats: %w", s.classify(ctx, err))
 	}
 	defer rows.Close()
 	st := stores.Stats{Bytes: -1}
@@ -220,7 +220,7 @@ func (s *Store) Stats(ctx context.Context) (stores.Stats, error) {
 	for rows.Next() {
 		var state, live, n, lo, hi int64
 		if err := rows.Scan(&state, &live, &n, &lo, &hi); err != nil {
-			return stores.Stats{}, fmt.Errorf("sqlstore: stats: %w", s.classify(err))
+			return stores.Stats{}, fmt.Errorf("sqlstore: stats: %w", s.classify(ctx, err))
 		}
 		switch {
 		case live == 0:
@@ -241,7 +241,7 @@ func (s *Store) Stats(ctx context.Context) (stores.Stats, error) {
 		}
 	}
 	if err := rows.Err(); err != nil {
-		return stores.Stats{}, fmt.Errorf("sqlstore: stats: %w", s.classify(err))
+		return stores.Stats{}, fmt.Errorf("sqlstore: stats: %w", s.classify(ctx, err))
 	}
 	if anyDone {
 		st.OldestExpiry, st.NewestExpiry = time.UnixMicro(oldest), time.UnixMicro(newest)

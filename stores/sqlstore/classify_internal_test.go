@@ -4,15 +4,16 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"database/sql"
 	"database/sql/driver"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"os"
-	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -72,8 +73,8 @@ func TestClassify(t *testing.T) {
 		{newPostgres("t", false), "08004 sqlserver_rejected_establishment_of_sqlconnection", pg("08004"), refusal},
 
 		{newMySQL("t"), "1040 too many connections", my(1040), unavailable},
-		{newMySQL("t"), "1203 user max connections", my(1203), unavailable},
-		{newMySQL("t"), "1226 user resource limit", my(1226), unavailable},
+		{newMySQL("t"), "1203 max_user_connections (the administrator's limit on every user)", my(1203), refusal},
+		{newMySQL("t"), "1226 a user's resource limit (MAX_CONNECTIONS_PER_HOUR, MAX_USER_CONNECTIONS)", my(1226), refusal},
 		{newMySQL("t"), "1053 server shutdown", my(1053), unavailable},
 		{newMySQL("t"), "1927 connection killed", my(1927), unavailable},
 		{newMySQL("t"), "1969 max_statement_time", my(1969), unavailable},
@@ -81,8 +82,8 @@ func TestClassify(t *testing.T) {
 		{newMySQL("t"), "1836 read-only mode", my(1836), unavailable},
 		{newMySQL("t"), "1153 packet too large", my(1153), tooLarge},
 		{newMySQL("t"), "ErrPktTooLarge", mysql.ErrPktTooLarge, tooLarge},
-		{newMySQL("t"), "ErrInvalidConn (answered before)", mysql.ErrInvalidConn, want{unavailable: true, class: errConnLost}},
-		{newMySQL("t"), "driver.ErrBadConn (answered before)", fmt.Errorf("x: %w", driver.ErrBadConn), want{unavailable: true}},
+		{newMySQL("t"), "ErrInvalidConn (nothing listens any more)", mysql.ErrInvalidConn, want{unavailable: true, class: errConnLost}},
+		{newMySQL("t"), "driver.ErrBadConn (nothing listens any more)", fmt.Errorf("x: %w", driver.ErrBadConn), want{unavailable: true}},
 		{newMySQL("t"), "1213 deadlock", my(1213), want{class: errRetryable | errTxDead}},
 		{newMySQL("t"), "1205 lock wait timeout", my(1205), want{class: errRetryable}},
 		{newMySQL("t"), "1305 savepoint does not exist", my(1305), want{class: errTxDead}},
@@ -102,20 +103,19 @@ func TestClassify(t *testing.T) {
 		{newSQLite("t", nil), "SQLITE_CONSTRAINT", sqliteError(19), none},
 		{newSQLite("t", nil), "SQLITE_CANTOPEN (a path or a permission to fix)", sqliteError(14), none},
 
-		{newPostgres("t", false), "io.EOF (answered before)", io.EOF, want{unavailable: true}},
-		{newPostgres("t", false), "a reset (answered before)", &net.OpError{Op: "read", Err: os.NewSyscallError("read", syscall.ECONNRESET)}, want{unavailable: true}},
+		{newPostgres("t", false), "io.EOF (nothing listens any more)", io.EOF, want{unavailable: true}},
+		{newPostgres("t", false), "a reset (nothing listens any more)", &net.OpError{Op: "read", Err: os.NewSyscallError("read", syscall.ECONNRESET)}, want{unavailable: true}},
 		{newPostgres("t", false), "a TLS alert", &net.OpError{Op: "remote error", Err: errors.New("tls: certificate required")}, want{refused: true}},
 	} {
-		// A store the database answered: a reset is an outage, unless
-		// the refusal of the case itself came first
+		// A store whose database is down since: a connection that broke
+		// is confirmed an outage by a new dial, refused
 		// (TestClassifyConnectionErrors).
-		s := &Store{d: c.d}
-		s.answered.Store(true)
-		got := s.classify(c.err)
+		s := &Store{d: c.d, db: probeDB(t, dialRefused)}
+		got := s.classify(context.Background(), c.err)
 		if errors.Is(got, stores.ErrUnavailable) != c.want.unavailable || errors.Is(got, stores.ErrTooLarge) != c.want.tooLarge || errors.Is(got, ErrRefused) != c.want.refused {
 			t.Errorf("%T %s: classify = %v; want ErrUnavailable %t, ErrTooLarge %t, ErrRefused %t", c.d, c.name, got, c.want.unavailable, c.want.tooLarge, c.want.refused)
 		}
-		if class := c.d.classify(c.err) &^ errAnswered; class&^errUnavailable != c.want.class&^errUnavailable {
+		if class := c.d.classify(c.err); class&^errUnavailable != c.want.class&^errUnavailable {
 			t.Errorf("%T %s: class %06b, want %06b", c.d, c.name, class, c.want.class)
 		}
 		if joined := s.joinedError(context.Background(), c.err); errors.Is(joined, stores.ErrTxAborted) != (c.want.class&errTxDead != 0) {
@@ -124,23 +124,104 @@ func TestClassify(t *testing.T) {
 	}
 }
 
+// dialRefused is the error of a dial to a port where nothing listens.
+var dialRefused = &net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)}
+
+// probeConnector is a driver.Connector whose Connect fails with err, or,
+// when err is nil, returns a connection whose Ping succeeds: what the
+// store's confirmation of a broken connection meets.
+type probeConnector struct{ err error }
+
+func (c probeConnector) Connect(context.Context) (driver.Conn, error) {
+	if c.err != nil {
+		return nil, c.err
+	}
+	return pingConn{}, nil
+}
+
+func (probeConnector) Driver() driver.Driver { return nil }
+
+type pingConn struct{}
+
+func (pingConn) Prepare(string) (driver.Stmt, error) { return nil, errors.New("not a real connection") }
+func (pingConn) Close() error                        { return nil }
+func (pingConn) Begin() (driver.Tx, error)           { return nil, errors.New("not a real connection") }
+func (pingConn) Ping(context.Context) error          { return nil }
+
+// probeDB is a pool whose new connections fail with err (nil: succeed).
+func probeDB(t *testing.T, err error) *sql.DB {
+	db := sql.OpenDB(probeConnector{err})
+	t.Cleanup(func() { _ = db.Close() })
+	return db
+}
+
+// pgConnectError is the error pgx returns for a connection to addr that
+// could not be set up.
+func pgConnectError(t *testing.T, addr string) error {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := pgconn.Connect(ctx, "postgres://u@"+addr+"/db?sslmode=disable&connect_timeout=10")
+	if err == nil {
+		_ = c.Close(ctx)
+		t.Fatalf("pgconn.Connect to %s succeeded", addr)
+	}
+	var ce *pgconn.ConnectError
+	if !errors.As(err, &ce) {
+		t.Fatalf("pgconn.Connect to %s: %v, not a ConnectError", addr, err)
+	}
+	return err
+}
+
+// acceptAndClose listens on a loopback port and closes every connection
+// it accepts at once (with a reset: SO_LINGER 0).
+func acceptAndClose(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			_ = c.(*net.TCPConn).SetLinger(0)
+			_ = c.Close()
+		}
+	}()
+	t.Cleanup(func() {
+		_ = ln.Close()
+		<-done
+	})
+	return ln.Addr().String()
+}
+
 // TestClassifyConnectionErrors: an error is an outage only when it is
 // known to be one. A dial refused or timed out, a timeout, an
-// unreachable network, a server that says it cannot serve now are; a
-// reset, an EOF, a bad or invalid connection only from a database that
-// has answered the store and not refused it since (a server that turns
-// a client away closes its connection too); a refusal of the client (its
-// credentials, its TLS) never is.
+// unreachable network, a server that says it cannot serve now are,
+// whatever the store heard before; a refusal of the client (its
+// credentials, its TLS) never is. A connection that broke with no word of
+// why (a reset, an EOF, a bad or invalid connection) is one only when a
+// new connection of the pool, tried on that error alone, finds nothing
+// listening (or a server saying it cannot serve); not when the new
+// connection is set up and refused, or lost again, or works. A
+// connection pgx reports broken while it was being set up (a
+// ConnectError) is never one: its dial had succeeded.
 func TestClassifyConnectionErrors(t *testing.T) {
 	op := func(o string, err error) error {
 		return &net.OpError{Op: o, Net: "tcp", Err: err}
 	}
 	always := []error{
-		op("dial", os.NewSyscallError("connect", syscall.ECONNREFUSED)),
+		dialRefused,
 		op("dial", os.NewSyscallError("connect", syscall.EHOSTUNREACH)),
 		op("dial", &net.DNSError{Err: "i/o timeout", Name: "db", IsTimeout: true}),
 		op("read", os.ErrDeadlineExceeded),
 		op("write", os.NewSyscallError("write", syscall.ENETUNREACH)),
+		pgConnectError(t, testkitClosedAddr(t)), // pgx: the dial refused
 	}
 	never := []error{
 		op("dial", &net.DNSError{Err: "no such host", Name: "db", IsNotFound: true}),
@@ -152,57 +233,84 @@ func TestClassifyConnectionErrors(t *testing.T) {
 		&tls.CertificateVerificationError{Err: x509.UnknownAuthorityError{}},
 		tls.RecordHeaderError{Msg: "first record does not look like a TLS handshake"},
 	}
-	known := []error{
+	broken := []error{
 		op("read", os.NewSyscallError("read", syscall.ECONNRESET)),
-		op("dial", os.NewSyscallError("connect", syscall.ECONNRESET)),
+		op("dial", os.NewSyscallError("connect", syscall.ECONNRESET)), // accepted, then reset
 		op("write", os.NewSyscallError("write", syscall.EPIPE)),
 		io.EOF, io.ErrUnexpectedEOF, driver.ErrBadConn,
 	}
+	setupLost := pgConnectError(t, acceptAndClose(t)) // pgx: accepted, then reset or closed while being set up
 	for _, c := range []struct {
-		d                     dialect
-		busy, refusal, answer error
-		connLost              error
+		d                            dialect
+		busy, refusal, handshakeLost error
+		connLost                     error
+		never                        []error
 	}{
-		{newPostgres("t", false), &pgconn.PgError{Code: "57P03"}, &pgconn.PgError{Code: "28P01"}, &pgconn.PgError{Code: "42P01"}, io.EOF},
-		{newMySQL("t"), &mysql.MySQLError{Number: 1040}, &mysql.MySQLError{Number: 1045}, &mysql.MySQLError{Number: 1146}, mysql.ErrInvalidConn},
+		{newPostgres("t", false), &pgconn.PgError{Code: "57P03"}, &pgconn.PgError{Code: "28P01"}, setupLost, io.EOF, []error{setupLost}},
+		{newMySQL("t"), &mysql.MySQLError{Number: 1040}, &mysql.MySQLError{Number: 1045}, mysql.ErrInvalidConn, mysql.ErrInvalidConn, nil},
 	} {
-		s := &Store{d: c.d}
-		check := func(when string, err error, want bool) {
-			t.Helper()
-			got := s.classify(fmt.Errorf("exec: %w", err))
-			if errors.Is(got, stores.ErrUnavailable) != want {
-				t.Errorf("%T %s: classify(%v) = %v, want an outage: %v", c.d, when, err, got, want)
+		for _, p := range []struct {
+			name   string
+			err    error // of the new connection
+			outage bool  // of a broken connection
+			refuse bool
+		}{
+			{"nothing listens", dialRefused, true, false},
+			{"the dial timed out", op("dial", &timeoutError{}), true, false},
+			{"the server cannot serve now", c.busy, true, false},
+			{"the server answers", nil, false, false},
+			{"the server refuses the client", c.refusal, false, true},
+			{"the server closes the connection while it is set up", c.handshakeLost, false, false},
+			{"the dial is reset", op("dial", os.NewSyscallError("connect", syscall.ECONNRESET)), false, false},
+		} {
+			s := &Store{d: c.d, db: probeDB(t, p.err)}
+			check := func(err error, outage, refused bool) {
+				t.Helper()
+				got := s.classify(context.Background(), fmt.Errorf("exec: %w", err))
+				if errors.Is(got, stores.ErrUnavailable) != outage || errors.Is(got, ErrRefused) != refused {
+					t.Errorf("%T, a new connection: %s: classify(%v) = %v, want an outage %t, a refusal %t", c.d, p.name, err, got, outage, refused)
+				}
 			}
-		}
-		// all checks the resets first: the others change what the store
-		// knows (the server's codes are answers).
-		all := func(when string, want bool) {
-			t.Helper()
-			for _, err := range append(known, c.connLost) {
-				check(when, err, want)
-			}
-			for _, err := range never {
-				check(when, err, false)
+			for _, err := range append(broken, c.connLost) {
+				check(err, p.outage, p.refuse)
 			}
 			for _, err := range always {
-				check(when, err, true)
+				check(err, true, false)
 			}
+			for _, err := range append(never, c.never...) {
+				check(err, false, false)
+			}
+			for _, err := range append(refusals, c.refusal) {
+				check(err, false, true)
+			}
+			check(c.busy, true, false)
 		}
-		all("before any answer", false)
-		check("before any answer", c.busy, true) // an answer: it cannot serve now
-		all("after an answer", true)
-		for _, err := range refusals {
-			check("after an answer", err, false) // a refusal, remembered
-			all("after a refusal of its TLS", false)
-			s.heard(nil)
-		}
-		all("after a result again", true)
-		check("after a result again", c.refusal, false)
-		if err := s.classify(c.connLost); !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), c.refusal.Error()) {
-			t.Errorf("%T: a reset after a refusal: %v, want ErrRefused naming the refusal", c.d, err)
-		}
-		all("after a refusal of the server", false)
-		check("after a refusal of the server", c.answer, false)
-		all("after an error the server answered", true)
 	}
+
+	// A confirmation the call's context cuts short: that end.
+	s := &Store{d: newMySQL("t"), db: probeDB(t, nil)}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := s.classify(ctx, mysql.ErrInvalidConn); !errors.Is(err, context.Canceled) || errors.Is(err, stores.ErrUnavailable) {
+		t.Errorf("a broken connection, the call's context ended: %v, want context.Canceled", err)
+	}
+}
+
+// timeoutError is a net.Error that timed out.
+type timeoutError struct{}
+
+func (*timeoutError) Error() string   { return "i/o timeout" }
+func (*timeoutError) Timeout() bool   { return true }
+func (*timeoutError) Temporary() bool { return true }
+
+// testkitClosedAddr is a loopback address where nothing listens.
+func testkitClosedAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	_ = ln.Close()
+	return addr
 }

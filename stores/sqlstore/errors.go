@@ -28,13 +28,13 @@ var ErrSessionSettings = errors.New("a database session setting breaks the store
 
 // ErrRefused is wrapped by the error of a database that refused the
 // store's client: its credentials (a wrong password, a role or user the
-// server does not let in from there), its TLS (a certificate either side
-// does not trust, none given where one is required, TLS on one side
-// only), its right to connect to the database; and by the reset or EOF of
-// a database whose last word to the store was such a refusal. It is never
-// an outage: a consumer whose claims fail with it nacks under either
-// policy, where an outage (stores.ErrUnavailable) would run its handler
-// unprotected under FailOpen for as long as the settings stay wrong.
+// server does not let in from there, an account locked or over a limit
+// its administrator set), its TLS (a certificate either side does not
+// trust, none given where one is required, TLS on one side only), its
+// right to connect to the database. It is never an outage: a consumer
+// whose claims fail with it nacks under either policy, where an outage
+// (stores.ErrUnavailable) would run its handler unprotected under
+// FailOpen for as long as the settings stay wrong.
 var ErrRefused = errors.New("sqlstore: the database refused the client")
 
 // errClass is the set of classes an error belongs to, for the store.
@@ -61,42 +61,93 @@ const (
 	errRefused
 	// errConnLost: the driver's own word for a connection that broke
 	// under it (MySQL's "invalid connection"), as a reset or an EOF is:
-	// an outage only from a database that answered the store and whose
-	// last word was no refusal (see isOutage).
+	// no word of why (see classify).
 	errConnLost
-	// errAnswered: an error the database itself answered (a SQLSTATE, a
-	// MySQL error number, a SQLite result code): it serves the store.
-	errAnswered
+	// errConnecting: the error of a connection that could not be set up
+	// (pgx's ConnectError: the dial, TLS, the startup, the
+	// authentication), and not of a statement on a connection the
+	// database had taken.
+	errConnecting
 )
 
-// classify puts an error of the database in its class of the stores
-// contract: an outage (stores.ErrUnavailable) only when it is known to be
-// one (see isOutage), a refusal of the client (ErrRefused), data too
-// large (stores.ErrTooLarge). Other errors are returned as they are:
-// unclassified, a claim that fails with one is nacked under either
-// policy.
-func (s *Store) classify(err error) error {
+// classify puts an error of the database, from a call made under ctx, in
+// its class of the stores contract: an outage (stores.ErrUnavailable)
+// only when it is known to be one (see isOutage and confirm), a refusal
+// of the client (ErrRefused), data too large (stores.ErrTooLarge). Other
+// errors are returned as they are, or with a word on why they are no
+// known outage: unclassified, a claim that fails with one is nacked under
+// either policy.
+//
+// A reset, an EOF, a bad or invalid connection says only that the
+// connection broke, not why: a server that crashed or was killed, a
+// network that failed, and also a server turning the client away (a TLS
+// 1.3 server refuses a client's certificate after the client's side of
+// the handshake, and its close may overtake its alert; go-sql-driver
+// reports any of them as "invalid connection"). When the driver tells
+// that it broke while it was being set up (pgx's ConnectError), the
+// dial had succeeded: a server that is up and does not take the client,
+// or a balancer in front of one that is down, never a known outage.
+// Otherwise confirm asks a new connection of the pool: an outage only
+// when its dial is refused or times out.
+func (s *Store) classify(ctx context.Context, err error) error {
 	switch {
 	case err == nil || errors.Is(err, stores.ErrUnavailable) || errors.Is(err, stores.ErrTooLarge) || errors.Is(err, ErrRefused):
 		return err
 	case s.is(err, errTooLarge):
-		s.heard(err)
 		return fmt.Errorf("%w: %w", stores.ErrTooLarge, err)
 	case s.refused(err):
 		return fmt.Errorf("%w: %w", ErrRefused, err)
 	case s.isOutage(err):
-		s.heard(err)
 		return fmt.Errorf("%w: %w", stores.ErrUnavailable, err)
-	case s.connLost(err):
-		if r := s.refusal.Load(); r != nil {
-			return fmt.Errorf("%w: %w (its last word to the store was a refusal: %s)", ErrRefused, err, *r)
-		}
-		if !s.answered.Load() {
-			return fmt.Errorf("%w (a connection to a database that has not answered the store yet: not known to be an outage)", err)
-		}
+	case !s.connLost(err):
+		return err
+	case s.is(err, errConnecting):
+		return fmt.Errorf("%w (not known to be an outage: the connection broke while it was being set up, after its dial succeeded, as when a server refuses the client's certificate under TLS 1.3)", err)
 	}
-	s.heard(err)
-	return err
+	return s.confirm(ctx, err)
+}
+
+// confirm classifies err, a connection that broke under the client with
+// no word of why (connLost), by a new call on a connection of the pool
+// (db.Conn and a ping, bounded by ctx), only ever on this error path: a
+// dial refused, unreachable or timed out, or the server's word that it
+// cannot serve now, is a known outage; a refusal of the client a
+// refusal; a connection set up and lost again, or a ping answered (the
+// database serves: the broken connection was one of its own, killed or
+// timed out, or one of a server that has since come back), is no known
+// outage, and so is any other failure of it. A confirmation cut short by
+// the end of ctx is that end: a call that outlived its deadline.
+func (s *Store) confirm(ctx context.Context, err error) error {
+	var perr error
+	for attempt := 0; attempt < 2; attempt++ {
+		if perr = s.probe(ctx); perr == nil || !s.connLost(perr) || s.is(perr, errConnecting) {
+			break
+		}
+		// The ping met a broken connection of the pool (discarded now):
+		// once more, on another.
+	}
+	switch {
+	case perr == nil:
+		return fmt.Errorf("%w (not known to be an outage: the database answered a new call since)", err)
+	case ctx.Err() != nil:
+		return fmt.Errorf("%w (the call ended before a new connection told whether the database is down: %v)", ctx.Err(), err)
+	case s.refused(perr):
+		return fmt.Errorf("%w: %w (a new connection was refused: %v)", ErrRefused, err, perr)
+	case s.isOutage(perr):
+		return fmt.Errorf("%w: %w (a new connection failed too: %v)", stores.ErrUnavailable, err, perr)
+	}
+	return fmt.Errorf("%w (not known to be an outage: a new call on a connection of the pool failed too, not as an outage: %v)", err, perr)
+}
+
+// probe makes a call on a connection of the pool: an idle one, checked
+// by the driver before use, or a new one.
+func (s *Store) probe(ctx context.Context) error {
+	c, err := s.db.Conn(ctx)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	return c.PingContext(ctx)
 }
 
 // is reports whether err belongs to class c, as the dialect classifies
@@ -111,25 +162,15 @@ func (s *Store) is(err error, c errClass) bool {
 	return s.d.classify(err)&c != 0
 }
 
-// isOutage reports an error known to be an outage. Everything else is
-// not known to be one, and a fail-open consumer must not run a handler
-// through it unprotected: the database may be up, holding the record.
-//
-// Known outages: a dial refused, unreachable or timed out (the request
-// never went out); a read or write that timed out, or found the network
+// isOutage reports an error known to be an outage by itself: a dial
+// refused, unreachable or timed out (the request never went out; see
+// dialOutage); a read or write that timed out, or found the network
 // unreachable; a server that says it cannot serve now (the dialect's
 // codes: shutting down, starting, out of connections, read-only after a
-// failover); and a connection reset or closed (EOF, a bad or invalid
-// connection) by a database that has answered this store before and
-// whose last word was not a refusal of the client.
-//
-// A reset or an EOF alone says only that the server closed the
-// connection, and that is also how a server turns a client away: a TLS
-// 1.3 server refuses a client's certificate after the client's side of
-// the handshake is done (go-sql-driver then reports an "invalid
-// connection"), and a server may close the connection after a failed
-// authentication. So from a database that never answered the store, or
-// whose last word was a refusal, a reset is no outage.
+// failover). A connection that broke (a reset, an EOF) is none by itself
+// (see classify). Everything else is not known to be one, and a fail-open
+// consumer must not run a handler through it unprotected: the database
+// may be up, holding the record.
 func (s *Store) isOutage(err error) bool {
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		// The caller's context ended: its own class, not an outage
@@ -139,47 +180,56 @@ func (s *Store) isOutage(err error) bool {
 	if s.is(err, errUnavailable) {
 		return true
 	}
-	if s.connLost(err) {
-		// Before the dial's own errors: a dial the server reset is no
-		// dial refused.
-		return s.answered.Load() && s.refusal.Load() == nil
-	}
 	var op *net.OpError
 	if errors.As(err, &op) && op.Op == "dial" {
-		// The request never went out: nothing listens, the host cannot
-		// be reached, or the dial timed out. A name that does not
-		// resolve is a setting to fix.
-		var dns *net.DNSError
-		return !errors.As(err, &dns) || !dns.IsNotFound
+		return dialOutage(err)
+	}
+	if s.connLost(err) {
+		return false
 	}
 	var ne net.Error
-	return (errors.As(err, &ne) && ne.Timeout()) ||
-		errors.Is(err, syscall.ENETUNREACH) || errors.Is(err, syscall.EHOSTUNREACH) || errors.Is(err, syscall.ENETDOWN)
+	return (errors.As(err, &ne) && ne.Timeout()) || unreachable(err)
+}
+
+// dialOutage reports a dial that failed as a known outage: refused
+// (nothing listens), timed out, the host or network unreachable, a name
+// the resolver could not look up now. A name that does not exist is a
+// setting to fix, and a dial the other end reset (it accepted, then
+// closed) is no outage either (see classify).
+func dialOutage(err error) bool {
+	var dns *net.DNSError
+	if errors.As(err, &dns) {
+		return !dns.IsNotFound
+	}
+	var ne net.Error
+	return errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ETIMEDOUT) ||
+		(errors.As(err, &ne) && ne.Timeout()) || unreachable(err)
+}
+
+// unreachable reports a network or host that cannot be reached.
+func unreachable(err error) bool {
+	return errors.Is(err, syscall.ENETUNREACH) || errors.Is(err, syscall.EHOSTUNREACH) ||
+		errors.Is(err, syscall.ENETDOWN) || errors.Is(err, syscall.EHOSTDOWN)
 }
 
 // connLost reports a connection that broke under the client: reset,
 // closed (EOF), or reported bad or invalid by the driver. Whether that is
-// an outage depends on what the database said before (see isOutage).
+// an outage is for classify to find out.
 func (s *Store) connLost(err error) bool {
 	return errors.Is(err, driver.ErrBadConn) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
 		errors.Is(err, net.ErrClosed) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) ||
 		errors.Is(err, syscall.ECONNABORTED) || s.is(err, errConnLost)
 }
 
-// refused reports, and notes, a refusal of the client: the database's
-// own (the dialect's errRefused), or a TLS handshake that failed on
-// either side: the server's alert (a certificate it does not accept, or
-// none where it requires one, a TLS version or cipher it does not take),
-// which crypto/tls returns as a *net.OpError (a net.Error); a server
+// refused reports a refusal of the client: the database's own (the
+// dialect's errRefused), or a TLS handshake that failed on either side:
+// the server's alert (a certificate it does not accept, or none where it
+// requires one, a TLS version or cipher it does not take), which
+// crypto/tls returns as a *net.OpError (a net.Error); a server
 // certificate the client does not trust; a server that does not speak
 // TLS to a client that does.
 func (s *Store) refused(err error) bool {
-	if !s.is(err, errRefused) && !tlsRefused(err) {
-		return false
-	}
-	msg := err.Error()
-	s.refusal.Store(&msg)
-	return true
+	return s.is(err, errRefused) || tlsRefused(err)
 }
 
 // tlsRefused reports a TLS handshake that failed: the server's alert, the
@@ -198,22 +248,6 @@ func tlsRefused(err error) bool {
 	return (errors.As(err, &op) && (op.Op == "remote error" || op.Op == "local error")) ||
 		errors.As(err, &verify) || errors.As(err, &header) || errors.As(err, &alert) ||
 		errors.As(err, &ua) || errors.As(err, &host) || errors.As(err, &inv)
-}
-
-// heard notes that the database answered the store (a result, or an
-// error it answered that is no refusal of the client): a reset from it
-// again is an outage (see isOutage). err is the call's error, nil for a
-// success.
-func (s *Store) heard(err error) {
-	if err != nil && !s.is(err, errAnswered) {
-		return
-	}
-	if !s.answered.Load() {
-		s.answered.Store(true)
-	}
-	if s.refusal.Load() != nil {
-		s.refusal.Store(nil)
-	}
 }
 
 // errRetry makes an operation start again: a record it saw vanished

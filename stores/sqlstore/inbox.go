@@ -113,9 +113,8 @@ func (s *Store) Begin(ctx context.Context, scope string, keys []string, retentio
 	if ok {
 		itx, err := s.beginSavepoint(ctx, tx, ks, retention)
 		if err != nil {
-			return nil, fmt.Errorf("sqlstore: begin in scope %q: %w", scope, s.classify(err))
+			return nil, fmt.Errorf("sqlstore: begin in scope %q: %w", scope, s.classify(ctx, err))
 		}
-		s.heard(nil)
 		return itx, nil
 	}
 	var itx *inboxTx
@@ -128,9 +127,8 @@ func (s *Store) Begin(ctx context.Context, scope string, keys []string, retentio
 		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("sqlstore: begin in scope %q: %w", scope, s.classify(err))
+		return nil, fmt.Errorf("sqlstore: begin in scope %q: %w", scope, s.classify(ctx, err))
 	}
-	s.heard(nil)
 	return itx, nil
 }
 
@@ -432,21 +430,20 @@ func (t *inboxTx) Commit(ctx context.Context, data []byte) error {
 			}
 		}
 		if err != nil {
-			return errors.Join(fmt.Errorf("sqlstore: commit: storing data: %w", s.classify(s.joinedError(ctx, err))), t.abort(ctx))
+			return errors.Join(fmt.Errorf("sqlstore: commit: storing data: %w", s.classify(ctx, s.joinedError(ctx, err))), t.abort(ctx))
 		}
 	}
 	if t.own == nil {
 		if _, err := t.tx.ExecContext(ctx, "RELEASE SAVEPOINT "+t.savepoint); err != nil {
-			return errors.Join(fmt.Errorf("sqlstore: commit: releasing savepoint: %w", s.classify(s.joinedError(ctx, err))), t.abort(ctx))
+			return errors.Join(fmt.Errorf("sqlstore: commit: releasing savepoint: %w", s.classify(ctx, s.joinedError(ctx, err))), t.abort(ctx))
 		}
 		return nil
 	}
 	if err := t.own.end(ctx, true); err != nil {
 		// The outcome is unknown when the connection broke during COMMIT:
 		// a redelivery finds the record (Duplicate) or not (runs again).
-		return fmt.Errorf("sqlstore: commit: %w", s.classify(err))
+		return fmt.Errorf("sqlstore: commit: %w", s.classify(ctx, err))
 	}
-	s.heard(nil)
 	return nil
 }
 
@@ -465,7 +462,7 @@ func (t *inboxTx) Rollback(ctx context.Context) error {
 	}
 	t.finished = true
 	if err := t.abort(ctx); err != nil {
-		return fmt.Errorf("sqlstore: rollback: %w", t.s.classify(err))
+		return fmt.Errorf("sqlstore: rollback: %w", t.s.classify(ctx, err))
 	}
 	return nil
 }

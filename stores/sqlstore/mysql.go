@@ -132,12 +132,13 @@ const mysqlStatementRoom = 1 << 10
 // classify: an error with a number is the server's answer; the numbers
 // of a server that cannot serve now are outages, those of a server that
 // refused the client (access denied, a user that may not connect from
-// there, secure transport required) refusals. go-sql-driver reports a
-// connection that broke under it as "invalid connection", logging the
-// cause and returning none: a reset, an EOF, and also the TLS 1.3 alert
-// of a server that refused the client's certificate after the client's
-// side of the handshake. It is an outage only from a server that
-// answered the store and has not refused it since (Store.isOutage).
+// there, secure transport required, a limit the administrator set on the
+// user) refusals. go-sql-driver reports a connection that broke under it
+// as "invalid connection", logging the cause and returning none: a reset,
+// an EOF, and also the TLS 1.3 alert of a server that refused the
+// client's certificate after the client's side of the handshake; and it
+// does not tell a connection being set up from one in use. Store.classify
+// confirms such an error with a new connection.
 func (d *mysqlDialect) classify(err error) errClass {
 	if errors.Is(err, mysql.ErrInvalidConn) {
 		return errConnLost
@@ -155,7 +156,7 @@ func (d *mysqlDialect) classify(err error) errClass {
 	if !errors.As(err, &my) {
 		return 0
 	}
-	return errAnswered | mysqlClass(my.Number)
+	return mysqlClass(my.Number)
 }
 
 // mysqlClass is the class of a MySQL or MariaDB error number.
@@ -167,11 +168,17 @@ func mysqlClass(n uint16) errClass {
 		1251,       // an authentication plugin the client does not support
 		1820, 1862, // an expired password
 		3118, 4151, // account locked (MySQL, MariaDB)
-		3159: // MySQL: insecure transport with require_secure_transport (MariaDB says 1045)
+		3159, // MySQL: insecure transport with require_secure_transport (MariaDB says 1045)
+		// A limit the administrator set on the user, not the server's
+		// capacity (1040): 1203 max_user_connections (the server's
+		// setting for every user), 1226 an account's resource over its
+		// limit (MAX_USER_CONNECTIONS, MAX_CONNECTIONS_PER_HOUR,
+		// MAX_QUERIES_PER_HOUR, MAX_UPDATES_PER_HOUR).
+		1203, 1226:
 		return errRefused
 	}
 	switch n {
-	case 1040, 1203, 1226, // too many connections (server, user), a user's resource limit (max_user_connections, queries per hour)
+	case 1040, // too many connections: the server's max_connections
 		1053,                   // server shutdown in progress
 		1152, 1159, 1160, 1161, // aborted connection, network read/write errors and timeouts
 		1927,       // MariaDB: connection killed (KILL of the store's connection)

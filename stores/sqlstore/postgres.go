@@ -142,50 +142,61 @@ func (d *postgresDialect) quirks() quirks {
 }
 
 // classify: an error with a SQLSTATE is the server's answer; the codes
-// of a server that cannot serve now are outages. A connection the server
-// refused (pgx's ConnectError) is no outage for that alone: it is one
-// when the server said it cannot serve now (57P03 starting or shutting
-// down, 53300 out of connections) or when the connection could not be
-// made at all (the dial, told by Store.isOutage); a server that refused
-// the client (its password, its certificate, pg_hba.conf, the database's
-// CONNECT privilege, a database that does not exist) refused it.
+// of a server that cannot serve now are outages, those of a server that
+// refused the client refusals. pgx reports every failure to set up a
+// connection as a ConnectError (errConnecting): a known outage only when
+// the dial failed (refused, unreachable, timed out: Store.isOutage) or the
+// server said it cannot serve now (57P03 starting or shutting down, 53300
+// out of connections); a server that refused the client (its password,
+// its certificate, pg_hba.conf, the database's CONNECT privilege, a
+// database that does not exist) refused it, and a connection that broke
+// while being set up (a reset, an EOF: how a TLS 1.3 server refusing a
+// certificate shows when its close overtakes its alert) is no known
+// outage (Store.classify).
+//
+// 53300 is both a server out of connections (max_connections, or the
+// slots left reserved for superusers) and a role or database at the
+// CONNECTION LIMIT its administrator set. Nothing but the message's
+// text, which lc_messages translates, tells them apart (its Routine
+// field names a function of the server's source, no interface): it
+// stays an outage, both.
 func (d *postgresDialect) classify(err error) errClass {
 	var ce *pgconn.ConnectError
+	var c errClass
 	connecting := errors.As(err, &ce)
+	if connecting {
+		c = errConnecting
+	}
 	code, ok := sqlState(err)
 	if !ok {
-		if connecting && strings.Contains(err.Error(), "server refused TLS connection") {
-			// sslmode=require (or verify-*) on a server without TLS.
-			return errRefused
-		}
-		return 0
+		return c
 	}
 	switch {
 	case code == "08P01", code == "08004": // protocol_violation, sqlserver_rejected_establishment_of_sqlconnection
-		return errAnswered | errRefused
+		return c | errRefused
 	case strings.HasPrefix(code, "08"): // connection_exception
-		return errAnswered | errUnavailable
+		return c | errUnavailable
 	case code == "57P01", code == "57P02", code == "57P03": // admin_shutdown, crash_shutdown, cannot_connect_now
-		return errAnswered | errUnavailable
+		return c | errUnavailable
 	case code == "53300", code == "53100", code == "53200", code == "58030": // too_many_connections, disk_full, out_of_memory, io_error
-		return errAnswered | errUnavailable
+		return c | errUnavailable
 	case strings.HasPrefix(code, "28"): // invalid_authorization_specification (pg_hba.conf, a certificate), invalid_password
-		return errAnswered | errRefused
+		return c | errRefused
 	case connecting:
 		// Any other refusal of the connection: no CONNECT privilege
 		// (42501), no such database (3D000), one not accepting
 		// connections (55000).
-		return errAnswered | errRefused
+		return c | errRefused
 	case code == "54000": // program_limit_exceeded: a value or message over PostgreSQL's 1 GiB
-		return errAnswered | errTooLarge
+		return errTooLarge
 	case code == "40001", code == "40P01", code == "55P03": // serialization_failure, deadlock_detected, lock_not_available (lock_timeout)
-		return errAnswered | errRetryable
+		return errRetryable
 	case code == "25P02", code == "3B001": // in_failed_sql_transaction, invalid_savepoint_specification
 		// PostgreSQL refuses every statement of a transaction aborted by
 		// an earlier error until it is rolled back.
-		return errAnswered | errTxDead
+		return errTxDead
 	}
-	return errAnswered
+	return 0
 }
 
 // joinCheck refuses, on the partitioned layout, a REPEATABLE READ

@@ -24,6 +24,7 @@ type mariaDB struct {
 	t    *testing.T
 	dir  string
 	port int
+	args []string
 	cmd  *exec.Cmd
 	done chan struct{}
 }
@@ -51,27 +52,45 @@ func startMariaDB(t *testing.T, args ...string) *mariaDB {
 	}
 	m.port = l.Addr().(*net.TCPAddr).Port
 	_ = l.Close()
-	m.cmd = exec.Command("mariadbd", append([]string{"--no-defaults", "--datadir=" + data,
+	m.args = args
+	m.start()
+	t.Cleanup(m.kill)
+	root := m.open(t, "")
+	if _, err := root.Exec("CREATE DATABASE test"); err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// start starts mariadbd on m's data directory and port with m.args, and
+// returns once it answers on its socket.
+func (m *mariaDB) start() {
+	t := m.t
+	m.cmd = exec.Command("mariadbd", append([]string{"--no-defaults", "--datadir=" + filepath.Join(m.dir, "data"),
 		"--port=" + strconv.Itoa(m.port), "--bind-address=127.0.0.1", "--socket=" + filepath.Join(m.dir, "sock"),
 		"--pid-file=" + filepath.Join(m.dir, "pid"), "--user=" + currentUser(), "--skip-log-bin",
-		"--innodb-buffer-pool-size=16M", "--log-error=" + filepath.Join(m.dir, "error.log")}, args...)...)
+		"--innodb-buffer-pool-size=16M", "--log-error=" + filepath.Join(m.dir, "error.log")}, m.args...)...)
 	if err := m.cmd.Start(); err != nil {
 		t.Fatalf("starting mariadbd: %v", err)
 	}
-	m.done = make(chan struct{})
-	go func() { _ = m.cmd.Wait(); close(m.done) }()
-	t.Cleanup(func() {
-		_ = m.cmd.Process.Kill()
-		<-m.done
-	})
-	root := m.open(t, "")
+	done := make(chan struct{})
+	m.done = done
+	cmd := m.cmd
+	go func() { _ = cmd.Wait(); close(done) }()
+	cfg := mysql.NewConfig()
+	cfg.User, cfg.Net, cfg.Addr = "root", "unix", filepath.Join(m.dir, "sock")
+	sock, err := sql.Open("mysql", cfg.FormatDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sock.Close()
 	for deadline := time.Now().Add(30 * time.Second); ; {
-		err := root.PingContext(context.Background())
+		err := sock.PingContext(context.Background())
 		if err == nil {
-			break
+			return
 		}
 		select {
-		case <-m.done:
+		case <-done:
 			log, _ := os.ReadFile(filepath.Join(m.dir, "error.log"))
 			t.Fatalf("mariadbd exited: %v\n%s", err, log)
 		default:
@@ -81,10 +100,36 @@ func startMariaDB(t *testing.T, args ...string) *mariaDB {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if _, err := root.Exec("CREATE DATABASE test"); err != nil {
+}
+
+// kill kills mariadbd by its PID (SIGKILL) and waits for it to exit.
+func (m *mariaDB) kill() {
+	if m.cmd != nil && m.cmd.Process != nil {
+		_ = m.cmd.Process.Kill()
+		<-m.done
+	}
+}
+
+// restart kills mariadbd and starts it again on the same data, port and
+// arguments (files it reads at its start, such as --ssl-ca, read anew).
+func (m *mariaDB) restart() {
+	m.kill()
+	m.start()
+}
+
+// socket opens database db ("" for none) as root on the server's Unix
+// socket, closed when t ends: secure transport, whatever is required of
+// TCP clients.
+func (m *mariaDB) socket(t *testing.T, db string) *sql.DB {
+	t.Helper()
+	cfg := mysql.NewConfig()
+	cfg.User, cfg.Net, cfg.Addr, cfg.DBName = "root", "unix", filepath.Join(m.dir, "sock"), db
+	conn, err := sql.Open("mysql", cfg.FormatDSN())
+	if err != nil {
 		t.Fatal(err)
 	}
-	return m
+	t.Cleanup(func() { _ = conn.Close() })
+	return conn
 }
 
 // dsn is the DSN of database db ("" for none) as root, with params.

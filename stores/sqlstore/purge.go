@@ -34,7 +34,7 @@ func (s *Store) Purge(ctx context.Context) (int64, error) {
 	args := []any{s.d.timeArg(now), s.d.timeArg(now.Add(-s.grace())), s.cfg.PurgeBatch}
 	stmt, ranges, err := s.d.purgePlan(ctx, s.db, s.purgeChunk)
 	if err != nil {
-		return 0, fmt.Errorf("sqlstore: purge of table %s: %w", s.cfg.Table, s.classify(err))
+		return 0, fmt.Errorf("sqlstore: purge of table %s: %w", s.cfg.Table, s.classify(ctx, err))
 	}
 	var total int64
 	for r := range ranges {
@@ -98,9 +98,8 @@ func (s *Store) purgeStatement(ctx context.Context, stmt string, args []any) (in
 		})
 	})
 	if err != nil {
-		return 0, fmt.Errorf("sqlstore: purge of table %s: %w", s.cfg.Table, s.classify(err))
+		return 0, fmt.Errorf("sqlstore: purge of table %s: %w", s.cfg.Table, s.classify(ctx, err))
 	}
-	s.heard(nil)
 	if s.onPurgeBatch != nil {
 		s.onPurgeBatch(n)
 	}
@@ -150,7 +149,7 @@ func (s *Store) createPartitions(ctx context.Context) error {
 // ago. It returns the dropped partitions' estimated row count.
 func (s *Store) purgePartitions(ctx context.Context) (int64, error) {
 	if err := s.createPartitions(ctx); err != nil {
-		return 0, fmt.Errorf("sqlstore: creating partitions of table %s%s: %w", s.cfg.Table, ownerHint(err), s.classify(err))
+		return 0, fmt.Errorf("sqlstore: creating partitions of table %s%s: %w", s.cfg.Table, ownerHint(err), s.classify(ctx, err))
 	}
 	n, err := s.part.dropPartitions(ctx, s.db, s.now().Add(-s.grace()), func(rows int64) {
 		if s.onPurgeBatch != nil {
@@ -158,7 +157,7 @@ func (s *Store) purgePartitions(ctx context.Context) (int64, error) {
 		}
 	})
 	if err != nil {
-		return n, fmt.Errorf("sqlstore: purge of table %s%s: %w", s.cfg.Table, ownerHint(err), s.classify(err))
+		return n, fmt.Errorf("sqlstore: purge of table %s%s: %w", s.cfg.Table, ownerHint(err), s.classify(ctx, err))
 	}
 	return n, nil
 }

@@ -9,8 +9,11 @@ import (
 	"errors"
 	"net"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -245,22 +248,40 @@ func closing(t *testing.T, reset bool) string {
 }
 
 // resetsAfterRefusal: a server that refused the client (its error holds
-// want) is not unavailable when it closes the next connections, with a
-// reset or an EOF; neither is one that never answered the store.
+// want) is not unavailable when it closes the next connections while they
+// are set up, with a reset or an EOF; neither is one that never answered
+// the store. Nothing listening is an outage, refusal or not.
 func resetsAfterRefusal(t *testing.T, server, want string, open func(*redirect) *sqlstore.Store) {
 	r := newRedirect(server)
 	s := open(r)
 	refused(t, s, 1, want)
 	for _, reset := range []bool{true, false} {
 		r.to(closing(t, reset))
-		refused(t, s, 3, "refused")
+		refused(t, s, 3, "not known to be an outage")
 	}
 	refused(t, open(newRedirect(closing(t, true))), 3, "not known to be an outage")
+	r.to(testkit.ClosedAddr(t))
+	outage(t, "nothing listening, after a refusal", s)
 }
 
-// outagesStay: a store the server answered meets an outage when its
-// connections are reset or closed, or nothing listens any more; a store
-// that never reached the server, when nothing listens.
+// outage makes 3 Claims on s and checks each fails with an outage.
+func outage(t *testing.T, what string, s *sqlstore.Store) {
+	t.Helper()
+	for i := range 3 {
+		_, err := s.Claim(context.Background(), "s", []string{"down" + strconv.Itoa(i)}, time.Minute)
+		if !errors.Is(err, stores.ErrUnavailable) {
+			t.Fatalf("Claim %d, %s: %v, want an outage", i, what, err)
+		}
+	}
+}
+
+// outagesStay: a store the server answered meets an outage when nothing
+// listens any more; a store that never reached the server, too. A server
+// that accepts the connection and closes it while it is set up (a reset,
+// an EOF) is no known outage, even after it answered the store: that is
+// also how a server turns a client away (a TLS 1.3 server refusing a
+// certificate after the client's side of the handshake), and what a load
+// balancer whose database is down does.
 func outagesStay(t *testing.T, server string, open func(*redirect) *sqlstore.Store) {
 	ctx := context.Background()
 	r := newRedirect(server)
@@ -268,23 +289,14 @@ func outagesStay(t *testing.T, server string, open func(*redirect) *sqlstore.Sto
 	if _, err := s.Claim(ctx, "s", []string{"answered"}, time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	outage := func(what string, s *sqlstore.Store) {
-		t.Helper()
-		for i := range 3 {
-			_, err := s.Claim(ctx, "s", []string{"down" + strconv.Itoa(i)}, time.Minute)
-			if !errors.Is(err, stores.ErrUnavailable) {
-				t.Fatalf("Claim %d, %s: %v, want an outage", i, what, err)
-			}
-		}
-	}
 	r.to(closing(t, true))
-	outage("every connection reset, after the server answered", s)
+	refused(t, s, 3, "not known to be an outage")
 	r.to(closing(t, false))
-	outage("every connection closed, after the server answered", s)
+	refused(t, s, 3, "not known to be an outage")
 	closed := testkit.ClosedAddr(t)
 	r.to(closed)
-	outage("nothing listening, after the server answered", s)
-	outage("nothing listening", open(newRedirect(closed)))
+	outage(t, "nothing listening, after the server answered", s)
+	outage(t, "nothing listening", open(newRedirect(closed)))
 }
 
 // TestMySQLRefusalIsNotAnOutage: on a MariaDB of the test's own that
@@ -387,6 +399,46 @@ func TestMySQLRefusalIsNotAnOutage(t *testing.T) {
 	t.Run("outages stay outages", func(t *testing.T) {
 		outagesStay(t, addr, func(r *redirect) *sqlstore.Store { return via(t, r, "pwu", "pw") })
 	})
+	t.Run("a pooled connection broken after a refusal, nothing listening", func(t *testing.T) {
+		// The server refused a new connection of the store (the user's
+		// password changed, then changed back); then it goes down: the
+		// pool's older connection (not checked before use) breaks under
+		// the next claim ("invalid connection"), and nothing listens any
+		// more. An outage, whatever the server said before.
+		p := testkit.NewProxy(t, addr)
+		cfg := mysql.NewConfig()
+		cfg.User, cfg.Passwd, cfg.Net, cfg.Addr, cfg.DBName = "pwu", "pw", "tcp", p.Addr(), "test"
+		cfg.TLS, cfg.Timeout, cfg.CheckConnLiveness = tlsWith(nil, 0), 10*time.Second, false
+		conn, err := mysql.NewConnector(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		db := sql.OpenDB(conn)
+		t.Cleanup(func() { _ = db.Close() })
+		db.SetMaxIdleConns(1)
+		s := storeOnDB(t, db, sqlstore.MySQL, table)
+		if _, err := s.Claim(ctx, "s", []string{"pooled"}, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		held, err := db.Conn(ctx) // the pool's connection, kept out of the pool meanwhile
+		if err != nil {
+			t.Fatal(err)
+		}
+		alter := func(pw string) {
+			if _, err := root.ExecContext(ctx, "ALTER USER pwu IDENTIFIED BY '"+pw+"'"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		alter("other")
+		defer alter("pw")
+		if _, err := s.Claim(ctx, "s", []string{"refused"}, time.Minute); !errors.Is(err, sqlstore.ErrRefused) {
+			t.Fatalf("Claim on a new connection with the password changed: %v, want ErrRefused", err)
+		}
+		alter("pw")
+		_ = held.Close() // back to the pool
+		p.Cut()
+		outage(t, "the pool's connection broken and nothing listening, after a refusal", s)
+	})
 }
 
 // TestSQLiteCannotOpenIsNotAnOutage: a database file SQLite cannot open
@@ -406,5 +458,157 @@ func TestSQLiteCannotOpenIsNotAnOutage(t *testing.T) {
 				t.Fatalf("FailOpen on a database SQLite cannot open: %d of 3 handlers ran unprotected, last error %v", ran, err)
 			}
 		})
+	}
+}
+
+// copyFile copies from to to (a certificate a server reads again).
+func copyFile(t *testing.T, from, to string) {
+	t.Helper()
+	b, err := os.ReadFile(from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(to, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestMySQLCertNoLongerTrusted: a MariaDB that has answered the store
+// stops trusting the authority of the client's certificate (its CA file
+// replaced, then FLUSH SSL, or a restart). The server is up and refuses
+// every new connection, under TLS 1.3 after the client's side of the
+// handshake, which go-sql-driver reports only as "invalid connection",
+// as it reports a connection killed under it. No claim is an outage, and
+// a fail-open consumer runs no handler: the store confirms such an error
+// with a new connection of the pool, whose dial succeeds.
+func TestMySQLCertNoLongerTrusted(t *testing.T) {
+	files := testkit.MakeTLSFiles(t)
+	other := testkit.MakeTLSFiles(t)
+	ca := filepath.Join(t.TempDir(), "ca.pem")
+	copyFile(t, files.CA, ca)
+	srv := startMariaDB(t, "--ssl-ca="+ca, "--ssl-cert="+files.ServerCert, "--ssl-key="+files.ServerKey)
+	ctx := context.Background()
+	for _, stmt := range []string{"CREATE USER x509u REQUIRE X509", "GRANT ALL ON test.* TO x509u"} {
+		if _, err := srv.socket(t, "test").ExecContext(ctx, stmt); err != nil {
+			t.Fatalf("%s: %v", stmt, err)
+		}
+	}
+	table := newStore(t, srv.socket(t, "test"), sqlstore.MySQL, sqlstore.Config{}).Table()
+	open := func(t *testing.T) *sql.DB {
+		cfg := mysql.NewConfig()
+		cfg.User, cfg.Net, cfg.Addr, cfg.DBName = "x509u", "tcp", "127.0.0.1:"+strconv.Itoa(srv.port), "test"
+		cfg.TLS, cfg.Timeout = files.ClientConfig(t, true), 10*time.Second
+		cfg.TLS.MinVersion, cfg.TLS.MaxVersion = tls.VersionTLS13, tls.VersionTLS13
+		conn, err := mysql.NewConnector(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		db := sql.OpenDB(conn)
+		t.Cleanup(func() { _ = db.Close() })
+		return db
+	}
+	for _, c := range []struct {
+		name   string
+		rotate func(t *testing.T, db *sql.DB)
+	}{
+		{"FLUSH SSL", func(t *testing.T, db *sql.DB) {
+			if _, err := srv.socket(t, "").ExecContext(ctx, "FLUSH SSL"); err != nil {
+				t.Fatal(err)
+			}
+			db.SetMaxIdleConns(0) // every call on a new connection, as a pool recycles its own
+		}},
+		{"restart", func(*testing.T, *sql.DB) {
+			// The pool's connections are reset by the restart; the server
+			// comes back refusing the certificate.
+			srv.restart()
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			copyFile(t, files.CA, ca)
+			if _, err := srv.socket(t, "").ExecContext(ctx, "FLUSH SSL"); err != nil {
+				t.Fatal(err)
+			}
+			db := open(t)
+			s := storeOnDB(t, db, sqlstore.MySQL, table)
+			if _, err := s.Claim(ctx, "s", []string{"answered-" + c.name}, time.Minute); err != nil {
+				t.Fatalf("Claim with the certificate trusted: %v", err)
+			}
+			copyFile(t, other.CA, ca)
+			c.rotate(t, db)
+			refused(t, s, 5, "connection") // invalid, or bad when a write met the reset
+			if ran, err := testkit.FailOpenRun(t, s, 5); ran != 0 || err == nil {
+				t.Fatalf("FailOpen with the client certificate no longer trusted: %d of 5 handlers ran unprotected, last error %v", ran, err)
+			}
+		})
+	}
+}
+
+// TestPostgresCertNoLongerTrustedPool: a PostgreSQL that answered the
+// store stops trusting the authority of the client's certificate
+// (ssl_ca_file replaced, pg_reload_conf) while a pool under load keeps
+// its older connections, which go on serving. Every new connection is
+// refused, by the server's alert or by the reset that overtakes it (pgx:
+// failed to write startup message: connection reset by peer). No claim
+// is an outage: a connection that failed while it was being set up is a
+// server that is up and does not take the client, whatever the store
+// heard from it before.
+func TestPostgresCertNoLongerTrustedPool(t *testing.T) {
+	srv, table := pgRefusalServer(t, "ssl_min_protocol_version = 'TLSv1.3'")
+	other := testkit.MakeTLSFiles(t)
+	clientCA := filepath.Join(t.TempDir(), "ca.pem")
+	copyFile(t, srv.CA, clientCA) // the client keeps trusting the server
+	params := url.Values{"sslmode": {"verify-full"}, "sslrootcert": {clientCA}, "sslcert": {srv.TLS.ClientCert}, "sslkey": {srv.TLS.ClientKey}}
+	db := openDB(t, "pgx", srv.DSN("dedup-client", "", "test", params))
+	db.SetMaxOpenConns(8)
+	db.SetMaxIdleConns(2) // the rest of the 8 dialled again and again
+	s := storeOnDB(t, db, sqlstore.Postgres, table)
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() { // connections of the pool, set up while the certificate is trusted
+			if _, err := s.Claim(ctx, "s", []string{"warm-" + storetest.NewID()}, time.Minute); err != nil {
+				t.Errorf("Claim with the certificate trusted: %v", err)
+			}
+		})
+	}
+	wg.Wait()
+	if t.Failed() {
+		t.FailNow()
+	}
+	copyFile(t, other.CA, srv.CA)
+	srv.Exec("postgres", "SELECT pg_reload_conf()")
+
+	var (
+		mu       sync.Mutex
+		ok, fail int
+		outages  []error
+	)
+	for range 8 {
+		wg.Go(func() {
+			for range 250 {
+				_, err := s.Claim(ctx, "s", []string{"k-" + storetest.NewID()}, time.Minute)
+				mu.Lock()
+				switch {
+				case err == nil:
+					ok++
+				case errors.Is(err, stores.ErrUnavailable) || cycle.IsOutage(err):
+					outages = append(outages, err)
+				default:
+					fail++
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	t.Logf("claims after the certificate's authority was replaced: %d served by older connections, %d refused, %d outages", ok, fail, len(outages))
+	for i, err := range outages {
+		if i == 3 {
+			break
+		}
+		t.Errorf("an outage while the server refuses the certificate: %v", err)
+	}
+	if fail == 0 {
+		t.Fatal("no claim was refused: the server still takes the certificate")
 	}
 }

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
+
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/internal/errtest"
 	"github.com/watermill-dedup/dedup/stores/sqlstore"
@@ -116,7 +118,10 @@ func TestPostgresRoleConnectionLimit(t *testing.T) {
 }
 
 // TestMySQLConnectionKilled: KILL of the store's own connection while it
-// waits is an outage.
+// waits fails the claim, and is no outage: the connection broke with no
+// word of why ("invalid connection"), and a new connection finds the
+// database serving (an outage only with the server's own word for it,
+// MariaDB's 1927, or when a new connection finds nothing listening).
 func TestMySQLConnectionKilled(t *testing.T) {
 	db := openMySQL(t)
 	table := "dedup_test_" + storetest.NewID()
@@ -147,13 +152,22 @@ func TestMySQLConnectionKilled(t *testing.T) {
 				t.Fatal(err)
 			}
 		})
-	errtest.Wraps(t, "Claim whose connection was killed", err, stores.ErrUnavailable)
+	var my *mysql.MySQLError
+	switch {
+	case err == nil:
+		t.Fatal("the Claim whose connection was killed succeeded")
+	case errors.As(err, &my) && my.Number == 1927:
+		errtest.Wraps(t, "Claim whose connection was killed (1927)", err, stores.ErrUnavailable)
+	case errors.Is(err, stores.ErrUnavailable):
+		t.Fatalf("Claim whose connection was killed, the database serving: %v, an outage", err)
+	}
 }
 
 // TestMySQLServerRefusals: on a MariaDB of the test's own, a server that
-// turned read-only (the old primary after a failover: 1290), one out of
-// connections (1040) and a user at its connection limit (1226) are
-// outages.
+// turned read-only (the old primary after a failover: 1290) and one out
+// of connections (1040) are outages; a user at a limit its administrator
+// set (1226: MAX_USER_CONNECTIONS, MAX_CONNECTIONS_PER_HOUR) is refused,
+// and a fail-open consumer runs no handler.
 func TestMySQLServerRefusals(t *testing.T) {
 	srv := startMariaDB(t)
 	root := srv.open(t, "test")
@@ -161,6 +175,7 @@ func TestMySQLServerRefusals(t *testing.T) {
 	for _, stmt := range []string{
 		"CREATE USER app IDENTIFIED BY 'app'", "GRANT ALL ON test.* TO app",
 		"CREATE USER solo IDENTIFIED BY 'solo' WITH MAX_USER_CONNECTIONS 1", "GRANT ALL ON test.* TO solo",
+		"CREATE USER hourly IDENTIFIED BY 'hourly' WITH MAX_CONNECTIONS_PER_HOUR 1", "GRANT ALL ON test.* TO hourly",
 	} {
 		if _, err := root.ExecContext(ctx, stmt); err != nil {
 			t.Fatalf("%s: %v", stmt, err)
@@ -219,7 +234,24 @@ func TestMySQLServerRefusals(t *testing.T) {
 		defer conn.Close()
 		s := newStoreOn(t, solo, s.Table())
 		_, err = s.Claim(ctx, "s", []string{"solo"}, time.Minute)
-		errtest.Wraps(t, "Claim of a user at its connection limit", err, stores.ErrUnavailable)
+		errtest.Wraps(t, "Claim of a user at its connection limit", err, sqlstore.ErrRefused)
+		if ran, err := testkit.FailOpenRun(t, s, 3); ran != 0 || err == nil {
+			t.Fatalf("FailOpen, a user at its connection limit: %d of 3 handlers ran unprotected, last error %v", ran, err)
+		}
+	})
+
+	t.Run("max_connections_per_hour", func(t *testing.T) {
+		hourly := openAs("hourly")
+		s := newStoreOn(t, hourly, s.Table())
+		if _, err := s.Claim(ctx, "s", []string{"hourly"}, time.Minute); err != nil {
+			t.Fatalf("the hour's one connection: %v", err)
+		}
+		hourly.SetMaxIdleConns(0) // every call on a new connection from now on
+		_, err := s.Claim(ctx, "s", []string{"hourly-2"}, time.Minute)
+		errtest.Wraps(t, "Claim of a user past its connections per hour", err, sqlstore.ErrRefused)
+		if ran, err := testkit.FailOpenRun(t, s, 3); ran != 0 || err == nil {
+			t.Fatalf("FailOpen, a user past its connections per hour: %d of 3 handlers ran unprotected, last error %v", ran, err)
+		}
 	})
 }
 

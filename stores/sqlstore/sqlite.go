@@ -98,15 +98,15 @@ func (d *sqliteDialect) classify(err error) errClass {
 	}
 	switch code & 0xff {
 	case 5, 6: // BUSY, LOCKED: still locked by another writer (after the retries)
-		return errAnswered | errUnavailable | errRetryable
+		return errUnavailable | errRetryable
 	case 10, 13: // IOERR, FULL
-		return errAnswered | errUnavailable
+		return errUnavailable
 	case 18: // TOOBIG: a string or blob over SQLITE_MAX_LENGTH
-		return errAnswered | errTooLarge
+		return errTooLarge
 	}
 	// CANTOPEN is not known to be an outage: a path (a directory that
 	// does not exist) or a permission to fix.
-	return errAnswered
+	return 0
 }
 
 func (d *sqliteDialect) purgePlan(context.Context, *sql.DB, int64) (string, iter.Seq[[]any], error) {

@@ -65,12 +65,6 @@ type Store struct {
 	// when the session check found it below Config.MaxData; 0 otherwise.
 	serverMaxData atomic.Int64
 
-	// answered is set once the database answered the store; refusal
-	// holds its last word while that is a refusal of the client. They
-	// tell a reset that is an outage from one that is not (isOutage).
-	answered atomic.Bool
-	refusal  atomic.Pointer[string]
-
 	// onPurgeBatch, when set (by tests), sees the size of every batch.
 	onPurgeBatch func(n int64)
 	// purgeChunk is the number of heap blocks a PostgreSQL purge
@@ -169,7 +163,6 @@ func (s *Store) CreateSchema(ctx context.Context) error {
 			return fmt.Errorf("sqlstore: creating partitions of table %s: %w", s.cfg.Table, err)
 		}
 	}
-	s.heard(nil)
 	return nil
 }
 
@@ -204,9 +197,8 @@ func (s *Store) Claim(ctx context.Context, scope string, keys []string, lease ti
 		err = s.claimDirect(ctx, ks, token, lease, c)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("sqlstore: claim in scope %q: %w", scope, s.classify(err))
+		return nil, fmt.Errorf("sqlstore: claim in scope %q: %w", scope, s.classify(ctx, err))
 	}
-	s.heard(nil)
 	if c.Result == stores.Claimed {
 		c.Token = strconv.FormatInt(token, 36)
 	}
@@ -230,12 +222,11 @@ func (s *Store) claimArgs(ctx context.Context, c *stores.Claim, args ...error) (
 }
 
 // opError prefixes the error of a Complete, Release or Extend.
-func (s *Store) opError(op string, err error) error {
+func (s *Store) opError(ctx context.Context, op string, err error) error {
 	if err == nil {
-		s.heard(nil)
 		return nil
 	}
-	return fmt.Errorf("sqlstore: %s: %w", op, s.classify(err))
+	return fmt.Errorf("sqlstore: %s: %w", op, s.classify(ctx, err))
 }
 
 // Complete implements [stores.Store].
@@ -245,40 +236,40 @@ func (s *Store) Complete(ctx context.Context, c *stores.Claim, retention time.Du
 		err = s.checkData(data) // after the session check
 	}
 	if err != nil {
-		return s.opError("complete", err)
+		return s.opError(ctx, "complete", err)
 	}
 	if o := s.group.op(ctx, opComplete, ks); o != nil {
 		o.claim, o.token, o.d, o.data = c, token, retention, data
-		return s.opError("complete", s.group.do(ctx, o))
+		return s.opError(ctx, "complete", s.group.do(ctx, o))
 	}
-	return s.opError("complete", s.completeDirect(ctx, c, ks, token, retention, data))
+	return s.opError(ctx, "complete", s.completeDirect(ctx, c, ks, token, retention, data))
 }
 
 // Release implements [stores.Store].
 func (s *Store) Release(ctx context.Context, c *stores.Claim) error {
 	ks, token, err := s.claimArgs(ctx, c)
 	if err != nil {
-		return s.opError("release", err)
+		return s.opError(ctx, "release", err)
 	}
 	if o := s.group.op(ctx, opRelease, ks); o != nil {
 		o.claim, o.token = c, token
-		return s.opError("release", s.group.do(ctx, o))
+		return s.opError(ctx, "release", s.group.do(ctx, o))
 	}
-	return s.opError("release", s.releaseDirect(ctx, c, ks, token))
+	return s.opError(ctx, "release", s.releaseDirect(ctx, c, ks, token))
 }
 
 // Extend implements [stores.Store].
 func (s *Store) Extend(ctx context.Context, c *stores.Claim, lease time.Duration) error {
 	ks, token, err := s.claimArgs(ctx, c, storekit.CheckLease(lease), s.checkHorizon("lease", lease))
 	if err != nil {
-		return s.opError("extend", err)
+		return s.opError(ctx, "extend", err)
 	}
 	s.noteLease(lease)
 	if o := s.group.op(ctx, opExtend, ks); o != nil {
 		o.claim, o.token, o.d = c, token, lease
-		return s.opError("extend", s.group.do(ctx, o))
+		return s.opError(ctx, "extend", s.group.do(ctx, o))
 	}
-	return s.opError("extend", s.extendDirect(ctx, c, ks, token, lease))
+	return s.opError(ctx, "extend", s.extendDirect(ctx, c, ks, token, lease))
 }
 
 // Capabilities implements [stores.Store]: data up to Config.MaxData; on
@@ -364,13 +355,9 @@ func (s *Store) checkSession(ctx context.Context) error {
 	limit, err := s.d.checkSession(ctx, s.db)
 	if err != nil {
 		if !errors.Is(err, ErrSessionSettings) {
-			return s.classify(err) // not known yet: checked again next time
+			return s.classify(ctx, err) // not known yet: checked again next time
 		}
 		s.sessionErr = err
-	}
-	if limit > 0 {
-		// The dialect's check asked the database (MySQL): it answered.
-		s.heard(nil)
 	}
 	if limit > 0 && limit < s.cfg.MaxData {
 		s.serverMaxData.Store(int64(limit))
