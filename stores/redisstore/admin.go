@@ -269,10 +269,13 @@ func (s *Store) List(ctx context.Context, opts stores.ListOptions) ([]stores.Rec
 	return out, "", nil
 }
 
-// matches reports whether r is one opts selects (the SCAN pattern has
-// selected its scope).
+// matches reports whether r is one opts selects: of its scope, state and
+// key prefix. The SCAN pattern selects the scope of the keys a SCAN
+// returns, but not of those a cursor carries (the rest of a reply beyond
+// its page), which are the cursor's caller's text: every record is
+// checked.
 func matches(r stores.Record, opts stores.ListOptions) bool {
-	if opts.State != 0 && r.State != opts.State {
+	if opts.Scope != "" && (!r.ScopeKnown || r.Scope != opts.Scope) || opts.State != 0 && r.State != opts.State {
 		return false
 	}
 	return opts.KeyPrefix == "" || (r.KeyKnown && strings.HasPrefix(r.Key, opts.KeyPrefix))

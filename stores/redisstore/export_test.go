@@ -79,3 +79,10 @@ func (s *Store) Queued() int {
 	})
 	return n
 }
+
+// ListCursor returns the List cursor that resumes on the node at addr
+// with the keys of pending, then at SCAN cursor scan: what a List
+// returns, or what anyone could write.
+func ListCursor(addr string, scan uint64, pending ...string) string {
+	return listCursor{addr: addr, scan: scan, pending: pending}.String()
+}

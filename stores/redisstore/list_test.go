@@ -3,6 +3,7 @@ package redisstore_test
 import (
 	"context"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -99,5 +100,45 @@ func TestListWhileTheKeyspaceChanges(t *testing.T) {
 				t.Errorf("List(%+v) in pages while the keyspace changed missed %d of %d records: %v", opts, len(missed), records, missed)
 			}
 		}
+	}
+}
+
+// TestListCursorKeysAreFiltered: the keys a cursor carries (what the last
+// SCAN reply held beyond its page) are listed only when they are records
+// the List selects, like the keys a SCAN returns: a cursor is text its
+// caller hands back, and may have been made by another List or by hand.
+func TestListCursorKeysAreFiltered(t *testing.T) {
+	c := newClient(t, startRedis(t))
+	ctx := context.Background()
+	s := newStore(t, c, redisstore.Config{})
+	for _, r := range []struct{ scope, key string }{{"secret", "k1"}, {"b", "x"}, {"b", "y-1"}} {
+		if err := s.WriteDone(ctx, r.scope, []string{r.key}, time.Hour); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if cl, err := s.Claim(ctx, "b", []string{"y-2"}, time.Hour); err != nil || cl.Result != stores.Claimed {
+		t.Fatal(cl, err)
+	}
+	pending := []string{s.EncodeKey("secret", "k1"), s.EncodeKey("b", "x"), s.EncodeKey("b", "y-1"), s.EncodeKey("b", "y-2"), "another-program:key"}
+	cur := redisstore.ListCursor(c.Options().Addr, 0, pending...)
+	for _, opts := range []stores.ListOptions{
+		{Scope: "b"},
+		{Scope: "b", KeyPrefix: "y-"},
+		{Scope: "b", State: stores.StateProcessing},
+		{State: stores.StateDone},
+	} {
+		opts.Limit, opts.After = 10, cur
+		recs, _, err := s.List(ctx, opts)
+		if err != nil {
+			t.Fatalf("List(%+v): %v", opts, err)
+		}
+		var got []string
+		for _, r := range recs {
+			got = append(got, r.Scope+"/"+r.Key)
+			if opts.Scope != "" && r.Scope != opts.Scope || opts.State != 0 && r.State != opts.State || !strings.HasPrefix(r.Key, opts.KeyPrefix) {
+				t.Errorf("List(%+v) with a cursor carrying keys of other scopes returned %s/%s (%v), which it does not select", opts, r.Scope, r.Key, r.State)
+			}
+		}
+		t.Logf("List(%+v): %v", opts, got)
 	}
 }
