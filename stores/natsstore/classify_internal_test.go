@@ -24,7 +24,10 @@ import (
 // cluster are checked here by their error values: JetStream answers 503
 // "JetStream system temporarily unavailable" (10008) while a stream or
 // the meta group has no leader, and a publish to a stream whose leader
-// is gone gets no responders, or no ack before its deadline.
+// is gone gets no responders, or no ack before its deadline. A
+// connection that is not up (closed, draining, reconnecting, stale) or
+// broke (an EOF, a reset) is no outage by itself: the store asks the
+// servers of its pool (connWatch.down, TestSessionClosedIsNotAnOutage).
 func TestClassify(t *testing.T) {
 	api := func(code int, ec jetstream.ErrorCode, desc string) error {
 		return fmt.Errorf("nats: %w", &jetstream.APIError{Code: code, ErrorCode: ec, Description: desc})
@@ -45,15 +48,15 @@ func TestClassify(t *testing.T) {
 		{"no response from stream", jetstream.ErrNoStreamResponse, outage},
 		{"request timeout", nats.ErrTimeout, outage},
 		{"the client's own deadline (the caller's context alive)", context.DeadlineExceeded, outage},
-		{"connection closed", nats.ErrConnectionClosed, outage},
-		{"connection draining", nats.ErrConnectionDraining, outage},
-		{"reconnecting", nats.ErrConnectionReconnecting, outage},
+		{"connection closed", nats.ErrConnectionClosed, none},
+		{"connection draining", nats.ErrConnectionDraining, none},
+		{"reconnecting", nats.ErrConnectionReconnecting, none},
 		{"no servers", nats.ErrNoServers, outage},
-		{"stale connection", nats.ErrStaleConnection, outage},
+		{"stale connection", nats.ErrStaleConnection, none},
 		{"max connections", nats.ErrMaxConnectionsExceeded, outage},
-		{"EOF", io.EOF, outage},
+		{"EOF", io.EOF, none},
 		{"JetStream not enabled (a server starting)", jetstream.ErrJetStreamNotEnabled, outage},
-		{"JetStream not enabled for the account", api(503, jetstream.JSErrCodeJetStreamNotEnabledForAccount, "jetstream not enabled for account"), outage},
+		{"JetStream not enabled for the account (a user moved to another account)", api(503, jetstream.JSErrCodeJetStreamNotEnabledForAccount, "jetstream not enabled for account"), none},
 		{"server shutdown", jetstream.ErrServerShutdown, outage},
 		{"leader election: system temporarily unavailable", api(503, 10008, "JetStream system temporarily unavailable"), outage},
 		{"insufficient resources", api(503, 10023, "insufficient resources"), outage},
@@ -73,7 +76,11 @@ func TestClassify(t *testing.T) {
 		{"a server certificate the client does not trust", &tls.CertificateVerificationError{Err: x509.UnknownAuthorityError{}}, refused},
 		{"TLS required by the server", nats.ErrSecureConnRequired, refused},
 		{"TLS wanted by the client", nats.ErrSecureConnWanted, refused},
-		{"a reset", &net.OpError{Op: "read", Net: "tcp", Err: os.NewSyscallError("read", syscall.ECONNRESET)}, outage},
+		{"a reset", &net.OpError{Op: "read", Net: "tcp", Err: os.NewSyscallError("read", syscall.ECONNRESET)}, none},
+		{"a dial refused (nothing listens)", &net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)}, outage},
+		{"a dial that timed out", &net.OpError{Op: "dial", Net: "tcp", Err: os.ErrDeadlineExceeded}, outage},
+		{"a dial the other end reset (accepted, then closed)", &net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("connect", syscall.ECONNRESET)}, none},
+		{"a name that does not resolve", &net.OpError{Op: "dial", Net: "tcp", Err: &net.DNSError{Err: "no such host", Name: "nats", IsNotFound: true}}, none},
 		{"foreign value", errForeign, none},
 	} {
 		got := classify(context.Background(), nil, c.err)

@@ -511,10 +511,12 @@ func (l *failoverLoad) call(op string, f func(ctx context.Context) error) error 
 }
 
 // classified reports an error of an allowed class: an outage, the end of
-// the call's context, or a Complete's lost claim.
+// the call's context, a call made (or cut short) while the connection
+// fails over and another server answers (natsstore.ErrNotConnected), or a
+// Complete's lost claim.
 func classified(op string, err error) bool {
 	return errors.Is(err, stores.ErrUnavailable) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) ||
-		(op == "complete" && errors.Is(err, stores.ErrLostClaim))
+		errors.Is(err, natsstore.ErrNotConnected) || (op == "complete" && errors.Is(err, stores.ErrLostClaim))
 }
 
 func (l *failoverLoad) stopped() bool {
@@ -905,6 +907,8 @@ func errClass(err error) string {
 		return "deadline"
 	case errors.Is(err, stores.ErrLostClaim):
 		return "lost_claim"
+	case errors.Is(err, natsstore.ErrNotConnected):
+		return "not_connected"
 	}
 	return "other"
 }

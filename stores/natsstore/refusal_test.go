@@ -5,14 +5,19 @@ import (
 	"errors"
 	"net"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	dedup "github.com/watermill-dedup/dedup"
 	"github.com/watermill-dedup/dedup/internal/cycle"
+	"github.com/watermill-dedup/dedup/middleware"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/natsstore"
 	"github.com/watermill-dedup/dedup/testkit"
@@ -247,5 +252,222 @@ func TestDeletedBucketIsNotAnOutage(t *testing.T) {
 	}
 	if ran, err := testkit.FailOpenRun(t, s, 3); ran != 0 || err == nil {
 		t.Fatalf("FailOpen on a deleted bucket: %d of 3 handlers ran unprotected, last error %v", ran, err)
+	}
+}
+
+// usersConf is a server config whose users (each with password
+// name-pw) may do anything.
+func usersConf(names ...string) string {
+	var b strings.Builder
+	b.WriteString("authorization {\n  users = [\n")
+	for _, n := range names {
+		b.WriteString("    {user: " + n + ", password: " + n + "-pw}\n")
+	}
+	b.WriteString("  ]\n}\n")
+	return b.String()
+}
+
+// TestSessionClosedIsNotAnOutage: the user is removed at a config reload
+// and the server closes its session (an EOF, no word of why, as when it
+// stops). Until a reconnect attempt says why (here never: ReconnectWait
+// is an hour), the connection is RECONNECTING while the server is up and
+// answers a new connection: no known outage, and a fail-open consumer
+// runs no handler (nats.go's default ReconnectWait is 2s, and every call
+// of that window was an outage). Once nothing listens any more, with or
+// without a refusal before, it is one.
+func TestSessionClosedIsNotAnOutage(t *testing.T) {
+	quiet := nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {})
+	t.Run("before the first reconnect", func(t *testing.T) {
+		srv := testkit.StartNATSSecureServer(t, usersConf("root", "alice"), nats.UserInfo("root", "root-pw"))
+		cfg := natsstore.Config{Bucket: testBucket()}
+		openAs(t, connect(t, srv.URL(), nats.UserInfo("root", "root-pw")), cfg) // the bucket, on a server the test kills
+		nc := connect(t, srv.URL(), nats.UserInfo("alice", "alice-pw"), nats.ReconnectWait(time.Hour), quiet)
+		s := openAs(t, nc, cfg)
+		if c := claim(t, s, "s", time.Minute, "before"); c.Result != stores.Claimed {
+			t.Fatalf("Claim before the reload = %s", c.Result)
+		}
+		srv.Reload(usersConf("root"))
+		testkit.WaitFor(t, time.Minute, "the server closing the session", func() bool { return nc.Status() == nats.RECONNECTING })
+		refusedCalls(t, s, 5, "not known to be an outage")
+		for i := range 3 {
+			_, err := s.Claim(context.Background(), "s", []string{"n" + string(rune('a'+i))}, time.Minute)
+			if !errors.Is(err, natsstore.ErrNotConnected) {
+				t.Fatalf("Claim while reconnecting, the server up: %v, want ErrNotConnected", err)
+			}
+		}
+		if ran, err := testkit.FailOpenRun(t, s, 5); ran != 0 || err == nil {
+			t.Fatalf("FailOpen with the session closed by a server that is up: %d of 5 handlers ran unprotected, last error %v", ran, err)
+		}
+		srv.Kill()
+		outageCalls(t, s, "the server killed")
+	})
+	t.Run("after a refusal", func(t *testing.T) {
+		srv := testkit.StartNATSSecureServer(t, usersConf("root", "alice"), nats.UserInfo("root", "root-pw"))
+		cfg := natsstore.Config{Bucket: testBucket()}
+		openAs(t, connect(t, srv.URL(), nats.UserInfo("root", "root-pw")), cfg) // the bucket, on a server the test kills
+		nc := connect(t, srv.URL(), nats.UserInfo("alice", "alice-pw"), nats.MaxReconnects(-1), nats.IgnoreAuthErrorAbort(),
+			nats.ReconnectWait(20*time.Millisecond), nats.ReconnectJitter(0, 0), quiet)
+		s := openAs(t, nc, cfg)
+		srv.Reload(usersConf("root"))
+		waitLastError(t, nc, "authorization violation")
+		refusedCalls(t, s, 3, "authorization violation")
+		// The server dies: nothing listens. The refusal remembered does
+		// not make that a refusal.
+		srv.Kill()
+		outageCalls(t, s, "the server killed after it refused the client")
+	})
+}
+
+// outageCalls makes 3 Claims on s and checks each fails with an outage.
+func outageCalls(t *testing.T, s *natsstore.Store, what string) {
+	t.Helper()
+	for i := range 3 {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		_, err := s.Claim(ctx, "s", []string{"down-" + string(rune('a'+i))}, time.Minute)
+		cancel()
+		if !errors.Is(err, stores.ErrUnavailable) {
+			t.Fatalf("Claim %d, %s: %v, want ErrUnavailable", i, what, err)
+		}
+	}
+}
+
+// firedDeadline is a context whose deadline the test decides: Done is
+// closed, and Err is context.DeadlineExceeded, once fire is called.
+type firedDeadline struct {
+	context.Context
+	done chan struct{}
+	once sync.Once
+}
+
+func newFiredDeadline() *firedDeadline {
+	return &firedDeadline{Context: context.Background(), done: make(chan struct{})}
+}
+
+func (c *firedDeadline) fire()                       { c.once.Do(func() { close(c.done) }) }
+func (c *firedDeadline) Done() <-chan struct{}       { return c.done }
+func (c *firedDeadline) Deadline() (time.Time, bool) { return time.Now().Add(time.Hour), true }
+func (c *firedDeadline) Err() error {
+	select {
+	case <-c.done:
+		return context.DeadlineExceeded
+	default:
+		return nil
+	}
+}
+
+// TestPermissionDeniedOnSharedConnection: the store shares its
+// connection with the application (a publisher of its own, a broker's
+// acks). The user loses its publish permissions at a config reload; the
+// store's claim is denied (the server's only answer is a permissions
+// violation reported to the connection, the request just times out), and
+// so is the application's next publish, whose violation replaces the
+// connection's LastError before the claim's deadline. The claim still
+// fails as denied, not as an outage, and a fail-open consumer runs no
+// handler.
+func TestPermissionDeniedOnSharedConnection(t *testing.T) {
+	conf := func(alicePub string) string {
+		return "authorization {\n  users = [\n    {user: root, password: root-pw}\n" +
+			"    {user: alice, password: alice-pw, permissions: {publish: {allow: " + alicePub + "}, subscribe: {allow: [\">\"]}}}\n  ]\n}\n"
+	}
+	srv := testkit.StartNATSSecureServer(t, conf(`[">"]`), nats.UserInfo("root", "root-pw"))
+	cfg := natsstore.Config{Bucket: testBucket()}
+	newStore(t, connect(t, srv.URL(), nats.UserInfo("root", "root-pw")), cfg)
+	// The application's error handler publishes, on the same connection,
+	// after each violation of the store's: denied too.
+	var nc *nats.Conn
+	var appDenied atomic.Int64
+	nc = connect(t, srv.URL(), nats.UserInfo("alice", "alice-pw"), nats.MaxReconnects(-1),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			switch msg := err.Error(); {
+			case strings.Contains(msg, "orders.created"):
+				appDenied.Add(1)
+			case strings.Contains(msg, "$KV."):
+				_ = nc.Publish("orders.created", []byte("x"))
+			}
+		}))
+	s := openAs(t, nc, cfg)
+	if c := claim(t, s, "s", time.Minute, "before"); c.Result != stores.Claimed {
+		t.Fatalf("Claim before the reload = %s", c.Result)
+	}
+	srv.Reload(conf(`["app.>"]`)) // the store's subjects are no longer allowed
+
+	for i := range 3 {
+		ctx := newFiredDeadline()
+		before := appDenied.Load()
+		done := make(chan error, 1)
+		go func() {
+			_, err := s.Claim(ctx, "s", []string{"denied-" + string(rune('a'+i))}, time.Minute)
+			done <- err
+		}()
+		// The deadline passes once the application's violation came after
+		// the store's and is the connection's last error.
+		testkit.WaitFor(t, time.Minute, "the application's publish denied after the store's claim", func() bool {
+			last := nc.LastError()
+			return appDenied.Load() > before && last != nil && strings.Contains(last.Error(), "orders.created")
+		})
+		ctx.fire()
+		err := <-done
+		if err == nil || errors.Is(err, stores.ErrUnavailable) || cycle.IsOutage(err) || !strings.Contains(strings.ToLower(err.Error()), "permissions violation") {
+			t.Fatalf("Claim %d denied, the application's violation last: %v, want the store's permissions violation, not an outage", i, err)
+		}
+	}
+
+	// Through a fail-open middleware whose store calls time out after 1s.
+	mw, err := middleware.New(middleware.Config{Store: s, Policy: dedup.Policy{
+		Lease: time.Minute, Retention: time.Hour, StoreTimeout: time.Second, OnStoreError: dedup.FailOpen, Logger: watermill.NopLogger{}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ran := 0
+	h := mw.Middleware(func(*message.Message) ([]*message.Message, error) { ran++; return nil, nil })
+	for range 3 {
+		if _, err := h(message.NewMessage(watermill.NewUUID(), []byte("p"))); err == nil {
+			t.Fatal("a message acked while the store is denied")
+		}
+	}
+	if ran != 0 {
+		t.Fatalf("FailOpen with the store's permissions removed: %d of 3 handlers ran unprotected", ran)
+	}
+}
+
+// TestAccountWithoutJetStreamIsNotAnOutage: the user is moved at a
+// config reload to an account without JetStream. The server lets the
+// connection in again, and nothing answers the store's requests (no
+// responders): JetStream says the account has none (10039), a setting to
+// fix, not an outage (which FailOpen would run handlers through until it
+// is fixed).
+func TestAccountWithoutJetStreamIsNotAnOutage(t *testing.T) {
+	conf := func(aliceIn string) string {
+		a, b := "", ""
+		if aliceIn == "A" {
+			a = ", {user: alice, password: alice-pw}"
+		} else {
+			b = ", {user: alice, password: alice-pw}"
+		}
+		return "accounts {\n  A: {jetstream: enabled, users: [{user: root, password: root-pw}" + a + "]}\n" +
+			"  B: {users: [{user: bob, password: bob-pw}" + b + "]}\n}\n"
+	}
+	srv := testkit.StartNATSSecureServer(t, conf("A"), nats.UserInfo("root", "root-pw"))
+	cfg := natsstore.Config{Bucket: testBucket()}
+	newStore(t, connect(t, srv.URL(), nats.UserInfo("root", "root-pw")), cfg)
+	nc := connect(t, srv.URL(), nats.UserInfo("alice", "alice-pw"), nats.MaxReconnects(-1), nats.ReconnectWait(20*time.Millisecond),
+		nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
+	s := openAs(t, nc, cfg)
+	if c := claim(t, s, "s", time.Minute, "before"); c.Result != stores.Claimed {
+		t.Fatalf("Claim before the reload = %s", c.Result)
+	}
+	srv.Reload(conf("B"))
+	testkit.WaitFor(t, time.Minute, "the connection up again, in account B", func() bool {
+		return nc.Stats().Reconnects > 0 && nc.IsConnected()
+	})
+	refusedCalls(t, s, 3, "jetstream not enabled for account")
+	for i := range 2 {
+		_, err := s.Claim(context.Background(), "s", []string{"b" + string(rune('a'+i))}, time.Minute)
+		if !errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount) {
+			t.Fatalf("Claim in an account without JetStream: %v, want jetstream.ErrJetStreamNotEnabledForAccount", err)
+		}
+	}
+	if ran, err := testkit.FailOpenRun(t, s, 3); ran != 0 || err == nil {
+		t.Fatalf("FailOpen in an account without JetStream: %d of 3 handlers ran unprotected, last error %v", ran, err)
 	}
 }

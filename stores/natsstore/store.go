@@ -63,6 +63,9 @@ type Store struct {
 	// the value's head and room for the message headers.
 	maxData int
 	watch   *connWatch
+	// violations are the permissions violations the server reported
+	// that name the store's subjects (perms.go).
+	violations *violationWatch
 
 	closed    atomic.Bool
 	closeOnce sync.Once
@@ -96,9 +99,15 @@ var _ stores.Store = (*Store)(nil)
 // shorter than the config needs ([ErrBucketConfig]). ctx bounds that.
 //
 // The store follows the connection's status: while nats.go is
-// reconnecting, calls fail at once with stores.ErrUnavailable instead of
-// being buffered, and calls in flight when the connection drops fail so
-// too instead of waiting for their deadline.
+// reconnecting, calls fail at once instead of being buffered, and calls
+// in flight when the connection drops fail so too instead of waiting for
+// their deadline: with stores.ErrUnavailable when no server of the
+// connection's pool can be reached (a dial refused or timed out, a
+// server that accepts and does not speak), else with ErrRefused or
+// ErrNotConnected (see connWatch). New wraps the connection's async
+// error handler (nc.SetErrorHandler: the one set before still gets every
+// error) to see the permissions violations the server reports on it,
+// which a shared connection's own violations would hide from LastError.
 func New(ctx context.Context, nc *nats.Conn, cfg Config) (*Store, error) {
 	if nc == nil {
 		return nil, errors.New("natsstore: the NATS connection is nil")
@@ -165,7 +174,9 @@ func newStore(ctx context.Context, nc *nats.Conn, own bool, cfg Config) (*Store,
 	}
 	s.maxData = maxData(limit)
 	s.bgCtx, s.bgCancel = context.WithCancel(context.Background())
+	s.violations = watchViolations(nc, s.namesStoreSubject)
 	s.watch = newConnWatch(nc)
+	s.watch.violations = s.violations
 	return s, nil
 }
 
@@ -283,6 +294,7 @@ func (s *Store) Close(ctx context.Context) error {
 		}
 		s.bgCancel()
 		s.watch.stop()
+		s.violations.stop()
 		if s.ownConn {
 			s.nc.Close()
 		}
