@@ -85,8 +85,9 @@
 //     its permissions, a bad argument) never is, even when it shows up as
 //     a reset, an EOF or a timeout (a server resetting the connection
 //     before the client read its TLS alert, closing it after a failed
-//     authentication); nor is the next reset of a server that refused the
-//     client once.
+//     authentication); nor is a connection the server closed while a new
+//     one still gets an answer: a broken connection is an outage only
+//     when the backend is found down.
 //   - The caller's context ended: the error wraps [context.Canceled] or
 //     [context.DeadlineExceeded]. A call made with a context already done
 //     fails so, before any I/O, and changes nothing; one whose context
