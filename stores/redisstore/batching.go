@@ -289,6 +289,6 @@ func (s *Store) undoOrphans(ctx context.Context, calls []*batch.Call[op, any]) {
 		ops = append(ops, undoOf(err)...) // a claim not replicated
 	}
 	if len(ops) > 0 {
-		s.runPipelined(ctx, ops)
+		s.runEachNode(ctx, ops)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -183,7 +184,43 @@ func (s *Store) giveBackLater(undo []op, lease time.Duration) <-chan struct{} {
 			}
 		}
 	}
-	return s.background(bound, func(ctx context.Context) { s.runPipelined(ctx, undo) })
+	return s.background(bound, func(ctx context.Context) { s.runEachNode(ctx, undo) })
+}
+
+// runEachNode is runPipelined with one pipeline per node (the node of each
+// op's key, in Cluster and Ring), the nodes at once: a node slow to
+// answer, or that must be sent a script again (NOSCRIPT), holds up its own
+// ops only. The give-backs use it.
+func (s *Store) runEachNode(ctx context.Context, ops []op) ([]any, []error) {
+	if !s.sharded || len(ops) < 2 {
+		return s.runPipelined(ctx, ops)
+	}
+	groups := map[string][]int{}
+	for i, o := range ops {
+		addr := s.nodeAddr(ctx, o.firstKey())
+		groups[addr] = append(groups[addr], i)
+	}
+	if len(groups) == 1 {
+		return s.runPipelined(ctx, ops)
+	}
+	vals, errs := make([]any, len(ops)), make([]error, len(ops))
+	var wg sync.WaitGroup
+	for _, idx := range groups {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			part := make([]op, len(idx))
+			for j, i := range idx {
+				part[j] = ops[i]
+			}
+			v, e := s.runPipelined(ctx, part)
+			for j, i := range idx {
+				vals[i], errs[i] = v[j], e[j]
+			}
+		}()
+	}
+	wg.Wait()
+	return vals, errs
 }
 
 // undoOps returns the ops that undo a claim of heldKeys under token, whose
@@ -373,7 +410,7 @@ func (s *Store) putBack(ctx context.Context, rkeys []string, ops []op, snaps []s
 	}
 	var first error
 	done := s.background(time.Duration(ttl)*time.Millisecond, func(ctx context.Context) {
-		_, errs := s.runPipelined(ctx, undo)
+		_, errs := s.runEachNode(ctx, undo)
 		for _, err := range errs {
 			first = firstNonNil(first, err)
 		}

@@ -79,6 +79,10 @@ func TestCluster(t *testing.T) {
 		testUndoNeverHoldsTheCaller(t, cc.Options().Addrs)
 	})
 
+	t.Run("UndoWaitsForNoOtherNode", func(t *testing.T) {
+		testUndoWaitsForNoOtherNode(t, cc.Options().Addrs)
+	})
+
 	t.Run("FailedClaimKeepsExpiredLease", func(t *testing.T) {
 		testFailedMultiKeyClaimKeepsExpiredLease(t, cc, newStore(t, cc, redisstore.Config{}))
 	})

@@ -134,3 +134,101 @@ func onTwoNodes(t *testing.T, cc *redis.ClusterClient, s *redisstore.Store, scop
 	t.Fatal("no two keys on two nodes")
 	return "", ""
 }
+
+// testUndoWaitsForNoOtherNode: a multi-key claim over three nodes that
+// takes its first two keys and finds the third held gives the two back,
+// each on its node; a node that takes as long as the test likes to answer
+// (here: until the test lets it) holds up the give-back of its own key
+// only. The other key is given back while that node still holds its
+// own, also when its node must be sent the script again (NOSCRIPT: it
+// has not cached it, as after a failover or a restart).
+func testUndoWaitsForNoOtherNode(t *testing.T, addrs []string) {
+	h := &undoHook{entered: make(chan struct{}), release: make(chan struct{})}
+	released := false
+	release := func() {
+		if !released {
+			released = true
+			close(h.release)
+		}
+	}
+	t.Cleanup(release)
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, ContextTimeoutEnabled: true})
+	cc.OnNewNode(func(c *redis.Client) { c.AddHook(h) })
+	t.Cleanup(func() { _ = cc.Close() })
+	ctx := context.Background()
+	for _, batch := range []redisstore.BatchConfig{{}, {Disabled: true}} {
+		s, err := redisstore.New(cc, redisstore.Config{Prefix: testPrefix(t, cc), SkipServerCheck: true, Batch: batch})
+		if err != nil {
+			t.Fatal(err)
+		}
+		keys := ascendingOnThreeNodes(t, cc, s, "h")
+		// The third key is held: the claim gives back the first two.
+		if _, err := s.Claim(ctx, "h", keys[2:], time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		h.key = s.EncodeKey("h", keys[1]) // its node holds its give-back
+		first, err := cc.MasterForKey(ctx, s.EncodeKey("h", keys[0]))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := first.ScriptFlush(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		// The caller (no deadline) waits for its give-backs, the held
+		// one too.
+		type answer struct {
+			c   *stores.Claim
+			err error
+		}
+		done := make(chan answer, 1)
+		go func() {
+			c, err := s.Claim(ctx, "h", keys, time.Minute)
+			done <- answer{c, err}
+		}()
+		select {
+		case <-h.entered: // the second key's give-back, held by its node
+		case a := <-done:
+			t.Fatalf("Claim(%q), the third held = %v, %v before the second key's give-back went out", keys, a.c, a.err)
+		}
+		testkit.WaitFor(t, time.Minute, "the first key given back while the second key's node holds its own give-back", func() bool {
+			n, err := first.Exists(ctx, s.EncodeKey("h", keys[0])).Result()
+			return err == nil && n == 0
+		})
+		release()
+		if a := <-done; a.err != nil || a.c.Result != stores.InProgress {
+			t.Fatalf("Claim(%q), the third held = %v, %v; want in progress", keys, a.c, a.err)
+		}
+		testkit.WaitFor(t, time.Minute, "the second key given back", func() bool {
+			c, err := s.Claim(ctx, "h", keys[1:2], time.Minute)
+			return err == nil && c.Result == stores.Claimed
+		})
+		if err := s.Close(ctx); err != nil {
+			t.Fatal(err)
+		}
+		h.entered, h.once, h.release, released = make(chan struct{}), sync.Once{}, make(chan struct{}), false
+	}
+}
+
+// ascendingOnThreeNodes returns three keys whose records in scope are on
+// three different nodes, in ascending order of their Redis keys.
+func ascendingOnThreeNodes(t *testing.T, cc *redis.ClusterClient, s *redisstore.Store, scope string) []string {
+	t.Helper()
+	ctx := context.Background()
+	node := func(k string) string {
+		c, err := cc.MasterForKey(ctx, s.EncodeKey(scope, k))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c.Options().Addr
+	}
+	for range 10000 {
+		// Ids of their own: CRC16 is linear, so keys that differ in one
+		// byte are a fixed number of slots apart.
+		keys := []string{"a-" + storetest.NewID(), "b-" + storetest.NewID(), "c-" + storetest.NewID()}
+		if a, b, c := node(keys[0]), node(keys[1]), node(keys[2]); a != b && b != c && a != c {
+			return keys
+		}
+	}
+	t.Fatal("no three keys on three nodes")
+	return nil
+}
