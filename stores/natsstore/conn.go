@@ -2,6 +2,7 @@ package natsstore
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -240,6 +241,14 @@ func (w *connWatch) probeServers() error {
 	}
 	servers := w.nc.Servers()
 	if len(servers) == 0 {
+		// A connection closed after its reconnects ran out has emptied
+		// its pool: the servers it was given.
+		servers = w.nc.Opts.Servers
+		if len(servers) == 0 && w.nc.Opts.Url != "" {
+			servers = strings.Split(w.nc.Opts.Url, ",")
+		}
+	}
+	if len(servers) == 0 {
 		return nil
 	}
 	results := make(chan error, len(servers))
@@ -285,27 +294,35 @@ func (w *connWatch) probeServer(ctx context.Context, srv string) error {
 		return err
 	}
 	defer c.Close()
-	scheme := strings.ToLower(u.Scheme)
-	if scheme == "ws" || scheme == "wss" || w.nc.Opts.TLSHandshakeFirst {
-		// The server waits for the client's first word (an HTTP
-		// upgrade, a TLS handshake): the dial is all there is to tell.
-		return nil
-	}
 	if deadline, ok := ctx.Deadline(); ok {
-		_ = c.SetReadDeadline(deadline)
+		_ = c.SetDeadline(deadline)
 	}
-	stop := context.AfterFunc(ctx, func() { _ = c.SetReadDeadline(time.Now()) })
+	stop := context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Now()) })
 	defer stop()
-	if _, err := c.Read(make([]byte, 1)); err != nil {
-		var ne net.Error
-		if errors.As(err, &ne) && ne.Timeout() {
-			// Accepted (by the kernel), but the server does not speak:
-			// hung, stopped, overloaded.
-			return fmt.Errorf("%s: %w: the server accepted the connection and sent nothing: %w", host, errServerDown, err)
+	// The server's first word: its INFO; under TLS first (wss, or the
+	// connection's TLSHandshakeFirst) its side of a handshake; over a
+	// websocket, its answer to an HTTP request.
+	scheme := strings.ToLower(u.Scheme)
+	if scheme == "wss" || w.nc.Opts.TLSHandshakeFirst {
+		// Only whether the server speaks: nothing is sent after the
+		// handshake, and a certificate it has is not checked here.
+		tc := tls.Client(c, &tls.Config{InsecureSkipVerify: true, ServerName: u.Hostname()}) //nolint:gosec // a probe
+		err = tc.HandshakeContext(ctx)
+	} else {
+		if scheme == "ws" {
+			_, err = c.Write([]byte("GET / HTTP/1.1\r\nHost: " + host + "\r\n\r\n"))
 		}
-		return err
+		if err == nil {
+			_, err = c.Read(make([]byte, 1))
+		}
 	}
-	return nil
+	var ne net.Error
+	if err != nil && errors.As(err, &ne) && ne.Timeout() {
+		// Accepted (by the kernel), but the server does not speak:
+		// hung, stopped, overloaded.
+		return fmt.Errorf("%s: %w: the server accepted the connection and said nothing: %w", host, errServerDown, err)
+	}
+	return nil // it answered (whatever it said)
 }
 
 // dial opens a TCP connection to host as nats.go would: with the

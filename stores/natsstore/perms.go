@@ -2,9 +2,11 @@ package natsstore
 
 import (
 	"errors"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"weak"
 
 	"github.com/nats-io/nats.go"
 )
@@ -13,19 +15,35 @@ import (
 // denied publish or subscription gets no answer but that report, sent to
 // the connection's async error handler and kept as its LastError: a
 // single error, which the application's own violations on a shared
-// connection replace. So each store wraps the connection's error handler
-// when it is made (the handler set before, nats.go's default or the
-// application's, still gets every error, after the store's look) and
-// keeps the last violation that names its subjects. A closed store's
-// wrapper only passes the errors on. A handler the application sets
-// later with SetErrorHandler replaces the stores' (unless it calls the
-// one it replaces): they then see LastError alone.
+// connection replace. So the first store made on a connection wraps its
+// error handler (the handler set before, nats.go's default or the
+// application's, still gets every error, after the store's look), once
+// for all the stores on it; each store keeps the last violation naming
+// its subjects, and stops looking when it is closed. A handler the
+// application sets later with SetErrorHandler replaces the wrapper
+// (unless it calls the one it replaces): the stores then see LastError
+// alone.
+//
+// The wrappers are found by connection in a table of the package, which
+// holds each connection weakly (its entry goes with it): nats.Conn has
+// no room for a value of ours, and a wrapper per store would stack up
+// on a connection that outlives its stores, and could be lost when two
+// stores are made at once (reading and setting the handler are two
+// calls).
+
+// connViolations is the log of one connection's violations, shared by
+// the stores on it. Its method handle is the connection's error handler.
+type connViolations struct {
+	mu       sync.Mutex
+	watchers map[*violationWatch]struct{}
+	next     nats.ErrHandler // the handler handle wraps
+}
 
 // violationWatch is a store's view of its connection's violations.
 type violationWatch struct {
-	match   func(msg string) bool // names the store's subjects
-	stopped atomic.Bool
-	seq     atomic.Uint64 // violations matched so far
+	log   *connViolations
+	match func(msg string) bool // names the store's subjects
+	seq   atomic.Uint64         // violations matched so far
 
 	mu   sync.Mutex
 	last error // the last violation matched
@@ -36,31 +54,55 @@ type violationWatch struct {
 	gen uint64
 }
 
+// violationLogs maps a connection (weakly) to its log.
+var violationLogs sync.Map // weak.Pointer[nats.Conn] -> *connViolations
+
 // watchViolations has the store, whose subjects match tells, see nc's
-// violations from now on: it wraps nc's error handler.
+// violations from now on.
 func watchViolations(nc *nats.Conn, match func(string) bool) *violationWatch {
-	w := &violationWatch{match: match}
-	next := nc.ErrorHandler()
-	nc.SetErrorHandler(func(c *nats.Conn, sub *nats.Subscription, err error) {
-		if !w.stopped.Load() {
-			w.note(c, err)
-		}
-		if next != nil {
-			next(c, sub, err)
-		}
-	})
+	key := weak.Make(nc)
+	v, loaded := violationLogs.LoadOrStore(key, &connViolations{watchers: map[*violationWatch]struct{}{}})
+	log := v.(*connViolations)
+	if !loaded {
+		runtime.AddCleanup(nc, func(k weak.Pointer[nats.Conn]) { violationLogs.Delete(k) }, key)
+		log.mu.Lock()
+		log.next = nc.ErrorHandler()
+		nc.SetErrorHandler(log.handle)
+		log.mu.Unlock()
+	}
+	w := &violationWatch{log: log, match: match}
+	log.mu.Lock()
+	log.watchers[w] = struct{}{}
+	log.mu.Unlock()
 	return w
 }
 
-// stop ends w: its wrapper passes the errors on and looks at none.
-func (w *violationWatch) stop() { w.stopped.Store(true) }
+// stop ends w: the store no longer looks at the connection's errors.
+func (w *violationWatch) stop() {
+	w.log.mu.Lock()
+	delete(w.log.watchers, w)
+	w.log.mu.Unlock()
+}
 
-// note records err when it is a permissions violation naming the
-// store's subjects.
-func (w *violationWatch) note(nc *nats.Conn, err error) {
-	if !errors.Is(err, nats.ErrPermissionViolation) {
-		return
+// handle notes err in the watches, then hands it to the handler it
+// wraps.
+func (l *connViolations) handle(nc *nats.Conn, sub *nats.Subscription, err error) {
+	l.mu.Lock()
+	next := l.next
+	if errors.Is(err, nats.ErrPermissionViolation) {
+		for w := range l.watchers {
+			w.note(nc, err)
+		}
 	}
+	l.mu.Unlock()
+	if next != nil {
+		next(nc, sub, err)
+	}
+}
+
+// note records err, a permissions violation, when it names the store's
+// subjects.
+func (w *violationWatch) note(nc *nats.Conn, err error) {
 	msg := err.Error()
 	if !w.match(msg) {
 		return

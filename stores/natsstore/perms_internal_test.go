@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/nats-io/nats.go"
@@ -13,8 +14,8 @@ import (
 // server reports on its connection through the error handler it wraps
 // (the application's still gets each one), keeps the last one naming its
 // subjects, and tells it from the application's own that came after;
-// each store on the connection wraps it, and a closed one only passes
-// the errors on.
+// the stores on one connection, made one after the other or at once,
+// wrap it once, and a closed one no longer looks.
 func TestViolationWatch(t *testing.T) {
 	nc := &nats.Conn{}
 	var app []error
@@ -41,21 +42,39 @@ func TestViolationWatch(t *testing.T) {
 		t.Fatalf("deniedSince now = %v, want none", got)
 	}
 
-	// A second store on the connection wraps the handler again: each
-	// store sees the violation, the application's handler gets it once.
+	// A second store on the connection: the handler is wrapped once (the
+	// application's handler gets each error once), and each store sees
+	// the violation.
 	w2 := watchViolations(nc, ours)
-	defer w2.stop()
 	since, since2 := w.now(), w2.now()
 	nc.ErrorHandler()(nc, nil, store)
 	if got := w2.deniedSince(nc, since2, true); !errors.Is(got, store) || len(app) != 4 || w.now() != since+1 {
 		t.Fatalf("a second store: deniedSince = %v, the application's handler got %d errors, the first store counted %d; want the violation, 4, 1", got, len(app), w.now()-since)
 	}
-	// A closed store's wrapper passes the errors on and notes none.
+	// A closed store no longer looks, and nothing is wrapped again.
 	w2.stop()
 	since, since2 = w.now(), w2.now()
 	nc.ErrorHandler()(nc, nil, store)
 	if w2.now() != since2 || w.now() != since+1 || len(app) != 5 {
 		t.Fatalf("after the second store closed: it counted %d, the first %d, the application got %d errors; want 0, 1, 5", w2.now()-since2, w.now()-since, len(app))
+	}
+	// Many stores made at once on one connection: every one sees the
+	// violations, and the handler is wrapped once.
+	var many [64]*violationWatch
+	var wg sync.WaitGroup
+	for i := range many {
+		wg.Go(func() { many[i] = watchViolations(nc, ours) })
+	}
+	wg.Wait()
+	nc.ErrorHandler()(nc, nil, store)
+	for i, m := range many {
+		if m.now() != 1 {
+			t.Fatalf("store %d of %d made at once counted %d violations, want 1", i, len(many), m.now())
+		}
+		m.stop()
+	}
+	if len(app) != 6 {
+		t.Fatalf("the application's handler got %d errors, want 6: wrapped more than once", len(app))
 	}
 	// A refused subscription to the replies' inbox stays refused on the
 	// connection (which is not up here: no longer).

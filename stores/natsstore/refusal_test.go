@@ -3,6 +3,7 @@ package natsstore_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"strings"
 	"sync"
@@ -470,4 +471,56 @@ func TestAccountWithoutJetStreamIsNotAnOutage(t *testing.T) {
 	if ran, err := testkit.FailOpenRun(t, s, 3); ran != 0 || err == nil {
 		t.Fatalf("FailOpen in an account without JetStream: %d of 3 handlers ran unprotected, last error %v", ran, err)
 	}
+}
+
+// TestServerGoneForGoodIsAnOutage: nats.go gives up on a server killed
+// for good after its MaxReconnects and closes the connection, emptying
+// its server pool: every call is then an outage still, the store asking
+// the servers the connection was given.
+func TestServerGoneForGoodIsAnOutage(t *testing.T) {
+	srv := testkit.StartNATS(t, "")
+	closed := make(chan struct{})
+	nc := connect(t, srv.URL(), nats.MaxReconnects(2), nats.ReconnectWait(20*time.Millisecond), nats.ReconnectJitter(0, 0),
+		nats.ClosedHandler(func(*nats.Conn) { close(closed) }), nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
+	s := openAs(t, nc, natsstore.Config{Bucket: testBucket()})
+	if c := claim(t, s, "s", time.Minute, "before"); c.Result != stores.Claimed {
+		t.Fatalf("Claim before the kill = %s", c.Result)
+	}
+	srv.Kill()
+	<-closed
+	outageCalls(t, s, "the connection closed after its reconnects ran out")
+}
+
+// TestHungServerIsAnOutage: a server that accepts connections (its
+// kernel does) and says nothing, stopped with SIGSTOP, over nats:// and
+// over a websocket: every call is an outage once the connection is not
+// up, never ErrNotConnected.
+func TestHungServerIsAnOutage(t *testing.T) {
+	ws := freePort(t)
+	srv := testkit.StartNATS(t, fmt.Sprintf("websocket {\n  listen: \"127.0.0.1:%d\"\n  no_tls: true\n}\n", ws))
+	for _, url := range []string{srv.URL(), fmt.Sprintf("ws://127.0.0.1:%d", ws)} {
+		t.Run(strings.SplitN(url, ":", 2)[0], func(t *testing.T) {
+			nc := connect(t, url, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond), nats.Timeout(time.Second),
+				nats.PingInterval(100*time.Millisecond), nats.MaxPingsOutstanding(2),
+				nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
+			s := openAs(t, nc, natsstore.Config{Bucket: testBucket()})
+			srv.Pause()
+			t.Cleanup(srv.Resume)
+			testkit.WaitFor(t, time.Minute, "the connection found stale", func() bool { return !nc.IsConnected() })
+			outageCalls(t, s, "the server hung")
+			srv.Resume()
+			testkit.WaitFor(t, time.Minute, "the connection up again", nc.IsConnected)
+		})
+	}
+}
+
+// freePort returns a loopback port free a moment ago.
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = ln.Close() }()
+	return ln.Addr().(*net.TCPAddr).Port
 }
