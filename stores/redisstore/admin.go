@@ -67,7 +67,7 @@ func (s *Store) GetByID(ctx context.Context, id string) (stores.Record, error) {
 func (s *Store) get(ctx context.Context, rkey, what string) (stores.Record, error) {
 	v, err := s.runPlain(ctx, op{script: readScript, keys: []string{rkey}})
 	if err != nil {
-		return stores.Record{}, fmt.Errorf("redisstore: get: %w", s.classify(err))
+		return stores.Record{}, fmt.Errorf("redisstore: get: %w", s.classifyCall(ctx, err))
 	}
 	value, pttl, ok, err := parseRead(v)
 	if err != nil {
@@ -115,7 +115,7 @@ func (s *Store) delete(ctx context.Context, rkey string, want stores.RecordState
 	}
 	v, err := s.runPlain(ctx, op{script: deleteStateScript, keys: []string{rkey}, args: []any{arg}})
 	if err != nil {
-		return stores.Record{}, fmt.Errorf("redisstore: delete: %w", s.classify(err))
+		return stores.Record{}, fmt.Errorf("redisstore: delete: %w", s.classifyCall(ctx, err))
 	}
 	a, ok := v.([]any)
 	if !ok {
@@ -218,7 +218,7 @@ func (s *Store) List(ctx context.Context, opts stores.ListOptions) ([]stores.Rec
 				// the SCAN goes on from at afterwards (0: it was done).
 				keys, next, pending = pending, at, nil
 			} else if keys, next, err = n.client.Scan(ctx, at, pattern, count).Result(); err != nil {
-				return nil, "", fmt.Errorf("redisstore: list: scan %s: %w", n.addr, s.classify(err))
+				return nil, "", fmt.Errorf("redisstore: list: scan %s: %w", n.addr, s.classifyCall(ctx, err))
 			}
 			recs, err := s.readAll(ctx, keys)
 			if err != nil {
@@ -300,7 +300,7 @@ func (s *Store) Stats(ctx context.Context) (stores.Stats, error) {
 		for {
 			keys, next, err := n.client.Scan(ctx, at, pattern, scanCount).Result()
 			if err != nil {
-				return stores.Stats{}, fmt.Errorf("redisstore: stats: scan %s: %w", n.addr, s.classify(err))
+				return stores.Stats{}, fmt.Errorf("redisstore: stats: scan %s: %w", n.addr, s.classifyCall(ctx, err))
 			}
 			keys = slices.DeleteFunc(keys, func(k string) bool {
 				if s.isRecordKey(k) {
@@ -317,7 +317,7 @@ func (s *Store) Stats(ctx context.Context) (stores.Stats, error) {
 			now := msNow()
 			for i, k := range keys {
 				if errs[i] != nil {
-					return stores.Stats{}, fmt.Errorf("redisstore: stats: key %q: %w", printable(k), s.classify(errs[i]))
+					return stores.Stats{}, fmt.Errorf("redisstore: stats: key %q: %w", printable(k), s.classifyCall(ctx, errs[i]))
 				}
 				p, ok := vals[i].([]any)
 				if !ok || (len(p) != 0 && len(p) != 3) {
@@ -508,7 +508,7 @@ func (s *Store) readAll(ctx context.Context, keys []string) ([]*stores.Record, e
 	for j, i := range at {
 		k := keys[i]
 		if errs[j] != nil {
-			return nil, fmt.Errorf("key %q: %w", printable(k), s.classify(errs[j]))
+			return nil, fmt.Errorf("key %q: %w", printable(k), s.classifyCall(ctx, errs[j]))
 		}
 		value, pttl, ok, err := parseRead(vals[j])
 		if err != nil {
@@ -555,7 +555,7 @@ func (s *Store) nodes(ctx context.Context) ([]node, error) {
 		return nil, fmt.Errorf("%w: cannot SCAN the nodes of a %T", stores.ErrNotSupported, s.client)
 	}
 	if err != nil {
-		return nil, s.classify(err)
+		return nil, s.classifyCall(ctx, err)
 	}
 	slices.SortFunc(nodes, func(a, b node) int { return cmp.Compare(a.addr, b.addr) })
 	return nodes, nil

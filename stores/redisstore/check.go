@@ -165,14 +165,15 @@ func protoMaxBulkLen(ctx context.Context, c redis.Cmdable) (int64, error) {
 const leastBulkLen = 1 << 20
 
 // tooLargeAfter tells, for a Complete of data that failed with err (an
-// outage), whether the server refused the data as too long: Redis
-// answers an argument over its proto-max-bulk-len with an error and
-// closes the connection, and a client still writing the argument then
-// sees the connection reset, not the answer. So when the data could be
+// outage, or a connection that broke), whether the server refused the
+// data as too long: Redis answers an argument over its
+// proto-max-bulk-len with an error and closes the connection, and a
+// client still writing the argument then sees the connection reset, not
+// the answer. So when the data could be
 // over a node's limit, the store reads the limits, and refuses data over
 // them from then on before any I/O.
 func (s *Store) tooLargeAfter(ctx context.Context, data []byte, err error) error {
-	if !errors.Is(err, stores.ErrUnavailable) || len(data)+1 <= leastBulkLen || ctx.Err() != nil {
+	if !(errors.Is(err, stores.ErrUnavailable) || connLost(err)) || len(data)+1 <= leastBulkLen || ctx.Err() != nil {
 		return err
 	}
 	var (
@@ -193,6 +194,7 @@ func (s *Store) tooLargeAfter(ctx context.Context, data []byte, err error) error
 	if least-1 < int64(s.cfg.MaxData) {
 		s.serverMaxData.Store(least - 1)
 	}
-	// The outage is not wrapped: it is not one.
+	// The outage, if the store took it for one, is not wrapped: it is
+	// not one.
 	return fmt.Errorf("redisstore: complete: %w: %d bytes of data, the server takes at most %d (its proto-max-bulk-len is below Config.MaxData), and closed the connection on it (%v)", stores.ErrTooLarge, len(data), least-1, err)
 }

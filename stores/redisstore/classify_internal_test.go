@@ -2,12 +2,20 @@ package redisstore
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"errors"
 	"fmt"
 	"io"
 	"math"
+	"math/big"
 	"net"
 	"os"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -78,60 +86,227 @@ func TestMSRoundsUpWithoutOverflow(t *testing.T) {
 }
 
 // TestClassifyConnectionErrors: an error is an outage only when it is
-// known to be one. A dial refused or timed out, a timeout, an
-// unreachable network are; a reset or an EOF is only from a server that
-// has answered the store and not refused it since (a server that turns
-// a client away closes its connection too); a TLS alert, a name that
-// does not resolve, a connection the client closed never are.
+// known to be one, each error on its own, whatever the store heard
+// before. A dial refused or timed out, a timeout, an unreachable network
+// are; a TLS handshake that failed either way, and the server's refusal
+// of the client's credentials or permissions, are refusals (ErrRefused);
+// a name that does not resolve, the client closed by its owner, the
+// caller's context are neither. A reset or an EOF is confirmed by a new
+// connection to the server: an outage when nothing listens there, a
+// refusal when the server refuses the new one too, and no known outage
+// when the server answers it, or takes it and closes it without a reply.
 func TestClassifyConnectionErrors(t *testing.T) {
 	op := func(o string, err error) error {
 		return &net.OpError{Op: o, Net: "tcp", Err: err}
 	}
-	reset := op("write", os.NewSyscallError("write", syscall.ECONNRESET))
-	readReset := op("read", os.NewSyscallError("read", syscall.ECONNRESET))
-	alert := op("remote error", errors.New("tls: certificate required"))
-	always := []error{
+	outages := []error{
 		op("dial", os.NewSyscallError("connect", syscall.ECONNREFUSED)),
 		op("dial", os.NewSyscallError("connect", syscall.EHOSTUNREACH)),
 		op("dial", &net.DNSError{Err: "i/o timeout", Name: "redis", IsTimeout: true}),
+		op("dial", context.DeadlineExceeded), // net's dial timeout is context.DeadlineExceeded too
 		op("read", os.ErrDeadlineExceeded),
 		op("write", os.NewSyscallError("write", syscall.ENETUNREACH)),
 		redis.ErrPoolTimeout,
 	}
-	never := []error{
+	refusals := []error{
+		op("remote error", errors.New("tls: certificate required")),
 		op("local error", errors.New("tls: bad record MAC")),
+		tls.RecordHeaderError{Msg: "first record does not look like a TLS handshake"},
+		&tls.CertificateVerificationError{Err: x509.UnknownAuthorityError{}},
+		replyError("WRONGPASS invalid username-password pair or user is disabled."),
+		replyError("NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the client and select the RESP protocol version at the same time"),
+		replyError("NOPERM User dedup has no permissions to run the 'evalsha' command"),
+	}
+	neither := []error{
 		op("dial", &net.DNSError{Err: "no such host", Name: "redis", IsNotFound: true}),
-		net.ErrClosed,
 		redis.ErrClosed,
 		context.DeadlineExceeded,
+		context.Canceled,
 	}
-	known := []error{reset, readReset, io.EOF, io.ErrUnexpectedEOF, op("write", os.NewSyscallError("write", syscall.EPIPE))}
+	broken := []error{
+		op("write", os.NewSyscallError("write", syscall.ECONNRESET)),
+		os.NewSyscallError("write", syscall.ECONNRESET), // go-redis unwraps a connection's setup error once
+		op("read", os.NewSyscallError("read", syscall.ECONNRESET)),
+		io.EOF, io.ErrUnexpectedEOF,
+		op("write", os.NewSyscallError("write", syscall.EPIPE)),
+		net.ErrClosed,
+		op("dial", os.NewSyscallError("connect", syscall.ECONNRESET)), // accepted, then closed: no dial refused
+	}
+	type class int
+	const (
+		unclassified class = iota
+		outage
+		refusal
+	)
+	classOf := func(err error) class {
+		switch {
+		case errors.Is(err, stores.ErrUnavailable):
+			return outage
+		case errors.Is(err, ErrRefused):
+			return refusal
+		}
+		return unclassified
+	}
+	names := []string{"unclassified", "an outage", "a refusal"}
+	check := func(s *Store, when string, err error, want class) {
+		t.Helper()
+		got := s.classifyCall(context.Background(), fmt.Errorf("evalsha: %w", err))
+		if c := classOf(got); c != want {
+			t.Errorf("%s: %v: %v is %s, want %s", when, err, got, names[c], names[want])
+		}
+		if errors.Is(got, ErrRefused) && errors.Is(got, stores.ErrUnavailable) {
+			t.Errorf("%s: %v is both a refusal and an outage", when, got)
+		}
+	}
+	all := func(s *Store, when string, broke class) {
+		t.Helper()
+		for _, err := range outages {
+			check(s, when, err, outage)
+		}
+		for _, err := range refusals {
+			check(s, when, err, refusal)
+		}
+		for _, err := range neither {
+			check(s, when, err, unclassified)
+		}
+		for _, err := range broken {
+			check(s, when, err, broke)
+		}
+		// What the store heard before changes nothing.
+		for _, heard := range []error{nil, redis.Nil, replyError("NOPERM no"), refusals[0], broken[0]} {
+			s.heard(heard)
+			check(s, when+", after "+fmt.Sprint(heard), broken[0], broke)
+		}
+	}
+	store := func(opts *redis.Options) *Store {
+		c := redis.NewClient(opts)
+		t.Cleanup(func() { _ = c.Close() })
+		return &Store{client: c}
+	}
 
-	s := &Store{}
-	check := func(when string, err error, want bool) {
-		t.Helper()
-		if got := errors.Is(s.classify(fmt.Errorf("evalsha: %w", err)), stores.ErrUnavailable); got != want {
-			t.Errorf("%s: classify(%v) is an outage: %v, want %v", when, err, got, want)
+	all(store(&redis.Options{Addr: closedPort(t), DialTimeout: time.Second}), "nothing listens any more", outage)
+	all(store(&redis.Options{Addr: fakeServer(t, func(c net.Conn) {
+		_, _ = c.Read(make([]byte, 64))
+		_, _ = c.Write([]byte("+PONG\r\n"))
+	}), DialTimeout: time.Second}), "the server answers a new connection", unclassified)
+	all(store(&redis.Options{Addr: fakeServer(t, func(c net.Conn) {}), DialTimeout: time.Second}),
+		"the server takes a new connection and closes it", unclassified)
+	cfg, refusing := tlsRefuser(t)
+	all(store(&redis.Options{Addr: refusing, TLSConfig: cfg, DialTimeout: time.Second}),
+		"the server refuses a new connection's certificate", refusal)
+
+	// Without the call's context (a caller that does not pass it), or
+	// with a cluster and no server named, nothing confirms a broken
+	// connection: no known outage.
+	s := store(&redis.Options{Addr: closedPort(t)})
+	for _, err := range broken {
+		if got := s.classify(err); classOf(got) != unclassified {
+			t.Errorf("%v without the call's context: %v, want unclassified", err, got)
 		}
 	}
-	all := func(when string, want bool) {
-		t.Helper()
-		for _, err := range always {
-			check(when, err, true)
-		}
-		for _, err := range never {
-			check(when, err, false)
-		}
-		for _, err := range known {
-			check(when, err, want)
-		}
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{closedPort(t)}, DialTimeout: time.Second})
+	t.Cleanup(func() { _ = cc.Close() })
+	sharded := &Store{client: cc, sharded: true}
+	check(sharded, "a cluster, the node named", &net.OpError{Op: "read", Net: "tcp", Addr: tcpAddr(t, closedPort(t)), Err: io.EOF}, outage)
+	check(sharded, "a cluster, no node named", io.EOF, unclassified)
+
+	// A confirmation the call's deadline cuts short is that deadline.
+	hung := store(&redis.Options{Addr: fakeServer(t, func(c net.Conn) { _, _ = io.Copy(io.Discard, c) })})
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if got := hung.classifyCall(ctx, io.EOF); !errors.Is(got, context.DeadlineExceeded) || classOf(got) != unclassified {
+		t.Errorf("a confirmation cut short by the call's deadline: %v, want context.DeadlineExceeded", got)
 	}
-	all("before any answer", false)
-	check("before any answer", alert, false)
-	s.heard(replyError("NOPERM no"))
-	all("after an answer", true)
-	check("after an answer", alert, false) // a refusal, remembered
-	all("after a TLS alert", false)
-	s.heard(redis.Nil)
-	all("after an answer again", true)
+}
+
+// closedPort returns a loopback address nothing listens on.
+func closedPort(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	_ = ln.Close()
+	return addr
+}
+
+func tcpAddr(t *testing.T, addr string) *net.TCPAddr {
+	t.Helper()
+	a, err := net.ResolveTCPAddr("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+// fakeServer listens on a loopback port and serves each connection with
+// serve, then closes it.
+func fakeServer(t *testing.T, serve func(net.Conn)) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer c.Close()
+				serve(c)
+			}()
+		}
+	}()
+	t.Cleanup(func() {
+		_ = ln.Close()
+		wg.Wait()
+	})
+	return ln.Addr().String()
+}
+
+// tlsRefuser starts a TLS 1.3 server that requires a client certificate
+// and returns a client configuration that trusts it and has none: the
+// server's alert refuses it.
+func tlsRefuser(t *testing.T) (*tls.Config, string) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "127.0.0.1"},
+		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		IsCA: true, BasicConstraintsValid: true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(cert)
+	server := &tls.Config{
+		Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}},
+		ClientAuth:   tls.RequireAndVerifyClientCert, ClientCAs: pool, MinVersion: tls.VersionTLS13,
+	}
+	addr := fakeServer(t, func(c net.Conn) {
+		tc := tls.Server(c, server)
+		if tc.Handshake() == nil {
+			_, _ = tc.Read(make([]byte, 64))
+		}
+		_ = tc.Close()
+	})
+	return &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS13}, addr
 }

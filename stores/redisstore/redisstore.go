@@ -53,12 +53,8 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
-	"io"
-	"net"
-	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -336,11 +332,6 @@ type Store struct {
 	// single-key claims then always run the claim script.
 	noSetNXGet atomic.Bool
 
-	// answered is set once a server answered the store, and refused
-	// while the last word of one was a refusal (a TLS alert): they tell
-	// a reset that is an outage from one that is a refusal (isOutage).
-	answered, refused atomic.Bool
-
 	// serverMaxData is the most data every node CheckServer read takes
 	// (its proto-max-bulk-len less one), when below Config.MaxData; 0
 	// while unknown or not below.
@@ -465,7 +456,7 @@ func (s *Store) Claim(ctx context.Context, scope string, keys []string, lease ti
 	ctx = s.traced(ctx)
 	r, err := s.claim(ctx, rkeys, token, lease)
 	if err != nil {
-		return nil, fmt.Errorf("redisstore: claim: %w", s.classify(s.cutByWait(ctx, err)))
+		return nil, fmt.Errorf("redisstore: claim: %w", s.classifyCall(ctx, s.cutByWait(ctx, err)))
 	}
 	c := &stores.Claim{Scope: scope, Keys: keys}
 	switch r.result {
@@ -603,7 +594,7 @@ func (s *Store) fenced(ctx context.Context, what string, c *stores.Claim, rkeys 
 	}
 	v, err := s.run(ctx, build(rkeys))
 	if err != nil {
-		return fmt.Errorf("redisstore: %s: %w", what, s.classify(s.cutByWait(ctx, err)))
+		return fmt.Errorf("redisstore: %s: %w", what, s.classifyCall(ctx, s.cutByWait(ctx, err)))
 	}
 	lost, err := parseFenced(v)
 	if err != nil {
@@ -619,143 +610,6 @@ func (s *Store) fenced(ctx context.Context, what string, c *stores.Claim, rkeys 
 // CheckServer read would take.
 func (s *Store) checkData(data []byte) error {
 	return storekit.CheckData(s.Capabilities(), data, s.serverMaxData.Load(), "its proto-max-bulk-len is below Config.MaxData")
-}
-
-// classify marks an error known to be an outage with stores.ErrUnavailable
-// (the class a fail-open consumer runs its handler through, unprotected;
-// see isOutage), and an argument the server refused as too long with
-// stores.ErrTooLarge. Other errors are returned as they are: unclassified,
-// a message's claim that fails with one is nacked.
-func (s *Store) classify(err error) error {
-	switch {
-	case err == nil || errors.Is(err, stores.ErrUnavailable) || errors.Is(err, stores.ErrTooLarge) || errors.Is(err, ErrNotReplicated):
-		return err
-	case isTooLarge(err):
-		return fmt.Errorf("%w: %w", stores.ErrTooLarge, err)
-	case s.isOutage(err):
-		return fmt.Errorf("%w: %w", stores.ErrUnavailable, err)
-	}
-	return err
-}
-
-// isTooLarge reports the reply of a server to an argument longer than its
-// proto-max-bulk-len: the only argument of the store's that can be long
-// is a Complete's data. Redis then closes the connection. Server errors
-// reach go-redis as text only, so the text is matched.
-func isTooLarge(err error) bool {
-	var re redis.Error
-	return errors.As(err, &re) && strings.HasPrefix(re.Error(), "ERR Protocol error: invalid bulk length")
-}
-
-// isWriteRefused reports a server that refuses writes but serves reads:
-// at its maxmemory (OOM), a replica (READONLY), failing to persist
-// (MISCONF).
-func isWriteRefused(err error) bool {
-	var re redis.Error
-	if !errors.As(err, &re) {
-		return false
-	}
-	for _, p := range []string{"OOM", "READONLY", "MISCONF"} {
-		if strings.HasPrefix(re.Error(), p) {
-			return true
-		}
-	}
-	return false
-}
-
-// unavailablePrefixes are the error replies of a Redis that cannot serve
-// now: loading its dataset, a replica or a node without its primary, a
-// cluster that is down or resharding, a script running too long, writes
-// refused for lack of a successful save (a failing disk), too many
-// clients. Not OOM: a Redis at its maxmemory is full, a setting to fix
-// (as a NATS bucket at its limits is), not an outage a fail-open
-// consumer may run through; the write is refused until records expire
-// or maxmemory is raised.
-var unavailablePrefixes = []string{
-	"LOADING", "READONLY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "NOREPLICAS",
-	"BUSY", "MISCONF", "ERR max number of clients",
-}
-
-// isOutage reports an error known to be an outage. Everything else is
-// not known to be one, and a fail-open consumer must not run a handler
-// through it unprotected: the server may be up, holding the record.
-//
-// Known outages: a dial refused, unreachable or timed out before the
-// request went out; a read or write that timed out, or found the
-// network unreachable; no connection from the pool in time; a server
-// that replies it cannot serve now (unavailablePrefixes); and a
-// connection reset or closed (EOF) by a server that has answered this
-// store before and has not refused it since.
-//
-// A reset or an EOF alone says only that the server closed the
-// connection, which is also how a server turns a client away: a TLS 1.3
-// server refuses a client's certificate after the client's side of the
-// handshake is done, with an alert that the close may overtake (the
-// client then reads a reset), and a TLS port closes on a client that
-// speaks plain text (EOF). So from a server that never answered the
-// store, or that refused it (its TLS alert), a reset is a refusal, like
-// the alert itself and like a wrong password: unclassified.
-func (s *Store) isOutage(err error) bool {
-	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-		// The caller's context ended: its own class (context.DeadlineExceeded
-		// is also a net.Error).
-		return false
-	}
-	if errors.Is(err, redis.ErrPoolTimeout) || errors.Is(err, redis.ErrPoolExhausted) {
-		return true
-	}
-	var re redis.Error
-	if errors.As(err, &re) {
-		for _, p := range unavailablePrefixes {
-			if strings.HasPrefix(re.Error(), p) {
-				return true
-			}
-		}
-		return false
-	}
-	var op *net.OpError
-	if errors.As(err, &op) {
-		switch op.Op {
-		case "remote error":
-			// The server's TLS alert: it refused the client's certificate
-			// (none given, or one its CA did not sign). crypto/tls returns
-			// it as a net.Error.
-			s.refused.Store(true)
-			return false
-		case "dial":
-			// The request never went out: nothing listens, the host
-			// cannot be reached, or the dial timed out. A name that does
-			// not resolve is a setting to fix.
-			var dns *net.DNSError
-			return !errors.As(err, &dns) || !dns.IsNotFound
-		}
-	}
-	var ne net.Error
-	switch {
-	case errors.As(err, &ne) && ne.Timeout(),
-		errors.Is(err, syscall.ENETUNREACH), errors.Is(err, syscall.EHOSTUNREACH), errors.Is(err, syscall.ENETDOWN):
-		return true
-	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF),
-		errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE), errors.Is(err, syscall.ECONNABORTED):
-		return s.answered.Load() && !s.refused.Load()
-	}
-	return false
-}
-
-// heard notes a command's outcome err: a reply (a result, or an error the
-// server answered) tells that the server serves this store, so that a
-// reset from it again means an outage (see isOutage).
-func (s *Store) heard(err error) {
-	var re redis.Error
-	if err != nil && !errors.As(err, &re) {
-		return
-	}
-	if !s.answered.Load() {
-		s.answered.Store(true)
-	}
-	if s.refused.Load() {
-		s.refused.Store(false)
-	}
 }
 
 // lostClaim builds the ErrLostClaim error for the record key rkey of c.

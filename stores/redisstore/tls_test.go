@@ -62,8 +62,8 @@ func TestTLS(t *testing.T) {
 			_, err := newStore(t, c, redisstore.Config{Prefix: s.Prefix()}).Claim(ctx, "s", []string{"k"}, time.Minute)
 			if err == nil {
 				t.Errorf("a client %s was let in", name)
-			} else if errors.Is(err, stores.ErrUnavailable) || !strings.Contains(err.Error(), "remote error: tls") {
-				t.Errorf("a client %s: %v, want the server's TLS alert, not an outage", name, err)
+			} else if errors.Is(err, stores.ErrUnavailable) || !errors.Is(err, redisstore.ErrRefused) || !strings.Contains(err.Error(), "remote error: tls") {
+				t.Errorf("a client %s: %v, want the server's TLS alert, ErrRefused, not an outage", name, err)
 			}
 		}
 		untrusting := redis.NewClient(&redis.Options{Addr: addr, TLSConfig: &tls.Config{MinVersion: tls.VersionTLS12}, MaxRetries: -1})
@@ -86,7 +86,9 @@ func TestTLS(t *testing.T) {
 // the server's close overtakes the alert. A TLS port closes on a client
 // that speaks plain text (EOF). Neither is an outage, which FailOpen
 // would run handlers through, unprotected, for as long as the settings
-// stay wrong: every call must fail unclassified.
+// stay wrong: every call must fail with ErrRefused (the alert) or
+// unclassified (a reset or an EOF, which a new connection refused in
+// the same way confirms as no outage).
 func TestTLSRefusalIsNotAnOutage(t *testing.T) {
 	addr, files := testkit.StartRedisTLS(t, true)
 	kinds := map[string]int{}
