@@ -51,7 +51,7 @@ func TestClassify(t *testing.T) {
 		err  error
 		want want
 	}{
-		{newPostgres("t", false), "57P01 admin_shutdown (pg_terminate_backend)", pg("57P01"), unavailable},
+		{newPostgres("t", false), "57P01 admin_shutdown (a fast shutdown: a new connection refused)", pg("57P01"), want{unavailable: true, class: errConnLost}},
 		{newPostgres("t", false), "57P02 crash_shutdown", pg("57P02"), unavailable},
 		{newPostgres("t", false), "57P03 cannot_connect_now", pg("57P03"), unavailable},
 		{newPostgres("t", false), "53300 too_many_connections", pg("53300"), unavailable},

@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"syscall"
+	"time"
 
 	"github.com/watermill-dedup/dedup/stores"
 )
@@ -129,6 +130,8 @@ func (s *Store) confirm(ctx context.Context, err error) error {
 	switch {
 	case perr == nil:
 		return fmt.Errorf("%w (not known to be an outage: the database answered a new call since)", err)
+	case errors.Is(perr, errNoConfirm):
+		return fmt.Errorf("%w (not known to be an outage: %v)", err, perr)
 	case ctx.Err() != nil:
 		return fmt.Errorf("%w (the call ended before a new connection told whether the database is down: %v)", ctx.Err(), err)
 	case s.refused(perr):
@@ -139,11 +142,30 @@ func (s *Store) confirm(ctx context.Context, err error) error {
 	return fmt.Errorf("%w (not known to be an outage: a new call on a connection of the pool failed too, not as an outage: %v)", err, perr)
 }
 
+// errNoConfirm is a confirmation that got no connection of the pool to
+// make its call on.
+var errNoConfirm = errors.New("no connection of the pool to confirm it with")
+
+// confirmWait bounds a confirmation's wait for a connection of the pool.
+const confirmWait = 5 * time.Second
+
 // probe makes a call on a connection of the pool: an idle one, checked
-// by the driver before use, or a new one.
+// by the driver before use, or a new one. It does not wait for one the
+// pool has not got, since the connections in use may be the caller's own
+// (a joined transaction) or stuck on the same broken network; nor, should
+// another call take the last one first, or its dial not end, longer than
+// confirmWait.
 func (s *Store) probe(ctx context.Context) error {
-	c, err := s.db.Conn(ctx)
+	if st := s.db.Stats(); st.MaxOpenConnections > 0 && st.InUse >= st.MaxOpenConnections {
+		return fmt.Errorf("%w: all %d are in use", errNoConfirm, st.MaxOpenConnections)
+	}
+	wctx, cancel := context.WithTimeout(ctx, confirmWait)
+	defer cancel()
+	c, err := s.db.Conn(wctx)
 	if err != nil {
+		if ctx.Err() == nil && wctx.Err() != nil {
+			return fmt.Errorf("%w: none within %s (%v)", errNoConfirm, confirmWait, err)
+		}
 		return err
 	}
 	defer c.Close()

@@ -430,12 +430,18 @@ func (t *inboxTx) Commit(ctx context.Context, data []byte) error {
 			}
 		}
 		if err != nil {
-			return errors.Join(fmt.Errorf("sqlstore: commit: storing data: %w", s.classify(ctx, s.joinedError(ctx, err))), t.abort(ctx))
+			// Ended first: the classification may need a connection of
+			// the pool, and this transaction's may be the only one.
+			err = s.joinedError(ctx, err)
+			aerr := t.abort(ctx)
+			return errors.Join(fmt.Errorf("sqlstore: commit: storing data: %w", s.classify(ctx, err)), aerr)
 		}
 	}
 	if t.own == nil {
 		if _, err := t.tx.ExecContext(ctx, "RELEASE SAVEPOINT "+t.savepoint); err != nil {
-			return errors.Join(fmt.Errorf("sqlstore: commit: releasing savepoint: %w", s.classify(ctx, s.joinedError(ctx, err))), t.abort(ctx))
+			err = s.joinedError(ctx, err)
+			aerr := t.abort(ctx)
+			return errors.Join(fmt.Errorf("sqlstore: commit: releasing savepoint: %w", s.classify(ctx, err)), aerr)
 		}
 		return nil
 	}
@@ -469,7 +475,13 @@ func (t *inboxTx) Rollback(ctx context.Context) error {
 
 func (t *inboxTx) abort(ctx context.Context) error {
 	if t.own == nil {
-		return t.s.joinedError(ctx, rollbackTo(ctx, t.tx, t.savepoint, false))
+		err := rollbackTo(ctx, t.tx, t.savepoint, false)
+		if errors.Is(err, sql.ErrTxDone) {
+			// The joined transaction is over (its guard rolled it back
+			// when its connection broke): nothing of it is left to undo.
+			return nil
+		}
+		return t.s.joinedError(ctx, err)
 	}
 	if err := t.own.end(ctx, false); err != nil && !errors.Is(err, sql.ErrTxDone) {
 		return err
@@ -483,13 +495,15 @@ func (t *inboxTx) abort(ctx context.Context) error {
 // transaction back on the client too, before the delivery ends: on MySQL
 // the subscriber's offset ack would otherwise run in autocommit, and
 // commit the offsets of the messages whose effects the server rolled
-// back.
+// back. A transaction whose connection broke is over as well: rolled
+// back so, it gives its connection back to the pool, which classify may
+// need to tell an outage.
 func (s *Store) joinedError(ctx context.Context, err error) error {
 	dead := errors.Is(err, stores.ErrTxAborted)
 	if !dead && s.is(err, errTxDead) {
 		dead, err = true, fmt.Errorf("%w: %w", stores.ErrTxAborted, err)
 	}
-	if dead {
+	if dead || (err != nil && s.connLost(err)) {
 		wsqlguard.Abort(ctx)
 	}
 	return err

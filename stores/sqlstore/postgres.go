@@ -176,6 +176,11 @@ func (d *postgresDialect) classify(err error) errClass {
 		return c | errRefused
 	case strings.HasPrefix(code, "08"): // connection_exception
 		return c | errUnavailable
+	case code == "57P01" && !connecting: // admin_shutdown
+		// A fast shutdown, and also pg_terminate_backend of the session
+		// while the server serves every other: confirmed by a new
+		// connection (Store.classify), as a reset is.
+		return errConnLost
 	case code == "57P01", code == "57P02", code == "57P03": // admin_shutdown, crash_shutdown, cannot_connect_now
 		return c | errUnavailable
 	case code == "53300", code == "53100", code == "53200", code == "58030": // too_many_connections, disk_full, out_of_memory, io_error
