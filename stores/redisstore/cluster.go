@@ -274,11 +274,31 @@ func (s *Store) peekDone(ctx context.Context, rkeys []string, stop claimReply) (
 // different nodes: check every key, then apply key by key, putting back
 // the keys applied when another cannot be (see the comment at the top of
 // this file).
+//
+// A Complete is not put back when it fails otherwise than by a lost key:
+// it writes each done record tagged with completedBy of the claim, and
+// fails with the error, the keys it completed left done; a retry of the
+// same claim's Complete takes those keys for its own (confirming them with
+// WAIT, with WaitReplicas) and completes the rest. So a Complete cut
+// part-way (a node failing over, a write sent again by go-redis that finds
+// its key done already) never returns nil while a key is still processing,
+// and never ErrLostClaim for a key it completed itself.
 func (s *Store) fencedSharded(ctx context.Context, what string, c *stores.Claim, rkeys []string, build func([]string) op) error {
+	complete := what == "complete"
+	var by string
+	if complete {
+		by = completedBy(c.Token, rkeys)
+		untagged := build
+		build = func(keys []string) op { return untagged(keys).doneBy(by) }
+	}
 	snaps, err := s.snapshot(ctx, rkeys)
 	if err != nil {
 		return fmt.Errorf("redisstore: %s: %w", what, s.classify(s.cutByWait(ctx, err)))
 	}
+	var (
+		apply []int // processing under the claim's token
+		ours  []int // completed by an earlier attempt of this Complete
+	)
 	for i, sn := range snaps {
 		if !sn.exists {
 			return s.lostClaim(what, c, rkeys[i])
@@ -287,7 +307,12 @@ func (s *Store) fencedSharded(ctx context.Context, what string, c *stores.Claim,
 		if err != nil {
 			return err
 		}
-		if !rec.processing || rec.token != c.Token {
+		switch {
+		case rec.processing && rec.token == c.Token:
+			apply = append(apply, i)
+		case complete && !rec.processing && rec.by == by:
+			ours = append(ours, i)
+		default:
 			if s.waiting() {
 				// Confirm the refusal as one node's fenced call would
 				// (see wait.go): the op refuses again, touching the
@@ -300,36 +325,65 @@ func (s *Store) fencedSharded(ctx context.Context, what string, c *stores.Claim,
 		}
 	}
 
-	ops := make([]op, len(rkeys))
-	for i := range rkeys {
-		ops[i] = build(rkeys[i : i+1])
+	// With WaitReplicas the keys completed earlier are confirmed too: the
+	// op refuses them, touching each, and its WAIT covers the record.
+	send := apply
+	if s.waiting() {
+		send = append(slices.Clip(apply), ours...)
 	}
-	vals, errs := s.runAll(ctx, ops)
+	completedAlready := func() error {
+		return fmt.Errorf("redisstore: %s: %w: scope %q: the claim is completed already", what, stores.ErrLostClaim, c.Scope)
+	}
+	if len(send) == 0 {
+		return completedAlready()
+	}
+	ops := make([]op, len(rkeys))
+	sent := make([]op, len(send))
+	for j, i := range send {
+		ops[i] = build(rkeys[i : i+1])
+		sent[j] = ops[i]
+	}
+	vals, errs := s.runAll(ctx, sent)
 	var (
 		touched  []int // applied, or maybe (an error): to put back on failure
+		refused  []int // refused: completed by this claim already, or lost
 		lost     = -1
 		firstErr error
 	)
-	for i := range ops {
-		if errs[i] != nil {
-			firstErr = firstNonNil(firstErr, errs[i])
+	for j, i := range send {
+		if errs[j] != nil {
+			firstErr = firstNonNil(firstErr, errs[j])
 			touched = append(touched, i)
 			continue
 		}
-		idx, err := parseFenced(vals[i])
+		idx, err := parseFenced(vals[j])
 		switch {
 		case err != nil:
 			firstErr = firstNonNil(firstErr, err)
+		case j >= len(apply):
+			// A key completed earlier, confirmed.
 		case idx >= 0:
-			if lost < 0 {
-				lost = i
-			}
+			refused = append(refused, i)
 		default:
 			touched = append(touched, i)
 		}
 	}
-	if lost < 0 && firstErr == nil {
+	if complete && len(refused) > 0 {
+		// A write sent again (its reply lost) finds its own record.
+		refused, err = s.notOurs(ctx, rkeys, refused, by)
+		firstErr = firstNonNil(firstErr, err)
+	}
+	if len(refused) > 0 {
+		lost = refused[0]
+	}
+	switch {
+	case lost < 0 && firstErr == nil && len(apply) == 0:
+		return completedAlready()
+	case lost < 0 && firstErr == nil:
 		return nil
+	}
+	if lost < 0 && complete {
+		return fmt.Errorf("redisstore: %s: %w (the keys completed are kept: a retry completes the rest)", what, s.classify(s.cutByWait(ctx, firstErr)))
 	}
 	undoErr := s.putBack(ctx, rkeys, ops, snaps, touched)
 	if lost >= 0 {
@@ -341,6 +395,27 @@ func (s *Store) fencedSharded(ctx context.Context, what string, c *stores.Claim,
 		return fmt.Errorf("%w (and %d of %d keys applied could not be put back: %w)", err, len(touched), len(rkeys), s.classify(undoErr))
 	}
 	return err
+}
+
+// notOurs returns the keys of refused (indexes into rkeys) that do not
+// hold a done record of by, read now; an error when they cannot be read.
+func (s *Store) notOurs(ctx context.Context, rkeys []string, refused []int, by string) ([]int, error) {
+	keys := make([]string, len(refused))
+	for j, i := range refused {
+		keys[j] = rkeys[i]
+	}
+	var lost []int
+	for j, cmd := range s.getAll(ctx, keys) {
+		v, err := cmd.Result()
+		s.heard(err)
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return nil, err
+		}
+		if rec, derr := decodeValue(v); err != nil || derr != nil || rec.processing || rec.by != by {
+			lost = append(lost, refused[j])
+		}
+	}
+	return lost, nil
 }
 
 // snap is a key as fencedSharded's check read it.

@@ -3,7 +3,10 @@ package redisstore_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -110,3 +113,163 @@ repeat
 until t[1] * 1000000 + t[2] >= until_us
 return 0
 `)
+
+// cutHook cuts the first write (a script call) on key after it is armed,
+// as a failover between the writes of a multi-key Complete would: "again"
+// sends it twice (its reply was lost, and go-redis sent it again: the
+// second finds the key done), "fail" fails it unsent. It holds the
+// script calls on hold other than the claim's (token: a put-back) until
+// release is closed, noting the first in held.
+type cutHook struct {
+	mu        sync.Mutex
+	key, hold string
+	mode      string
+	token     string
+	held      chan struct{}
+	heldOnce  sync.Once
+	release   chan struct{}
+}
+
+var errCut = errors.New("cut: the node failed over")
+
+func (h *cutHook) arm(key, hold, token, mode string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.key, h.hold, h.token, h.mode = key, hold, token, mode
+	h.held, h.heldOnce, h.release = make(chan struct{}), sync.Once{}, make(chan struct{})
+}
+
+func (h *cutHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *cutHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		return h.process(ctx, []redis.Cmder{cmd}, func(ctx context.Context, cmds []redis.Cmder) error { return next(ctx, cmds[0]) })
+	}
+}
+
+func (h *cutHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error { return h.process(ctx, cmds, next) }
+}
+
+func (h *cutHook) process(ctx context.Context, cmds []redis.Cmder, next redis.ProcessPipelineHook) error {
+	h.mu.Lock()
+	cut, hold := false, false
+	for _, c := range cmds {
+		if n := strings.ToLower(c.Name()); n != "evalsha" && n != "eval" {
+			continue
+		}
+		switch k := cmdKey(c); {
+		case k == h.key && h.key != "":
+			cut = true
+		case k == h.hold && h.hold != "":
+			// EVALSHA sha 1 key ARGV[1]...
+			hold = len(c.Args()) > 4 && c.Args()[4] != h.token
+		}
+	}
+	key, mode, held, release := h.key, h.mode, h.held, h.release
+	if cut {
+		h.key, h.mode = "", "" // once
+	}
+	h.mu.Unlock()
+	switch {
+	case cut && mode == "fail":
+		for _, c := range cmds {
+			c.SetErr(errCut)
+		}
+		return errCut
+	case cut && mode == "again":
+		err := next(ctx, cmds)
+		for _, c := range cmds {
+			if cmdKey(c) == key && redis.HasErrorPrefix(c.Err(), "NOSCRIPT") {
+				// Not run: the store sends it again with EVAL.
+				h.mu.Lock()
+				h.key, h.mode = key, mode
+				h.mu.Unlock()
+				return err
+			}
+		}
+	case hold:
+		h.heldOnce.Do(func() { close(held) })
+		<-release
+	}
+	return next(ctx, cmds)
+}
+
+// TestClusterCompleteCutPartWay: a Complete of a claim whose keys are on
+// two nodes, cut part-way (one key's write lost its reply and was sent
+// again, or failed unsent), returns nil only once every key is done;
+// otherwise an error that is not ErrLostClaim (the claim lost no key),
+// and a retry completes the rest, also while a put-back of the key
+// written first is still under way. Then every key is done, with the
+// Complete's data: no key is left processing, to be taken over and run
+// again after its lease.
+func TestClusterCompleteCutPartWay(t *testing.T) {
+	addrs := startCluster(t).Options().Addrs
+	h := &cutHook{}
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, ContextTimeoutEnabled: true})
+	cc.OnNewNode(func(c *redis.Client) { c.AddHook(h) })
+	t.Cleanup(func() { _ = cc.Close() })
+	for _, mode := range []string{"again", "fail"} {
+		for _, batch := range []redisstore.BatchConfig{{}, {Disabled: true}} {
+			t.Run(fmt.Sprintf("%s/unbatched=%v", mode, batch.Disabled), func(t *testing.T) {
+				bg := context.Background()
+				s, err := redisstore.New(cc, redisstore.Config{Prefix: testPrefix(t, cc), SkipServerCheck: true, Batch: batch})
+				if err != nil {
+					t.Fatal(err)
+				}
+				keys := keysOnDistinctNodes(t, cc, s, "h", 2)
+				c, err := s.Claim(bg, "h", keys, time.Minute)
+				if err != nil || c.Result != stores.Claimed {
+					t.Fatalf("Claim(%q) = %v, %v", keys, c, err)
+				}
+				h.arm(s.EncodeKey("h", keys[1]), s.EncodeKey("h", keys[0]), c.Token, mode)
+				released := false
+				release := func() {
+					if !released {
+						released = true
+						close(h.release)
+					}
+				}
+				t.Cleanup(release)
+				// The caller waits for a put-back while its context lasts:
+				// it ends once one is held.
+				ctx, cancel := context.WithCancel(bg)
+				stop := make(chan struct{})
+				go func() {
+					select {
+					case <-h.held:
+						cancel()
+					case <-stop:
+					}
+				}()
+				err = s.Complete(ctx, c, time.Hour, []byte("x"))
+				close(stop)
+				cancel()
+				// The middleware retries a Complete that failed otherwise
+				// than with ErrLostClaim.
+				for try := 1; err != nil; try++ {
+					if errors.Is(err, stores.ErrLostClaim) {
+						t.Fatalf("Complete(%q) cut part-way (%s), try %d = %v: the claim lost no key", keys, mode, try, err)
+					}
+					if try == 3 {
+						t.Fatalf("Complete(%q) cut part-way (%s) still fails after %d tries: %v", keys, mode, try, err)
+					}
+					err = s.Complete(bg, c, time.Hour, []byte("x"))
+				}
+				release()
+				if err := s.Close(bg); err != nil { // waits for the put-backs
+					t.Fatal(err)
+				}
+				check := newStore(t, cc, redisstore.Config{Prefix: s.Prefix()})
+				for _, k := range keys {
+					if r, err := check.Claim(bg, "h", []string{k}, time.Minute); err != nil || r.Result != stores.Duplicate || string(r.Data) != "x" {
+						t.Errorf("Claim(%q) after the Complete returned nil = %v, %v; want duplicate with data %q", k, r, err, "x")
+					}
+				}
+				if err := check.Complete(bg, c, time.Hour, []byte("x")); !errors.Is(err, stores.ErrLostClaim) {
+					t.Errorf("Complete of a claim completed already = %v; want ErrLostClaim", err)
+				}
+			})
+		}
+	}
+}

@@ -3,6 +3,7 @@ package redisstore
 import (
 	"crypto/sha256"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -182,6 +183,7 @@ func hasHashTag(prefix string) bool {
 //	processing  'p' ‖ token (tokenLen bytes) ‖ lease in ms (decimal)   PX 2×lease
 //	done        "1"                  (no data)                          PX retention
 //	done        'd' ‖ data                                              PX retention
+//	done        'D' ‖ by (byLen bytes) ‖ data                           PX retention
 //
 // The lease is valid while PTTL > lease, so an expired processing record
 // survives one more lease length and a takeover soon after expiry is seen as
@@ -189,12 +191,45 @@ func hasHashTag(prefix string) bool {
 // data costs no value allocation at all (unless maxmemory-policy is an
 // LRU/LFU one, which disables shared integers — and which must not be used
 // anyway, see README).
+//
+// The 'D' form is written by a Complete of a claim whose keys live on
+// several nodes (see fencedSharded): by, completedBy of the claim, lets a
+// retry of a Complete cut part-way tell the keys it completed from keys
+// done by another claim, and complete the rest.
 const (
 	tokenLen     = 26 // len(rand.Text())
 	doneNoData   = "1"
 	doneDataTag  = 'd'
+	doneByTag    = 'D'
 	processingID = 'p'
+	byLen        = 8
 )
+
+// completedBy is what a 'D' done record keeps of the Complete that wrote
+// it: the first byLen bytes of SHA-256 of the claim's token and its
+// record keys, in the claim's order.
+func completedBy(token string, rkeys []string) string {
+	h := sha256.New()
+	h.Write([]byte(token))
+	for _, k := range rkeys {
+		h.Write([]byte{0})
+		h.Write([]byte(k))
+	}
+	return string(h.Sum(nil)[:byLen])
+}
+
+// doneBy returns the completeOp o writing the 'D' form of its done value,
+// tagged with by.
+func (o op) doneBy(by string) op {
+	v := o.args[1].(string)
+	data := ""
+	if v != doneNoData {
+		data = v[1:]
+	}
+	o.args = slices.Clone(o.args)
+	o.args[1] = string(doneByTag) + by + data
+	return o
+}
 
 // doneValue is the value Complete stores.
 func doneValue(data []byte) string {
@@ -224,6 +259,7 @@ type record struct {
 	processing bool
 	token      string // processing only
 	data       []byte // done only
+	by         string // done in the 'D' form only: completedBy
 }
 
 // decodeValue decodes a value written by this package. Anything else under
@@ -235,6 +271,12 @@ func decodeValue(v string) (record, error) {
 		return record{}, nil
 	case len(v) > 0 && v[0] == doneDataTag:
 		return record{data: []byte(v[1:])}, nil
+	case len(v) > byLen && v[0] == doneByTag:
+		rec := record{by: v[1 : 1+byLen]}
+		if len(v) > 1+byLen {
+			rec.data = []byte(v[1+byLen:])
+		}
+		return rec, nil
 	case len(v) > 1+tokenLen && v[0] == processingID:
 		return record{processing: true, token: v[1 : 1+tokenLen]}, nil
 	default:

@@ -76,13 +76,15 @@ func TestDecodeValue(t *testing.T) {
 		"dxyz":                  {data: []byte("xyz")},
 		"p" + tok + "30000":     {processing: true, token: tok},
 		processingValue(tok, 5): {processing: true, token: tok},
+		"D12345678":             {by: "12345678"},
+		"D12345678xyz":          {by: "12345678", data: []byte("xyz")},
 	} {
 		got, err := decodeValue(v)
-		if err != nil || got.processing != want.processing || got.token != want.token || string(got.data) != string(want.data) {
+		if err != nil || got.processing != want.processing || got.token != want.token || string(got.data) != string(want.data) || got.by != want.by {
 			t.Errorf("decodeValue(%q) = %+v, %v; want %+v", v, got, err, want)
 		}
 	}
-	for _, v := range []string{"", "2", "x", "p" + tok, "hello"} {
+	for _, v := range []string{"", "2", "x", "p" + tok, "hello", "D1234567"} {
 		if _, err := decodeValue(v); err == nil {
 			t.Errorf("decodeValue(%q) accepted a foreign value", v)
 		}
