@@ -118,6 +118,16 @@ func TestClusterReplicaLag(t *testing.T) {
 	})
 
 	for _, batched := range []bool{true, false} {
+		name := "MultiKeyIsNotReplicated"
+		if !batched {
+			name += "Unbatched"
+		}
+		t.Run(name, func(t *testing.T) {
+			testMultiKeyIsNotReplicated(t, cc, pause, !batched)
+		})
+	}
+
+	for _, batched := range []bool{true, false} {
 		name := "DeadlineIsNotReplicated"
 		if !batched {
 			name += "Unbatched"
@@ -270,4 +280,85 @@ func testDeadlineIsNotReplicated(t *testing.T, cc *redis.ClusterClient, pause fu
 	}
 	wg.Wait()
 	t.Logf("claims under load: %v", outcomes)
+}
+
+// testMultiKeyIsNotReplicated: with one master's replica stopped, 160
+// callers at once, each with a deadline of 2s (the middleware's
+// StoreTimeout), make the calls whose WAITs are not a lane's: multi-key
+// Claims (their keys taken, then confirmed by WAIT on each node), and
+// Complete, Release, Extend of claims over two masters (every key read,
+// then each written with WAIT). Each succeeds or fails with
+// ErrNotReplicated, never as an outage: not context.DeadlineExceeded, an
+// i/o timeout or the pool's timeout (the lagging master's connections
+// are all in WAITs).
+func testMultiKeyIsNotReplicated(t *testing.T, cc *redis.ClusterClient, pause func(*testing.T, int) (string, string, func()), unbatched bool) {
+	bg := context.Background()
+	cfg := redisstore.Config{WaitReplicas: 1, WaitTimeout: time.Second, Batch: redisstore.BatchConfig{Disabled: unbatched}}
+	s := newStore(t, cc, cfg)
+	lagging, healthy, _ := pause(t, 2)
+	// The claims to complete, release and extend, through a store that
+	// does not wait.
+	plain := newStore(t, cc, redisstore.Config{Prefix: s.Prefix()})
+	keys := func(tag string) []string {
+		return []string{keyOnNode(t, cc, s, "h", tag+"-lag", lagging), keyOnNode(t, cc, s, "h", tag+"-ok", healthy)}
+	}
+	const callers = 160
+	held := make([]*stores.Claim, callers)
+	for g := range callers {
+		if g%4 == 0 {
+			continue // claims
+		}
+		c, err := plain.Claim(bg, "h", keys(fmt.Sprintf("held-%d", g)), time.Minute)
+		if err != nil || c.Result != stores.Claimed {
+			t.Fatalf("Claim = %v, %v", c, err)
+		}
+		held[g] = c
+	}
+	var (
+		mu       sync.Mutex
+		outcomes = map[string]int{}
+		wg       sync.WaitGroup
+	)
+	start := make(chan struct{})
+	for g := range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			ctx, cancel := context.WithTimeout(bg, 2*time.Second)
+			defer cancel()
+			var (
+				what string
+				err  error
+			)
+			switch g % 4 {
+			case 0:
+				what = "Claim"
+				_, err = s.Claim(ctx, "h", keys(fmt.Sprintf("new-%d", g)), time.Minute)
+			case 1:
+				what = "Complete"
+				err = s.Complete(ctx, held[g], time.Hour, nil)
+			case 2:
+				what = "Release"
+				err = s.Release(ctx, held[g])
+			default:
+				what = "Extend"
+				err = s.Extend(ctx, held[g], time.Minute)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err == nil:
+				outcomes[what+" ok"]++
+			case errors.Is(err, redisstore.ErrNotReplicated) && !dedupcycle.IsOutage(err):
+				outcomes[what+" not replicated"]++
+			default:
+				outcomes[what+" failed otherwise"]++
+				t.Errorf("%s of two keys, one on the lagging master = %v; want ErrNotReplicated (an outage to the middleware: %v)", what, err, dedupcycle.IsOutage(err))
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	t.Logf("calls: %v", outcomes)
 }

@@ -681,11 +681,15 @@ func (s *Store) Capabilities() stores.Capabilities {
 	return c
 }
 
-// Close stops the background server check, if still running, and waits for
-// it, for the undos of failed claims (each bounded by the claim's lease)
-// and for those of claims whose callers gave up (bounded by 2s each). When
-// ctx ends first it stops them, leaving their keys to their leases, and
-// returns ctx's error. Every later call returns [stores.ErrClosed]; calls
+// Close stops the background server check, if still running, and waits
+// for it; for each node's batcher, which sends the calls still queued and
+// waits for its pipelines out and its undos of claims whose callers gave
+// up (bounded by 2s each); and for the give-backs of failed claims and
+// put-backs of fenced calls (bounded by the lease, or the TTLs put back,
+// 2s at least). When ctx ends first it returns ctx's error and cancels
+// the give-backs and put-backs under way, leaving their keys to their
+// leases; it does not stop the batchers, whose pipelines and undos run to
+// their own bounds. Every later call returns [stores.ErrClosed]; calls
 // already under way finish, but what they would undo after Close is left
 // to its lease. It never closes the client. It is idempotent.
 func (s *Store) Close(ctx context.Context) error {
