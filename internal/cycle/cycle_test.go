@@ -465,6 +465,18 @@ func TestAwait(t *testing.T) {
 			t.Error("a wait that ended with the keys free counted in_progress")
 		}
 	})
+	t.Run("poll longer than the wait", func(t *testing.T) {
+		// A poll of an hour in a 50ms wait: one try at its end (or two,
+		// the second at once should the first come a hair early), never
+		// a loop of them.
+		e := newEnv(t)
+		c := e.cycle(cycle.Consumer, dedup.Policy{InProgressWait: 50 * time.Millisecond, Tuning: dedup.Tuning{InProgressPoll: time.Hour}}, cycle.Needs{})
+		n := 0
+		err := c.Await(newMsg("m"), "s", []string{"k"}, func() (bool, error) { n++; return true, nil })
+		if !errors.Is(err, dedup.ErrInProgress) || n < 1 || n > 2 {
+			t.Fatalf("err %v after %d tries, want ErrInProgress after 1 or 2", err, n)
+		}
+	})
 	t.Run("1ns poll", func(t *testing.T) {
 		// Half of a 1ns poll is 0: the wait must still wait.
 		e := newEnv(t)

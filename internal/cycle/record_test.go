@@ -64,8 +64,8 @@ func TestDataCorrupt(t *testing.T) {
 		t.Fatalf("huge pairs: %v", err)
 	}
 	huge := []byte{dataVersion, 0, 0xff, 0xff, 0xff, 0xff, 0x0f}
-	if _, _, err := DecodeData(huge); !errors.Is(err, dedup.ErrCorruptRecord) {
-		t.Fatalf("huge count: %v", err)
+	if _, _, err := DecodeData(huge); !errors.Is(err, dedup.ErrCorruptRecord) || !strings.Contains(err.Error(), "messages in") {
+		t.Fatalf("huge count: %v, want the count named", err)
 	}
 }
 
