@@ -3,8 +3,6 @@ package redisstore
 import (
 	"context"
 	"errors"
-	"slices"
-	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -53,17 +51,13 @@ import (
 // call cannot live on several).
 type lane struct {
 	b *batch.Batcher[op, any]
-	// waiting counts its pipelines out that end with WAIT: a call that
-	// leaves the lane at its deadline meanwhile was held up by the
-	// store's own wait for replicas (see cutByWait).
-	waiting atomic.Int32
 }
 
 // newLane returns a lane whose pipelines go out through execBatch.
 func (s *Store) newLane() *lane {
 	l := &lane{}
 	l.b = batch.NewFromConfig(func(ctx context.Context, calls []*batch.Call[op, any]) error {
-		return s.execBatch(ctx, l, calls)
+		return s.execBatch(ctx, calls)
 	}, batch.Config(s.cfg.Batch))
 	l.b.OnOrphaned(undoTimeout, s.undoOrphans)
 	return l
@@ -99,6 +93,8 @@ func (s *Store) nodeAddr(ctx context.Context, key string) string {
 		err error
 	)
 	switch c := s.client.(type) {
+	case *redis.Client:
+		return c.Options().Addr
 	case *redis.ClusterClient:
 		n, err = c.MasterForKey(ctx, key)
 	case *redis.Ring:
@@ -127,18 +123,20 @@ func (s *Store) closeLanes() {
 
 // run sends one op, batched in its lane unless Batch.Disabled.
 func (s *Store) run(ctx context.Context, o op) (any, error) {
+	var others func(uint64) bool
 	if s.waiting() {
 		o.trace = traceOf(ctx)
+		others = s.watchWaits(s.nodeAddr(ctx, o.firstKey()))
 	}
 	l := s.laneOf(ctx, o)
 	if l == nil {
 		return s.runOne(ctx, o)
 	}
 	v, err := l.b.DoLater(ctx, o, stores.Linger(ctx))
-	if err != nil && o.trace != nil && deadlinePassed(ctx) && l.waiting.Load() > 0 {
+	if others != nil && deadlinePassed(ctx) {
 		// It left at its deadline while the node's pipelines waited
 		// for the node's replicas.
-		o.trace.held.Store(true)
+		o.trace.holdIf(err, func() bool { return others(0) })
 	}
 	return v, err
 }
@@ -166,18 +164,13 @@ func (s *Store) runPlain(ctx context.Context, o op) (any, error) {
 	} else {
 		v, err = o.script.Run(ctx, s.client, o.keys, o.args...).Result()
 	}
-	s.heard(err)
 	return v, err
 }
 
 // execBatch is a lane's Exec: one op on its own, several in one
 // pipeline. With WaitReplicas, the pipeline's WAIT answers by the
 // earliest deadline of its calls.
-func (s *Store) execBatch(ctx context.Context, l *lane, calls []*batch.Call[op, any]) error {
-	if s.waiting() && slices.ContainsFunc(calls, func(c *batch.Call[op, any]) bool { return !c.Req.nowait }) {
-		l.waiting.Add(1)
-		defer l.waiting.Add(-1)
-	}
+func (s *Store) execBatch(ctx context.Context, calls []*batch.Call[op, any]) error {
 	if len(calls) == 1 {
 		calls[0].Set(s.runOne(ctx, calls[0].Req))
 		return nil
@@ -242,7 +235,6 @@ func (s *Store) runPipelined(ctx context.Context, ops []op) ([]any, []error) {
 	var retry []int
 	for i, cmd := range cmds {
 		vals[i], errs[i] = cmd.Result()
-		s.heard(errs[i])
 		if ops[i].script != nil && errs[i] != nil && isNoScript(errs[i]) {
 			retry = append(retry, i)
 		}

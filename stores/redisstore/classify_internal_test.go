@@ -172,10 +172,10 @@ func TestClassifyConnectionErrors(t *testing.T) {
 		for _, err := range broken {
 			check(s, when, err, broke)
 		}
-		// What the store heard before changes nothing.
-		for _, heard := range []error{nil, redis.Nil, replyError("NOPERM no"), refusals[0], broken[0]} {
-			s.heard(heard)
-			check(s, when+", after "+fmt.Sprint(heard), broken[0], broke)
+		// What the store classified before changes nothing.
+		for _, before := range []error{nil, redis.Nil, replyError("NOPERM no"), refusals[0], broken[0]} {
+			_ = s.classifyCall(context.Background(), before)
+			check(s, when+", after "+fmt.Sprint(before), broken[0], broke)
 		}
 	}
 	store := func(opts *redis.Options) *Store {

@@ -293,7 +293,7 @@ func (s *Store) fencedSharded(ctx context.Context, what string, c *stores.Claim,
 	}
 	snaps, err := s.snapshot(ctx, rkeys)
 	if err != nil {
-		return fmt.Errorf("redisstore: %s: %w", what, s.classify(s.cutByWait(ctx, err)))
+		return fmt.Errorf("redisstore: %s: %w", what, s.classifyCall(ctx, s.cutByWait(ctx, err)))
 	}
 	var (
 		apply []int // processing under the claim's token
@@ -318,7 +318,7 @@ func (s *Store) fencedSharded(ctx context.Context, what string, c *stores.Claim,
 				// (see wait.go): the op refuses again, touching the
 				// record, and its WAIT covers what the check read.
 				if _, errs := s.runAll(ctx, []op{build(rkeys[i : i+1])}); errs[0] != nil {
-					return fmt.Errorf("redisstore: %s: %w", what, s.classify(s.cutByWait(ctx, errs[0])))
+					return fmt.Errorf("redisstore: %s: %w", what, s.classifyCall(ctx, s.cutByWait(ctx, errs[0])))
 				}
 			}
 			return s.lostClaim(what, c, rkeys[i])
@@ -383,13 +383,13 @@ func (s *Store) fencedSharded(ctx context.Context, what string, c *stores.Claim,
 		return nil
 	}
 	if lost < 0 && complete {
-		return fmt.Errorf("redisstore: %s: %w (the keys completed are kept: a retry completes the rest)", what, s.classify(s.cutByWait(ctx, firstErr)))
+		return fmt.Errorf("redisstore: %s: %w (the keys completed are kept: a retry completes the rest)", what, s.classifyCall(ctx, s.cutByWait(ctx, firstErr)))
 	}
 	undoErr := s.putBack(ctx, rkeys, ops, snaps, touched)
 	if lost >= 0 {
 		err = s.lostClaim(what, c, rkeys[lost])
 	} else {
-		err = fmt.Errorf("redisstore: %s: %w", what, s.classify(s.cutByWait(ctx, firstErr)))
+		err = fmt.Errorf("redisstore: %s: %w", what, s.classifyCall(ctx, s.cutByWait(ctx, firstErr)))
 	}
 	if undoErr != nil {
 		return fmt.Errorf("%w (and %d of %d keys applied could not be put back: %w)", err, len(touched), len(rkeys), s.classify(undoErr))
@@ -407,7 +407,6 @@ func (s *Store) notOurs(ctx context.Context, rkeys []string, refused []int, by s
 	var lost []int
 	for j, cmd := range s.getAll(ctx, keys) {
 		v, err := cmd.Result()
-		s.heard(err)
 		if err != nil && !errors.Is(err, redis.Nil) {
 			return nil, err
 		}
@@ -430,6 +429,7 @@ type snap struct {
 func (s *Store) snapshot(ctx context.Context, rkeys []string) ([]snap, error) {
 	gets := make([]*redis.StringCmd, len(rkeys))
 	ttls := make([]*redis.Cmd, len(rkeys))
+	watch := s.watchKeys(ctx, rkeys)
 	_, _ = s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, k := range rkeys {
 			gets[i] = p.Get(ctx, k)
@@ -443,17 +443,17 @@ func (s *Store) snapshot(ctx context.Context, rkeys []string) ([]snap, error) {
 	snaps := make([]snap, len(rkeys))
 	for i := range rkeys {
 		v, err := gets[i].Result()
-		s.heard(err)
 		if errors.Is(err, redis.Nil) {
 			continue
 		}
+		if err == nil {
+			_, err = ttls[i].Int64()
+		}
 		if err != nil {
+			readFailed(ctx, watch, i, err)
 			return nil, err
 		}
-		ttl, err := ttls[i].Int64()
-		if err != nil {
-			return nil, err
-		}
+		ttl, _ := ttls[i].Int64()
 		if ttl <= 0 { // gone between the GET and the PTTL
 			continue
 		}
@@ -510,14 +510,19 @@ func firstNonNil(first, err error) error {
 }
 
 // getAll reads rkeys in one pipeline (split per node by go-redis); each
-// command carries its own result or error.
+// command carries its own result or error. A read cut short while WAITs
+// held its node up marks the call of ctx held (see readFailed).
 func (s *Store) getAll(ctx context.Context, rkeys []string) []*redis.StringCmd {
 	cmds := make([]*redis.StringCmd, len(rkeys))
+	watch := s.watchKeys(ctx, rkeys)
 	_, _ = s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, k := range rkeys {
 			cmds[i] = p.Get(ctx, k)
 		}
 		return nil
 	})
+	for i, cmd := range cmds {
+		readFailed(ctx, watch, i, cmd.Err())
+	}
 	return cmds
 }

@@ -380,8 +380,3 @@ func isTLSAlert(err error) bool {
 	}
 	return false
 }
-
-// heard is called with a command's outcome where one is read. It records
-// nothing: the store keeps no memory of what a server said (every error
-// is classified on its own, see classifyCall).
-func (s *Store) heard(error) {}

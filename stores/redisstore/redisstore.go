@@ -349,6 +349,9 @@ type Store struct {
 	// redirects counts the MOVED and ASK replies followed by waited
 	// pipelines (WaitReplicas), for the tests.
 	redirects atomic.Int64
+	// nodeWaits holds each node's pipelines with WAIT (*nodeWaits), by
+	// address, with WaitReplicas (see cutByWait).
+	nodeWaits sync.Map
 
 	closed    atomic.Bool
 	closeOnce sync.Once

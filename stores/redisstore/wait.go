@@ -320,13 +320,20 @@ func (s *Store) followRedirects(ctx context.Context, redirects []redirect, attem
 // every op is nowait. It returns the ops the node redirected.
 func (s *Store) runNode(ctx context.Context, node *redis.Client, ops []op, idx []int, asking map[int]bool, vals []any, errs []error, deadline time.Time) (redirects []redirect) {
 	eval := false
+	addr := node.Options().Addr
 	for len(idx) > 0 {
 		cmds := make([]*redis.Cmd, len(idx))
 		var (
 			wait    *redis.Cmd
 			timeout = s.waitTimeout(deadline)
 			waits   = slices.ContainsFunc(idx, func(i int) bool { return !ops[i].nowait })
+			others  = s.watchWaits(addr)
+			own     uint64
 		)
+		if waits {
+			own = 1
+			s.waitsOf(addr).sent(true)
+		}
 		_, _ = node.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for j, i := range idx {
 				o := ops[i]
@@ -347,6 +354,9 @@ func (s *Store) runNode(ctx context.Context, node *redis.Client, ops []op, idx [
 			}
 			return nil
 		})
+		if waits {
+			s.waitsOf(addr).sent(false)
+		}
 		var (
 			n    int64
 			werr error
@@ -374,7 +384,11 @@ func (s *Store) runNode(ctx context.Context, node *redis.Client, ops []op, idx [
 				// reply of the store's is a value, or a server's error.
 				err = nil
 			}
-			s.heard(err)
+			if v == nil {
+				// Not answered: a deadline, a timeout or the pool's
+				// while other calls' WAITs held the node up is theirs.
+				o.trace.holdIf(err, func() bool { return others(own) })
+			}
 			if o.script != nil && err != nil && isNoScript(err) && !eval {
 				again = append(again, i)
 				continue
@@ -445,22 +459,103 @@ func traceOf(ctx context.Context) *waitTrace {
 }
 
 // cutByWait turns err, the error of a store call made under ctx (see
-// traced), into an ErrNotReplicated when the call ran out of its
-// deadline after the store's own WAITs held it up: its time went to
-// waiting for replicas, and what it wrote, if anything, is of unknown
-// durability (a claim is given back). A deadline is an outage to the
+// traced), into an ErrNotReplicated when it is a deadline, a timeout or
+// the pool's (see waitCut) and the store's own WAITs held the call up:
+// its time went to waiting for replicas, or for connections and lanes
+// that WAITs held, and what it wrote, if anything, is of unknown
+// durability (a claim is given back). Those are outages to the
 // middleware, which FailOpen runs handlers through unprotected; a master
 // whose replicas lag is not one.
 func (s *Store) cutByWait(ctx context.Context, err error) error {
 	t := traceOf(ctx)
-	if err == nil || t == nil || !t.held.Load() || !deadlinePassed(ctx) || errors.Is(err, ErrNotReplicated) {
+	if t == nil || !t.held.Load() || !waitCut(err) || errors.Is(err, ErrNotReplicated) {
 		return err
 	}
+	return fmt.Errorf("%w: the call ran out of time while it waited for the replicas of its nodes (%v)", ErrNotReplicated, err)
+}
+
+// waitCut reports an error that a wait for replicas can cause: a
+// deadline, a timeout (a read's, the pool's), no connection left in the
+// pool.
+func waitCut(err error) bool {
 	var ne net.Error
-	if !errors.Is(err, context.DeadlineExceeded) && !(errors.As(err, &ne) && ne.Timeout()) {
-		return err
+	return err != nil && !errors.Is(err, context.Canceled) &&
+		(errors.Is(err, context.DeadlineExceeded) || errors.Is(err, redis.ErrPoolTimeout) ||
+			errors.Is(err, redis.ErrPoolExhausted) || errors.As(err, &ne) && ne.Timeout())
+}
+
+// holdIf marks the call of t (nil: none) held up by WAITs when err, the
+// error of a command of it that got no answer, is one a wait for
+// replicas causes (waitCut) and others reports a WAIT of another call
+// out on the command's node meanwhile: the node's connections, or its
+// lane, were taken by pipelines waiting for its replicas.
+func (t *waitTrace) holdIf(err error, others func() bool) {
+	if t != nil && waitCut(err) && others() {
+		t.held.Store(true)
 	}
-	return fmt.Errorf("%w: the call's deadline passed while it waited for the replicas of its nodes (%v)", ErrNotReplicated, err)
+}
+
+// nodeWaits counts the pipelines ending with WAIT of one node: those out
+// now, and all sent so far.
+type nodeWaits struct {
+	out   atomic.Int32
+	total atomic.Uint64
+}
+
+// sent counts a pipeline with WAIT going out (true) or back (false).
+func (w *nodeWaits) sent(out bool) {
+	if out {
+		w.total.Add(1)
+		w.out.Add(1)
+	} else {
+		w.out.Add(-1)
+	}
+}
+
+// waitsOf returns the nodeWaits of the node at addr.
+func (s *Store) waitsOf(addr string) *nodeWaits {
+	if w, ok := s.nodeWaits.Load(addr); ok {
+		return w.(*nodeWaits)
+	}
+	w, _ := s.nodeWaits.LoadOrStore(addr, new(nodeWaits))
+	return w.(*nodeWaits)
+}
+
+// watchWaits starts watching the node at addr: the func it returns
+// reports whether a pipeline with WAIT of another call was out there at
+// any time since, own being the number the caller sent itself since
+// (and has had back).
+func (s *Store) watchWaits(addr string) func(own uint64) bool {
+	w := s.waitsOf(addr)
+	out, total := w.out.Load() > 0, w.total.Load()
+	return func(own uint64) bool { return out || w.out.Load() > 0 || w.total.Load()-total > own }
+}
+
+// watchKeys is watchWaits for the node of each of rkeys (with
+// WaitReplicas; nil without): the func it returns reports for the i-th.
+func (s *Store) watchKeys(ctx context.Context, rkeys []string) func(i int) bool {
+	if !s.waiting() {
+		return nil
+	}
+	byAddr := map[string]func(uint64) bool{}
+	watch := make([]func(uint64) bool, len(rkeys))
+	for i, k := range rkeys {
+		addr := s.nodeAddr(ctx, k)
+		if byAddr[addr] == nil {
+			byAddr[addr] = s.watchWaits(addr)
+		}
+		watch[i] = byAddr[addr]
+	}
+	return func(i int) bool { return watch[i](0) }
+}
+
+// readFailed marks the call of ctx held up by WAITs when err, the error
+// of a read of its i-th key, is one their wait causes on that key's
+// node, by watch (see watchKeys).
+func readFailed(ctx context.Context, watch func(int) bool, i int, err error) {
+	if watch != nil {
+		traceOf(ctx).holdIf(err, func() bool { return watch(i) })
+	}
 }
 
 // reloadSlots has a ClusterClient read its slot map again, in the
