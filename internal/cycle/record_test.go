@@ -2,7 +2,9 @@ package cycle
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
+	"math"
 	"strings"
 	"testing"
 
@@ -75,4 +77,23 @@ func FuzzDecodeData(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		_, _, _ = DecodeData(data) // must not panic or allocate without bound
 	})
+}
+
+// TestDoneAtBounds: the completion time a record keeps is read up to the
+// largest time.UnixMilli takes (math.MaxInt64 ms), and not past it; data
+// without one, or not ours, has none.
+func TestDoneAtBounds(t *testing.T) {
+	at := func(ms uint64) []byte { return binary.AppendUvarint([]byte{dataVersionTime}, ms) }
+	if got, ok := DoneAt(at(math.MaxInt64)); !ok || got.UnixMilli() != math.MaxInt64 {
+		t.Fatalf("DoneAt(MaxInt64 ms) = %v, %v; want it read", got, ok)
+	}
+	if _, ok := DoneAt(at(math.MaxInt64 + 1)); ok {
+		t.Fatal("DoneAt(MaxInt64+1 ms) read a time past time.UnixMilli's range")
+	}
+	if _, ok := DoneAt(EncodeData([]byte("fp"), nil)); ok {
+		t.Fatal("DoneAt of data without a time read one")
+	}
+	if _, ok := DoneAt([]byte{9, 1}); ok {
+		t.Fatal("DoneAt of data not ours read a time")
+	}
 }
