@@ -106,8 +106,8 @@ type NATSCluster struct {
 // StartNATSCluster starts n nats-servers (n ≥ 1; 3 or 5 for replicated
 // streams) with JetStream, routed to each other as one cluster, each on
 // loopback ports of its own, with the config lines extra, and returns
-// them once every server answers JetStream requests (the cluster has
-// elected its meta leader). Their names are n0, n1, …; each is killed
+// them once every server answers JetStream requests and the cluster
+// places a stream of n replicas (its meta leader knows every peer). Their names are n0, n1, …; each is killed
 // when t ends.
 func StartNATSCluster(t testing.TB, n int, extra string) *NATSCluster {
 	t.Helper()
@@ -150,6 +150,9 @@ func StartNATSCluster(t testing.TB, n int, extra string) *NATSCluster {
 			}
 			err = s.waitJetStream(60 * time.Second)
 		}
+		if err == nil && n > 1 {
+			err = c.waitPeers(60 * time.Second)
+		}
 		if err == nil {
 			return c
 		}
@@ -159,6 +162,38 @@ func StartNATSCluster(t testing.TB, n int, extra string) *NATSCluster {
 	}
 	t.Fatalf("could not start a cluster of %d nats-servers: %v", n, err)
 	return nil
+}
+
+// waitPeers waits until the cluster's meta group places a stream on
+// every server: each answering JetStream requests is not enough, a
+// stream of n replicas created then can still fail with "no suitable
+// peers for placement" (10005) while the meta leader learns of the
+// others. It creates and deletes a stream of n replicas.
+func (c *NATSCluster) waitPeers(timeout time.Duration) error {
+	nc, err := nats.Connect(c.URL(), append([]nats.Option{nats.Timeout(2 * time.Second)}, c.Servers[0].ready...)...)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	name := UniqueName("testkit_peers_")
+	for deadline := time.Now().Add(timeout); ; time.Sleep(50 * time.Millisecond) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, err = js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{name}, Replicas: len(c.Servers), Storage: jetstream.MemoryStorage})
+		if err == nil {
+			err = js.DeleteStream(ctx, name)
+		}
+		cancel()
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the cluster does not place a stream on its %d servers after %s: %w", len(c.Servers), timeout, err)
+		}
+	}
 }
 
 // URLs are the client URLs of the servers, in order.
