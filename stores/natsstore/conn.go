@@ -9,12 +9,12 @@ import (
 	"net/url"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go"
 
 	"github.com/watermill-dedup/dedup/stores"
+	"github.com/watermill-dedup/dedup/stores/internal/neterr"
 )
 
 // errConnLost cancels the calls in flight when the connection to NATS is
@@ -288,7 +288,7 @@ func (w *connWatch) probeServer(ctx context.Context, srv string) error {
 	}
 	c, err := w.dial(ctx, host)
 	if err != nil {
-		if dialOutage(err) {
+		if neterr.DialOutage(err) {
 			return fmt.Errorf("%s: %w: %w", host, errServerDown, err)
 		}
 		return err
@@ -361,23 +361,6 @@ func (w *connWatch) dial(ctx context.Context, host string) (net.Conn, error) {
 	}
 	d.Timeout = 0 // ctx bounds it
 	return d.DialContext(ctx, "tcp", host)
-}
-
-// dialOutage reports a dial that failed as a known outage: refused
-// (nothing listens), timed out, the host or network unreachable, a name
-// the resolver could not look up now. A name that does not exist is a
-// setting to fix, and a dial the other end reset (it accepted, then
-// closed) is none either.
-func dialOutage(err error) bool {
-	var dns *net.DNSError
-	if errors.As(err, &dns) {
-		return !dns.IsNotFound
-	}
-	var ne net.Error
-	return errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ETIMEDOUT) ||
-		errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()) ||
-		errors.Is(err, syscall.ENETUNREACH) || errors.Is(err, syscall.EHOSTUNREACH) ||
-		errors.Is(err, syscall.ENETDOWN) || errors.Is(err, syscall.EHOSTDOWN)
 }
 
 // stop ends the watcher and waits for it, and for a probe in flight

@@ -2,8 +2,6 @@ package natsstore
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -14,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/watermill-dedup/dedup/stores"
+	"github.com/watermill-dedup/dedup/stores/internal/neterr"
 )
 
 // Error classes: which errors of nats.go and JetStream mean an outage
@@ -246,18 +245,7 @@ func refusal(err error) bool {
 			return true
 		}
 	}
-	var (
-		op     *net.OpError
-		verify *tls.CertificateVerificationError
-		header tls.RecordHeaderError
-		alert  tls.AlertError
-		ua     x509.UnknownAuthorityError
-		host   x509.HostnameError
-		inv    x509.CertificateInvalidError
-	)
-	return (errors.As(err, &op) && (op.Op == "remote error" || op.Op == "local error")) ||
-		errors.As(err, &verify) || errors.As(err, &header) || errors.As(err, &alert) ||
-		errors.As(err, &ua) || errors.As(err, &host) || errors.As(err, &inv)
+	return neterr.TLSRefused(err)
 }
 
 // isUnavailable reports an error that means NATS could not be reached or
@@ -274,7 +262,7 @@ func isUnavailable(err error) bool {
 	}
 	var op *net.OpError
 	if errors.As(err, &op) && op.Op == "dial" {
-		return dialOutage(err)
+		return neterr.DialOutage(err)
 	}
 	var ne net.Error
 	if errors.As(err, &ne) && ne.Timeout() {

@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/watermill-dedup/dedup/stores"
+	"github.com/watermill-dedup/dedup/stores/internal/neterr"
 )
 
 // ErrEvictionPolicy is returned by [Store.CheckServer] when a Redis node
@@ -173,7 +174,7 @@ const leastBulkLen = 1 << 20
 // over a node's limit, the store reads the limits, and refuses data over
 // them from then on before any I/O.
 func (s *Store) tooLargeAfter(ctx context.Context, data []byte, err error) error {
-	if !(errors.Is(err, stores.ErrUnavailable) || connLost(err)) || len(data)+1 <= leastBulkLen || ctx.Err() != nil {
+	if !(errors.Is(err, stores.ErrUnavailable) || neterr.ConnLost(err)) || len(data)+1 <= leastBulkLen || ctx.Err() != nil {
 		return err
 	}
 	var (

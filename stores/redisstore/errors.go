@@ -5,19 +5,17 @@ import (
 	"cmp"
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
 	"net"
-	"reflect"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/watermill-dedup/dedup/stores"
+	"github.com/watermill-dedup/dedup/stores/internal/neterr"
 )
 
 // Error classes: which errors of go-redis and Redis mean an outage
@@ -80,7 +78,7 @@ func (s *Store) class(err error, confirm func(error) error) error {
 		return fmt.Errorf("%w: %w", ErrRefused, err)
 	case isOutage(err):
 		return fmt.Errorf("%w: %w", stores.ErrUnavailable, err)
-	case !connLost(err) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
+	case !neterr.ConnLost(err) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
 		return err
 	}
 	return confirm(err)
@@ -115,7 +113,7 @@ func (s *Store) confirmBroken(ctx context.Context, err error) error {
 		return fmt.Errorf("%w (the call ended before a new connection told whether the server is down: %v)", cmp.Or(ctx.Err(), context.DeadlineExceeded), err)
 	case isOutage(perr):
 		return fmt.Errorf("%w: %w (a new connection failed too: %v)", stores.ErrUnavailable, err, perr)
-	case connLost(perr):
+	case neterr.ConnLost(perr):
 		return fmt.Errorf("%w (not known to be an outage: the server took a new connection and closed it without a reply: %v)", err, perr)
 	}
 	return fmt.Errorf("%w (not known to be an outage: a new connection failed too, not as an outage: %v)", err, perr)
@@ -277,7 +275,7 @@ var refusedPrefixes = []string{"WRONGPASS", "NOAUTH", "NOPERM", "DENIED"}
 
 // isOutage reports an error known to be an outage by itself: a dial
 // refused, unreachable or timed out (the request never went out; see
-// dialOutage); a read or write that timed out, or found the network
+// neterr.DialOutage); a read or write that timed out, or found the network
 // unreachable; no connection from the pool in time (go-redis's
 // ErrPoolTimeout, ErrPoolExhausted); a server that replies it cannot
 // serve now (unavailablePrefixes). A connection that broke (a reset, an
@@ -297,14 +295,14 @@ func isOutage(err error) bool {
 	}
 	var op *net.OpError
 	if errors.As(err, &op) && op.Op == "dial" {
-		return dialOutage(err)
+		return neterr.DialOutage(err)
 	}
-	if connLost(err) || errors.Is(err, context.DeadlineExceeded) {
+	if neterr.ConnLost(err) || errors.Is(err, context.DeadlineExceeded) {
 		// A broken connection, or a context's deadline (the caller's,
 		// or one of go-redis's own): not known by itself.
 		return false
 	}
-	return isTimeout(err) || unreachable(err)
+	return isTimeout(err) || neterr.Unreachable(err)
 }
 
 // isTimeout reports a timeout: a net.Error's, crypto/tls's handshake
@@ -314,69 +312,9 @@ func isTimeout(err error) bool {
 	return errors.As(err, &ne) && ne.Timeout()
 }
 
-// dialOutage reports a dial that failed as a known outage: refused
-// (nothing listens), timed out, the host or network unreachable, a name
-// the resolver could not look up now. A name that does not exist is a
-// setting to fix, and a dial the other end reset (it accepted, then
-// closed) is no outage either (see classifyCall).
-func dialOutage(err error) bool {
-	var dns *net.DNSError
-	if errors.As(err, &dns) {
-		return !dns.IsNotFound
-	}
-	return errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ETIMEDOUT) || isTimeout(err) || unreachable(err)
-}
-
-// unreachable reports a network or host that cannot be reached.
-func unreachable(err error) bool {
-	return errors.Is(err, syscall.ENETUNREACH) || errors.Is(err, syscall.EHOSTUNREACH) ||
-		errors.Is(err, syscall.ENETDOWN) || errors.Is(err, syscall.EHOSTDOWN)
-}
-
-// connLost reports a connection that broke under the client: reset or
-// closed (EOF, a broken pipe, a connection closed under the call).
-// Whether that is an outage is for classifyCall to find out.
-func connLost(err error) bool {
-	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) ||
-		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNABORTED)
-}
-
 // refused reports a refusal of the client: the server's reply
 // (refusedPrefixes), or a TLS handshake that failed on either side (see
-// tlsRefused).
+// neterr.TLSRefused).
 func refused(err error) bool {
-	return hasReplyPrefix(err, refusedPrefixes...) || tlsRefused(err)
-}
-
-// tlsRefused reports a TLS handshake that failed: the server's alert (a
-// certificate it does not accept, or none where it requires one, a TLS
-// version or cipher it does not take), which crypto/tls returns as a
-// *net.OpError (a net.Error; go-redis, which unwraps the error of a
-// connection's setup once, may also hand over the alert alone); the
-// client's own (a local error); a server certificate that does not
-// verify; a server that does not answer in TLS.
-func tlsRefused(err error) bool {
-	var (
-		op     *net.OpError
-		verify *tls.CertificateVerificationError
-		header tls.RecordHeaderError
-		alert  tls.AlertError
-		ua     x509.UnknownAuthorityError
-		host   x509.HostnameError
-		inv    x509.CertificateInvalidError
-	)
-	return (errors.As(err, &op) && (op.Op == "remote error" || op.Op == "local error")) ||
-		errors.As(err, &verify) || errors.As(err, &header) || errors.As(err, &alert) ||
-		errors.As(err, &ua) || errors.As(err, &host) || errors.As(err, &inv) || isTLSAlert(err)
-}
-
-// isTLSAlert reports crypto/tls's alert found in err's chain on its own
-// (not in the *net.OpError crypto/tls puts it in).
-func isTLSAlert(err error) bool {
-	for e := err; e != nil; e = errors.Unwrap(e) {
-		if t := reflect.TypeOf(e); t.PkgPath() == "crypto/tls" && t.Name() == "alert" {
-			return true
-		}
-	}
-	return false
+	return hasReplyPrefix(err, refusedPrefixes...) || neterr.TLSRefused(err)
 }

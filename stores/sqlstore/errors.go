@@ -2,17 +2,14 @@ package sqlstore
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"database/sql/driver"
 	"errors"
 	"fmt"
-	"io"
 	"net"
-	"syscall"
 	"time"
 
 	"github.com/watermill-dedup/dedup/stores"
+	"github.com/watermill-dedup/dedup/stores/internal/neterr"
 )
 
 // Error classes: what the store does with an error (report an outage,
@@ -186,7 +183,7 @@ func (s *Store) is(err error, c errClass) bool {
 
 // isOutage reports an error known to be an outage by itself: a dial
 // refused, unreachable or timed out (the request never went out; see
-// dialOutage); a read or write that timed out, or found the network
+// neterr.DialOutage); a read or write that timed out, or found the network
 // unreachable; a server that says it cannot serve now (the dialect's
 // codes: shutting down, starting, out of connections, read-only after a
 // failover). A connection that broke (a reset, an EOF) is none by itself
@@ -204,43 +201,20 @@ func (s *Store) isOutage(err error) bool {
 	}
 	var op *net.OpError
 	if errors.As(err, &op) && op.Op == "dial" {
-		return dialOutage(err)
+		return neterr.DialOutage(err)
 	}
 	if s.connLost(err) {
 		return false
 	}
 	var ne net.Error
-	return (errors.As(err, &ne) && ne.Timeout()) || unreachable(err)
-}
-
-// dialOutage reports a dial that failed as a known outage: refused
-// (nothing listens), timed out, the host or network unreachable, a name
-// the resolver could not look up now. A name that does not exist is a
-// setting to fix, and a dial the other end reset (it accepted, then
-// closed) is no outage either (see classify).
-func dialOutage(err error) bool {
-	var dns *net.DNSError
-	if errors.As(err, &dns) {
-		return !dns.IsNotFound
-	}
-	var ne net.Error
-	return errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ETIMEDOUT) ||
-		(errors.As(err, &ne) && ne.Timeout()) || unreachable(err)
-}
-
-// unreachable reports a network or host that cannot be reached.
-func unreachable(err error) bool {
-	return errors.Is(err, syscall.ENETUNREACH) || errors.Is(err, syscall.EHOSTUNREACH) ||
-		errors.Is(err, syscall.ENETDOWN) || errors.Is(err, syscall.EHOSTDOWN)
+	return (errors.As(err, &ne) && ne.Timeout()) || neterr.Unreachable(err)
 }
 
 // connLost reports a connection that broke under the client: reset,
 // closed (EOF), or reported bad or invalid by the driver. Whether that is
 // an outage is for classify to find out.
 func (s *Store) connLost(err error) bool {
-	return errors.Is(err, driver.ErrBadConn) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
-		errors.Is(err, net.ErrClosed) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) ||
-		errors.Is(err, syscall.ECONNABORTED) || s.is(err, errConnLost)
+	return errors.Is(err, driver.ErrBadConn) || neterr.ConnLost(err) || s.is(err, errConnLost)
 }
 
 // refused reports a refusal of the client: the database's own (the
@@ -251,25 +225,7 @@ func (s *Store) connLost(err error) bool {
 // certificate the client does not trust; a server that does not speak
 // TLS to a client that does.
 func (s *Store) refused(err error) bool {
-	return s.is(err, errRefused) || tlsRefused(err)
-}
-
-// tlsRefused reports a TLS handshake that failed: the server's alert, the
-// client's own (a local error), a server certificate that does not verify,
-// a server that does not answer in TLS.
-func tlsRefused(err error) bool {
-	var (
-		op     *net.OpError
-		verify *tls.CertificateVerificationError
-		header tls.RecordHeaderError
-		alert  tls.AlertError
-		ua     x509.UnknownAuthorityError
-		host   x509.HostnameError
-		inv    x509.CertificateInvalidError
-	)
-	return (errors.As(err, &op) && (op.Op == "remote error" || op.Op == "local error")) ||
-		errors.As(err, &verify) || errors.As(err, &header) || errors.As(err, &alert) ||
-		errors.As(err, &ua) || errors.As(err, &host) || errors.As(err, &inv)
+	return s.is(err, errRefused) || neterr.TLSRefused(err)
 }
 
 // errRetry makes an operation start again: a record it saw vanished
