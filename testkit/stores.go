@@ -310,6 +310,9 @@ func (p StoreParams) openNATS(ctx context.Context, cl *closers) (*OpenedStore, e
 	nc, err := nats.Connect("nats://"+addr,
 		nats.Timeout(p.DialTimeout),
 		nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond),
+		// A write made as the connection drops is refused, not sent at
+		// the reconnect (natsstore's README).
+		nats.ReconnectBufSize(-1),
 		// The store reports what the connection goes through.
 		nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
 	if err != nil {
