@@ -72,34 +72,6 @@ func (r *redirectDialer) Dial(network, _ string) (net.Conn, error) {
 	return net.DialTimeout(network, *r.target.Load(), 5*time.Second)
 }
 
-// resetting listens on a loopback port and resets every connection it
-// accepts once the client has written to it or the server's INFO would
-// have been read: at once (SO_LINGER 0).
-func resetting(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			_ = c.(*net.TCPConn).SetLinger(0)
-			_ = c.Close()
-		}
-	}()
-	t.Cleanup(func() {
-		_ = ln.Close()
-		<-done
-	})
-	return ln.Addr().String()
-}
-
 // TestReconnectRefusalIsNotAnOutage: a store whose connection the server
 // refuses at its reconnect: the user removed at a config reload (nats.go
 // then closes the connection after the second refusal, or, with
@@ -150,7 +122,7 @@ func TestReconnectRefusalIsNotAnOutage(t *testing.T) {
 			}
 			if keepTrying {
 				// The next attempts meet resets: the same refusal.
-				r.to(resetting(t))
+				r.to(testkit.Closing(t, true))
 				testkit.WaitFor(t, time.Minute, "a reconnect that meets a reset", func() bool {
 					err := nc.LastError()
 					return err != nil && !strings.Contains(strings.ToLower(err.Error()), "authorization")

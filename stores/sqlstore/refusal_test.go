@@ -218,35 +218,6 @@ func (r *redirect) dial(ctx context.Context, _, _ string) (net.Conn, error) {
 	return d.DialContext(ctx, "tcp", *r.target.Load())
 }
 
-// closing listens on a loopback port and closes every connection it
-// accepts at once: with a reset (SO_LINGER 0) or an EOF.
-func closing(t *testing.T, reset bool) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			if reset {
-				_ = c.(*net.TCPConn).SetLinger(0)
-			}
-			_ = c.Close()
-		}
-	}()
-	t.Cleanup(func() {
-		_ = ln.Close()
-		<-done
-	})
-	return ln.Addr().String()
-}
-
 // resetsAfterRefusal: a server that refused the client (its error holds
 // want) is not unavailable when it closes the next connections while they
 // are set up, with a reset or an EOF; neither is one that never answered
@@ -256,10 +227,10 @@ func resetsAfterRefusal(t *testing.T, server, want string, open func(*redirect) 
 	s := open(r)
 	refused(t, s, 1, want)
 	for _, reset := range []bool{true, false} {
-		r.to(closing(t, reset))
+		r.to(testkit.Closing(t, reset))
 		refused(t, s, 3, "not known to be an outage")
 	}
-	refused(t, open(newRedirect(closing(t, true))), 3, "not known to be an outage")
+	refused(t, open(newRedirect(testkit.Closing(t, true))), 3, "not known to be an outage")
 	r.to(testkit.ClosedAddr(t))
 	outage(t, "nothing listening, after a refusal", s)
 }
@@ -289,9 +260,9 @@ func outagesStay(t *testing.T, server string, open func(*redirect) *sqlstore.Sto
 	if _, err := s.Claim(ctx, "s", []string{"answered"}, time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	r.to(closing(t, true))
+	r.to(testkit.Closing(t, true))
 	refused(t, s, 3, "not known to be an outage")
-	r.to(closing(t, false))
+	r.to(testkit.Closing(t, false))
 	refused(t, s, 3, "not known to be an outage")
 	closed := testkit.ClosedAddr(t)
 	r.to(closed)
