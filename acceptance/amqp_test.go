@@ -13,9 +13,9 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/watermill-dedup/dedup/acceptance"
+	"github.com/watermill-dedup/dedup/internal/testkit"
 	"github.com/watermill-dedup/dedup/keyfuncs"
 	"github.com/watermill-dedup/dedup/keyfuncs/amqpkeys"
-	"github.com/watermill-dedup/dedup/testkit"
 )
 
 // rabbitMQ is RabbitMQ through watermill-amqp: a durable fanout exchange

@@ -16,10 +16,10 @@ import (
 	wmw "github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
 	dedup "github.com/watermill-dedup/dedup"
+	"github.com/watermill-dedup/dedup/internal/testkit/ledger"
 	"github.com/watermill-dedup/dedup/keyfuncs"
 	"github.com/watermill-dedup/dedup/middleware"
 	"github.com/watermill-dedup/dedup/stores"
-	"github.com/watermill-dedup/dedup/testkit/ledger"
 )
 
 // Metadata set on every message the suite publishes.

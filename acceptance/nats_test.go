@@ -17,9 +17,9 @@ import (
 
 	"github.com/watermill-dedup/dedup/acceptance"
 	"github.com/watermill-dedup/dedup/internal/jsguard"
+	"github.com/watermill-dedup/dedup/internal/testkit"
 	"github.com/watermill-dedup/dedup/keyfuncs"
 	"github.com/watermill-dedup/dedup/middleware"
-	"github.com/watermill-dedup/dedup/testkit"
 )
 
 // natsAckWait is the AckWait of every JetStream consumer: a delivery

@@ -18,8 +18,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	dedup "github.com/watermill-dedup/dedup"
+	"github.com/watermill-dedup/dedup/internal/testkit/ledger"
 	"github.com/watermill-dedup/dedup/stores"
-	"github.com/watermill-dedup/dedup/testkit/ledger"
 )
 
 // run is one scenario's state in the test process.

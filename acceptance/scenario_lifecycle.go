@@ -12,8 +12,8 @@ import (
 	"time"
 
 	dedup "github.com/watermill-dedup/dedup"
+	"github.com/watermill-dedup/dedup/internal/testkit"
 	"github.com/watermill-dedup/dedup/stores"
-	"github.com/watermill-dedup/dedup/testkit"
 )
 
 // The lifecycle scenarios: a router closed under running handlers, a

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	dedup "github.com/watermill-dedup/dedup"
-	"github.com/watermill-dedup/dedup/testkit"
+	"github.com/watermill-dedup/dedup/internal/testkit"
 )
 
 // scenarioOutage is StoreOutage, fail-closed or fail-open.

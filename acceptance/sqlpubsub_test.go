@@ -13,12 +13,12 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/watermill-dedup/dedup/acceptance"
+	"github.com/watermill-dedup/dedup/internal/testkit"
 	"github.com/watermill-dedup/dedup/keyfuncs"
 	"github.com/watermill-dedup/dedup/keyfuncs/sqlkeys"
 	"github.com/watermill-dedup/dedup/middleware"
 	"github.com/watermill-dedup/dedup/stores/sqlstore"
 	"github.com/watermill-dedup/dedup/stores/sqlstore/wsql3"
-	"github.com/watermill-dedup/dedup/testkit"
 )
 
 // sqlAckDeadline is how long the watermill-sql subscriber waits for an

@@ -10,9 +10,9 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/watermill-dedup/dedup/internal/testkit/ledger"
 	"github.com/watermill-dedup/dedup/keyfuncs"
 	"github.com/watermill-dedup/dedup/stores"
-	"github.com/watermill-dedup/dedup/testkit/ledger"
 )
 
 // Env holds the settings a backend or a store needs to connect: addresses,

@@ -14,7 +14,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/watermill-dedup/dedup/testkit"
+	"github.com/watermill-dedup/dedup/internal/testkit"
 )
 
 // The CPU a message costs: this process's (the consumer, with kfake's

@@ -7,8 +7,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/watermill-dedup/dedup/internal/testkit"
 	"github.com/watermill-dedup/dedup/stores"
-	"github.com/watermill-dedup/dedup/testkit"
 )
 
 // benchStore is a store under measurement.

@@ -11,9 +11,9 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/watermill-dedup/dedup/internal/testkit"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/sqlstore"
-	"github.com/watermill-dedup/dedup/testkit"
 )
 
 // sqlBench is an open database with a store on a table of its own.

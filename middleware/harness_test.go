@@ -14,10 +14,10 @@ import (
 	"go.uber.org/goleak"
 
 	dedup "github.com/watermill-dedup/dedup"
+	"github.com/watermill-dedup/dedup/internal/testkit/ledger"
 	"github.com/watermill-dedup/dedup/middleware"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/memstore"
-	"github.com/watermill-dedup/dedup/testkit/ledger"
 )
 
 func TestMain(m *testing.M) {

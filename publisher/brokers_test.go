@@ -20,9 +20,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	dedup "github.com/watermill-dedup/dedup"
+	"github.com/watermill-dedup/dedup/internal/testkit"
 	"github.com/watermill-dedup/dedup/keyfuncs"
 	"github.com/watermill-dedup/dedup/publisher"
-	"github.com/watermill-dedup/dedup/testkit"
 )
 
 // pubsub is a broker's publisher and subscriber for one topic.

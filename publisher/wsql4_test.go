@@ -8,7 +8,7 @@ import (
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/watermill-dedup/dedup/testkit"
+	"github.com/watermill-dedup/dedup/internal/testkit"
 )
 
 // TestTransactionalOutboxV4 is TestTransactionalOutbox with watermill-sql

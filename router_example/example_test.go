@@ -33,7 +33,7 @@ import (
 
 	"github.com/watermill-dedup/dedup/internal/cliflag"
 	"github.com/watermill-dedup/dedup/internal/storeopen"
-	"github.com/watermill-dedup/dedup/testkit"
+	"github.com/watermill-dedup/dedup/internal/testkit"
 )
 
 // The example binary, built once per test run (with -race when the tests

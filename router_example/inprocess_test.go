@@ -8,7 +8,7 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/watermill-dedup/dedup/testkit"
+	"github.com/watermill-dedup/dedup/internal/testkit"
 )
 
 // run, in process, stops every goroutine it started before it returns:

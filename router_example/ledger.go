@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"strings"
 
+	kit "github.com/watermill-dedup/dedup/internal/testkit/ledger"
 	"github.com/watermill-dedup/dedup/stores/sqlstore"
-	kit "github.com/watermill-dedup/dedup/testkit/ledger"
 )
 
 // award is one application of the loyalty side effect.

@@ -19,7 +19,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/watermill-dedup/dedup/internal/jsguard"
-	"github.com/watermill-dedup/dedup/testkit"
+	"github.com/watermill-dedup/dedup/internal/testkit"
 )
 
 // TestNATSSubscriberClosesWhileDelivering: closing watermill-nats'

@@ -10,8 +10,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/watermill-dedup/dedup/internal/testkit"
 	"github.com/watermill-dedup/dedup/keyfuncs/amqpkeys"
-	"github.com/watermill-dedup/dedup/testkit"
 )
 
 // What the consumer receives from each producer, through the broker the

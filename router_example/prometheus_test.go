@@ -21,7 +21,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/watermill-dedup/dedup/testkit"
+	"github.com/watermill-dedup/dedup/internal/testkit"
 )
 
 // The files this test checks: the rules, their promtool unit tests, and

@@ -5,9 +5,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/watermill-dedup/dedup/internal/testkit"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/storetest"
-	"github.com/watermill-dedup/dedup/testkit"
 )
 
 // listIDs is the id of every record list -json shows with args, by

@@ -9,9 +9,9 @@ import (
 	"time"
 
 	"github.com/watermill-dedup/dedup/internal/readmetest"
+	"github.com/watermill-dedup/dedup/internal/testkit"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/storetest"
-	"github.com/watermill-dedup/dedup/testkit"
 )
 
 // Every command the docs show is a valid command line; the ones that read

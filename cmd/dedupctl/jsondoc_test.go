@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/watermill-dedup/dedup/internal/testkit"
 	"github.com/watermill-dedup/dedup/stores/storetest"
-	"github.com/watermill-dedup/dedup/testkit"
 )
 
 // docField is a field of a JSON object as the README documents it.

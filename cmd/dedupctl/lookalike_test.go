@@ -5,8 +5,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/watermill-dedup/dedup/internal/testkit"
 	"github.com/watermill-dedup/dedup/stores/redisstore"
-	"github.com/watermill-dedup/dedup/testkit"
 )
 
 // No record is taken for router_example's bookkeeping (#7). Under

@@ -12,9 +12,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/watermill-dedup/dedup/internal/storeopen"
+	"github.com/watermill-dedup/dedup/internal/testkit"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/natsstore"
-	"github.com/watermill-dedup/dedup/testkit"
 )
 
 // -store=nats beyond what every store does (main_test.go runs get, list,

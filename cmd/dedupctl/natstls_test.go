@@ -7,8 +7,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/watermill-dedup/dedup/internal/testkit"
 	"github.com/watermill-dedup/dedup/stores/natsstore"
-	"github.com/watermill-dedup/dedup/testkit"
 )
 
 // TestNATSClientCert: on a NATS server of the test's own that requires

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/watermill-dedup/dedup/internal/readmetest"
-	"github.com/watermill-dedup/dedup/testkit"
+	"github.com/watermill-dedup/dedup/internal/testkit"
 )
 
 // The README's dedupctl commands on a store of the reader's own (SQL,

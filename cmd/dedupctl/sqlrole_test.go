@@ -6,9 +6,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/watermill-dedup/dedup/internal/testkit"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/sqlstore"
-	"github.com/watermill-dedup/dedup/testkit"
 )
 
 // TestSQLRole runs every command as a role (PostgreSQL) or user (MariaDB)

@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/watermill-dedup/dedup/testkit"
+	"github.com/watermill-dedup/dedup/internal/testkit"
 )
 
 var (

@@ -13,7 +13,7 @@ import (
 	"github.com/nats-io/nkeys"
 
 	"github.com/watermill-dedup/dedup/internal/storeopen"
-	"github.com/watermill-dedup/dedup/testkit"
+	"github.com/watermill-dedup/dedup/internal/testkit"
 )
 
 // Each way to authenticate, and TLS with a private CA, on NATS servers

@@ -15,7 +15,7 @@ import (
 	"github.com/nats-io/nkeys"
 
 	"github.com/watermill-dedup/dedup/internal/storeopen"
-	"github.com/watermill-dedup/dedup/testkit"
+	"github.com/watermill-dedup/dedup/internal/testkit"
 )
 
 // A credentials file (-nats-creds) on a server in operator (JWT) mode.

@@ -9,7 +9,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/watermill-dedup/dedup/internal/storeopen"
-	"github.com/watermill-dedup/dedup/testkit"
+	"github.com/watermill-dedup/dedup/internal/testkit"
 )
 
 // TestNATSClientCert: a server that requires TLS with a client

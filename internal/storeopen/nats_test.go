@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	"github.com/watermill-dedup/dedup/internal/storeopen"
-	"github.com/watermill-dedup/dedup/testkit"
+	"github.com/watermill-dedup/dedup/internal/testkit"
 )
 
 // A NATS URL is shown without its credentials: a user and password, or a

@@ -13,12 +13,12 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
+	"github.com/watermill-dedup/dedup/internal/testkit"
+	"github.com/watermill-dedup/dedup/internal/testkit/keytest"
 	"github.com/watermill-dedup/dedup/keyfuncs"
 	"github.com/watermill-dedup/dedup/keyfuncs/amqpkeys"
 	"github.com/watermill-dedup/dedup/middleware"
 	"github.com/watermill-dedup/dedup/stores/storetest"
-	"github.com/watermill-dedup/dedup/testkit"
-	"github.com/watermill-dedup/dedup/testkit/keytest"
 )
 
 // TestDefaultMarshalerLosesTheIdentity is the problem Marshaler solves:

@@ -18,10 +18,10 @@ import (
 
 	dedup "github.com/watermill-dedup/dedup"
 	"github.com/watermill-dedup/dedup/internal/cycle"
+	"github.com/watermill-dedup/dedup/internal/testkit"
 	"github.com/watermill-dedup/dedup/middleware"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/natsstore"
-	"github.com/watermill-dedup/dedup/testkit"
 )
 
 // An error is an outage only when it is known to be one: a server that

@@ -3,8 +3,8 @@ package natsstore_test
 import (
 	"testing"
 
+	"github.com/watermill-dedup/dedup/internal/testkit"
 	"github.com/watermill-dedup/dedup/stores/natsstore"
-	"github.com/watermill-dedup/dedup/testkit"
 )
 
 // TestRouterOutage runs a real Watermill router (gochannel) with the dedup

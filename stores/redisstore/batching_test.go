@@ -12,10 +12,10 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/watermill-dedup/dedup/internal/testkit"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/redisstore"
 	"github.com/watermill-dedup/dedup/stores/storetest"
-	"github.com/watermill-dedup/dedup/testkit"
 )
 
 // TestConformanceUnbatched runs the suite with batching off (TestConformance

@@ -13,9 +13,9 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	dedupcycle "github.com/watermill-dedup/dedup/internal/cycle"
+	"github.com/watermill-dedup/dedup/internal/testkit"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/redisstore"
-	"github.com/watermill-dedup/dedup/testkit"
 )
 
 // TestClusterReplicaLag runs on a Redis Cluster of three masters with a

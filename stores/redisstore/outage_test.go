@@ -6,8 +6,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/watermill-dedup/dedup/internal/testkit"
 	"github.com/watermill-dedup/dedup/stores/redisstore"
-	"github.com/watermill-dedup/dedup/testkit"
 )
 
 // TestRouterOutage runs a real Watermill router (gochannel) with the dedup

@@ -5,9 +5,9 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/watermill-dedup/dedup/internal/testkit"
 	"github.com/watermill-dedup/dedup/stores/redisstore"
 	"github.com/watermill-dedup/dedup/stores/storetest"
-	"github.com/watermill-dedup/dedup/testkit"
 )
 
 // TestRESP2 runs the conformance suite and the model of the Store

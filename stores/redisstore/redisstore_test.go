@@ -13,10 +13,10 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 
+	"github.com/watermill-dedup/dedup/internal/testkit"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/redisstore"
 	"github.com/watermill-dedup/dedup/stores/storetest"
-	"github.com/watermill-dedup/dedup/testkit"
 )
 
 // sharedRedis returns a client for the shared Redis (REDIS_ADDR or

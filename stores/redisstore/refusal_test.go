@@ -15,9 +15,9 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	dedupcycle "github.com/watermill-dedup/dedup/internal/cycle"
+	"github.com/watermill-dedup/dedup/internal/testkit"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/redisstore"
-	"github.com/watermill-dedup/dedup/testkit"
 )
 
 // An error is an outage only when it is known to be one, each error on

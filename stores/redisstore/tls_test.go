@@ -18,10 +18,10 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	dedupcycle "github.com/watermill-dedup/dedup/internal/cycle"
+	"github.com/watermill-dedup/dedup/internal/testkit"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/redisstore"
 	"github.com/watermill-dedup/dedup/stores/storetest"
-	"github.com/watermill-dedup/dedup/testkit"
 )
 
 // TestTLS runs the conformance suite over TLS, on a redis-server of its

@@ -11,10 +11,10 @@ import (
 	"github.com/go-sql-driver/mysql"
 	_ "github.com/mattn/go-sqlite3" // the cgo SQLite driver, "sqlite3": tests only
 
+	"github.com/watermill-dedup/dedup/internal/testkit"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/sqlstore"
 	"github.com/watermill-dedup/dedup/stores/storetest"
-	"github.com/watermill-dedup/dedup/testkit"
 )
 
 // driverOption is one driver or server setting users run the store

@@ -23,10 +23,10 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/watermill-dedup/dedup/internal/cycle"
+	"github.com/watermill-dedup/dedup/internal/testkit"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/sqlstore"
 	"github.com/watermill-dedup/dedup/stores/storetest"
-	"github.com/watermill-dedup/dedup/testkit"
 )
 
 // An error is an outage only when it is known to be one: a server that

@@ -12,10 +12,10 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 
+	"github.com/watermill-dedup/dedup/internal/testkit"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/sqlstore"
 	"github.com/watermill-dedup/dedup/stores/storetest"
-	"github.com/watermill-dedup/dedup/testkit"
 )
 
 // roleEnv is a least-privileged role beside the migration role (the

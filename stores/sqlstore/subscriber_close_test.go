@@ -16,6 +16,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	dedup "github.com/watermill-dedup/dedup"
+	"github.com/watermill-dedup/dedup/internal/testkit"
 	"github.com/watermill-dedup/dedup/keyfuncs"
 	"github.com/watermill-dedup/dedup/middleware"
 	"github.com/watermill-dedup/dedup/stores"
@@ -23,7 +24,6 @@ import (
 	"github.com/watermill-dedup/dedup/stores/sqlstore/wsql3"
 	"github.com/watermill-dedup/dedup/stores/sqlstore/wsql4"
 	"github.com/watermill-dedup/dedup/stores/storetest"
-	"github.com/watermill-dedup/dedup/testkit"
 )
 
 // The tests below run the transactional inbox joined to a watermill-sql

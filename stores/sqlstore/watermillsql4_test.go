@@ -14,13 +14,13 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 
 	dedup "github.com/watermill-dedup/dedup"
+	"github.com/watermill-dedup/dedup/internal/testkit"
 	"github.com/watermill-dedup/dedup/keyfuncs"
 	"github.com/watermill-dedup/dedup/publisher"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/sqlstore"
 	"github.com/watermill-dedup/dedup/stores/sqlstore/wsql4"
 	"github.com/watermill-dedup/dedup/stores/storetest"
-	"github.com/watermill-dedup/dedup/testkit"
 )
 
 // TestWatermillSQLv4SubscriberTx is TestWatermillSQLSubscriberTx on

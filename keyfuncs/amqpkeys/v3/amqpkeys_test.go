@@ -14,13 +14,13 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
+	"github.com/watermill-dedup/dedup/internal/testkit"
+	"github.com/watermill-dedup/dedup/internal/testkit/keytest"
 	"github.com/watermill-dedup/dedup/keyfuncs"
 	amqpkeys2 "github.com/watermill-dedup/dedup/keyfuncs/amqpkeys"
 	amqpkeys "github.com/watermill-dedup/dedup/keyfuncs/amqpkeys/v3"
 	"github.com/watermill-dedup/dedup/middleware"
 	"github.com/watermill-dedup/dedup/stores/storetest"
-	"github.com/watermill-dedup/dedup/testkit"
-	"github.com/watermill-dedup/dedup/testkit/keytest"
 )
 
 // TestSameAsV2: the v3 Marshaler (on v3's default marshaler) gives every

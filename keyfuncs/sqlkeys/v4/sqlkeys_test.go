@@ -16,11 +16,11 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	_ "github.com/jackc/pgx/v5/stdlib"
 
+	"github.com/watermill-dedup/dedup/internal/testkit"
+	"github.com/watermill-dedup/dedup/internal/testkit/keytest"
 	"github.com/watermill-dedup/dedup/keyfuncs"
 	sqlkeys "github.com/watermill-dedup/dedup/keyfuncs/sqlkeys/v4"
 	"github.com/watermill-dedup/dedup/stores/storetest"
-	"github.com/watermill-dedup/dedup/testkit"
-	"github.com/watermill-dedup/dedup/testkit/keytest"
 )
 
 // adapters are v4's schema adapters, each with its offsets adapter, the

@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/watermill-dedup/dedup/internal/testkit"
 	"github.com/watermill-dedup/dedup/stores/internal/batch"
-	"github.com/watermill-dedup/dedup/testkit"
 )
 
 func sentReq(r *recorder, req int) bool {

@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/watermill-dedup/dedup/internal/testkit"
 	"github.com/watermill-dedup/dedup/stores/internal/batch"
-	"github.com/watermill-dedup/dedup/testkit"
 )
 
 // recorder is an Exec that records each batch's requests and answers each

@@ -1,5 +1,5 @@
 // Package testkit is this module's own kit for its tests, its acceptance
-// suite, its example and its benchmarks. It is not part of the library:
+// suite, its example and its benchmarks. It is internal to this module:
 // no library package imports it, and it makes no compatibility promise.
 //
 // It finds the services that integration tests run against and decides

@@ -14,9 +14,9 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib"
 	_ "modernc.org/sqlite"
 
+	"github.com/watermill-dedup/dedup/internal/testkit"
+	"github.com/watermill-dedup/dedup/internal/testkit/ledger"
 	"github.com/watermill-dedup/dedup/stores/sqlstore"
-	"github.com/watermill-dedup/dedup/testkit"
-	"github.com/watermill-dedup/dedup/testkit/ledger"
 )
 
 func uniqueTable(t testing.TB) string {
