@@ -1,39 +1,3 @@
-// Package memstore is the embedded, single-process dedup store: records live
-// in the Go heap, in sharded hash tables, and vanish with the process.
-//
-// Use it for tests, for the embedded demo, and for consumers where one
-// process is the only consumer of a queue and a restart may legitimately
-// forget what was done (a restart also loses every record, so a redelivery
-// after a crash runs the handler again). For anything shared by several
-// processes or surviving restarts use redisstore or sqlstore.
-//
-// # Keys
-//
-// A record is stored under the 128-bit hash of its (scope, key), computed
-// with two random seeds drawn by New (hash/maphash), not under the key
-// itself: a record costs no allocation and holds no pointer, so a store
-// of millions of records costs the garbage collector nothing to scan, and
-// a key handed in as a substring of a large payload is never kept. Two
-// different keys would be taken for one only on a 128-bit collision:
-// with n live records the chance that a new key collides with any of
-// them is n/2^128 (about 3e-30 at a billion records). The seeds never
-// leave the process, so nobody can craft colliding keys.
-//
-// The Store implements [stores.Admin]. Since a record keeps no scope or
-// key, List lists records by their hash (the ID, which GetByID and
-// DeleteByID take) and cannot select a scope or a key prefix, and Stats
-// does not count by scope.
-//
-// # Memory
-//
-// Each shard keeps its records in an open-addressing table of 32-byte
-// slots (the hash and the record), filled to between 3/8 and 3/4 before
-// it doubles: 43 to 85 bytes per done record, 67 at one million records
-// (BenchmarkMemoryPerRecord), plus any data (produced messages) kept with
-// it. A lookup is usually one cache miss. The background sweeper removes
-// expired records every SweepInterval, so the heap holds at most
-// (messages per second) x (retention + SweepInterval) records; a table
-// does not shrink.
 package memstore
 
 import (
@@ -53,46 +17,63 @@ import (
 	"github.com/watermill-dedup/dedup/stores/storekit"
 )
 
-// Config configures a Store. The zero value is ready to use.
-type Config struct {
-	// Shards is the number of independently locked maps. The default is 64;
-	// it must be a power of two no larger than 65536.
-	Shards int
+// The Store: New, the lease-mode calls on the sharded tables, the
+// sweeper and Close. The tables are in table.go, the admin interface in
+// admin.go.
 
-	// SweepInterval is how often expired records are removed. The default
-	// is one minute. Expired records are never treated as live, whether or
-	// not the sweeper has run; sweeping only bounds memory.
-	SweepInterval time.Duration
-
-	// Clock tells the time; nil means the system clock. Tests inject a fake.
-	Clock stores.Clock
+// Store is the in-memory store. Create it with New.
+type Store struct {
+	cfg    Config
+	mono   bool      // the system clock: now is time.Since(start)
+	start  time.Time // with a monotonic reading
+	seeds  [2]maphash.Seed
+	mask   uint64
+	shards []shard
+	tokens atomic.Uint64
+	// maxLease is the longest lease given so far, in nanoseconds: how long
+	// Sweep keeps an expired processing record.
+	maxLease atomic.Int64
+	closed   atomic.Bool
+	stop     chan struct{}
+	done     chan struct{}
+	once     sync.Once
 }
 
-// Default values of Config fields.
-const (
-	DefaultShards        = 64
-	DefaultSweepInterval = time.Minute
-)
+var _ stores.Store = (*Store)(nil)
 
-// Validate reports the first invalid field.
-func (c Config) Validate() error {
-	if c.Shards < 0 || c.Shards > 1<<16 || (c.Shards > 0 && c.Shards&(c.Shards-1) != 0) {
-		return fmt.Errorf("memstore: Shards must be a power of two between 1 and 65536, got %d", c.Shards)
-	}
-	if c.SweepInterval < 0 {
-		return fmt.Errorf("memstore: SweepInterval must not be negative, got %s", c.SweepInterval)
-	}
-	return nil
+// Capabilities implements [stores.Store]: no bounds (a duration is capped
+// at about 292 years, data is kept whatever its size), every call a map
+// operation under a mutex (NonBlocking), and the Admin interface.
+func (s *Store) Capabilities() stores.Capabilities {
+	return stores.Capabilities{Kind: "memstore", NonBlocking: true, Admin: true}
 }
 
-func (c *Config) setDefaults() {
-	if c.Shards == 0 {
-		c.Shards = DefaultShards
+// New returns a Store and starts its sweeper; Close stops it.
+func New(cfg Config) (*Store, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
 	}
-	if c.SweepInterval == 0 {
-		c.SweepInterval = DefaultSweepInterval
+	cfg.setDefaults()
+	s := &Store{
+		cfg:    cfg,
+		seeds:  [2]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed()},
+		mask:   uint64(cfg.Shards - 1),
+		shards: make([]shard, cfg.Shards),
+		stop:   make(chan struct{}),
+		done:   make(chan struct{}),
 	}
-	c.Clock = stores.ClockOrSystem(c.Clock)
+	if _, ok := cfg.Clock.(stores.SystemClock); ok {
+		s.mono, s.start = true, time.Now()
+	}
+	// Tokens start at a random point so two stores in one process (or one
+	// store before and after a restart) do not hand out the same sequence.
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return nil, fmt.Errorf("memstore: seeding tokens: %w", err)
+	}
+	s.tokens.Store(binary.LittleEndian.Uint64(b[:]) >> 2)
+	go s.sweepLoop()
+	return s, nil
 }
 
 // hkey identifies a (scope, key) pair: its 128-bit hash under the store's
@@ -161,61 +142,13 @@ func (sh *shard) claim(h hkey, now, until int64, token uint64) (res stores.Resul
 	return stores.Claimed, "", ok && !r.done()
 }
 
-// Store is the in-memory store. Create it with New.
-type Store struct {
-	cfg    Config
-	mono   bool      // the system clock: now is time.Since(start)
-	start  time.Time // with a monotonic reading
-	seeds  [2]maphash.Seed
-	mask   uint64
-	shards []shard
-	tokens atomic.Uint64
-	// maxLease is the longest lease given so far, in nanoseconds: how long
-	// Sweep keeps an expired processing record.
-	maxLease atomic.Int64
-	closed   atomic.Bool
-	stop     chan struct{}
-	done     chan struct{}
-	once     sync.Once
-}
-
-var _ stores.Store = (*Store)(nil)
-
-// Capabilities implements [stores.Store]: no bounds (a duration is capped
-// at about 292 years, data is kept whatever its size), every call a map
-// operation under a mutex (NonBlocking), and the Admin interface.
-func (s *Store) Capabilities() stores.Capabilities {
-	return stores.Capabilities{Kind: "memstore", NonBlocking: true, Admin: true}
-}
-
-// New returns a Store and starts its sweeper; Close stops it.
-func New(cfg Config) (*Store, error) {
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
-	cfg.setDefaults()
-	s := &Store{
-		cfg:    cfg,
-		seeds:  [2]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed()},
-		mask:   uint64(cfg.Shards - 1),
-		shards: make([]shard, cfg.Shards),
-		stop:   make(chan struct{}),
-		done:   make(chan struct{}),
-	}
-	if _, ok := cfg.Clock.(stores.SystemClock); ok {
-		s.mono, s.start = true, time.Now()
-	}
-	// Tokens start at a random point so two stores in one process (or one
-	// store before and after a restart) do not hand out the same sequence.
-	var b [8]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		return nil, fmt.Errorf("memstore: seeding tokens: %w", err)
-	}
-	s.tokens.Store(binary.LittleEndian.Uint64(b[:]) >> 2)
-	go s.sweepLoop()
-	return s, nil
-}
-
+// hash returns the record key of (scope, key): its 128-bit hash, two
+// 64-bit maphash sums of the pair under the store's two random seeds
+// (drawn by New), never the key itself. A record then costs no
+// allocation and holds no pointer, and a key handed in as a substring of
+// a large payload is never kept. Two keys are taken for one only on a
+// 128-bit collision, and the seeds never leave the process, so nobody can
+// craft one.
 func (s *Store) hash(scope, key string) hkey {
 	v := scopedKey{scope, key}
 	h := hkey{maphash.Comparable(s.seeds[0], v), maphash.Comparable(s.seeds[1], v)}
