@@ -10,6 +10,7 @@ import (
 
 	dedup "github.com/watermill-dedup/dedup"
 	"github.com/watermill-dedup/dedup/internal/cycle"
+	"github.com/watermill-dedup/dedup/internal/record"
 	"github.com/watermill-dedup/dedup/stores"
 )
 
@@ -117,7 +118,7 @@ func (m *Middleware) runClaimed(h message.HandlerFunc, msg *message.Message, c *
 		// A record done without outputs (this run's were dropped, as
 		// too large to keep) returns this run's: outputs are published
 		// at least once.
-		if _, kept, err := cycle.DecodeData(recorded); err == nil && len(kept) > 0 {
+		if _, kept, err := record.Decode(recorded); err == nil && len(kept) > 0 {
 			return kept, nil
 		}
 		return outputs, nil

@@ -9,7 +9,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/watermill-dedup/dedup/internal/cycle"
+	"github.com/watermill-dedup/dedup/internal/record"
 	"github.com/watermill-dedup/dedup/stores"
 )
 
@@ -27,7 +27,7 @@ type recordJSON struct {
 	Expired    bool       `json:"expired"`
 	DataBytes  int        `json:"data_bytes"`
 	// Fingerprint (hexadecimal) and Outputs are a done record's, decoded
-	// by cycle.InspectRecordData; DataError says why its data did
+	// by record.Inspect; DataError says why its data did
 	// not decode.
 	Fingerprint string `json:"fingerprint,omitempty"`
 	Outputs     *int   `json:"outputs,omitempty"`
@@ -51,7 +51,7 @@ func recordView(r stores.Record) recordJSON {
 		v.ExpiresAt = &t
 	}
 	if r.State == stores.StateDone {
-		info, err := cycle.InspectRecordData(r.Data)
+		info, err := record.Inspect(r.Data)
 		if err != nil {
 			v.DataError = err.Error()
 		} else {

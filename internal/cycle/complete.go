@@ -10,6 +10,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	dedup "github.com/watermill-dedup/dedup"
+	"github.com/watermill-dedup/dedup/internal/record"
 	"github.com/watermill-dedup/dedup/keyfuncs"
 	"github.com/watermill-dedup/dedup/stores"
 )
@@ -255,7 +256,7 @@ func (c *Cycle) Commit(parent context.Context, scope string, tx stores.InboxTx, 
 // there), and returns the outputs the record keeps. A record it cannot
 // decode or whose fingerprint differs fails the message for good.
 func (c *Cycle) Duplicate(msg *message.Message, scope string, keys []string, data []byte, fingerprint func(*message.Message) []byte) ([]*message.Message, error) {
-	stored, outputs, err := DecodeData(data)
+	stored, outputs, err := record.Decode(data)
 	if err != nil {
 		return nil, c.Permanent(msg, scope, keys, dedup.OutcomeCorruptRecord, c.Errorf(msg, scope, "%w", err))
 	}

@@ -16,6 +16,7 @@ import (
 
 	dedup "github.com/watermill-dedup/dedup"
 	"github.com/watermill-dedup/dedup/internal/cycle"
+	"github.com/watermill-dedup/dedup/internal/record"
 	"github.com/watermill-dedup/dedup/keyfuncs"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/memstore"
@@ -817,7 +818,7 @@ func TestDuplicate(t *testing.T) {
 	e := newEnv(t)
 	c := e.cycle(cycle.Consumer, dedup.Policy{}, cycle.Needs{})
 	out := message.NewMessage("out-1", []byte("x"))
-	data := cycle.EncodeData([]byte("fp"), []*message.Message{out})
+	data := record.Encode([]byte("fp"), []*message.Message{out})
 	fp := func(fp string) func(*message.Message) []byte {
 		return func(*message.Message) []byte { return []byte(fp) }
 	}
@@ -829,7 +830,7 @@ func TestDuplicate(t *testing.T) {
 	if _, err := c.Duplicate(newMsg("m"), "s", []string{"k"}, data, nil); err != nil {
 		t.Fatalf("without a fingerprint function: %v", err)
 	}
-	if _, err := c.Duplicate(newMsg("m"), "s", []string{"k"}, cycle.EncodeData(nil, []*message.Message{out}), fp("other")); err != nil {
+	if _, err := c.Duplicate(newMsg("m"), "s", []string{"k"}, record.Encode(nil, []*message.Message{out}), fp("other")); err != nil {
 		t.Fatalf("a record kept without a fingerprint: %v", err)
 	}
 	_, err = c.Duplicate(newMsg("m"), "s", []string{"k"}, data, fp("other"))

@@ -10,6 +10,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	dedup "github.com/watermill-dedup/dedup"
+	"github.com/watermill-dedup/dedup/internal/record"
 	"github.com/watermill-dedup/dedup/stores"
 )
 
@@ -97,7 +98,7 @@ func (c *Cycle) claimOutcome(msgCtx context.Context, cl *stores.Claim, err error
 		return []attribute.KeyValue{AttrOutcome.String(dedup.OutcomeClaimed.String())}
 	case stores.Duplicate:
 		attrs := []attribute.KeyValue{AttrOutcome.String(dedup.OutcomeDuplicate.String())}
-		if at, ok := DoneAt(cl.Data); ok {
+		if at, ok := record.DoneAt(cl.Data); ok {
 			attrs = append(attrs, AttrRecordAge.Float64(time.Since(at).Seconds()))
 		}
 		return attrs
@@ -115,5 +116,5 @@ func (c *Cycle) Encode(fingerprint []byte, outputs []*message.Message) []byte {
 	if c.tr.tracer != nil {
 		at = time.Now()
 	}
-	return EncodeDataAt(fingerprint, outputs, at)
+	return record.EncodeAt(fingerprint, outputs, at)
 }

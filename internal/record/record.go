@@ -1,4 +1,21 @@
-package cycle
+// Package record is the format of the data a done dedup record keeps
+// (stores.Claim.Data): the payload fingerprint and the messages the
+// handler produced (the publisher keeps none), so that a redelivery after
+// a failed publish re-emits them. They keep their UUIDs, so downstream
+// dedup by message id makes them once. A record with neither keeps no
+// data at all. The claim cycle writes and reads it; dedupctl shows it.
+//
+//	version byte (1, or 2 with the time)
+//	version 2 only: uvarint Unix milliseconds the record was completed at
+//	uvarint len(fingerprint), fingerprint
+//	uvarint number of messages, then per message:
+//	  string uuid, uvarint number of metadata pairs,
+//	  (string key, string value)..., bytes payload
+//
+// where string and bytes are a uvarint length and the bytes. The time is
+// kept only when tracing wants it (dedup.record.age on a duplicate's
+// span): it costs a few bytes on every record.
+package record
 
 import (
 	"encoding/binary"
@@ -13,33 +30,20 @@ import (
 	dedup "github.com/watermill-dedup/dedup"
 )
 
-// The data a done record keeps (stores.Claim.Data): the payload fingerprint
-// and the handler's produced messages (the publisher keeps none), so that a redelivery after a failed
-// publish re-emits them (they keep their UUIDs, so downstream dedup by
-// message id makes them once). A record with neither keeps no data at all.
-//
-//	version byte (1, or 2 with the time)
-//	version 2 only: uvarint Unix milliseconds the record was completed at
-//	uvarint len(fingerprint), fingerprint
-//	uvarint number of messages, then per message:
-//	  string uuid, uvarint number of metadata pairs, (string key, string value)..., bytes payload
-//
-// where string and bytes are a uvarint length and the bytes. The time is
-// kept only when tracing wants it (dedup.record.age on a duplicate's
-// span): it costs a few bytes on every record.
+// The format's versions.
 const (
 	dataVersion     = 1
 	dataVersionTime = 2
 )
 
-// EncodeData is the data a done record keeps for fingerprint and msgs.
-func EncodeData(fingerprint []byte, msgs []*message.Message) []byte {
-	return EncodeDataAt(fingerprint, msgs, time.Time{})
+// Encode is the data a done record keeps for fingerprint and msgs.
+func Encode(fingerprint []byte, msgs []*message.Message) []byte {
+	return EncodeAt(fingerprint, msgs, time.Time{})
 }
 
-// EncodeDataAt is EncodeData with the time the record is completed at
+// EncodeAt is Encode with the time the record is completed at
 // (none when at is zero).
-func EncodeDataAt(fingerprint []byte, msgs []*message.Message, at time.Time) []byte {
+func EncodeAt(fingerprint []byte, msgs []*message.Message, at time.Time) []byte {
 	if len(fingerprint) == 0 && len(msgs) == 0 && at.IsZero() {
 		return nil
 	}
@@ -141,9 +145,9 @@ func DoneAt(data []byte) (time.Time, bool) {
 	return time.UnixMilli(int64(d.at)), true
 }
 
-// DecodeData is the inverse of EncodeData. Empty data decodes to
+// Decode is the inverse of Encode. Empty data decodes to
 // nothing; data it did not write fails with dedup.ErrCorruptRecord.
-func DecodeData(data []byte) (fingerprint []byte, msgs []*message.Message, err error) {
+func Decode(data []byte) (fingerprint []byte, msgs []*message.Message, err error) {
 	if len(data) == 0 {
 		return nil, nil, nil
 	}
@@ -184,11 +188,11 @@ func DecodeData(data []byte) (fingerprint []byte, msgs []*message.Message, err e
 	return slices.Clone(fingerprint), msgs, nil
 }
 
-// RecordDataInfo describes the data the middleware keeps on a done record
+// Info describes the data the middleware keeps on a done record
 // (stores.Claim.Data, stores.Record.Data): the payload fingerprint, when
 // the middleware's Config.Fingerprint was set, and the messages the handler produced, which
 // a redelivery re-emits.
-type RecordDataInfo struct {
+type Info struct {
 	// Fingerprint is the payload fingerprint kept with the record, nil
 	// when none was.
 	Fingerprint []byte
@@ -197,17 +201,17 @@ type RecordDataInfo struct {
 }
 
 // FingerprintHex is the fingerprint in hexadecimal, "" when there is none.
-func (i RecordDataInfo) FingerprintHex() string { return hex.EncodeToString(i.Fingerprint) }
+func (i Info) FingerprintHex() string { return hex.EncodeToString(i.Fingerprint) }
 
-// InspectRecordData decodes the data of a done record written by the
+// Inspect decodes the data of a done record written by the
 // middleware, for tools that show records to people (dedupctl). Empty
 // data (a record without fingerprint or outputs) is the zero
-// RecordDataInfo. Data the middleware did not write fails with an error
+// Info. Data the middleware did not write fails with an error
 // wrapping dedup.ErrCorruptRecord.
-func InspectRecordData(data []byte) (RecordDataInfo, error) {
-	fp, msgs, err := DecodeData(data)
+func Inspect(data []byte) (Info, error) {
+	fp, msgs, err := Decode(data)
 	if err != nil {
-		return RecordDataInfo{}, err
+		return Info{}, err
 	}
-	return RecordDataInfo{Fingerprint: fp, Outputs: len(msgs)}, nil
+	return Info{Fingerprint: fp, Outputs: len(msgs)}, nil
 }

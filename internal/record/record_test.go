@@ -1,4 +1,4 @@
-package cycle
+package record
 
 import (
 	"bytes"
@@ -14,15 +14,15 @@ import (
 )
 
 func TestDataRoundTrip(t *testing.T) {
-	if EncodeData(nil, nil) != nil {
+	if Encode(nil, nil) != nil {
 		t.Fatal("no fingerprint and no outputs must store nothing")
 	}
 	a := message.NewMessage("out-1", []byte{0, 1, 2, 0xff})
 	a.Metadata.Set("k", "v")
 	a.Metadata.Set("empty", "")
 	b := message.NewMessage("out-2", nil)
-	data := EncodeData([]byte("fp"), []*message.Message{a, b})
-	fp, msgs, err := DecodeData(data)
+	data := Encode([]byte("fp"), []*message.Message{a, b})
+	fp, msgs, err := Decode(data)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,41 +41,41 @@ func TestDataRoundTrip(t *testing.T) {
 		}
 	}
 	// Deterministic: metadata order does not change the bytes.
-	if !bytes.Equal(data, EncodeData([]byte("fp"), []*message.Message{a, b})) {
+	if !bytes.Equal(data, Encode([]byte("fp"), []*message.Message{a, b})) {
 		t.Fatal("encoding is not deterministic")
 	}
 }
 
 func TestDataCorrupt(t *testing.T) {
-	good := EncodeData([]byte("fp"), []*message.Message{message.NewMessage("x", []byte("payload"))})
+	good := Encode([]byte("fp"), []*message.Message{message.NewMessage("x", []byte("payload"))})
 	for i := 1; i < len(good); i++ {
-		if _, _, err := DecodeData(good[:i]); !errors.Is(err, dedup.ErrCorruptRecord) {
+		if _, _, err := Decode(good[:i]); !errors.Is(err, dedup.ErrCorruptRecord) {
 			t.Fatalf("truncated to %d bytes: %v, want dedup.ErrCorruptRecord", i, err)
 		}
 	}
-	if _, _, err := DecodeData([]byte{9}); !errors.Is(err, dedup.ErrCorruptRecord) {
+	if _, _, err := Decode([]byte{9}); !errors.Is(err, dedup.ErrCorruptRecord) {
 		t.Fatalf("unknown version: %v", err)
 	}
-	if _, _, err := DecodeData(append(good, 0)); !errors.Is(err, dedup.ErrCorruptRecord) {
+	if _, _, err := Decode(append(good, 0)); !errors.Is(err, dedup.ErrCorruptRecord) {
 		t.Fatalf("trailing bytes: %v", err)
 	}
 	// A count no data could hold is refused before anything is made
 	// for it (a map of 2^35 metadata pairs would not fit in memory).
 	hugePairs := []byte{dataVersion, 0, 1, 1, 'u', 0xff, 0xff, 0xff, 0xff, 0x7f}
-	if _, _, err := DecodeData(hugePairs); !errors.Is(err, dedup.ErrCorruptRecord) || !strings.Contains(err.Error(), "metadata pairs") {
+	if _, _, err := Decode(hugePairs); !errors.Is(err, dedup.ErrCorruptRecord) || !strings.Contains(err.Error(), "metadata pairs") {
 		t.Fatalf("huge pairs: %v", err)
 	}
 	huge := []byte{dataVersion, 0, 0xff, 0xff, 0xff, 0xff, 0x0f}
-	if _, _, err := DecodeData(huge); !errors.Is(err, dedup.ErrCorruptRecord) || !strings.Contains(err.Error(), "messages in") {
+	if _, _, err := Decode(huge); !errors.Is(err, dedup.ErrCorruptRecord) || !strings.Contains(err.Error(), "messages in") {
 		t.Fatalf("huge count: %v, want the count named", err)
 	}
 }
 
 func FuzzDecodeData(f *testing.F) {
-	f.Add(EncodeData([]byte("fp"), []*message.Message{message.NewMessage("x", []byte("p"))}))
+	f.Add(Encode([]byte("fp"), []*message.Message{message.NewMessage("x", []byte("p"))}))
 	f.Add([]byte{dataVersion})
 	f.Fuzz(func(t *testing.T, data []byte) {
-		_, _, _ = DecodeData(data) // must not panic or allocate without bound
+		_, _, _ = Decode(data) // must not panic or allocate without bound
 	})
 }
 
@@ -90,7 +90,7 @@ func TestDoneAtBounds(t *testing.T) {
 	if _, ok := DoneAt(at(math.MaxInt64 + 1)); ok {
 		t.Fatal("DoneAt(MaxInt64+1 ms) read a time past time.UnixMilli's range")
 	}
-	if _, ok := DoneAt(EncodeData([]byte("fp"), nil)); ok {
+	if _, ok := DoneAt(Encode([]byte("fp"), nil)); ok {
 		t.Fatal("DoneAt of data without a time read one")
 	}
 	if _, ok := DoneAt([]byte{9, 1}); ok {

@@ -1,4 +1,4 @@
-package cycle
+package record
 
 import (
 	"bytes"
@@ -35,7 +35,7 @@ func TestDataRoundTripSizes(t *testing.T) {
 		{"long metadata value", nil, []*message.Message{withMD("k", long)}},
 	}
 	for _, c := range cases {
-		fp, msgs, err := DecodeData(EncodeData(c.fp, c.msgs))
+		fp, msgs, err := Decode(Encode(c.fp, c.msgs))
 		if err != nil {
 			t.Fatalf("%s: %v", c.name, err)
 		}
@@ -65,7 +65,7 @@ func TestDataCorruptPairCount(t *testing.T) {
 	} {
 		// version, no fingerprint, one message with an empty uuid, then the pair count
 		data := append([]byte{dataVersion, 0, 1, 0}, pairs...)
-		if _, _, err := DecodeData(data); !errors.Is(err, dedup.ErrCorruptRecord) {
+		if _, _, err := Decode(data); !errors.Is(err, dedup.ErrCorruptRecord) {
 			t.Fatalf("pair count % x: %v, want dedup.ErrCorruptRecord", pairs, err)
 		}
 	}
@@ -79,7 +79,7 @@ func TestDataCorruptPairCountAllocatesNothing(t *testing.T) {
 	data = append(data, 1, 'k', 1, 'v', 0)
 	var before, after runtime.MemStats
 	runtime.ReadMemStats(&before)
-	_, _, err := DecodeData(data)
+	_, _, err := Decode(data)
 	runtime.ReadMemStats(&after)
 	if !errors.Is(err, dedup.ErrCorruptRecord) {
 		t.Fatalf("%v, want dedup.ErrCorruptRecord", err)
