@@ -138,8 +138,9 @@ func (p *pending) completer(f *flight) {
 // flight. A failure can only be reported: the cycle logs it.
 func (f *flight) complete() {
 	defer f.m.async.done(f)
-	f.m.cyc.Complete(&f.ctx, f.msg, f.hb, f.data)
-	f.m.cyc.Drop(f.hb)
+	// Acked already: what the record became can only be reported, and
+	// Finish has logged and counted it.
+	_, _ = f.m.cyc.Finish(&f.ctx, f.msg, f.hb, f.data, nil)
 }
 
 func newPending(linger time.Duration) *pending {
@@ -233,14 +234,37 @@ func (p *pending) close(ctx context.Context) error {
 	}
 }
 
-// startAsync registers a background Complete of c, or returns nil when c
-// completes before the ack: outside ModeAsyncComplete, on a store that
-// never blocks, and after Close.
-func (m *Middleware) startAsync(c *stores.Claim, msg *message.Message, hb *cycle.Beat, data []byte) *flight {
-	if m.async == nil || m.cyc.NonBlocking() {
-		return nil
+// handleAsync is ModeAsyncComplete's flow: ModeLease's, but the handler's
+// message is acked once the handler succeeds, and its record completed in
+// the background; a duplicate finding its keys in progress first waits for
+// a Complete of this middleware's own still on its way.
+func (m *Middleware) handleAsync(h message.HandlerFunc, msg *message.Message, scope string, keys []string) ([]*message.Message, error) {
+	landings := m.async.landings.Load()
+	own := func(c *stores.Claim) (*stores.Claim, error) {
+		return m.awaitOwnComplete(msg, scope, keys, c, landings)
 	}
-	return m.async.start(m, c, msg, hb, data)
+	c, out, err, done := m.claim(h, msg, scope, keys, own)
+	if done {
+		return out, err
+	}
+	outputs, data, hb, err := m.cyc.Run(msg, c, h)
+	if err != nil {
+		return nil, err
+	}
+	// A store that never blocks has no round trip to hide, and after
+	// Close nothing runs in the background: complete before the ack.
+	if m.cyc.NonBlocking() {
+		return m.cyc.Finish(hb.Detached(), msg, hb, data, outputs)
+	}
+	f := m.async.start(m, c, msg, hb, data)
+	if f == nil {
+		return m.cyc.Finish(hb.Detached(), msg, hb, data, outputs)
+	}
+	// Its context is the message's as the handler got it (hb's parent),
+	// detached from its cancellation: the message itself belongs to the
+	// router again, which may set another.
+	m.async.run(f)
+	return outputs, nil
 }
 
 // awaitOwnComplete handles keys found in progress under

@@ -84,7 +84,9 @@ func (c Config) Validate() error {
 
 // cycle returns the claim cycle of a valid c.
 func (c Config) cycle() (*cycle.Cycle, error) {
-	return cycle.New(c.Store, c.Policy, cycle.Consumer, cycle.Needs{Mode: c.Mode, Scope: c.Scope})
+	return cycle.New(c.Store, c.Policy, cycle.Consumer, cycle.Needs{
+		Mode: c.Mode, Scope: c.Scope, Fingerprint: c.Fingerprint, PublishedAt: c.PublishedAt,
+	})
 }
 
 // PayloadFingerprint is a Config.Fingerprint: the first 16 bytes of the

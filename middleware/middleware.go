@@ -2,8 +2,6 @@ package middleware
 
 import (
 	"context"
-	"fmt"
-	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
@@ -32,6 +30,8 @@ type Middleware struct {
 	cyc   *cycle.Cycle
 	key   keyfuncs.KeyFunc
 	async *pending // set in ModeAsyncComplete
+	// handle is the mode's flow (lease.go, async.go, transactional.go).
+	handle func(h message.HandlerFunc, msg *message.Message, scope string, keys []string) ([]*message.Message, error)
 }
 
 // New returns the dedup middleware for cfg, or an error wrapping
@@ -43,8 +43,14 @@ func New(cfg Config) (*Middleware, error) {
 		return nil, err
 	}
 	m := &Middleware{cfg: cfg, cyc: cyc, key: cycle.Key(cfg.Key)}
-	if cfg.Mode == dedup.ModeAsyncComplete {
+	switch cfg.Mode {
+	case dedup.ModeTransactional:
+		m.handle = m.handleTx
+	case dedup.ModeAsyncComplete:
 		m.async = newPending(cyc.Policy().Tuning.CompleteLinger)
+		m.handle = m.handleAsync
+	default:
+		m.handle = m.handleLease
 	}
 	return m, nil
 }
@@ -57,10 +63,7 @@ func (m *Middleware) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		if err != nil || len(keys) == 0 {
 			return nil, m.cyc.NoKey(msg, scope, keys, err)
 		}
-		if m.cfg.Mode == dedup.ModeTransactional {
-			return m.handleTx(h, msg, scope, keys)
-		}
-		return m.handleLease(h, msg, scope, keys)
+		return m.handle(h, msg, scope, keys)
 	}
 }
 
@@ -93,40 +96,4 @@ func (m *Middleware) scope(msg *message.Message) string {
 		return name
 	}
 	return DefaultScope
-}
-
-// checkTTL counts and logs a claimed message older than Retention: if it
-// was handled before, its record has expired and it runs again.
-func (m *Middleware) checkTTL(msg *message.Message, scope string, keys []string) {
-	if m.cfg.PublishedAt == nil {
-		return
-	}
-	at, ok := m.cfg.PublishedAt(msg)
-	if !ok {
-		return
-	}
-	retention := m.cyc.Policy().Retention
-	if age := time.Since(at); age > retention {
-		m.cyc.Observe(scope, dedup.OutcomeTTLMiss)
-		f := m.cyc.Fields(msg, scope, keys)
-		f["age"] = age.String()
-		f["retention"] = retention.String()
-		m.cyc.Logger().Error("Message is older than the dedup retention window: if it was handled before, its record has expired and it runs again (ttl_miss)", fmt.Errorf("dedup: message older than the retention window: published %s ago, retention %s", age, retention), f)
-	}
-}
-
-// encode is the data a done record keeps for msg and the handler's
-// outputs.
-func (m *Middleware) encode(msg *message.Message, outputs []*message.Message) []byte {
-	var fp []byte
-	if m.cfg.Fingerprint != nil {
-		fp = m.cfg.Fingerprint(msg)
-	}
-	return m.cyc.Encode(fp, outputs)
-}
-
-// duplicate acks a message that was already done, re-emitting its stored
-// outputs.
-func (m *Middleware) duplicate(msg *message.Message, scope string, keys []string, data []byte) ([]*message.Message, error) {
-	return m.cyc.Duplicate(msg, scope, keys, data, m.cfg.Fingerprint)
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	dedup "github.com/watermill-dedup/dedup"
+	"github.com/watermill-dedup/dedup/internal/cycle"
 	"github.com/watermill-dedup/dedup/keyfuncs"
 	"github.com/watermill-dedup/dedup/stores"
 )
@@ -19,23 +20,24 @@ import (
 func (m *Middleware) handleTx(h message.HandlerFunc, msg *message.Message, scope string, keys []string) (outputs []*message.Message, err error) {
 	parent := msg.Context()
 	tx, err := m.cyc.Begin(parent, scope, keys)
-	if err != nil {
-		// FailOpen is refused with ModeTransactional: never a bypass.
-		_, err = m.cyc.ClaimFailed(msg, scope, keys, err)
+	var r stores.Result
+	if err == nil {
+		r = tx.Result()
+	}
+	// FailOpen is refused with ModeTransactional: never a Bypass.
+	switch v, err := m.cyc.Decide(msg, scope, keys, r, false, err); v {
+	case cycle.Skip:
+		return m.cyc.Duplicate(msg, scope, keys, tx.Data())
+	case cycle.Busy:
+		return nil, m.cyc.InProgress(msg, scope, keys)
+	case cycle.Run:
+	default:
+		if tx != nil {
+			_ = tx.Rollback(context.WithoutCancel(parent))
+		}
 		return nil, err
 	}
-	switch tx.Result() {
-	case stores.Duplicate:
-		return m.duplicate(msg, scope, keys, tx.Data())
-	case stores.InProgress:
-		return nil, m.cyc.InProgress(msg, scope, keys)
-	case stores.Claimed:
-	default:
-		_ = tx.Rollback(context.WithoutCancel(parent))
-		return nil, m.cyc.Unexpected(scope, tx.Result())
-	}
-	m.cyc.Observe(scope, dedup.OutcomeClaimed)
-	m.checkTTL(msg, scope, keys)
+	m.cyc.Claimed(msg, scope, keys)
 
 	msg.SetContext(tx.Context(parent))
 	committed := false
@@ -54,7 +56,7 @@ func (m *Middleware) handleTx(h message.HandlerFunc, msg *message.Message, scope
 	if err != nil {
 		return nil, err
 	}
-	if err = m.cyc.Commit(parent, scope, tx, m.encode(msg, outputs)); err != nil {
+	if err = m.cyc.Commit(parent, scope, tx, m.cyc.EncodeFor(msg, outputs)); err != nil {
 		// Not committed: neither the effect nor the record exists. Nack.
 		m.cyc.Observe(scope, dedup.OutcomeStoreError)
 		return nil, fmt.Errorf("%w: commit of message %s, scope %q: %w", dedup.ErrStore, keyfuncs.Name(msg), scope, err)

@@ -156,8 +156,9 @@ func (d *Decorator) publishLease(pub message.Publisher, topic, scope string, ite
 			return
 		}
 		it.beat.Completing()
-		d.cyc.Complete(context.WithoutCancel(it.msg.Context()), it.msg, it.beat, d.cyc.Encode(nil, nil))
-		d.cyc.Drop(it.beat)
+		// Published already: what the record became can only be
+		// reported, and Finish has logged and counted it.
+		_, _ = d.cyc.Finish(context.WithoutCancel(it.msg.Context()), it.msg, it.beat, d.cyc.EncodeFor(it.msg, nil), nil)
 		it.beat = nil
 	})
 	return nil
@@ -231,7 +232,7 @@ func (d *Decorator) toSend(scope string, items []item) []*message.Message {
 		if it.send {
 			send = append(send, it.msg)
 			if !it.bypass {
-				d.cyc.Observe(scope, dedup.OutcomeClaimed)
+				d.cyc.Claimed(it.msg, scope, it.keys)
 			}
 			continue
 		}
@@ -271,25 +272,23 @@ func (d *Decorator) each(items []item, fn func(i int, it *item)) {
 func (d *Decorator) claimItem(scope string, it *item) (stores.Result, error) {
 	it.busy = false
 	c, err := d.cyc.Claim(it.msg.Context(), scope, it.keys)
-	if err != nil {
-		bypass, err := d.cyc.ClaimFailed(it.msg, scope, it.keys, err)
-		if bypass {
-			it.send, it.bypass, it.decided = true, true, true
-		}
-		return 0, err
+	var r stores.Result
+	var takeover bool
+	if err == nil {
+		r, takeover = c.Result, c.Takeover
 	}
-	switch c.Result {
-	case stores.Claimed:
+	v, err := d.cyc.Decide(it.msg, scope, it.keys, r, takeover, err)
+	switch v {
+	case cycle.Run:
 		it.claim, it.send, it.decided = c, true, true
-		if c.Takeover {
-			d.cyc.Takeover(it.msg, scope, it.keys)
-		}
-	case stores.Duplicate:
+	case cycle.Bypass:
+		it.send, it.bypass, it.decided = true, true, true
+	case cycle.Skip:
 		it.decided = true
-	case stores.InProgress:
+	case cycle.Busy:
 		it.busy = true
 	}
-	return c.Result, nil
+	return r, err
 }
 
 // releaseAll releases every claim of the call, and returns how many;

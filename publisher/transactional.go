@@ -1,12 +1,14 @@
 package publisher
 
 import (
+	"context"
 	"errors"
 	"fmt"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	dedup "github.com/watermill-dedup/dedup"
+	"github.com/watermill-dedup/dedup/internal/cycle"
 	"github.com/watermill-dedup/dedup/keyfuncs"
 	"github.com/watermill-dedup/dedup/stores"
 )
@@ -45,17 +47,23 @@ func (d *Decorator) publishTx(pub message.Publisher, topic, scope string, items 
 			continue
 		}
 		tx, err := d.cyc.Begin(it.msg.Context(), scope, it.keys)
-		if err != nil {
-			// FailOpen is refused with ModeTransactional: never a bypass.
-			_, err = d.cyc.ClaimFailed(it.msg, scope, it.keys, err)
-			return errors.Join(err, d.rollbackAll(scope, items))
+		var r stores.Result
+		if err == nil {
+			r = tx.Result()
 		}
-		switch tx.Result() {
-		case stores.Claimed:
+		// FailOpen is refused with ModeTransactional: never a Bypass.
+		switch v, err := d.cyc.Decide(it.msg, scope, it.keys, r, false, err); v {
+		case cycle.Run:
 			it.tx, it.send = tx, true
-		case stores.InProgress:
+		case cycle.Skip:
+		case cycle.Busy:
 			// A lease-mode claim sharing the table holds a key.
 			return errors.Join(d.cyc.InProgress(it.msg, scope, it.keys), d.rollbackAll(scope, items))
+		default:
+			if tx != nil {
+				_ = tx.Rollback(context.WithoutCancel(it.msg.Context()))
+			}
+			return errors.Join(err, d.rollbackAll(scope, items))
 		}
 	}
 	send := d.toSend(scope, items)
@@ -73,7 +81,7 @@ func (d *Decorator) publishTx(pub message.Publisher, topic, scope string, items 
 		}
 		tx := it.tx
 		it.tx = nil
-		if err := d.cyc.Commit(it.msg.Context(), scope, tx, d.cyc.Encode(nil, nil)); err != nil {
+		if err := d.cyc.Commit(it.msg.Context(), scope, tx, d.cyc.EncodeFor(it.msg, nil)); err != nil {
 			d.cyc.Observe(scope, dedup.OutcomeStoreError)
 			return errors.Join(fmt.Errorf("%w: publish: message %s, scope %q: the record could not be kept in the transaction; roll it back: %w", dedup.ErrStore, keyfuncs.Name(it.msg), scope, err), d.rollbackAll(scope, items))
 		}

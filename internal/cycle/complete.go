@@ -252,15 +252,15 @@ func (c *Cycle) Commit(parent context.Context, scope string, tx stores.InboxTx, 
 }
 
 // Duplicate decodes the data of a message found done, checks the
-// fingerprint the record keeps against fingerprint(msg) (when both are
-// there), and returns the outputs the record keeps. A record it cannot
-// decode or whose fingerprint differs fails the message for good.
-func (c *Cycle) Duplicate(msg *message.Message, scope string, keys []string, data []byte, fingerprint func(*message.Message) []byte) ([]*message.Message, error) {
+// fingerprint the record keeps against msg's (Needs.Fingerprint, when
+// both are there), and returns the outputs the record keeps. A record it
+// cannot decode or whose fingerprint differs fails the message for good.
+func (c *Cycle) Duplicate(msg *message.Message, scope string, keys []string, data []byte) ([]*message.Message, error) {
 	stored, outputs, err := record.Decode(data)
 	if err != nil {
 		return nil, c.Permanent(msg, scope, keys, dedup.OutcomeCorruptRecord, c.Errorf(msg, scope, "%w", err))
 	}
-	if fingerprint != nil && len(stored) > 0 && string(fingerprint(msg)) != string(stored) {
+	if c.fingerprint != nil && len(stored) > 0 && string(c.fingerprint(msg)) != string(stored) {
 		return nil, c.Permanent(msg, scope, keys, dedup.OutcomeFingerprintMismatch, fmt.Errorf("%w: message %s, scope %q, keys %q", dedup.ErrFingerprintMismatch, keyfuncs.Name(msg), scope, keys))
 	}
 	c.Observe(scope, dedup.OutcomeDuplicate)

@@ -11,6 +11,7 @@ package cycle
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -50,6 +51,11 @@ type Needs struct {
 	// JoinTx: ModeTransactional joins a transaction the caller carries
 	// (the publisher's outbox).
 	JoinTx bool
+	// Fingerprint, when set, is kept with each done record and checked
+	// against a duplicate's (EncodeFor, Duplicate).
+	Fingerprint func(*message.Message) []byte
+	// PublishedAt, when set, tells a claimed message's age (Claimed).
+	PublishedAt func(*message.Message) (time.Time, bool)
 }
 
 // Check returns nil when store can honour policy and needs, or an error
@@ -105,6 +111,9 @@ type Cycle struct {
 	timed bool
 	tr    tracing
 	beats beats
+
+	fingerprint func(*message.Message) []byte
+	publishedAt func(*message.Message) (time.Time, bool)
 }
 
 // storeType names a store without a Kind by its Go type.
@@ -126,7 +135,8 @@ func New(store stores.Store, policy dedup.Policy, side Side, needs Needs) (*Cycl
 	if err := Check(store, policy, needs); err != nil {
 		return nil, err
 	}
-	c := &Cycle{store: store, caps: store.Capabilities(), p: policy.WithDefaults(), side: side}
+	c := &Cycle{store: store, caps: store.Capabilities(), p: policy.WithDefaults(), side: side,
+		fingerprint: needs.Fingerprint, publishedAt: needs.PublishedAt}
 	if needs.Mode == dedup.ModeTransactional {
 		c.inbox = store.(stores.Inbox)
 	}

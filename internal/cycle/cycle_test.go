@@ -816,28 +816,29 @@ func TestRelease(t *testing.T) {
 
 func TestDuplicate(t *testing.T) {
 	e := newEnv(t)
-	c := e.cycle(cycle.Consumer, dedup.Policy{}, cycle.Needs{})
+	fp := func(fp string) cycle.Needs {
+		return cycle.Needs{Fingerprint: func(*message.Message) []byte { return []byte(fp) }}
+	}
+	c := e.cycle(cycle.Consumer, dedup.Policy{}, fp("fp"))
 	out := message.NewMessage("out-1", []byte("x"))
 	data := record.Encode([]byte("fp"), []*message.Message{out})
-	fp := func(fp string) func(*message.Message) []byte {
-		return func(*message.Message) []byte { return []byte(fp) }
-	}
 
-	got, err := c.Duplicate(newMsg("m"), "s", []string{"k"}, data, fp("fp"))
+	got, err := c.Duplicate(newMsg("m"), "s", []string{"k"}, data)
 	if err != nil || len(got) != 1 || got[0].UUID != "out-1" || e.metrics.get(dedup.OutcomeDuplicate) != 1 {
 		t.Fatalf("Duplicate = %v, %v", got, err)
 	}
-	if _, err := c.Duplicate(newMsg("m"), "s", []string{"k"}, data, nil); err != nil {
+	if _, err := e.cycle(cycle.Consumer, dedup.Policy{}, cycle.Needs{}).Duplicate(newMsg("m"), "s", []string{"k"}, data); err != nil {
 		t.Fatalf("without a fingerprint function: %v", err)
 	}
-	if _, err := c.Duplicate(newMsg("m"), "s", []string{"k"}, record.Encode(nil, []*message.Message{out}), fp("other")); err != nil {
+	other := e.cycle(cycle.Consumer, dedup.Policy{}, fp("other"))
+	if _, err := other.Duplicate(newMsg("m"), "s", []string{"k"}, record.Encode(nil, []*message.Message{out})); err != nil {
 		t.Fatalf("a record kept without a fingerprint: %v", err)
 	}
-	_, err = c.Duplicate(newMsg("m"), "s", []string{"k"}, data, fp("other"))
+	_, err = other.Duplicate(newMsg("m"), "s", []string{"k"}, data)
 	if !errors.Is(err, dedup.ErrFingerprintMismatch) || !dedup.IsPermanent(err) || e.metrics.get(dedup.OutcomeFingerprintMismatch) != 1 {
 		t.Fatalf("mismatch: %v", err)
 	}
-	_, err = c.Duplicate(newMsg("m"), "s", []string{"k"}, []byte{9, 9}, nil)
+	_, err = c.Duplicate(newMsg("m"), "s", []string{"k"}, []byte{9, 9})
 	if !errors.Is(err, dedup.ErrCorruptRecord) || !dedup.IsPermanent(err) || e.metrics.get(dedup.OutcomeCorruptRecord) != 1 || !strings.HasPrefix(err.Error(), `dedup: scope "s": message m: `) {
 		t.Fatalf("corrupt: %v", err)
 	}
