@@ -282,16 +282,3 @@ func (w *completeWatch) failed(key string) int {
 	defer w.mu.Unlock()
 	return w.fail[key]
 }
-
-// WaitFor polls cond until it holds, or fails t after timeout, naming
-// what it waited for.
-func WaitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}

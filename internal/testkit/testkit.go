@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/watermill-dedup/dedup/internal/testkit/base"
 )
 
 // Service addresses, with their environment overrides.
@@ -66,16 +68,10 @@ func RequireTCP(t testing.TB, service, addr string) {
 }
 
 // ClosedAddr returns a loopback host:port nothing listens on: a service
-// that is down, for a test of what a client says then.
+// that is down, for a test of what a client says then (base.ClosedAddr).
 func ClosedAddr(t testing.TB) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	_ = ln.Close()
-	return addr
+	return base.ClosedAddr(t)
 }
 
 // RequireRedis returns the Redis address after checking it answers.

@@ -3,11 +3,11 @@ package memstore
 import (
 	"context"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/watermill-dedup/dedup/stores"
+	"github.com/watermill-dedup/dedup/stores/storetest"
 )
 
 // A table holds up to 3/4 of its slots, and right after it doubles it is
@@ -49,23 +49,6 @@ func TestHashHalves(t *testing.T) {
 	}
 }
 
-type testClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *testClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *testClock) advance(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
-}
-
 // dataHeld returns how many records' data the store holds.
 func (s *Store) dataHeld() int {
 	n := 0
@@ -82,7 +65,7 @@ func (s *Store) dataHeld() int {
 // expired record is claimed again, and when the sweeper removes it.
 func TestDataFreedWithItsRecord(t *testing.T) {
 	ctx := context.Background()
-	clock := &testClock{now: time.Unix(1_000_000, 0)}
+	clock := storetest.NewFakeClock(time.Unix(1_000_000, 0))
 	s, err := New(Config{Clock: clock, SweepInterval: time.Hour})
 	if err != nil {
 		t.Fatal(err)
@@ -100,7 +83,7 @@ func TestDataFreedWithItsRecord(t *testing.T) {
 	if n := s.dataHeld(); n != 3 {
 		t.Fatalf("data held for %d records, want 3", n)
 	}
-	clock.advance(2 * time.Minute)
+	clock.Advance(2 * time.Minute)
 
 	// Claimed again after its retention: the old data goes.
 	c, err := s.Claim(ctx, "s", []string{"k"}, time.Minute)

@@ -13,6 +13,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/watermill-dedup/dedup/internal/testkit/base"
 	"github.com/watermill-dedup/dedup/stores/internal/batch"
 )
 
@@ -174,10 +175,10 @@ func TestRunningCallLeavesAtItsDeadline(t *testing.T) {
 	long := goDo(b, context.Background(), 2)
 	waitQueued(t, b, 1)
 	// The short call's deadline passes once its batch runs, when the test
-	// says so (see deadlineCtx), not after a timer that a slow machine
+	// says so (see base.DeadlineCtx), not after a timer that a slow machine
 	// could let run out while the call still queued.
-	ctx := newDeadlineCtx()
-	defer ctx.expire()
+	ctx := base.NewDeadlineCtx()
+	defer ctx.Expire()
 	short := goDo(b, ctx, 3)
 	waitQueued(t, b, 2)
 
@@ -186,7 +187,7 @@ func TestRunningCallLeavesAtItsDeadline(t *testing.T) {
 	if r := <-g.entered; r != 2 {
 		t.Fatalf("batch led by %d, want 2", r)
 	}
-	ctx.expire()
+	ctx.Expire()
 	// It returns while its batch still waits on gate 2.
 	o := <-short
 	if !errors.Is(o.err, context.DeadlineExceeded) {
@@ -317,34 +318,6 @@ func TestDeadlineStress(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("%d calls timed out, %d results orphaned", timedOut.Load(), orphaned.Load())
-}
-
-// deadlineCtx is a context whose deadline passes when the test calls
-// expire, not when a clock says so. Deadline reports an hour from its
-// making, for the batcher, which runs a batch under the latest deadline
-// of its calls.
-type deadlineCtx struct {
-	context.Context
-	at   time.Time
-	done chan struct{}
-	once sync.Once
-}
-
-func newDeadlineCtx() *deadlineCtx {
-	return &deadlineCtx{Context: context.Background(), at: time.Now().Add(time.Hour), done: make(chan struct{})}
-}
-
-func (c *deadlineCtx) Deadline() (time.Time, bool) { return c.at, true }
-func (c *deadlineCtx) Done() <-chan struct{}       { return c.done }
-func (c *deadlineCtx) expire()                     { c.once.Do(func() { close(c.done) }) }
-
-func (c *deadlineCtx) Err() error {
-	select {
-	case <-c.done:
-		return context.DeadlineExceeded
-	default:
-		return nil
-	}
 }
 
 // endingCtx is a context whose end the test controls in two steps: end
