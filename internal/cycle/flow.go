@@ -22,6 +22,7 @@ import (
 
 	dedup "github.com/watermill-dedup/dedup"
 	"github.com/watermill-dedup/dedup/internal/record"
+	"github.com/watermill-dedup/dedup/keyfuncs"
 	"github.com/watermill-dedup/dedup/stores"
 )
 
@@ -196,6 +197,42 @@ func (c *Cycle) Finish(ctx context.Context, msg *message.Message, hb *Beat, data
 	case TakenOver:
 		return nil, c.Errorf(msg, hb.c.Scope, "%w", stores.ErrLostClaim)
 	}
+	return outputs, nil
+}
+
+// RunInTx runs effect for msg in the inbox transaction tx (the
+// transactional inbox's run and finish): msg's context carries tx while
+// it runs (tx.Context). When effect succeeds, tx commits with the
+// record's data (EncodeFor); a failed commit leaves neither effect nor
+// record and fails the message with an error wrapping dedup.ErrStore.
+// When effect fails or panics, tx is rolled back (counted as
+// dedup.OutcomeReleased; a failed rollback is logged) and the error
+// returned, or the panic goes on up.
+func (c *Cycle) RunInTx(msg *message.Message, scope string, keys []string, tx stores.InboxTx, effect func(*message.Message) ([]*message.Message, error)) (outputs []*message.Message, err error) {
+	parent := msg.Context()
+	msg.SetContext(tx.Context(parent))
+	committed := false
+	defer func() {
+		msg.SetContext(parent)
+		if committed {
+			return
+		}
+		rerr := c.Rollback(parent, scope, tx)
+		c.Observe(scope, dedup.OutcomeReleased)
+		if rerr != nil {
+			c.p.Logger.Error("Dedup inbox rollback failed", rerr, c.Fields(msg, scope, keys))
+		}
+	}()
+	outputs, err = effect(msg)
+	if err != nil {
+		return nil, err
+	}
+	if err = c.Commit(parent, scope, tx, c.EncodeFor(msg, outputs)); err != nil {
+		// Not committed: neither the effect nor the record exists. Nack.
+		c.Observe(scope, dedup.OutcomeStoreError)
+		return nil, fmt.Errorf("%w: commit of message %s, scope %q: %w", dedup.ErrStore, keyfuncs.Name(msg), scope, err)
+	}
+	committed = true
 	return outputs, nil
 }
 
