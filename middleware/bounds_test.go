@@ -58,37 +58,37 @@ func TestRealStoreBoundsRefusedAtNew(t *testing.T) {
 			name:   "natsstore retention",
 			params: testkit.StoreParams{Kind: testkit.StoreNATS, NATS: natsstore.Config{MaxRetention: time.Hour}},
 			policy: dedup.Policy{Retention: 2 * time.Hour},
-			want:   []string{"Retention (2h0m0s)", "natsstore", "MaxRetention is 1h0m0s"},
+			want:   []string{"Retention: retention 2h0m0s", "natsstore", "MaxRetention (1h0m0s)"},
 		},
 		{
 			name:   "natsstore default retention",
 			params: testkit.StoreParams{Kind: testkit.StoreNATS, NATS: natsstore.Config{MaxRetention: time.Hour}},
-			want:   []string{"Retention (24h0m0s)", "MaxRetention is 1h0m0s"},
+			want:   []string{"Retention: retention 24h0m0s", "MaxRetention (1h0m0s)"},
 		},
 		{
 			name:   "natsstore lease",
 			params: testkit.StoreParams{Kind: testkit.StoreNATS, NATS: natsstore.Config{MaxLease: time.Minute}},
 			policy: dedup.Policy{Lease: 2 * time.Minute},
-			want:   []string{"Lease (2m0s)", "MaxLease is 1m0s"},
+			want:   []string{"Lease: lease 2m0s", "MaxLease (1m0s)"},
 		},
 		{
 			name:   "partitioned postgres retention",
 			params: testkit.StoreParams{Kind: testkit.StorePostgres, SQL: sqlstore.Config{DailyPartitions: true, PartitionDaysAhead: 2, PurgeInterval: time.Hour}},
 			policy: dedup.Policy{Retention: 72 * time.Hour},
-			want:   []string{"Retention (72h0m0s)", "DailyPartitions", "MaxRetention is 48h0m0s"},
+			want:   []string{"Retention: retention 72h0m0s", "DailyPartitions", "MaxRetention (48h0m0s)"},
 		},
 		{
 			name:   "partitioned postgres retention, transactional",
 			params: testkit.StoreParams{Kind: testkit.StorePostgres, SQL: sqlstore.Config{DailyPartitions: true, PartitionDaysAhead: 2, PurgeInterval: time.Hour}},
 			policy: dedup.Policy{Retention: 72 * time.Hour},
 			mode:   dedup.ModeTransactional,
-			want:   []string{"Retention (72h0m0s)", "MaxRetention is 48h0m0s"},
+			want:   []string{"Retention: retention 72h0m0s", "MaxRetention (48h0m0s)"},
 		},
 		{
 			name:   "redisstore scope",
 			params: testkit.StoreParams{Kind: testkit.StoreRedis, Redis: redisstore.Config{MaxKeyLen: 16}},
 			scope:  strings.Repeat("s", 17),
-			want:   []string{"Scope (17 bytes)", "redisstore", "MaxScope is 16 bytes"},
+			want:   []string{"Scope: scope of 17 bytes", "redisstore", "MaxScope (16 bytes)"},
 		},
 	}
 	for _, tc := range cases {

@@ -55,13 +55,21 @@ type Capabilities struct {
 	JoinedTx bool
 }
 
-// checkDuration returns nil when d is within bound (0: no bound), or an
-// error wrapping [ErrInvalidArgument] naming what, d and the bound.
-func (c Capabilities) checkDuration(what string, d, bound time.Duration) error {
-	if bound > 0 && d > bound {
-		return fmt.Errorf("%w: %s %s is longer than the store's Max%s (%s)", ErrInvalidArgument, what, d, capitalize(what), bound)
+// CheckBound is the one check of a value against a store's bound, used by
+// every store and by the middleware and publisher at New: it returns nil
+// when v is within bound (a zero bound is no bound), or an error naming
+// what, v, the bound's name and its value, such as "lease 2h0m0s is
+// longer than the store's MaxLease (1h0m0s)". The error wraps no
+// sentinel: the Capabilities methods wrap it in [ErrInvalidArgument] for
+// a store call, New wraps it in dedup.ErrInvalidConfig.
+func CheckBound[T time.Duration | int](what string, v, bound T, boundName string) error {
+	if bound <= 0 || v <= bound {
+		return nil
 	}
-	return nil
+	if d, ok := any(v).(time.Duration); ok {
+		return fmt.Errorf("%s %s is longer than %s (%s)", what, d, boundName, time.Duration(bound))
+	}
+	return fmt.Errorf("%s of %d bytes is longer than %s (%d bytes)", what, v, boundName, bound)
 }
 
 // checkPositive returns nil when d is positive, or an error wrapping
@@ -73,24 +81,30 @@ func checkPositive(what string, d time.Duration) error {
 	return nil
 }
 
+// invalid wraps a failed bound check in [ErrInvalidArgument].
+func invalid(err error) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("%w: %w", ErrInvalidArgument, err)
+}
+
 // CheckLease returns nil when the store accepts lease (positive, within
 // MaxLease), or the reason it would refuse it.
 func (c Capabilities) CheckLease(lease time.Duration) error {
-	return errors.Join(checkPositive("lease", lease), c.checkDuration("lease", lease, c.MaxLease))
+	return errors.Join(checkPositive("lease", lease), invalid(CheckBound("lease", lease, c.MaxLease, "the store's MaxLease")))
 }
 
 // CheckRetention returns nil when the store accepts retention (positive,
 // within MaxRetention), or the reason it would refuse it.
 func (c Capabilities) CheckRetention(retention time.Duration) error {
-	return errors.Join(checkPositive("retention", retention), c.checkDuration("retention", retention, c.MaxRetention))
+	return errors.Join(checkPositive("retention", retention),
+		invalid(CheckBound("retention", retention, c.MaxRetention, "the store's MaxRetention")))
 }
 
-// CheckScope returns nil when the store accepts scope.
+// CheckScope returns nil when the store accepts scope (within MaxScope).
 func (c Capabilities) CheckScope(scope string) error {
-	if c.MaxScope > 0 && len(scope) > c.MaxScope {
-		return fmt.Errorf("%w: scope is %d bytes, longer than the store's MaxScope (%d)", ErrInvalidArgument, len(scope), c.MaxScope)
-	}
-	return nil
+	return invalid(CheckBound("scope", len(scope), c.MaxScope, "the store's MaxScope"))
 }
 
 // CheckData returns nil when the store keeps data, or an error wrapping
@@ -100,11 +114,4 @@ func (c Capabilities) CheckData(data []byte) error {
 		return fmt.Errorf("%w: %d bytes of data, the store keeps at most %d", ErrTooLarge, len(data), c.MaxData)
 	}
 	return nil
-}
-
-func capitalize(s string) string {
-	if s == "" {
-		return s
-	}
-	return string(s[0]-'a'+'A') + s[1:]
 }

@@ -72,8 +72,11 @@ func Check(store stores.Store, policy dedup.Policy, needs Needs) error {
 	if kind == "" {
 		kind = storeType(store)
 	}
-	refuse := func(setting string, v any, bound string, bv any, hint string) error {
-		return fmt.Errorf("%w: %s (%v) is longer than the store keeps: %s's %s is %v; %s", dedup.ErrInvalidConfig, setting, v, kind, bound, bv, hint)
+	refuse := func(setting string, err error) error {
+		if err == nil {
+			return nil
+		}
+		return fmt.Errorf("%w: %s: %w; lower it, or raise the store's bound", dedup.ErrInvalidConfig, setting, err)
 	}
 	if needs.Mode == dedup.ModeTransactional {
 		if _, ok := store.(stores.Inbox); !ok || !caps.Inbox {
@@ -85,16 +88,13 @@ func Check(store stores.Store, policy dedup.Policy, needs Needs) error {
 		if p.OnStoreError == dedup.FailOpen {
 			return fmt.Errorf("%w: FailOpen cannot be combined with ModeTransactional (the record must commit with the effect's writes)", dedup.ErrInvalidConfig)
 		}
-	} else if caps.MaxLease > 0 && p.Lease > caps.MaxLease {
-		return refuse("Lease", p.Lease, "MaxLease", caps.MaxLease, "lower Lease, or raise the store's bound")
+	} else if err := refuse("Lease", stores.CheckBound("lease", p.Lease, caps.MaxLease, kind+"'s MaxLease")); err != nil {
+		return err
 	}
-	if caps.MaxRetention > 0 && p.Retention > caps.MaxRetention {
-		return refuse("Retention", p.Retention, "MaxRetention", caps.MaxRetention, "lower Retention, or raise the store's bound")
+	if err := refuse("Retention", stores.CheckBound("retention", p.Retention, caps.MaxRetention, kind+"'s MaxRetention")); err != nil {
+		return err
 	}
-	if caps.MaxScope > 0 && len(needs.Scope) > caps.MaxScope {
-		return refuse("Scope", fmt.Sprintf("%d bytes", len(needs.Scope)), "MaxScope", fmt.Sprintf("%d bytes", caps.MaxScope), "use a shorter Scope")
-	}
-	return nil
+	return refuse("Scope", stores.CheckBound("scope", len(needs.Scope), caps.MaxScope, kind+"'s MaxScope"))
 }
 
 // Cycle runs the claim cycle on one store, for one adapter. It is safe for

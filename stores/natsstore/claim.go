@@ -45,8 +45,7 @@ import (
 // left when it ends goes on in the background, bounded by 2s, until
 // Close.
 func (s *Store) Claim(ctx context.Context, scope string, keys []string, lease time.Duration) (*stores.Claim, error) {
-	if err := storekit.CheckCall(ctx, s.closed.Load(), storekit.CheckKeys(keys), storekit.CheckLease(lease),
-		checkDuration("lease", lease, s.cfg.MaxLease)); err != nil {
+	if err := storekit.CheckCall(ctx, s.closed.Load(), storekit.CheckKeys(keys), s.Capabilities().CheckLease(lease)); err != nil {
 		return nil, fmt.Errorf("natsstore: claim: %w", err)
 	}
 	recs := s.records(scope, keys)

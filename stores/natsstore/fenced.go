@@ -17,8 +17,8 @@ import (
 // Complete implements [stores.Store]. See fenced for how a claim of
 // several keys is completed.
 func (s *Store) Complete(ctx context.Context, c *stores.Claim, retention time.Duration, data []byte) error {
-	if err := storekit.CheckCall(ctx, s.closed.Load(), storekit.CheckClaim(c), storekit.CheckRetention(retention),
-		checkDuration("retention", retention, s.cfg.MaxRetention), s.Capabilities().CheckData(data)); err != nil {
+	if err := storekit.CheckCall(ctx, s.closed.Load(), storekit.CheckClaim(c), s.Capabilities().CheckRetention(retention),
+		s.Capabilities().CheckData(data)); err != nil {
 		return fmt.Errorf("natsstore: complete: %w", err)
 	}
 	by := completedBy(c.Token, subjects(s.records(c.Scope, c.Keys)))
@@ -36,8 +36,7 @@ func (s *Store) Release(ctx context.Context, c *stores.Claim) error {
 
 // Extend implements [stores.Store].
 func (s *Store) Extend(ctx context.Context, c *stores.Claim, lease time.Duration) error {
-	if err := storekit.CheckCall(ctx, s.closed.Load(), storekit.CheckClaim(c), storekit.CheckLease(lease),
-		checkDuration("lease", lease, s.cfg.MaxLease)); err != nil {
+	if err := storekit.CheckCall(ctx, s.closed.Load(), storekit.CheckClaim(c), s.Capabilities().CheckLease(lease)); err != nil {
 		return fmt.Errorf("natsstore: extend: %w", err)
 	}
 	return s.fenced(ctx, "extend", c, func(now int64) []byte { return processingValue(addNanos(now, lease), c.Token) })

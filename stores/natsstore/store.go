@@ -249,15 +249,6 @@ func maxData(limit int64) int {
 	return max(int(limit)-valueHeadLen-byLen-headerRoom, 1)
 }
 
-// checkDuration refuses a duration past the config's bound.
-func checkDuration(what string, d, bound time.Duration) error {
-	if d > bound {
-		return fmt.Errorf("%w: %s %s is longer than the store's bound of %s (Config.Max%s; the bucket's MaxAge depends on it)",
-			stores.ErrInvalidArgument, what, d, bound, map[string]string{"lease": "Lease", "retention": "Retention"}[what])
-	}
-	return nil
-}
-
 // Capabilities implements [stores.Store]: leases up to MaxLease,
 // retentions up to MaxRetention, data up to the server's maximum payload
 // (as the connection reported it when the store was built) or the
