@@ -15,8 +15,9 @@ import (
 	"github.com/watermill-dedup/dedup/stores"
 )
 
-// The stores dedupctl connects to: router_example's -store names, but for
-// memory, which lives inside its process.
+// The stores dedupctl connects to, the kinds of internal/storeopen:
+// router_example's -store names, but for memory, which lives inside its
+// process.
 const (
 	storeRedis    = "redis"
 	storePostgres = "postgres"
@@ -26,39 +27,24 @@ const (
 	storeMemory   = "memory" // window only
 )
 
-var storeNames = []string{storeRedis, storePostgres, storeMySQL, storeSQLite, storeNATS}
+// storeNames are the kinds dedupctl can reach: every one with a service.
+var storeNames = storeopen.Names(func(k *storeopen.Kind) bool { return !k.InProcess() })
 
-// Defaults of the connection flags: router_example's.
 const (
-	defaultRedisAddr   = "127.0.0.1:6379"
-	defaultPostgresDSN = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
-	defaultMySQLDSN    = "root@tcp(127.0.0.1:3306)/test?parseTime=true"
-	defaultNATSURL     = "nats://127.0.0.1:4222"
-	defaultTimeout     = time.Minute
+	defaultTimeout = time.Minute
 	// sqliteFile is the file router_example keeps in -dir.
-	sqliteFile = "loyalty.db"
+	sqliteFile = storeopen.SQLiteFile
 )
 
 // config is what the command line and the environment say.
 type config struct {
 	// Where the records are. These flags are also read from the
-	// environment (cliflag.EnvName).
-	store                string
-	redisAddr            string
-	redisCluster         bool
-	redisPrefix          string
-	compactKeys          bool
-	digestKeysLongerThan int
-	postgresDSN          string
-	mysqlDSN             string
-	dir                  string
-	sqliteFile           string
-	table                string
-	runID                string
-	nats                 natsConfig
-	redisTLS             storeopen.RedisTLS
-	purgeGrace           time.Duration
-	timeout              time.Duration
+	// environment (cliflag.EnvName). The settings of every store are
+	// storeopen's; -run-id names router_example's run.
+	store    string
+	settings storeopen.Settings
+	runID    string
+	timeout  time.Duration
 
 	// How to answer, and the commands' own flags: command line only.
 	json           bool
@@ -88,32 +74,17 @@ var commandFlags = map[string][]string{
 	"window":  {"horizon", "rate", "keys-per-message", "bytes-per-record"},
 }
 
-// connectionFlags are read from the environment too.
-var connectionFlags = []string{
-	"store", "redis-addr", "redis-cluster", "redis-ca", "redis-cert", "redis-key", "redis-prefix", "compact-keys", "digest-keys-longer-than",
-	"postgres-dsn", "mysql-dsn", "dir", "sqlite-file", "table", "run-id", "purge-grace", "timeout",
-	"nats-url", "nats-bucket", "nats-shards", "nats-user", "nats-password", "nats-token", "nats-creds", "nats-nkey", "nats-ca", "nats-cert", "nats-key",
-}
+// connectionFlags are read from the environment too: -store, the flags
+// of every store (storeopen.Settings), -run-id and -timeout.
+var connectionFlags = slices.Concat([]string{"store"}, storeopen.Flags(), []string{"run-id", "timeout"})
 
 func newFlagSet(c *config) *flag.FlagSet {
 	fs := flag.NewFlagSet("dedupctl", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 
 	fs.StringVar(&c.store, "store", "", "the store: "+strings.Join(storeNames, " | "))
-	fs.StringVar(&c.redisAddr, "redis-addr", defaultRedisAddr, "Redis `address`: host:port, or a URL redis://user:password@host:port/db (rediss:// for TLS; a password is safer in REDIS_ADDR than on the command line); with -redis-cluster, comma-separated addresses or URLs of some of its nodes")
-	fs.BoolVar(&c.redisCluster, "redis-cluster", false, "Redis is a Redis Cluster")
-	c.redisTLS.RegisterFlags(fs)
-	fs.StringVar(&c.redisPrefix, "redis-prefix", "", "the store's key prefix, Config.Prefix (default \"dedup:\", \"d:\" with -compact-keys, \"router_example:<run id>:\" with -run-id)")
-	fs.BoolVar(&c.compactKeys, "compact-keys", false, "the store runs with Config.CompactKeys")
-	fs.IntVar(&c.digestKeysLongerThan, "digest-keys-longer-than", 0, "the store's Config.DigestKeysLongerThan")
-	fs.StringVar(&c.postgresDSN, "postgres-dsn", defaultPostgresDSN, "PostgreSQL `DSN`")
-	fs.StringVar(&c.mysqlDSN, "mysql-dsn", defaultMySQLDSN, "MySQL/MariaDB `DSN` in go-sql-driver form")
-	fs.StringVar(&c.dir, "dir", "", "`directory` of router_example's SQLite file, "+sqliteFile)
-	fs.StringVar(&c.sqliteFile, "sqlite-file", "", "SQLite database `file` (instead of -dir)")
-	fs.StringVar(&c.table, "table", "", "the SQL table, Config.Table (default \"dedup_inbox\", \"router_example_<run id>\" with -run-id)")
+	c.settings.RegisterFlags(fs)
 	fs.StringVar(&c.runID, "run-id", "", "router_example's run id: sets -redis-prefix to \"router_example:<run id>:\" and -table to \"router_example_<run id>\"")
-	c.nats.flags(fs)
-	cliflag.DurationVar(fs, &c.purgeGrace, "purge-grace", "purge (SQL, NATS): keep processing records whose lease ended less than this `duration` ago; keep it above your longest lease (default 15m, sqlstore's; NATS: 1h, natsstore's MaxLease)")
 	c.timeout = defaultTimeout
 	cliflag.DurationVar(fs, &c.timeout, "timeout", "give up after this `duration`")
 
@@ -214,8 +185,8 @@ func (c *config) validate(cmd string) error {
 	if c.timeout <= 0 {
 		return usagef("-timeout must be positive, got %s", c.timeout)
 	}
-	if c.purgeGrace < 0 {
-		return usagef("-purge-grace must not be negative, got %s", c.purgeGrace)
+	if c.settings.PurgeGrace < 0 {
+		return usagef("-purge-grace must not be negative, got %s", c.settings.PurgeGrace)
 	}
 	if c.state != "" {
 		if _, err := stores.ParseRecordState(c.state); err != nil {
@@ -228,43 +199,28 @@ func (c *config) validate(cmd string) error {
 	if cmd == "window" {
 		return nil // it connects to nothing
 	}
-	switch c.store {
-	case storeRedis, storePostgres, storeMySQL, storeSQLite, storeNATS:
-	case "":
-		return usagef("no store: set -store (or DEDUP_STORE) to one of %s, or give the address flag of one store only (-redis-addr, -postgres-dsn, ...)", strings.Join(storeNames, ", "))
-	case storeMemory:
-		return usagef("the memory store lives inside its process: dedupctl cannot reach it (a service can call its stores.Admin methods itself); -store must be one of %s", strings.Join(storeNames, ", "))
-	default:
+	k, ok := storeopen.Lookup(c.store)
+	switch {
+	case c.store == "":
+		return usagef("no store: set -store (or DEDUP_STORE) to one of %s, or give the address flag of one store only (-redis-addr, -postgres-dsn, ...)",
+			strings.Join(storeNames, ", "))
+	case ok && k.InProcess():
+		return usagef("the %s store lives inside its process: dedupctl cannot reach it (a service can call its stores.Admin methods itself); -store must be one of %s",
+			k.Name, strings.Join(storeNames, ", "))
+	case !ok:
 		return usagef("unknown store %q: set -store (or DEDUP_STORE) to one of %s", c.store, strings.Join(storeNames, ", "))
 	}
-	if c.store == storeSQLite && c.dir == "" && c.sqliteFile == "" {
-		return usagef("-store=sqlite needs the database file: -sqlite-file, or -dir (router_example's directory, holding %s)", sqliteFile)
+	if err := k.Check(c.storeSettings()); err != nil {
+		return &usageError{err.Error()}
 	}
 	return nil
 }
 
-// prefix is the Redis key prefix the flags name: a router_example run's
-// is of the example's own (router_example/stores.go), out of the
-// store's default prefix.
-func (c *config) prefix() string {
-	switch {
-	case c.redisPrefix != "":
-		return c.redisPrefix
-	case c.runID != "":
-		return "router_example:" + c.runID + ":"
-	}
-	return "" // the store's default
-}
-
-// tableName is the SQL table the flags name.
-func (c *config) tableName() string {
-	switch {
-	case c.table != "":
-		return c.table
-	case c.runID != "":
-		return "router_example_" + c.runID
-	}
-	return "" // the store's default
+// storeSettings are the settings of the store, -run-id's run in them.
+func (c *config) storeSettings() storeopen.Settings {
+	s := c.settings
+	s.RunID = c.runID
+	return s
 }
 
 func isConnectionFlag(name string) bool { return slices.Contains(connectionFlags, name) }

@@ -99,14 +99,14 @@ const maxWindowRecords = 1e18
 // store's.
 func windowFigures(c *config) []figure {
 	if c.bytesPerRecord > 0 {
-		return []figure{{store: c.store, compact: c.store == storeRedis && c.compactKeys, bytes: c.bytesPerRecord, source: "-bytes-per-record"}}
+		return []figure{{store: c.store, compact: c.store == storeRedis && c.settings.Redis.CompactKeys, bytes: c.bytesPerRecord, source: "-bytes-per-record"}}
 	}
 	all := figures()
 	if c.store == "" {
 		return all
 	}
 	for _, f := range all {
-		if f.store == c.store && f.compact == (c.store == storeRedis && c.compactKeys) {
+		if f.store == c.store && f.compact == (c.store == storeRedis && c.settings.Redis.CompactKeys) {
 			return []figure{f}
 		}
 	}

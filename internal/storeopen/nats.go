@@ -14,10 +14,118 @@ import (
 	"syscall"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/watermill-dedup/dedup/stores"
+	"github.com/watermill-dedup/dedup/stores/natsstore"
 )
 
-// NATS: the connection of natsstore (dedupctl) and of router_example's
-// NATS broker, with its credentials and TLS.
+// natsKind is natsstore's KV buckets on NATS JetStream.
+var natsKind = &Kind{
+	Name:    "nats",
+	Service: "NATS",
+	flags: func(fs *flag.FlagSet, s *Settings) {
+		n := &s.NATS
+		fs.StringVar(&n.URL, "nats-url", firstOf(n.URL, DefaultNATSURL), "NATS `URL` (comma-separated: servers of one cluster); "+
+			"nats://user:password@host:port or nats://token@host:port carry credentials, tls:// asks for TLS")
+		fs.StringVar(&n.Bucket, "nats-bucket", firstOf(n.Bucket, natsstore.DefaultBucket), "the store's KV bucket, Config.Bucket")
+		fs.IntVar(&n.Shards, "nats-shards", n.Shards, "the store's Config.Shards: its records are in the buckets <bucket>-0 ... <bucket>-<n-1>")
+		n.Auth.RegisterFlags(fs)
+	},
+	open: openNATSStore,
+}
+
+// NATSSettings are where NATS is and how to connect to it and, with
+// Request.Admin, which buckets the store keeps its records in.
+type NATSSettings struct {
+	// URL is -nats-url: comma-separated URLs of one cluster.
+	URL  string
+	Auth NATSAuth
+
+	// Bucket is the store's Config.Bucket (-nats-bucket): its name when
+	// Request.Name is empty. Shards is its Config.Shards (-nats-shards),
+	// with Request.Admin.
+	Bucket string
+	Shards int
+}
+
+// openNATSStore opens the store: with Request.Admin, its buckets as they
+// are (natsstore.Open: no bucket created, none refused for its MaxAge).
+func openNATSStore(ctx context.Context, o Opener, r Request, out *Opened) error {
+	s := r.Settings
+	cfg, err := configOf[natsstore.Config](out.Kind, r)
+	if err != nil {
+		return err
+	}
+	name := r.name(out.Kind, s.NATS.Bucket)
+	if name != "" {
+		cfg.Bucket = name
+	}
+	if r.Admin {
+		cfg.Shards, cfg.MaxLease = s.NATS.Shards, s.PurgeGrace
+		if err := cfg.Validate(); err != nil {
+			return &SettingError{Setting: "-nats-bucket, -nats-shards, -purge-grace", Err: err}
+		}
+	}
+	nc, err := o.NATS(ctx, s.NATS.URL, s.NATS.Auth)
+	if err != nil {
+		return err
+	}
+	out.NATS, out.Addr = nc, RedactNATSURL(s.NATS.URL)
+	out.onClose(func(context.Context) error { nc.Close(); return nil })
+	buckets := cfg.Buckets()
+	out.Name, out.Records = buckets[0], "bucket "+buckets[0]
+	if len(buckets) > 1 {
+		out.Name, out.Records = cfg.Bucket, "buckets "+strings.Join(buckets, ", ")
+	}
+	if name != "" {
+		// Set before the store is made: Close with RemoveOnClose deletes
+		// the buckets New made before it failed.
+		out.remove = func(ctx context.Context) error { return DeleteNATSBuckets(ctx, nc, cfg) }
+	}
+	if r.Admin {
+		st, err := natsstore.Open(ctx, nc, cfg)
+		if err != nil {
+			if errors.Is(err, natsstore.ErrNoBucket) {
+				return fmt.Errorf("%v on NATS %s (change -nats-bucket, or -nats-shards: a store of n shards keeps its records in <bucket>-0 ... <bucket>-<n-1>)",
+					err, out.Addr)
+			}
+			return fmt.Errorf("cannot open NATS %s, %s: %w", out.Addr, out.Records, err)
+		}
+		out.setStore(st)
+		return nil
+	}
+	pctx, cancel := context.WithTimeout(ctx, o.pingTimeout())
+	defer cancel()
+	st, err := natsstore.New(pctx, nc, cfg)
+	if err != nil {
+		if errors.Is(err, stores.ErrUnavailable) {
+			return &UnreachableError{Service: "NATS JetStream", Addr: out.Addr, Setting: NATSSetting, Err: err}
+		}
+		return err
+	}
+	out.setStore(st)
+	return nil
+}
+
+// DeleteNATSBuckets deletes the KV buckets of cfg (every shard's), and
+// only those.
+func DeleteNATSBuckets(ctx context.Context, nc *nats.Conn, cfg natsstore.Config) error {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, b := range cfg.Buckets() {
+		if err := js.DeleteKeyValue(ctx, b); err != nil && !errors.Is(err, jetstream.ErrBucketNotFound) {
+			errs = append(errs, fmt.Errorf("delete bucket %s: %w", b, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// NATS: the connection of the nats kind and of router_example's NATS
+// broker, with its credentials and TLS.
 
 // NATSSetting is the setting that moves NATS, as both programs name it.
 const NATSSetting = "-nats-url or NATS_URL"
@@ -175,7 +283,8 @@ func natsHostPorts(raw string) ([]string, error) {
 
 // NATS connects to the NATS server(s) of rawURL (comma-separated URLs of
 // one cluster) with auth and then opts, after probing that one of them
-// listens (nats.go would otherwise wait out its own timeouts). It never
+// listens (nats.go would otherwise wait out its own timeouts); o's
+// NATSOptions come before opts. It never
 // names a password or a token: errors show the URL without credentials.
 // A URL that does not parse, or auth settings that contradict each
 // other, are a *SettingError; a server that does not answer, refuses the
@@ -204,7 +313,8 @@ func (o Opener) NATS(ctx context.Context, rawURL string, auth NATSAuth, opts ...
 		}
 		return nil, probed
 	}
-	all := append([]nats.Option{nats.Timeout(DialTimeout)}, authOpts...)
+	all := append([]nats.Option{nats.Timeout(o.dialTimeout())}, authOpts...)
+	all = append(all, o.NATSOptions...)
 	nc, err := nats.Connect(rawURL, append(all, opts...)...)
 	if err != nil {
 		return nil, natsConnectError(addr, err, redactor(rawURL, auth), auth.usesTLS(rawURL))

@@ -249,28 +249,38 @@ func (o Opener) OpenRedis(ctx context.Context, c RedisConfig) (redis.UniversalCl
 		opts := *t.cluster
 		opts.ContextTimeoutEnabled = true
 		if opts.DialTimeout == 0 {
-			opts.DialTimeout = DialTimeout
+			opts.DialTimeout = o.dialTimeout()
 		}
 		if opts.MaxRetries == 0 {
 			opts.MaxRetries = 1
 		}
+		if o.RedisClusterOptions != nil {
+			o.RedisClusterOptions(&opts)
+		}
 		client = redis.NewClusterClient(&opts)
 	} else {
 		opts := t.Options()
+		if o.DialTimeout > 0 {
+			opts.DialTimeout = o.DialTimeout
+		}
 		opts.ContextTimeoutEnabled = true
 		opts.DialerRetries = 1
 		if opts.MaxRetries == 0 {
 			opts.MaxRetries = 1
 		}
+		if o.RedisOptions != nil {
+			o.RedisOptions(opts)
+		}
 		client = redis.NewClient(opts)
 	}
-	pctx, cancel := context.WithTimeout(ctx, DialTimeout)
+	ping := o.pingTimeout()
+	pctx, cancel := context.WithTimeout(ctx, ping)
 	defer cancel()
 	if err := client.Ping(pctx).Err(); err != nil {
 		_ = client.Close()
 		if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
 			// Something accepted the connection and said nothing.
-			err = fmt.Errorf("no answer within %s", DialTimeout)
+			err = fmt.Errorf("no answer within %s", ping)
 		}
 		return nil, nil, o.unreachable(service, t.Display, RedisSetting, err)
 	}

@@ -1,11 +1,18 @@
-// Package storeopen opens the connections a dedup store runs on, from the
-// settings of a command line: the one opener of router_example and
-// cmd/dedupctl (and of testkit's SQL databases). It connects to Redis (one
-// server or a Redis Cluster) and to PostgreSQL, MySQL/MariaDB and SQLite,
-// pings them, and reports a service that cannot be used with its address
-// and the flag and environment variable that change it, saying whether
-// nothing answered or the server refused. Each program builds its store
-// on what it opened, with its own store configuration.
+// Package storeopen opens the dedup stores from settings: the one place
+// testkit.OpenStore, router_example and cmd/dedupctl build a store. Each
+// kind of store ("memory", "redis", "postgres", "mysql", "sqlite",
+// "nats") is a Kind registered once, in kinds.go, and defined in a file
+// of its own here: its flags, its checks, how it connects, builds its
+// store and is closed. Opener.Open opens one.
+//
+// It connects to Redis (one server or a Redis Cluster), PostgreSQL,
+// MySQL/MariaDB, SQLite and NATS, pings them, and reports a service that
+// cannot be used with its address and the flag and environment variable
+// that change it, saying whether nothing answered or the server refused.
+// router_example's brokers use the same connections.
+//
+// The library (stores/..., the middleware, the publisher) never imports
+// it: it imports the stores.
 package storeopen
 
 import (
@@ -21,6 +28,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver
+	"github.com/nats-io/nats.go"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
 	_ "modernc.org/sqlite" // the "sqlite" database/sql driver, pure Go
@@ -38,6 +46,7 @@ const (
 	RedisSetting    = "-redis-addr or REDIS_ADDR"
 	PostgresSetting = "-postgres-dsn or POSTGRES_DSN"
 	MySQLSetting    = "-mysql-dsn or MYSQL_DSN"
+	SQLiteSetting   = "-sqlite-file or -dir"
 )
 
 // Opener opens connections the way one program does.
@@ -49,6 +58,44 @@ type Opener struct {
 	// Check is what a server's refusal asks to check in the setting (see
 	// UnreachableError.Check).
 	Check string
+
+	// SQLiteConns is the pool of a SQLite file (default 1: SQLite has one
+	// writer at a time, and one connection makes concurrent handlers
+	// queue in database/sql instead of spinning in its busy handler).
+	SQLiteConns int
+
+	// DialTimeout bounds each connection attempt, PingTimeout the first
+	// ping, which proves the service is up. Default: DialTimeout, both.
+	DialTimeout, PingTimeout time.Duration
+
+	// RedisOptions and RedisClusterOptions, if set, adjust the go-redis
+	// client's options last, before the client is made.
+	RedisOptions        func(*redis.Options)
+	RedisClusterOptions func(*redis.ClusterOptions)
+
+	// NATSOptions are added to the NATS connection's options (after
+	// its time-out and credentials).
+	NATSOptions []nats.Option
+
+	// SettingNames renames the settings errors name, for a program that
+	// names them otherwise: the key is this package's name
+	// (RedisSetting, "-redis-addr or REDIS_ADDR"), the value the
+	// program's.
+	SettingNames map[string]string
+}
+
+func (o Opener) dialTimeout() time.Duration {
+	if o.DialTimeout > 0 {
+		return o.DialTimeout
+	}
+	return DialTimeout
+}
+
+func (o Opener) pingTimeout() time.Duration {
+	if o.PingTimeout > 0 {
+		return o.PingTimeout
+	}
+	return DialTimeout
 }
 
 // Redis connects to the Redis at addrs[0] or, with cluster, to the Redis
@@ -93,7 +140,7 @@ func (o Opener) DB(ctx context.Context, d sqlstore.Dialect, dsn string) (*sql.DB
 	default:
 		return nil, "", fmt.Errorf("storeopen: no database server for dialect %q", d)
 	}
-	db, err := OpenDB(ctx, driver, dsn, o.MaxConns, DialTimeout)
+	db, err := OpenDB(ctx, driver, dsn, o.MaxConns, o.pingTimeout())
 	if err != nil {
 		return nil, "", o.unreachable(service, addr, setting, err)
 	}
@@ -201,13 +248,19 @@ func ServerRefusal(err error) error {
 	return nil
 }
 
-// SettingError is a setting that does not parse: a DSN.
+// SettingError is a setting that does not parse (a DSN), or settings a
+// store refuses.
 type SettingError struct {
-	Setting string // "-postgres-dsn or POSTGRES_DSN"
+	Setting string // "-postgres-dsn or POSTGRES_DSN"; empty when Err names them
 	Err     error
 }
 
-func (e *SettingError) Error() string { return e.Setting + ": " + e.Err.Error() }
+func (e *SettingError) Error() string {
+	if e.Setting == "" {
+		return e.Err.Error() // the error names the settings itself
+	}
+	return e.Setting + ": " + e.Err.Error()
+}
 
 func (e *SettingError) Unwrap() error { return e.Err }
 

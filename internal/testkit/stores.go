@@ -1,6 +1,7 @@
 package testkit
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"database/sql"
@@ -8,8 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -18,7 +17,6 @@ import (
 	"github.com/go-sql-driver/mysql"
 	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
 	_ "modernc.org/sqlite" // the "sqlite" database/sql driver, pure Go
 
@@ -44,21 +42,24 @@ const (
 	StoreNATS         StoreKind = "nats"          // natsstore on NATS JetStream
 )
 
-// StoreKinds lists every StoreKind.
+// StoreKinds lists every StoreKind: storeopen's kinds, and redis-cluster
+// after redis.
 func StoreKinds() []StoreKind {
-	return []StoreKind{StoreMemory, StoreRedis, StoreRedisCluster, StorePostgres, StoreMySQL, StoreSQLite, StoreNATS}
+	var out []StoreKind
+	for _, name := range storeopen.Names(nil) {
+		out = append(out, StoreKind(name))
+		if StoreKind(name) == StoreRedis {
+			out = append(out, StoreRedisCluster)
+		}
+	}
+	return out
 }
 
 // SQLDialect returns the sqlstore dialect of a SQL kind, and false for the
 // others.
 func (k StoreKind) SQLDialect() (sqlstore.Dialect, bool) {
-	switch k {
-	case StorePostgres:
-		return sqlstore.Postgres, true
-	case StoreMySQL:
-		return sqlstore.MySQL, true
-	case StoreSQLite:
-		return sqlstore.SQLite, true
+	if sk, ok := storeopen.Lookup(string(k)); ok && sk.Dialect != "" {
+		return sk.Dialect, true
 	}
 	return "", false
 }
@@ -115,11 +116,15 @@ type StoreParams struct {
 	RedisOptions func(*redis.Options)
 
 	// The stores' own configurations. OpenStore sets the name (Table,
-	// Prefix) and the Dialect; everything else is passed on.
+	// Prefix, Bucket) and the Dialect; everything else is passed on.
 	Memory memstore.Config
 	Redis  redisstore.Config
 	SQL    sqlstore.Config
 	NATS   natsstore.Config
+
+	// Config is the own configuration of a store kind without a field of
+	// its own above, of its package's type (see storeopen.Request.Config).
+	Config any
 }
 
 // OpenedStore is a store OpenStore opened, with what is behind it.
@@ -180,38 +185,152 @@ func UniqueName(prefix string) string {
 //
 // It never closes a client it did not make: there is none to hand in. A
 // test that needs its own client builds the store itself.
+//
+// It opens every kind as the programs do, through storeopen's registry
+// (storeopen.Opener.Open), with the tests' pools, time-outs and setting
+// names.
 func OpenStore(ctx context.Context, p StoreParams) (*OpenedStore, func(context.Context) error, error) {
 	if p.DialTimeout <= 0 {
 		p.DialTimeout = DefaultDialTimeout
 	}
-	var cl closers
-	o, err := p.open(ctx, &cl)
+	kind, cluster := string(p.Kind), p.Kind == StoreRedisCluster
+	switch {
+	case p.Kind == "":
+		return nil, nil, errors.New("testkit: StoreParams.Kind is required")
+	case cluster:
+		kind = string(StoreRedis)
+		if p.Addr == "" {
+			return nil, nil, errors.New("testkit: a redis-cluster store needs StoreParams.Addr, the addresses of its nodes")
+		}
+	}
+	k, ok := storeopen.Lookup(kind)
+	if !ok {
+		return nil, nil, fmt.Errorf("testkit: unknown store kind %q (want one of %v)", p.Kind, StoreKinds())
+	}
+	settings, err := p.settings()
 	if err != nil {
-		_ = cl.run(context.Background())
 		return nil, nil, err
 	}
-	return o, cl.run, nil
+	name := p.Name
+	if name == "" {
+		name = UniqueName("dedup_")
+		if k.Name == string(StoreRedis) {
+			name = UniqueName("dedup:") + ":"
+		}
+	}
+	o, err := p.opener().Open(ctx, kind, storeopen.Request{
+		Settings:      settings,
+		Name:          name,
+		Config:        p.config(),
+		CreateSchema:  p.CreateSchema,
+		RemoveOnClose: p.Teardown,
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	return &OpenedStore{
+		Store: o.Store, Kind: p.Kind, Addr: o.Addr, Name: o.Name,
+		DB: o.DB, Dialect: k.Dialect, Redis: o.Redis, NATS: o.NATS, Path: o.Path,
+	}, o.Close, nil
 }
 
-func (p StoreParams) open(ctx context.Context, cl *closers) (*OpenedStore, error) {
+// opener is how OpenStore opens p's services: bounded pools (the servers
+// are shared, and a router runs every message in flight in its own
+// goroutine), the first ping up to minPingTimeout, and errors that name
+// the test's settings.
+func (p StoreParams) opener() storeopen.Opener {
+	redisSetting := "REDIS_ADDR"
+	if p.Kind == StoreRedisCluster {
+		redisSetting = "StoreParams.Addr"
+	}
+	return storeopen.Opener{
+		MaxConns:    cmp.Or(max(p.PoolSize, 0), DefaultPoolSize),
+		SQLiteConns: p.PoolSize,
+		DialTimeout: p.DialTimeout,
+		PingTimeout: pingTimeout(p.DialTimeout),
+		RedisOptions: func(o *redis.Options) {
+			o.PoolTimeout, o.PoolSize = 2*p.DialTimeout, p.PoolSize
+			// go-redis's retries, not the programs' single one.
+			o.MaxRetries, o.DialerRetries = 0, 0
+			if p.RedisOptions != nil {
+				p.RedisOptions(o)
+			}
+		},
+		RedisClusterOptions: func(o *redis.ClusterOptions) {
+			o.PoolTimeout, o.PoolSize, o.MaxRetries = 2*p.DialTimeout, p.PoolSize, 0
+		},
+		NATSOptions: []nats.Option{
+			nats.MaxReconnects(-1), nats.ReconnectWait(50 * time.Millisecond),
+			// A write made as the connection drops is refused, not sent at
+			// the reconnect (natsstore's README).
+			nats.ReconnectBufSize(-1),
+			// The store reports what the connection goes through.
+			nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}),
+		},
+		SettingNames: map[string]string{
+			storeopen.RedisSetting:    redisSetting,
+			storeopen.PostgresSetting: "POSTGRES_DSN",
+			storeopen.MySQLSetting:    "MYSQL_DSN",
+			storeopen.SQLiteSetting:   "StoreParams.Path",
+			storeopen.NATSSetting:     "NATS_URL",
+		},
+	}
+}
+
+// settings are where p's service is: Addr, DSN and Path, else the local
+// test services or the environment's.
+func (p StoreParams) settings() (storeopen.Settings, error) {
+	var s storeopen.Settings
+	switch p.Kind {
+	case StoreRedis, StoreRedisCluster:
+		s.Redis.Addr, s.Redis.Cluster = or(p.Addr, RedisAddr()), p.Kind == StoreRedisCluster
+	case StorePostgres:
+		u, err := url.Parse(or(p.DSN, PostgresDSN()))
+		if err != nil {
+			return s, fmt.Errorf("testkit: PostgreSQL DSN: %w", err)
+		}
+		if p.Addr != "" {
+			u.Host = p.Addr
+		}
+		q := u.Query()
+		if q.Get("connect_timeout") == "" {
+			q.Set("connect_timeout", strconv.Itoa(max(1, int(p.DialTimeout.Seconds()))))
+		}
+		u.RawQuery = q.Encode()
+		s.PostgresDSN = u.String()
+	case StoreMySQL:
+		mc, err := mysql.ParseDSN(or(p.DSN, MySQLDSN()))
+		if err != nil {
+			return s, fmt.Errorf("testkit: MySQL DSN: %w", err)
+		}
+		if p.Addr != "" {
+			mc.Addr = p.Addr
+		}
+		if mc.Timeout == 0 {
+			mc.Timeout = p.DialTimeout
+		}
+		s.MySQLDSN = mc.FormatDSN()
+	case StoreSQLite:
+		s.SQLite.File = p.Path
+	case StoreNATS:
+		s.NATS.URL = "nats://" + or(p.Addr, NATSAddr())
+	}
+	return s, nil
+}
+
+// config is the store's own configuration p gives.
+func (p StoreParams) config() any {
 	switch p.Kind {
 	case StoreMemory:
-		s, err := memstore.New(p.Memory)
-		if err != nil {
-			return nil, err
-		}
-		cl.add(s.Close)
-		return &OpenedStore{Store: s, Kind: p.Kind, Addr: "in-process"}, nil
+		return p.Memory
 	case StoreRedis, StoreRedisCluster:
-		return p.openRedis(ctx, cl)
+		return p.Redis
 	case StorePostgres, StoreMySQL, StoreSQLite:
-		return p.openSQL(ctx, cl)
+		return p.SQL
 	case StoreNATS:
-		return p.openNATS(ctx, cl)
-	case "":
-		return nil, errors.New("testkit: StoreParams.Kind is required")
+		return p.NATS
 	}
-	return nil, fmt.Errorf("testkit: unknown store kind %q (want one of %v)", p.Kind, StoreKinds())
+	return p.Config
 }
 
 // RequireStore checks that the service behind kind answers (see
@@ -238,66 +357,6 @@ func RequireStore(t testing.TB, kind StoreKind) string {
 	return ""
 }
 
-func (p StoreParams) openRedis(ctx context.Context, cl *closers) (*OpenedStore, error) {
-	var (
-		client  redis.UniversalClient
-		addr    = p.Addr
-		service = "Redis"
-		setting = "REDIS_ADDR"
-	)
-	if p.Kind == StoreRedisCluster {
-		service, setting = "Redis Cluster", "StoreParams.Addr"
-		if addr == "" {
-			return nil, errors.New("testkit: a redis-cluster store needs StoreParams.Addr, the addresses of its nodes")
-		}
-		client = redis.NewClusterClient(&redis.ClusterOptions{
-			Addrs:                 strings.Split(addr, ","),
-			ContextTimeoutEnabled: true,
-			DialTimeout:           p.DialTimeout,
-			PoolTimeout:           2 * p.DialTimeout,
-			PoolSize:              p.PoolSize,
-		})
-	} else {
-		if addr == "" {
-			addr = RedisAddr()
-		}
-		opts := &redis.Options{
-			Addr: addr,
-			// The caller's context (the middleware's StoreTimeout) then
-			// bounds every call.
-			ContextTimeoutEnabled: true,
-			DialTimeout:           p.DialTimeout,
-			PoolTimeout:           2 * p.DialTimeout,
-			PoolSize:              p.PoolSize,
-		}
-		if p.RedisOptions != nil {
-			p.RedisOptions(opts)
-		}
-		client = redis.NewClient(opts)
-	}
-	cl.add(func(context.Context) error { return client.Close() })
-	pctx, cancel := context.WithTimeout(ctx, pingTimeout(p.DialTimeout))
-	defer cancel()
-	if err := client.Ping(pctx).Err(); err != nil {
-		return nil, &UnreachableError{Service: service, Addr: addr, Setting: setting, Err: err}
-	}
-	name := p.Name
-	if name == "" {
-		name = UniqueName("dedup:") + ":"
-	}
-	cfg := p.Redis
-	cfg.Prefix = name
-	s, err := redisstore.New(client, cfg)
-	if err != nil {
-		return nil, err
-	}
-	if p.Teardown {
-		cl.add(func(ctx context.Context) error { return DeleteRedisPrefix(ctx, client, name) })
-	}
-	cl.add(s.Close)
-	return &OpenedStore{Store: s, Kind: p.Kind, Addr: addr, Name: name, Redis: client}, nil
-}
-
 // DeleteRedisPrefix deletes the keys under prefix, and only those (SCAN
 // and DEL, never FLUSHDB a shared Redis); on a cluster, on every master.
 // It is the programs' storeopen.DeleteRedisPrefix.
@@ -305,95 +364,10 @@ func DeleteRedisPrefix(ctx context.Context, client redis.UniversalClient, prefix
 	return storeopen.DeleteRedisPrefix(ctx, client, prefix)
 }
 
-func (p StoreParams) openNATS(ctx context.Context, cl *closers) (*OpenedStore, error) {
-	addr := or(p.Addr, NATSAddr())
-	nc, err := nats.Connect("nats://"+addr,
-		nats.Timeout(p.DialTimeout),
-		nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond),
-		// A write made as the connection drops is refused, not sent at
-		// the reconnect (natsstore's README).
-		nats.ReconnectBufSize(-1),
-		// The store reports what the connection goes through.
-		nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
-	if err != nil {
-		return nil, &UnreachableError{Service: "NATS", Addr: addr, Setting: "NATS_URL", Err: err}
-	}
-	cl.add(func(context.Context) error { nc.Close(); return nil })
-	cfg := p.NATS
-	cfg.Bucket = or(p.Name, UniqueName("dedup_"))
-	if p.Teardown {
-		// Registered before the store's Close, so it runs after it.
-		cl.add(func(ctx context.Context) error { return DeleteNATSBuckets(ctx, nc, cfg) })
-	}
-	pctx, cancel := context.WithTimeout(ctx, pingTimeout(p.DialTimeout))
-	defer cancel()
-	s, err := natsstore.New(pctx, nc, cfg)
-	if err != nil {
-		if errors.Is(err, stores.ErrUnavailable) {
-			return nil, &UnreachableError{Service: "NATS JetStream", Addr: addr, Setting: "NATS_URL", Err: err}
-		}
-		return nil, err
-	}
-	cl.add(s.Close)
-	return &OpenedStore{Store: s, Kind: p.Kind, Addr: addr, Name: cfg.Bucket, NATS: nc}, nil
-}
-
 // DeleteNATSBuckets deletes the KV buckets of cfg (every shard's), and
-// only those.
+// only those. It is storeopen.DeleteNATSBuckets.
 func DeleteNATSBuckets(ctx context.Context, nc *nats.Conn, cfg natsstore.Config) error {
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return err
-	}
-	var errs []error
-	for _, b := range cfg.Buckets() {
-		if err := js.DeleteKeyValue(ctx, b); err != nil && !errors.Is(err, jetstream.ErrBucketNotFound) {
-			errs = append(errs, fmt.Errorf("testkit: delete bucket %s: %w", b, err))
-		}
-	}
-	return errors.Join(errs...)
-}
-
-func (p StoreParams) openSQL(ctx context.Context, cl *closers) (*OpenedStore, error) {
-	d, _ := p.Kind.SQLDialect()
-	if p.Kind == StoreSQLite && p.Path == "" {
-		dir, err := os.MkdirTemp("", "testkit-sqlite-")
-		if err != nil {
-			return nil, err
-		}
-		cl.add(func(context.Context) error { return os.RemoveAll(dir) })
-		p.Path = filepath.Join(dir, "dedup.db")
-	}
-	db, addr, err := p.openDB(ctx)
-	if err != nil {
-		return nil, err
-	}
-	cl.add(func(context.Context) error { return db.Close() })
-	name := p.Name
-	if name == "" {
-		name = UniqueName("dedup_")
-	}
-	cfg := p.SQL
-	cfg.Dialect, cfg.Table = d, name
-	s, err := sqlstore.New(db, cfg)
-	if err != nil {
-		return nil, err
-	}
-	if p.Teardown {
-		// Registered before the store's Close, so it runs after it: the
-		// purge job (if any) has stopped.
-		cl.add(func(ctx context.Context) error {
-			_, err := db.ExecContext(ctx, "DROP TABLE IF EXISTS "+name)
-			return err
-		})
-	}
-	cl.add(s.Close)
-	if p.CreateSchema {
-		if err := s.CreateSchema(ctx); err != nil {
-			return nil, fmt.Errorf("testkit: create the table %s on %s: %w", name, addr, err)
-		}
-	}
-	return &OpenedStore{Store: s, Kind: p.Kind, Addr: addr, Name: name, DB: db, Dialect: d, Path: p.Path}, nil
+	return storeopen.DeleteNATSBuckets(ctx, nc, cfg)
 }
 
 // OpenDB opens and pings the database of a SQL kind the way OpenStore
@@ -401,7 +375,8 @@ func (p StoreParams) openSQL(ctx context.Context, cl *closers) (*OpenedStore, er
 // for a pub/sub on the store's database, say. The caller closes it. SQLite
 // needs p.Path. An unreachable server is an *UnreachableError.
 func OpenDB(ctx context.Context, p StoreParams) (*sql.DB, error) {
-	if _, ok := p.Kind.SQLDialect(); !ok {
+	d, ok := p.Kind.SQLDialect()
+	if !ok {
 		return nil, fmt.Errorf("testkit: OpenDB: %q is not a SQL store kind", p.Kind)
 	}
 	if p.Kind == StoreSQLite && p.Path == "" {
@@ -410,8 +385,25 @@ func OpenDB(ctx context.Context, p StoreParams) (*sql.DB, error) {
 	if p.DialTimeout <= 0 {
 		p.DialTimeout = DefaultDialTimeout
 	}
-	db, _, err := p.openDB(ctx)
-	return db, err
+	s, err := p.settings()
+	if err != nil {
+		return nil, err
+	}
+	o := p.opener()
+	switch p.Kind {
+	case StoreSQLite:
+		db, err := storeopen.OpenDB(ctx, "sqlite", sqlstore.SQLiteDSN(p.Path), cmp.Or(max(p.PoolSize, 0), 1), o.PingTimeout)
+		if err != nil {
+			return nil, &UnreachableError{Service: "SQLite", Addr: p.Path, Setting: "StoreParams.Path", Err: err}
+		}
+		return db, nil
+	case StorePostgres:
+		db, _, err := o.DB(ctx, d, s.PostgresDSN)
+		return db, err
+	default:
+		db, _, err := o.DB(ctx, d, s.MySQLDSN)
+		return db, err
+	}
 }
 
 // DropTables drops the tables of a SQL kind's database db, and only
@@ -440,81 +432,11 @@ func DropTables(ctx context.Context, db *sql.DB, kind StoreKind, tables ...strin
 	return errors.Join(errs...)
 }
 
-// openDB opens and pings the database of a SQL kind.
-func (p StoreParams) openDB(ctx context.Context) (*sql.DB, string, error) {
-	var (
-		driver, dsn, addr, service, setting string
-		conns                               = p.PoolSize
-	)
-	switch p.Kind {
-	case StoreSQLite:
-		driver, dsn, addr, service, setting = "sqlite", sqlstore.SQLiteDSN(p.Path), p.Path, "SQLite", "StoreParams.Path"
-		if conns <= 0 {
-			conns = 1
-		}
-	case StorePostgres:
-		service, setting = "PostgreSQL", "POSTGRES_DSN"
-		u, err := url.Parse(or(p.DSN, PostgresDSN()))
-		if err != nil {
-			return nil, "", fmt.Errorf("testkit: PostgreSQL DSN: %w", err)
-		}
-		if p.Addr != "" {
-			u.Host = p.Addr
-		}
-		q := u.Query()
-		if q.Get("connect_timeout") == "" {
-			q.Set("connect_timeout", strconv.Itoa(max(1, int(p.DialTimeout.Seconds()))))
-		}
-		u.RawQuery = q.Encode()
-		driver, dsn, addr = "pgx", u.String(), u.Host+u.Path
-	case StoreMySQL:
-		service, setting = "MySQL/MariaDB", "MYSQL_DSN"
-		mc, err := mysql.ParseDSN(or(p.DSN, MySQLDSN()))
-		if err != nil {
-			return nil, "", fmt.Errorf("testkit: MySQL DSN: %w", err)
-		}
-		if p.Addr != "" {
-			mc.Addr = p.Addr
-		}
-		if mc.Timeout == 0 {
-			mc.Timeout = p.DialTimeout
-		}
-		driver, dsn, addr = "mysql", mc.FormatDSN(), mc.Addr+"/"+mc.DBName
-	}
-	if conns <= 0 {
-		conns = DefaultPoolSize
-	}
-	// A bounded pool: the servers are shared, and a router runs every
-	// message in flight in its own goroutine.
-	db, err := storeopen.OpenDB(ctx, driver, dsn, conns, pingTimeout(p.DialTimeout))
-	if err != nil {
-		return nil, "", &UnreachableError{Service: service, Addr: addr, Setting: setting, Err: err}
-	}
-	return db, addr, nil
-}
-
 func or(s, def string) string {
 	if s != "" {
 		return s
 	}
 	return def
-}
-
-// closers runs cleanups in reverse order of registration, each whatever
-// the others returned.
-type closers []func(context.Context) error
-
-func (c *closers) add(f func(context.Context) error) { *c = append(*c, f) }
-
-func (c *closers) run(ctx context.Context) error {
-	var errs []error
-	for i := len(*c) - 1; i >= 0; i-- {
-		if err := (*c)[i](ctx); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	*c = nil
-	return errors.Join(errs...)
 }
 
 // pingTimeout is how long the first ping of an opened client may take.

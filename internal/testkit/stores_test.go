@@ -3,10 +3,14 @@ package testkit_test
 import (
 	"context"
 	"errors"
+	"io/fs"
 	"net"
+	"os"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/watermill-dedup/dedup/internal/testkit"
@@ -15,7 +19,10 @@ import (
 )
 
 func TestOpenStore(t *testing.T) {
-	for _, kind := range []testkit.StoreKind{testkit.StoreMemory, testkit.StoreRedis, testkit.StorePostgres, testkit.StoreMySQL, testkit.StoreSQLite} {
+	for _, kind := range testkit.StoreKinds() {
+		if kind == testkit.StoreRedisCluster {
+			continue // no default service: TestOpenStoreUnreachable
+		}
 		t.Run(string(kind), func(t *testing.T) {
 			testkit.RequireStore(t, kind)
 			ctx := context.Background()
@@ -63,7 +70,24 @@ func TestOpenStore(t *testing.T) {
 				if err != nil || len(keys) > 0 {
 					t.Errorf("keys left under %s: %v (%v)", o.Name, keys, err)
 				}
-			case o.DB != nil && kind != testkit.StoreSQLite:
+			case o.NATS != nil:
+				nc, err := nats.Connect(testkit.NATSURL())
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer nc.Close()
+				js, err := jetstream.New(nc)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := js.KeyValue(ctx, o.Name); !errors.Is(err, jetstream.ErrBucketNotFound) {
+					t.Errorf("bucket %s after Teardown: %v, want it gone", o.Name, err)
+				}
+			case o.Path != "":
+				if _, err := os.Stat(o.Path); !errors.Is(err, fs.ErrNotExist) {
+					t.Errorf("the SQLite file %s after the cleanup: %v, want it removed", o.Path, err)
+				}
+			case o.DB != nil:
 				o3, cleanup3, err := testkit.OpenStore(ctx, testkit.StoreParams{Kind: kind})
 				if err != nil {
 					t.Fatal(err)
@@ -79,7 +103,7 @@ func TestOpenStore(t *testing.T) {
 }
 
 func TestOpenStoreUnreachable(t *testing.T) {
-	for _, kind := range []testkit.StoreKind{testkit.StoreRedis, testkit.StorePostgres, testkit.StoreMySQL} {
+	for _, kind := range []testkit.StoreKind{testkit.StoreRedis, testkit.StorePostgres, testkit.StoreMySQL, testkit.StoreNATS} {
 		_, _, err := testkit.OpenStore(context.Background(), testkit.StoreParams{Kind: kind, Addr: "127.0.0.1:1", DialTimeout: 500 * time.Millisecond})
 		var u *testkit.UnreachableError
 		if !errors.As(err, &u) || u.Addr == "" || u.Service == "" {
