@@ -131,27 +131,27 @@ func TestDefaultLogger(t *testing.T) {
 }
 
 func TestRetentionShorterThanHorizon(t *testing.T) {
-	err := dedup.CheckRetention(time.Hour, time.Hour)
+	err := dedup.CheckHorizon(time.Hour, time.Hour)
 	if !errors.Is(err, dedup.ErrRetentionTooShort) || !strings.Contains(err.Error(), "1h18m0s") {
-		t.Fatalf("CheckRetention(1h, 1h) = %v, want ErrRetentionTooShort naming the 1h18m minimum", err)
+		t.Fatalf("CheckHorizon(1h, 1h) = %v, want ErrRetentionTooShort naming the 1h18m minimum", err)
 	}
-	if err := dedup.CheckRetention(2*time.Hour, time.Hour); err != nil {
+	if err := dedup.CheckHorizon(2*time.Hour, time.Hour); err != nil {
 		t.Fatalf("2h retention over a 1h horizon: %v", err)
 	}
 	// An unknown (zero or negative) horizon is never too long, whatever
 	// the retention.
 	for _, r := range []time.Duration{time.Hour, time.Nanosecond, -time.Second} {
 		for _, h := range []time.Duration{0, -time.Hour} {
-			if err := dedup.CheckRetention(r, h); err != nil {
-				t.Fatalf("CheckRetention(%s, %s), an unknown horizon: %v", r, h, err)
+			if err := dedup.CheckHorizon(r, h); err != nil {
+				t.Fatalf("CheckHorizon(%s, %s), an unknown horizon: %v", r, h, err)
 			}
 		}
 	}
 	// Zero is the default retention, 24h.
-	if err := dedup.CheckRetention(0, 18*time.Hour); err != nil {
+	if err := dedup.CheckHorizon(0, 18*time.Hour); err != nil {
 		t.Fatalf("default retention over an 18h horizon: %v", err)
 	}
-	if err := dedup.CheckRetention(0, 19*time.Hour); !errors.Is(err, dedup.ErrRetentionTooShort) {
+	if err := dedup.CheckHorizon(0, 19*time.Hour); !errors.Is(err, dedup.ErrRetentionTooShort) {
 		t.Fatalf("default retention over a 19h horizon: %v, want ErrRetentionTooShort", err)
 	}
 }
@@ -159,11 +159,11 @@ func TestRetentionShorterThanHorizon(t *testing.T) {
 // TestHugeRedeliveryHorizon: the retention check saturates instead of
 // overflowing (1.3 x math.MaxInt64 is no duration).
 func TestHugeRedeliveryHorizon(t *testing.T) {
-	if err := dedup.CheckRetention(24*time.Hour, math.MaxInt64); !errors.Is(err, dedup.ErrRetentionTooShort) {
-		t.Fatalf("CheckRetention(24h, math.MaxInt64) = %v, want ErrRetentionTooShort", err)
+	if err := dedup.CheckHorizon(24*time.Hour, math.MaxInt64); !errors.Is(err, dedup.ErrRetentionTooShort) {
+		t.Fatalf("CheckHorizon(24h, math.MaxInt64) = %v, want ErrRetentionTooShort", err)
 	}
-	if err := dedup.CheckRetention(math.MaxInt64, math.MaxInt64); err != nil {
-		t.Fatalf("CheckRetention(math.MaxInt64, math.MaxInt64) = %v, want nil (the longest retention covers any horizon)", err)
+	if err := dedup.CheckHorizon(math.MaxInt64, math.MaxInt64); err != nil {
+		t.Fatalf("CheckHorizon(math.MaxInt64, math.MaxInt64) = %v, want nil (the longest retention covers any horizon)", err)
 	}
 }
 
@@ -171,8 +171,8 @@ func TestHugeRedeliveryHorizon(t *testing.T) {
 // still asks for the longest retention, and no shorter one passes.
 func TestRedeliveryHorizonAtTheLimit(t *testing.T) {
 	const h = 7094901566811364864 // float64(h) * 1.3 == 2^63
-	err := dedup.CheckRetention(0, h)
+	err := dedup.CheckHorizon(0, h)
 	if !errors.Is(err, dedup.ErrRetentionTooShort) {
-		t.Fatalf("CheckRetention with the default retention and a horizon of %s = %v, want ErrRetentionTooShort", time.Duration(h), err)
+		t.Fatalf("CheckHorizon with the default retention and a horizon of %s = %v, want ErrRetentionTooShort", time.Duration(h), err)
 	}
 }

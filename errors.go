@@ -15,7 +15,7 @@ var (
 	// and New, including a setting the store cannot honour.
 	ErrInvalidConfig = errors.New("dedup: invalid config")
 
-	// ErrRetentionTooShort is wrapped by the error of CheckRetention.
+	// ErrRetentionTooShort is wrapped by the error of CheckHorizon.
 	ErrRetentionTooShort = errors.New("dedup: retention shorter than the redelivery horizon allows")
 
 	// ErrInProgress is returned for a message whose keys another consumer

@@ -10,12 +10,12 @@ import (
 
 // A retention window is checked against the broker's redelivery horizon
 // at start-up: a redelivery arriving after the window runs again.
-func ExampleCheckRetention() {
+func ExampleCheckHorizon() {
 	horizon := 24 * time.Hour // e.g. a RabbitMQ consumer-outage budget
-	err := dedup.CheckRetention(24*time.Hour, horizon)
+	err := dedup.CheckHorizon(24*time.Hour, horizon)
 	fmt.Println(errors.Is(err, dedup.ErrRetentionTooShort))
 	fmt.Println(err)
-	fmt.Println(dedup.CheckRetention(32*time.Hour, horizon))
+	fmt.Println(dedup.CheckHorizon(32*time.Hour, horizon))
 	// Output:
 	// true
 	// dedup: retention shorter than the redelivery horizon allows: retention 24h0m0s < 1.3 x redelivery horizon 24h0m0s = 31h12m0s: redeliveries after the window are processed again

@@ -77,7 +77,7 @@ type Policy struct {
 	// Retention is how long a done record is kept: a message delivered
 	// (or published) again within it is a duplicate; after it, it runs
 	// again. On the consumer side make it at least RetentionSafetyFactor x
-	// the broker's maximum redelivery horizon (see CheckRetention); on
+	// the broker's maximum redelivery horizon (see CheckHorizon); on
 	// the producer side, longer than the producer may retry. The default
 	// is DefaultRetention (24h).
 	Retention time.Duration
@@ -256,7 +256,7 @@ func (p Policy) WithDefaults() Policy {
 	return p
 }
 
-// CheckRetention reports whether a retention window covers a broker's
+// CheckHorizon reports whether a retention window covers a broker's
 // redelivery horizon — the longest time after which the broker may still
 // redeliver a message: SQS maxReceiveCount x visibility timeout, the
 // consumer outage budget for RabbitMQ, the group recovery time for Kafka
@@ -267,7 +267,7 @@ func (p Policy) WithDefaults() Policy {
 // Call it at start-up with Policy.Retention, and log the error or refuse
 // to start: a redelivery arriving after the window is processed again
 // (counted as OutcomeTTLMiss when the middleware's PublishedAt is set).
-func CheckRetention(retention, horizon time.Duration) error {
+func CheckHorizon(retention, horizon time.Duration) error {
 	if retention == 0 {
 		retention = DefaultRetention
 	}

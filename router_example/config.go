@@ -625,7 +625,7 @@ func (c Config) retentionCheck() retentionCheck {
 	}
 }
 
-// retentionAdvice explains a failed dedup.CheckRetention with the
+// retentionAdvice explains a failed dedup.CheckHorizon with the
 // example's flags; it wraps err (dedup.ErrRetentionTooShort).
 func retentionAdvice(c Config, err error) error {
 	return &retentionError{detail: c.retentionCheck().detail(), err: err}

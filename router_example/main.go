@@ -117,7 +117,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 func setUp(ctx context.Context, cfg Config, sim *simulation) (*message.Router, *middleware.Middleware, error) {
 	logger := sim.logger
 	// Start-up check: records must outlive the broker's redeliveries.
-	if err := dedup.CheckRetention(cfg.Retention, cfg.redeliveryHorizon().d); err != nil {
+	if err := dedup.CheckHorizon(cfg.Retention, cfg.redeliveryHorizon().d); err != nil {
 		err = retentionAdvice(cfg, err)
 		if cfg.StrictRetention {
 			return nil, nil, fmt.Errorf("%w (-strict-retention)", err)

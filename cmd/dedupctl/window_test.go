@@ -54,7 +54,7 @@ func TestWindow(t *testing.T) {
 	if r := w.row(t, storePostgres, false); w.Retention != "10s" || value(r.BytesPerRecord) != 104.1 {
 		t.Fatalf("window of 7s = %+v", w)
 	}
-	if err := dedup.CheckRetention(10*time.Second, 7*time.Second); err != nil {
+	if err := dedup.CheckHorizon(10*time.Second, 7*time.Second); err != nil {
 		t.Fatalf("the retention window prints is too short: %v", err)
 	}
 	w = windowJSON(t, "-store=sqlite", "-horizon=1h", "-rate=10", "-bytes-per-record=150")
