@@ -158,3 +158,12 @@ func (t tee) ObserveStore(scope, op string, d time.Duration, err error) {
 		m.ObserveStore(scope, op, d, err)
 	}
 }
+
+// StoreLatencyBuckets returns the upper bounds, in seconds, of the store
+// latency histogram both exporters (prommetrics, otelmetrics) use by
+// default: from 100µs (an in-memory store) to 5s (DefaultStoreTimeout),
+// so that both give the same counts for one run. Each call returns a new
+// slice.
+func StoreLatencyBuckets() []float64 {
+	return []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5}
+}

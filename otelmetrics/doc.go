@@ -12,8 +12,9 @@
 // no_key, fingerprint_mismatch, released, cancelled, corrupt_record);
 // dedup.operation a store operation (claim, complete, release, extend,
 // begin, commit, rollback); dedup.result one of [dedup.StoreResult]'s (ok,
-// error, lost_claim, invalid). The histogram's buckets are prommetrics'
-// (100µs to 5s), so both exporters of one run give the same counts.
+// error, lost_claim, invalid). The histogram's buckets are
+// dedup.StoreLatencyBuckets (100µs to 5s), prommetrics' too, so both
+// exporters of one run give the same counts.
 //
 //	metrics, err := otelmetrics.New(otelmetrics.Config{MeterProvider: provider})
 //	if err != nil { ... }

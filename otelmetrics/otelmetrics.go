@@ -11,7 +11,6 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	dedup "github.com/watermill-dedup/dedup"
-	"github.com/watermill-dedup/dedup/prommetrics"
 )
 
 // Instrument names, units and attribute keys.
@@ -38,7 +37,7 @@ type Config struct {
 	MeterProvider metric.MeterProvider
 
 	// Buckets are the store latency histogram's boundaries in seconds, in
-	// increasing order. The default is prommetrics.DefaultBuckets.
+	// increasing order. The default is dedup.StoreLatencyBuckets().
 	Buckets []float64
 }
 
@@ -70,7 +69,7 @@ func New(cfg Config) (*Metrics, error) {
 		cfg.MeterProvider = otel.GetMeterProvider()
 	}
 	if len(cfg.Buckets) == 0 {
-		cfg.Buckets = prommetrics.DefaultBuckets
+		cfg.Buckets = dedup.StoreLatencyBuckets()
 	}
 	meter := cfg.MeterProvider.Meter(ScopeName)
 	outcomes, err := meter.Int64Counter(OutcomesName, metric.WithUnit(OutcomesUnit),

@@ -15,10 +15,6 @@ import (
 // Default values of Config fields.
 const DefaultNamespace = "dedup"
 
-// DefaultBuckets are the store latency histogram's upper bounds in seconds:
-// from 100µs (an in-memory store) to 5s (dedup.DefaultStoreTimeout).
-var DefaultBuckets = []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5}
-
 // Metric and label names, without the namespace.
 const (
 	OutcomesName      = "outcomes_total"
@@ -47,7 +43,7 @@ type Config struct {
 	ConstLabels prometheus.Labels
 
 	// Buckets are the store latency histogram's upper bounds in seconds, in
-	// increasing order. The default is DefaultBuckets.
+	// increasing order. The default is dedup.StoreLatencyBuckets().
 	Buckets []float64
 
 	// Scopes whose outcome series are created at zero by New. Other scopes
@@ -98,7 +94,7 @@ func New(cfg Config) (*Metrics, error) {
 		cfg.Namespace = DefaultNamespace
 	}
 	if len(cfg.Buckets) == 0 {
-		cfg.Buckets = DefaultBuckets
+		cfg.Buckets = dedup.StoreLatencyBuckets()
 	}
 	m := &Metrics{
 		outcomes: prometheus.NewCounterVec(prometheus.CounterOpts{
