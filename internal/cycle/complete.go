@@ -90,13 +90,18 @@ func (r *recording) complete(data []byte) (Recorded, []byte) {
 	case errors.Is(err, stores.ErrLostClaim):
 		return r.reconcile(data, err)
 	default:
-		return r.notRecorded(r.b.c, "Dedup could not record the message done after "+r.c.side.Effect+" ran (retried for Tuning.CompleteTimeout, or refused for good): its record stays processing until the lease runs out, and a duplicate arriving after that runs it again", err)
+		return r.notRecorded(r.b.c, "Dedup could not record the message done after "+r.c.side.Effect+" ran: its record stays processing until the lease runs out", err)
 	}
 }
 
+// notRecorded logs and counts a message whose record was not written
+// (retried for Tuning.CompleteTimeout, or refused for good): a duplicate
+// arriving after the lease runs out runs its effect again.
 func (r *recording) notRecorded(cl *stores.Claim, msg string, err error) (Recorded, []byte) {
 	r.failed = true
-	r.c.p.Logger.Error(msg, err, r.c.Fields(r.msg, cl.Scope, cl.Keys))
+	f := r.c.Fields(r.msg, cl.Scope, cl.Keys)
+	f["consequence"] = "a duplicate arriving after the lease runs out runs the effect again"
+	r.c.p.Logger.Error(msg, err, f)
 	return NotRecorded, nil
 }
 
@@ -154,12 +159,13 @@ func (r *recording) drop(data []byte, refusal error) []byte {
 // dropped logs data completed without: err is the store's refusal of it,
 // or (not a refusal) the error of the last attempt at CompleteTimeout.
 func (c *Cycle) dropped(scope string, keys []string, data []byte, err error) {
-	f := watermill.LogFields{"scope": scope, "keys": keys, "data_bytes": len(data)}
+	f := watermill.LogFields{"scope": scope, "keys": keys, "data_bytes": len(data),
+		"consequence": "a redelivery after a failed publish of the outputs will not re-emit them"}
 	if !refused(err) {
-		c.p.Logger.Error("Dedup could not record the message done with its data (the handler's outputs and fingerprint) within Tuning.CompleteTimeout: completing the record once more without them, so a redelivery after a failed publish of its outputs will not re-emit them", err, f)
+		c.p.Logger.Error("Dedup could not record the message's outputs within Tuning.CompleteTimeout: completing without them", err, f)
 		return
 	}
-	c.p.Logger.Error("Dedup store will not keep the record's data (the handler's outputs and fingerprint): completing the record without them, so a redelivery after a failed publish of its outputs will not re-emit them", err, f)
+	c.p.Logger.Error("Dedup store will not keep the record's outputs and fingerprint: completing without them", err, f)
 }
 
 // reconcile decides what a Complete refused with ErrLostClaim means by
@@ -188,7 +194,8 @@ func (r *recording) reconcile(data []byte, lost error) (Recorded, []byte) {
 		return err
 	})
 	if err != nil {
-		return r.notRecorded(cl, "Dedup Complete was refused as a lost claim, and claiming the keys again to learn why failed: the record may be done, gone or another run's; a duplicate arriving later may run again", errors.Join(lost, err))
+		// The record may be done, gone or another run's.
+		return r.notRecorded(cl, "Dedup Complete was refused as a lost claim, and claiming the keys again failed", errors.Join(lost, err))
 	}
 	switch again.Result {
 	case stores.Duplicate:
@@ -196,7 +203,7 @@ func (r *recording) reconcile(data []byte, lost error) (Recorded, []byte) {
 	case stores.Claimed:
 		// Not held: the new claim is completed at once.
 		if err := r.record(&Beat{c: again, parent: r.ctx}, data); err != nil {
-			return r.notRecorded(again, "Dedup record vanished before Complete, and this run could not record it again: it stays processing until the lease runs out, and a duplicate arriving after that runs it again", err)
+			return r.notRecorded(again, "Dedup record vanished before Complete, and recording it again failed: it stays processing until the lease runs out", err)
 		}
 		return Done, nil
 	case stores.InProgress:

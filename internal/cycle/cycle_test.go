@@ -783,7 +783,7 @@ func TestCompleteReconciles(t *testing.T) {
 		if n := e.store.claims.Load(); n < 3 {
 			t.Fatalf("%d claims, want the reconciling claim retried", n)
 		}
-		if e.metrics.get(dedup.OutcomeLostClaim) != 0 || e.metrics.get(dedup.OutcomeStoreError) != 1 || !strings.Contains(e.errorLogs(), "to learn why failed") {
+		if e.metrics.get(dedup.OutcomeLostClaim) != 0 || e.metrics.get(dedup.OutcomeStoreError) != 1 || !strings.Contains(e.errorLogs(), "claiming the keys again failed") {
 			t.Fatalf("lost_claim %d, store_error %d, log %q", e.metrics.get(dedup.OutcomeLostClaim), e.metrics.get(dedup.OutcomeStoreError), e.errorLogs())
 		}
 	})
