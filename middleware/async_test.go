@@ -152,7 +152,7 @@ func TestAsyncCompleteAcksFirstAndCloseWaits(t *testing.T) {
 
 func TestAsyncCloseGivesUpAtItsDeadline(t *testing.T) {
 	store := newGatedStore(t) // never opened
-	metrics := newCountingMetrics()
+	metrics := &testkit.Metrics{}
 	m := newAsync(t, middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{Metrics: metrics}})
 	if _, err := m.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })(message.NewMessage("m-1", nil)); err != nil {
 		t.Fatal(err)
@@ -165,8 +165,8 @@ func TestAsyncCloseGivesUpAtItsDeadline(t *testing.T) {
 	}
 	// The Complete was stopped (goleak checks its goroutine is gone) and
 	// reported; the record stays processing until its lease expires.
-	if metrics.get(dedup.OutcomeStoreError) != 1 {
-		t.Fatalf("store errors = %d, want the abandoned Complete counted", metrics.get(dedup.OutcomeStoreError))
+	if metrics.Outcome(dedup.OutcomeStoreError) != 1 {
+		t.Fatalf("store errors = %d, want the abandoned Complete counted", metrics.Outcome(dedup.OutcomeStoreError))
 	}
 	c, err := store.Claim(context.Background(), "s", []string{"m-1"}, time.Minute)
 	if err != nil || c.Result != stores.InProgress {

@@ -12,6 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	dedup "github.com/watermill-dedup/dedup"
+	"github.com/watermill-dedup/dedup/internal/testkit"
 	"github.com/watermill-dedup/dedup/keyfuncs"
 	"github.com/watermill-dedup/dedup/middleware"
 	"github.com/watermill-dedup/dedup/stores"
@@ -132,7 +133,7 @@ func TestFailureClassification(t *testing.T) {
 				}
 				t.Run(fmt.Sprintf("%s/%s/%s", row.name, mode, policy), func(t *testing.T) {
 					inner := failingStore{Store: newMemstore(t), fail: row.fail}
-					metrics := newCountingMetrics()
+					metrics := &testkit.Metrics{}
 					mw := dedupMiddleware(t, middleware.Config{
 						Store: inner, Scope: "s", Policy: dedup.Policy{OnStoreError: policy, Metrics: metrics, StoreTimeout: 50 * time.Millisecond}, Mode: map[string]dedup.Mode{"lease": dedup.ModeLease, "transactional": dedup.ModeTransactional}[mode]})
 					msg := message.NewMessage("m-1", nil)
@@ -160,10 +161,10 @@ func TestFailureClassification(t *testing.T) {
 					if got := dedup.IsPermanent(err); got != w.permanent {
 						t.Errorf("IsPermanent(%v) = %v, want %v", err, got, w.permanent)
 					}
-					if metrics.get(w.outcome) != 1 {
-						t.Errorf("outcome %s counted %d times, want 1 (outcomes %v)", w.outcome, metrics.get(w.outcome), metrics.outcomes)
+					if metrics.Outcome(w.outcome) != 1 {
+						t.Errorf("outcome %s counted %d times, want 1 (outcomes %v)", w.outcome, metrics.Outcome(w.outcome), metrics.Outcomes())
 					}
-					if !w.runs && metrics.get(dedup.OutcomeBypassed) != 0 {
+					if !w.runs && metrics.Outcome(dedup.OutcomeBypassed) != 0 {
 						t.Error("a bypass was counted for a message whose handler did not run")
 					}
 				})

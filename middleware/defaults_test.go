@@ -28,14 +28,10 @@ func TestDefaultHeartbeatKeepsTheLease(t *testing.T) {
 	// move, however late the heartbeat came.
 	clock := storetest.NewFakeClock(time.Now())
 	store := newMemstoreClock(t, clock)
-	metrics := newCountingMetrics()
+	metrics := &testkit.Metrics{}
 	const lease = 600 * time.Millisecond
 	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{Lease: lease, Metrics: metrics}})
-	extends := func() int {
-		metrics.mu.Lock()
-		defer metrics.mu.Unlock()
-		return metrics.ops[dedup.OpExtend]
-	}
+	extends := func() int { return metrics.Calls(dedup.OpExtend) }
 	h := mw(func(msg *message.Message) ([]*message.Message, error) {
 		// Run until the lease was extended three times (two leases of
 		// the store's time), checking that nobody can take the message
@@ -137,7 +133,7 @@ func TestInProgressWaitWithTheDefaultPoll(t *testing.T) {
 // short for Lease/3 to be a duration has no heartbeat at all.
 func TestNoExtendBeforeTheHeartbeatIsDue(t *testing.T) {
 	for _, lease := range []time.Duration{time.Hour, 2 * time.Nanosecond} {
-		metrics := newCountingMetrics()
+		metrics := &testkit.Metrics{}
 		mw := dedupMiddleware(t, middleware.Config{Store: newMemstore(t), Scope: "s", Policy: dedup.Policy{Lease: lease, Metrics: metrics}})
 		h := mw(func(*message.Message) ([]*message.Message, error) {
 			// Long enough for the heartbeat loop to look a few times
@@ -150,9 +146,7 @@ func TestNoExtendBeforeTheHeartbeatIsDue(t *testing.T) {
 		if _, err := h(message.NewMessage("m-1", nil)); err != nil {
 			t.Fatalf("lease %s: %v", lease, err)
 		}
-		metrics.mu.Lock()
-		n := metrics.ops[dedup.OpExtend]
-		metrics.mu.Unlock()
+		n := metrics.Calls(dedup.OpExtend)
 		if n != 0 {
 			t.Fatalf("lease %s: %d extends in 200ms, want none", lease, n)
 		}

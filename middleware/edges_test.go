@@ -7,6 +7,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	dedup "github.com/watermill-dedup/dedup"
+	"github.com/watermill-dedup/dedup/internal/testkit"
 	"github.com/watermill-dedup/dedup/keyfuncs"
 	"github.com/watermill-dedup/dedup/middleware"
 )
@@ -21,13 +22,13 @@ func TestRecordWithoutFingerprintIsADuplicate(t *testing.T) {
 	if _, err := before(h)(message.NewMessage("1", []byte(`{"id":"A"}`))); err != nil {
 		t.Fatal(err)
 	}
-	metrics := newCountingMetrics()
+	metrics := &testkit.Metrics{}
 	after := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Key: keyfuncs.JSON("id"), Fingerprint: middleware.PayloadFingerprint, Policy: dedup.Policy{Metrics: metrics}})
 	if _, err := after(h)(message.NewMessage("2", []byte(`{"id":"A"}`))); err != nil {
 		t.Fatalf("duplicate of a record without a fingerprint: %v, want an ack", err)
 	}
-	if ran != 1 || metrics.get(dedup.OutcomeDuplicate) != 1 {
-		t.Fatalf("handler ran %d times, %d duplicates counted; want 1 and 1", ran, metrics.get(dedup.OutcomeDuplicate))
+	if ran != 1 || metrics.Outcome(dedup.OutcomeDuplicate) != 1 {
+		t.Fatalf("handler ran %d times, %d duplicates counted; want 1 and 1", ran, metrics.Outcome(dedup.OutcomeDuplicate))
 	}
 }
 

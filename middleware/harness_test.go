@@ -3,7 +3,6 @@ package middleware_test
 import (
 	"context"
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -13,7 +12,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"go.uber.org/goleak"
 
-	dedup "github.com/watermill-dedup/dedup"
 	"github.com/watermill-dedup/dedup/internal/testkit/ledger"
 	"github.com/watermill-dedup/dedup/middleware"
 	"github.com/watermill-dedup/dedup/stores"
@@ -113,35 +111,6 @@ func (l effects) assertExactlyOnce(t testing.TB, ids []string) {
 	if n := l.distinct(); n != len(ids) {
 		t.Errorf("%d distinct events applied, want %d", n, len(ids))
 	}
-}
-
-// countingMetrics records outcomes.
-type countingMetrics struct {
-	mu       sync.Mutex
-	outcomes map[dedup.Outcome]int
-	ops      map[string]int
-}
-
-func newCountingMetrics() *countingMetrics {
-	return &countingMetrics{outcomes: map[dedup.Outcome]int{}, ops: map[string]int{}}
-}
-
-func (m *countingMetrics) Observe(_ string, o dedup.Outcome) {
-	m.mu.Lock()
-	m.outcomes[o]++
-	m.mu.Unlock()
-}
-
-func (m *countingMetrics) ObserveStore(_, op string, _ time.Duration, _ error) {
-	m.mu.Lock()
-	m.ops[op]++
-	m.mu.Unlock()
-}
-
-func (m *countingMetrics) get(o dedup.Outcome) int {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.outcomes[o]
 }
 
 // flakyStore wraps a store; while down, every call fails with errDown.

@@ -98,7 +98,7 @@ func TestBuiltinDeduplicatorLosesFailedFirstAttempts(t *testing.T) {
 
 func TestPanicFirstAttemptReleasedAndAppliedOnce(t *testing.T) {
 	l := newLedger()
-	metrics := newCountingMetrics()
+	metrics := &testkit.Metrics{}
 	ps := newPubSub(t)
 	r := newRouter(t)
 	var attempts atomic.Int32
@@ -114,7 +114,7 @@ func TestPanicFirstAttemptReleasedAndAppliedOnce(t *testing.T) {
 	runRouter(t, r)
 	publish(t, ps, topic, message.NewMessage(watermill.NewUUID(), []byte("evt-1")))
 	testkit.WaitFor(t, 10*time.Second, "the event applied", func() bool { return l.count("evt-1") == 1 })
-	if got := metrics.get(dedup.OutcomeReleased); got != 1 {
+	if got := metrics.Outcome(dedup.OutcomeReleased); got != 1 {
 		t.Fatalf("released %d claims, want 1 (the panicking attempt)", got)
 	}
 	l.assertExactlyOnce(t, []string{"evt-1"})
@@ -345,7 +345,7 @@ func TestMissingKeyIsPoisonStoreUntouched(t *testing.T) {
 func TestStoreDownFailClosed(t *testing.T) {
 	const n = 30
 	l := newLedger()
-	metrics := newCountingMetrics()
+	metrics := &testkit.Metrics{}
 	store := &flakyStore{Store: newMemstore(t)}
 	store.down.Store(true)
 	ps := newPubSub(t)
@@ -381,15 +381,15 @@ func TestStoreDownFailClosed(t *testing.T) {
 	store.down.Store(false)
 	testkit.WaitFor(t, 10*time.Second, "every event applied after the store returned", func() bool { return l.distinct() == n })
 	l.assertExactlyOnce(t, ids)
-	if metrics.get(dedup.OutcomeStoreError) == 0 || metrics.get(dedup.OutcomeBypassed) != 0 {
-		t.Fatalf("metrics: %d store errors, %d bypasses; want some and none", metrics.get(dedup.OutcomeStoreError), metrics.get(dedup.OutcomeBypassed))
+	if metrics.Outcome(dedup.OutcomeStoreError) == 0 || metrics.Outcome(dedup.OutcomeBypassed) != 0 {
+		t.Fatalf("metrics: %d store errors, %d bypasses; want some and none", metrics.Outcome(dedup.OutcomeStoreError), metrics.Outcome(dedup.OutcomeBypassed))
 	}
 }
 
 func TestStoreDownFailOpen(t *testing.T) {
 	const n = 10
 	l := newLedger()
-	metrics := newCountingMetrics()
+	metrics := &testkit.Metrics{}
 	store := &flakyStore{Store: newMemstore(t)}
 	store.down.Store(true)
 	ps := newPubSub(t)
@@ -406,7 +406,7 @@ func TestStoreDownFailOpen(t *testing.T) {
 	}
 	testkit.WaitFor(t, 10*time.Second, "every event applied unprotected", func() bool { return l.distinct() == n })
 	l.assertExactlyOnce(t, ids)
-	if got := metrics.get(dedup.OutcomeBypassed); got != n {
+	if got := metrics.Outcome(dedup.OutcomeBypassed); got != n {
 		t.Fatalf("%d bypasses counted, want %d", got, n)
 	}
 }
@@ -419,12 +419,8 @@ func TestHeartbeatKeepsLongHandlerClaimed(t *testing.T) {
 	// it came).
 	clock := storetest.NewFakeClock(time.Now())
 	store := newMemstoreClock(t, clock)
-	metrics := newCountingMetrics()
-	extends := func() int {
-		metrics.mu.Lock()
-		defer metrics.mu.Unlock()
-		return metrics.ops[dedup.OpExtend]
-	}
+	metrics := &testkit.Metrics{}
+	extends := func() int { return metrics.Calls(dedup.OpExtend) }
 	lease := 150 * time.Millisecond
 	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{Lease: lease, Tuning: dedup.Tuning{Heartbeat: lease / 5}, Metrics: metrics}})
 	var (
@@ -464,7 +460,7 @@ func TestHeartbeatKeepsLongHandlerClaimed(t *testing.T) {
 func TestLostClaimCancelsHandlerAndNacks(t *testing.T) {
 	clock := storetest.NewFakeClock(time.Now())
 	store := newMemstoreClock(t, clock)
-	metrics := newCountingMetrics()
+	metrics := &testkit.Metrics{}
 	lease := time.Second
 	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{Lease: lease, Tuning: dedup.Tuning{Heartbeat: 20 * time.Millisecond}, Metrics: metrics}})
 	var handlerCtxErr error
@@ -488,7 +484,7 @@ func TestLostClaimCancelsHandlerAndNacks(t *testing.T) {
 	if !errors.Is(handlerCtxErr, stores.ErrLostClaim) {
 		t.Fatalf("handler context cause = %v, want ErrLostClaim", handlerCtxErr)
 	}
-	if metrics.get(dedup.OutcomeLostClaim) == 0 {
+	if metrics.Outcome(dedup.OutcomeLostClaim) == 0 {
 		t.Fatal("lost claim not counted")
 	}
 }
@@ -538,7 +534,7 @@ func TestFingerprintMismatch(t *testing.T) {
 }
 
 func TestTTLMissCounted(t *testing.T) {
-	metrics := newCountingMetrics()
+	metrics := &testkit.Metrics{}
 	logger := watermill.NewCaptureLogger()
 	mw := dedupMiddleware(t, middleware.Config{
 		Store: newMemstore(t), Policy: dedup.Policy{Retention: time.Hour, Metrics: metrics, Logger: logger}, PublishedAt: middleware.MetadataTime("published_at"),
@@ -555,7 +551,7 @@ func TestTTLMissCounted(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if got := metrics.get(dedup.OutcomeTTLMiss); got != 1 {
+	if got := metrics.Outcome(dedup.OutcomeTTLMiss); got != 1 {
 		t.Fatalf("%d ttl misses, want 1", got)
 	}
 	// Logged at error level with an error that says what happened (a nil
@@ -653,7 +649,7 @@ func (s *lostReplyStore) Complete(ctx context.Context, c *stores.Claim, retentio
 
 func TestCompleteWhoseReplyWasLostAcksWithRecordedOutputs(t *testing.T) {
 	store := &lostReplyStore{Store: newMemstore(t)}
-	metrics := newCountingMetrics()
+	metrics := &testkit.Metrics{}
 	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{Metrics: metrics}})
 	out, err := mw(func(*message.Message) ([]*message.Message, error) {
 		return []*message.Message{message.NewMessage("out-1", []byte("points"))}, nil
@@ -664,7 +660,7 @@ func TestCompleteWhoseReplyWasLostAcksWithRecordedOutputs(t *testing.T) {
 	if len(out) != 1 || out[0].UUID != "out-1" {
 		t.Fatalf("outputs = %v, want the recorded out-1", out)
 	}
-	if metrics.get(dedup.OutcomeLostClaim) != 0 {
+	if metrics.Outcome(dedup.OutcomeLostClaim) != 0 {
 		t.Fatal("an own retried Complete was counted as a lost claim")
 	}
 }
@@ -725,15 +721,15 @@ func (keyRejectingStore) Claim(context.Context, string, []string, time.Duration)
 }
 
 func TestKeyRejectedByStoreIsBadInputNotStoreError(t *testing.T) {
-	metrics := newCountingMetrics()
+	metrics := &testkit.Metrics{}
 	mw := dedupMiddleware(t, middleware.Config{Store: keyRejectingStore{newMemstore(t)}, Policy: dedup.Policy{Metrics: metrics, OnStoreError: dedup.FailOpen}})
 	ran := false
 	_, err := mw(func(*message.Message) ([]*message.Message, error) { ran = true; return nil, nil })(message.NewMessage("m-1", nil))
 	if !errors.Is(err, keyfuncs.ErrNoKey) || !dedup.IsPermanent(err) || ran {
 		t.Fatalf("err = %v, ran = %v; want a permanent ErrNoKey without running (even fail-open)", err, ran)
 	}
-	if metrics.get(dedup.OutcomeStoreError) != 0 || metrics.get(dedup.OutcomeNoKey) != 1 {
-		t.Fatalf("outcomes: %d store errors, %d no_key; want 0 and 1", metrics.get(dedup.OutcomeStoreError), metrics.get(dedup.OutcomeNoKey))
+	if metrics.Outcome(dedup.OutcomeStoreError) != 0 || metrics.Outcome(dedup.OutcomeNoKey) != 1 {
+		t.Fatalf("outcomes: %d store errors, %d no_key; want 0 and 1", metrics.Outcome(dedup.OutcomeStoreError), metrics.Outcome(dedup.OutcomeNoKey))
 	}
 }
 
@@ -819,7 +815,7 @@ func (s *slowReplyStore) Extend(ctx context.Context, c *stores.Claim, lease time
 func TestHeartbeatDuringCompleteIsNotALostClaim(t *testing.T) {
 	for _, mode := range []dedup.Mode{dedup.ModeLease, dedup.ModeAsyncComplete} {
 		async := mode == dedup.ModeAsyncComplete
-		metrics := newCountingMetrics()
+		metrics := &testkit.Metrics{}
 		cfg := middleware.Config{Store: newSlowReplyStore(newMemstore(t)), Scope: "s",
 			Policy: dedup.Policy{Lease: time.Minute, StoreTimeout: time.Minute, Tuning: dedup.Tuning{Heartbeat: 10 * time.Millisecond}, Metrics: metrics}, Mode: mode}
 		m, err := middleware.New(cfg)
@@ -832,12 +828,10 @@ func TestHeartbeatDuringCompleteIsNotALostClaim(t *testing.T) {
 		if err := m.Close(context.Background()); err != nil {
 			t.Fatal(err)
 		}
-		if n := metrics.get(dedup.OutcomeLostClaim); n != 0 {
+		if n := metrics.Outcome(dedup.OutcomeLostClaim); n != 0 {
 			t.Errorf("async=%v: %d lost-claim outcomes for a message that completed", async, n)
 		}
-		metrics.mu.Lock()
-		extends := metrics.ops[dedup.OpExtend]
-		metrics.mu.Unlock()
+		extends := metrics.Calls(dedup.OpExtend)
 		if extends == 0 {
 			t.Errorf("async=%v: no Extend ran during the Complete's retries: the test proved nothing", async)
 		}
@@ -860,7 +854,7 @@ func TestPermanentFailuresAreLoggedAndCounted(t *testing.T) {
 		t.Fatal(err)
 	}
 	logger := watermill.NewCaptureLogger()
-	metrics := newCountingMetrics()
+	metrics := &testkit.Metrics{}
 	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Key: keyfuncs.JSON("id"),
 		Fingerprint: middleware.PayloadFingerprint, Policy: dedup.Policy{Logger: logger, Metrics: metrics}})
 	ok := func(*message.Message) ([]*message.Message, error) { return nil, nil }
@@ -887,7 +881,7 @@ func TestPermanentFailuresAreLoggedAndCounted(t *testing.T) {
 		if !logged {
 			t.Errorf("%s: not logged at error level", tc.outcome)
 		}
-		if n := metrics.get(tc.outcome); n != 1 {
+		if n := metrics.Outcome(tc.outcome); n != 1 {
 			t.Errorf("%s counted %d times, want 1", tc.outcome, n)
 		}
 	}

@@ -27,7 +27,7 @@ func TestHeartbeatBesideCompleteOnNATS(t *testing.T) {
 	store := openStore(t, testkit.StoreParams{Kind: testkit.StoreNATS})
 	policy := dedup.Policy{Lease: time.Hour, Logger: watermill.NopLogger{}, Tuning: dedup.Tuning{Heartbeat: time.Nanosecond}}
 	t.Run("middleware", func(t *testing.T) {
-		m := newCountingMetrics()
+		m := &testkit.Metrics{}
 		p := policy
 		p.Metrics = m
 		mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "beside", Policy: p})
@@ -40,12 +40,12 @@ func TestHeartbeatBesideCompleteOnNATS(t *testing.T) {
 				t.Fatalf("message %d: %v", i, err)
 			}
 		}
-		if n := m.get(dedup.OutcomeLostClaim); n != 0 {
+		if n := m.Outcome(dedup.OutcomeLostClaim); n != 0 {
 			t.Fatalf("%d lost claims counted", n)
 		}
 	})
 	t.Run("publisher", func(t *testing.T) {
-		m := newCountingMetrics()
+		m := &testkit.Metrics{}
 		p := policy
 		p.Metrics = m
 		d, err := publisher.New(publisher.Config{Store: store, Scope: "beside-pub", Policy: p})
@@ -71,8 +71,8 @@ func TestHeartbeatBesideCompleteOnNATS(t *testing.T) {
 				t.Fatalf("retry of publish %d: %v (its record was not written)", i, err)
 			}
 		}
-		if n := published.Load(); n != 300 || m.get(dedup.OutcomeLostClaim) != 0 {
-			t.Fatalf("published %d of 300, lost claims %d", n, m.get(dedup.OutcomeLostClaim))
+		if n := published.Load(); n != 300 || m.Outcome(dedup.OutcomeLostClaim) != 0 {
+			t.Fatalf("published %d of 300, lost claims %d", n, m.Outcome(dedup.OutcomeLostClaim))
 		}
 	})
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	dedup "github.com/watermill-dedup/dedup"
+	"github.com/watermill-dedup/dedup/internal/testkit"
 	"github.com/watermill-dedup/dedup/middleware"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/redisstore"
@@ -42,7 +43,7 @@ func (s *notReplicatedStore) Complete(ctx context.Context, c *stores.Claim, rete
 // ran once, and nothing is counted lost or failed.
 func TestCompleteNotReplicatedIsRetried(t *testing.T) {
 	store := &notReplicatedStore{Store: newMemstore(t), fails: 3}
-	metrics := newCountingMetrics()
+	metrics := &testkit.Metrics{}
 	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{Metrics: metrics, Lease: time.Hour}})
 	var runs atomic.Int32
 	h := mw(func(*message.Message) ([]*message.Message, error) {
@@ -60,8 +61,8 @@ func TestCompleteNotReplicatedIsRetried(t *testing.T) {
 		t.Fatalf("%d Complete attempts, want 4 (3 not replicated, then the confirmed refusal)", n)
 	}
 	for _, o := range []dedup.Outcome{dedup.OutcomeStoreError, dedup.OutcomeLostClaim} {
-		if n := metrics.get(o); n != 0 {
-			t.Errorf("outcome %s counted %d times, want 0 (outcomes %v)", o, n, metrics.outcomes)
+		if n := metrics.Outcome(o); n != 0 {
+			t.Errorf("outcome %s counted %d times, want 0 (outcomes %v)", o, n, metrics.Outcomes())
 		}
 	}
 	// The redelivery is a Duplicate with the outputs: the record was kept,

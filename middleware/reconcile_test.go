@@ -13,6 +13,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	dedup "github.com/watermill-dedup/dedup"
+	"github.com/watermill-dedup/dedup/internal/testkit"
 	"github.com/watermill-dedup/dedup/middleware"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/storetest"
@@ -128,7 +129,7 @@ func TestCompleteRefusingTheOutputsRecordsWithoutThem(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			clock := storetest.NewFakeClock(time.Now())
 			store := &dataRefusingStore{Store: newMemstoreClock(t, clock), refusal: tc.refusal}
-			metrics := newCountingMetrics()
+			metrics := &testkit.Metrics{}
 			mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{Lease: time.Minute, Tuning: dedup.Tuning{CompleteTimeout: 200 * time.Millisecond}, Metrics: metrics}})
 			runs := 0
 			h := mw(func(*message.Message) ([]*message.Message, error) {
@@ -149,7 +150,7 @@ func TestCompleteRefusingTheOutputsRecordsWithoutThem(t *testing.T) {
 			if runs != 1 {
 				t.Fatalf("the handler ran %d times: the record was left processing", runs)
 			}
-			if metrics.get(dedup.OutcomeStoreError) == 0 {
+			if metrics.Outcome(dedup.OutcomeStoreError) == 0 {
 				t.Error("the refused Complete was not counted as a store error")
 			}
 		})

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -16,6 +15,7 @@ import (
 	"github.com/watermill-dedup/dedup/middleware"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/memstore"
+	"github.com/watermill-dedup/dedup/stores/storetest"
 )
 
 // boundedStore is a store stating bounds of its own (as natsstore's
@@ -82,24 +82,6 @@ func (o *onceFailingComplete) Complete(ctx context.Context, c *stores.Claim, ret
 	return o.Store.Complete(ctx, c, retention, data)
 }
 
-// manualClock is a stores.Clock moved by the test.
-type manualClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *manualClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *manualClock) advance(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
-}
-
 // TestCompleteRetriesUnclassifiedErrors: after the handler's effect, a
 // Complete that fails with an error the store does not classify (a
 // connection reset it did not recognise) is retried like an outage; one
@@ -114,7 +96,7 @@ func TestCompleteRetriesUnclassifiedErrors(t *testing.T) {
 				name += "/outputs"
 			}
 			t.Run(name, func(t *testing.T) {
-				clock := &manualClock{now: time.Unix(1_700_000_000, 0)}
+				clock := storetest.NewFakeClock(time.Unix(1_700_000_000, 0))
 				inner, err := memstore.New(memstore.Config{Clock: clock})
 				if err != nil {
 					t.Fatal(err)
@@ -141,7 +123,7 @@ func TestCompleteRetriesUnclassifiedErrors(t *testing.T) {
 					t.Fatal(err)
 				}
 				// The lease runs out; a duplicate arrives.
-				clock.advance(2 * time.Minute)
+				clock.Advance(2 * time.Minute)
 				if _, err := h(message.NewMessage("m-1", nil)); err != nil {
 					t.Fatalf("duplicate: %v", err)
 				}

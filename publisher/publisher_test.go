@@ -15,6 +15,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	dedup "github.com/watermill-dedup/dedup"
+	"github.com/watermill-dedup/dedup/internal/testkit"
 	"github.com/watermill-dedup/dedup/keyfuncs"
 	"github.com/watermill-dedup/dedup/publisher"
 	"github.com/watermill-dedup/dedup/stores"
@@ -63,29 +64,6 @@ func (r *recorder) uuids() []string {
 
 var errBroker = errors.New("broker said no")
 
-// counts is a dedup.Metrics that counts outcomes per scope.
-type counts struct {
-	mu sync.Mutex
-	n  map[string]int
-}
-
-func (c *counts) Observe(scope string, o dedup.Outcome) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.n == nil {
-		c.n = map[string]int{}
-	}
-	c.n[scope+"/"+o.String()]++
-}
-
-func (c *counts) ObserveStore(string, string, time.Duration, error) {}
-
-func (c *counts) get(scope string, o dedup.Outcome) int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.n[scope+"/"+o.String()]
-}
-
 func newMem(t *testing.T, clock stores.Clock) *memstore.Store {
 	t.Helper()
 	s, err := memstore.New(memstore.Config{Clock: clock})
@@ -133,7 +111,7 @@ func TestSixCopiesPublishOnce(t *testing.T) {
 
 func TestBatchFiltersDuplicates(t *testing.T) {
 	rec := &recorder{}
-	m := &counts{}
+	m := &testkit.Metrics{}
 	pub := decorate(t, publisher.Config{Store: newMem(t, nil), Policy: dedup.Policy{Metrics: m}}, rec)
 	if err := pub.Publish("t", msg("a", "1")); err != nil {
 		t.Fatal(err)
@@ -148,10 +126,10 @@ func TestBatchFiltersDuplicates(t *testing.T) {
 	if rec.calls != 2 {
 		t.Fatalf("%d publish calls, want 2 (the batch in one call)", rec.calls)
 	}
-	if got := m.get("publish:t", dedup.OutcomeDuplicate); got != 2 {
+	if got := m.ScopeOutcome("publish:t", dedup.OutcomeDuplicate); got != 2 {
 		t.Fatalf("%d duplicates counted, want 2", got)
 	}
-	if got := m.get("publish:t", dedup.OutcomeClaimed); got != 3 {
+	if got := m.ScopeOutcome("publish:t", dedup.OutcomeClaimed); got != 3 {
 		t.Fatalf("%d claims counted, want 3", got)
 	}
 	// Only duplicates: the decorated publisher is not called.
@@ -190,14 +168,14 @@ func TestScopeIsPerTopic(t *testing.T) {
 // released, and the caller's retry publishes every message once.
 func TestFailedPublishReleases(t *testing.T) {
 	rec := &recorder{failNext: 1}
-	m := &counts{}
+	m := &testkit.Metrics{}
 	pub := decorate(t, publisher.Config{Store: newMem(t, nil), Policy: dedup.Policy{Metrics: m}}, rec)
 	batch := []*message.Message{msg("a", ""), msg("b", "")}
 	err := pub.Publish("t", batch...)
 	if !errors.Is(err, errBroker) || !strings.Contains(err.Error(), "2 message(s) to topic \"t\" failed (2 claim(s) released") {
 		t.Fatalf("first publish: %v, want the broker's error, saying 2 claims were released", err)
 	}
-	if got := m.get("publish:t", dedup.OutcomeReleased); got != 2 {
+	if got := m.ScopeOutcome("publish:t", dedup.OutcomeReleased); got != 2 {
 		t.Fatalf("%d released, want 2", got)
 	}
 	if err := pub.Publish("t", batch...); err != nil {
@@ -236,7 +214,7 @@ func TestWindow(t *testing.T) {
 
 func TestNoKeyPublishesNothing(t *testing.T) {
 	rec := &recorder{}
-	m := &counts{}
+	m := &testkit.Metrics{}
 	pub := decorate(t, publisher.Config{Store: newMem(t, nil), Policy: dedup.Policy{Metrics: m}, Key: keyfuncs.JSON("order_id")}, rec)
 	err := pub.Publish("t", msg("a", `{"order_id":"1"}`), msg("b", `{"other":1}`))
 	if !errors.Is(err, keyfuncs.ErrNoKey) || !dedup.IsPermanent(err) {
@@ -245,7 +223,7 @@ func TestNoKeyPublishesNothing(t *testing.T) {
 	if rec.calls != 0 {
 		t.Fatal("a call with an unkeyable message reached the publisher")
 	}
-	if got := m.get("publish:t", dedup.OutcomeNoKey); got != 1 {
+	if got := m.ScopeOutcome("publish:t", dedup.OutcomeNoKey); got != 1 {
 		t.Fatalf("%d no_key counted, want 1", got)
 	}
 	// The keyable message was not claimed: it publishes on its own.
@@ -355,25 +333,25 @@ func TestStoreFailures(t *testing.T) {
 	outage := fmt.Errorf("%w: connection refused", stores.ErrUnavailable)
 	t.Run("fail-closed", func(t *testing.T) {
 		rec := &recorder{}
-		m := &counts{}
+		m := &testkit.Metrics{}
 		pub := decorate(t, publisher.Config{Store: &failingStore{Store: newMem(t, nil), claimErr: outage}, Policy: dedup.Policy{Metrics: m}}, rec)
 		err := pub.Publish("t", msg("a", ""))
 		if !errors.Is(err, dedup.ErrStore) || !errors.Is(err, stores.ErrUnavailable) {
 			t.Fatalf("got %v, want ErrStore wrapping the outage", err)
 		}
-		if rec.calls != 0 || m.get("publish:t", dedup.OutcomeStoreError) != 1 {
-			t.Fatalf("calls %d, store errors %d", rec.calls, m.get("publish:t", dedup.OutcomeStoreError))
+		if rec.calls != 0 || m.ScopeOutcome("publish:t", dedup.OutcomeStoreError) != 1 {
+			t.Fatalf("calls %d, store errors %d", rec.calls, m.ScopeOutcome("publish:t", dedup.OutcomeStoreError))
 		}
 	})
 	t.Run("fail-open outage", func(t *testing.T) {
 		rec := &recorder{}
-		m := &counts{}
+		m := &testkit.Metrics{}
 		pub := decorate(t, publisher.Config{Store: &failingStore{Store: newMem(t, nil), claimErr: outage}, Policy: dedup.Policy{Metrics: m, OnStoreError: dedup.FailOpen}}, rec)
 		if err := pub.Publish("t", msg("a", "")); err != nil {
 			t.Fatal(err)
 		}
-		if len(rec.uuids()) != 1 || m.get("publish:t", dedup.OutcomeBypassed) != 1 {
-			t.Fatalf("published %d, bypassed %d: want 1 and 1", len(rec.uuids()), m.get("publish:t", dedup.OutcomeBypassed))
+		if len(rec.uuids()) != 1 || m.ScopeOutcome("publish:t", dedup.OutcomeBypassed) != 1 {
+			t.Fatalf("published %d, bypassed %d: want 1 and 1", len(rec.uuids()), m.ScopeOutcome("publish:t", dedup.OutcomeBypassed))
 		}
 	})
 	t.Run("fail-open not an outage", func(t *testing.T) {
@@ -388,13 +366,13 @@ func TestStoreFailures(t *testing.T) {
 	})
 	t.Run("complete fails", func(t *testing.T) {
 		rec := &recorder{}
-		m := &counts{}
+		m := &testkit.Metrics{}
 		base := newMem(t, nil)
 		pub := decorate(t, publisher.Config{Store: &failingStore{Store: base, completeErr: errors.New("disk full")}, Policy: dedup.Policy{Metrics: m, Tuning: dedup.Tuning{CompleteTimeout: 100 * time.Millisecond}}}, rec)
 		if err := pub.Publish("t", msg("a", "")); err != nil {
 			t.Fatalf("the message went out, the publish must succeed: %v", err)
 		}
-		if m.get("publish:t", dedup.OutcomeStoreError) != 1 {
+		if m.ScopeOutcome("publish:t", dedup.OutcomeStoreError) != 1 {
 			t.Fatal("the unwritten record was not counted")
 		}
 		// The claim is still processing: a retry within the lease waits.
@@ -416,7 +394,7 @@ func TestStoreFailures(t *testing.T) {
 	})
 	t.Run("cancelled message", func(t *testing.T) {
 		rec := &recorder{}
-		m := &counts{}
+		m := &testkit.Metrics{}
 		pub := decorate(t, publisher.Config{Store: &failingStore{Store: newMem(t, nil), claimErr: context.Canceled}, Policy: dedup.Policy{Metrics: m, OnStoreError: dedup.FailOpen}}, rec)
 		ctx, cancel := context.WithCancel(context.Background())
 		cancel()
@@ -425,7 +403,7 @@ func TestStoreFailures(t *testing.T) {
 		if err := pub.Publish("t", mm); !errors.Is(err, context.Canceled) {
 			t.Fatalf("got %v, want context.Canceled", err)
 		}
-		if rec.calls != 0 || m.get("publish:t", dedup.OutcomeCancelled) != 1 {
+		if rec.calls != 0 || m.ScopeOutcome("publish:t", dedup.OutcomeCancelled) != 1 {
 			t.Fatal("a cancelled message was published or not counted")
 		}
 	})

@@ -3,6 +3,7 @@ package testkit
 import (
 	"errors"
 	"fmt"
+	"testing"
 
 	amqp091 "github.com/rabbitmq/amqp091-go"
 )
@@ -36,4 +37,21 @@ func DeleteAMQPQueues(url string, queues ...string) error {
 		}
 		return errors.Join(errs...)
 	})
+}
+
+// AMQPChannel returns a channel of a connection of its own to the
+// RabbitMQ at url; both are closed when t ends.
+func AMQPChannel(t testing.TB, url string) *amqp091.Channel {
+	t.Helper()
+	conn, err := amqp091.Dial(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ch.Close() })
+	return ch
 }

@@ -64,10 +64,28 @@ func (m *Metrics) ScopeOutcome(scope string, o dedup.Outcome) int {
 	return m.outcomes[scoped{scope, o}]
 }
 
-// Op returns how many calls of op the store made, and how many of them
-// failed.
-func (m *Metrics) Op(op string) (calls, failed int) {
+// Outcomes returns how many times each outcome was observed, in every
+// scope.
+func (m *Metrics) Outcomes() map[dedup.Outcome]int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return m.ops[op], m.failed[op]
+	out := map[dedup.Outcome]int{}
+	for k, c := range m.outcomes {
+		out[k.outcome] += c
+	}
+	return out
+}
+
+// Calls returns how many calls of op the store made.
+func (m *Metrics) Calls(op string) int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.ops[op]
+}
+
+// Failed returns how many calls of op failed.
+func (m *Metrics) Failed(op string) int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.failed[op]
 }

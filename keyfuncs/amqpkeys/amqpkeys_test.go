@@ -123,16 +123,7 @@ func TestForeignProducerDeduplicated(t *testing.T) {
 		return nil
 	})
 
-	conn, err := amqp091.Dial(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ch.Close()
+	ch := testkit.AMQPChannel(t, url)
 	for range 2 { // the producer retries: the same message twice
 		if err := ch.PublishWithContext(context.Background(), "", queue, false, false, amqp091.Publishing{
 			MessageId: "order-42", Timestamp: time.Now(), Headers: amqp091.Table{"attempt": int32(1)}, Body: []byte(`{"order":42}`),
@@ -153,20 +144,8 @@ func TestForeignProducerDeduplicated(t *testing.T) {
 }
 
 func deleteQueue(t *testing.T, url, queue string) {
-	conn, err := amqp091.Dial(url)
-	if err != nil {
+	if err := testkit.DeleteAMQPQueues(url, queue); err != nil {
 		t.Logf("cleanup: %v", err)
-		return
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Logf("cleanup: %v", err)
-		return
-	}
-	defer ch.Close()
-	if _, err := ch.QueueDelete(queue, false, false, false); err != nil {
-		t.Logf("cleanup: delete queue %s: %v", queue, err)
 	}
 }
 
@@ -290,16 +269,7 @@ func TestBlankMessageIDIsNoKey(t *testing.T) {
 // 255 bytes became one key.
 func TestLongMessageIDRefusedNotTruncated(t *testing.T) {
 	url := testkit.RequireAMQP(t)
-	conn, err := amqp091.Dial(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ch.Close()
+	ch := testkit.AMQPChannel(t, url)
 	q, err := ch.QueueDeclare("", false, true, true, false, nil)
 	if err != nil {
 		t.Fatal(err)

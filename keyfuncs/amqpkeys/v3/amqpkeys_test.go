@@ -128,16 +128,7 @@ func TestForeignProducerDeduplicated(t *testing.T) {
 		return nil
 	})
 
-	conn, err := amqp091.Dial(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ch.Close()
+	ch := testkit.AMQPChannel(t, url)
 	for range 2 { // the producer retries: the same message twice
 		if err := ch.PublishWithContext(context.Background(), "", queue, false, false, amqp091.Publishing{
 			MessageId: "order-42", Timestamp: time.Now(), Headers: amqp091.Table{"attempt": int32(1)}, Body: []byte(`{"order":42}`),
