@@ -101,7 +101,7 @@ func New(cfg Config) (*Metrics, error) {
 			Namespace:   cfg.Namespace,
 			Subsystem:   cfg.Subsystem,
 			Name:        OutcomesName,
-			Help:        "Messages seen by the dedup middleware, by scope (usually the handler name) and outcome (claimed, duplicate, in_progress, takeover, store_error, bypassed, lost_claim, ttl_miss, no_key, fingerprint_mismatch, released, cancelled). One message can have several outcomes.",
+			Help:        "Messages seen by the dedup middleware and publisher, by scope and outcome. One message can have several outcomes.",
 			ConstLabels: cfg.ConstLabels,
 		}, []string{LabelScope, LabelOutcome}),
 		store: prometheus.NewHistogramVec(prometheus.HistogramOpts{

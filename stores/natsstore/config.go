@@ -38,7 +38,11 @@ var ErrNoBucket = errors.New("natsstore: no such bucket")
 
 // ErrBucketConfig is wrapped by New's error when a bucket exists but
 // cannot hold the records the Config allows: a MaxAge (KV TTL) shorter
-// than [Config.RequiredMaxAge], or none at all.
+// than [Config.RequiredMaxAge], or none at all (lower MaxLease or
+// MaxRetention, or raise the bucket's MaxAge: nats stream edit STREAM
+// --max-age); or limits (MaxMsgs, MaxBytes) with the discard-old policy,
+// which would drop records before their retention ends (remove the
+// limits, or use discard-new: writes then fail when the bucket is full).
 var ErrBucketConfig = errors.New("natsstore: the bucket's configuration does not fit the store's")
 
 // Config configures a Store. The zero value is ready to use.

@@ -218,14 +218,15 @@ func (s *Store) openBucket(ctx context.Context, bucket string) (*shard, error) {
 		if conf.MaxAge > 0 {
 			have = "MaxAge " + conf.MaxAge.String()
 		}
-		return nil, fmt.Errorf("%w: bucket %q has %s, the config needs at least %s (max(MaxRetention, 2 × MaxLease) + ClockSkew): lower MaxLease or MaxRetention, or raise the bucket's MaxAge (nats stream edit %s --max-age)",
-			ErrBucketConfig, bucket, have, need, conf.Name)
+		// need is max(MaxRetention, 2 × MaxLease) + ClockSkew.
+		return nil, fmt.Errorf("%w: bucket %q (stream %s) has %s, the config needs MaxAge %s at least",
+			ErrBucketConfig, bucket, conf.Name, have, need)
 	}
 	if conf.Discard == jetstream.DiscardOld && (conf.MaxMsgs > 0 || conf.MaxBytes > 0) {
 		// The stream would drop the oldest records to make room, done
 		// records within their retention among them: their duplicates
 		// would run again.
-		return nil, fmt.Errorf("%w: bucket %q has MaxMsgs %d and MaxBytes %d with the discard-old policy, which drops records before their retention ends: remove the limits or use discard-new (writes then fail when the bucket is full)",
+		return nil, fmt.Errorf("%w: bucket %q has MaxMsgs %d and MaxBytes %d with discard-old, which drops live records",
 			ErrBucketConfig, bucket, conf.MaxMsgs, conf.MaxBytes)
 	}
 	return &shard{
