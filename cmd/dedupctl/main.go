@@ -82,6 +82,7 @@ package main
 
 import (
 	"context"
+	_ "embed"
 	"errors"
 	"flag"
 	"fmt"
@@ -156,41 +157,20 @@ func exitCode(err error) int {
 	return exitError
 }
 
+// The usage text, around the flags printFlags lists.
+var (
+	//go:embed usage.txt
+	usageText string
+	//go:embed usage_exit.txt
+	usageExitText string
+)
+
 func printUsage(w io.Writer) {
-	fmt.Fprint(w, `Usage: dedupctl [flags] COMMAND [ARGS] [flags]
-
-Shows and changes the records of a watermill-dedup store.
-
-Commands:
-  stats               records by state and scope, oldest and newest expiry, approximate size
-  get SCOPE KEY       one record: state, token, lease, expiry, fingerprint, stored outputs
-  list [SCOPE]        records (-state, -prefix, -limit, -after)
-  forget SCOPE KEY    delete a done record, so its message is processed again (-yes)
-  release SCOPE KEY   delete a processing record, freeing a stuck claim (-yes)
-  get|forget|release -id=ID   the same, for the record of an id list printed
-  purge               delete expired records now
-  window              retention for a redelivery horizon (-horizon), and with -rate the
-                      storage it needs on each store (-store, -bytes-per-record: one only)
-
-forget and release show what they would delete and change nothing without -yes.
-Instead of KEY they take -prefix (or -all alone: the whole scope), and refuse to
-delete more than one record without -all.
-
-On SQL stores, NATS and Redis with -compact-keys, records are stored under a digest
-of (scope, key): list, forget and release cannot select a scope or key prefix there,
-and stats does not count by scope. get SCOPE KEY reads any record; list without
-SCOPE lists every record by id, and get, forget and release take one as -id=ID.
-
-Where the records are (each flag also read from the environment variable shown):
-`)
+	fmt.Fprint(w, usageText)
 	printFlags(w, func(name string) bool { return isConnectionFlag(name) })
 	fmt.Fprint(w, "\nOutput and commands:\n")
 	printFlags(w, func(name string) bool { return !isConnectionFlag(name) })
-	fmt.Fprint(w, `
-Exit status: 0 done; 1 the store failed or could not be reached; 2 bad usage, or a
-request the store's layout cannot serve; 3 no such record; 4 refused, nothing deleted
-(no -yes, several records without -all, or a record in the other state).
-`)
+	fmt.Fprint(w, "\n"+usageExitText)
 }
 
 // printFlags prints the usage of the flags keep selects.

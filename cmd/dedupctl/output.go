@@ -350,6 +350,7 @@ func writeSkipped(w io.Writer, n int64, sample []string) {
 		}
 		eg = ", such as " + strings.Join(quoted, ", ")
 	}
-	fmt.Fprintf(w, "\nskipped %d %s under the prefix that %s not the store's records%s: another layout's (-compact-keys, -digest-keys-longer-than), another store's with a longer prefix (-redis-prefix), or another program's\n",
+	fmt.Fprintf(w, "\nskipped %d %s under the prefix that %s not the store's records%s\n",
 		n, plural(int(n), "key", "keys"), plural(int(n), "is", "are"), eg)
+	fmt.Fprintln(w, "(another layout's: -compact-keys, -digest-keys-longer-than; another store's: -redis-prefix; or another program's)")
 }
