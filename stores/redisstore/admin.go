@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/storekit"
 )
@@ -185,13 +184,13 @@ func (s *Store) List(ctx context.Context, opts stores.ListOptions) ([]stores.Rec
 	if s.cfg.CompactKeys && (opts.Scope != "" || opts.KeyPrefix != "") {
 		return nil, "", fmt.Errorf("redisstore: list: %w: with CompactKeys every record is stored under a digest of (scope, key), so records cannot be listed by scope or key; Get finds one by its scope and key", stores.ErrNotSupported)
 	}
-	nodes, err := s.nodes(ctx)
+	nodes, err := s.scanNodes(ctx)
 	if err != nil {
 		return nil, "", fmt.Errorf("redisstore: list: %w", err)
 	}
 	first := 0
 	if opts.After != "" {
-		if first = slices.IndexFunc(nodes, func(n node) bool { return n.addr == cur.addr }); first < 0 {
+		if first = slices.IndexFunc(nodes, func(n scanNode) bool { return n.addr == cur.addr }); first < 0 {
 			return nil, "", fmt.Errorf("redisstore: list: %w: the cursor's node %s is not a node of the store's Redis now", stores.ErrInvalidArgument, cur.addr)
 		}
 	}
@@ -287,7 +286,7 @@ func (s *Store) Stats(ctx context.Context) (stores.Stats, error) {
 	if err := storekit.CheckCall(ctx, s.closed.Load()); err != nil {
 		return stores.Stats{}, fmt.Errorf("redisstore: stats: %w", err)
 	}
-	nodes, err := s.nodes(ctx)
+	nodes, err := s.scanNodes(ctx)
 	if err != nil {
 		return stores.Stats{}, fmt.Errorf("redisstore: stats: %w", err)
 	}
@@ -430,23 +429,6 @@ func (s *Store) adminKey(ctx context.Context, scope, key string, arg error) (str
 	return s.encodeKey(scope, key), nil
 }
 
-// parseRead decodes a readScript reply (or the tail of a
-// deleteStateScript one): ok is false when the key did not exist.
-func parseRead(v any) (value string, pttl int64, ok bool, err error) {
-	a, isList := v.([]any)
-	switch {
-	case isList && len(a) == 0:
-		return "", 0, false, nil
-	case isList && len(a) == 2:
-		value, ok1 := a[0].(string)
-		pttl, ok2 := a[1].(int64)
-		if ok1 && ok2 {
-			return value, pttl, true, nil
-		}
-	}
-	return "", 0, false, fmt.Errorf("redisstore: unexpected reply %v", v)
-}
-
 // record describes the record value of rkey, whose remaining TTL is pttl
 // ms at now. Its scope and key are filled in as far as the layout keeps
 // them.
@@ -524,21 +506,21 @@ func (s *Store) readAll(ctx context.Context, keys []string) ([]*stores.Record, e
 	return out, nil
 }
 
-// node is a Redis server holding records: the one of a *redis.Client, a
+// scanNode is a Redis server holding records: the one of a *redis.Client, a
 // master of a Cluster, a shard of a Ring.
-type node struct {
+type scanNode struct {
 	addr   string
 	client *redis.Client
 }
 
-// nodes returns the nodes to SCAN, by address.
-func (s *Store) nodes(ctx context.Context) ([]node, error) {
+// scanNodes returns the nodes to SCAN, by address.
+func (s *Store) scanNodes(ctx context.Context) ([]scanNode, error) {
 	var (
 		mu    sync.Mutex
-		nodes []node
+		nodes []scanNode
 		add   = func(_ context.Context, c *redis.Client) error {
 			mu.Lock()
-			nodes = append(nodes, node{c.Options().Addr, c})
+			nodes = append(nodes, scanNode{c.Options().Addr, c})
 			mu.Unlock()
 			return nil
 		}
@@ -546,7 +528,7 @@ func (s *Store) nodes(ctx context.Context) ([]node, error) {
 	)
 	switch c := s.client.(type) {
 	case *redis.Client:
-		return []node{{c.Options().Addr, c}}, nil
+		return []scanNode{{c.Options().Addr, c}}, nil
 	case *redis.ClusterClient:
 		err = c.ForEachMaster(ctx, add)
 	case *redis.Ring:
@@ -557,7 +539,7 @@ func (s *Store) nodes(ctx context.Context) ([]node, error) {
 	if err != nil {
 		return nil, s.classifyCall(ctx, err)
 	}
-	slices.SortFunc(nodes, func(a, b node) int { return cmp.Compare(a.addr, b.addr) })
+	slices.SortFunc(nodes, func(a, b scanNode) int { return cmp.Compare(a.addr, b.addr) })
 	return nodes, nil
 }
 

@@ -4,13 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/redis/go-redis/v9"
-
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/internal/neterr"
 )
@@ -27,6 +27,16 @@ var ErrEvictionPolicy = errors.New("redisstore: Redis maxmemory-policy may evict
 // Complete of that much data, and close the connection; the store then
 // refuses, before any I/O, data above what the node takes.
 var ErrDataLimit = errors.New("redisstore: Redis proto-max-bulk-len is below Config.MaxData")
+
+// ErrWaitDenied is returned by [Store.CheckServer] when, with
+// Config.WaitReplicas, the server denies the store's user WAIT or
+// PEXPIRE (its ACL rule lacks +wait +pexpire): every write would fail.
+var ErrWaitDenied = errors.New("redisstore: the Redis user may not run a command Config.WaitReplicas needs")
+
+// ErrTooFewReplicas is returned by [Store.CheckServer] when a master
+// has fewer replicas online than Config.WaitReplicas: every write to it
+// fails with [ErrNotReplicated] until enough are back.
+var ErrTooFewReplicas = errors.New("redisstore: a Redis master has fewer replicas online than Config.WaitReplicas")
 
 // CheckServer reads maxmemory-policy, maxmemory and proto-max-bulk-len
 // from every node the client talks to (every master and replica in Redis
@@ -126,25 +136,6 @@ func (s *Store) CheckServer(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// forEachNode runs check on every node the client talks to (every master
-// and replica in Redis Cluster), concurrently where the client does.
-func (s *Store) forEachNode(ctx context.Context, check func(ctx context.Context, addr string, c redis.Cmdable) error) error {
-	switch c := s.client.(type) {
-	case *redis.ClusterClient:
-		return c.ForEachShard(ctx, func(ctx context.Context, n *redis.Client) error {
-			return check(ctx, n.Options().Addr, n)
-		})
-	case *redis.Ring:
-		return c.ForEachShard(ctx, func(ctx context.Context, n *redis.Client) error {
-			return check(ctx, n.Options().Addr, n)
-		})
-	case *redis.Client:
-		return check(ctx, c.Options().Addr, c)
-	default:
-		return check(ctx, "redis", c)
-	}
-}
-
 // protoMaxBulkLen reads a node's proto-max-bulk-len: 0 when the node does
 // not say (CONFIG GET refused or renamed).
 func protoMaxBulkLen(ctx context.Context, c redis.Cmdable) (int64, error) {
@@ -158,6 +149,105 @@ func protoMaxBulkLen(ctx context.Context, c redis.Cmdable) (int64, error) {
 	}
 	n, _ := strconv.ParseInt(cfg["proto-max-bulk-len"], 10, 64)
 	return n, nil
+}
+
+// checkReplicas reports, with WaitReplicas, every master with fewer
+// replicas online than that (INFO replication); replicas (a Cluster's)
+// are passed over. A node whose INFO is refused is not counted as a
+// failure, as for CONFIG GET.
+func (s *Store) checkReplicas(ctx context.Context) error {
+	if !s.waiting() {
+		return nil
+	}
+	if err := s.checkWaitACL(ctx); err != nil {
+		return err
+	}
+	var (
+		mu  sync.Mutex
+		few []string
+	)
+	err := s.forEachNode(ctx, func(ctx context.Context, addr string, c redis.Cmdable) error {
+		info, err := c.Info(ctx, "replication").Result()
+		var rerr redis.Error
+		if errors.As(err, &rerr) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("%s: %w", addr, err)
+		}
+		if !strings.Contains(info, "role:master") {
+			return nil
+		}
+		if n := strings.Count(info, "state=online"); n < s.cfg.WaitReplicas {
+			mu.Lock()
+			few = append(few, fmt.Sprintf("%s has %d", addr, n))
+			mu.Unlock()
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("redisstore: checking the replicas: %w", err)
+	}
+	if len(few) == 0 {
+		return nil
+	}
+	err = fmt.Errorf("%w (%d): %s", ErrTooFewReplicas, s.cfg.WaitReplicas, strings.Join(few, "; "))
+	s.cfg.Logger.Error("redisstore: a Redis master has too few replicas for Config.WaitReplicas: its writes fail as not replicated", err, nil)
+	return err
+}
+
+// checkWaitACL reports a user the server denies a command WaitReplicas
+// needs: WAIT (on any node: ACLs are each node's), and PEXPIRE, which
+// the fenced scripts send to confirm a refusal. WAIT 0 0 answers at once;
+// PEXPIRE GT on the bare prefix, which is no record's key, changes no
+// expiry (GT never shortens one, nor sets one on a key without). Only a
+// NOPERM counts: another refusal (a Redis before 7.0 takes no GT) says
+// the user may run the command.
+func (s *Store) checkWaitACL(ctx context.Context) error {
+	var (
+		mu     sync.Mutex
+		denied []string
+		nodes  []string
+	)
+	deny := func(cmd, addr string) {
+		mu.Lock()
+		defer mu.Unlock()
+		if !slices.Contains(denied, cmd) {
+			denied = append(denied, cmd)
+		}
+		if !slices.Contains(nodes, addr) {
+			nodes = append(nodes, addr)
+		}
+	}
+	err := s.forEachNode(ctx, func(ctx context.Context, addr string, c redis.Cmdable) error {
+		// Do, not Wait: go-redis lifts the read timeout off a Wait.
+		d, ok := c.(interface {
+			Do(ctx context.Context, args ...any) *redis.Cmd
+		})
+		if !ok {
+			return nil // New refuses such a client with WaitReplicas
+		}
+		if err := d.Do(ctx, "wait", 0, 0).Err(); isNoPerm(err) {
+			deny("WAIT", addr)
+		} else if err != nil && !isRedisError(err) {
+			return fmt.Errorf("%s: %w", addr, err)
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("redisstore: checking the user's permissions: %w", err)
+	}
+	if err := s.client.Do(ctx, "pexpire", s.cfg.Prefix, 1, "gt").Err(); isNoPerm(err) {
+		deny("PEXPIRE", "the prefix's node")
+	} else if err != nil && !isRedisError(err) {
+		return fmt.Errorf("redisstore: checking the user's permissions: %w", err)
+	}
+	if len(denied) == 0 {
+		return nil
+	}
+	err = fmt.Errorf("%w (denied %s): add +wait +pexpire to the user's ACL rule (stores/redisstore/README.md); until then every write fails", ErrWaitDenied, strings.Join(denied, ", "))
+	s.cfg.Logger.Error("redisstore: the Redis user may not run WAIT or PEXPIRE, which Config.WaitReplicas needs: every write fails", err, watermill.LogFields{"prefix": s.cfg.Prefix})
+	return err
 }
 
 // leastBulkLen is the least proto-max-bulk-len a Redis can be configured

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/internal/neterr"
 )
@@ -33,6 +32,27 @@ import (
 // outage (stores.ErrUnavailable) would run its handler unprotected under
 // FailOpen for as long as the settings stay wrong.
 var ErrRefused = errors.New("redisstore: the Redis server refused the client")
+
+// ErrNotReplicated is wrapped by the error of a Claim, Complete, Release
+// or Extend whose write fewer than Config.WaitReplicas replicas
+// acknowledged within Config.WaitTimeout (or whose WAIT failed), or
+// whose deadline passed while the store waited for replicas. The write
+// happened on the master (in the last case: if it went out before the
+// deadline), and may not survive a failover: what it did is of unknown
+// durability.
+//
+// It is a class of its own, not [stores.ErrUnavailable]: the store
+// answered, and holds its records. A Claim that fails with it has
+// given its claim back (best effort: a claim it cannot give back runs
+// out with its lease), so no handler may run for it, and the
+// middleware nacks it under either OnStoreError policy: FailOpen never
+// runs a handler through it, since running the handler unprotected
+// would give up the very durability asked for, and dedup with it. A
+// Complete, Release or Extend that fails with it is retried by the
+// middleware like any failure not known to be permanent (a retried
+// Complete whose first attempt landed finds it done, is refused, and is
+// reconciled, the refusal confirmed by WAIT as well).
+var ErrNotReplicated = errors.New("redisstore: write not acknowledged by Config.WaitReplicas replicas within WaitTimeout")
 
 // classify is classifyCall for a call whose context the caller does not
 // pass: a broken connection (see connLost) is not confirmed, and so is no
@@ -74,7 +94,7 @@ func (s *Store) class(err error, confirm func(error) error) error {
 		return err
 	case isTooLarge(err):
 		return fmt.Errorf("%w: %w", stores.ErrTooLarge, err)
-	case refused(err):
+	case isRefused(err):
 		return fmt.Errorf("%w: %w", ErrRefused, err)
 	case isOutage(err):
 		return fmt.Errorf("%w: %w", stores.ErrUnavailable, err)
@@ -105,7 +125,7 @@ func (s *Store) confirmBroken(ctx context.Context, err error) error {
 		return fmt.Errorf("%w (not known to be an outage: the server answered a new connection since)", err)
 	case errors.Is(perr, errNoProbe):
 		return fmt.Errorf("%w (not known to be an outage: the connection broke, and %v)", err, perr)
-	case refused(perr):
+	case isRefused(perr):
 		return fmt.Errorf("%w: %w (a new connection was refused: %v)", ErrRefused, err, perr)
 	case deadlinePassed(ctx):
 		// The probe's read may time out at the call's deadline just
@@ -312,9 +332,55 @@ func isTimeout(err error) bool {
 	return errors.As(err, &ne) && ne.Timeout()
 }
 
-// refused reports a refusal of the client: the server's reply
+// isRefused reports a refusal of the client: the server's reply
 // (refusedPrefixes), or a TLS handshake that failed on either side (see
 // neterr.TLSRefused).
-func refused(err error) bool {
+func isRefused(err error) bool {
 	return hasReplyPrefix(err, refusedPrefixes...) || neterr.TLSRefused(err)
+}
+
+// isNoPerm reports an ACL refusal.
+func isNoPerm(err error) bool {
+	var re redis.Error
+	return errors.As(err, &re) && strings.HasPrefix(re.Error(), "NOPERM")
+}
+
+// isRedisError reports an error a server answered.
+func isRedisError(err error) bool {
+	var re redis.Error
+	return errors.As(err, &re)
+}
+
+func isNoScript(err error) bool {
+	return errors.Is(err, redis.ErrNoScript) || redis.HasErrorPrefix(err, "NOSCRIPT")
+}
+
+// isSetNXGetRefused reports the reply of a Redis older than 7.0 to SET NX
+// GET, "ERR syntax error" (HasErrorPrefix drops the "ERR "). Server errors
+// reach go-redis as text only.
+func isSetNXGetRefused(err error) bool {
+	return redis.HasErrorPrefix(err, "syntax error")
+}
+
+// replicationError is an ErrNotReplicated that carries the ops giving
+// back the claim whose write was not confirmed: the caller gives it back
+// (see Store.giveBack), or, when the caller has gone, the batcher's
+// orphan undo does.
+type replicationError struct {
+	msg  string
+	undo []op
+}
+
+func (e *replicationError) Error() string { return e.msg }
+
+func (e *replicationError) Unwrap() error { return ErrNotReplicated }
+
+// undoOf returns the ops that give back the claim err failed, if err
+// carries them.
+func undoOf(err error) []op {
+	var re *replicationError
+	if errors.As(err, &re) {
+		return re.undo
+	}
+	return nil
 }

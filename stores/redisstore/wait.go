@@ -4,16 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/redis/go-redis/v9"
-
 	"github.com/watermill-dedup/dedup/stores"
 )
 
@@ -65,77 +62,16 @@ import (
 // the deadline (see cutByWait): a deadline is an outage to the
 // middleware, which FailOpen runs handlers through unprotected, and a
 // master whose replicas lag is not down. Each node has a lane of its own
-// (batching.go), so that one node's lag holds up the calls on its keys
+// (pipeline.go), so that one node's lag holds up the calls on its keys
 // only.
 
-// ErrNotReplicated is wrapped by the error of a Claim, Complete, Release
-// or Extend whose write fewer than Config.WaitReplicas replicas
-// acknowledged within Config.WaitTimeout (or whose WAIT failed), or
-// whose deadline passed while the store waited for replicas. The write
-// happened on the master (in the last case: if it went out before the
-// deadline), and may not survive a failover: what it did is of unknown
-// durability.
-//
-// It is a class of its own, not [stores.ErrUnavailable]: the store
-// answered, and holds its records. A Claim that fails with it has
-// given its claim back (best effort: a claim it cannot give back runs
-// out with its lease), so no handler may run for it, and the
-// middleware nacks it under either OnStoreError policy: FailOpen never
-// runs a handler through it, since running the handler unprotected
-// would give up the very durability asked for, and dedup with it. A
-// Complete, Release or Extend that fails with it is retried by the
-// middleware like any failure not known to be permanent (a retried
-// Complete whose first attempt landed finds it done, is refused, and is
-// reconciled, the refusal confirmed by WAIT as well).
-var ErrNotReplicated = errors.New("redisstore: write not acknowledged by Config.WaitReplicas replicas within WaitTimeout")
-
-// validateWait checks WaitReplicas and WaitTimeout.
-func (c Config) validateWait() error {
-	switch {
-	case c.WaitReplicas < 0 || c.WaitReplicas > MaxWaitReplicas:
-		return fmt.Errorf("redisstore: WaitReplicas must be 0 (no WAIT) or between 1 and %d, got %d", MaxWaitReplicas, c.WaitReplicas)
-	case c.WaitTimeout < 0 || c.WaitTimeout > MaxWaitTimeout:
-		return fmt.Errorf("redisstore: WaitTimeout must be 0 (the default, %s) or positive and at most %s, got %s", DefaultWaitTimeout, MaxWaitTimeout, c.WaitTimeout)
-	case c.WaitTimeout > 0 && c.WaitReplicas == 0:
-		return fmt.Errorf("redisstore: WaitTimeout (%s) is set but WaitReplicas is 0: set WaitReplicas to wait for replicas", c.WaitTimeout)
+// traced returns ctx carrying a waitTrace for the store call it is the
+// context of (with WaitReplicas).
+func (s *Store) traced(ctx context.Context) context.Context {
+	if !s.waiting() {
+		return ctx
 	}
-	return nil
-}
-
-// checkWaitClient refuses WaitReplicas on a client whose nodes the store
-// cannot address one by one, or whose ReadTimeout would cut a WAIT
-// short (go-redis applies it to a whole pipeline, WAIT included).
-func checkWaitClient(client redis.UniversalClient, cfg Config) error {
-	if cfg.WaitReplicas == 0 {
-		return nil
-	}
-	var read time.Duration
-	switch c := client.(type) {
-	case *redis.Client:
-		read = c.Options().ReadTimeout
-	case *redis.ClusterClient:
-		read = c.Options().ReadTimeout
-	case *redis.Ring:
-		read = c.Options().ReadTimeout
-	default:
-		return fmt.Errorf("redisstore: WaitReplicas needs a *redis.Client, *redis.ClusterClient or *redis.Ring (the WAIT must follow the write on its node's connection), got %T", client)
-	}
-	if read > 0 && cfg.WaitTimeout >= read {
-		return fmt.Errorf("redisstore: WaitTimeout (%s) must be below the client's ReadTimeout (%s), which bounds the pipeline that carries the WAIT", cfg.WaitTimeout, read)
-	}
-	return nil
-}
-
-// waiting reports whether writes wait for replicas.
-func (s *Store) waiting() bool { return s.cfg.WaitReplicas > 0 }
-
-// touching returns o with the flag that makes a fenced script confirm
-// its refusal (see refusalTouch); other ops are returned as they are.
-func (o op) touching() op {
-	if o.script == setScript || o.script == delScript {
-		o.args = append(o.args[:len(o.args):len(o.args)], "1")
-	}
-	return o
+	return context.WithValue(ctx, traceKey{}, new(waitTrace))
 }
 
 // wrote reports whether the answer v, err of o rests on a write the
@@ -155,27 +91,6 @@ func wrote(o op, v any, err error) bool {
 		return err == nil && ok && n == 0
 	}
 	return false
-}
-
-// firstKey is the key that decides o's node.
-func (o op) firstKey() string {
-	if o.script == nil {
-		return o.setKey()
-	}
-	return o.keys[0]
-}
-
-// nodeFor returns the client of the node (master) that serves key.
-func (s *Store) nodeFor(ctx context.Context, key string) (*redis.Client, error) {
-	switch c := s.client.(type) {
-	case *redis.Client:
-		return c, nil
-	case *redis.ClusterClient:
-		return c.MasterForKey(ctx, key)
-	case *redis.Ring:
-		return c.GetShardClientForKey(key)
-	}
-	return nil, fmt.Errorf("redisstore: WaitReplicas with a %T", s.client) // New refuses it
 }
 
 // redirect is an op a node answered with MOVED or ASK.
@@ -428,36 +343,6 @@ func (s *Store) waitTimeout(deadline time.Time) time.Duration {
 	return max(d, time.Millisecond)
 }
 
-// waitTrace notes that a store call was held up by the store's own WAITs:
-// an op of it went out in a pipeline with a WAIT, or it left its lane at
-// its deadline while the node's pipelines waited in theirs.
-type waitTrace struct{ held atomic.Bool }
-
-type traceKey struct{}
-
-// traced returns ctx carrying a waitTrace for the store call it is the
-// context of (with WaitReplicas).
-func (s *Store) traced(ctx context.Context) context.Context {
-	if !s.waiting() {
-		return ctx
-	}
-	return context.WithValue(ctx, traceKey{}, new(waitTrace))
-}
-
-// deadlinePassed reports whether ctx has ended, or its deadline has
-// passed: a socket's deadline, the same time, may fire before ctx's own
-// timer does.
-func deadlinePassed(ctx context.Context) bool {
-	d, ok := ctx.Deadline()
-	return ctx.Err() != nil || ok && !time.Now().Before(d)
-}
-
-// traceOf returns the waitTrace of ctx, nil when it has none.
-func traceOf(ctx context.Context) *waitTrace {
-	t, _ := ctx.Value(traceKey{}).(*waitTrace)
-	return t
-}
-
 // cutByWait turns err, the error of a store call made under ctx (see
 // traced), into an ErrNotReplicated when it is a deadline, a timeout or
 // the pool's (see waitCut) and the store's own WAITs held the call up:
@@ -472,27 +357,6 @@ func (s *Store) cutByWait(ctx context.Context, err error) error {
 		return err
 	}
 	return fmt.Errorf("%w: the call ran out of time while it waited for the replicas of its nodes (%v)", ErrNotReplicated, err)
-}
-
-// waitCut reports an error that a wait for replicas can cause: a
-// deadline, a timeout (a read's, the pool's), no connection left in the
-// pool.
-func waitCut(err error) bool {
-	var ne net.Error
-	return err != nil && !errors.Is(err, context.Canceled) &&
-		(errors.Is(err, context.DeadlineExceeded) || errors.Is(err, redis.ErrPoolTimeout) ||
-			errors.Is(err, redis.ErrPoolExhausted) || errors.As(err, &ne) && ne.Timeout())
-}
-
-// holdIf marks the call of t (nil: none) held up by WAITs when err, the
-// error of a command of it that got no answer, is one a wait for
-// replicas causes (waitCut) and others reports a WAIT of another call
-// out on the command's node meanwhile: the node's connections, or its
-// lane, were taken by pipelines waiting for its replicas.
-func (t *waitTrace) holdIf(err error, others func() bool) {
-	if t != nil && waitCut(err) && others() {
-		t.held.Store(true)
-	}
 }
 
 // nodeWaits counts the pipelines ending with WAIT of one node: those out
@@ -514,10 +378,10 @@ func (w *nodeWaits) sent(out bool) {
 
 // waitsOf returns the nodeWaits of the node at addr.
 func (s *Store) waitsOf(addr string) *nodeWaits {
-	if w, ok := s.nodeWaits.Load(addr); ok {
+	if w, ok := s.waits.Load(addr); ok {
 		return w.(*nodeWaits)
 	}
-	w, _ := s.nodeWaits.LoadOrStore(addr, new(nodeWaits))
+	w, _ := s.waits.LoadOrStore(addr, new(nodeWaits))
 	return w.(*nodeWaits)
 }
 
@@ -558,14 +422,6 @@ func readFailed(ctx context.Context, watch func(int) bool, i int, err error) {
 	}
 }
 
-// reloadSlots has a ClusterClient read its slot map again, in the
-// background.
-func (s *Store) reloadSlots(ctx context.Context) {
-	if cc, ok := s.client.(*redis.ClusterClient); ok {
-		cc.ReloadState(ctx)
-	}
-}
-
 // notReplicated is the error of a write whose WAIT on node answered n
 // replicas, or failed with werr; undo gives back what it took, if it is
 // a claim.
@@ -579,178 +435,3 @@ func (s *Store) notReplicated(node *redis.Client, n int64, werr error, timeout t
 	}
 	return &replicationError{fmt.Sprintf("%v: %d of %d replicas of %s acknowledged the write within %s", ErrNotReplicated, n, s.cfg.WaitReplicas, addr, timeout), undo}
 }
-
-// replicationError is an ErrNotReplicated that carries the ops giving
-// back the claim whose write was not confirmed: the caller gives it back
-// (see Store.giveBack), or, when the caller has gone, the batcher's
-// orphan undo does.
-type replicationError struct {
-	msg  string
-	undo []op
-}
-
-func (e *replicationError) Error() string { return e.msg }
-func (e *replicationError) Unwrap() error { return ErrNotReplicated }
-
-// undoOf returns the ops that give back the claim err failed, if err
-// carries them.
-func undoOf(err error) []op {
-	var re *replicationError
-	if errors.As(err, &re) {
-		return re.undo
-	}
-	return nil
-}
-
-// claimUndo returns the ops that give back what the claim op o took, by
-// its answer v, err (none for an op that is not a claim, or took
-// nothing): a key that was free is deleted, a key taken over from an
-// expired lease gets its previous record back.
-func claimUndo(o op, v any, err error) []op {
-	if o.script == nil {
-		if !errors.Is(err, redis.Nil) {
-			return nil
-		}
-		// claimSetOp took the key.
-		token := o.setValue()[1 : 1+tokenLen]
-		return []op{releaseOp([]string{o.setKey()}, token)}
-	}
-	if err != nil || o.script != claimScript {
-		return nil
-	}
-	r, err := parseClaim(v)
-	if err != nil || r.result != 1 {
-		return nil
-	}
-	held := make([]heldKey, len(o.keys))
-	now := time.Now()
-	for i, k := range o.keys {
-		held[i].key, held[i].at = k, now
-	}
-	for _, p := range r.taken {
-		held[p.index].prev, held[p.index].tookOver = p, true
-	}
-	token, leaseMS := o.args[0].(string), o.args[1].(string)
-	return undoOps(token, string(processingID)+token+leaseMS, held)
-}
-
-// ErrTooFewReplicas is returned by [Store.CheckServer] when a master
-// has fewer replicas online than Config.WaitReplicas: every write to it
-// fails with [ErrNotReplicated] until enough are back.
-var ErrTooFewReplicas = errors.New("redisstore: a Redis master has fewer replicas online than Config.WaitReplicas")
-
-// checkWaitACL reports a user the server denies a command WaitReplicas
-// needs: WAIT (on any node: ACLs are each node's), and PEXPIRE, which
-// the fenced scripts send to confirm a refusal. WAIT 0 0 answers at once;
-// PEXPIRE GT on the bare prefix, which is no record's key, changes no
-// expiry (GT never shortens one, nor sets one on a key without). Only a
-// NOPERM counts: another refusal (a Redis before 7.0 takes no GT) says
-// the user may run the command.
-func (s *Store) checkWaitACL(ctx context.Context) error {
-	var (
-		mu     sync.Mutex
-		denied []string
-		nodes  []string
-	)
-	deny := func(cmd, addr string) {
-		mu.Lock()
-		defer mu.Unlock()
-		if !slices.Contains(denied, cmd) {
-			denied = append(denied, cmd)
-		}
-		if !slices.Contains(nodes, addr) {
-			nodes = append(nodes, addr)
-		}
-	}
-	err := s.forEachNode(ctx, func(ctx context.Context, addr string, c redis.Cmdable) error {
-		// Do, not Wait: go-redis lifts the read timeout off a Wait.
-		d, ok := c.(interface {
-			Do(ctx context.Context, args ...any) *redis.Cmd
-		})
-		if !ok {
-			return nil // New refuses such a client with WaitReplicas
-		}
-		if err := d.Do(ctx, "wait", 0, 0).Err(); isNoPerm(err) {
-			deny("WAIT", addr)
-		} else if err != nil && !isRedisError(err) {
-			return fmt.Errorf("%s: %w", addr, err)
-		}
-		return nil
-	})
-	if err != nil {
-		return fmt.Errorf("redisstore: checking the user's permissions: %w", err)
-	}
-	if err := s.client.Do(ctx, "pexpire", s.cfg.Prefix, 1, "gt").Err(); isNoPerm(err) {
-		deny("PEXPIRE", "the prefix's node")
-	} else if err != nil && !isRedisError(err) {
-		return fmt.Errorf("redisstore: checking the user's permissions: %w", err)
-	}
-	if len(denied) == 0 {
-		return nil
-	}
-	err = fmt.Errorf("%w (denied %s): add +wait +pexpire to the user's ACL rule (stores/redisstore/README.md); until then every write fails", ErrWaitDenied, strings.Join(denied, ", "))
-	s.cfg.Logger.Error("redisstore: the Redis user may not run WAIT or PEXPIRE, which Config.WaitReplicas needs: every write fails", err, watermill.LogFields{"prefix": s.cfg.Prefix})
-	return err
-}
-
-// isNoPerm reports an ACL refusal.
-func isNoPerm(err error) bool {
-	var re redis.Error
-	return errors.As(err, &re) && strings.HasPrefix(re.Error(), "NOPERM")
-}
-
-// isRedisError reports an error a server answered.
-func isRedisError(err error) bool {
-	var re redis.Error
-	return errors.As(err, &re)
-}
-
-// checkReplicas reports, with WaitReplicas, every master with fewer
-// replicas online than that (INFO replication); replicas (a Cluster's)
-// are passed over. A node whose INFO is refused is not counted as a
-// failure, as for CONFIG GET.
-func (s *Store) checkReplicas(ctx context.Context) error {
-	if !s.waiting() {
-		return nil
-	}
-	if err := s.checkWaitACL(ctx); err != nil {
-		return err
-	}
-	var (
-		mu  sync.Mutex
-		few []string
-	)
-	err := s.forEachNode(ctx, func(ctx context.Context, addr string, c redis.Cmdable) error {
-		info, err := c.Info(ctx, "replication").Result()
-		var rerr redis.Error
-		if errors.As(err, &rerr) {
-			return nil
-		}
-		if err != nil {
-			return fmt.Errorf("%s: %w", addr, err)
-		}
-		if !strings.Contains(info, "role:master") {
-			return nil
-		}
-		if n := strings.Count(info, "state=online"); n < s.cfg.WaitReplicas {
-			mu.Lock()
-			few = append(few, fmt.Sprintf("%s has %d", addr, n))
-			mu.Unlock()
-		}
-		return nil
-	})
-	if err != nil {
-		return fmt.Errorf("redisstore: checking the replicas: %w", err)
-	}
-	if len(few) == 0 {
-		return nil
-	}
-	err = fmt.Errorf("%w (%d): %s", ErrTooFewReplicas, s.cfg.WaitReplicas, strings.Join(few, "; "))
-	s.cfg.Logger.Error("redisstore: a Redis master has too few replicas for Config.WaitReplicas: its writes fail as not replicated", err, nil)
-	return err
-}
-
-// ErrWaitDenied is returned by [Store.CheckServer] when, with
-// Config.WaitReplicas, the server denies the store's user WAIT or
-// PEXPIRE (its ACL rule lacks +wait +pexpire): every write would fail.
-var ErrWaitDenied = errors.New("redisstore: the Redis user may not run a command Config.WaitReplicas needs")

@@ -2,11 +2,10 @@ package redisstore
 
 import (
 	"context"
-	"errors"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
-
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/internal/batch"
 )
@@ -83,27 +82,6 @@ func (s *Store) laneOf(ctx context.Context, o op) *lane {
 	}
 	l, _ := s.lanes.LoadOrStore(addr, s.newLane())
 	return l.(*lane)
-}
-
-// nodeAddr is the address of the node (master, shard) that serves key,
-// "" when the client cannot say.
-func (s *Store) nodeAddr(ctx context.Context, key string) string {
-	var (
-		n   *redis.Client
-		err error
-	)
-	switch c := s.client.(type) {
-	case *redis.Client:
-		return c.Options().Addr
-	case *redis.ClusterClient:
-		n, err = c.MasterForKey(ctx, key)
-	case *redis.Ring:
-		n, err = c.GetShardClientForKey(key)
-	}
-	if err != nil || n == nil {
-		return ""
-	}
-	return n.Options().Addr
 }
 
 // closeLanes stops making lanes, and closes those made (see
@@ -253,15 +231,40 @@ func (s *Store) runPipelined(ctx context.Context, ops []op) ([]any, []error) {
 	return vals, errs
 }
 
-func isNoScript(err error) bool {
-	return errors.Is(err, redis.ErrNoScript) || redis.HasErrorPrefix(err, "NOSCRIPT")
-}
-
-// isSetNXGetRefused reports the reply of a Redis older than 7.0 to SET NX
-// GET, "ERR syntax error" (HasErrorPrefix drops the "ERR "). Server errors
-// reach go-redis as text only.
-func isSetNXGetRefused(err error) bool {
-	return redis.HasErrorPrefix(err, "syntax error")
+// runEachNode is runPipelined with one pipeline per node (the node of each
+// op's key, in Cluster and Ring), the nodes at once: a node slow to
+// answer, or that must be sent a script again (NOSCRIPT), holds up its own
+// ops only. The give-backs use it.
+func (s *Store) runEachNode(ctx context.Context, ops []op) ([]any, []error) {
+	if !s.sharded || len(ops) < 2 {
+		return s.runPipelined(ctx, ops)
+	}
+	groups := map[string][]int{}
+	for i, o := range ops {
+		addr := s.nodeAddr(ctx, o.firstKey())
+		groups[addr] = append(groups[addr], i)
+	}
+	if len(groups) == 1 {
+		return s.runPipelined(ctx, ops)
+	}
+	vals, errs := make([]any, len(ops)), make([]error, len(ops))
+	var wg sync.WaitGroup
+	for _, idx := range groups {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			part := make([]op, len(idx))
+			for j, i := range idx {
+				part[j] = ops[i]
+			}
+			v, e := s.runPipelined(ctx, part)
+			for j, i := range idx {
+				vals[i], errs[i] = v[j], e[j]
+			}
+		}()
+	}
+	wg.Wait()
+	return vals, errs
 }
 
 // undoOrphans undoes the claims that succeeded for callers who had
