@@ -106,11 +106,11 @@ func (c *cli) checkArgs(cmd string, pos []string) error {
 }
 
 // digestNote explains what a store keeping (scope, key) as a digest
-// cannot do, and what works instead.
-// `dedupctl -h` says what works there: get SCOPE KEY reads one record,
-// list without SCOPE or -prefix lists every record by id, and -id=ID
-// names one of them to get, forget or release.
-const digestNote = "the store keeps each record under a digest of (scope, key); list every record by id and use -id=ID"
+// cannot do, and what works instead: one short line each.
+const digestNote = "the store keeps each record under a digest of (scope, key), which cannot be read back:\n" +
+	"  `dedupctl get SCOPE KEY` reads one record;\n" +
+	"  `dedupctl list` (without SCOPE or -prefix) lists every record by id;\n" +
+	"  -id=ID names one of them to get, forget or release"
 
 // notByScope turns ErrNotSupported into the explanation of what does not
 // work, why, and what does.
