@@ -76,26 +76,9 @@ func New(cfg Config) (*Store, error) {
 	return s, nil
 }
 
-// hkey identifies a (scope, key) pair: its 128-bit hash under the store's
-// two random seeds. Records hold no key bytes and no pointers, so the maps
-// cost the garbage collector nothing to scan and a record costs no
-// allocation of its own.
-type hkey struct{ a, b uint64 }
-
 // scopedKey is what is hashed: the two strings, compared (and hashed) as a
 // pair, so that ("ab", "c") and ("a", "bc") are different values.
 type scopedKey struct{ scope, key string }
-
-// record is one (scope, key): 16 bytes. For a processing record until is
-// the lease end and token its owner's; for a done record until is its
-// expiry and token is 0. Data kept with a done record lives in a side map,
-// so the common record without data pays nothing for it.
-type record struct {
-	until int64 // unix nanoseconds
-	token uint64
-}
-
-func (r record) done() bool { return r.token == 0 }
 
 type shard struct {
 	mu   sync.Mutex

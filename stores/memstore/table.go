@@ -1,5 +1,25 @@
 package memstore
 
+// A shard's records: the record key (hkey), the record, and the
+// open-addressing table that keeps them.
+
+// hkey identifies a (scope, key) pair: its 128-bit hash under the store's
+// two random seeds. Records hold no key bytes and no pointers, so the maps
+// cost the garbage collector nothing to scan and a record costs no
+// allocation of its own.
+type hkey struct{ a, b uint64 }
+
+// record is one (scope, key): 16 bytes. For a processing record until is
+// the lease end and token its owner's; for a done record until is its
+// expiry and token is 0. Data kept with a done record lives in a side map,
+// so the common record without data pays nothing for it.
+type record struct {
+	until int64 // unix nanoseconds
+	token uint64
+}
+
+func (r record) done() bool { return r.token == 0 }
+
 // table is a shard's records: an open-addressing hash table with linear
 // probing and backward-shift deletion, indexed by the record's own 128-bit
 // hash (no second hashing). A slot is 32 bytes, two to a cache line, and
