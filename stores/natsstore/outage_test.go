@@ -62,15 +62,7 @@ func restore(t *testing.T, p *testkit.Proxy, nc *nats.Conn) {
 func TestErrorClasses(t *testing.T) {
 	s, p, nc, _ := proxied(t, natsstore.Config{})
 	bg := context.Background()
-	claimOK := func(key string) *stores.Claim {
-		t.Helper()
-		cl, err := s.Claim(bg, "s", []string{key}, time.Minute)
-		if err != nil || cl.Result != stores.Claimed {
-			t.Fatalf("Claim(%q) = %+v, %v", key, cl, err)
-		}
-		return cl
-	}
-	held := claimOK("held")
+	held := testkit.MustClaim(t, s, "s", time.Minute, "held")
 
 	// At once, not at the caller's deadline: the calls' deadline is an
 	// hour away, and each must return while the proxy is still cut.
@@ -87,28 +79,17 @@ func TestErrorClasses(t *testing.T) {
 			return err
 		},
 	} {
-		err := returnsDuringOutage(t, name+" on a cut connection", call)
+		err := testkit.ReturnsDuringOutage(t, name+" on a cut connection", call)
 		errtest.Wraps(t, name+", connection cut", err, stores.ErrUnavailable)
 	}
 	restore(t, p, nc)
 
-	held = claimOK("held2")
+	held = testkit.MustClaim(t, s, "s", time.Minute, "held2")
 	p.Blackhole()
-	for name, call := range map[string]func(context.Context) error{
+	testkit.GiveUpUnanswered(t, "a NATS", map[string]func(context.Context) error{
 		"Claim":    func(ctx context.Context) error { _, err := s.Claim(ctx, "s", []string{"d"}, time.Minute); return err },
 		"Complete": func(ctx context.Context) error { return s.Complete(ctx, held, time.Hour, nil) },
-	} {
-		// It gives up by its 300ms deadline while the proxy still
-		// swallows everything, however late a loaded machine lets it.
-		err := returnsDuringOutage(t, name+" on a NATS that does not answer", func() error {
-			ctx, cancel := context.WithTimeout(bg, 300*time.Millisecond)
-			defer cancel()
-			return call(ctx)
-		})
-		if !errors.Is(err, stores.ErrUnavailable) && !errors.Is(err, context.DeadlineExceeded) {
-			t.Errorf("%s on a NATS that does not answer: err = %v, want an outage (ErrUnavailable or DeadlineExceeded)", name, err)
-		}
-	}
+	})
 	restore(t, p, nc)
 	// Nothing of the blackholed calls landed: the claim completes.
 	if err := s.Complete(bg, held, time.Hour, []byte("ok")); err != nil {
@@ -188,25 +169,5 @@ func TestStoreOutage(t *testing.T) {
 	}
 	if d, err := s.Claim(ctx, "h", []string{"before"}, lease); err != nil || d.Result != stores.Duplicate || string(d.Data) != "ok" {
 		t.Fatalf("Claim of the completed key after Restore = %+v, %v", d, err)
-	}
-}
-
-// returnsDuringOutage runs call, a store call during an outage the test
-// ends only afterwards, and returns its error: the call must give up by
-// itself (at once, or by its context's deadline) rather than wait for the
-// outage to end. How long it takes on a loaded machine does not matter;
-// a minute without an answer is a call that waits for ever.
-func returnsDuringOutage(t *testing.T, what string, call func() error) error {
-	t.Helper()
-	done := make(chan error, 1)
-	go func() { done <- call() }()
-	watchdog := time.NewTimer(time.Minute)
-	defer watchdog.Stop()
-	select {
-	case err := <-done:
-		return err
-	case <-watchdog.C:
-		t.Fatalf("%s has not returned after a minute: it waits for the outage to end", what)
-		return nil
 	}
 }

@@ -33,25 +33,6 @@ import (
 // a connection the server refused. FailOpen would run handlers through
 // an outage, unprotected, for as long as the settings stay wrong.
 
-// refusedCalls makes n Claims on s and checks that each fails with an
-// error that is no outage and whose text holds want.
-func refusedCalls(t *testing.T, s *natsstore.Store, n int, want string) {
-	t.Helper()
-	for i := range n {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		_, err := s.Claim(ctx, "s", []string{"refused-" + string(rune('a'+i%26))}, time.Minute)
-		cancel()
-		switch {
-		case err == nil:
-			t.Fatalf("Claim %d: the client was let in, want %q", i, want)
-		case errors.Is(err, stores.ErrUnavailable) || cycle.IsOutage(err):
-			t.Fatalf("Claim %d: %v: an outage, want a refusal (%q)", i, err, want)
-		case !strings.Contains(strings.ToLower(err.Error()), strings.ToLower(want)):
-			t.Fatalf("Claim %d: %v, want %q", i, err, want)
-		}
-	}
-}
-
 // waitLastError waits until nc's last error holds want (a refused
 // reconnect) and nc is not connected.
 func waitLastError(t *testing.T, nc *nats.Conn, want string) {
@@ -116,7 +97,7 @@ func TestReconnectRefusalIsNotAnOutage(t *testing.T) {
 
 			srv.Reload(users("root"))
 			waitLastError(t, nc, "authorization violation")
-			refusedCalls(t, s, 5, "authorization violation")
+			testkit.RefusedCalls(t, s, 5, "authorization violation", true)
 			if ran, err := testkit.FailOpenRun(t, s, 5); ran != 0 || err == nil {
 				t.Fatalf("FailOpen with the user removed: %d of 5 handlers ran unprotected, last error %v", ran, err)
 			}
@@ -127,7 +108,7 @@ func TestReconnectRefusalIsNotAnOutage(t *testing.T) {
 					err := nc.LastError()
 					return err != nil && !strings.Contains(strings.ToLower(err.Error()), "authorization")
 				})
-				refusedCalls(t, s, 5, "authorization violation")
+				testkit.RefusedCalls(t, s, 5, "authorization violation", true)
 				// The user is back: the store works again.
 				r.to(srv.Addr())
 				srv.Reload(users("root", "alice"))
@@ -158,7 +139,7 @@ func TestReconnectRefusalIsNotAnOutage(t *testing.T) {
 			t.Fatal(err)
 		}
 		waitLastError(t, nc, "tls")
-		refusedCalls(t, s, 5, "tls")
+		testkit.RefusedCalls(t, s, 5, "tls", true)
 		if ran, err := testkit.FailOpenRun(t, s, 5); ran != 0 || err == nil {
 			t.Fatalf("FailOpen with a client certificate no longer trusted: %d of 5 handlers ran unprotected, last error %v", ran, err)
 		}
@@ -261,7 +242,7 @@ func TestSessionClosedIsNotAnOutage(t *testing.T) {
 		}
 		srv.Reload(usersConf("root"))
 		testkit.WaitFor(t, time.Minute, "the server closing the session", func() bool { return nc.Status() == nats.RECONNECTING })
-		refusedCalls(t, s, 5, "not known to be an outage")
+		testkit.RefusedCalls(t, s, 5, "not known to be an outage", true)
 		for i := range 3 {
 			_, err := s.Claim(context.Background(), "s", []string{"n" + string(rune('a'+i))}, time.Minute)
 			if !errors.Is(err, natsstore.ErrNotConnected) {
@@ -283,7 +264,7 @@ func TestSessionClosedIsNotAnOutage(t *testing.T) {
 		s := openAs(t, nc, cfg)
 		srv.Reload(usersConf("root"))
 		waitLastError(t, nc, "authorization violation")
-		refusedCalls(t, s, 3, "authorization violation")
+		testkit.RefusedCalls(t, s, 3, "authorization violation", true)
 		// The server dies: nothing listens. The refusal remembered does
 		// not make that a refusal.
 		srv.Kill()
@@ -433,7 +414,7 @@ func TestAccountWithoutJetStreamIsNotAnOutage(t *testing.T) {
 	testkit.WaitFor(t, time.Minute, "the connection up again, in account B", func() bool {
 		return nc.Stats().Reconnects > 0 && nc.IsConnected()
 	})
-	refusedCalls(t, s, 3, "jetstream not enabled for account")
+	testkit.RefusedCalls(t, s, 3, "jetstream not enabled for account", true)
 	for i := range 2 {
 		_, err := s.Claim(context.Background(), "s", []string{"b" + string(rune('a'+i))}, time.Minute)
 		if !errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount) {
