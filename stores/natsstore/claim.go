@@ -11,39 +11,35 @@ import (
 )
 
 // Claim, and the undo of what a call that failed or gave up had written.
+//
+// How a claim runs. A claim of one key first tries to create it (a write
+// at revision 0): a key never written, the common case of a new message,
+// is claimed in one round trip. Otherwise, and for several keys, it reads
+// every key, in the caller's order, and answers Duplicate at the first
+// live done record and InProgress when a key is processing under a live
+// lease, without writing anything. Otherwise it writes a processing
+// record under a new token to every key, one key after the other in a
+// fixed order (by subject), each write conditional on the revision it
+// read. If a write finds its key changed since the read (a concurrent
+// claim, complete or release), the keys already written are put back as
+// they were, at the revision this claim gave them (a taken-over expired
+// lease gets its old owner's record back, so that owner can still
+// complete), and the claim starts again from the reads; after 8 such
+// rounds it answers InProgress. Undos run within the caller's context;
+// what is left when it ends goes on in the background, bounded by 2s,
+// until Close.
 
-// Claim implements [stores.Store].
-//
-// A claim of one key first tries to create it (a write at revision 0):
-// a key never written, the common case of a new message, is claimed in
-// one round trip. Otherwise, and for several keys, it reads every key,
-// in the caller's order, and answers Duplicate at
-// the first live done record and InProgress when a key is processing
-// under a live lease, without writing anything. Otherwise it writes a
-// processing record under a new token to every key, one key after the
-// other in a fixed order (by subject), each write conditional on the
-// revision it read. If a write finds its key changed since the read (a
-// concurrent claim, complete or release), the keys already written are
-// put back as they were, at the revision this claim gave them (a
-// taken-over expired lease gets its old owner's record back, so that
-// owner can still complete), and the claim starts again from the reads;
-// after 8 such rounds it answers InProgress.
-//
-// So the claim is all-or-nothing and no key is ever held by two claims:
-// each key is taken by a compare-and-set, and a claim that returns
-// Claimed holds every key. What it gives up is isolation: while a claim
-// is under way, a concurrent claim sharing one of its keys may see that
-// key held and answer InProgress although the first claim then gives the
-// key back, so both messages are retried later (never lost, never run
-// twice); and the reads are not one snapshot, so under concurrent writers
-// the Duplicate's Data is that of the first key seen done. If the claim
-// cannot put a key back (the connection dropped, or the caller's context
-// ended while a write was out and its outcome is unknown), the key stays
-// processing under a token nobody holds until its lease runs out, and is
-// then taken over like the key of a crashed consumer. Undos run within
-// the caller's context, which the Claim never outlives for them; what is
-// left when it ends goes on in the background, bounded by 2s, until
-// Close.
+// Claim implements [stores.Store]. It is all-or-nothing, and no key is
+// ever held by two claims: each key is taken by a compare-and-set, and a
+// claim that returns Claimed holds every key. What it gives up is
+// isolation: a concurrent claim sharing a key may see it held and answer
+// InProgress although the first claim then gives the key back (both
+// messages are retried later, never lost, never run twice), and under
+// concurrent writers a Duplicate's Data is that of the first key seen
+// done. A key the claim cannot put back (the connection dropped, or ctx
+// ended with a write's outcome unknown) stays processing under a token
+// nobody holds until its lease runs out, and is then taken over like the
+// key of a crashed consumer.
 func (s *Store) Claim(ctx context.Context, scope string, keys []string, lease time.Duration) (*stores.Claim, error) {
 	if err := storekit.CheckCall(ctx, s.closed.Load(), storekit.CheckKeys(keys), s.Capabilities().CheckLease(lease)); err != nil {
 		return nil, fmt.Errorf("natsstore: claim: %w", err)
