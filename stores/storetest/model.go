@@ -96,24 +96,8 @@ var modelStart = time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
 //     is called, after which every call must fail with
 //     [stores.ErrClosed] whatever its arguments.
 //
-// A store on the fake clock the factory is given is checked to the
-// nanosecond: the model knows the exact time, and a third of the
-// clock's moves land exactly on, or one nanosecond before, an instant
-// where a record changes (a lease or retention running out, a lease
-// having been over for exactly its length). An expiry may be the store's
-// clock truncated to its [Precision] plus the duration rounded up to it,
-// or the exact time plus the duration with the sum rounded up; nothing
-// earlier, nothing later.
-//
-// A [RealTime] store keeps time on its server; the suite then sleeps to
-// move time (up to 3/4 of the unit at a time) and uses leases and
-// retentions of half a unit to two units besides the edge values. The
-// model keeps, for every record, the interval in which its expiry must
-// lie (from the call's start and end times, the precision and a slack
-// of 2ms plus 0.1% of the duration), accepts either answer when a call
-// falls inside that interval, and narrows the interval from the answer.
-// It needs no cooperation from the scheduler, only a server clock that
-// runs at the rate of the test's.
+// A store on the fake clock is checked to the nanosecond; a [RealTime]
+// store within an interval of the exact instant (see expiry).
 //
 // Each sequence has a seed. A failure prints it, the call that broke the
 // contract, the shortest sequence of calls found that still does (chunks
@@ -432,6 +416,20 @@ func (c *modelConfig) slack(d time.Duration) time.Duration {
 // it for a call that ran between cs and ce: its clock truncated to its
 // precision plus d rounded up to it, or its exact time plus d with the
 // sum rounded up (either is the contract's "rounded up, never down").
+//
+// On the fake clock the model knows the exact time, and a third of the
+// clock's moves land exactly on, or one nanosecond before, an instant
+// where a record changes (a lease or retention running out, a lease
+// having been over for exactly its length): nothing earlier, nothing
+// later is accepted. A RealTime store keeps time on its server; the
+// suite sleeps to move time (up to 3/4 of the unit at a time) and uses
+// leases and retentions of half a unit to two units besides the edge
+// values. The model keeps, for every record, the interval in which its
+// expiry must lie (from the call's start and end times, the precision
+// and the slack), accepts either answer when a call falls inside that
+// interval, and narrows the interval from the answer. It needs no
+// cooperation from the scheduler, only a server clock that runs at the
+// rate of the test's.
 func (c *modelConfig) expiry(cs, ce, d time.Duration) (lo, hi time.Duration) {
 	p := c.precision
 	cd := ceilTo(d, p)
