@@ -109,4 +109,50 @@
 //     or certificate, a record it did not write), or failed in a way not
 //     known to be an outage. A fault to fix, never a reason to bypass the
 //     store.
+//
+// # Adding a store
+//
+// A store is a package of its own under stores/ (the library never
+// imports the programs' code). It provides:
+//
+//   - A [Store]: Claim, Complete, Release, Extend and Close as the state
+//     machine, the fencing and the time rules above say, and
+//     Capabilities stating its bounds (Kind, MaxLease, MaxRetention,
+//     MaxScope, MaxKey, MaxData; zero for none) and what it implements
+//     (NonBlocking, Admin, Inbox, JoinedTx). It refuses exactly what
+//     exceeds a stated bound, before any I/O.
+//   - [Admin], if an operator can read and delete its records
+//     (cmd/dedupctl is built on it); [Inbox] and [TxJoiner] if it has a
+//     transactional inbox.
+//   - Tests that pass the conformance suites of
+//     [github.com/watermill-dedup/dedup/stores/storetest]: storetest.Run
+//     (its Admin checks too when it implements Admin, with AdminNoScopes
+//     or AdminNoKeys for what its layout cannot list; ServerTime or
+//     RealTime when its server keeps the time), storetest.RunModel, and
+//     storetest.RunInbox when it implements Inbox.
+//   - Every error in one of the classes under Errors, with this package's
+//     sentinels: [ErrUnavailable] for known outages only (the network
+//     errors every store tells the same way are in stores/internal/neterr),
+//     [ErrClosed], [ErrInvalidKey], [ErrInvalidArgument] and [ErrTooLarge],
+//     [ErrLostClaim], [ErrTxAborted], and [ErrNotFound], [ErrWrongState],
+//     [ErrNotSupported] from Admin; a refusal (credentials, TLS,
+//     permissions) is an error of its own, never an outage. Its tests
+//     check the classes against a backend that is down and one that
+//     refuses (stores/internal/errtest), as each store's TestErrorClasses
+//     or TestOutageErrorClasses does.
+//   - A README.md beside it (configuration, layout, errors, privileges,
+//     bytes a record), and its row in the root README's table of stores.
+//
+// The programs (router_example, cmd/dedupctl) and the tests'
+// testkit.OpenStore build every store from settings in one place: the
+// registry of store kinds in internal/storeopen. A store is registered
+// there as a Kind in a file of its own, internal/storeopen/<kind>.go
+// (its -store name, its flags, how it connects, builds its store and is
+// closed; memory.go, redis.go, sql.go and nats.go are the examples), a
+// field for its settings in storeopen.Settings
+// (internal/storeopen/settings.go), and one line in the kinds list of
+// internal/storeopen/kinds.go. dedupctl then offers it (-store, its
+// flags, their environment variables), and testkit.OpenStore opens it by
+// its name, StoreParams.Config carrying its Config (the address of its
+// test service goes in StoreParams.settings, internal/testkit/stores.go).
 package stores

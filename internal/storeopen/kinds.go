@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/nats-io/nats.go"
 	"github.com/redis/go-redis/v9"
 
@@ -130,6 +131,10 @@ type Request struct {
 	// CreateSchema creates the SQL table, if it does not exist.
 	CreateSchema bool
 
+	// Logger is the store's logger, for a kind whose Config has one
+	// (redisstore, sqlstore) and sets none.
+	Logger watermill.LoggerAdapter
+
 	// RemoveOnClose makes Close delete what the store keeps under Name
 	// (see Opened.Remove) once the store is closed, before the
 	// connections are.
@@ -167,6 +172,10 @@ type Opened struct {
 	// Records says where the records are, for people: `prefix "dedup:"`,
 	// "table dedup_inbox", "bucket dedup", "in-process".
 	Records string
+
+	// Removal says what Remove deletes, for people ("delete Redis keys
+	// p*", "drop table t"); empty when it deletes nothing.
+	Removal string
 
 	// The connection the store runs on: DB for SQL (Path for SQLite),
 	// Redis, NATS.

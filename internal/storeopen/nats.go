@@ -82,6 +82,7 @@ func openNATSStore(ctx context.Context, o Opener, r Request, out *Opened) error 
 		// Set before the store is made: Close with RemoveOnClose deletes
 		// the buckets New made before it failed.
 		out.remove = func(ctx context.Context) error { return DeleteNATSBuckets(ctx, nc, cfg) }
+		out.Removal = "delete " + out.Records
 	}
 	if r.Admin {
 		st, err := natsstore.Open(ctx, nc, cfg)

@@ -56,6 +56,9 @@ func openRedisStore(ctx context.Context, o Opener, r Request, out *Opened) error
 	if name != "" {
 		cfg.Prefix = name
 	}
+	if cfg.Logger == nil {
+		cfg.Logger = r.Logger
+	}
 	if r.Admin {
 		cfg.CompactKeys, cfg.DigestKeysLongerThan = s.Redis.CompactKeys, s.Redis.DigestKeysLongerThan
 		// An administrator's commands, one at a time: no check of the
@@ -93,6 +96,7 @@ func openRedisStore(ctx context.Context, o Opener, r Request, out *Opened) error
 	out.Records = fmt.Sprintf("prefix %q", out.Name)
 	if name != "" {
 		out.remove = func(ctx context.Context) error { return DeleteRedisPrefix(ctx, client, name) }
+		out.Removal = "delete Redis keys " + name + "*"
 	}
 	return nil
 }

@@ -86,6 +86,9 @@ func openSQLStore(ctx context.Context, o Opener, r Request, out *Opened) error {
 	if name != "" {
 		cfg.Table = name
 	}
+	if cfg.Logger == nil {
+		cfg.Logger = r.Logger
+	}
 	if r.Admin {
 		cfg.PurgeGrace = r.Settings.PurgeGrace
 		cfg.Batch = sqlstore.BatchConfig{Disabled: true}
@@ -121,6 +124,7 @@ func openSQLStore(ctx context.Context, o Opener, r Request, out *Opened) error {
 			_, err := db.ExecContext(ctx, "DROP TABLE IF EXISTS "+st.Table())
 			return err
 		}
+		out.Removal = "drop table " + st.Table()
 	}
 	if r.CreateSchema {
 		if err := st.CreateSchema(ctx); err != nil {
@@ -153,7 +157,7 @@ func (o Opener) openSQLite(ctx context.Context, r Request, out *Opened) (*sql.DB
 			return nil, fmt.Errorf("SQLite database %s: %w", path, err)
 		}
 	case path == "":
-		tmp, err := os.MkdirTemp("", "dedup-sqlite-")
+		tmp, err := os.MkdirTemp("", firstOf(o.TempDir, "dedup-sqlite-"))
 		if err != nil {
 			return nil, fmt.Errorf("create a temporary directory for SQLite (or set -dir): %w", err)
 		}

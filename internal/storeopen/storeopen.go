@@ -64,6 +64,10 @@ type Opener struct {
 	// queue in database/sql instead of spinning in its busy handler).
 	SQLiteConns int
 
+	// TempDir is the pattern of the temporary directory of a SQLite file
+	// the settings do not name (os.MkdirTemp's; default "dedup-sqlite-").
+	TempDir string
+
 	// DialTimeout bounds each connection attempt, PingTimeout the first
 	// ping, which proves the service is up. Default: DialTimeout, both.
 	DialTimeout, PingTimeout time.Duration

@@ -246,6 +246,7 @@ func (p StoreParams) opener() storeopen.Opener {
 	return storeopen.Opener{
 		MaxConns:    cmp.Or(max(p.PoolSize, 0), DefaultPoolSize),
 		SQLiteConns: p.PoolSize,
+		TempDir:     "testkit-sqlite-",
 		DialTimeout: p.DialTimeout,
 		PingTimeout: pingTimeout(p.DialTimeout),
 		RedisOptions: func(o *redis.Options) {
