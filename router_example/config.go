@@ -129,10 +129,10 @@ func defaultConfig() Config {
 		KafkaBrokers: "127.0.0.1:9092",
 		KafkaRF:      1,
 		AMQPURL:      "amqp://guest:guest@127.0.0.1:5672/",
-		NATSURL:      "nats://127.0.0.1:4222",
-		RedisAddr:    "127.0.0.1:6379",
-		PostgresDSN:  "postgres://postgres@127.0.0.1:5432/test?sslmode=disable",
-		MySQLDSN:     "root@tcp(127.0.0.1:3306)/test?parseTime=true",
+		NATSURL:      storeopen.DefaultNATSURL,
+		RedisAddr:    storeopen.DefaultRedisAddr,
+		PostgresDSN:  storeopen.DefaultPostgresDSN,
+		MySQLDSN:     storeopen.DefaultMySQLDSN,
 
 		Events:        1000,
 		Customers:     50,
@@ -442,6 +442,18 @@ func (c Config) Validate() error {
 		return errors.New("-linger keeps the metrics endpoint up: set -metrics-addr too")
 	}
 	return nil
+}
+
+// storeSettings are the settings of the store, in storeopen's terms:
+// the services' flags, which the store shares with the brokers.
+func (c Config) storeSettings() storeopen.Settings {
+	return storeopen.Settings{
+		Redis:       storeopen.RedisSettings{RedisConfig: storeopen.RedisConfig{Addr: c.RedisAddr, TLS: c.RedisTLS}},
+		PostgresDSN: c.PostgresDSN,
+		MySQLDSN:    c.MySQLDSN,
+		SQLite:      storeopen.SQLiteSettings{Dir: c.Dir},
+		NATS:        storeopen.NATSSettings{URL: c.NATSURL, Auth: c.NATSAuth},
+	}
 }
 
 // mode resolves -mode=auto.

@@ -4,16 +4,12 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"os"
-	"path/filepath"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/watermill-dedup/dedup/internal/storeopen"
 	"github.com/watermill-dedup/dedup/stores"
-	"github.com/watermill-dedup/dedup/stores/memstore"
-	"github.com/watermill-dedup/dedup/stores/redisstore"
 	"github.com/watermill-dedup/dedup/stores/sqlstore"
 	"github.com/watermill-dedup/dedup/stores/sqlstore/wsql3"
 )
@@ -34,139 +30,72 @@ type dedupStore struct {
 // configured with its defaults reads (redisstore's prefix "dedup:",
 // sqlstore's table dedup_inbox): a tool reading such a store, such as
 // cmd/dedupctl, finds the store's records only, and need not tell a
-// run's keys from them. cmd/dedupctl's -run-id names the same.
-func redisPrefix(runID string) string { return redisRunsPrefix + runID + ":" }
+// run's keys from them. cmd/dedupctl's -run-id names the same: both are
+// the store kinds' RunName.
+func redisPrefix(runID string) string { return runName(storeRedis, runID) }
 
 // redisRunsPrefix starts the keys of every run: an ACL user of the
 // example needs its keys (~router_example:*).
 const redisRunsPrefix = "router_example:"
 
-func dedupTable(runID string) string { return "router_example_" + runID }
+func dedupTable(runID string) string { return runName(storePostgres, runID) }
 
-// openStore opens the configured store. Closing is added to closers,
-// dropping what it created to removers.
+// runName is where the run runID keeps its records on the store kind.
+func runName(kind, runID string) string {
+	k, ok := storeopen.Lookup(kind)
+	if !ok {
+		return ""
+	}
+	return k.RunName(runID)
+}
+
+// openStore opens the configured store, through storeopen's registry,
+// under the run's name. Closing is added to closers, dropping what it
+// created to removers.
 func openStore(ctx context.Context, cfg Config, runID string, logger watermill.LoggerAdapter, closers, removers *teardown) (*dedupStore, error) {
-	switch cfg.Store {
-	case storeMemory:
-		s, err := memstore.New(memstore.Config{})
-		if err != nil {
+	r := storeopen.Request{Settings: cfg.storeSettings(), Name: runName(cfg.Store, runID), Logger: logger, CreateSchema: true}
+	if isSQLStore(cfg.Store) {
+		// Inside a watermill-sql subscriber's transaction the inbox record
+		// joins it (offset ack, record and ledger commit together), but
+		// only when that transaction is on this database. The subscriber
+		// is wsql3.NewSubscriber's (see brokers.go), which SubscriberTx
+		// requires.
+		var joinTx sqlstore.TxFinder
+		if cfg.Broker == cfg.Store {
+			joinTx = wsql3.SubscriberTx
+		}
+		r.Config = sqlstore.Config{JoinTx: joinTx}
+	}
+	// Connecting may hang on a service that says nothing: await ends the
+	// wait at once on a signal.
+	o, err := await(ctx, "opening the "+cfg.Store+" store", func() (*storeopen.Opened, error) {
+		return connect.Open(ctx, cfg.Store, r)
+	}, func(o *storeopen.Opened) { _ = o.Close(context.Background()) })
+	if err != nil {
+		return nil, err
+	}
+	closers.add("close the "+cfg.Store+" store", o.Close)
+	where := fmt.Sprintf("the %s at %s (%s)", o.Service, o.Addr, o.Records)
+	if err := refuseUsedRunID(ctx, o.Store, runID, where); err != nil {
+		return nil, err
+	}
+	if o.DB != nil {
+		if err := refuseUsedLedger(ctx, o.DB, runID, o.Addr); err != nil {
 			return nil, err
 		}
-		closers.add("close the memory store", s.Close)
-		return &dedupStore{store: s, addr: "in-process"}, nil
-	case storeRedis:
-		return openRedisStore(ctx, cfg, runID, logger, closers, removers)
-	case storePostgres, storeMySQL, storeSQLite:
-		return openSQLStore(ctx, cfg, runID, logger, closers, removers)
-	default:
-		return nil, fmt.Errorf("unknown store %q (set -store)", cfg.Store)
 	}
+	// A temporary directory goes at exit, and everything in it. Without
+	// the middleware a run writes no record: only a table it created is
+	// left to drop.
+	if o.Removal != "" && o.TempDir == "" && (cfg.Dedup || o.DB != nil) {
+		removers.add(o.Removal, o.Remove)
+	}
+	return &dedupStore{store: o.Store, addr: o.Addr, db: o.DB, dialect: o.Kind.Dialect, ephemeral: o.TempDir != ""}, nil
 }
 
-func openRedisStore(ctx context.Context, cfg Config, runID string, logger watermill.LoggerAdapter, closers, removers *teardown) (*dedupStore, error) {
-	client, target, err := openRedis(ctx, cfg)
-	if err != nil {
-		return nil, err
-	}
-	closers.add("close the Redis client", func(context.Context) error { return client.Close() })
-	prefix := redisPrefix(runID)
-	s, err := redisstore.New(client, redisstore.Config{Prefix: prefix, Logger: logger})
-	if err != nil {
-		return nil, err
-	}
-	closers.add("close the Redis store", s.Close)
-	if err := refuseUsedRunID(ctx, s, runID, "the Redis at "+target.Display+" (keys "+prefix+"*)"); err != nil {
-		return nil, err
-	}
-	if cfg.Dedup { // without the middleware the run writes no key
-		removers.add("delete Redis keys "+prefix+"*", func(ctx context.Context) error {
-			return storeopen.DeleteRedisPrefix(ctx, client, prefix)
-		})
-	}
-	return &dedupStore{store: s, addr: target.Display}, nil
-}
-
-func openSQLStore(ctx context.Context, cfg Config, runID string, logger watermill.LoggerAdapter, closers, removers *teardown) (*dedupStore, error) {
-	var (
-		db   *sql.DB
-		addr string
-		err  error
-	)
-	if cfg.Store == storeSQLite {
-		db, addr, err = openSQLite(ctx, cfg, closers)
-		if cfg.Dir == "" {
-			// The temporary directory goes, and everything in it.
-			removers = &teardown{}
-		}
-	} else {
-		db, addr, err = openDB(ctx, cfg, cfg.Store)
-	}
-	if err != nil {
-		return nil, err
-	}
-	closers.add("close the "+cfg.Store+" store connection", func(context.Context) error { return db.Close() })
-	// Inside a watermill-sql subscriber's transaction the inbox record
-	// joins it (offset ack, record and ledger commit together), but only
-	// when that transaction is on this database. The subscriber is
-	// wsql3.NewSubscriber's (see brokers.go), which SubscriberTx requires.
-	var joinTx sqlstore.TxFinder
-	if cfg.Broker == cfg.Store {
-		joinTx = wsql3.SubscriberTx
-	}
-	s, err := sqlstore.New(db, sqlstore.Config{
-		Table:  dedupTable(runID),
-		Logger: logger,
-		JoinTx: joinTx,
-	})
-	if err != nil {
-		return nil, err
-	}
-	closers.add("close the SQL store", s.Close)
-	if err := s.CreateSchema(ctx); err != nil {
-		return nil, fmt.Errorf("create the dedup table %s on %s: %w", s.Table(), addr, err)
-	}
-	if err := refuseUsedRunID(ctx, s, runID, "the table "+s.Table()+" of "+addr); err != nil {
-		return nil, err
-	}
-	if err := refuseUsedLedger(ctx, db, runID, addr); err != nil {
-		return nil, err
-	}
-	removers.add("drop table "+s.Table(), func(ctx context.Context) error {
-		_, err := db.ExecContext(ctx, "DROP TABLE IF EXISTS "+s.Table())
-		return err
-	})
-	return &dedupStore{store: s, addr: addr, db: db, dialect: s.Dialect(), ephemeral: cfg.Store == storeSQLite && cfg.Dir == ""}, nil
-}
-
-// openSQLite opens the SQLite file in -dir, or in a temporary directory
-// that is removed at exit.
-func openSQLite(ctx context.Context, cfg Config, closers *teardown) (*sql.DB, string, error) {
-	dir := cfg.Dir
-	if dir == "" {
-		tmp, err := os.MkdirTemp("", "router_example-")
-		if err != nil {
-			return nil, "", fmt.Errorf("create a temporary directory for SQLite (or set -dir): %w", err)
-		}
-		closers.add("remove "+tmp, func(context.Context) error { return os.RemoveAll(tmp) })
-		dir = tmp
-	} else if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, "", fmt.Errorf("-dir: %w", err)
-	}
-	path := filepath.Join(dir, "loyalty.db")
-	// SQLite has one writer at a time. One connection makes concurrent
-	// handlers queue in database/sql instead of spinning in SQLite's busy
-	// handler; no handler needs a second connection while it holds one
-	// (in transactional mode its writes go through the inbox transaction).
-	db, err := storeopen.OpenDB(ctx, "sqlite", sqlstore.SQLiteDSN(path), 1, dialTimeout)
-	if err != nil {
-		return nil, "", fmt.Errorf("open SQLite file %s (change -dir): %w", path, err)
-	}
-	return db, path, nil
-}
-
-// openRedis connects to -redis-addr and pings it. go-redis bounds the
-// ping by the context's deadline only (3s): await ends the wait at once
-// on a signal.
+// openRedis connects to -redis-addr and pings it, for the Redis Streams
+// broker. go-redis bounds the ping by the context's deadline only (3s):
+// await ends the wait at once on a signal.
 func openRedis(ctx context.Context, cfg Config) (redis.UniversalClient, *storeopen.RedisTarget, error) {
 	type opened struct {
 		client redis.UniversalClient
@@ -179,13 +108,19 @@ func openRedis(ctx context.Context, cfg Config) (redis.UniversalClient, *storeop
 	return o.client, o.target, err
 }
 
-// connect opens the connections of the store and of the SQL pub/subs:
-// bounded pools, and errors that name the flag to change and, when a
-// server refused, the credentials to check.
-var connect = storeopen.Opener{MaxConns: 8, Check: "user, password and database"}
+// connect opens the connections of the store and of the brokers: bounded
+// pools, and errors that name the flag to change and, when a server
+// refused, the credentials to check.
+var connect = storeopen.Opener{
+	MaxConns:     8,
+	Check:        "user, password and database",
+	SettingNames: map[string]string{storeopen.SQLiteSetting: "-dir"},
+	TempDir:      "router_example-",
+}
 
 // openDB opens and pings the PostgreSQL or MySQL database that -postgres-dsn
-// or -mysql-dsn names. The address it returns has no password.
+// or -mysql-dsn names, for the SQL brokers. The address it returns has no
+// password.
 func openDB(ctx context.Context, cfg Config, kind string) (*sql.DB, string, error) {
 	switch kind {
 	case storePostgres:
