@@ -5,12 +5,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/watermill-dedup/dedup/internal/testkit"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/sqlstore"
 	"github.com/watermill-dedup/dedup/stores/storetest"
@@ -88,35 +88,12 @@ func (g *gate) plug(ctx context.Context, scope string) (wait func()) {
 // take to get there.
 func (g *gate) queued(n int) {
 	deadline := time.Now().Add(time.Minute)
-	for waitingInBatcher() < n {
+	for testkit.WaitingInBatcher() < n {
 		if time.Now().After(deadline) {
-			g.t.Fatalf("only %d of %d calls wait in the batcher's queue (%d inside it)", waitingInBatcher(), n, sqlstore.BatchCallers(g.s)-1)
+			g.t.Fatalf("only %d of %d calls wait in the batcher's queue (%d inside it)", testkit.WaitingInBatcher(), n, sqlstore.BatchCallers(g.s)-1)
 		}
 		time.Sleep(time.Millisecond)
 	}
-}
-
-// waitingInBatcher reports how many goroutines wait in a Batcher's Do for
-// a result: calls queued behind a busy slot, or out in a batch whose
-// statement has not answered. No test of this package runs in parallel.
-func waitingInBatcher() int {
-	buf := make([]byte, 1<<20)
-	for {
-		n := runtime.Stack(buf, true)
-		if n < len(buf) {
-			buf = buf[:n]
-			break
-		}
-		buf = make([]byte, 2*len(buf))
-	}
-	waiting := 0
-	for _, g := range bytes.Split(buf, []byte("\n\n")) {
-		header, rest, _ := bytes.Cut(g, []byte("\n"))
-		if bytes.Contains(header, []byte("[select")) && bytes.HasPrefix(rest, []byte("github.com/watermill-dedup/dedup/stores/internal/batch.(*Batcher[")) {
-			waiting++
-		}
-	}
-	return waiting
 }
 
 func newBatchStore(t *testing.T, b backend, clock stores.Clock) *sqlstore.Store {

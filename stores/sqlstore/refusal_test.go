@@ -12,7 +12,6 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -37,25 +36,6 @@ import (
 // server whose last word to the store was such a refusal. FailOpen would
 // run handlers through an outage, unprotected, for as long as the
 // settings stay wrong.
-
-// refused makes n Claims on s and checks that each fails with an error
-// that is no outage and whose text holds want.
-func refused(t *testing.T, s *sqlstore.Store, n int, want string) {
-	t.Helper()
-	for i := range n {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		_, err := s.Claim(ctx, "s", []string{"k" + string(rune('a'+i%26))}, time.Minute)
-		cancel()
-		switch {
-		case err == nil:
-			t.Fatalf("Claim %d: the client was let in, want %q", i, want)
-		case errors.Is(err, stores.ErrUnavailable) || cycle.IsOutage(err):
-			t.Fatalf("Claim %d: %v: an outage, want a refusal (%q)", i, err, want)
-		case !strings.Contains(err.Error(), want):
-			t.Fatalf("Claim %d: %v, want %q", i, err, want)
-		}
-	}
-}
 
 // storeOnDB is a store over db on an existing table, closed with the
 // test.
@@ -140,7 +120,7 @@ func TestPostgresRefusalIsNotAnOutage(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			s := storeOnDB(t, openDB(t, "pgx", srv.DSN(c.user, c.password, "test", c.params)), sqlstore.Postgres, table)
-			refused(t, s, 3, c.want)
+			testkit.RefusedCalls(t, s, 3, c.want, false)
 		})
 	}
 
@@ -154,7 +134,7 @@ func TestPostgresRefusalIsNotAnOutage(t *testing.T) {
 		cfg.TLSConfig.MaxVersion = tls.VersionTLS12
 		db := stdlib.OpenDB(*cfg)
 		t.Cleanup(func() { _ = db.Close() })
-		refused(t, storeOnDB(t, db, sqlstore.Postgres, table), 3, "remote error: tls: protocol version not supported")
+		testkit.RefusedCalls(t, storeOnDB(t, db, sqlstore.Postgres, table), 3, "remote error: tls: protocol version not supported", false)
 	})
 
 	t.Run("FailOpen runs no handler", func(t *testing.T) {
@@ -194,7 +174,7 @@ func TestPostgresWithoutTLSIsNotAnOutage(t *testing.T) {
 	table := "dedup_test_" + storetest.NewID()
 	newStore(t, srv.Admin("test"), sqlstore.Postgres, sqlstore.Config{Table: table})
 	s := storeOnDB(t, openDB(t, "pgx", srv.DSN("postgres", "", "test", url.Values{"sslmode": {"require"}})), sqlstore.Postgres, table)
-	refused(t, s, 3, "server refused TLS connection")
+	testkit.RefusedCalls(t, s, 3, "server refused TLS connection", false)
 	if ran, err := testkit.FailOpenRun(t, s, 3); ran != 0 || err == nil {
 		t.Fatalf("FailOpen with TLS required of a server without it: %d of 3 handlers ran unprotected, last error %v", ran, err)
 	}
@@ -225,12 +205,12 @@ func (r *redirect) dial(ctx context.Context, _, _ string) (net.Conn, error) {
 func resetsAfterRefusal(t *testing.T, server, want string, open func(*redirect) *sqlstore.Store) {
 	r := newRedirect(server)
 	s := open(r)
-	refused(t, s, 1, want)
+	testkit.RefusedCalls(t, s, 1, want, false)
 	for _, reset := range []bool{true, false} {
 		r.to(testkit.Closing(t, reset))
-		refused(t, s, 3, "not known to be an outage")
+		testkit.RefusedCalls(t, s, 3, "not known to be an outage", false)
 	}
-	refused(t, open(newRedirect(testkit.Closing(t, true))), 3, "not known to be an outage")
+	testkit.RefusedCalls(t, open(newRedirect(testkit.Closing(t, true))), 3, "not known to be an outage", false)
 	r.to(testkit.ClosedAddr(t))
 	outage(t, "nothing listening, after a refusal", s)
 }
@@ -261,9 +241,9 @@ func outagesStay(t *testing.T, server string, open func(*redirect) *sqlstore.Sto
 		t.Fatal(err)
 	}
 	r.to(testkit.Closing(t, true))
-	refused(t, s, 3, "not known to be an outage")
+	testkit.RefusedCalls(t, s, 3, "not known to be an outage", false)
 	r.to(testkit.Closing(t, false))
-	refused(t, s, 3, "not known to be an outage")
+	testkit.RefusedCalls(t, s, 3, "not known to be an outage", false)
 	closed := testkit.ClosedAddr(t)
 	r.to(closed)
 	outage(t, "nothing listening, after the server answered", s)
@@ -340,7 +320,7 @@ func TestMySQLRefusalIsNotAnOutage(t *testing.T) {
 		{"not trusting the server's certificate", "x509u", "", untrusting, "x509: certificate signed by unknown authority"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			refused(t, storeOnDB(t, open(t, c.user, c.password, addr, c.tls), sqlstore.MySQL, table), 3, c.want)
+			testkit.RefusedCalls(t, storeOnDB(t, open(t, c.user, c.password, addr, c.tls), sqlstore.MySQL, table), 3, c.want, false)
 		})
 	}
 
@@ -424,7 +404,7 @@ func TestSQLiteCannotOpenIsNotAnOutage(t *testing.T) {
 				dsn = "file:" + path + "?_pragma=busy_timeout(1000)"
 			}
 			s := storeOnDB(t, openDB(t, driver, dsn), sqlstore.SQLite, "dedup_test")
-			refused(t, s, 2, "unable to open database file")
+			testkit.RefusedCalls(t, s, 2, "unable to open database file", false)
 			if ran, err := testkit.FailOpenRun(t, s, 3); ran != 0 || err == nil {
 				t.Fatalf("FailOpen on a database SQLite cannot open: %d of 3 handlers ran unprotected, last error %v", ran, err)
 			}
@@ -506,7 +486,7 @@ func TestMySQLCertNoLongerTrusted(t *testing.T) {
 			}
 			copyFile(t, other.CA, ca)
 			c.rotate(t, db)
-			refused(t, s, 5, "connection") // invalid, or bad when a write met the reset
+			testkit.RefusedCalls(t, s, 5, "connection", false) // invalid, or bad when a write met the reset
 			if ran, err := testkit.FailOpenRun(t, s, 5); ran != 0 || err == nil {
 				t.Fatalf("FailOpen with the client certificate no longer trusted: %d of 5 handlers ran unprotected, last error %v", ran, err)
 			}
