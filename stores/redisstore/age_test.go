@@ -3,8 +3,6 @@ package redisstore_test
 import (
 	"context"
 	"strconv"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -57,7 +55,7 @@ func agePrefix(t testing.TB, client redis.UniversalClient, prefix string, d time
 	t.Helper()
 	ctx := context.Background()
 	scan := func(ctx context.Context, c *redis.Client) error {
-		it := c.Scan(ctx, 0, globEscape(prefix)+"*", 1000).Iterator()
+		it := c.Scan(ctx, 0, redisstore.GlobEscape(prefix)+"*", 1000).Iterator()
 		var keys []string
 		for it.Next(ctx) {
 			keys = append(keys, it.Val())
@@ -82,19 +80,6 @@ func agePrefix(t testing.TB, client redis.UniversalClient, prefix string, d time
 	}
 }
 
-// globEscape makes s match itself in a SCAN MATCH pattern.
-func globEscape(s string) string {
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		switch s[i] {
-		case '*', '?', '[', ']', '\\':
-			b.WriteByte('\\')
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
-}
-
 // serverTime is the conformance suite's way to move time for stores on
 // client: it ages every record of the store (see age), so the suite's
 // leases and retentions run out only when it says, never because the
@@ -103,56 +88,4 @@ func serverTime(client redis.UniversalClient) storetest.Option {
 	return storetest.ServerTime(func(t testing.TB, s stores.Store, d time.Duration) {
 		agePrefix(t, client, s.(*redisstore.Store).Prefix(), d)
 	})
-}
-
-// deadlineCtx is a context whose deadline passes when the test calls
-// expire, not when a clock says so: a test of what a call does when its
-// deadline passes at a given point (queued, or out in a pipeline) gets
-// there by events, however slow the machine. Deadline reports an hour
-// from its making, for the code that reads it (a batch runs under the
-// latest deadline of its calls).
-type deadlineCtx struct {
-	context.Context
-	at   time.Time
-	done chan struct{}
-	once sync.Once
-}
-
-func newDeadlineCtx() *deadlineCtx {
-	return &deadlineCtx{Context: context.Background(), at: time.Now().Add(time.Hour), done: make(chan struct{})}
-}
-
-func (c *deadlineCtx) Deadline() (time.Time, bool) { return c.at, true }
-func (c *deadlineCtx) Done() <-chan struct{}       { return c.done }
-
-func (c *deadlineCtx) Err() error {
-	select {
-	case <-c.done:
-		return context.DeadlineExceeded
-	default:
-		return nil
-	}
-}
-
-// expire makes the deadline pass now.
-func (c *deadlineCtx) expire() { c.once.Do(func() { close(c.done) }) }
-
-// returnsDuringOutage runs call, a store call during an outage the test
-// ends only afterwards, and returns its error: the call must give up by
-// itself (at once, or by its context's deadline) rather than wait for the
-// outage to end. How long it takes on a loaded machine does not matter;
-// a minute without an answer is a call that waits for ever.
-func returnsDuringOutage(t *testing.T, what string, call func() error) error {
-	t.Helper()
-	done := make(chan error, 1)
-	go func() { done <- call() }()
-	watchdog := time.NewTimer(time.Minute)
-	defer watchdog.Stop()
-	select {
-	case err := <-done:
-		return err
-	case <-watchdog.C:
-		t.Fatalf("%s has not returned after a minute: it waits for the outage to end", what)
-		return nil
-	}
 }

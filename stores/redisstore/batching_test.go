@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/watermill-dedup/dedup/internal/testkit"
+	"github.com/watermill-dedup/dedup/internal/testkit/base"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/redisstore"
 	"github.com/watermill-dedup/dedup/stores/storetest"
@@ -121,6 +122,26 @@ func (h *cmdHook) setGate(gate func(keys []string)) {
 	h.mu.Lock()
 	h.gate = gate
 	h.mu.Unlock()
+}
+
+// holdKey makes the hook hold back every command batch holding the
+// record of key (of scope "h") until release is closed; held is closed
+// when the first one arrives. It replaces the hook's gate: a batch the
+// gate already holds stays held.
+func holdKey(s *redisstore.Store, h *cmdHook, key string) (held, release chan struct{}) {
+	rk := s.EncodeKey("h", key)
+	held, release = make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	h.setGate(func(keys []string) {
+		for _, k := range keys {
+			if k == rk {
+				once.Do(func() { close(held) })
+				<-release
+				return
+			}
+		}
+	})
+	return held, release
 }
 
 // hookedStore returns a store under a fresh prefix on client, and a hook
@@ -269,25 +290,6 @@ func TestBatchDeadlines(t *testing.T) {
 	client := sharedRedis(t)
 	one := redisstore.Config{Batch: redisstore.BatchConfig{MaxInFlight: 1}}
 
-	// holdKey makes the hook hold back every command batch holding the
-	// record of key until release is closed; held is closed when the first
-	// one arrives.
-	holdKey := func(s *redisstore.Store, h *cmdHook, key string) (held, release chan struct{}) {
-		rk := s.EncodeKey("h", key)
-		held, release = make(chan struct{}), make(chan struct{})
-		var once sync.Once
-		h.setGate(func(keys []string) {
-			for _, k := range keys {
-				if k == rk {
-					once.Do(func() { close(held) })
-					<-release
-					return
-				}
-			}
-		})
-		return held, release
-	}
-
 	t.Run("QueuedCallLeavesAtItsDeadline", func(t *testing.T) {
 		s, h := hookedStore(t, client, one)
 		held, release := holdKey(s, h, "stuck")
@@ -331,9 +333,9 @@ func TestBatchDeadlines(t *testing.T) {
 
 		// Two calls queue behind it and will share a pipeline: one whose
 		// caller's deadline passes while the pipeline is held (the test
-		// says when: see deadlineCtx), and one who stays.
-		cctx := newDeadlineCtx()
-		defer cctx.expire()
+		// says when: see base.DeadlineCtx), and one who stays.
+		cctx := base.NewDeadlineCtx()
+		defer cctx.Expire()
 		heldLeft, releaseLeft := holdKey(s, h, "left")
 		left := make(chan error, 1)
 		go func() { _, err := s.Claim(cctx, "h", []string{"left"}, time.Minute); left <- err }()
@@ -345,14 +347,14 @@ func TestBatchDeadlines(t *testing.T) {
 			}
 			stays <- c
 		}()
-		waitFor(t, time.Minute, "both claims to queue", func() bool { return waitingInBatcher() == 2 })
+		waitFor(t, time.Minute, "both claims to queue", func() bool { return testkit.WaitingInBatcher() == 2 })
 
 		close(releaseStuck)
 		if err := <-stuck; err != nil {
 			t.Fatal(err)
 		}
 		<-heldLeft
-		cctx.expire()
+		cctx.Expire()
 		if err := <-left; !errors.Is(err, context.DeadlineExceeded) {
 			t.Fatalf("Claim(left) = %v, want context.DeadlineExceeded", err)
 		}

@@ -206,9 +206,7 @@ func (h *cutHook) process(ctx context.Context, cmds []redis.Cmder, next redis.Pr
 func TestClusterCompleteCutPartWay(t *testing.T) {
 	addrs := startCluster(t).Options().Addrs
 	h := &cutHook{}
-	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, ContextTimeoutEnabled: true})
-	cc.OnNewNode(func(c *redis.Client) { c.AddHook(h) })
-	t.Cleanup(func() { _ = cc.Close() })
+	cc := hookedCluster(t, addrs, h)
 	for _, mode := range []string{"again", "fail"} {
 		for _, batch := range []redisstore.BatchConfig{{}, {Disabled: true}} {
 			t.Run(fmt.Sprintf("%s/unbatched=%v", mode, batch.Disabled), func(t *testing.T) {
@@ -223,14 +221,7 @@ func TestClusterCompleteCutPartWay(t *testing.T) {
 					t.Fatalf("Claim(%q) = %v, %v", keys, c, err)
 				}
 				h.arm(s.EncodeKey("h", keys[1]), s.EncodeKey("h", keys[0]), c.Token, mode)
-				released := false
-				release := func() {
-					if !released {
-						released = true
-						close(h.release)
-					}
-				}
-				t.Cleanup(release)
+				release := closer(t, h.release)
 				// The caller waits for a put-back while its context lasts:
 				// it ends once one is held.
 				ctx, cancel := context.WithCancel(bg)

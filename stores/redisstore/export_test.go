@@ -86,3 +86,7 @@ func (s *Store) Queued() int {
 func ListCursor(addr string, scan uint64, pending ...string) string {
 	return listCursor{addr: addr, scan: scan, pending: pending}.String()
 }
+
+// GlobEscape makes s match itself in a SCAN MATCH pattern, as the store
+// escapes its prefix.
+func GlobEscape(s string) string { return globEscape(s) }

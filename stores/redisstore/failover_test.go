@@ -31,12 +31,7 @@ import (
 // (a node's role, the cluster's state, the workload's progress), with a
 // generous bound that only a hung cluster reaches.
 func TestClusterFailover(t *testing.T) {
-	servers := testkit.StartRedisClusterServers(t, testkit.ClusterReplicas(1), testkit.ClusterNodeTimeout(2*time.Second))
-	fc := &faultCluster{t: t, byAddr: map[string]*testkit.RedisServer{}}
-	for _, s := range servers {
-		fc.addrs = append(fc.addrs, s.Addr)
-		fc.byAddr[s.Addr] = s
-	}
+	fc := startFaultCluster(t, testkit.ClusterNodeTimeout(2*time.Second))
 	newClient := func(t *testing.T, tap *nodeTap, addrs ...string) *redis.ClusterClient {
 		if len(addrs) == 0 {
 			addrs = fc.addrs
@@ -273,6 +268,19 @@ type faultCluster struct {
 	last   map[string]bool // the nodes of the last fault's shard
 }
 
+// startFaultCluster starts a Redis Cluster of three masters with a
+// replica each, with opts, for t.
+func startFaultCluster(t *testing.T, opts ...testkit.RedisClusterOption) *faultCluster {
+	t.Helper()
+	servers := testkit.StartRedisClusterServers(t, append([]testkit.RedisClusterOption{testkit.ClusterReplicas(1)}, opts...)...)
+	fc := &faultCluster{t: t, byAddr: map[string]*testkit.RedisServer{}}
+	for _, s := range servers {
+		fc.addrs = append(fc.addrs, s.Addr)
+		fc.byAddr[s.Addr] = s
+	}
+	return fc
+}
+
 // faultTimeout bounds each wait for the cluster: only a cluster that
 // does not recover reaches it, however loaded the machine.
 const faultTimeout = 2 * time.Minute
@@ -342,32 +350,15 @@ func (fc *faultCluster) pair(t *testing.T, i int) (master, replica string) {
 func (fc *faultCluster) waitOK(t *testing.T, when string) {
 	t.Helper()
 	start, last := time.Now(), ""
-	eventually(t, "the cluster ok "+when, func() string {
+	testkit.Eventually(t, faultTimeout, "the cluster ok "+when, func() error {
 		if why := testkit.RedisClusterNotOK(context.Background(), fc.addrs, len(fc.addrs)/2); why != "" {
 			last = why
-			return why
+			return errors.New(why)
 		}
-		return ""
+		return nil
 	})
 	if d := time.Since(start); d > 5*time.Second {
 		t.Logf("the cluster was ok %s after %s (%s)", when, d.Round(time.Millisecond), last)
-	}
-}
-
-// eventually calls cond until it returns "" (done), or fails t with its
-// last answer after faultTimeout.
-func eventually(t *testing.T, what string, cond func() string) {
-	t.Helper()
-	deadline := time.Now().Add(faultTimeout)
-	for {
-		why := cond()
-		if why == "" {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: still %s after %s", what, why, faultTimeout)
-		}
-		time.Sleep(50 * time.Millisecond)
 	}
 }
 
@@ -391,11 +382,11 @@ func (fc *faultCluster) fault(t *testing.T, kind string) string {
 	switch kind {
 	case "kill":
 		fc.byAddr[master].Kill()
-		eventually(t, "the replica taking over from the killed master "+master, func() string {
+		testkit.Eventually(t, faultTimeout, "the replica taking over from the killed master "+master, func() error {
 			if m, _, _, err := replication(ctx, replica); err != nil || !m {
-				return fmt.Sprintf("replica %s not master (%v)", replica, err)
+				return fmt.Errorf("replica %s not master (%v)", replica, err)
 			}
-			return ""
+			return nil
 		})
 		fc.byAddr[master].Start()
 	case "force":
@@ -405,7 +396,7 @@ func (fc *faultCluster) fault(t *testing.T, kind string) string {
 		// failover, which is not tried again by itself. So it is asked
 		// again each time one more election could have run.
 		var asked time.Time
-		eventually(t, "the replica "+replica+" taking over by CLUSTER FAILOVER FORCE", func() string {
+		testkit.Eventually(t, faultTimeout, "the replica "+replica+" taking over by CLUSTER FAILOVER FORCE", func() error {
 			if m, _, _, err := replication(ctx, replica); err != nil || !m {
 				if time.Since(asked) > forceAgain {
 					if !asked.IsZero() {
@@ -416,15 +407,15 @@ func (fc *faultCluster) fault(t *testing.T, kind string) string {
 					err := c.Do(ctx, "cluster", "failover", "force").Err()
 					_ = c.Close()
 					if err != nil {
-						return fmt.Sprintf("CLUSTER FAILOVER FORCE on %s: %v", replica, err)
+						return fmt.Errorf("CLUSTER FAILOVER FORCE on %s: %v", replica, err)
 					}
 				}
-				return fmt.Sprintf("replica %s not master (%v)", replica, err)
+				return fmt.Errorf("replica %s not master (%v)", replica, err)
 			}
 			if m, _, synced, err := replication(ctx, master); err != nil || m || !synced {
-				return fmt.Sprintf("old master %s not a replica in sync (%v)", master, err)
+				return fmt.Errorf("old master %s not a replica in sync (%v)", master, err)
 			}
-			return ""
+			return nil
 		})
 	default:
 		t.Fatalf("unknown fault %q", kind)
@@ -673,11 +664,11 @@ func runFailovers(t *testing.T, fc *faultCluster, cc *redis.ClusterClient, cfg r
 	// Completes: the cluster serves it again, and it writes on.
 	progress := func(n int, when string) {
 		from := w.ackedCount()
-		eventually(t, "the workload acknowledging "+strconv.Itoa(n)+" Completes "+when, func() string {
+		testkit.Eventually(t, faultTimeout, "the workload acknowledging "+strconv.Itoa(n)+" Completes "+when, func() error {
 			if got := w.ackedCount() - from; got < n {
-				return fmt.Sprintf("%d acknowledged", got)
+				return fmt.Errorf("%d acknowledged", got)
 			}
-			return ""
+			return nil
 		})
 	}
 	progress(200, "before the faults")

@@ -13,7 +13,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	dedupcycle "github.com/watermill-dedup/dedup/internal/cycle"
-	"github.com/watermill-dedup/dedup/internal/testkit"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/redisstore"
 )
@@ -26,12 +25,7 @@ import (
 // an outage (which FailOpen runs handlers through, unprotected): a Claim
 // the store's own WAIT held to its deadline fails with ErrNotReplicated.
 func TestClusterReplicaLag(t *testing.T) {
-	servers := testkit.StartRedisClusterServers(t, testkit.ClusterReplicas(1))
-	fc := &faultCluster{t: t, byAddr: map[string]*testkit.RedisServer{}}
-	for _, s := range servers {
-		fc.addrs = append(fc.addrs, s.Addr)
-		fc.byAddr[s.Addr] = s
-	}
+	fc := startFaultCluster(t)
 	cc := redis.NewClusterClient(&redis.ClusterOptions{
 		Addrs:                 fc.addrs,
 		ContextTimeoutEnabled: true,

@@ -14,7 +14,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/watermill-dedup/dedup"
-	"github.com/watermill-dedup/dedup/internal/testkit"
 	"github.com/watermill-dedup/dedup/middleware"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/redisstore"
@@ -30,12 +29,7 @@ import (
 // or a pool timeout of the store's own making is an outage to the
 // middleware, which FailOpen runs handlers through unprotected.
 func TestClusterReplicaLagFailOpen(t *testing.T) {
-	servers := testkit.StartRedisClusterServers(t, testkit.ClusterReplicas(1))
-	fc := &faultCluster{t: t, byAddr: map[string]*testkit.RedisServer{}}
-	for _, s := range servers {
-		fc.addrs = append(fc.addrs, s.Addr)
-		fc.byAddr[s.Addr] = s
-	}
+	fc := startFaultCluster(t)
 	for _, tc := range []struct {
 		name        string
 		unbatched   bool

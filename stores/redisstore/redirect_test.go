@@ -142,7 +142,7 @@ func testWaitRedirects(t *testing.T, fc *faultCluster, newClient func(t *testing
 		for _, k := range keys {
 			key := s.EncodeKey("h", k)
 			var found bool
-			iter := rc.Scan(ctx, 0, globEscape(key), 1000).Iterator()
+			iter := rc.Scan(ctx, 0, redisstore.GlobEscape(key), 1000).Iterator()
 			for iter.Next(ctx) {
 				found = found || iter.Val() == key
 			}

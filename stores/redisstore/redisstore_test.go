@@ -359,12 +359,12 @@ func TestStoreOutage(t *testing.T) {
 	// restored only after them), however slowly a loaded machine runs it.
 	proxy.Cut()
 	for _, k := range []string{"during-1", "during-2", "during-3"} {
-		err := returnsDuringOutage(t, fmt.Sprintf("Claim(%q) during the cut", k), func() error { _, err := call(k); return err })
+		err := testkit.ReturnsDuringOutage(t, fmt.Sprintf("Claim(%q) during the cut", k), func() error { _, err := call(k); return err })
 		if err == nil {
 			t.Fatalf("Claim(%q) during the cut succeeded", k)
 		}
 	}
-	err = returnsDuringOutage(t, "Complete during the cut", func() error {
+	err = testkit.ReturnsDuringOutage(t, "Complete during the cut", func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), deadline)
 		defer cancel()
 		return s.Complete(ctx, held, time.Minute, nil)

@@ -26,6 +26,13 @@ type undoHook struct {
 	release chan struct{}
 }
 
+// arm makes h hold the next pipeline again, and returns what lets it
+// go: a func that closes release once, called when t ends if not before.
+func (h *undoHook) arm(t *testing.T) (release func()) {
+	h.entered, h.once, h.release = make(chan struct{}), sync.Once{}, make(chan struct{})
+	return closer(t, h.release)
+}
+
 func (h *undoHook) DialHook(next redis.DialHook) redis.DialHook { return next }
 
 func (h *undoHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
@@ -58,19 +65,10 @@ func (h *undoHook) hold(cmds []redis.Cmder) {
 // node takes to answer (here: until the test lets it), and the key is
 // free once it has.
 func testUndoNeverHoldsTheCaller(t *testing.T, addrs []string) {
-	h := &undoHook{entered: make(chan struct{}), release: make(chan struct{})}
-	released := false
-	release := func() {
-		if !released {
-			released = true
-			close(h.release)
-		}
-	}
-	t.Cleanup(release)
-	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, ContextTimeoutEnabled: true})
-	cc.OnNewNode(func(c *redis.Client) { c.AddHook(h) })
-	t.Cleanup(func() { _ = cc.Close() })
+	h := &undoHook{}
+	cc := hookedCluster(t, addrs, h)
 	for _, batch := range []redisstore.BatchConfig{{}, {Disabled: true}} {
+		release := h.arm(t)
 		s, err := redisstore.New(cc, redisstore.Config{Prefix: testPrefix(t, cc), SkipServerCheck: true, Batch: batch})
 		if err != nil {
 			t.Fatal(err)
@@ -109,7 +107,6 @@ func testUndoNeverHoldsTheCaller(t *testing.T, addrs []string) {
 		if err := s.Close(context.Background()); err != nil {
 			t.Fatal(err)
 		}
-		h.entered, h.once, h.release, released = make(chan struct{}), sync.Once{}, make(chan struct{}), false
 	}
 }
 
@@ -143,20 +140,11 @@ func onTwoNodes(t *testing.T, cc *redis.ClusterClient, s *redisstore.Store, scop
 // own, also when its node must be sent the script again (NOSCRIPT: it
 // has not cached it, as after a failover or a restart).
 func testUndoWaitsForNoOtherNode(t *testing.T, addrs []string) {
-	h := &undoHook{entered: make(chan struct{}), release: make(chan struct{})}
-	released := false
-	release := func() {
-		if !released {
-			released = true
-			close(h.release)
-		}
-	}
-	t.Cleanup(release)
-	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, ContextTimeoutEnabled: true})
-	cc.OnNewNode(func(c *redis.Client) { c.AddHook(h) })
-	t.Cleanup(func() { _ = cc.Close() })
+	h := &undoHook{}
+	cc := hookedCluster(t, addrs, h)
 	ctx := context.Background()
 	for _, batch := range []redisstore.BatchConfig{{}, {Disabled: true}} {
+		release := h.arm(t)
 		s, err := redisstore.New(cc, redisstore.Config{Prefix: testPrefix(t, cc), SkipServerCheck: true, Batch: batch})
 		if err != nil {
 			t.Fatal(err)
@@ -205,7 +193,6 @@ func testUndoWaitsForNoOtherNode(t *testing.T, addrs []string) {
 		if err := s.Close(ctx); err != nil {
 			t.Fatal(err)
 		}
-		h.entered, h.once, h.release, released = make(chan struct{}), sync.Once{}, make(chan struct{}), false
 	}
 }
 
@@ -231,4 +218,23 @@ func ascendingOnThreeNodes(t *testing.T, cc *redis.ClusterClient, s *redisstore.
 	}
 	t.Fatal("no three keys on three nodes")
 	return nil
+}
+
+// hookedCluster returns a cluster client on addrs with hook on every
+// node; it is closed when t ends.
+func hookedCluster(t *testing.T, addrs []string, hook redis.Hook) *redis.ClusterClient {
+	t.Helper()
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, ContextTimeoutEnabled: true})
+	cc.OnNewNode(func(c *redis.Client) { c.AddHook(hook) })
+	t.Cleanup(func() { _ = cc.Close() })
+	return cc
+}
+
+// closer returns a func that closes ch on its first call and does
+// nothing on the next ones; t calls it when it ends.
+func closer(t *testing.T, ch chan struct{}) func() {
+	var once sync.Once
+	f := func() { once.Do(func() { close(ch) }) }
+	t.Cleanup(f)
+	return f
 }
