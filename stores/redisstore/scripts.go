@@ -1,10 +1,32 @@
 package redisstore
 
 import (
+	_ "embed"
 	"strconv"
 	"strings"
 
 	"github.com/redis/go-redis/v9"
+)
+
+// The Lua sources of the scripts, in scripts/. Each is documented at its
+// script below.
+var (
+	//go:embed scripts/claim.lua
+	claimLua string
+	//go:embed scripts/set.lua
+	setLua string
+	//go:embed scripts/put_back.lua
+	putBackLua string
+	//go:embed scripts/del.lua
+	delLua string
+	//go:embed scripts/touch.lua
+	touchLua string
+	//go:embed scripts/read.lua
+	readLua string
+	//go:embed scripts/peek.lua
+	peekLua string
+	//go:embed scripts/delete_state.lua
+	deleteStateLua string
 )
 
 // The scripts. Each runs atomically on one node. In Redis Cluster every
@@ -24,35 +46,7 @@ var (
 	//
 	// A record already processing under this very token counts as free:
 	// a retried Claim whose first reply was lost gets its claim back.
-	claimScript = redis.NewScript(expandLua(`
-local token, busy, taken = ARGV[1], false, {1}
-for i, k in ipairs(KEYS) do
-  local v = redis.call('GET', k)
-  if v then
-    if string.byte(v, 1) ~= P then
-      return {2, i, v}
-    end
-    if string.sub(v, 2, TOKEN_END) ~= token then
-      local pttl = redis.call('PTTL', k)
-      if pttl > tonumber(string.sub(v, LEASE_START)) then
-        busy = true
-      else
-        taken[#taken + 1] = i
-        taken[#taken + 1] = v
-        taken[#taken + 1] = pttl
-      end
-    end
-  end
-end
-if busy then
-  return {3}
-end
-local rec = 'p' .. token .. ARGV[2]
-for _, k in ipairs(KEYS) do
-  redis.call('SET', k, rec, 'PX', ARGV[3])
-end
-return taken
-`))
+	claimScript = redis.NewScript(expandLua(claimLua))
 
 	// setScript overwrites every key of KEYS with ARGV[2] for ARGV[3] ms,
 	// if every key is processing under token ARGV[1]; otherwise it changes
@@ -67,62 +61,29 @@ return taken
 	// the record: the WAIT that follows then confirms that the record
 	// which made the call fail is on the replicas too (see
 	// refusalTouch).
-	setScript = redis.NewScript(expandLua(`
-for i, k in ipairs(KEYS) do
-  local v = redis.call('GET', k)
-  if not v or string.byte(v, 1) ~= P or string.sub(v, 2, TOKEN_END) ~= ARGV[1] then
-    TOUCH(ARGV[4])
-    return i
-  end
-end
-for _, k in ipairs(KEYS) do
-  redis.call('SET', k, ARGV[2], 'PX', ARGV[3])
-end
-return 0
-`))
+	setScript = redis.NewScript(expandLua(setLua))
 
 	// putBackScript puts ARGV[2] back on KEYS[1] for ARGV[3] ms if the key
 	// holds ARGV[1] or nothing (see putBackOp). Reply: 0 when put back,
 	// 1 when left alone.
-	putBackScript = redis.NewScript(`
-local v = redis.call('GET', KEYS[1])
-if v == false or v == ARGV[1] then
-  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
-  return 0
-end
-return 1
-`)
+	putBackScript = redis.NewScript(putBackLua)
 
 	// delScript deletes every key of KEYS if every key is processing under
 	// token ARGV[1]; otherwise it changes nothing. Same reply as setScript,
 	// and ARGV[2] is setScript's ARGV[4].
-	delScript = redis.NewScript(expandLua(`
-for i, k in ipairs(KEYS) do
-  local v = redis.call('GET', k)
-  if not v or string.byte(v, 1) ~= P or string.sub(v, 2, TOKEN_END) ~= ARGV[1] then
-    TOUCH(ARGV[2])
-    return i
-  end
-end
-redis.call('DEL', unpack(KEYS))
-return 0
-`))
+	delScript = redis.NewScript(expandLua(delLua))
 )
 
-// refusalTouch is the Lua of TOUCH(flag) in the fenced scripts: when flag
-// is set and the key k that refuses the call exists, its expiry is set
-// again to what it is. It changes nothing a reader can see (the time
+// refusalTouch is the Lua of TOUCH(flag) in the fenced scripts
+// (scripts/touch.lua, FLAG standing for flag): when flag is set and the
+// key k that refuses the call exists, its expiry is set again to what it
+// is. It changes nothing a reader can see (the time
 // of a script is fixed while it runs, so PTTL then PEXPIRE gives the key
 // the expiry it had), but it is a write: Redis propagates it, after
 // every earlier write of the key, so a WAIT that follows on the same
 // connection covers the record the refusal was read from. A key
 // without a TTL (not this store's) is left alone.
-const refusalTouch = `if FLAG and v then
-      local ttl = redis.call('PTTL', k)
-      if ttl > 0 then
-        redis.call('PEXPIRE', k, ttl)
-      end
-    end`
+var refusalTouch = strings.TrimSuffix(touchLua, "\n")
 
 // expandLua writes the value layout's constants into a script.
 func expandLua(src string) string {
@@ -140,46 +101,19 @@ var (
 	// readScript reads a record and its remaining TTL at once.
 	//
 	// Reply: {} when the key does not exist, else {value, PTTL in ms}.
-	readScript = redis.NewScript(`
-local v = redis.call('GET', KEYS[1])
-if not v then
-  return {}
-end
-return {v, redis.call('PTTL', KEYS[1])}
-`)
+	readScript = redis.NewScript(readLua)
 
 	// peekScript reads what Stats needs of a record: the start of its
 	// value (the state, a processing record's lease), its remaining TTL,
 	// and its memory use (-1 when MEMORY USAGE is refused).
 	//
 	// Reply: {} when the key does not exist, else {head, PTTL, bytes}.
-	peekScript = redis.NewScript(`
-local v = redis.call('GET', KEYS[1])
-if not v then
-  return {}
-end
-local m = redis.pcall('MEMORY', 'USAGE', KEYS[1], 'SAMPLES', '0')
-if type(m) ~= 'number' then
-  m = -1
-end
-return {string.sub(v, 1, 64), redis.call('PTTL', KEYS[1]), m}
-`)
+	peekScript = redis.NewScript(peekLua)
 
 	// deleteStateScript deletes KEYS[1] if it holds a processing record
 	// (ARGV[1] = "p") or a done one (ARGV[1] = "d").
 	//
 	// Reply: {} when the key does not exist, else {1 deleted or 0 in the
 	// other state, value, PTTL in ms}.
-	deleteStateScript = redis.NewScript(expandLua(`
-local v = redis.call('GET', KEYS[1])
-if not v then
-  return {}
-end
-local pttl = redis.call('PTTL', KEYS[1])
-if (string.byte(v, 1) ~= P) == (ARGV[1] == 'd') then
-  redis.call('DEL', KEYS[1])
-  return {1, v, pttl}
-end
-return {0, v, pttl}
-`))
+	deleteStateScript = redis.NewScript(expandLua(deleteStateLua))
 )
