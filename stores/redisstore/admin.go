@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/storekit"
 )
@@ -163,6 +164,9 @@ func (s *Store) ownKey(rkey string) bool {
 }
 
 // List implements [stores.Admin]: records in SCAN order, node by node.
+// With CompactKeys every record is stored under a digest of (scope, key),
+// so a List by Scope or KeyPrefix fails with [stores.ErrNotSupported]; Get
+// finds a record by its scope and key.
 //
 // A page ends where a SCAN reply ends, and the cursor is that reply's
 // SCAN cursor: a SCAN cursor stays valid while the node's hash table
@@ -182,7 +186,7 @@ func (s *Store) List(ctx context.Context, opts stores.ListOptions) ([]stores.Rec
 		return nil, "", fmt.Errorf("redisstore: list: %w", err)
 	}
 	if s.cfg.CompactKeys && (opts.Scope != "" || opts.KeyPrefix != "") {
-		return nil, "", fmt.Errorf("redisstore: list: %w: with CompactKeys every record is stored under a digest of (scope, key), so records cannot be listed by scope or key; Get finds one by its scope and key", stores.ErrNotSupported)
+		return nil, "", fmt.Errorf("redisstore: list: %w: CompactKeys keeps no scope or key to list by", stores.ErrNotSupported)
 	}
 	nodes, err := s.scanNodes(ctx)
 	if err != nil {

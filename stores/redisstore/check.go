@@ -11,6 +11,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/redis/go-redis/v9"
+
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/internal/neterr"
 )
@@ -18,8 +19,9 @@ import (
 // ErrEvictionPolicy is returned by [Store.CheckServer] when a Redis node
 // may evict dedup records to free memory. Every record has a TTL, so every
 // policy but noeviction (volatile-* as much as allkeys-*) can drop a live
-// record, and a redelivery of that message then runs its handler again.
-var ErrEvictionPolicy = errors.New("redisstore: Redis maxmemory-policy may evict dedup records; set it to noeviction")
+// record, and a redelivery of that message then runs its handler again:
+// set maxmemory-policy to noeviction.
+var ErrEvictionPolicy = errors.New("redisstore: Redis maxmemory-policy may evict dedup records")
 
 // ErrDataLimit is returned by [Store.CheckServer] when a Redis node
 // refuses arguments as long as Config.MaxData needs: its
@@ -106,27 +108,30 @@ func (s *Store) CheckServer(ctx context.Context) error {
 		return nil
 	}
 
-	if err := s.forEachNode(ctx, check); err != nil {
+	if err := forEachNode(ctx, s.client, check); err != nil {
 		return fmt.Errorf("redisstore: checking the server: %w", err)
 	}
 	if len(unknown) > 0 {
-		s.cfg.Logger.Info("redisstore: cannot read maxmemory-policy (CONFIG GET refused); make sure it is noeviction, or dedup records may be evicted", watermill.LogFields{
-			"nodes": strings.Join(unknown, "; "),
+		s.cfg.Logger.Info("redisstore: cannot check that maxmemory-policy is noeviction", watermill.LogFields{
+			"nodes":  strings.Join(unknown, "; "),
+			"advice": "CONFIG GET is refused: make sure maxmemory-policy is noeviction, or dedup records may be evicted",
 		})
 	}
 	var errs []error
 	if len(evicting) > 0 {
 		err := fmt.Errorf("%w: %s", ErrEvictionPolicy, strings.Join(evicting, "; "))
-		s.cfg.Logger.Error("redisstore: Redis may evict live dedup records, so redeliveries of their messages would run again", err, watermill.LogFields{
+		s.cfg.Logger.Error("redisstore: Redis may evict live dedup records", err, watermill.LogFields{
 			"prefix": s.cfg.Prefix,
+			"advice": "set maxmemory-policy to noeviction: a redelivery of a message whose record was evicted runs again",
 		})
 		errs = append(errs, err)
 	}
 	if len(limited) > 0 {
 		s.serverMaxData.Store(takes)
 		err := fmt.Errorf("%w (%d bytes): %s; Complete refuses data above %d bytes", ErrDataLimit, s.cfg.MaxData, strings.Join(limited, "; "), takes)
-		s.cfg.Logger.Error("redisstore: Redis refuses data of Config.MaxData bytes; lower MaxData or raise proto-max-bulk-len", err, watermill.LogFields{
+		s.cfg.Logger.Error("redisstore: Redis refuses data of Config.MaxData bytes", err, watermill.LogFields{
 			"prefix": s.cfg.Prefix,
+			"advice": "lower Config.MaxData or raise proto-max-bulk-len",
 		})
 		errs = append(errs, err)
 	}
@@ -166,7 +171,7 @@ func (s *Store) checkReplicas(ctx context.Context) error {
 		mu  sync.Mutex
 		few []string
 	)
-	err := s.forEachNode(ctx, func(ctx context.Context, addr string, c redis.Cmdable) error {
+	err := forEachNode(ctx, s.client, func(ctx context.Context, addr string, c redis.Cmdable) error {
 		info, err := c.Info(ctx, "replication").Result()
 		var rerr redis.Error
 		if errors.As(err, &rerr) {
@@ -192,7 +197,9 @@ func (s *Store) checkReplicas(ctx context.Context) error {
 		return nil
 	}
 	err = fmt.Errorf("%w (%d): %s", ErrTooFewReplicas, s.cfg.WaitReplicas, strings.Join(few, "; "))
-	s.cfg.Logger.Error("redisstore: a Redis master has too few replicas for Config.WaitReplicas: its writes fail as not replicated", err, nil)
+	s.cfg.Logger.Error("redisstore: a Redis master has too few replicas for Config.WaitReplicas", err, watermill.LogFields{
+		"advice": "its writes fail as not replicated until enough replicas are online",
+	})
 	return err
 }
 
@@ -219,7 +226,7 @@ func (s *Store) checkWaitACL(ctx context.Context) error {
 			nodes = append(nodes, addr)
 		}
 	}
-	err := s.forEachNode(ctx, func(ctx context.Context, addr string, c redis.Cmdable) error {
+	err := forEachNode(ctx, s.client, func(ctx context.Context, addr string, c redis.Cmdable) error {
 		// Do, not Wait: go-redis lifts the read timeout off a Wait.
 		d, ok := c.(interface {
 			Do(ctx context.Context, args ...any) *redis.Cmd
@@ -245,8 +252,11 @@ func (s *Store) checkWaitACL(ctx context.Context) error {
 	if len(denied) == 0 {
 		return nil
 	}
-	err = fmt.Errorf("%w (denied %s): add +wait +pexpire to the user's ACL rule (stores/redisstore/README.md); until then every write fails", ErrWaitDenied, strings.Join(denied, ", "))
-	s.cfg.Logger.Error("redisstore: the Redis user may not run WAIT or PEXPIRE, which Config.WaitReplicas needs: every write fails", err, watermill.LogFields{"prefix": s.cfg.Prefix})
+	err = fmt.Errorf("%w (denied %s): the user's ACL rule lacks +wait +pexpire", ErrWaitDenied, strings.Join(denied, ", "))
+	s.cfg.Logger.Error("redisstore: the Redis user may not run WAIT or PEXPIRE", err, watermill.LogFields{
+		"prefix": s.cfg.Prefix,
+		"advice": "add +wait +pexpire to the user's ACL rule (see the README): Config.WaitReplicas needs them, and every write fails until then",
+	})
 	return err
 }
 
@@ -271,7 +281,7 @@ func (s *Store) tooLargeAfter(ctx context.Context, data []byte, err error) error
 		mu    sync.Mutex
 		least int64
 	)
-	if s.forEachNode(ctx, func(ctx context.Context, _ string, c redis.Cmdable) error {
+	if forEachNode(ctx, s.client, func(ctx context.Context, _ string, c redis.Cmdable) error {
 		n, err := protoMaxBulkLen(ctx, c)
 		mu.Lock()
 		if n > 0 && (least == 0 || n < least) {
@@ -287,5 +297,5 @@ func (s *Store) tooLargeAfter(ctx context.Context, data []byte, err error) error
 	}
 	// The outage, if the store took it for one, is not wrapped: it is
 	// not one.
-	return fmt.Errorf("redisstore: complete: %w: %d bytes of data, the server takes at most %d (its proto-max-bulk-len is below Config.MaxData), and closed the connection on it (%v)", stores.ErrTooLarge, len(data), least-1, err)
+	return fmt.Errorf("redisstore: complete: %w: %d bytes of data, above the %d bytes the server's proto-max-bulk-len takes (%v)", stores.ErrTooLarge, len(data), least-1, err)
 }

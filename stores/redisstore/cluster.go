@@ -11,12 +11,12 @@ import (
 
 // nodeAddr is the address of the node (master, shard) that serves key,
 // "" when the client cannot say.
-func (s *Store) nodeAddr(ctx context.Context, key string) string {
+func nodeAddr(ctx context.Context, client redis.UniversalClient, key string) string {
 	var (
 		n   *redis.Client
 		err error
 	)
-	switch c := s.client.(type) {
+	switch c := client.(type) {
 	case *redis.Client:
 		return c.Options().Addr
 	case *redis.ClusterClient:
@@ -31,8 +31,8 @@ func (s *Store) nodeAddr(ctx context.Context, key string) string {
 }
 
 // nodeFor returns the client of the node (master) that serves key.
-func (s *Store) nodeFor(ctx context.Context, key string) (*redis.Client, error) {
-	switch c := s.client.(type) {
+func nodeFor(ctx context.Context, client redis.UniversalClient, key string) (*redis.Client, error) {
+	switch c := client.(type) {
 	case *redis.Client:
 		return c, nil
 	case *redis.ClusterClient:
@@ -40,13 +40,13 @@ func (s *Store) nodeFor(ctx context.Context, key string) (*redis.Client, error) 
 	case *redis.Ring:
 		return c.GetShardClientForKey(key)
 	}
-	return nil, fmt.Errorf("redisstore: WaitReplicas with a %T", s.client) // New refuses it
+	return nil, fmt.Errorf("redisstore: WaitReplicas with a %T", client) // New refuses it
 }
 
 // forEachNode runs check on every node the client talks to (every master
 // and replica in Redis Cluster), concurrently where the client does.
-func (s *Store) forEachNode(ctx context.Context, check func(ctx context.Context, addr string, c redis.Cmdable) error) error {
-	switch c := s.client.(type) {
+func forEachNode(ctx context.Context, client redis.UniversalClient, check func(ctx context.Context, addr string, c redis.Cmdable) error) error {
+	switch c := client.(type) {
 	case *redis.ClusterClient:
 		return c.ForEachShard(ctx, func(ctx context.Context, n *redis.Client) error {
 			return check(ctx, n.Options().Addr, n)
@@ -64,8 +64,8 @@ func (s *Store) forEachNode(ctx context.Context, check func(ctx context.Context,
 
 // reloadSlots has a ClusterClient read its slot map again, in the
 // background.
-func (s *Store) reloadSlots(ctx context.Context) {
-	if cc, ok := s.client.(*redis.ClusterClient); ok {
+func reloadSlots(ctx context.Context, client redis.UniversalClient) {
+	if cc, ok := client.(*redis.ClusterClient); ok {
 		cc.ReloadState(ctx)
 	}
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/redis/go-redis/v9"
+
 	"github.com/watermill-dedup/dedup/stores/internal/batch"
 )
 
@@ -231,7 +232,7 @@ func (c Config) Validate() error {
 		// Keys between the two would be refused while longer ones are
 		// digested: no single bound on keys (Capabilities.MaxKey) would
 		// say what the store accepts.
-		return fmt.Errorf("redisstore: DigestKeysLongerThan (%d) must not be above MaxKeyLen (%d): keys between the two would be refused, longer ones digested", c.DigestKeysLongerThan, maxKeyLen)
+		return fmt.Errorf("redisstore: DigestKeysLongerThan (%d) must not be above MaxKeyLen (%d)", c.DigestKeysLongerThan, maxKeyLen)
 	}
 	if c.MaxData < 0 {
 		return fmt.Errorf("redisstore: MaxData must not be negative, got %d", c.MaxData)
@@ -250,7 +251,7 @@ func (c Config) validateWait() error {
 	case c.WaitTimeout < 0 || c.WaitTimeout > MaxWaitTimeout:
 		return fmt.Errorf("redisstore: WaitTimeout must be 0 (the default, %s) or positive and at most %s, got %s", DefaultWaitTimeout, MaxWaitTimeout, c.WaitTimeout)
 	case c.WaitTimeout > 0 && c.WaitReplicas == 0:
-		return fmt.Errorf("redisstore: WaitTimeout (%s) is set but WaitReplicas is 0: set WaitReplicas to wait for replicas", c.WaitTimeout)
+		return fmt.Errorf("redisstore: WaitTimeout (%s) is set but WaitReplicas is 0", c.WaitTimeout)
 	}
 	return nil
 }
@@ -278,8 +279,9 @@ func (c *Config) setDefaults() {
 }
 
 // checkWaitClient refuses WaitReplicas on a client whose nodes the store
-// cannot address one by one, or whose ReadTimeout would cut a WAIT
-// short (go-redis applies it to a whole pipeline, WAIT included).
+// cannot address one by one (the WAIT must follow the write on its
+// node's connection), or whose ReadTimeout would cut a WAIT short
+// (go-redis applies it to a whole pipeline, WAIT included).
 func checkWaitClient(client redis.UniversalClient, cfg Config) error {
 	if cfg.WaitReplicas == 0 {
 		return nil
@@ -293,10 +295,10 @@ func checkWaitClient(client redis.UniversalClient, cfg Config) error {
 	case *redis.Ring:
 		read = c.Options().ReadTimeout
 	default:
-		return fmt.Errorf("redisstore: WaitReplicas needs a *redis.Client, *redis.ClusterClient or *redis.Ring (the WAIT must follow the write on its node's connection), got %T", client)
+		return fmt.Errorf("redisstore: WaitReplicas needs a *redis.Client, *redis.ClusterClient or *redis.Ring, got %T", client)
 	}
 	if read > 0 && cfg.WaitTimeout >= read {
-		return fmt.Errorf("redisstore: WaitTimeout (%s) must be below the client's ReadTimeout (%s), which bounds the pipeline that carries the WAIT", cfg.WaitTimeout, read)
+		return fmt.Errorf("redisstore: WaitTimeout (%s) must be below the client's ReadTimeout (%s)", cfg.WaitTimeout, read)
 	}
 	return nil
 }

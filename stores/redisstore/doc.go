@@ -3,15 +3,12 @@
 //
 // Every record is one Redis string with a PX expiry, so leases and retention
 // need no sweeper, and every operation is one atomic command on the server:
-// a Lua script (EVALSHA, falling back to EVAL), or for a single-key claim
-// first a plain SET NX GET, which settles a free key or a done one without
-// a script. Time is the server's: leases are checked against the key's
-// remaining TTL, never against a client clock.
+// a Lua script, or a plain SET for the common single-key claim (see
+// [Store.Claim]). Time is the server's: leases are checked against the
+// key's remaining TTL, never against a client clock.
 //
 // Concurrent calls share pipelines (auto-batching, on by default; see
-// [BatchConfig]): a call that finds nothing else out is sent at once, as
-// without batching, and calls that arrive while others are out go together
-// in one pipeline, each with its own result and its own deadline.
+// [BatchConfig]), each call with its own result and its own deadline.
 //
 // It works unchanged with [*redis.Client] (standalone, or Sentinel through
 // redis.NewFailoverClient), [*redis.ClusterClient] and [*redis.Ring]. On a

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/internal/neterr"
 )
@@ -57,8 +58,8 @@ var ErrNotReplicated = errors.New("redisstore: write not acknowledged by Config.
 // classify is classifyCall for a call whose context the caller does not
 // pass: a broken connection (see connLost) is not confirmed, and so is no
 // known outage.
-func (s *Store) classify(err error) error {
-	return s.class(err, func(err error) error {
+func classify(client redis.UniversalClient, err error) error {
+	return class(err, func(err error) error {
 		return fmt.Errorf("%w (not known to be an outage: the connection broke, and nothing confirmed why)", err)
 	})
 }
@@ -81,13 +82,13 @@ func (s *Store) classify(err error) error {
 // speaking plain text, an EOF). go-redis does not tell a connection being
 // set up from one in use, so confirmBroken dials a new connection: an
 // outage only when that dial is refused or times out.
-func (s *Store) classifyCall(ctx context.Context, err error) error {
-	return s.class(err, func(err error) error { return s.confirmBroken(ctx, err) })
+func classifyCall(ctx context.Context, client redis.UniversalClient, err error) error {
+	return class(err, func(err error) error { return confirmBroken(ctx, client, err) })
 }
 
 // class puts err in its class, as classifyCall does, with confirm for a
 // connection that broke.
-func (s *Store) class(err error, confirm func(error) error) error {
+func class(err error, confirm func(error) error) error {
 	switch {
 	case err == nil || errors.Is(err, stores.ErrUnavailable) || errors.Is(err, stores.ErrTooLarge) ||
 		errors.Is(err, ErrNotReplicated) || errors.Is(err, ErrRefused):
@@ -118,8 +119,8 @@ func (s *Store) class(err error, confirm func(error) error) error {
 // text; or a proxy in front of one that is down), is no known outage. A
 // confirmation cut short by the end of ctx is that end: a call that
 // outlived its deadline.
-func (s *Store) confirmBroken(ctx context.Context, err error) error {
-	perr := s.probe(ctx, err)
+func confirmBroken(ctx context.Context, client redis.UniversalClient, err error) error {
+	perr := probe(ctx, client, err)
 	switch {
 	case perr == nil:
 		return fmt.Errorf("%w (not known to be an outage: the server answered a new connection since)", err)
@@ -152,8 +153,8 @@ const probeTimeout = 5 * time.Second
 // server that serves), else the error of the dial, the write or the
 // read. Bounded by ctx, and by the client's dial timeout when ctx has no
 // deadline.
-func (s *Store) probe(ctx context.Context, err error) error {
-	dial, network, addr, timeout := s.dialerFor(err)
+func probe(ctx context.Context, client redis.UniversalClient, err error) error {
+	dial, network, addr, timeout := dialerFor(client, err)
 	if dial == nil {
 		return errNoProbe
 	}
@@ -215,14 +216,14 @@ func (s *Store) probe(ctx context.Context, err error) error {
 // timeout. A *redis.Client has one server (with Sentinel, its dialer
 // finds the primary); for a Cluster or a Ring, the server is the one err
 // names (a connection's remote address), and none when err names none.
-func (s *Store) dialerFor(err error) (dial func(context.Context, string, string) (net.Conn, error), network, addr string, timeout time.Duration) {
+func dialerFor(client redis.UniversalClient, err error) (dial func(context.Context, string, string) (net.Conn, error), network, addr string, timeout time.Duration) {
 	var remote string
 	var op *net.OpError
 	if errors.As(err, &op) && op.Addr != nil {
 		remote = op.Addr.String()
 	}
 	var tlsConfig *tls.Config
-	switch c := s.client.(type) {
+	switch c := client.(type) {
 	case *redis.Client:
 		o := c.Options()
 		return o.Dialer, o.Network, o.Addr, o.DialTimeout

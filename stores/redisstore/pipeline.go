@@ -6,11 +6,67 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/internal/batch"
 )
 
-// Auto-batching. Every script call of the store (an [op]) goes through
+// lane batches the calls to one node (to every node when the keys of a
+// call cannot live on several).
+type lane struct {
+	b *batch.Batcher[op, any]
+}
+
+// newLane returns a lane whose pipelines go out through execBatch.
+func (s *Store) newLane() *lane {
+	l := &lane{}
+	l.b = batch.NewFromConfig(func(ctx context.Context, calls []*batch.Call[op, any]) error {
+		return s.execBatch(ctx, calls)
+	}, batch.Config(s.cfg.Batch))
+	l.b.OnOrphaned(undoTimeout, s.undoOrphans)
+	return l
+}
+
+// laneOf returns the lane of o: nil without batching; the one lane when
+// the keys of a call live on one node; else the lane of the node that
+// serves o's key, made on first use ("" when no slot map can be read:
+// the call then fails in it), or nil once Close has closed the lanes (o
+// is then sent on its own).
+func (s *Store) laneOf(ctx context.Context, o op) *lane {
+	if s.cfg.Batch.Disabled || !s.sharded {
+		return s.lane0
+	}
+	addr := nodeAddr(ctx, s.client, o.firstKey())
+	if l, ok := s.lanes.Load(addr); ok {
+		return l.(*lane)
+	}
+	s.lanesMu.Lock()
+	defer s.lanesMu.Unlock()
+	if s.lanesClosed {
+		return nil
+	}
+	l, _ := s.lanes.LoadOrStore(addr, s.newLane())
+	return l.(*lane)
+}
+
+// closeLanes stops making lanes, and closes those made (see
+// batch.Batcher.Close).
+func (s *Store) closeLanes() {
+	s.lanesMu.Lock()
+	s.lanesClosed = true
+	s.lanesMu.Unlock()
+	if s.lane0 != nil {
+		_ = s.lane0.b.Close(context.Background())
+	}
+	s.lanes.Range(func(_, l any) bool {
+		_ = l.(*lane).b.Close(context.Background())
+		return true
+	})
+}
+
+// run sends one op, batched in its lane unless Batch.Disabled.
+//
+// Auto-batching: every script call of the store (an [op]) goes through
 // run. With batching on (the default), run hands it to a [batch.Batcher]:
 // a call that finds one of Batch.MaxInFlight slots free is sent at once,
 // alone, in its caller's goroutine and under its caller's context, exactly
@@ -45,66 +101,11 @@ import (
 // caller who has already given up is undone by undoOrphans, which the
 // Batcher runs in the background, so the message can be claimed again at
 // once instead of after its lease.
-
-// lane batches the calls to one node (to every node when the keys of a
-// call cannot live on several).
-type lane struct {
-	b *batch.Batcher[op, any]
-}
-
-// newLane returns a lane whose pipelines go out through execBatch.
-func (s *Store) newLane() *lane {
-	l := &lane{}
-	l.b = batch.NewFromConfig(func(ctx context.Context, calls []*batch.Call[op, any]) error {
-		return s.execBatch(ctx, calls)
-	}, batch.Config(s.cfg.Batch))
-	l.b.OnOrphaned(undoTimeout, s.undoOrphans)
-	return l
-}
-
-// laneOf returns the lane of o: nil without batching; the one lane when
-// the keys of a call live on one node; else the lane of the node that
-// serves o's key, made on first use ("" when no slot map can be read:
-// the call then fails in it), or nil once Close has closed the lanes (o
-// is then sent on its own).
-func (s *Store) laneOf(ctx context.Context, o op) *lane {
-	if s.cfg.Batch.Disabled || !s.sharded {
-		return s.lane0
-	}
-	addr := s.nodeAddr(ctx, o.firstKey())
-	if l, ok := s.lanes.Load(addr); ok {
-		return l.(*lane)
-	}
-	s.lanesMu.Lock()
-	defer s.lanesMu.Unlock()
-	if s.lanesClosed {
-		return nil
-	}
-	l, _ := s.lanes.LoadOrStore(addr, s.newLane())
-	return l.(*lane)
-}
-
-// closeLanes stops making lanes, and closes those made (see
-// batch.Batcher.Close).
-func (s *Store) closeLanes() {
-	s.lanesMu.Lock()
-	s.lanesClosed = true
-	s.lanesMu.Unlock()
-	if s.lane0 != nil {
-		_ = s.lane0.b.Close(context.Background())
-	}
-	s.lanes.Range(func(_, l any) bool {
-		_ = l.(*lane).b.Close(context.Background())
-		return true
-	})
-}
-
-// run sends one op, batched in its lane unless Batch.Disabled.
 func (s *Store) run(ctx context.Context, o op) (any, error) {
 	var others func(uint64) bool
 	if s.waiting() {
 		o.trace = traceOf(ctx)
-		others = s.watchWaits(s.nodeAddr(ctx, o.firstKey()))
+		others = s.watchWaits(nodeAddr(ctx, s.client, o.firstKey()))
 	}
 	l := s.laneOf(ctx, o)
 	if l == nil {
@@ -241,7 +242,7 @@ func (s *Store) runEachNode(ctx context.Context, ops []op) ([]any, []error) {
 	}
 	groups := map[string][]int{}
 	for i, o := range ops {
-		addr := s.nodeAddr(ctx, o.firstKey())
+		addr := nodeAddr(ctx, s.client, o.firstKey())
 		groups[addr] = append(groups[addr], i)
 	}
 	if len(groups) == 1 {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/redis/go-redis/v9"
+
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/storekit"
 )
@@ -117,7 +118,10 @@ func New(client redis.UniversalClient, cfg Config) (*Store, error) {
 		err := s.CheckServer(ctx)
 		if err != nil && !errors.Is(err, ErrEvictionPolicy) && !errors.Is(err, ErrDataLimit) && !errors.Is(err, ErrTooFewReplicas) && ctx.Err() == nil {
 			// CheckServer logged eviction itself; this is "could not ask".
-			s.cfg.Logger.Info("redisstore: could not check the server's maxmemory-policy; make sure it is noeviction", watermill.LogFields{"err": err.Error()})
+			s.cfg.Logger.Info("redisstore: could not check that the server's maxmemory-policy is noeviction", watermill.LogFields{
+				"err":    err.Error(),
+				"advice": "make sure maxmemory-policy is noeviction",
+			})
 		}
 	}()
 	return s, nil
@@ -134,6 +138,16 @@ func isSharded(client redis.UniversalClient) bool {
 
 // waiting reports whether writes wait for replicas.
 func (s *Store) waiting() bool { return s.cfg.WaitReplicas > 0 }
+
+// classify puts err, the error of a call whose context the caller does
+// not pass, in its class (see the function classify).
+func (s *Store) classify(err error) error { return classify(s.client, err) }
+
+// classifyCall puts err, the error of a call made under ctx, in its
+// class (see the function classifyCall).
+func (s *Store) classifyCall(ctx context.Context, err error) error {
+	return classifyCall(ctx, s.client, err)
+}
 
 // layout is the key layout of the store's Config (keys.go).
 func (s *Store) layout() keyLayout {
@@ -159,7 +173,9 @@ func (s *Store) matchPattern(scope string, byScope bool) string {
 }
 
 // recordKeys validates scope and keys and returns the distinct Redis keys
-// of the claim, in the order of their first occurrence.
+// of the claim, in the order of their first occurrence. A key longer than
+// MaxKeyLen is refused unless it is stored as a digest (CompactKeys,
+// DigestKeysLongerThan).
 func (s *Store) recordKeys(scope string, keys []string) ([]string, error) {
 	if err := storekit.CheckKeys(keys); err != nil {
 		return nil, err
@@ -169,7 +185,7 @@ func (s *Store) recordKeys(scope string, keys []string) ([]string, error) {
 	}
 	for i, k := range keys {
 		if len(k) > s.cfg.MaxKeyLen && !s.cfg.CompactKeys && !s.digests(k) {
-			return nil, fmt.Errorf("%w: key %d is %d bytes, longer than MaxKeyLen (%d); set DigestKeysLongerThan to store long keys as digests",
+			return nil, fmt.Errorf("%w: key %d is %d bytes, longer than MaxKeyLen (%d)",
 				stores.ErrInvalidKey, i, len(k), s.cfg.MaxKeyLen)
 		}
 	}

@@ -11,27 +11,22 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
 	"github.com/watermill-dedup/dedup/stores"
 )
 
-// Acknowledged means replicated (Config.WaitReplicas).
-//
-// Redis replicates asynchronously: a master answers a write before any
-// replica has it, and a failover that promotes a replica which had not
-// received it loses the write although the client was told it
-// succeeded. WAIT numreplicas timeout blocks the client's connection
-// until the replicas have acknowledged every write the connection made
-// before it (its last write's replication offset, and so everything the
-// master wrote up to there, whoever wrote it), or the timeout passes,
-// and answers how many replicas did. It cannot run in a script, and it
-// counts the writes of its own connection only: it must follow the
-// writes on the connection that carried them. A ClusterClient pipeline
-// sends a keyless command to whichever node it likes, and a write
-// redirected by MOVED to another node, so with WaitReplicas the store
-// groups its ops by node itself and sends each group, then one WAIT,
-// as one pipeline on that node's client (the ClusterClient's own client
-// for the node: same pool, same options), following MOVED and ASK
-// itself.
+// traced returns ctx carrying a waitTrace for the store call it is the
+// context of (with WaitReplicas).
+func (s *Store) traced(ctx context.Context) context.Context {
+	if !s.waiting() {
+		return ctx
+	}
+	return context.WithValue(ctx, traceKey{}, new(waitTrace))
+}
+
+// wrote reports whether the answer v, err of o rests on a write the
+// WAIT must confirm: a claim that took its keys, a fenced call that
+// applied or (touching) was refused, a put-back that put back.
 //
 // A call whose answer rests on a write — a Claim that claimed, a fenced
 // call that applied — succeeds only when its pipeline's WAIT saw at
@@ -50,33 +45,6 @@ import (
 // against its token) with a WAIT per node, the nodes at once (see
 // confirm): its WAITs do not add up, and a claim that stops waits for
 // none.
-//
-// The store's waits stay inside the caller's deadline. A WAIT's timeout
-// is WaitTimeout, or less when the earliest deadline of the calls it
-// confirms is nearer (see waitTimeout), so that a write the replicas did
-// not acknowledge in time fails as not replicated before that deadline.
-// And whatever the timing, a call that the store's own WAITs held up and
-// that then ran out of its deadline (its reply read but not its WAIT's,
-// a later step of it with no time left, or a wait in its lane behind
-// pipelines waiting in their WAIT) fails with ErrNotReplicated, not with
-// the deadline (see cutByWait): a deadline is an outage to the
-// middleware, which FailOpen runs handlers through unprotected, and a
-// master whose replicas lag is not down. Each node has a lane of its own
-// (pipeline.go), so that one node's lag holds up the calls on its keys
-// only.
-
-// traced returns ctx carrying a waitTrace for the store call it is the
-// context of (with WaitReplicas).
-func (s *Store) traced(ctx context.Context) context.Context {
-	if !s.waiting() {
-		return ctx
-	}
-	return context.WithValue(ctx, traceKey{}, new(waitTrace))
-}
-
-// wrote reports whether the answer v, err of o rests on a write the
-// WAIT must confirm: a claim that took its keys, a fenced call that
-// applied or (touching) was refused, a put-back that put back.
 func wrote(o op, v any, err error) bool {
 	switch o.script {
 	case nil: // claimSetOp: redis.Nil when the SET took the key
@@ -122,6 +90,25 @@ func isRedirect(err error) (ask bool, addr string, ok bool) {
 // them is given back. Ops a node redirects (MOVED, ASK) go again, with
 // their own WAIT, to the node named, up to the ClusterClient's
 // MaxRedirects times; NOSCRIPT replies go again with EVAL.
+//
+// With Config.WaitReplicas, acknowledged means replicated.
+//
+// Redis replicates asynchronously: a master answers a write before any
+// replica has it, and a failover that promotes a replica which had not
+// received it loses the write although the client was told it
+// succeeded. WAIT numreplicas timeout blocks the client's connection
+// until the replicas have acknowledged every write the connection made
+// before it (its last write's replication offset, and so everything the
+// master wrote up to there, whoever wrote it), or the timeout passes,
+// and answers how many replicas did. It cannot run in a script, and it
+// counts the writes of its own connection only: it must follow the
+// writes on the connection that carried them. A ClusterClient pipeline
+// sends a keyless command to whichever node it likes, and a write
+// redirected by MOVED to another node, so with WaitReplicas the store
+// groups its ops by node itself and sends each group, then one WAIT,
+// as one pipeline on that node's client (the ClusterClient's own client
+// for the node: same pool, same options), following MOVED and ASK
+// itself.
 func (s *Store) runWaited(ctx context.Context, ops []op, deadline time.Time) ([]any, []error) {
 	vals, errs := make([]any, len(ops)), make([]error, len(ops))
 	pending := make([]int, len(ops))
@@ -146,7 +133,7 @@ func (s *Store) runWaited(ctx context.Context, ops []op, deadline time.Time) ([]
 			node := to[i]
 			if node == nil {
 				var err error
-				if node, err = s.nodeFor(ctx, ops[i].firstKey()); err != nil {
+				if node, err = nodeFor(ctx, s.client, ops[i].firstKey()); err != nil {
 					// No slot map could be read: why is the class.
 					errs[i] = fmt.Errorf("finding the node of the call: %w", s.classify(err))
 					continue
@@ -286,7 +273,7 @@ func (s *Store) runNode(ctx context.Context, node *redis.Client, ops []op, idx [
 			// (go-redis does it after its own failed calls, and
 			// coalesces the reloads), so that the retries find the new
 			// master.
-			s.reloadSlots(ctx)
+			reloadSlots(ctx, s.client)
 		}
 		var again []int
 		for j, i := range idx {
@@ -351,6 +338,20 @@ func (s *Store) waitTimeout(deadline time.Time) time.Duration {
 // durability (a claim is given back). Those are outages to the
 // middleware, which FailOpen runs handlers through unprotected; a master
 // whose replicas lag is not one.
+//
+// The store's waits stay inside the caller's deadline. A WAIT's timeout
+// is WaitTimeout, or less when the earliest deadline of the calls it
+// confirms is nearer (see waitTimeout), so that a write the replicas did
+// not acknowledge in time fails as not replicated before that deadline.
+// And whatever the timing, a call that the store's own WAITs held up and
+// that then ran out of its deadline (its reply read but not its WAIT's,
+// a later step of it with no time left, or a wait in its lane behind
+// pipelines waiting in their WAIT) fails with ErrNotReplicated, not with
+// the deadline (see cutByWait): a deadline is an outage to the
+// middleware, which FailOpen runs handlers through unprotected, and a
+// master whose replicas lag is not down. Each node has a lane of its own
+// (pipeline.go), so that one node's lag holds up the calls on its keys
+// only.
 func (s *Store) cutByWait(ctx context.Context, err error) error {
 	t := traceOf(ctx)
 	if t == nil || !t.held.Load() || !waitCut(err) || errors.Is(err, ErrNotReplicated) {
@@ -404,7 +405,7 @@ func (s *Store) watchKeys(ctx context.Context, rkeys []string) func(i int) bool 
 	byAddr := map[string]func(uint64) bool{}
 	watch := make([]func(uint64) bool, len(rkeys))
 	for i, k := range rkeys {
-		addr := s.nodeAddr(ctx, k)
+		addr := nodeAddr(ctx, s.client, k)
 		if byAddr[addr] == nil {
 			byAddr[addr] = s.watchWaits(addr)
 		}
