@@ -27,7 +27,6 @@ import (
 	"github.com/go-sql-driver/mysql"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
 	"github.com/twmb/franz-go/pkg/kfake"
 
@@ -786,16 +785,7 @@ func requireNoRedisStream(t *testing.T, key string) {
 
 func requireNoQueue(t *testing.T, queue string) {
 	t.Helper()
-	conn, err := amqp091.Dial(testkit.AMQPURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ch.Close()
+	ch := testkit.AMQPChannel(t, testkit.AMQPURL())
 	if _, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil); err == nil {
 		t.Fatalf("-cleanup left RabbitMQ queue %s", queue)
 	}
