@@ -112,9 +112,9 @@ func (s *Store) CheckServer(ctx context.Context) error {
 		return fmt.Errorf("redisstore: checking the server: %w", err)
 	}
 	if len(unknown) > 0 {
-		s.cfg.Logger.Info("redisstore: cannot check that maxmemory-policy is noeviction", watermill.LogFields{
+		s.cfg.Logger.Info("redisstore: CONFIG GET refused: cannot check that maxmemory-policy is noeviction", watermill.LogFields{
 			"nodes":  strings.Join(unknown, "; "),
-			"advice": "CONFIG GET is refused: make sure maxmemory-policy is noeviction, or dedup records may be evicted",
+			"advice": "make sure maxmemory-policy is noeviction, or dedup records may be evicted",
 		})
 	}
 	var errs []error
