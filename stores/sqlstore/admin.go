@@ -19,20 +19,9 @@ import (
 // lists records by ID (the digest as a UUID, in its order) and cannot
 // select a scope or a key prefix, and Stats has no per-scope counts. The
 // statements are built here from what each dialect tells of its columns
-// (adminSyntax, in postgres.go, mysql.go and sqlite.go).
+// (its adminSyntax).
 
 var _ stores.Admin = (*Store)(nil)
-
-// adminSyntax is what a dialect tells the admin statements.
-type adminSyntax struct {
-	// id reads the id column: 16 bytes, or the UUID as text.
-	id string
-	// state is a record's state: stateProcessing or stateDone.
-	state string
-	// micros turns a timestamp expression (expires_at, an aggregate of
-	// it) into unix microseconds, a bigint.
-	micros func(expr string) string
-}
 
 // errNotByScope is the error of a List by scope or key.
 var errNotByScope = fmt.Errorf("%w: records are stored under a digest of (scope, key) (RecordID), so they cannot be listed or counted by scope or key; Get finds one by its scope and key", stores.ErrNotSupported)

@@ -4,7 +4,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"reflect"
 	"regexp"
 	"strings"
 	"time"
@@ -17,8 +16,7 @@ import (
 
 // The configuration of a Store: Config, its defaults and validation, the
 // dialects to pick from (each described by its own file) and their
-// detection from the driver, BatchConfig, and the SQLite DSN the store
-// needs.
+// detection from the driver, and BatchConfig.
 
 // Dialect names the SQL flavour of the database behind a Store.
 type Dialect string
@@ -64,22 +62,6 @@ var dialects = map[Dialect]dialectInfo{
 	SQLite:   sqliteInfo,
 }
 
-// dialectInfo describes a dialect to New, Validate and DetectDialect.
-type dialectInfo struct {
-	// drivers are substrings of the package paths of its drivers.
-	drivers []string
-	// noSchema: the table name takes no schema prefix.
-	noSchema bool
-	// partitions: the dialect is a partitioner (Config.DailyPartitions).
-	partitions bool
-	// maxData is the most bytes of data the dialect keeps and carries
-	// in a statement: the default and the bound of Config.MaxData.
-	maxData int
-	// open returns the dialect for a table (validated) and layout; db is
-	// only asked about its driver, never used.
-	open func(table string, partitioned bool, db *sql.DB) dialect
-}
-
 // DetectDialect returns the dialect of db's driver: pgx or lib/pq are
 // Postgres, go-sql-driver/mysql is MySQL, modernc.org/sqlite or
 // mattn/go-sqlite3 are SQLite. It fails for any other driver; set
@@ -94,15 +76,6 @@ func DetectDialect(db *sql.DB) (Dialect, error) {
 		}
 	}
 	return "", fmt.Errorf("sqlstore: cannot tell the dialect of driver %T (package %s): set Config.Dialect", db.Driver(), pkg)
-}
-
-// driverPkg is the package path of db's driver.
-func driverPkg(db *sql.DB) string {
-	t := reflect.TypeOf(db.Driver())
-	for t.Kind() == reflect.Pointer {
-		t = t.Elem()
-	}
-	return t.PkgPath()
 }
 
 // identPart is the strict pattern of a table name (and of its optional
@@ -296,7 +269,9 @@ func (c Config) Validate() error {
 		case c.PurgeJobElsewhere && c.PurgeInterval != 0:
 			return fmt.Errorf("sqlstore: PurgeJobElsewhere runs no purge job: PurgeInterval must be 0, got %s", c.PurgeInterval)
 		case !c.PurgeJobElsewhere && (c.PurgeInterval <= 0 || c.PurgeInterval > 24*time.Hour):
-			return fmt.Errorf("sqlstore: DailyPartitions needs a PurgeInterval between 0 and 24h (the purge job creates the partitions ahead, at least once a day), got %s; or PurgeJobElsewhere, when another process runs the job", c.PurgeInterval)
+			// The purge job creates the partitions ahead, at least once a
+			// day; PurgeJobElsewhere when another process runs it.
+			return fmt.Errorf("sqlstore: DailyPartitions needs a PurgeInterval between 0 and 24h, or PurgeJobElsewhere, got %s", c.PurgeInterval)
 		}
 	} else if c.PurgeJobElsewhere {
 		return errors.New("sqlstore: PurgeJobElsewhere is for DailyPartitions; on the plain layout a PurgeInterval of 0 runs no purge job")
@@ -403,15 +378,4 @@ type BatchConfig struct {
 var batchLimits = batch.Limits{
 	DefaultMaxBatch: DefaultMaxBatch, MaxBatch: MaxBatchLimit,
 	DefaultMaxInFlight: DefaultMaxInFlight, MaxInFlight: MaxInFlightLimit,
-}
-
-// SQLiteDSN returns a modernc.org/sqlite data source name for the database
-// file at path with the settings the store needs under concurrency: a busy
-// timeout (writers wait for the database lock instead of failing with
-// SQLITE_BUSY), WAL journaling (readers do not block the writer) and
-// BEGIN IMMEDIATE transactions (a handler that reads before it writes
-// cannot fail to upgrade its lock). synchronous stays FULL: a commit the
-// broker was acked for must survive a power cut.
-func SQLiteDSN(path string) string {
-	return "file:" + path + "?_busy_timeout=10000&_journal_mode=WAL&_txlock=immediate"
 }

@@ -3,18 +3,16 @@ package sqlstore
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"iter"
+	"reflect"
 	"strings"
 	"time"
-
-	"github.com/watermill-dedup/dedup/stores"
 )
 
-// The dialect interface the Store calls, and the kit the dialects and the
-// Store share: the statement builder, records and their reads, the
-// batched op and the portable batch executor.
+// The dialect interface the Store calls, what each dialect describes of
+// itself (dialectInfo, quirks, syntax, adminSyntax), and the statement
+// builder that makes the generic SQL from a dialect's syntax.
 
 // dialect is a SQL flavour as the store uses it. postgres.go, mysql.go
 // and sqlite.go each implement it, and each holds everything that differs
@@ -88,6 +86,42 @@ type partitioner interface {
 	// dropPartitions drops every partition whose day ended before cutoff,
 	// and reports each one's estimated row count to dropped.
 	dropPartitions(ctx context.Context, db *sql.DB, cutoff time.Time, dropped func(rows int64)) (int64, error)
+}
+
+// dialectInfo describes a dialect to New, Validate and DetectDialect.
+type dialectInfo struct {
+	// drivers are substrings of the package paths of its drivers.
+	drivers []string
+	// noSchema: the table name takes no schema prefix.
+	noSchema bool
+	// partitions: the dialect is a partitioner (Config.DailyPartitions).
+	partitions bool
+	// maxData is the most bytes of data the dialect keeps and carries
+	// in a statement: the default and the bound of Config.MaxData.
+	maxData int
+	// open returns the dialect for a table (validated) and layout; db is
+	// only asked about its driver, never used.
+	open func(table string, partitioned bool, db *sql.DB) dialect
+}
+
+// driverPkg is the package path of db's driver.
+func driverPkg(db *sql.DB) string {
+	t := reflect.TypeOf(db.Driver())
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	return t.PkgPath()
+}
+
+// adminSyntax is what a dialect tells the admin statements.
+type adminSyntax struct {
+	// id reads the id column: 16 bytes, or the UUID as text.
+	id string
+	// state is a record's state: stateProcessing or stateDone.
+	state string
+	// micros turns a timestamp expression (expires_at, an aggregate of
+	// it) into unix microseconds, a bigint.
+	micros func(expr string) string
 }
 
 // quirks are a dialect's departures from the generic code's defaults.
@@ -265,164 +299,4 @@ func roundUp(t time.Time) time.Time {
 		return r.Add(time.Microsecond)
 	}
 	return t
-}
-
-type querier interface {
-	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
-	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
-}
-
-// record is one row as selectRows reads it.
-type record struct {
-	state int
-	live  bool
-	data  []byte
-	token int64 // 0 when NULL (a done record)
-}
-
-// fetch reads the records of ids, keyed by idKey.
-func fetch(ctx context.Context, db querier, d dialect, ids []recordID, now time.Time, lock bool) (map[string]record, error) {
-	rows, err := db.QueryContext(ctx, d.sql().selectRows(len(ids), lock), idArgs(d, []any{d.timeArg(now)}, ids)...)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	return scanRecords(rows)
-}
-
-// rowScanner is what scanRecords needs of *sql.Rows or pgx.Rows.
-type rowScanner interface {
-	Next() bool
-	Scan(dest ...any) error
-	Err() error
-}
-
-// scanRecords reads the rows of a selectRows query, keyed by idKey.
-func scanRecords(rows rowScanner) (map[string]record, error) {
-	out := make(map[string]record)
-	for rows.Next() {
-		var (
-			id    string
-			r     record
-			live  int
-			token sql.NullInt64
-		)
-		if err := rows.Scan(&id, &r.state, &live, &r.data, &token); err != nil {
-			return nil, err
-		}
-		r.live, r.token = live == 1, token.Int64
-		out[id] = r
-	}
-	return out, rows.Err()
-}
-
-// inTx runs fn in a short transaction on db: commit when fn returns nil,
-// rollback otherwise (errRollback: rollback, no error).
-func inTx(ctx context.Context, db *sql.DB, opts *sql.TxOptions, fn func(tx *sql.Tx) error) error {
-	tx, err := db.BeginTx(ctx, opts)
-	if err != nil {
-		return err
-	}
-	if err := fn(tx); err != nil {
-		_ = tx.Rollback()
-		if errors.Is(err, errRollback) {
-			return nil
-		}
-		return err
-	}
-	return tx.Commit()
-}
-
-// dataArg stores empty data as NULL.
-func dataArg(data []byte) any {
-	if len(data) == 0 {
-		return nil
-	}
-	return data
-}
-
-// opKind is the kind of a batched call.
-type opKind uint8
-
-const (
-	opClaim opKind = iota
-	opComplete
-	opRelease
-	opExtend
-	numOpKinds
-)
-
-// op is one single-key lease-mode call in a batch. The batch writes its
-// results; its caller reads them once the batcher has delivered it (see
-// group.do).
-type op struct {
-	kind  opKind
-	ctx   context.Context // the caller's
-	ks    keySet          // exactly one id
-	claim *stores.Claim   // Complete, Release, Extend: the caller's claim
-	token int64
-	d     time.Duration // Claim, Extend: lease; Complete: retention
-	data  []byte        // Complete
-
-	// Set by the batch.
-	res      stores.Claim // Claim: Result, Takeover, Data
-	err      error
-	fallback bool // undecided: the caller runs it on its own
-}
-
-func (o *op) id() recordID { return o.ks.ids[0] }
-
-// opStatement is the single-row statement that runs o on its own (the
-// statement an unbatched call runs first), and its arguments.
-func opStatement(d dialect, o *op, now time.Time) (string, []any) {
-	q := d.sql()
-	id := d.idArg(o.id())
-	switch o.kind {
-	case opClaim:
-		return q.insertProcessing, []any{id, o.token, d.timeArg(now.Add(o.d))}
-	case opComplete:
-		return q.complete(1), []any{d.timeArg(now.Add(o.d)), dataArg(o.data), o.token, id}
-	case opRelease:
-		return q.release(1), []any{o.token, id}
-	default:
-		return q.extend(1), []any{d.timeArg(now.Add(o.d)), o.token, id}
-	}
-}
-
-// execInTx is the portable batch executor: one transaction of the calls'
-// own single-row statements, after prelude (transaction settings) when
-// not empty, so one commit for the batch. A claim that finds a record
-// reads it locked in the same transaction and takes an expired one over
-// there.
-func execInTx(ctx context.Context, db *sql.DB, d dialect, ops []*op, now time.Time, prelude string) error {
-	return inTx(ctx, db, d.quirks().txOptions, func(tx *sql.Tx) error {
-		if prelude != "" {
-			if _, err := tx.ExecContext(ctx, prelude); err != nil {
-				return err
-			}
-		}
-		for _, o := range ops {
-			stmt, args := opStatement(d, o, now)
-			res, err := tx.ExecContext(ctx, stmt, args...)
-			if err != nil {
-				return err
-			}
-			n, err := res.RowsAffected()
-			if err != nil {
-				return err
-			}
-			if !applied(o, n) {
-				continue
-			}
-			recs, err := fetch(ctx, tx, d, o.ks.ids, now, true)
-			if err != nil {
-				return err
-			}
-			r, ok := recs[idKey(d, o.id())]
-			if err := claimLocked(ctx, tx, d, o, r, ok, now); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
 }

@@ -25,13 +25,8 @@
 // the fencing token (NULL once done), one expiry column (lease end while
 // processing, retention end once done) and the opaque data; MySQL and
 // SQLite also keep the state in a column of its own, PostgreSQL tells it
-// from the token. The exact DDL per dialect is in README.md;
-// [Store.CreateSchema] runs it. On PostgreSQL no index covers a column
-// that Complete changes, so Complete is a HOT update (no new index entry),
-// and the purge reads the heap in block ranges instead of an index; a
-// done record without data takes about 92 bytes including its primary key
-// written by Begin, 100 to 114 written by Claim + Complete, depending on
-// how soon PostgreSQL can prune the processing row version (README.md).
+// from the token. The exact DDL per dialect, and what a record costs on
+// disk, are in README.md; [Store.CreateSchema] runs the DDL.
 //
 // # Group commit
 //

@@ -2,6 +2,7 @@ package sqlstore
 
 import (
 	"context"
+	"database/sql"
 	"database/sql/driver"
 	"errors"
 	"fmt"
@@ -14,7 +15,8 @@ import (
 
 // Error classes: what the store does with an error (report an outage,
 // retry, report a dead joined transaction or data too large), each
-// dialect classifying its own server's errors.
+// dialect classifying its own server's errors, and the classifier that
+// puts an error of the database in its class of the stores contract.
 
 // ErrSessionSettings is returned by every call on a database whose session
 // settings break an assumption of the store: MySQL's autocommit off
@@ -68,6 +70,14 @@ const (
 	errConnecting
 )
 
+// classifier classifies the errors of a store's database: db is the pool
+// a confirmation calls on (see confirm), d the dialect, which tells its
+// server's errors (see errClass). The Store makes one per error.
+type classifier struct {
+	db *sql.DB
+	d  interface{ classify(err error) errClass }
+}
+
 // classify puts an error of the database, from a call made under ctx, in
 // its class of the stores contract: an outage (stores.ErrUnavailable)
 // only when it is known to be one (see isOutage and confirm), a refusal
@@ -87,22 +97,22 @@ const (
 // or a balancer in front of one that is down, never a known outage.
 // Otherwise confirm asks a new connection of the pool: an outage only
 // when its dial is refused or times out.
-func (s *Store) classify(ctx context.Context, err error) error {
+func (cl classifier) classify(ctx context.Context, err error) error {
 	switch {
 	case err == nil || errors.Is(err, stores.ErrUnavailable) || errors.Is(err, stores.ErrTooLarge) || errors.Is(err, ErrRefused):
 		return err
-	case s.is(err, errTooLarge):
+	case cl.is(err, errTooLarge):
 		return fmt.Errorf("%w: %w", stores.ErrTooLarge, err)
-	case s.refused(err):
+	case cl.refused(err):
 		return fmt.Errorf("%w: %w", ErrRefused, err)
-	case s.isOutage(err):
+	case cl.isOutage(err):
 		return fmt.Errorf("%w: %w", stores.ErrUnavailable, err)
-	case !s.connLost(err):
+	case !cl.connLost(err):
 		return err
-	case s.is(err, errConnecting):
-		return fmt.Errorf("%w (not known to be an outage: the connection broke while it was being set up, after its dial succeeded, as when a server refuses the client's certificate under TLS 1.3)", err)
+	case cl.is(err, errConnecting):
+		return fmt.Errorf("%w (not known to be an outage: the connection broke while it was being set up, after its dial succeeded)", err)
 	}
-	return s.confirm(ctx, err)
+	return cl.confirm(ctx, err)
 }
 
 // confirm classifies err, a connection that broke under the client with
@@ -115,10 +125,10 @@ func (s *Store) classify(ctx context.Context, err error) error {
 // timed out, or one of a server that has since come back), is no known
 // outage, and so is any other failure of it. A confirmation cut short by
 // the end of ctx is that end: a call that outlived its deadline.
-func (s *Store) confirm(ctx context.Context, err error) error {
+func (cl classifier) confirm(ctx context.Context, err error) error {
 	var perr error
 	for attempt := 0; attempt < 2; attempt++ {
-		if perr = s.probe(ctx); perr == nil || !s.connLost(perr) || s.is(perr, errConnecting) {
+		if perr = cl.probe(ctx); perr == nil || !cl.connLost(perr) || cl.is(perr, errConnecting) {
 			break
 		}
 		// The ping met a broken connection of the pool (discarded now):
@@ -131,9 +141,9 @@ func (s *Store) confirm(ctx context.Context, err error) error {
 		return fmt.Errorf("%w (not known to be an outage: %v)", err, perr)
 	case ctx.Err() != nil:
 		return fmt.Errorf("%w (the call ended before a new connection told whether the database is down: %v)", ctx.Err(), err)
-	case s.refused(perr):
+	case cl.refused(perr):
 		return fmt.Errorf("%w: %w (a new connection was refused: %v)", ErrRefused, err, perr)
-	case s.isOutage(perr):
+	case cl.isOutage(perr):
 		return fmt.Errorf("%w: %w (a new connection failed too: %v)", stores.ErrUnavailable, err, perr)
 	}
 	return fmt.Errorf("%w (not known to be an outage: a new call on a connection of the pool failed too, not as an outage: %v)", err, perr)
@@ -152,13 +162,13 @@ const confirmWait = 5 * time.Second
 // (a joined transaction) or stuck on the same broken network; nor, should
 // another call take the last one first, or its dial not end, longer than
 // confirmWait.
-func (s *Store) probe(ctx context.Context) error {
-	if st := s.db.Stats(); st.MaxOpenConnections > 0 && st.InUse >= st.MaxOpenConnections {
+func (cl classifier) probe(ctx context.Context) error {
+	if st := cl.db.Stats(); st.MaxOpenConnections > 0 && st.InUse >= st.MaxOpenConnections {
 		return fmt.Errorf("%w: all %d are in use", errNoConfirm, st.MaxOpenConnections)
 	}
 	wctx, cancel := context.WithTimeout(ctx, confirmWait)
 	defer cancel()
-	c, err := s.db.Conn(wctx)
+	c, err := cl.db.Conn(wctx)
 	if err != nil {
 		if ctx.Err() == nil && wctx.Err() != nil {
 			return fmt.Errorf("%w: none within %s (%v)", errNoConfirm, confirmWait, err)
@@ -171,14 +181,14 @@ func (s *Store) probe(ctx context.Context) error {
 
 // is reports whether err belongs to class c, as the dialect classifies
 // its server's errors; for errRetryable, also errRetry.
-func (s *Store) is(err error, c errClass) bool {
+func (cl classifier) is(err error, c errClass) bool {
 	if err == nil {
 		return false
 	}
 	if c == errRetryable && errors.Is(err, errRetry) {
 		return true
 	}
-	return s.d.classify(err)&c != 0
+	return cl.d.classify(err)&c != 0
 }
 
 // isOutage reports an error known to be an outage by itself: a dial
@@ -190,20 +200,20 @@ func (s *Store) is(err error, c errClass) bool {
 // (see classify). Everything else is not known to be one, and a fail-open
 // consumer must not run a handler through it unprotected: the database
 // may be up, holding the record.
-func (s *Store) isOutage(err error) bool {
+func (cl classifier) isOutage(err error) bool {
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		// The caller's context ended: its own class, not an outage
 		// (context.DeadlineExceeded is also a net.Error).
 		return false
 	}
-	if s.is(err, errUnavailable) {
+	if cl.is(err, errUnavailable) {
 		return true
 	}
-	var op *net.OpError
-	if errors.As(err, &op) && op.Op == "dial" {
+	var oe *net.OpError
+	if errors.As(err, &oe) && oe.Op == "dial" {
 		return neterr.DialOutage(err)
 	}
-	if s.connLost(err) {
+	if cl.connLost(err) {
 		return false
 	}
 	var ne net.Error
@@ -213,8 +223,8 @@ func (s *Store) isOutage(err error) bool {
 // connLost reports a connection that broke under the client: reset,
 // closed (EOF), or reported bad or invalid by the driver. Whether that is
 // an outage is for classify to find out.
-func (s *Store) connLost(err error) bool {
-	return errors.Is(err, driver.ErrBadConn) || neterr.ConnLost(err) || s.is(err, errConnLost)
+func (cl classifier) connLost(err error) bool {
+	return errors.Is(err, driver.ErrBadConn) || neterr.ConnLost(err) || cl.is(err, errConnLost)
 }
 
 // refused reports a refusal of the client: the database's own (the
@@ -224,13 +234,10 @@ func (s *Store) connLost(err error) bool {
 // crypto/tls returns as a *net.OpError (a net.Error); a server
 // certificate the client does not trust; a server that does not speak
 // TLS to a client that does.
-func (s *Store) refused(err error) bool {
-	return s.is(err, errRefused) || neterr.TLSRefused(err)
+func (cl classifier) refused(err error) bool {
+	return cl.is(err, errRefused) || neterr.TLSRefused(err)
 }
 
 // errRetry makes an operation start again: a record it saw vanished
 // between two statements.
 var errRetry = errors.New("sqlstore: record changed concurrently")
-
-// errRollback rolls a transaction back without failing the operation.
-var errRollback = errors.New("sqlstore: roll back")

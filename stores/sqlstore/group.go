@@ -5,19 +5,78 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/internal/batch"
 )
 
-// Group commit of single-key lease-mode calls, on stores/internal/batch. The
-// group type is in store.go, beside the Store, which holds it;
-// BatchConfig and its bounds are in config.go.
+// Group commit of single-key lease-mode calls, on stores/internal/batch:
+// the op (one call), and the group that queues ops and hands each batch
+// to what it runs them on (the Store, through runner). BatchConfig and
+// its bounds are in config.go; each dialect's execBatch runs a batch.
 
-func newGroup(s *Store) *group {
-	g := &group{s: s}
-	g.b = batch.NewFromConfig(g.exec, batch.Config(s.cfg.Batch))
+// opKind is the kind of a batched call.
+type opKind uint8
+
+const (
+	opClaim opKind = iota
+	opComplete
+	opRelease
+	opExtend
+	numOpKinds
+)
+
+// op is one single-key lease-mode call in a batch. The batch writes its
+// results; its caller reads them once the batcher has delivered it (see
+// group.do).
+type op struct {
+	kind  opKind
+	ctx   context.Context // the caller's
+	ks    keySet          // exactly one id
+	claim *stores.Claim   // Complete, Release, Extend: the caller's claim
+	token int64
+	d     time.Duration // Claim, Extend: lease; Complete: retention
+	data  []byte        // Complete
+
+	// Set by the batch.
+	res      stores.Claim // Claim: Result, Takeover, Data
+	err      error
+	fallback bool // undecided: the caller runs it on its own
+}
+
+func (o *op) id() recordID { return o.ks.ids[0] }
+
+// runner is what a group runs its calls on: the Store.
+type runner interface {
+	// direct runs o on its own statements, under its caller's context,
+	// as an unbatched call does.
+	direct(o *op) error
+	// execBatch runs ops, two or more calls on distinct ids in ascending
+	// id order, as one batch (see dialect.execBatch).
+	execBatch(ctx context.Context, ops []*op) error
+}
+
+// group batches a store's single-key lease-mode calls.
+type group struct {
+	r runner
+	// b delivers each op's error (errFallback: run it on its own); its
+	// other results are in the op.
+	b *batch.Batcher[*op, struct{}]
+
+	// hook, when set (by tests), sees the size of every batch before it
+	// runs; an error it returns stands for a failed batch statement.
+	// inDo then counts the calls inside do.
+	hook func(n int) error
+	inDo atomic.Int64
+}
+
+// newGroup returns a group that runs its calls on r, in batches as cfg
+// bounds them.
+func newGroup(r runner, cfg batch.Config) *group {
+	g := &group{r: r}
+	g.b = batch.NewFromConfig(g.exec, cfg)
 	g.b.OnOrphaned(orphanReleaseTimeout, g.orphaned)
 	return g
 }
@@ -49,25 +108,9 @@ func (g *group) do(ctx context.Context, o *op) error {
 	// is released: see orphaned).
 	_, err := g.b.DoLater(ctx, o, stores.Linger(ctx))
 	if errors.Is(err, errFallback) {
-		return g.s.direct(o)
+		return g.r.direct(o)
 	}
 	return err
-}
-
-// direct runs o on its own statements under its caller's context, as an
-// unbatched store does.
-func (s *Store) direct(o *op) error {
-	switch o.kind {
-	case opClaim:
-		o.res = stores.Claim{}
-		return s.claimDirect(o.ctx, o.ks, o.token, o.d, &o.res)
-	case opComplete:
-		return s.completeDirect(o.ctx, o.claim, o.ks, o.token, o.d, o.data)
-	case opRelease:
-		return s.releaseDirect(o.ctx, o.claim, o.ks, o.token)
-	default:
-		return s.extendDirect(o.ctx, o.claim, o.ks, o.token, o.d)
-	}
 }
 
 // exec runs one batch (batch.Exec); the batcher has left out the calls
@@ -84,7 +127,7 @@ func (g *group) exec(ctx context.Context, calls []*batch.Call[*op, struct{}]) er
 		if g.hook != nil {
 			_ = g.hook(1)
 		}
-		ops[0].err = g.s.direct(ops[0])
+		ops[0].err = g.r.direct(ops[0])
 	} else {
 		g.run(ctx, ops)
 	}
@@ -121,7 +164,7 @@ func (g *group) run(ctx context.Context, ops []*op) {
 		err = g.hook(len(in))
 	}
 	if err == nil {
-		err = g.s.d.execBatch(ctx, g.s.db, in, g.s.now())
+		err = g.r.execBatch(ctx, in)
 	}
 	if err != nil {
 		// The batch statement (or its transaction) failed, so it changed
@@ -150,6 +193,7 @@ func (g *group) orphaned(ctx context.Context, calls []*batch.Call[*op, struct{}]
 		if _, err := c.Result(); err != nil || o.kind != opClaim || o.res.Result != stores.Claimed {
 			continue
 		}
-		_ = g.s.releaseDirect(ctx, &stores.Claim{Result: stores.Claimed}, o.ks, o.token)
+		rel := &op{kind: opRelease, ctx: ctx, ks: o.ks, claim: &stores.Claim{Result: stores.Claimed}, token: o.token}
+		_ = g.r.direct(rel)
 	}
 }

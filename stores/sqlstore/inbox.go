@@ -51,6 +51,18 @@ func (s *Store) outerTx(ctx context.Context) (*sql.Tx, bool, error) {
 	return s.findTx(ctx)
 }
 
+// findTx is Config.JoinTx's transaction in ctx, if any.
+func (s *Store) findTx(ctx context.Context) (*sql.Tx, bool, error) {
+	if s.cfg.JoinTx == nil {
+		return nil, false, nil
+	}
+	tx, err := s.cfg.JoinTx(ctx)
+	if err != nil {
+		return nil, false, fmt.Errorf("%w: %w", ErrTxNotJoinable, err)
+	}
+	return tx, tx != nil, nil
+}
+
 // JoinedTx implements [stores.TxJoiner]: it returns the *sql.Tx that ctx
 // carries for Begin to join (one given with [WithTx], or the one
 // Config.JoinTx finds). A transaction Config.JoinTx finds but refuses is

@@ -32,21 +32,14 @@ type TxFinder func(ctx context.Context) (*sql.Tx, error)
 var ErrTxNotJoinable = fmt.Errorf("%w: the context carries a transaction the store cannot join", stores.ErrInvalidArgument)
 
 // errJoinWatermillTx is Validate's refusal of JoinWatermillTx alone.
-var errJoinWatermillTx = errors.New("sqlstore: JoinWatermillTx no longer finds watermill-sql's transaction by itself (sqlstore imports no watermill-sql major, so that a build on one compiles nothing of the other): " +
-	"set Config.JoinTx to wsql3.SubscriberTx (github.com/watermill-dedup/dedup/stores/sqlstore/wsql3) for watermill-sql v3, " +
-	"or to wsql4.SubscriberTx (.../stores/sqlstore/wsql4) for v4; without it Begin would open a transaction of its own where the handler expects the subscriber's")
-
-// findTx is Config.JoinTx's transaction in ctx, if any.
-func (s *Store) findTx(ctx context.Context) (*sql.Tx, bool, error) {
-	if s.cfg.JoinTx == nil {
-		return nil, false, nil
-	}
-	tx, err := s.cfg.JoinTx(ctx)
-	if err != nil {
-		return nil, false, fmt.Errorf("%w: %w", ErrTxNotJoinable, err)
-	}
-	return tx, tx != nil, nil
-}
+// JoinWatermillTx no longer finds watermill-sql's transaction by itself:
+// sqlstore imports no watermill-sql major, so that a build on one
+// compiles nothing of the other. Config.JoinTx names the finder:
+// wsql3.SubscriberTx (github.com/watermill-dedup/dedup/stores/sqlstore/wsql3)
+// for watermill-sql v3, wsql4.SubscriberTx (.../stores/sqlstore/wsql4) for
+// v4. Without it Begin would open a transaction of its own where the
+// handler expects the subscriber's.
+var errJoinWatermillTx = errors.New("sqlstore: JoinWatermillTx needs JoinTx: wsql3.SubscriberTx for watermill-sql v3, wsql4.SubscriberTx for v4")
 
 // refusedTx is what JoinedTx reports for a transaction Begin refuses:
 // not one Begin would join, but neither a context without one, since

@@ -6,13 +6,12 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
-	"fmt"
 	"slices"
 )
 
 // Records' ids and claims' tokens: the digest of (scope, key) that keys
-// the table, the ids of one call in lock order, and how a dialect takes
-// them as arguments.
+// the table, and the ids of one call in lock order. How a dialect takes
+// them as arguments is in records.go.
 
 // RecordID returns the primary key of (scope, key): the first 16 bytes of
 // SHA-256 over a length-prefixed encoding of both, so no two pairs share an
@@ -73,38 +72,6 @@ func newKeySet(scope string, keys []string) keySet {
 	slices.SortFunc(ks.ids, func(a, b recordID) int { return bytes.Compare(a[:], b[:]) })
 	ks.ids = slices.Compact(ks.ids)
 	return ks
-}
-
-// orderKeys returns the idKeys of ks's ids in the caller's order.
-func (s *Store) orderKeys(ks keySet) []string {
-	keys := make([]string, len(ks.order))
-	for i, id := range ks.order {
-		keys[i] = idKey(s.d, id)
-	}
-	return keys
-}
-
-// idArgs returns prefix followed by the query arguments of ids.
-func idArgs(d dialect, prefix []any, ids []recordID) []any {
-	args := make([]any, 0, len(prefix)+len(ids))
-	args = append(args, prefix...)
-	for _, id := range ids {
-		args = append(args, d.idArg(id))
-	}
-	return args
-}
-
-// idKey is what a read of records returns in its id column for id, as a
-// string: the id's query argument, which is what the column holds.
-func idKey(d dialect, id recordID) string {
-	switch a := d.idArg(id).(type) {
-	case string:
-		return a
-	case []byte:
-		return string(a)
-	default:
-		panic(fmt.Sprintf("sqlstore: id argument of type %T", a))
-	}
 }
 
 // newToken returns a random positive 63-bit fencing token.

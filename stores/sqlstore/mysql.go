@@ -203,9 +203,9 @@ func mysqlClass(n uint16) errClass {
 	return 0
 }
 
-// checkSession refuses autocommit off (autocommit=0 in the DSN), under
-// which the store's single statements open transactions nobody commits,
-// and reads max_allowed_packet: the server refuses a statement larger
+// checkSession refuses autocommit off (autocommit=0 in the DSN: remove
+// the setting), under which the store's single statements open
+// transactions nobody commits, and reads max_allowed_packet: the server refuses a statement larger
 // than that (error 1153, closing the connection).
 func (d *mysqlDialect) checkSession(ctx context.Context, db *sql.DB) (int, error) {
 	var autocommit, packet int64
@@ -213,7 +213,7 @@ func (d *mysqlDialect) checkSession(ctx context.Context, db *sql.DB) (int, error
 		return 0, err
 	}
 	if autocommit != 1 {
-		return 0, fmt.Errorf("%w: the MySQL session runs with autocommit=%d (autocommit=0 in the DSN?): the store's statements outside transactions would never commit; remove the setting", ErrSessionSettings, autocommit)
+		return 0, fmt.Errorf("%w: the session runs with autocommit=%d, under which the store's statements would never commit", ErrSessionSettings, autocommit)
 	}
 	return int(max(packet-mysqlStatementRoom, 1)), nil
 }

@@ -74,7 +74,8 @@ func newPostgres(table string, partitioned bool) *postgresDialect {
 	q.ph = func(i int) string { return "$" + strconv.Itoa(i) }
 	q.setState = func(int) string { return "" }
 	q.forUpdate = " FOR UPDATE"
-	q.selectFrom = fmt.Sprintf("SELECT id::text, CASE WHEN token IS NULL THEN %d ELSE %d END, CASE WHEN expires_at > $1 THEN 1 ELSE 0 END, data, token FROM %s",
+	q.selectFrom = fmt.Sprintf("SELECT id::text, CASE WHEN token IS NULL THEN %d ELSE %d END, "+
+		"CASE WHEN expires_at > $1 THEN 1 ELSE 0 END, data, token FROM %s",
 		stateDone, stateProcessing, q.table)
 	q.setDataTable = q.table
 	q.insertProcessing = "INSERT INTO " + q.table + " (id, token, expires_at) VALUES ($1, $2, $3)"
@@ -100,15 +101,16 @@ func (d *postgresDialect) qualified(name string) string {
 }
 
 func (d *postgresDialect) schema() []string {
+	columns := "CREATE TABLE IF NOT EXISTS " + d.q.table + " (\n" +
+		"    id         uuid        NOT NULL,\n" +
+		"    token      bigint,\n" +
+		"    expires_at timestamptz NOT NULL,\n" +
+		"    data       bytea,\n"
 	if d.partitioned {
 		return []string{
-			`CREATE TABLE IF NOT EXISTS ` + d.q.table + ` (
-    id         uuid        NOT NULL,
-    token      bigint,
-    expires_at timestamptz NOT NULL,
-    data       bytea,
-    PRIMARY KEY (id, expires_at)
-) PARTITION BY RANGE (expires_at)`,
+			columns +
+				"    PRIMARY KEY (id, expires_at)\n" +
+				") PARTITION BY RANGE (expires_at)",
 		}
 	}
 	// No index on expires_at: Complete changes it, and an update of an
@@ -116,13 +118,9 @@ func (d *postgresDialect) schema() []string {
 	// primary-key entry per record). The purge scans block ranges
 	// instead (purgePlan).
 	return []string{
-		`CREATE TABLE IF NOT EXISTS ` + d.q.table + ` (
-    id         uuid        NOT NULL,
-    token      bigint,
-    expires_at timestamptz NOT NULL,
-    data       bytea,
-    PRIMARY KEY (id)
-)`,
+		columns +
+			"    PRIMARY KEY (id)\n" +
+			")",
 	}
 }
 
@@ -145,9 +143,9 @@ func (d *postgresDialect) quirks() quirks {
 // of a server that cannot serve now are outages, those of a server that
 // refused the client refusals. pgx reports every failure to set up a
 // connection as a ConnectError (errConnecting): a known outage only when
-// the dial failed (refused, unreachable, timed out: Store.isOutage) or the
-// server said it cannot serve now (57P03 starting or shutting down, 53300
-// out of connections); a server that refused the client (its password,
+// the dial failed (refused, unreachable, timed out: classifier.isOutage)
+// or the server said it cannot serve now (57P03 starting or shutting
+// down, 53300 out of connections); a server that refused the client (its password,
 // its certificate, pg_hba.conf, the database's CONNECT privilege, a
 // database that does not exist) refused it, and a connection that broke
 // while being set up (a reset, an EOF: how a TLS 1.3 server refusing a
@@ -206,7 +204,8 @@ func (d *postgresDialect) classify(err error) errClass {
 
 // joinCheck refuses, on the partitioned layout, a REPEATABLE READ
 // transaction: its snapshot could miss a record committed in another
-// partition.
+// partition. The plain layout joins one, and the partitioned layout a
+// READ COMMITTED or SERIALIZABLE one.
 func (d *postgresDialect) joinCheck(ctx context.Context, tx *sql.Tx, _ string) error {
 	if !d.partitioned {
 		return nil
@@ -216,7 +215,7 @@ func (d *postgresDialect) joinCheck(ctx context.Context, tx *sql.Tx, _ string) e
 		return err
 	}
 	if iso == "repeatable read" {
-		return fmt.Errorf("%w: DailyPartitions cannot join a REPEATABLE READ transaction (its snapshot may miss a record committed in another partition); use the plain layout, or READ COMMITTED or SERIALIZABLE", stores.ErrInvalidArgument)
+		return fmt.Errorf("%w: DailyPartitions cannot join a REPEATABLE READ transaction", stores.ErrInvalidArgument)
 	}
 	return nil
 }
@@ -224,6 +223,11 @@ func (d *postgresDialect) joinCheck(ctx context.Context, tx *sql.Tx, _ string) e
 // heapBlocks returns the number of blocks of the table's heap and the
 // server version. Args: the quoted table name.
 const heapBlocks = "SELECT pg_relation_size($1::regclass) / current_setting('block_size')::bigint, current_setting('server_version_num')::int"
+
+// purgeChunkBlocks is the number of heap blocks (8 kB each by default,
+// about 100 records) one purge statement reads (purgePlan's chunk, the
+// Store's purgeChunk).
+const purgeChunkBlocks = 1024
 
 // purgePlan walks the heap once, on PostgreSQL 14 and later, from its
 // first block to the last one it had when the purge started, in ranges of
@@ -245,7 +249,8 @@ func (d *postgresDialect) purgePlan(ctx context.Context, db *sql.DB, chunk int64
 		return fmt.Sprintf("DELETE FROM %s WHERE ctid = ANY(ARRAY(SELECT ctid FROM %s WHERE %s LIMIT $3 FOR UPDATE SKIP LOCKED)) AND %s",
 			d.q.table, d.q.table, pred, pred), one, nil
 	}
-	stmt := fmt.Sprintf("DELETE FROM %s WHERE ctid = ANY(ARRAY(SELECT ctid FROM %s WHERE ctid >= $4::text::tid AND ctid < $5::text::tid AND %s LIMIT $3 FOR UPDATE SKIP LOCKED)) AND %s",
+	stmt := fmt.Sprintf("DELETE FROM %s WHERE ctid = ANY(ARRAY(SELECT ctid FROM %s "+
+		"WHERE ctid >= $4::text::tid AND ctid < $5::text::tid AND %s LIMIT $3 FOR UPDATE SKIP LOCKED)) AND %s",
 		d.q.table, d.q.table, pred, pred)
 	return stmt, func(yield func([]any) bool) {
 		for from := int64(0); from < blocks; from += chunk {
@@ -270,7 +275,8 @@ func (d *postgresDialect) adminSyntax() adminSyntax {
 
 // pgTableSize is the size of the table, its indexes and TOAST, and of
 // every partition of it. Args: the quoted table name.
-const pgTableSize = `SELECT (pg_total_relation_size($1::regclass) + COALESCE((SELECT SUM(pg_total_relation_size(inhrelid)) FROM pg_inherits WHERE inhparent = $1::regclass), 0))::bigint`
+const pgTableSize = "SELECT (pg_total_relation_size($1::regclass) + " +
+	"COALESCE((SELECT SUM(pg_total_relation_size(inhrelid)) FROM pg_inherits WHERE inhparent = $1::regclass), 0))::bigint"
 
 func (d *postgresDialect) tableBytes(ctx context.Context, db *sql.DB) (int64, error) {
 	var n int64

@@ -59,28 +59,6 @@ func (s *Store) Purge(ctx context.Context) (int64, error) {
 	return total, nil
 }
 
-// grace is how long after its lease ended the purge keeps a processing
-// record: PurgeGrace, or the longest lease this store has given if
-// longer.
-func (s *Store) grace() time.Duration {
-	return max(s.cfg.PurgeGrace, time.Duration(s.maxLease.Load()))
-}
-
-// noteLease raises maxLease to lease.
-func (s *Store) noteLease(lease time.Duration) {
-	for {
-		m := s.maxLease.Load()
-		if int64(lease) <= m || s.maxLease.CompareAndSwap(m, int64(lease)) {
-			return
-		}
-	}
-}
-
-// purgeChunkBlocks is the number of heap blocks (8 kB each by default,
-// about 100 records) one purge statement reads on PostgreSQL (see its
-// purgePlan).
-const purgeChunkBlocks = 1024
-
 // purgeStatement runs one purge statement in a short transaction of its
 // own and returns how many records it deleted.
 func (s *Store) purgeStatement(ctx context.Context, stmt string, args []any) (int64, error) {
@@ -133,16 +111,6 @@ func (s *Store) purgeLoop(ctx context.Context) {
 	}
 }
 
-// createPartitions creates the partitions from yesterday to
-// PartitionDaysAhead+1 days ahead (UTC days) that do not exist yet, but
-// yesterday's once its day ended more than the purge's grace ago: the
-// purge would drop it again at once, and each hourly run would lock the
-// table twice for it.
-func (s *Store) createPartitions(ctx context.Context) error {
-	now := s.now()
-	return s.part.createPartitions(ctx, s.db, now.UTC().Truncate(24*time.Hour), s.cfg.PartitionDaysAhead, now.Add(-s.grace()))
-}
-
 // purgePartitions is Purge on the partitioned layout: it creates the
 // partitions ahead, then drops every partition whose records have all
 // expired: its day ended more than PurgeGrace (or the longest lease given)
@@ -164,10 +132,13 @@ func (s *Store) purgePartitions(ctx context.Context) (int64, error) {
 
 // ownerHint explains a refused partition DDL (SQLSTATE 42501,
 // insufficient privilege: "must be owner of table", "permission denied
-// for schema"): the partitioned layout's purge needs the table's owner.
+// for schema"): the partitioned layout's purge creates and drops
+// partitions, which needs a role that owns the table. Run the purge job
+// as that role, and set PurgeJobElsewhere on the stores of roles that
+// may only read and write the table (README.md, "Least privilege").
 func ownerHint(err error) string {
 	if code, _ := sqlState(err); code == "42501" {
-		return " (the partitioned layout's purge creates and drops partitions, which needs a role that owns the table: run the purge job as that role, and set PurgeJobElsewhere on the stores of roles that may only read and write it)"
+		return " (creating and dropping partitions needs a role that owns the table; see PurgeJobElsewhere)"
 	}
 	return ""
 }

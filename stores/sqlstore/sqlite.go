@@ -12,14 +12,25 @@ import (
 	"time"
 )
 
-// SQLite: a state column, ids as BLOB, unix microseconds, a database-wide
-// write lock instead of row locks, batches as one transaction (one WAL
-// sync), error codes read from two drivers.
+// SQLite: the DSN the store needs, a state column, ids as BLOB, unix
+// microseconds, a database-wide write lock instead of row locks, batches
+// as one transaction (one WAL sync), error codes read from two drivers.
 
 // MaxDataSQLite is the default and largest Config.MaxData on SQLite:
 // SQLITE_MAX_LENGTH (10^9 in both drivers' builds) bounds a row, less 1
 // KiB for its other columns.
 const MaxDataSQLite = 1_000_000_000 - 1<<10
+
+// SQLiteDSN returns a modernc.org/sqlite data source name for the database
+// file at path with the settings the store needs under concurrency: a busy
+// timeout (writers wait for the database lock instead of failing with
+// SQLITE_BUSY), WAL journaling (readers do not block the writer) and
+// BEGIN IMMEDIATE transactions (a handler that reads before it writes
+// cannot fail to upgrade its lock). synchronous stays FULL: a commit the
+// broker was acked for must survive a power cut.
+func SQLiteDSN(path string) string {
+	return "file:" + path + "?_busy_timeout=10000&_journal_mode=WAL&_txlock=immediate"
+}
 
 // sqliteInfo describes SQLite to New, Validate and DetectDialect.
 var sqliteInfo = dialectInfo{
@@ -53,7 +64,8 @@ func newSQLite(table string, mattn func() bool) *sqliteDialect {
 	q.forUpdate = "" // the write lock taken by the first INSERT already serialises
 	q.selectFrom = "SELECT id, state, CASE WHEN expires_at > ? THEN 1 ELSE 0 END, data, token FROM " + q.table
 	q.setDataTable = q.table
-	ins := "INSERT INTO " + q.table + " (id, state, token, expires_at) VALUES (?, %d, %s, ?) ON CONFLICT (id) DO NOTHING"
+	ins := "INSERT INTO " + q.table + " (id, state, token, expires_at) " +
+		"VALUES (?, %d, %s, ?) ON CONFLICT (id) DO NOTHING"
 	q.insertProcessing = fmt.Sprintf(ins, stateProcessing, "?")
 	q.insertDone = fmt.Sprintf(ins, stateDone, "NULL")
 	return d
@@ -63,13 +75,13 @@ func (d *sqliteDialect) sql() *statements { return &d.q }
 
 func (d *sqliteDialect) schema() []string {
 	return []string{
-		`CREATE TABLE IF NOT EXISTS ` + d.q.table + ` (
-    id         BLOB    NOT NULL PRIMARY KEY,
-    state      INTEGER NOT NULL,
-    token      INTEGER,
-    expires_at INTEGER NOT NULL,
-    data       BLOB
-) WITHOUT ROWID`,
+		"CREATE TABLE IF NOT EXISTS " + d.q.table + " (\n" +
+			"    id         BLOB    NOT NULL PRIMARY KEY,\n" +
+			"    state      INTEGER NOT NULL,\n" +
+			"    token      INTEGER,\n" +
+			"    expires_at INTEGER NOT NULL,\n" +
+			"    data       BLOB\n" +
+			") WITHOUT ROWID",
 		`CREATE INDEX IF NOT EXISTS "` + d.name + `_expires_idx" ON ` + d.q.table + ` (expires_at)`,
 	}
 }

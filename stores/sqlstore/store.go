@@ -18,12 +18,12 @@ import (
 	"github.com/watermill-dedup/dedup/stores/storekit"
 )
 
-// The Store: New, its lease-mode calls (Claim, Complete, Release,
-// Extend) and what they run when not batched, Capabilities, Close, the
-// session check, and the retries. Its parts are in group.go (group
-// commit), inbox.go (the transactional inbox), purge.go and admin.go;
-// the group's type stands here beside the Store's, as each holds the
-// other.
+// The Store: New, CreateSchema (and the partitions it creates ahead),
+// the lease-mode calls (Claim, Complete, Release, Extend) and what they
+// run on their own or hand to the group commit (the group's runner),
+// Capabilities, Close, the session check, the retries, and the way to
+// the error classifier. inbox.go (the transactional inbox), purge.go and
+// admin.go hold the Store's other calls.
 
 var (
 	_ stores.Store = (*Store)(nil)
@@ -72,20 +72,6 @@ type Store struct {
 	purgeChunk int64
 }
 
-// group batches a store's single-key lease-mode calls.
-type group struct {
-	s *Store
-	// b delivers each op's error (errFallback: run it on its own); its
-	// other results are in the op.
-	b *batch.Batcher[*op, struct{}]
-
-	// hook, when set (by tests), sees the size of every batch before it
-	// runs; an error it returns stands for a failed batch statement.
-	// inDo then counts the calls inside do.
-	hook func(n int) error
-	inDo atomic.Int64
-}
-
 // New returns a Store over db, which it uses but never closes. It does no
 // I/O: create the table with CreateSchema or the DDL in README.md. When
 // cfg.PurgeInterval is positive it starts the purge job; Close stops it.
@@ -124,7 +110,7 @@ func New(db *sql.DB, cfg Config) (*Store, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel
 	if !cfg.Batch.Disabled && s.part == nil {
-		s.group = newGroup(s)
+		s.group = newGroup(s, batch.Config(cfg.Batch))
 	}
 	if cfg.PurgeInterval > 0 {
 		go s.purgeLoop(ctx)
@@ -164,6 +150,33 @@ func (s *Store) CreateSchema(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// grace is how long after its lease ended the purge keeps a processing
+// record: PurgeGrace, or the longest lease this store has given if
+// longer.
+func (s *Store) grace() time.Duration {
+	return max(s.cfg.PurgeGrace, time.Duration(s.maxLease.Load()))
+}
+
+// noteLease raises maxLease to lease.
+func (s *Store) noteLease(lease time.Duration) {
+	for {
+		m := s.maxLease.Load()
+		if int64(lease) <= m || s.maxLease.CompareAndSwap(m, int64(lease)) {
+			return
+		}
+	}
+}
+
+// createPartitions creates the partitions from yesterday to
+// PartitionDaysAhead+1 days ahead (UTC days) that do not exist yet, but
+// yesterday's once its day ended more than the purge's grace ago: the
+// purge would drop it again at once, and each hourly run would lock the
+// table twice for it.
+func (s *Store) createPartitions(ctx context.Context) error {
+	now := s.now()
+	return s.part.createPartitions(ctx, s.db, now.UTC().Truncate(24*time.Hour), s.cfg.PartitionDaysAhead, now.Add(-s.grace()))
 }
 
 // Claim implements [stores.Store].
@@ -317,6 +330,42 @@ func (s *Store) Close(ctx context.Context) error {
 	return nil
 }
 
+// direct runs o on its own statements under its caller's context, as an
+// unbatched store does.
+func (s *Store) direct(o *op) error {
+	switch o.kind {
+	case opClaim:
+		o.res = stores.Claim{}
+		return s.claimDirect(o.ctx, o.ks, o.token, o.d, &o.res)
+	case opComplete:
+		return s.completeDirect(o.ctx, o.claim, o.ks, o.token, o.d, o.data)
+	case opRelease:
+		return s.releaseDirect(o.ctx, o.claim, o.ks, o.token)
+	default:
+		return s.extendDirect(o.ctx, o.claim, o.ks, o.token, o.d)
+	}
+}
+
+// execBatch runs a batch of several ops on the dialect's executor, for
+// the group.
+func (s *Store) execBatch(ctx context.Context, ops []*op) error {
+	return s.d.execBatch(ctx, s.db, ops, s.now())
+}
+
+// errs is the classifier of the store's errors.
+func (s *Store) errs() classifier { return classifier{db: s.db, d: s.d} }
+
+// classify puts err, from a call made under ctx, in its class of the
+// stores contract (see classifier.classify).
+func (s *Store) classify(ctx context.Context, err error) error { return s.errs().classify(ctx, err) }
+
+// is reports whether err belongs to class c (see classifier.is).
+func (s *Store) is(err error, c errClass) bool { return s.errs().is(err, c) }
+
+// connLost reports a connection that broke under the client (see
+// classifier.connLost).
+func (s *Store) connLost(err error) bool { return s.errs().connLost(err) }
+
 // maxAttempts bounds the retries of an operation that hit a transient
 // conflict (deadlock, serialization failure, busy SQLite).
 const maxAttempts = 10
@@ -400,6 +449,15 @@ func (s *Store) retry(ctx context.Context, op func() error) error {
 		case <-t.C:
 		}
 	}
+}
+
+// orderKeys returns the idKeys of ks's ids in the caller's order.
+func (s *Store) orderKeys(ks keySet) []string {
+	keys := make([]string, len(ks.order))
+	for i, id := range ks.order {
+		keys[i] = idKey(s.d, id)
+	}
+	return keys
 }
 
 // acquire makes sure every key of ks has a record in tx: it inserts the
