@@ -3,6 +3,7 @@ package sqlstore_test
 import (
 	"bytes"
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"sync"
@@ -476,18 +477,25 @@ func TestPostgresCompleteIsHOT(t *testing.T) {
 	// Statistics reach pg_stat_user_tables once the backends flush them
 	// (PostgreSQL 15: within about 10s of going idle), however long a
 	// loaded machine makes that.
+	upd, hot := pgTableStats(t, db, s.Table(), "n_tup_hot_upd", n)
+	if hot < upd*9/10 {
+		t.Fatalf("%d of %d updates HOT, want nearly all", hot, upd)
+	}
+	t.Logf("%d of %d updates HOT", hot, upd)
+}
+
+// pgTableStats waits up to 2 minutes for pg_stat_user_tables to report
+// at least n updates of table, and returns them with the statistic
+// column.
+func pgTableStats(t *testing.T, db *sql.DB, table, column string, n int64) (upd, other int64) {
+	t.Helper()
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
-		var upd, hot int64
-		if err := db.QueryRowContext(ctx, "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = $1", s.Table()).Scan(&upd, &hot); err != nil {
+		if err := db.QueryRowContext(context.Background(), "SELECT n_tup_upd, "+column+" FROM pg_stat_user_tables WHERE relname = $1", table).Scan(&upd, &other); err != nil {
 			t.Fatal(err)
 		}
 		if upd >= n {
-			if hot < upd*9/10 {
-				t.Fatalf("%d of %d updates HOT, want nearly all", hot, upd)
-			}
-			t.Logf("%d of %d updates HOT", hot, upd)
-			return
+			return upd, other
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("statistics not reported after 2 minutes (%d updates of %d)", upd, n)
@@ -528,22 +536,9 @@ func TestPostgresBatchPlansUseTheIndex(t *testing.T) {
 	}
 	wg.Wait()
 	// Once the backends flush their statistics (see above).
-	deadline := time.Now().Add(2 * time.Minute)
-	for {
-		var upd, seq int64
-		if err := db.QueryRowContext(ctx, "SELECT n_tup_upd, seq_scan FROM pg_stat_user_tables WHERE relname = $1", s.Table()).Scan(&upd, &seq); err != nil {
-			t.Fatal(err)
-		}
-		if upd >= n {
-			if seq > n/10 {
-				t.Fatalf("%d sequential scans for %d Completes", seq, upd)
-			}
-			t.Logf("%d sequential scans (lone calls) for %d Completes", seq, upd)
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("statistics not reported after 2 minutes (%d updates of %d)", upd, n)
-		}
-		time.Sleep(200 * time.Millisecond)
+	upd, seq := pgTableStats(t, db, s.Table(), "seq_scan", n)
+	if seq > n/10 {
+		t.Fatalf("%d sequential scans for %d Completes", seq, upd)
 	}
+	t.Logf("%d sequential scans (lone calls) for %d Completes", seq, upd)
 }

@@ -154,7 +154,6 @@ func TestPostgresRefusalIsNotAnOutage(t *testing.T) {
 		cfg.DialFunc = r.dial
 		db := stdlib.OpenDB(*cfg)
 		db.SetMaxIdleConns(0) // every call on a connection of its own, from r
-		t.Cleanup(func() { _ = db.Close() })
 		return storeOnDB(t, db, sqlstore.Postgres, table)
 	}
 	t.Run("a reset after the refusal", func(t *testing.T) {
@@ -282,13 +281,7 @@ func TestMySQLRefusalIsNotAnOutage(t *testing.T) {
 		cfg := mysql.NewConfig()
 		cfg.User, cfg.Passwd, cfg.Net, cfg.Addr, cfg.DBName = user, password, "tcp", addr, "test"
 		cfg.TLS, cfg.Timeout = tlsCfg, 10*time.Second
-		conn, err := mysql.NewConnector(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		db := sql.OpenDB(conn)
-		t.Cleanup(func() { _ = db.Close() })
-		return db
+		return mysqlDB(t, cfg)
 	}
 	addr := "127.0.0.1:" + strconv.Itoa(srv.port)
 	tlsWith := func(certOf *testkit.TLSFiles, max uint16) *tls.Config {
@@ -335,13 +328,8 @@ func TestMySQLRefusalIsNotAnOutage(t *testing.T) {
 		cfg := mysql.NewConfig()
 		cfg.User, cfg.Passwd, cfg.Net, cfg.Addr, cfg.DBName = user, password, "tcp", addr, "test"
 		cfg.TLS, cfg.Timeout, cfg.DialFunc = tlsWith(nil, 0), 10*time.Second, r.dial
-		conn, err := mysql.NewConnector(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		db := sql.OpenDB(conn)
+		db := mysqlDB(t, cfg)
 		db.SetMaxIdleConns(0) // every call on a connection of its own, from r
-		t.Cleanup(func() { _ = db.Close() })
 		return storeOnDB(t, db, sqlstore.MySQL, table)
 	}
 	t.Run("a reset after the refusal", func(t *testing.T) {
@@ -360,12 +348,7 @@ func TestMySQLRefusalIsNotAnOutage(t *testing.T) {
 		cfg := mysql.NewConfig()
 		cfg.User, cfg.Passwd, cfg.Net, cfg.Addr, cfg.DBName = "pwu", "pw", "tcp", p.Addr(), "test"
 		cfg.TLS, cfg.Timeout, cfg.CheckConnLiveness = tlsWith(nil, 0), 10*time.Second, false
-		conn, err := mysql.NewConnector(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		db := sql.OpenDB(conn)
-		t.Cleanup(func() { _ = db.Close() })
+		db := mysqlDB(t, cfg)
 		db.SetMaxIdleConns(1)
 		s := storeOnDB(t, db, sqlstore.MySQL, table)
 		if _, err := s.Claim(ctx, "s", []string{"pooled"}, time.Minute); err != nil {
@@ -450,13 +433,7 @@ func TestMySQLCertNoLongerTrusted(t *testing.T) {
 		cfg.User, cfg.Net, cfg.Addr, cfg.DBName = "x509u", "tcp", "127.0.0.1:"+strconv.Itoa(srv.port), "test"
 		cfg.TLS, cfg.Timeout = files.ClientConfig(t, true), 10*time.Second
 		cfg.TLS.MinVersion, cfg.TLS.MaxVersion = tls.VersionTLS13, tls.VersionTLS13
-		conn, err := mysql.NewConnector(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		db := sql.OpenDB(conn)
-		t.Cleanup(func() { _ = db.Close() })
-		return db
+		return mysqlDB(t, cfg)
 	}
 	for _, c := range []struct {
 		name   string
@@ -562,4 +539,16 @@ func TestPostgresCertNoLongerTrustedPool(t *testing.T) {
 	if fail == 0 {
 		t.Fatal("no claim was refused: the server still takes the certificate")
 	}
+}
+
+// mysqlDB opens a database on cfg, closed when t ends.
+func mysqlDB(t *testing.T, cfg *mysql.Config) *sql.DB {
+	t.Helper()
+	conn, err := mysql.NewConnector(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db := sql.OpenDB(conn)
+	t.Cleanup(func() { _ = db.Close() })
+	return db
 }

@@ -117,13 +117,19 @@ func TestJoinedTxSurvivesAckDeadline(t *testing.T) {
 }
 
 func forEachJoinedPubSub(t *testing.T, fn func(t *testing.T, b backend, w wsqlMajor)) {
+	forEachWsqlMajor(t, func(t *testing.T, w wsqlMajor) {
+		forEachBackend(t, serverBackends, func(t *testing.T, b backend) { fn(t, b, w) })
+	})
+}
+
+// forEachWsqlMajor runs fn with each watermill-sql major, as subtests v3
+// and v4.
+func forEachWsqlMajor(t *testing.T, fn func(t *testing.T, w wsqlMajor)) {
 	for _, w := range []struct {
 		name string
 		w    wsqlMajor
 	}{{"v3", wsqlV3}, {"v4", wsqlV4}} {
-		t.Run(w.name, func(t *testing.T) {
-			forEachBackend(t, serverBackends, func(t *testing.T, b backend) { fn(t, b, w.w) })
-		})
+		t.Run(w.name, func(t *testing.T) { fn(t, w.w) })
 	}
 }
 
@@ -595,12 +601,7 @@ func (r *joinedRig) deadlock(tx *sql.Tx) error {
 // mysqlJoined runs fn on MySQL, where a deadlock leaves the transaction
 // open on the client, with each watermill-sql major.
 func mysqlJoined(t *testing.T, fn func(t *testing.T, b backend, w wsqlMajor)) {
-	for _, w := range []struct {
-		name string
-		w    wsqlMajor
-	}{{"v3", wsqlV3}, {"v4", wsqlV4}} {
-		t.Run(w.name, func(t *testing.T) { fn(t, backends[1], w.w) })
-	}
+	forEachWsqlMajor(t, func(t *testing.T, w wsqlMajor) { fn(t, backends[1], w) })
 }
 
 // TestJoinedTxDeadlockThenClose: in a batch of five, events 1 and 2 are
