@@ -23,7 +23,6 @@ import (
 var (
 	brokerNames   = []string{brokerGoChannel, brokerKafka, brokerKafkaEmbedded, brokerAMQP, brokerPostgres, brokerMySQL, brokerNATS, brokerRedisStreams}
 	storeNames    = []string{storeMemory, storeRedis, storePostgres, storeMySQL, storeSQLite}
-	modeNames     = []string{modeAuto, modeLease, modeTransactional}
 	producerNames = []string{producerWatermill, producerForeign}
 
 	// foreignProducerBrokers have a producer of their own in the example
@@ -48,9 +47,7 @@ const (
 	storeMySQL    = "mysql"
 	storeSQLite   = "sqlite"
 
-	modeAuto          = "auto"
-	modeLease         = "lease"
-	modeTransactional = "transactional"
+	modeAuto = "auto" // transactional on SQL stores, else lease (or -async-complete)
 
 	// producerWatermill publishes with Watermill's publisher;
 	// producerForeign with the broker's own client, as a service written
@@ -165,7 +162,7 @@ func newFlagSet(c *Config, output io.Writer) *flag.FlagSet {
 	fs.StringVar(&c.ConfigFile, "config", c.ConfigFile, "YAML `file` whose keys are these flags' names (broker: kafka, events: 500, ...)")
 	fs.StringVar(&c.Broker, "broker", c.Broker, "message broker: "+strings.Join(brokerNames, " | "))
 	fs.StringVar(&c.Store, "store", c.Store, "dedup store: "+strings.Join(storeNames, " | "))
-	fs.StringVar(&c.Mode, "mode", c.Mode, "store mode: lease | transactional (SQL stores only) | auto (transactional on SQL stores, else lease)")
+	fs.StringVar(&c.Mode, "mode", c.Mode, "store mode: lease | async-complete | transactional (SQL stores only) | auto (transactional on SQL stores, else lease)")
 	fs.StringVar(&c.Producer, "producer", c.Producer, "who publishes the events: watermill (Watermill's publisher) | foreign (the broker's own client, no Watermill UUID: Sarama for Kafka, amqp091 for RabbitMQ, plain INSERTs for the SQL brokers; not with gochannel, nats or redis-streams)")
 	fs.StringVar(&c.KafkaBrokers, "kafka-brokers", c.KafkaBrokers, "comma-separated Kafka bootstrap `addresses` (-broker=kafka)")
 	fs.IntVar(&c.KafkaRF, "kafka-replication-factor", c.KafkaRF, "replication factor of the topics the example creates (-broker=kafka)")
@@ -362,8 +359,10 @@ func (c Config) Validate() error {
 	if !slices.Contains(storeNames, c.Store) {
 		return fmt.Errorf("unknown store %q: set -store (or DEDUP_STORE) to one of %s", c.Store, strings.Join(storeNames, ", "))
 	}
-	if !slices.Contains(modeNames, c.Mode) {
-		return fmt.Errorf("unknown mode %q: set -mode (or DEDUP_MODE) to one of %s", c.Mode, strings.Join(modeNames, ", "))
+	if c.Mode != modeAuto {
+		if _, err := dedup.ParseMode(c.Mode); err != nil {
+			return fmt.Errorf("unknown mode %q: set -mode (or DEDUP_MODE) to auto, lease, async-complete or transactional", c.Mode)
+		}
 	}
 	if !slices.Contains(producerNames, c.Producer) {
 		return fmt.Errorf("unknown producer %q: set -producer (or DEDUP_PRODUCER) to one of %s", c.Producer, strings.Join(producerNames, ", "))
@@ -374,7 +373,7 @@ func (c Config) Validate() error {
 		}
 		return fmt.Errorf("-producer=foreign is not available with -broker=%s: the example has a foreign producer for %s only; keep -producer=watermill, or choose one of those brokers", c.Broker, strings.Join(foreignProducerBrokers, ", "))
 	}
-	if c.Mode == modeTransactional && !isSQLStore(c.Store) {
+	if c.Mode != modeAuto && c.mode() == dedup.ModeTransactional && !isSQLStore(c.Store) {
 		return fmt.Errorf("-mode=transactional needs a SQL store (-store=sqlite, postgres or mysql): the %s store has lease mode only", c.Store)
 	}
 	if c.RunID != "" && !runIDRE.MatchString(c.RunID) {
@@ -427,10 +426,10 @@ func (c Config) Validate() error {
 	if c.OnStoreError != dedup.FailClosed.String() && c.OnStoreError != dedup.FailOpen.String() {
 		return fmt.Errorf("-on-store-error must be fail-closed or fail-open, got %q", c.OnStoreError)
 	}
-	if c.AsyncComplete && c.mode() == modeTransactional && c.Dedup {
+	if c.AsyncComplete && c.mode() == dedup.ModeTransactional && c.Dedup {
 		return errors.New("-async-complete cannot be combined with transactional mode (the record commits with the handler's writes): use -mode=lease")
 	}
-	if c.OnStoreError == dedup.FailOpen.String() && c.mode() == modeTransactional && c.Dedup {
+	if c.OnStoreError == dedup.FailOpen.String() && c.mode() == dedup.ModeTransactional && c.Dedup {
 		return errors.New("-on-store-error=fail-open cannot be combined with transactional mode (the handler's writes need the store's database): use -mode=lease")
 	}
 	if c.Store == storeRedis || c.Broker == brokerRedisStreams {
@@ -456,15 +455,21 @@ func (c Config) storeSettings() storeopen.Settings {
 	}
 }
 
-// mode resolves -mode=auto.
-func (c Config) mode() string {
-	if c.Mode != modeAuto {
-		return c.Mode
+// mode is the middleware's mode: -mode (auto: transactional on SQL
+// stores, else lease), with -async-complete turning lease into
+// async-complete. Validate has checked -mode.
+func (c Config) mode() dedup.Mode {
+	m := dedup.ModeLease
+	switch {
+	case c.Mode != modeAuto:
+		m, _ = dedup.ParseMode(c.Mode)
+	case isSQLStore(c.Store):
+		m = dedup.ModeTransactional
 	}
-	if isSQLStore(c.Store) {
-		return modeTransactional
+	if m == dedup.ModeLease && c.AsyncComplete {
+		m = dedup.ModeAsyncComplete
 	}
-	return modeLease
+	return m
 }
 
 // storeErrorPolicy is -on-store-error, which Validate checked.
@@ -517,7 +522,7 @@ func (c Config) warnings() []string {
 		for _, name := range []string{"mode", "lease", "in-progress-wait", "on-store-error", "async-complete"} {
 			ignored(name, "with -dedup=false (no middleware)")
 		}
-	case c.mode() == modeTransactional:
+	case c.mode() == dedup.ModeTransactional:
 		ignored("lease", "in transactional mode (it has no lease)")
 		ignored("in-progress-wait", "in transactional mode (a duplicate waits on the record's lock)")
 	}

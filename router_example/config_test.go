@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	dedup "github.com/watermill-dedup/dedup"
 )
 
 func env(m map[string]string) func(string) string {
@@ -30,11 +32,35 @@ func TestConfigDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.Broker != brokerGoChannel || cfg.Store != storeSQLite || cfg.mode() != modeTransactional {
+	if cfg.Broker != brokerGoChannel || cfg.Store != storeSQLite || cfg.mode() != dedup.ModeTransactional {
 		t.Fatalf("defaults: broker %s, store %s, mode %s; want gochannel, sqlite, transactional", cfg.Broker, cfg.Store, cfg.mode())
 	}
 	if !cfg.retentionCheck().ok() {
 		t.Fatalf("the default retention fails its own check: %s", cfg.retentionCheck())
+	}
+}
+
+// -mode takes dedup.ParseMode's names or auto; -async-complete turns
+// lease into async-complete.
+func TestConfigMode(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want dedup.Mode
+	}{
+		{[]string{"-store=memory"}, dedup.ModeLease},
+		{[]string{"-store=memory", "-async-complete"}, dedup.ModeAsyncComplete},
+		{[]string{"-mode=async-complete"}, dedup.ModeAsyncComplete},
+		{[]string{"-mode=lease"}, dedup.ModeLease},
+		{[]string{"-mode=transactional", "-store=postgres"}, dedup.ModeTransactional},
+		{[]string{"-mode=Lease", "-async-complete"}, dedup.ModeAsyncComplete},
+	} {
+		cfg, err := loadConfig(tc.args, env(nil), io.Discard)
+		if err != nil || cfg.mode() != tc.want {
+			t.Errorf("%v: mode %v, %v; want %v", tc.args, cfg.mode(), err, tc.want)
+		}
+	}
+	if _, err := loadConfig([]string{"-mode=exactly-once"}, env(nil), io.Discard); err == nil || !strings.Contains(err.Error(), "async-complete") {
+		t.Errorf("-mode=exactly-once: %v, want the modes listed", err)
 	}
 }
 

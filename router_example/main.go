@@ -179,13 +179,8 @@ func setUp(ctx context.Context, cfg Config, sim *simulation) (*message.Router, *
 
 	var dedupMW *middleware.Middleware
 	if cfg.Dedup { // -dedup=false shows what the duplicates do without it
-		mode := dedup.ModeLease
-		switch {
-		case cfg.mode() == modeTransactional:
-			mode = dedup.ModeTransactional // the ledger commits with the record
-		case cfg.AsyncComplete:
-			mode = dedup.ModeAsyncComplete
-		}
+		// Transactional: the ledger commits with the record.
+		mode := cfg.mode()
 		key, publishedAt := consumerKeys(cfg)
 		dedupMW, err = middleware.New(middleware.Config{
 			Store: sim.crashing(st.store),

@@ -124,7 +124,7 @@ func (s *simulation) start(ctx context.Context, b *broker, st *dedupStore) (ledg
 // crashing is the store as a consumer that crashes sees it, in lease mode
 // under -crash-rate (see crashStore); store itself otherwise.
 func (s *simulation) crashing(store stores.Store) stores.Store {
-	if s.cfg.CrashRate <= 0 || s.cfg.mode() != modeLease {
+	if s.cfg.CrashRate <= 0 || s.cfg.mode() == dedup.ModeTransactional {
 		return store
 	}
 	cs := newCrashStore(store)

@@ -13,7 +13,7 @@ import (
 type result struct {
 	cfg       Config
 	runID     string
-	mode      string
+	mode      dedup.Mode
 	topic     string
 	broker    string // description
 	brokerDup string // what the broker's own dedup caught, if it has one
@@ -81,11 +81,11 @@ func (r *result) verdict() verdict {
 		return verdict{false, fmt.Sprintf("invariant: BROKEN — the balances (%d) disagree with the ledger entries (%d)", r.ledger.BalanceTotal, r.ledger.EntryPoints)}
 	case r.stats.poisoned > 0:
 		return verdict{false, fmt.Sprintf("invariant: BROKEN — %d messages went to the poison topic", r.stats.poisoned)}
-	case extra > 0 && r.cfg.Dedup && r.mode == modeLease && extra <= int64(r.crashes):
+	case extra > 0 && r.cfg.Dedup && r.mode != dedup.ModeTransactional && extra <= int64(r.crashes):
 		return verdict{true, fmt.Sprintf("invariant: OK (lease mode) — no payment lost; %d awarded twice after %d injected crashes between side effect and Complete, the bounded duplicate lease mode allows (ledger %d = expected %d + %d)", extra, r.crashes, total, expected, total-expected)}
 	case extra > 0:
 		hint := ""
-		if lost := r.outcome(dedup.OutcomeLostClaim); lost > 0 && r.mode == modeLease {
+		if lost := r.outcome(dedup.OutcomeLostClaim); lost > 0 && r.mode != dedup.ModeTransactional {
 			hint = fmt.Sprintf("; %d claims were lost because their lease (-lease %s) expired under a running handler: raise -lease", lost, r.cfg.Lease)
 		}
 		return verdict{false, fmt.Sprintf("invariant: BROKEN — %d duplicate awards: ledger %d != expected %d%s", extra, total, expected, hint)}
@@ -164,9 +164,9 @@ func modeText(c Config) string {
 	switch {
 	case !c.Dedup:
 		return "NOT USED (-dedup=false)"
-	case c.mode() == modeTransactional:
+	case c.mode() == dedup.ModeTransactional:
 		return "transactional inbox"
-	case c.AsyncComplete:
+	case c.mode() == dedup.ModeAsyncComplete:
 		return "lease, async complete (claim -> handler -> ack, complete in the background)"
 	default:
 		return "lease (claim -> handler -> complete)"

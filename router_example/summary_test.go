@@ -13,7 +13,7 @@ import (
 	"github.com/watermill-dedup/dedup/middleware"
 )
 
-func sampleResult(mode string, perPayment map[string]int64) *result {
+func sampleResult(mode dedup.Mode, perPayment map[string]int64) *result {
 	cfg := defaultConfig()
 	p := plan{expected: map[string]int64{"A": 10, "B": 20}, events: 2}
 	l := ledgerSnapshot{PerPayment: perPayment}
@@ -36,48 +36,48 @@ func TestVerdict(t *testing.T) {
 		ok   bool
 		want string
 	}{
-		{"exact", func() *result { return sampleResult(modeTransactional, map[string]int64{"A": 1, "B": 1}) }, true, "invariant: OK — every payment awarded exactly once (ledger 30 == expected 30)"},
-		{"lost", func() *result { return sampleResult(modeTransactional, map[string]int64{"A": 1}) }, false, "invariant: BROKEN — 1 payments were never awarded"},
-		{"doubled in transactional mode", func() *result { return sampleResult(modeTransactional, map[string]int64{"A": 2, "B": 1}) }, false, "invariant: BROKEN — 1 duplicate awards"},
+		{"exact", func() *result { return sampleResult(dedup.ModeTransactional, map[string]int64{"A": 1, "B": 1}) }, true, "invariant: OK — every payment awarded exactly once (ledger 30 == expected 30)"},
+		{"lost", func() *result { return sampleResult(dedup.ModeTransactional, map[string]int64{"A": 1}) }, false, "invariant: BROKEN — 1 payments were never awarded"},
+		{"doubled in transactional mode", func() *result { return sampleResult(dedup.ModeTransactional, map[string]int64{"A": 2, "B": 1}) }, false, "invariant: BROKEN — 1 duplicate awards"},
 		{"doubled after a crash in lease mode", func() *result {
-			r := sampleResult(modeLease, map[string]int64{"A": 2, "B": 1})
+			r := sampleResult(dedup.ModeLease, map[string]int64{"A": 2, "B": 1})
 			r.crashes = 1
 			return r
 		}, true, "invariant: OK (lease mode)"},
 		{"doubled more than the crashes allow", func() *result {
-			r := sampleResult(modeLease, map[string]int64{"A": 2, "B": 2})
+			r := sampleResult(dedup.ModeLease, map[string]int64{"A": 2, "B": 2})
 			r.crashes = 1
 			return r
 		}, false, "invariant: BROKEN — 2 duplicate awards"},
 		{"doubled without dedup", func() *result {
-			r := sampleResult(modeLease, map[string]int64{"A": 2, "B": 1})
+			r := sampleResult(dedup.ModeLease, map[string]int64{"A": 2, "B": 1})
 			r.crashes, r.cfg.Dedup = 5, false
 			return r
 		}, false, "BROKEN"},
 		{"balances disagree", func() *result {
-			r := sampleResult(modeTransactional, map[string]int64{"A": 1, "B": 1})
+			r := sampleResult(dedup.ModeTransactional, map[string]int64{"A": 1, "B": 1})
 			r.ledger.BalanceTotal++
 			return r
 		}, false, "disagree"},
 		{"poisoned", func() *result {
-			r := sampleResult(modeTransactional, map[string]int64{"A": 1, "B": 1})
+			r := sampleResult(dedup.ModeTransactional, map[string]int64{"A": 1, "B": 1})
 			r.stats.poisoned = 1
 			return r
 		}, false, "poison"},
 		// A poisoned message was acked and never handled: its payment is
 		// missing, and not lost (#23: never say "lost" for what is not).
 		{"poisoned, hence missing", func() *result {
-			r := sampleResult(modeTransactional, map[string]int64{"A": 1})
+			r := sampleResult(dedup.ModeTransactional, map[string]int64{"A": 1})
 			r.stats.poisoned = 1
 			return r
 		}, false, "invariant: BROKEN — 1 messages went to the poison topic (1 payments never awarded)"},
 		{"unfinished", func() *result {
-			r := sampleResult(modeTransactional, map[string]int64{"A": 1, "B": 1})
+			r := sampleResult(dedup.ModeTransactional, map[string]int64{"A": 1, "B": 1})
 			r.finished, r.stats.unacked = false, 1
 			return r
 		}, false, "invariant: INCOMPLETE — 1 of 2"},
 		{"stopped", func() *result {
-			r := sampleResult(modeTransactional, nil)
+			r := sampleResult(dedup.ModeTransactional, nil)
 			r.runErr = errors.New("interrupted")
 			return r
 		}, false, "invariant: NOT CHECKED — the run stopped early: interrupted"},
@@ -90,7 +90,7 @@ func TestVerdict(t *testing.T) {
 }
 
 func TestSummaryPrint(t *testing.T) {
-	r := sampleResult(modeTransactional, map[string]int64{"A": 1, "B": 1})
+	r := sampleResult(dedup.ModeTransactional, map[string]int64{"A": 1, "B": 1})
 	r.runID, r.topic, r.broker, r.store, r.elapsed = "abc", "payment.completed.abc", "in-process", "/tmp/x.db", time.Second
 	r.producer, r.keys = watermillProducerText, keysText(r.cfg)
 	var b strings.Builder
@@ -117,7 +117,7 @@ func TestSummaryPrint(t *testing.T) {
 // handler's runs, and shows no middleware outcome at all (#23: it printed
 // "claimed (handler ran) 0" beside 345 effects applied).
 func TestSummaryWithoutDedup(t *testing.T) {
-	r := sampleResult(modeLease, map[string]int64{"A": 2, "B": 1})
+	r := sampleResult(dedup.ModeLease, map[string]int64{"A": 2, "B": 1})
 	r.cfg.Dedup = false
 	r.handlerRuns = 3
 	var b strings.Builder
