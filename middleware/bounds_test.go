@@ -3,6 +3,7 @@ package middleware_test
 import (
 	"context"
 	"errors"
+	"math"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -16,9 +17,11 @@ import (
 	"github.com/watermill-dedup/dedup/middleware"
 	"github.com/watermill-dedup/dedup/publisher"
 	"github.com/watermill-dedup/dedup/stores"
+	"github.com/watermill-dedup/dedup/stores/memstore"
 	"github.com/watermill-dedup/dedup/stores/natsstore"
 	"github.com/watermill-dedup/dedup/stores/redisstore"
 	"github.com/watermill-dedup/dedup/stores/sqlstore"
+	"github.com/watermill-dedup/dedup/stores/storetest"
 )
 
 // openStore opens a store of the test's own on a real service, deleted
@@ -167,4 +170,160 @@ func TestRealStoreRefusesWhatItCannotHoldBeforeTheHandler(t *testing.T) {
 			t.Fatalf("err = %v, runs = %d; want the Claim refused with ErrInvalidArgument and the handler not run", err, runs.Load())
 		}
 	})
+}
+
+// boundedStore is a store stating bounds of its own (as natsstore's
+// MaxRetention or sqlstore's PartitionDaysAhead do) and enforcing them,
+// like the real stores, only when a call carries the duration.
+type boundedStore struct {
+	stores.Store
+	caps stores.Capabilities
+}
+
+func (b boundedStore) Capabilities() stores.Capabilities { return b.caps }
+
+func (b boundedStore) Complete(ctx context.Context, c *stores.Claim, retention time.Duration, data []byte) error {
+	if err := b.caps.CheckRetention(retention); err != nil {
+		return err
+	}
+	return b.Store.Complete(ctx, c, retention, data)
+}
+
+// TestNewRefusesWhatTheStoreCannotHold: a Retention or Lease beyond the
+// store's bounds fails at New, naming both values, before any handler
+// runs — not at the first Complete, after the effect.
+func TestNewRefusesWhatTheStoreCannotHold(t *testing.T) {
+	base := newMemstore(t)
+	store := boundedStore{Store: base, caps: stores.Capabilities{Kind: "bounded", MaxLease: time.Minute, MaxRetention: time.Hour}}
+	for _, tc := range []struct {
+		name string
+		cfg  middleware.Config
+		want []string
+	}{
+		{"retention", middleware.Config{Store: store, Policy: dedup.Policy{Lease: time.Second, Retention: 2 * time.Hour}}, []string{"Retention", "2h0m0s", "1h0m0s"}},
+		{"default retention", middleware.Config{Store: store, Policy: dedup.Policy{Lease: time.Second}}, []string{"Retention", "24h0m0s", "1h0m0s"}},
+		{"lease", middleware.Config{Store: store, Policy: dedup.Policy{Lease: 2 * time.Minute, Retention: time.Hour}}, []string{"Lease", "2m0s", "1m0s"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := middleware.New(tc.cfg)
+			if !errors.Is(err, dedup.ErrInvalidConfig) {
+				t.Fatalf("New = %v, want an error wrapping ErrInvalidConfig", err)
+			}
+			for _, s := range tc.want {
+				if !strings.Contains(err.Error(), s) {
+					t.Errorf("error %q does not name %q", err, s)
+				}
+			}
+		})
+	}
+	if _, err := middleware.New(middleware.Config{Store: store, Policy: dedup.Policy{Lease: time.Minute, Retention: time.Hour}}); err != nil {
+		t.Fatalf("New at the bounds = %v, want nil", err)
+	}
+}
+
+// onceFailingComplete fails the first Complete it sees with err, an error
+// the store does not classify, then passes every call through.
+type onceFailingComplete struct {
+	stores.Store
+	err    error
+	failed atomic.Bool
+}
+
+func (o *onceFailingComplete) Complete(ctx context.Context, c *stores.Claim, retention time.Duration, data []byte) error {
+	if o.failed.CompareAndSwap(false, true) {
+		return o.err
+	}
+	return o.Store.Complete(ctx, c, retention, data)
+}
+
+// TestCompleteRetriesUnclassifiedErrors: after the handler's effect, a
+// Complete that fails with an error the store does not classify (a
+// connection reset it did not recognise) is retried like an outage; one
+// blip must not leave the record processing for a duplicate arriving
+// after the lease to run again. Every mode that completes after the
+// handler, with and without data on the record.
+func TestCompleteRetriesUnclassifiedErrors(t *testing.T) {
+	for _, mode := range []dedup.Mode{dedup.ModeLease, dedup.ModeAsyncComplete} {
+		for _, withData := range []bool{false, true} {
+			name := mode.String()
+			if withData {
+				name += "/outputs"
+			}
+			t.Run(name, func(t *testing.T) {
+				clock := storetest.NewFakeClock(time.Unix(1_700_000_000, 0))
+				inner, err := memstore.New(memstore.Config{Clock: clock})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { _ = inner.Close(context.Background()) })
+				store := &onceFailingComplete{Store: inner, err: errors.New("read tcp 127.0.0.1:50000->127.0.0.1:6379: read: connection reset by peer")}
+				mw, err := middleware.New(middleware.Config{Store: store, Mode: mode, Policy: dedup.Policy{Lease: time.Minute, Logger: watermill.NopLogger{}}, Scope: "s"})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { _ = mw.Close(context.Background()) })
+				var runs atomic.Int32
+				h := mw.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+					runs.Add(1)
+					if withData {
+						return []*message.Message{message.NewMessage("out-1", []byte("x"))}, nil
+					}
+					return nil, nil
+				})
+				if _, err := h(message.NewMessage("m-1", nil)); err != nil {
+					t.Fatalf("first delivery: %v", err)
+				}
+				if err := mw.Close(context.Background()); err != nil {
+					t.Fatal(err)
+				}
+				// The lease runs out; a duplicate arrives.
+				clock.Advance(2 * time.Minute)
+				if _, err := h(message.NewMessage("m-1", nil)); err != nil {
+					t.Fatalf("duplicate: %v", err)
+				}
+				if n := runs.Load(); n != 1 {
+					t.Fatalf("the handler ran %d times for one message whose first Complete failed once, want 1", n)
+				}
+			})
+		}
+	}
+}
+
+// TestTinyAndHugeDurations: every duration Validate accepts works. A 1ns
+// heartbeat (also the default one of a 3ns lease) used to make the
+// heartbeat loop call time.NewTicker(0), which panics in a goroutine of
+// its own and kills the process; math.MaxInt64 leases, heartbeats,
+// retentions and timeouts must not overflow either.
+func TestTinyAndHugeDurations(t *testing.T) {
+	for _, cfg := range []middleware.Config{
+		{Policy: dedup.Policy{Tuning: dedup.Tuning{Heartbeat: time.Nanosecond}}},
+		{Policy: dedup.Policy{Lease: 3 * time.Nanosecond}},
+		{Policy: dedup.Policy{Lease: time.Nanosecond, Tuning: dedup.Tuning{Heartbeat: -1}}},
+		{Policy: dedup.Policy{Lease: math.MaxInt64, Retention: math.MaxInt64, StoreTimeout: math.MaxInt64, Tuning: dedup.Tuning{CompleteTimeout: math.MaxInt64}}},
+		{Policy: dedup.Policy{Lease: math.MaxInt64, Tuning: dedup.Tuning{Heartbeat: math.MaxInt64 - 1}}},
+		{Policy: dedup.Policy{InProgressWait: math.MaxInt64, Tuning: dedup.Tuning{InProgressPoll: time.Nanosecond}}},
+		{Mode: dedup.ModeAsyncComplete, Policy: dedup.Policy{Lease: math.MaxInt64, StoreTimeout: math.MaxInt64, Tuning: dedup.Tuning{CompleteLinger: math.MaxInt64 - 1}}},
+		{Mode: dedup.ModeAsyncComplete, Policy: dedup.Policy{Lease: 3 * time.Nanosecond, Tuning: dedup.Tuning{CompleteLinger: -1}}},
+	} {
+		cfg.Store = newMemstore(t)
+		cfg.Scope = "s"
+		if err := cfg.Validate(); err != nil {
+			t.Fatalf("Validate(%+v) = %v", cfg, err)
+		}
+		mw := dedupMiddleware(t, cfg)
+		ran := 0
+		h := mw(func(*message.Message) ([]*message.Message, error) {
+			ran++
+			time.Sleep(5 * time.Millisecond) // a few heartbeat ticks
+			return nil, nil
+		})
+		for range 2 {
+			if _, err := h(message.NewMessage("m-1", nil)); err != nil {
+				t.Fatalf("%+v: %v", cfg, err)
+			}
+		}
+		if ran != 1 && cfg.Lease > time.Second {
+			t.Fatalf("%+v: the handler ran %d times for a message delivered twice", cfg, ran)
+		}
+	}
 }

@@ -165,6 +165,15 @@ func publish(t testing.TB, pub message.Publisher, topic string, msgs ...*message
 	}
 }
 
+// publishEvents publishes one message per event ID, each under a new
+// UUID, its payload the event ID.
+func publishEvents(t testing.TB, pub message.Publisher, topic string, ids []string) {
+	t.Helper()
+	for _, id := range ids {
+		publish(t, pub, topic, message.NewMessage(watermill.NewUUID(), []byte(id)))
+	}
+}
+
 func newMemstoreClock(t testing.TB, clock stores.Clock) *memstore.Store {
 	t.Helper()
 	s, err := memstore.New(memstore.Config{Clock: clock})

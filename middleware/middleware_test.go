@@ -58,9 +58,7 @@ func TestFirstAttemptFailsEveryEffectOnce(t *testing.T) {
 	runRouter(t, r)
 
 	ids := eventIDs(n)
-	for _, id := range ids {
-		publish(t, ps, topic, message.NewMessage(watermill.NewUUID(), []byte(id)))
-	}
+	publishEvents(t, ps, topic, ids)
 	testkit.WaitFor(t, 10*time.Second, "every event applied", func() bool { return l.distinct() == n })
 	l.assertExactlyOnce(t, ids)
 }
@@ -371,9 +369,7 @@ func TestStoreDownFailClosed(t *testing.T) {
 	h.AddMiddleware(dedupMiddleware(t, middleware.Config{Store: store, Policy: dedup.Policy{Metrics: metrics}}))
 	runRouter(t, r)
 	ids := eventIDs(n)
-	for _, id := range ids {
-		publish(t, ps, topic, message.NewMessage(watermill.NewUUID(), []byte(id)))
-	}
+	publishEvents(t, ps, topic, ids)
 	testkit.WaitFor(t, 10*time.Second, "every message nacked at least twice while down", func() bool { return nacks.Load() >= 2*n })
 	if got := l.distinct(); got != 0 {
 		t.Fatalf("fail-closed ran the handler %d times while the store was down", got)
@@ -401,9 +397,7 @@ func TestStoreDownFailOpen(t *testing.T) {
 	h.AddMiddleware(dedupMiddleware(t, middleware.Config{Store: store, Policy: dedup.Policy{Metrics: metrics, OnStoreError: dedup.FailOpen}}))
 	runRouter(t, r)
 	ids := eventIDs(n)
-	for _, id := range ids {
-		publish(t, ps, topic, message.NewMessage(watermill.NewUUID(), []byte(id)))
-	}
+	publishEvents(t, ps, topic, ids)
 	testkit.WaitFor(t, 10*time.Second, "every event applied unprotected", func() bool { return l.distinct() == n })
 	l.assertExactlyOnce(t, ids)
 	if got := metrics.Outcome(dedup.OutcomeBypassed); got != n {

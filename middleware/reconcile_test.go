@@ -16,6 +16,7 @@ import (
 	"github.com/watermill-dedup/dedup/internal/testkit"
 	"github.com/watermill-dedup/dedup/middleware"
 	"github.com/watermill-dedup/dedup/stores"
+	"github.com/watermill-dedup/dedup/stores/redisstore"
 	"github.com/watermill-dedup/dedup/stores/storetest"
 )
 
@@ -225,5 +226,149 @@ func TestDroppedOutputsWithALostReplyAreStillReturned(t *testing.T) {
 	}
 	if n := store.completes.Load(); n != 2 {
 		t.Fatalf("%d Completes, want 2 (the lost reply, then the retry that finds the record done)", n)
+	}
+}
+
+// notReplicatedStore is redisstore with WaitReplicas whose replica does
+// not acknowledge the first fails Completes: each lands on the master
+// (the wrapped store records it) and then fails with ErrNotReplicated;
+// so does the refusal a retry meets while the replica is away (the store
+// confirms refusals too).
+type notReplicatedStore struct {
+	stores.Store
+	fails     int32
+	completes atomic.Int32
+}
+
+func (s *notReplicatedStore) Complete(ctx context.Context, c *stores.Claim, retention time.Duration, data []byte) error {
+	err := s.Store.Complete(ctx, c, retention, data)
+	if s.completes.Add(1) <= s.fails {
+		return fmt.Errorf("redisstore: complete: %w: 0 of 1 replicas of 127.0.0.1:7000 acknowledged the write within 1s", redisstore.ErrNotReplicated)
+	}
+	return err
+}
+
+// TestCompleteNotReplicatedIsRetried: a Complete that fails with
+// redisstore.ErrNotReplicated is not permanent: the middleware retries it
+// under CompleteTimeout; the retry that the replica confirms finds the
+// record its first attempt wrote done, is refused, and is reconciled: the
+// message is acked once, with the outputs the record holds, the handler
+// ran once, and nothing is counted lost or failed.
+func TestCompleteNotReplicatedIsRetried(t *testing.T) {
+	store := &notReplicatedStore{Store: newMemstore(t), fails: 3}
+	metrics := &testkit.Metrics{}
+	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{Metrics: metrics, Lease: time.Hour}})
+	var runs atomic.Int32
+	h := mw(func(*message.Message) ([]*message.Message, error) {
+		runs.Add(1)
+		return []*message.Message{message.NewMessage("out-1", []byte("points"))}, nil
+	})
+	out, err := h(message.NewMessage("m-1", nil))
+	if err != nil {
+		t.Fatalf("a Complete not replicated three times, then confirmed: %v, want an ack", err)
+	}
+	if len(out) != 1 || out[0].UUID != "out-1" {
+		t.Fatalf("outputs = %v, want out-1 (the record's)", out)
+	}
+	if n := store.completes.Load(); n != 4 {
+		t.Fatalf("%d Complete attempts, want 4 (3 not replicated, then the confirmed refusal)", n)
+	}
+	for _, o := range []dedup.Outcome{dedup.OutcomeStoreError, dedup.OutcomeLostClaim} {
+		if n := metrics.Outcome(o); n != 0 {
+			t.Errorf("outcome %s counted %d times, want 0 (outcomes %v)", o, n, metrics.Outcomes())
+		}
+	}
+	// The redelivery is a Duplicate with the outputs: the record was kept,
+	// data and all.
+	out, err = h(message.NewMessage("m-1", nil))
+	if err != nil || len(out) != 1 || out[0].UUID != "out-1" {
+		t.Fatalf("redelivery = %v, %v; want the recorded out-1", out, err)
+	}
+	if n := runs.Load(); n != 1 {
+		t.Fatalf("the handler ran %d times, want 1", n)
+	}
+}
+
+// cutReplyStore records every claim at once, and answers the first only
+// when the test lets it, or when the caller's context ends, as a store
+// over a network does: the claim is on the record whether or not the
+// caller waits for the answer.
+type cutReplyStore struct {
+	stores.Store
+	claimed chan struct{} // the first claim is on the record, its reply held
+	reply   chan struct{} // closed: the reply arrives
+}
+
+// Capabilities: a store over a network, whose calls wait.
+func (s *cutReplyStore) Capabilities() stores.Capabilities {
+	caps := s.Store.Capabilities()
+	caps.NonBlocking = false
+	return caps
+}
+
+func (s *cutReplyStore) Claim(ctx context.Context, scope string, keys []string, lease time.Duration) (*stores.Claim, error) {
+	c, err := s.Store.Claim(context.WithoutCancel(ctx), scope, keys, lease)
+	if err != nil || c.Result != stores.Claimed {
+		return c, err
+	}
+	select {
+	case s.claimed <- struct{}{}:
+	default:
+		return c, nil
+	}
+	select {
+	case <-s.reply:
+		return c, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// TestClaimCutByAClosingRouterHoldsNoKey: a message whose context ends
+// while its Claim is with the store (router.Close in a deploy) is nacked
+// at once, and its redelivery, to the next consumer, runs. It failed: the
+// claim the store recorded held the key for the whole lease, and every
+// redelivery until then was nacked as in progress (a Kafka partition
+// stalled for a lease after each shutdown that caught a claim in flight;
+// the acceptance suite's graceful-shutdown scenario showed it).
+func TestClaimCutByAClosingRouterHoldsNoKey(t *testing.T) {
+	store := &cutReplyStore{Store: newMemstore(t), claimed: make(chan struct{}, 1), reply: make(chan struct{})}
+	mw, err := middleware.New(middleware.Config{Store: store, Policy: dedup.Policy{Lease: time.Hour}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runs := 0
+	h := mw.Middleware(func(*message.Message) ([]*message.Message, error) { runs++; return nil, nil })
+
+	ctx, cancel := context.WithCancel(context.Background())
+	first := message.NewMessage("m1", nil)
+	first.SetContext(ctx)
+	go func() {
+		<-store.claimed
+		cancel() // the router closes while the store has the claim
+	}()
+	if _, err := h(first); !errors.Is(err, context.Canceled) {
+		t.Fatalf("first delivery: err = %v, want the context's end", err)
+	}
+	if runs != 0 {
+		t.Fatalf("the handler ran %d times for a delivery whose claim failed", runs)
+	}
+	close(store.reply) // the store's answer arrives after the nack
+
+	// The redelivery, to the consumer that resumes the subscription: in
+	// progress only until the cut claim is given back, not for the lease.
+	deadline := time.Now().Add(time.Minute)
+	for {
+		_, err := h(message.NewMessage("m1", nil))
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, dedup.ErrInProgress) || time.Now().After(deadline) {
+			t.Fatalf("redelivery after the shutdown: %v (the claim the cancelled delivery left holds the key until its lease runs out)", err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if runs != 1 {
+		t.Fatalf("the handler ran %d times, want 1", runs)
 	}
 }
