@@ -13,10 +13,12 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 
 	dedup "github.com/watermill-dedup/dedup"
 	"github.com/watermill-dedup/dedup/internal/testkit"
 	"github.com/watermill-dedup/dedup/keyfuncs"
+	"github.com/watermill-dedup/dedup/middleware"
 	"github.com/watermill-dedup/dedup/publisher"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/memstore"
@@ -508,4 +510,124 @@ func TestDuplicateInTheCallClaimsNothing(t *testing.T) {
 	if !reported {
 		t.Fatal("m1 was not reported as left out")
 	}
+}
+
+// completeOnce wraps a store: its first Complete fails with err, after
+// writing the record when landed is set (the reply lost on the way back).
+type completeOnce struct {
+	stores.Store
+	err    error
+	landed bool
+	failed atomic.Bool
+}
+
+func (c *completeOnce) Complete(ctx context.Context, cl *stores.Claim, retention time.Duration, data []byte) error {
+	if c.failed.CompareAndSwap(false, true) {
+		if c.landed {
+			if err := c.Store.Complete(ctx, cl, retention, data); err != nil {
+				return err
+			}
+		}
+		return c.err
+	}
+	return c.Store.Complete(ctx, cl, retention, data)
+}
+
+// TestCompleteAfterPublishIsRetried: after a successful publish, a
+// Complete that fails with an error the store does not classify is
+// retried (as in the consumer middleware): one blip must not leave the
+// record processing for a producer retry after the lease to publish the
+// message again. And a Complete whose reply was lost (it landed) is
+// reconciled, not reported as a record that could not be written.
+func TestCompleteAfterPublishIsRetried(t *testing.T) {
+	for _, landed := range []bool{false, true} {
+		name := map[bool]string{false: "failed", true: "reply lost"}[landed]
+		t.Run(name, func(t *testing.T) {
+			clock := storetest.NewFakeClock(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
+			store := &completeOnce{Store: newMem(t, clock), err: errors.New("read tcp 127.0.0.1:50000->127.0.0.1:6379: read: connection reset by peer"), landed: landed}
+			logger := watermill.NewCaptureLogger()
+			rec := &recorder{}
+			pub := decorate(t, publisher.Config{Store: store, Policy: dedup.Policy{Lease: time.Minute, Logger: logger}}, rec)
+			if err := pub.Publish("t", msg("a", "")); err != nil {
+				t.Fatal(err)
+			}
+			clock.Advance(2 * time.Minute) // past the lease, well inside the window
+			if err := pub.Publish("t", msg("a", "")); err != nil {
+				t.Fatal(err)
+			}
+			if n := len(rec.uuids()); n != 1 {
+				t.Fatalf("published %d times, want 1", n)
+			}
+			if errs := logger.Captured()[watermill.ErrorLogLevel]; len(errs) != 0 {
+				t.Errorf("logged %q, want nothing: the record was written", errs[0].Msg)
+			}
+		})
+	}
+}
+
+// TestRouterPublisherDecorator: in a router, the consumer middleware
+// re-emits a handler's stored outputs on a duplicate delivery (so an
+// output whose first publish failed is not lost); with the publisher
+// decorator on the router's publisher, an output that was published
+// already is not published again.
+func TestRouterPublisherDecorator(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	store := newMem(t, nil)
+	logger := watermill.NopLogger{}
+	ps := gochannel.NewGoChannel(gochannel.Config{}, logger)
+	defer ps.Close()
+	outputs := &recorder{}
+
+	router, err := message.NewRouter(message.RouterConfig{}, logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dedupMW, err := middleware.New(middleware.Config{Store: store, Policy: dedup.Policy{Logger: logger}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dp, err := publisher.New(publisher.Config{Store: store, Policy: dedup.Policy{Logger: logger}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	handled := make(chan struct{}, 8)
+	router.AddMiddleware(dedupMW.Middleware)
+	// The router applies the first decorator last (outermost): one that
+	// reports every publish of outputs (duplicates' re-emitted outputs
+	// included) once it has returned, around the dedup decorator.
+	router.AddPublisherDecorators(func(pub message.Publisher) (message.Publisher, error) {
+		return signalling{pub, handled}, nil
+	}, dp.Decorate)
+	router.AddHandler("orders", "in", ps, "out", outputs, func(msg *message.Message) ([]*message.Message, error) {
+		return []*message.Message{message.NewMessage("out-"+msg.UUID, msg.Payload)}, nil
+	})
+	go func() { _ = router.Run(ctx) }()
+	<-router.Running()
+	defer router.Close()
+
+	for i := range 3 { // the message and two redeliveries of it
+		if err := ps.Publish("in", message.NewMessage("order-1", []byte("{}"))); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-handled:
+		case <-ctx.Done():
+			t.Fatalf("delivery %d was not handled", i+1)
+		}
+	}
+	if got := outputs.uuids(); len(got) != 1 || got[0] != "out-order-1" {
+		t.Fatalf("outputs published %v, want [out-order-1] once", got)
+	}
+}
+
+type signalling struct {
+	message.Publisher
+	done chan<- struct{}
+}
+
+func (s signalling) Publish(topic string, msgs ...*message.Message) error {
+	err := s.Publisher.Publish(topic, msgs...)
+	s.done <- struct{}{}
+	return err
 }

@@ -23,13 +23,7 @@ var sqlV4 = sqlMajor{
 	initialize: func(t *testing.T, db *sql.DB, kind testkit.StoreKind, topic string) []string {
 		schema, offsets := sqlAdapters4(kind)
 		init, err := wsql.NewSubscriber(wsql.BeginnerFromStdSQL(db), wsql.SubscriberConfig{ConsumerGroup: "readers", SchemaAdapter: schema, OffsetsAdapter: offsets}, watermill.NopLogger{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := init.SubscribeInitialize(topic); err != nil {
-			t.Fatal(err)
-		}
-		_ = init.Close()
+		initializeTopic(t, init, err, topic)
 		return []string{schema.MessagesTable(topic), offsets.MessagesOffsetsTable(topic)}
 	},
 	publisher: func(db *sql.DB, tx *sql.Tx, kind testkit.StoreKind) (message.Publisher, error) {
