@@ -238,13 +238,7 @@ func TestAdminDeleteOfAChangingRecord(t *testing.T) {
 // the store uses as it is), the older revisions of a key are no records:
 // List and Stats see each key once, in its latest state.
 func TestAdminHistoryBucket(t *testing.T) {
-	nc := sharedConn(t)
-	cfg := natsstore.Config{Bucket: testBucket()}
-	deleteBuckets(t, nc, cfg)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	nc, cfg, js := freshBucket(t)
 	ctx := context.Background()
 	if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: cfg.Bucket, History: 5, TTL: cfg.RequiredMaxAge()}); err != nil {
 		t.Fatal(err)

@@ -102,3 +102,17 @@ func streamMsgs(t testing.TB, nc *nats.Conn, bucket string) uint64 {
 	}
 	return info.State.Msgs
 }
+
+// freshBucket returns the shared connection, a Config naming a bucket no
+// other test uses (deleted when the test ends), and a JetStream context.
+func freshBucket(t *testing.T) (*nats.Conn, natsstore.Config, jetstream.JetStream) {
+	t.Helper()
+	nc := sharedConn(t)
+	cfg := natsstore.Config{Bucket: testBucket()}
+	deleteBuckets(t, nc, cfg)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return nc, cfg, js
+}

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/natsstore"
 	"github.com/watermill-dedup/dedup/stores/storetest"
@@ -33,22 +34,22 @@ func TestConformanceShards(t *testing.T) {
 // TestConformanceLeaderReads runs the suite reading from the stream
 // leader (STREAM.MSG.GET), as the store does on a replicated bucket.
 func TestConformanceLeaderReads(t *testing.T) {
-	nc := sharedConn(t)
-	storetest.Run(t, func(t *testing.T, clock stores.Clock) stores.Store {
-		s := newStore(t, nc, natsstore.Config{MaxLease: suiteMax, MaxRetention: suiteMax, Clock: clock})
-		s.SetLeaderReads(true)
-		return s
-	}, storetest.AdminNoScopes())
+	storetest.Run(t, leaderReads(sharedConn(t), suiteMax), storetest.AdminNoScopes())
 }
 
 // TestModelLeaderReads is TestModel reading from the stream leader.
 func TestModelLeaderReads(t *testing.T) {
-	nc := sharedConn(t)
-	storetest.RunModel(t, func(t *testing.T, clock stores.Clock) stores.Store {
-		s := newStore(t, nc, natsstore.Config{MaxLease: modelMax, MaxRetention: modelMax, Clock: clock})
+	storetest.RunModel(t, leaderReads(sharedConn(t), modelMax), storetest.MaxDuration(modelMax))
+}
+
+// leaderReads builds stores on nc that read from the stream leader, with
+// d as MaxLease and MaxRetention.
+func leaderReads(nc *nats.Conn, d time.Duration) storetest.Factory {
+	return func(t *testing.T, clock stores.Clock) stores.Store {
+		s := newStore(t, nc, natsstore.Config{MaxLease: d, MaxRetention: d, Clock: clock})
 		s.SetLeaderReads(true)
 		return s
-	}, storetest.MaxDuration(modelMax))
+	}
 }
 
 // TestConformanceSystemClock runs the suite on the system clock: the

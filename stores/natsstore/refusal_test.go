@@ -242,16 +242,7 @@ func TestSessionClosedIsNotAnOutage(t *testing.T) {
 		}
 		srv.Reload(usersConf("root"))
 		testkit.WaitFor(t, time.Minute, "the server closing the session", func() bool { return nc.Status() == nats.RECONNECTING })
-		testkit.RefusedCalls(t, s, 5, "not known to be an outage", true)
-		for i := range 3 {
-			_, err := s.Claim(context.Background(), "s", []string{"n" + string(rune('a'+i))}, time.Minute)
-			if !errors.Is(err, natsstore.ErrNotConnected) {
-				t.Fatalf("Claim while reconnecting, the server up: %v, want ErrNotConnected", err)
-			}
-		}
-		if ran, err := testkit.FailOpenRun(t, s, 5); ran != 0 || err == nil {
-			t.Fatalf("FailOpen with the session closed by a server that is up: %d of 5 handlers ran unprotected, last error %v", ran, err)
-		}
+		refusedNoFailOpen(t, s, 5, "not known to be an outage", "n", natsstore.ErrNotConnected, "while reconnecting, the session closed by a server that is up")
 		srv.Kill()
 		outageCalls(t, s, "the server killed")
 	})
@@ -414,16 +405,7 @@ func TestAccountWithoutJetStreamIsNotAnOutage(t *testing.T) {
 	testkit.WaitFor(t, time.Minute, "the connection up again, in account B", func() bool {
 		return nc.Stats().Reconnects > 0 && nc.IsConnected()
 	})
-	testkit.RefusedCalls(t, s, 3, "jetstream not enabled for account", true)
-	for i := range 2 {
-		_, err := s.Claim(context.Background(), "s", []string{"b" + string(rune('a'+i))}, time.Minute)
-		if !errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount) {
-			t.Fatalf("Claim in an account without JetStream: %v, want jetstream.ErrJetStreamNotEnabledForAccount", err)
-		}
-	}
-	if ran, err := testkit.FailOpenRun(t, s, 3); ran != 0 || err == nil {
-		t.Fatalf("FailOpen in an account without JetStream: %d of 3 handlers ran unprotected, last error %v", ran, err)
-	}
+	refusedNoFailOpen(t, s, 3, "jetstream not enabled for account", "b", jetstream.ErrJetStreamNotEnabledForAccount, "in an account without JetStream")
 }
 
 // TestServerGoneForGoodIsAnOutage: nats.go gives up on a server killed
@@ -476,4 +458,21 @@ func freePort(t *testing.T) int {
 	}
 	defer func() { _ = ln.Close() }()
 	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// refusedNoFailOpen checks that n calls of s are refused with text and not
+// as an outage, that n-2 claims fail with want, and that a fail-open
+// consumer runs none of n handlers; what names the situation.
+func refusedNoFailOpen(t *testing.T, s *natsstore.Store, n int, text, keyPrefix string, want error, what string) {
+	t.Helper()
+	testkit.RefusedCalls(t, s, n, text, true)
+	for i := range n - 2 {
+		_, err := s.Claim(context.Background(), "s", []string{keyPrefix + string(rune('a'+i))}, time.Minute)
+		if !errors.Is(err, want) {
+			t.Fatalf("Claim %s: %v, want %v", what, err, want)
+		}
+	}
+	if ran, err := testkit.FailOpenRun(t, s, n); ran != 0 || err == nil {
+		t.Fatalf("FailOpen %s: %d of %d handlers ran unprotected, last error %v", what, ran, n, err)
+	}
 }
