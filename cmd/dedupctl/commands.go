@@ -4,24 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"slices"
-	"strconv"
 	"time"
 
 	"github.com/watermill-dedup/dedup/stores"
 )
-
-// cli runs one command; errors go to its caller.
-type cli struct {
-	cfg *config
-	out io.Writer
-}
-
-// notFoundError is a record or a selection that does not exist: exit 3.
-type notFoundError struct{ msg string }
-
-func (e *notFoundError) Error() string { return e.msg }
 
 func (c *cli) exec(ctx context.Context, cmd string, pos []string) error {
 	if err := c.checkArgs(cmd, pos); err != nil {
@@ -68,21 +55,21 @@ func (c *cli) checkArgs(cmd string, pos []string) error {
 		case c.cfg.id != "" && n != 0:
 			return usagef("get takes SCOPE KEY or -id, not both")
 		case c.cfg.id == "" && n != 2:
-			return usagef("get takes SCOPE and KEY (or -id=ID), got %s", args(n))
+			return usagef("get takes SCOPE and KEY (or -id=ID), got %s", argCount(n))
 		}
 	case "list":
 		if n > 1 {
-			return usagef("list takes at most a SCOPE, got %s", args(n))
+			return usagef("list takes at most a SCOPE, got %s", argCount(n))
 		}
 	case "forget", "release":
 		switch {
 		case c.cfg.id != "" && n != 0:
 			return usagef("%s takes SCOPE KEY or -id, not both", cmd)
 		case c.cfg.id != "" && (c.cfg.keyPrefix != "" || c.cfg.all):
-			return usagef("%s -id names one record: it takes no -prefix or -all", cmd)
+			return usagef("%s -id names recordRef record: it takes no -prefix or -all", cmd)
 		case c.cfg.id != "":
 		case n < 1 || n > 2:
-			return usagef("%s takes SCOPE and KEY (or SCOPE and -prefix), got %s", cmd, args(n))
+			return usagef("%s takes SCOPE and KEY (or SCOPE and -prefix), got %s", cmd, argCount(n))
 		case n == 2 && c.cfg.keyPrefix != "":
 			return usagef("%s takes KEY or -prefix, not both", cmd)
 		case n == 1 && c.cfg.keyPrefix == "" && !c.cfg.all:
@@ -90,27 +77,20 @@ func (c *cli) checkArgs(cmd string, pos []string) error {
 		case n == 1 && pos[0] == "":
 			// A listing without a scope lists every scope: -all would
 			// reach far beyond what the operator named.
-			return usagef("%s with -prefix or -all needs a SCOPE: an empty one would select the records of every scope", cmd)
+			return usagef("%s with -prefix or -all needs a SCOPE: an empty recordRef would select the records of every scope", cmd)
 		}
 	case "window":
 		if n != 0 {
-			return usagef("window takes no arguments, got %s", args(n))
+			return usagef("window takes no arguments, got %s", argCount(n))
 		}
 		return c.cfg.checkWindow()
 	default: // stats, purge
 		if n != 0 {
-			return usagef("%s takes no arguments, got %s", cmd, args(n))
+			return usagef("%s takes no arguments, got %s", cmd, argCount(n))
 		}
 	}
 	return nil
 }
-
-// digestNote explains what a store keeping (scope, key) as a digest
-// cannot do, and what works instead: one short line each.
-const digestNote = "the store keeps each record under a digest of (scope, key), which cannot be read back:\n" +
-	"  `dedupctl get SCOPE KEY` reads one record;\n" +
-	"  `dedupctl list` (without SCOPE or -prefix) lists every record by id;\n" +
-	"  -id=ID names one of them to get, forget or release"
 
 // notByScope turns ErrNotSupported into the explanation of what does not
 // work, why, and what does.
@@ -121,40 +101,15 @@ func notByScope(cmd string, a *admin, err error) error {
 	return err
 }
 
-// one is the record that get, forget or release names: by SCOPE KEY, or
-// by -id.
-type one struct{ scope, key, id string }
-
 // named is the record pos (SCOPE KEY) or -id names.
-func (c *cli) named(pos []string) one {
+func (c *cli) named(pos []string) recordRef {
 	if c.cfg.id != "" {
-		return one{id: c.cfg.id}
+		return recordRef{id: c.cfg.id}
 	}
-	return one{scope: pos[0], key: pos[1]}
+	return recordRef{scope: pos[0], key: pos[1]}
 }
 
-func (o one) String() string {
-	if o.id != "" {
-		return "with id " + o.id
-	}
-	return fmt.Sprintf("for key %+q in scope %+q", o.key, o.scope)
-}
-
-func (o one) get(ctx context.Context, a *admin) (stores.Record, error) {
-	if o.id != "" {
-		return a.GetByID(ctx, o.id)
-	}
-	return a.Get(ctx, o.scope, o.key)
-}
-
-func (o one) delete(ctx context.Context, a *admin, want stores.RecordState) (stores.Record, error) {
-	if o.id != "" {
-		return a.DeleteByID(ctx, o.id, want)
-	}
-	return a.Delete(ctx, o.scope, o.key, want)
-}
-
-func (c *cli) get(ctx context.Context, a *admin, o one) error {
+func (c *cli) get(ctx context.Context, a *admin, o recordRef) error {
 	r, err := o.get(ctx, a)
 	if errors.Is(err, stores.ErrNotFound) {
 		return &notFoundError{fmt.Sprintf("no record %s on %s", o, a.where)}
@@ -190,7 +145,7 @@ func (c *cli) list(ctx context.Context, a *admin, scope string) error {
 		fmt.Fprintf(c.out, "\nmore records: add -after=%s\n", next)
 	}
 	if slices.ContainsFunc(recs, func(r stores.Record) bool { return !r.KeyKnown }) {
-		fmt.Fprintf(c.out, "\nget, forget (done) or release (processing) one of them by its ID: dedupctl get -id=ID, dedupctl release -id=ID -yes\n")
+		fmt.Fprintf(c.out, "\nget, forget (done) or release (processing) recordRef of them by its ID: dedupctl get -id=ID, dedupctl release -id=ID -yes\n")
 	}
 	return nil
 }
@@ -296,8 +251,8 @@ func keep(r, t stores.Record) stores.Record {
 	return r
 }
 
-// removeError explains the failure of a forget or release of one record.
-func removeError(verb string, a *admin, o one, r stores.Record, err error) error {
+// removeError explains the failure of a forget or release of recordRef record.
+func removeError(verb string, a *admin, o recordRef, r stores.Record, err error) error {
 	switch {
 	case errors.Is(err, stores.ErrNotFound):
 		return &notFoundError{fmt.Sprintf("no record %s on %s: nothing to %s", o, a.where, verb)}
@@ -404,14 +359,4 @@ func (c *cli) stats(ctx context.Context, a *admin) error {
 	}
 	writeStats(c.out, a, st, time.Now())
 	return nil
-}
-
-// args is "1 argument", "n arguments".
-func args(n int) string { return strconv.Itoa(n) + " " + plural(n, "argument", "arguments") }
-
-func plural(n int, one, many string) string {
-	if n == 1 {
-		return one
-	}
-	return many
 }

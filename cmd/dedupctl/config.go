@@ -3,7 +3,6 @@ package main
 import (
 	"errors"
 	"flag"
-	"fmt"
 	"io"
 	"regexp"
 	"slices"
@@ -101,15 +100,6 @@ func newFlagSet(c *config) *flag.FlagSet {
 	fs.IntVar(&c.keysPerMessage, "keys-per-message", 1, "window: dedup keys per message, one record each (router_example: 2, message id and payment id)")
 	fs.Float64Var(&c.bytesPerRecord, "bytes-per-record", 0, "window: bytes a record takes (default: the benchmark figure of -store, or of every store; mysql and sqlite have none)")
 	return fs
-}
-
-// usageError is a bad command line: exit status 2.
-type usageError struct{ msg string }
-
-func (e *usageError) Error() string { return e.msg }
-
-func usagef(format string, args ...any) error {
-	return &usageError{fmt.Sprintf(format, args...)}
 }
 
 // parseArgs reads the environment and the command line: flags may come

@@ -92,17 +92,6 @@ import (
 	"syscall"
 
 	"github.com/watermill-dedup/dedup/internal/cliflag"
-	"github.com/watermill-dedup/dedup/internal/storeopen"
-	"github.com/watermill-dedup/dedup/stores"
-)
-
-// Exit statuses.
-const (
-	exitOK       = 0
-	exitError    = 1
-	exitUsage    = 2
-	exitNotFound = 3
-	exitRefused  = 4
 )
 
 func main() {
@@ -133,30 +122,6 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	return exitOK
 }
 
-// refusedError is a destructive command that changed nothing: exit 4.
-type refusedError struct{ msg string }
-
-func (e *refusedError) Error() string { return e.msg }
-
-// exitCode is the exit status of a command's error.
-func exitCode(err error) int {
-	var (
-		usage    *usageError
-		setting  *storeopen.SettingError
-		notFound *notFoundError
-		refused  *refusedError
-	)
-	switch {
-	case errors.As(err, &usage), errors.As(err, &setting), errors.Is(err, stores.ErrNotSupported), errors.Is(err, stores.ErrInvalidKey), errors.Is(err, stores.ErrInvalidArgument):
-		return exitUsage
-	case errors.As(err, &notFound), errors.Is(err, stores.ErrNotFound):
-		return exitNotFound
-	case errors.As(err, &refused), errors.Is(err, stores.ErrWrongState):
-		return exitRefused
-	}
-	return exitError
-}
-
 // The usage text, around the flags printFlags lists.
 var (
 	//go:embed usage.txt
@@ -173,13 +138,13 @@ func printUsage(w io.Writer) {
 	fmt.Fprint(w, "\n"+usageExitText)
 }
 
-// printFlags prints the usage of the flags keep selects.
-func printFlags(w io.Writer, keep func(name string) bool) {
+// printFlags prints the usage of the flags that selected picks.
+func printFlags(w io.Writer, selected func(name string) bool) {
 	var cfg config
 	sub := flag.NewFlagSet("dedupctl", flag.ContinueOnError)
 	sub.SetOutput(w)
 	newFlagSet(&cfg).VisitAll(func(f *flag.Flag) {
-		if !keep(f.Name) {
+		if !selected(f.Name) {
 			return
 		}
 		usage := f.Usage

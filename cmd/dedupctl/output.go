@@ -354,3 +354,10 @@ func writeSkipped(w io.Writer, n int64, sample []string) {
 		n, plural(int(n), "key", "keys"), plural(int(n), "is", "are"), eg)
 	fmt.Fprintln(w, "(another layout's: -compact-keys, -digest-keys-longer-than; another store's: -redis-prefix; or another program's)")
 }
+
+// digestNote explains what a store keeping (scope, key) as a digest
+// cannot do, and what works instead: one short line each.
+const digestNote = "the store keeps each record under a digest of (scope, key), which cannot be read back:\n" +
+	"  `dedupctl get SCOPE KEY` reads one record;\n" +
+	"  `dedupctl list` (without SCOPE or -prefix) lists every record by id;\n" +
+	"  -id=ID names one of them to get, forget or release"
