@@ -18,7 +18,6 @@ import (
 	"github.com/watermill-dedup/dedup/keyfuncs"
 	"github.com/watermill-dedup/dedup/keyfuncs/amqpkeys"
 	"github.com/watermill-dedup/dedup/middleware"
-	"github.com/watermill-dedup/dedup/stores/storetest"
 )
 
 // TestDefaultMarshalerLosesTheIdentity is the problem Marshaler solves:
@@ -93,19 +92,11 @@ func TestUnmarshalCarriesProperties(t *testing.T) {
 // once. With watermill-amqp's own marshaler the same deliveries have no
 // UUID and no key.
 func TestForeignProducerDeduplicated(t *testing.T) {
-	url := testkit.RequireAMQP(t)
-	queue := "amqpkeys-test-" + storetest.NewID()
-	cfg := amqp.NewDurableQueueConfig(url)
-	cfg.Marshaler = amqpkeys.Marshaler{Inner: cfg.Marshaler}
-	sub, err := amqp.NewSubscriber(cfg, watermill.NopLogger{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = sub.Close() })
-	t.Cleanup(func() { deleteQueue(t, url, queue) })
-	if err := sub.SubscribeInitialize(queue); err != nil {
-		t.Fatal(err)
-	}
+	url, queue, sub := keytest.AMQPSubscriber(t, "amqpkeys-test-", func(url string) (*amqp.Subscriber, error) {
+		cfg := amqp.NewDurableQueueConfig(url)
+		cfg.Marshaler = amqpkeys.Marshaler{Inner: cfg.Marshaler}
+		return amqp.NewSubscriber(cfg, watermill.NopLogger{})
+	})
 
 	var (
 		mu   sync.Mutex
@@ -123,14 +114,7 @@ func TestForeignProducerDeduplicated(t *testing.T) {
 		return nil
 	})
 
-	ch := testkit.AMQPChannel(t, url)
-	for range 2 { // the producer retries: the same message twice
-		if err := ch.PublishWithContext(context.Background(), "", queue, false, false, amqp091.Publishing{
-			MessageId: "order-42", Timestamp: time.Now(), Headers: amqp091.Table{"attempt": int32(1)}, Body: []byte(`{"order":42}`),
-		}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	keytest.PublishForeignTwice(t, url, queue) // the producer retries: the same message twice
 	for _, id := range keytest.Await(t, acks, 2) {
 		if id != "order-42" {
 			t.Fatalf("acked a delivery with message_id %q", id)
@@ -140,12 +124,6 @@ func TestForeignProducerDeduplicated(t *testing.T) {
 	defer mu.Unlock()
 	if runs["order-42"] != 1 || len(runs) != 1 {
 		t.Fatalf("handler runs by UUID = %v, want order-42 once", runs)
-	}
-}
-
-func deleteQueue(t *testing.T, url, queue string) {
-	if err := testkit.DeleteAMQPQueues(url, queue); err != nil {
-		t.Logf("cleanup: %v", err)
 	}
 }
 

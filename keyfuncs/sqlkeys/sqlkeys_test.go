@@ -87,28 +87,7 @@ func TestForeignRows(t *testing.T) {
 			if d.name == "mysql" {
 				insert = fmt.Sprintf("INSERT INTO %s (uuid, payload, metadata) VALUES (?, ?, ?)", d.table(topic))
 			}
-			for _, id := range []string{"pay-42", "pay-42", storetest.NewID()} {
-				if _, err := db.ExecContext(ctx, insert, id, `{"amount": 5}`, `{"source": "billing"}`); err != nil {
-					t.Fatal(err)
-				}
-			}
-
-			runs, offsets := keytest.Count(t, sub, topic, 3, sqlkeys.Offset(), func(msg *message.Message) {
-				if msg.Metadata.Get("source") != "billing" {
-					t.Errorf("metadata = %v, want the row's", msg.Metadata)
-				}
-			})
-			if runs["pay-42"] != 1 || len(runs) != 2 {
-				t.Errorf("handler runs by UUID = %v; want pay-42 once and the other row once", runs)
-			}
-			if len(offsets) != 3 {
-				t.Errorf("Offset() keys = %v; want three distinct rows", offsets)
-			}
-			for k := range offsets {
-				if len(k) <= len(topic)+1 || k[:len(topic)+1] != topic+"/" {
-					t.Errorf("Offset() key %q, want %q/<offset>", k, topic)
-				}
-			}
+			keytest.ForeignRows(t, db, insert, sub, topic, sqlkeys.Offset())
 		})
 	}
 }

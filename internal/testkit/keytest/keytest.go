@@ -5,7 +5,9 @@ package keytest
 
 import (
 	"context"
+	"database/sql"
 	"maps"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -16,6 +18,7 @@ import (
 	"github.com/watermill-dedup/dedup/keyfuncs"
 	"github.com/watermill-dedup/dedup/middleware"
 	"github.com/watermill-dedup/dedup/stores/memstore"
+	"github.com/watermill-dedup/dedup/stores/storetest"
 )
 
 // Run starts a router consuming topic from sub through the dedup
@@ -114,4 +117,36 @@ func Count(t testing.TB, sub message.Subscriber, topic string, n int, key keyfun
 	mu.Lock()
 	defer mu.Unlock()
 	return maps.Clone(runs), maps.Clone(keys)
+}
+
+// ForeignRows is a foreign producer writing a watermill-sql topic with
+// plain SQL, then the router reading it: insert (its uuid, payload and
+// metadata placeholders in order, the table filled in) runs for one event
+// twice under its own id (a retried INSERT) and once for a row under a
+// fresh id. The middleware's default key must run the first event once,
+// the row's metadata must reach the handler, and offset (the sqlkeys
+// major's Offset) must key every row apart, as topic/<offset>.
+func ForeignRows(t testing.TB, db *sql.DB, insert string, sub message.Subscriber, topic string, offset keyfuncs.KeyFunc) {
+	t.Helper()
+	for _, id := range []string{"pay-42", "pay-42", storetest.NewID()} {
+		if _, err := db.ExecContext(context.Background(), insert, id, `{"amount": 5}`, `{"source": "billing"}`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	runs, offsets := Count(t, sub, topic, 3, offset, func(msg *message.Message) {
+		if msg.Metadata.Get("source") != "billing" {
+			t.Errorf("metadata = %v, want the row's", msg.Metadata)
+		}
+	})
+	if runs["pay-42"] != 1 || len(runs) != 2 {
+		t.Errorf("handler runs by UUID = %v; want pay-42 once and the other row once", runs)
+	}
+	if len(offsets) != 3 {
+		t.Errorf("Offset() keys = %v; want three distinct rows", offsets)
+	}
+	for k := range offsets {
+		if rest, ok := strings.CutPrefix(k, topic+"/"); !ok || rest == "" {
+			t.Errorf("Offset() key %q, want %q/<offset>", k, topic)
+		}
+	}
 }

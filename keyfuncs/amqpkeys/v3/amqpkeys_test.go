@@ -1,7 +1,6 @@
 package amqpkeys_test
 
 import (
-	"context"
 	"errors"
 	"reflect"
 	"sync"
@@ -14,13 +13,11 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
-	"github.com/watermill-dedup/dedup/internal/testkit"
 	"github.com/watermill-dedup/dedup/internal/testkit/keytest"
 	"github.com/watermill-dedup/dedup/keyfuncs"
 	amqpkeys2 "github.com/watermill-dedup/dedup/keyfuncs/amqpkeys"
 	amqpkeys "github.com/watermill-dedup/dedup/keyfuncs/amqpkeys/v3"
 	"github.com/watermill-dedup/dedup/middleware"
-	"github.com/watermill-dedup/dedup/stores/storetest"
 )
 
 // TestSameAsV2: the v3 Marshaler (on v3's default marshaler) gives every
@@ -86,23 +83,11 @@ func TestSameAsV2(t *testing.T) {
 // delivery once (v3 then redelivers it, marked redelivered) and runs the
 // handler to success once: three deliveries acked or nacked, one effect.
 func TestForeignProducerDeduplicated(t *testing.T) {
-	url := testkit.RequireAMQP(t)
-	queue := "amqpkeys3-test-" + storetest.NewID()
-	cfg := amqp.NewDurableQueueConfig(url)
-	cfg.Marshaler = amqpkeys.Marshaler{Inner: cfg.Marshaler}
-	sub, err := amqp.NewSubscriber(cfg, watermill.NopLogger{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = sub.Close() })
-	t.Cleanup(func() {
-		if err := testkit.DeleteAMQPQueues(url, queue); err != nil {
-			t.Logf("cleanup: %v", err)
-		}
+	url, queue, sub := keytest.AMQPSubscriber(t, "amqpkeys3-test-", func(url string) (*amqp.Subscriber, error) {
+		cfg := amqp.NewDurableQueueConfig(url)
+		cfg.Marshaler = amqpkeys.Marshaler{Inner: cfg.Marshaler}
+		return amqp.NewSubscriber(cfg, watermill.NopLogger{})
 	})
-	if err := sub.SubscribeInitialize(queue); err != nil {
-		t.Fatal(err)
-	}
 
 	type delivery struct {
 		id          string
@@ -128,14 +113,7 @@ func TestForeignProducerDeduplicated(t *testing.T) {
 		return nil
 	})
 
-	ch := testkit.AMQPChannel(t, url)
-	for range 2 { // the producer retries: the same message twice
-		if err := ch.PublishWithContext(context.Background(), "", queue, false, false, amqp091.Publishing{
-			MessageId: "order-42", Timestamp: time.Now(), Headers: amqp091.Table{"attempt": int32(1)}, Body: []byte(`{"order":42}`),
-		}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	keytest.PublishForeignTwice(t, url, queue) // the producer retries: the same message twice
 	var nacked, acked, redeliveredAcked int
 	for acked < 2 {
 		d := keytest.Await(t, deliveries, 1)[0]

@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"strings"
 	"testing"
 	"time"
 
@@ -58,7 +57,6 @@ type tabled interface{ MessagesTable(topic string) string }
 func TestForeignRows(t *testing.T) {
 	for _, a := range adapters {
 		t.Run(a.name, func(t *testing.T) {
-			ctx := context.Background()
 			db, beginner := openDB(t, a.mysql, a.pgx)
 			topic := "sqlkeys4_" + storetest.NewID()
 			table := a.schema.(tabled).MessagesTable(topic)
@@ -88,27 +86,7 @@ func TestForeignRows(t *testing.T) {
 					t.Error(err)
 				}
 			})
-			for _, id := range []string{"pay-42", "pay-42", storetest.NewID()} {
-				if _, err := db.ExecContext(ctx, fmt.Sprintf(a.insert, table), id, `{"amount": 5}`, `{"source": "billing"}`); err != nil {
-					t.Fatal(err)
-				}
-			}
-			runs, offsets := keytest.Count(t, sub, topic, 3, sqlkeys.Offset(), func(msg *message.Message) {
-				if msg.Metadata.Get("source") != "billing" {
-					t.Errorf("metadata = %v, want the row's", msg.Metadata)
-				}
-			})
-			if runs["pay-42"] != 1 || len(runs) != 2 {
-				t.Errorf("handler runs by UUID = %v; want pay-42 once and the other row once", runs)
-			}
-			if len(offsets) != 3 {
-				t.Errorf("Offset() keys = %v; want three distinct rows", offsets)
-			}
-			for k := range offsets {
-				if rest, ok := strings.CutPrefix(k, topic+"/"); !ok || rest == "" {
-					t.Errorf("Offset() key %q, want %q/<offset>", k, topic)
-				}
-			}
+			keytest.ForeignRows(t, db, fmt.Sprintf(a.insert, table), sub, topic, sqlkeys.Offset())
 		})
 	}
 }
