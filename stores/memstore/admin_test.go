@@ -13,8 +13,14 @@ import (
 
 func newClocked(t *testing.T) (*memstore.Store, *storetest.FakeClock) {
 	t.Helper()
+	return newClockedEvery(t, time.Minute)
+}
+
+// newClockedEvery is newClocked sweeping every interval.
+func newClockedEvery(t *testing.T, interval time.Duration) (*memstore.Store, *storetest.FakeClock) {
+	t.Helper()
 	clock := storetest.NewFakeClock(time.Unix(1_000_000, 0))
-	s, err := memstore.New(memstore.Config{Clock: clock, SweepInterval: time.Minute})
+	s, err := memstore.New(memstore.Config{Clock: clock, SweepInterval: interval})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,6 +3,7 @@ package memstore_test
 import (
 	"context"
 	"fmt"
+	"math"
 	"runtime"
 	"testing"
 	"time"
@@ -117,12 +118,7 @@ func TestConfigValidate(t *testing.T) {
 
 func TestSweepRemovesExpired(t *testing.T) {
 	ctx := context.Background()
-	clock := storetest.NewFakeClock(time.Unix(1_000_000, 0))
-	s, err := memstore.New(memstore.Config{Clock: clock, SweepInterval: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close(ctx)
+	s, clock := newClockedEvery(t, time.Hour)
 	for _, k := range []string{"a", "b", "c"} {
 		c, err := s.Claim(ctx, "scope", []string{k}, time.Minute)
 		if err != nil {
@@ -157,12 +153,7 @@ func TestSweepRemovesExpired(t *testing.T) {
 // reported as a takeover.
 func TestSweepKeepsAnExpiredLeaseForALease(t *testing.T) {
 	ctx := context.Background()
-	clock := storetest.NewFakeClock(time.Unix(1_000_000, 0))
-	s, err := memstore.New(memstore.Config{Clock: clock, SweepInterval: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close(ctx)
+	s, clock := newClockedEvery(t, time.Minute)
 	if _, err := s.Claim(ctx, "scope", []string{"k"}, time.Hour); err != nil {
 		t.Fatal(err)
 	}
@@ -225,4 +216,150 @@ func heapAlloc() uint64 {
 	var m runtime.MemStats
 	runtime.ReadMemStats(&m)
 	return m.HeapAlloc
+}
+
+// The shard counts the documentation allows, up to 65536, are accepted.
+func TestConfigValidShards(t *testing.T) {
+	for _, n := range []int{0, 1, 2, 1 << 10, 1 << 16} {
+		s, err := memstore.New(memstore.Config{Shards: n})
+		if err != nil {
+			t.Errorf("New with %d shards: %v", n, err)
+			continue
+		}
+		_ = s.Close(context.Background())
+	}
+}
+
+// Sweep removes a done record from the instant it expires (the instant
+// Claim no longer finds it live), and keeps an expired processing record
+// up to and including the end of its grace (the longest lease given),
+// when a claim is still reported as a takeover.
+func TestSweepAtTheBoundaries(t *testing.T) {
+	ctx := context.Background()
+	s, clock := newClockedEvery(t, time.Minute)
+
+	done, err := s.Claim(ctx, "s", []string{"done"}, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Complete(ctx, done, 10*time.Minute, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Claim(ctx, "s", []string{"leased"}, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+
+	clock.Advance(10*time.Minute - time.Nanosecond)
+	if n := s.Sweep(); n != 0 {
+		t.Fatalf("Sweep removed %d records a nanosecond before any expired", n)
+	}
+	clock.Advance(time.Nanosecond)
+	if n := s.Sweep(); n != 1 {
+		t.Fatalf("Sweep at the done record's expiry removed %d records, want 1", n)
+	}
+
+	// The lease ends at +1h; its grace is the longest lease given, 1h.
+	clock.Advance(2*time.Hour - 10*time.Minute)
+	if n := s.Sweep(); n != 0 {
+		t.Fatalf("Sweep at the end of the lease's grace removed %d records, want 0", n)
+	}
+	c, err := s.Claim(ctx, "s", []string{"leased"}, time.Minute)
+	if err != nil || c.Result != stores.Claimed || !c.Takeover {
+		t.Fatalf("claim at the end of the grace: %+v, %v; want a takeover", c, err)
+	}
+	// That claim's lease, a minute, ends; an hour (the longest lease) and a
+	// nanosecond later the sweep removes it.
+	clock.Advance(time.Minute + time.Hour)
+	if n := s.Sweep(); n != 0 {
+		t.Fatalf("Sweep at the end of the grace removed %d records, want 0", n)
+	}
+	clock.Advance(time.Nanosecond)
+	if n := s.Sweep(); n != 1 {
+		t.Fatalf("Sweep a nanosecond after the grace removed %d records, want 1", n)
+	}
+}
+
+// sweep is the store's housekeeping for the model: it may forget only
+// what the contract lets it forget.
+func sweep(_ context.Context, s stores.Store) error {
+	s.(*memstore.Store).Sweep()
+	return nil
+}
+
+// TestModel checks the store against the model of the Store contract,
+// to the nanosecond on a fake clock, with Sweep run between calls.
+func TestModel(t *testing.T) {
+	storetest.RunModel(t, newStore, storetest.Maintenance(sweep))
+}
+
+// TestModelOneShard runs the model with every key in one shard, where
+// the keys of a multi-key claim share a lock and a table.
+func TestModelOneShard(t *testing.T) {
+	storetest.RunModel(t, func(t *testing.T, clock stores.Clock) stores.Store {
+		s, err := memstore.New(memstore.Config{Clock: clock, Shards: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = s.Close(context.Background()) })
+		return s
+	}, storetest.Maintenance(sweep))
+}
+
+// TestModelSystemClock runs the model in real time on the system clock,
+// which the store reads as monotonic time.
+func TestModelSystemClock(t *testing.T) {
+	storetest.RunModel(t, newStore, storetest.RealTime(50*time.Millisecond), storetest.Maintenance(sweep))
+}
+
+// TestHugeDurations: a lease or retention of math.MaxInt64 means "for
+// ever" (saturated), never a time that wraps around into the past, on the
+// system clock (monotonic) and on an injected one.
+func TestHugeDurations(t *testing.T) {
+	for name, clock := range map[string]stores.Clock{
+		"system": nil,
+		"fake":   storetest.NewFakeClock(time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)),
+	} {
+		t.Run(name, func(t *testing.T) {
+			s, err := memstore.New(memstore.Config{Clock: clock})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close(context.Background())
+			ctx := context.Background()
+			for _, keys := range [][]string{{"one"}, {"a", "b"}} {
+				c, err := s.Claim(ctx, "s", keys, math.MaxInt64)
+				if err != nil || c.Result != stores.Claimed {
+					t.Fatalf("Claim(%q, MaxInt64) = %+v, %v", keys, c, err)
+				}
+				if again, err := s.Claim(ctx, "s", keys, time.Second); err != nil || again.Result != stores.InProgress {
+					t.Fatalf("Claim of a key leased for ever = %+v, %v; want InProgress (the lease wrapped around)", again, err)
+				}
+				if err := s.Extend(ctx, c, math.MaxInt64); err != nil {
+					t.Fatal(err)
+				}
+				if again, err := s.Claim(ctx, "s", keys, time.Second); err != nil || again.Result != stores.InProgress {
+					t.Fatalf("Claim after Extend(MaxInt64) = %+v, %v; want InProgress", again, err)
+				}
+				if err := s.Complete(ctx, c, math.MaxInt64, nil); err != nil {
+					t.Fatal(err)
+				}
+				if dup, err := s.Claim(ctx, "s", keys, time.Second); err != nil || dup.Result != stores.Duplicate {
+					t.Fatalf("Claim after Complete(MaxInt64) = %+v, %v; want Duplicate", dup, err)
+				}
+			}
+			// An expired lease is kept one more longest lease (here: for
+			// ever) by Sweep, not dropped by an overflowing grace.
+			if fc, ok := clock.(*storetest.FakeClock); ok {
+				c, err := s.Claim(ctx, "s", []string{"short"}, time.Second)
+				if err != nil {
+					t.Fatal(err)
+				}
+				fc.Advance(time.Hour)
+				s.Sweep()
+				if err := s.Release(ctx, c); err != nil {
+					t.Fatalf("Release of an expired claim after Sweep = %v; Sweep dropped it before one longest lease passed", err)
+				}
+			}
+		})
+	}
 }
