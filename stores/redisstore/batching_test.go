@@ -3,6 +3,7 @@ package redisstore_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -449,4 +450,254 @@ func TestCompactKeys(t *testing.T) {
 	if err := (redisstore.Config{CompactKeys: true, DigestKeysLongerThan: 16}).Validate(); err == nil {
 		t.Fatal("CompactKeys with DigestKeysLongerThan accepted")
 	}
+}
+
+// holdHook holds every command or pipeline naming "slowkey" until release
+// is closed, and says so on held.
+type holdHook struct{ held, release chan struct{} }
+
+func (h holdHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h holdHook) hold(cmds []redis.Cmder) {
+	for _, c := range cmds {
+		if strings.Contains(fmt.Sprint(c.Args()), "slowkey") {
+			h.held <- struct{}{}
+			<-h.release
+			return
+		}
+	}
+}
+func (h holdHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error { h.hold([]redis.Cmder{cmd}); return next(ctx, cmd) }
+}
+func (h holdHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error { h.hold(cmds); return next(ctx, cmds) }
+}
+
+// TestLingeringCompleteBesideASlowCall: a Complete whose context carries
+// stores.WithLinger goes out once its linger has passed, in the pipeline
+// slot left free beside a call that is slow to answer (the default
+// batching has two): it waited for that call, until its own deadline,
+// before.
+func TestLingeringCompleteBesideASlowCall(t *testing.T) {
+	addr := testkit.RequireRedis(t)
+	client := redis.NewClient(&redis.Options{Addr: addr})
+	t.Cleanup(func() { _ = client.Close() })
+	h := holdHook{held: make(chan struct{}, 1), release: make(chan struct{})}
+	client.AddHook(h)
+	prefix := fmt.Sprintf("dedup-linger-%d:", time.Now().UnixNano())
+	t.Cleanup(func() { _ = testkit.DeleteRedisPrefix(context.Background(), client, prefix) })
+	s, err := redisstore.New(client, redisstore.Config{Prefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close(context.Background()) })
+	ctx := context.Background()
+	c, err := s.Claim(ctx, "s", []string{"k"}, time.Minute)
+	if err != nil || c.Result != stores.Claimed {
+		t.Fatal(c, err)
+	}
+	slow := make(chan error, 1)
+	go func() {
+		_, err := s.Claim(ctx, "s", []string{"slowkey"}, time.Minute)
+		slow <- err
+	}()
+	<-h.held
+	defer func() {
+		close(h.release)
+		if err := <-slow; err != nil {
+			t.Errorf("the slow claim: %v", err)
+		}
+	}()
+	// Bounded, so that a Complete left waiting fails the test instead of
+	// hanging it; far longer than the linger.
+	lctx, cancel := context.WithTimeout(stores.WithLinger(ctx, time.Millisecond), 30*time.Second)
+	defer cancel()
+	if err := s.Complete(lctx, c, time.Hour, nil); err != nil {
+		t.Fatalf("a lingering Complete beside a slow call: %v", err)
+	}
+}
+
+// lingerStore returns a store on the shared Redis under a prefix of its
+// own, deleted afterwards, and its client.
+func lingerStore(t *testing.T, cfg redisstore.Config) (*redis.Client, *redisstore.Store) {
+	t.Helper()
+	addr := testkit.RequireRedis(t)
+	client := redis.NewClient(&redis.Options{Addr: addr})
+	cfg.Prefix = fmt.Sprintf("dedup-linger2-%d:", time.Now().UnixNano())
+	t.Cleanup(func() { _ = testkit.DeleteRedisPrefix(context.Background(), client, cfg.Prefix) })
+	s, err := redisstore.New(client, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return client, s
+}
+
+// TestSecondLingeringCompleteIsSent: two lingering Completes (150ms, then
+// 800ms), MaxBatch 1, no other traffic: the timer sends the first alone,
+// and the second, left queued, is sent at its own due time. It was left
+// with no timer armed, and failed at its deadline.
+func TestSecondLingeringCompleteIsSent(t *testing.T) {
+	client, s := lingerStore(t, redisstore.Config{Batch: redisstore.BatchConfig{MaxBatch: 1}})
+	t.Cleanup(func() { _ = s.Close(context.Background()); _ = client.Close() })
+	ctx := context.Background()
+	c1, err := s.Claim(ctx, "s", []string{"k1"}, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c2, err := s.Claim(ctx, "s", []string{"k2"}, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e1, e2 := make(chan error, 1), make(chan error, 1)
+	go func() {
+		lctx, cancel := context.WithTimeout(stores.WithLinger(ctx, 150*time.Millisecond), 5*time.Second)
+		defer cancel()
+		e1 <- s.Complete(lctx, c1, time.Hour, nil)
+	}()
+	testkit.WaitFor(t, 10*time.Second, "1 queued ahead of 2", func() bool { return s.Queued() == 1 })
+	go func() {
+		lctx, cancel := context.WithTimeout(stores.WithLinger(ctx, 800*time.Millisecond), 5*time.Second)
+		defer cancel()
+		e2 <- s.Complete(lctx, c2, time.Hour, nil)
+	}()
+	if err := <-e1; err != nil {
+		t.Fatalf("Complete 1: %v", err)
+	}
+	if err := <-e2; err != nil {
+		t.Fatalf("Complete 2 (linger 800ms, deadline 5s): %v", err)
+	}
+}
+
+// Close sends the lingering calls and returns once they are out: a
+// client closed right after does not fail them.
+func TestCloseSendsTheLingeringCompleteBeforeTheClientCloses(t *testing.T) {
+	client, s := lingerStore(t, redisstore.Config{})
+	ctx := context.Background()
+	c1, err := s.Claim(ctx, "s", []string{"k1"}, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e1 := make(chan error, 1)
+	go func() {
+		lctx, cancel := context.WithTimeout(stores.WithLinger(ctx, time.Hour), 10*time.Second)
+		defer cancel()
+		e1 <- s.Complete(lctx, c1, time.Hour, nil)
+	}()
+	testkit.WaitFor(t, 10*time.Second, "the Complete queued", func() bool { return s.Queued() == 1 })
+	if err := s.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	_ = client.Close()
+	if err := <-e1; err != nil {
+		t.Fatalf("lingering Complete under way at Close: %v", err)
+	}
+}
+
+// A multi-key claim (the claim script) that succeeds in a pipeline for a
+// caller who has already given up is given back in the background, as a
+// single-key one is: its keys are free again long before the lease.
+func TestBatchOrphanedMultiKeyClaimIsGivenBack(t *testing.T) {
+	ctx := context.Background()
+	client := sharedRedis(t)
+	s, h := hookedStore(t, client, redisstore.Config{Batch: redisstore.BatchConfig{MaxInFlight: 1}})
+	stays := orphanMultiKeyClaim(t, s, h)
+	r := <-stays
+	if r.err != nil {
+		t.Error(r.err)
+	}
+	if r.c == nil || r.c.Result != stores.Claimed {
+		t.Fatalf("Claim(stays) = %v: a caller leaving failed the pipeline", r.c)
+	}
+	if _, pipelines, _, _ := h.counts(); pipelines == 0 {
+		t.Fatal("the two queued claims did not share a pipeline")
+	}
+	waitFor(t, 5*time.Second, "the orphaned multi-key claim to be given back", func() bool {
+		c, err := s.Claim(ctx, "h", []string{"left-b", "left-a"}, time.Minute)
+		return err == nil && c.Result == stores.Claimed
+	})
+}
+
+// An orphaned multi-key claim that took over an expired lease gives that
+// record back to its owner, on the key it was taken from: the previous
+// owner, whose lease ended less than a lease ago, can still complete.
+func TestBatchOrphanedTakeoverIsPutBack(t *testing.T) {
+	ctx := context.Background()
+	client := sharedRedis(t)
+	s, h := hookedStore(t, client, redisstore.Config{Batch: redisstore.BatchConfig{MaxInFlight: 1}})
+	leftKey := s.EncodeKey("h", "left-a")
+
+	// An hour's lease, aged past its end: its record is kept for most of
+	// another hour, however slow the rest of the test runs.
+	const lease = time.Hour
+	prev, err := s.Claim(ctx, "h", []string{"left-a"}, lease)
+	if err != nil || prev.Result != stores.Claimed {
+		t.Fatalf("Claim(left-a) = %+v, %v", prev, err)
+	}
+	age(t, client, lease+time.Second, leftKey) // prev's lease ran out; nobody took it over yet
+
+	stays := orphanMultiKeyClaim(t, s, h) // it takes left-a over, for nobody
+	if r := <-stays; r.err != nil {
+		t.Fatal(r.err)
+	}
+	waitFor(t, time.Minute, "the orphaned claim to give left-b back", func() bool {
+		c, err := s.Claim(ctx, "h", []string{"left-b"}, time.Minute)
+		return err == nil && c.Result == stores.Claimed
+	})
+	// left-a is put back to the previous owner's record by a give-back of
+	// its own, on its node, which may still be under way: a Complete
+	// before it fails with ErrLostClaim and writes nothing.
+	var err2 error
+	waitFor(t, time.Minute, "the previous owner's Complete after the orphaned takeover was undone", func() bool {
+		err2 = s.Complete(ctx, prev, time.Hour, nil)
+		return err2 == nil || !errors.Is(err2, stores.ErrLostClaim)
+	})
+	if err2 != nil {
+		t.Fatalf("the previous owner's Complete after the orphaned takeover was undone = %v", err2)
+	}
+}
+
+// claimResult is what a Claim returned.
+type claimResult struct {
+	c   *stores.Claim
+	err error
+}
+
+// orphanMultiKeyClaim makes a claim of "left-a" and "left-b" (scope "h")
+// that s runs for nobody: behind a claim of "stuck" that holds the
+// store's only slot, it queues that claim and one of "stays" after it,
+// so the two share a pipeline; it ends the first caller's context while
+// the hook holds that pipeline, checks the caller got context.Canceled,
+// and lets the pipeline go. It returns what the claim of "stays" gets.
+func orphanMultiKeyClaim(t *testing.T, s *redisstore.Store, h *cmdHook) <-chan claimResult {
+	t.Helper()
+	ctx := context.Background()
+	heldStuck, releaseStuck := holdKey(s, h, "stuck")
+	stuck := make(chan error, 1)
+	go func() { _, err := s.Claim(ctx, "h", []string{"stuck"}, time.Minute); stuck <- err }()
+	<-heldStuck // the only slot is taken
+
+	heldLeft, releaseLeft := holdKey(s, h, "left-a")
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	left := make(chan error, 1)
+	go func() { _, err := s.Claim(cctx, "h", []string{"left-a", "left-b"}, time.Minute); left <- err }()
+	waitFor(t, 5*time.Second, "the multi-key claim to queue", func() bool { return testkit.WaitingInBatcher() == 1 })
+	stays := make(chan claimResult, 1)
+	go func() {
+		c, err := s.Claim(ctx, "h", []string{"stays"}, time.Minute)
+		stays <- claimResult{c, err}
+	}()
+	waitFor(t, 5*time.Second, "both claims to queue", func() bool { return testkit.WaitingInBatcher() == 2 })
+
+	close(releaseStuck)
+	if err := <-stuck; err != nil {
+		t.Fatal(err)
+	}
+	<-heldLeft // the pipeline of both is held
+	cancel()
+	if err := <-left; !errors.Is(err, context.Canceled) {
+		t.Fatalf("Claim(left-a, left-b) = %v, want context.Canceled", err)
+	}
+	close(releaseLeft) // the pipeline goes out: both keys are claimed for nobody
+	return stays
 }

@@ -558,3 +558,96 @@ func TestDataIsCopied(t *testing.T) {
 		t.Fatalf("Data = %q", d.Data)
 	}
 }
+
+// TestRouterOutage runs a real Watermill router (gochannel) with the dedup
+// middleware on a redisstore whose connection goes through a TCP proxy the
+// test owns, cut in the middle of a stream of messages and duplicate
+// deliveries and restored later: fail-closed nacks during the cut and
+// never runs the handler for a message it could not claim; after the
+// restore every message is applied exactly once and every delivery acked
+// (see testkit.RouterOutage).
+func TestRouterOutage(t *testing.T) {
+	addr := testkit.RequireRedis(t)
+	proxy := testkit.NewProxy(t, addr)
+	direct := newClient(t, addr)
+	viaProxy := redis.NewClient(&redis.Options{
+		Addr:                  proxy.Addr(),
+		ContextTimeoutEnabled: true,
+		DialTimeout:           500 * time.Millisecond,
+	})
+	t.Cleanup(func() { _ = viaProxy.Close() })
+	store := newStore(t, viaProxy, redisstore.Config{Prefix: testPrefix(t, direct)})
+	testkit.RouterOutage(t, store, proxy.Cut, proxy.Restore)
+}
+
+// waitFor polls cond until it holds or timeout passes.
+var waitFor = testkit.WaitFor
+
+// modelOptions describe a store with cfg to storetest.RunModel: Redis
+// keeps time on the server, to the millisecond, and the store bounds
+// scopes, and keys unless CompactKeys, to MaxKeyLen.
+func modelOptions(cfg redisstore.Config) []storetest.Option {
+	opts := []storetest.Option{
+		storetest.RealTime(unit),
+		storetest.Precision(time.Millisecond),
+		storetest.MaxScopeLen(redisstore.DefaultMaxKeyLen),
+	}
+	if !cfg.CompactKeys {
+		opts = append(opts, storetest.MaxKeyLen(redisstore.DefaultMaxKeyLen))
+	}
+	return opts
+}
+
+// runModels runs the model on client for each config, in parallel: the
+// model mostly sleeps, to let real time pass.
+func runModels(t *testing.T, client redis.UniversalClient, cfgs map[string]redisstore.Config) {
+	for name, cfg := range cfgs {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			storetest.RunModel(t, factory(client, cfg), modelOptions(cfg)...)
+		})
+	}
+}
+
+// TestModel checks the store against the model of the Store contract on
+// the shared Redis, batched and unbatched, and with CompactKeys.
+func TestModel(t *testing.T) {
+	c := sharedRedis(t)
+	runModels(t, c, map[string]redisstore.Config{
+		"Batched":   {},
+		"Unbatched": {Batch: redisstore.BatchConfig{Disabled: true}},
+		"Compact":   {CompactKeys: true},
+	})
+}
+
+// TestModelCluster checks the store against the model in a Redis Cluster
+// of three masters it starts (see startCluster), where the keys of a
+// claim live on different nodes.
+func TestModelCluster(t *testing.T) {
+	cc := startCluster(t)
+	runModels(t, cc, map[string]redisstore.Config{
+		"Batched":   {},
+		"Unbatched": {Batch: redisstore.BatchConfig{Disabled: true}},
+	})
+}
+
+// TestRESP2 runs the conformance suite and the model of the Store
+// contract over RESP2 (Redis before 6, many proxies, clients pinned to
+// it), whose replies to the scripts and to SET ... GET decode differently
+// from RESP3's. RESP3, go-redis v9's default, is what every other test of
+// this package speaks.
+func TestRESP2(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: testkit.RequireRedis(t), Protocol: 2, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = c.Close() })
+	for name, cfg := range map[string]redisstore.Config{
+		"Batched":   {},
+		"Unbatched": {Batch: redisstore.BatchConfig{Disabled: true}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			// Not in parallel: the model already runs four sequences at
+			// once.
+			storetest.Run(t, factory(c, cfg), serverTime(c))
+			storetest.RunModel(t, factory(c, cfg), modelOptions(cfg)...)
+		})
+	}
+}
