@@ -58,11 +58,16 @@ func saramaProducer(t *testing.T, brokers []string, cfg *sarama.Config) sarama.S
 	return prod
 }
 
-// oldestSubscriber is a watermill-kafka subscriber on Sarama's cfg, set
-// here to read from the oldest offset without waiting long for a fetch.
+// oldestSubscriber is a watermill-kafka subscriber on Sarama's cfg (nil:
+// watermill-kafka's default, at Sarama's version 2.8), set here to read
+// from the oldest offset without waiting long for a fetch. A producer's
+// cfg keeps its version: the producer reads it as it runs.
 func oldestSubscriber(t *testing.T, brokers []string, cfg *sarama.Config) *kafka.Subscriber {
 	t.Helper()
-	cfg.Version = sarama.V2_8_0_0
+	if cfg == nil {
+		cfg = kafka.DefaultSaramaSubscriberConfig()
+		cfg.Version = sarama.V2_8_0_0
+	}
 	cfg.Consumer.Offsets.Initial = sarama.OffsetOldest
 	cfg.Consumer.MaxWaitTime = 50 * time.Millisecond
 	sub, err := kafka.NewSubscriber(kafka.SubscriberConfig{
@@ -145,7 +150,7 @@ func TestKafkaOffsetThroughRouter(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	sub := oldestSubscriber(t, brokers, kafka.DefaultSaramaSubscriberConfig())
+	sub := oldestSubscriber(t, brokers, nil)
 
 	out := runRouter(t, topic, sub)
 	want := map[string]string{"m0": "orders/2/0", "m1": "orders/2/1"}
@@ -201,7 +206,7 @@ func TestForeignProducerRecords(t *testing.T) {
 		}
 	}
 
-	sub := oldestSubscriber(t, brokers, kafka.DefaultSaramaSubscriberConfig())
+	sub := oldestSubscriber(t, brokers, nil)
 	store, err := memstore.New(memstore.Config{})
 	if err != nil {
 		t.Fatal(err)
