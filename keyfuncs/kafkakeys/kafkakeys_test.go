@@ -23,7 +23,6 @@ import (
 	"github.com/watermill-dedup/dedup/stores/memstore"
 )
 
-
 // lastPartition sends every record to the topic's last partition, so the
 // key shows a partition other than 0.
 type lastPartition struct{}
