@@ -17,6 +17,7 @@ import (
 	dedup "github.com/watermill-dedup/dedup"
 	"github.com/watermill-dedup/dedup/internal/cycle"
 	"github.com/watermill-dedup/dedup/internal/record"
+	"github.com/watermill-dedup/dedup/internal/testkit"
 	"github.com/watermill-dedup/dedup/keyfuncs"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/memstore"
@@ -203,6 +204,20 @@ func (e *env) claimed(c *cycle.Cycle, key string) *stores.Claim {
 		e.t.Fatalf("claim %s: %v, %v", key, cl, err)
 	}
 	return cl
+}
+
+// vanishOnFirstComplete makes the store's first Complete release cl (its
+// record vanishes) and fail with lost; later Completes fail with then.
+func (e *env) vanishOnFirstComplete(t *testing.T, cl *stores.Claim, lost, then error) {
+	e.store.complete = func(n int, _ []byte) error {
+		if n == 1 {
+			if err := e.mem.Release(context.Background(), cl); err != nil {
+				t.Fatal(err)
+			}
+			return lost
+		}
+		return then
+	}
 }
 
 func (e *env) state(key string) (stores.RecordState, bool) {
@@ -697,15 +712,7 @@ func TestCompleteReconciles(t *testing.T) {
 		e := newEnv(t)
 		c := e.cycle(cycle.Consumer, dedup.Policy{}, cycle.Needs{})
 		cl := e.claimed(c, "k")
-		e.store.complete = func(n int, _ []byte) error {
-			if n == 1 {
-				if err := e.mem.Release(context.Background(), cl); err != nil {
-					t.Fatal(err)
-				}
-				return lost
-			}
-			return nil
-		}
+		e.vanishOnFirstComplete(t, cl, lost, nil)
 		if got, _ := complete(c, context.Background(), newMsg("m"), cl, []byte("d")); got != cycle.Done {
 			t.Fatalf("Complete = %v, want Done (this run recorded under a new claim)", got)
 		}
@@ -717,15 +724,7 @@ func TestCompleteReconciles(t *testing.T) {
 		e := newEnv(t)
 		c := e.cycle(cycle.Consumer, dedup.Policy{}, cycle.Needs{})
 		cl := e.claimed(c, "k")
-		e.store.complete = func(n int, _ []byte) error {
-			if n == 1 {
-				if err := e.mem.Release(context.Background(), cl); err != nil {
-					t.Fatal(err)
-				}
-				return lost
-			}
-			return stores.ErrClosed
-		}
+		e.vanishOnFirstComplete(t, cl, lost, stores.ErrClosed)
 		// The effect happened: the message is not claimed lost (a nack
 		// would run it again); the new claim is kept, so that a
 		// duplicate within the lease is held off.
@@ -997,5 +996,92 @@ func TestTransactionalCalls(t *testing.T) {
 	}
 	if n, _ := e.metrics.op(dedup.OpRollback); n != 1 {
 		t.Fatalf("%d rollbacks observed", n)
+	}
+}
+
+// TestClaimCutByItsMessage: the message's context ends while the store
+// holds its claim. Claim returns the context's error at once, without
+// waiting for the store; once the store answers, the claim it made is
+// released, and no key stays held for a lease. A claim whose context
+// stays alive is kept.
+func TestClaimCutByItsMessage(t *testing.T) {
+	e := newEnv(t)
+	gate := make(chan struct{})
+	e.store.claim = func(n int) (*stores.Claim, error) {
+		if n == 1 {
+			<-gate
+		}
+		return nil, nil // the memstore's answer
+	}
+	c := e.cycle(cycle.Consumer, dedup.Policy{}, cycle.Needs{})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Claim(ctx, "s", []string{"k"})
+		done <- err
+	}()
+	testkit.WaitFor(t, time.Minute, "the store holding the claim", func() bool { return e.store.claims.Load() == 1 })
+	cancel()
+	var err error
+	select {
+	case err = <-done:
+	case <-time.After(time.Minute):
+		close(gate)
+		t.Fatal("Claim waited for the store after its message's context ended")
+	}
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("Claim cut by its message = %v, want context.Canceled", err)
+	}
+	close(gate) // the store claims now, for nobody
+	testkit.WaitFor(t, time.Minute, "the claim made for nobody released", func() bool {
+		_, held := e.state("k")
+		return !held && e.store.releases.Load() == 1
+	})
+
+	if cl := e.claimed(c, "alive"); cl.Result != stores.Claimed {
+		t.Fatalf("Claim with its context alive = %v", cl.Result)
+	}
+	if st, ok := e.state("alive"); !ok || st != stores.StateProcessing {
+		t.Fatalf("the record of a claim whose context stays alive: %v, %v; want processing", st, ok)
+	}
+	if n := e.store.releases.Load(); n != 1 {
+		t.Fatalf("%d releases, want 1: a claim whose context stayed alive was released", n)
+	}
+}
+
+// TestClaimAnsweredAsItsMessageEnds: a store that never blocks answers
+// while the message's context ends. A claim it made is released and
+// Claim reports the context's end; any other answer (a duplicate) is
+// reported as it is, and nothing is released.
+func TestClaimAnsweredAsItsMessageEnds(t *testing.T) {
+	e := newEnv(t)
+	e.store.caps = func(c stores.Capabilities) stores.Capabilities { c.NonBlocking = true; return c }
+	c := e.cycle(cycle.Consumer, dedup.Policy{}, cycle.Needs{})
+	cl := e.claimed(c, "done")
+	if r, _ := complete(c, context.Background(), newMsg("m"), cl, []byte("out")); r != cycle.Done {
+		t.Fatalf("Complete = %v, want Done", r)
+	}
+	// The store answers, then the context ends, before Claim looks.
+	var ctx context.Context
+	var cancel context.CancelFunc
+	e.store.claim = func(n int) (*stores.Claim, error) {
+		defer cancel()
+		key := map[int]string{2: "done", 3: "fresh"}[n]
+		return e.mem.Claim(context.Background(), "s", []string{key}, time.Minute)
+	}
+	ctx, cancel = context.WithCancel(context.Background())
+	dup, err := c.Claim(ctx, "s", []string{"done"})
+	if err != nil || dup == nil || dup.Result != stores.Duplicate {
+		t.Fatalf("Claim of a completed key, its context ending meanwhile = %v, %v; want the duplicate", dup, err)
+	}
+	releases := e.store.releases.Load()
+	ctx, cancel = context.WithCancel(context.Background())
+	defer cancel()
+	got, err := c.Claim(ctx, "s", []string{"fresh"})
+	if !errors.Is(err, context.Canceled) || got != nil {
+		t.Fatalf("Claim made as its context ended = %v, %v; want context.Canceled", got, err)
+	}
+	if _, held := e.state("fresh"); held || e.store.releases.Load() != releases+1 {
+		t.Fatalf("the claim made as its context ended: held %v, %d releases; want released", held, e.store.releases.Load()-releases)
 	}
 }
