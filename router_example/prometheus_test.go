@@ -287,7 +287,7 @@ func TestPrometheusScrapesExample(t *testing.T) {
 	prom := startPrometheus(t, prometheusBin, config, alertsFile)
 
 	// Scraped: the counters are those of the run, now over.
-	eventually(t, time.Minute, func() error {
+	testkit.EventuallyEvery(t, time.Minute, promPoll, "the run's counters scraped", func() error {
 		v, err := prom.scalar(fmt.Sprintf(`sum(dedup_outcomes_total{job="router_example",scope=%q,outcome="claimed"})`, handlerName))
 		if err != nil {
 			return err
@@ -299,7 +299,7 @@ func TestPrometheusScrapesExample(t *testing.T) {
 	})
 
 	// The scope variable's query, label_values(dedup_outcomes_total, scope).
-	eventually(t, time.Minute, func() error {
+	testkit.EventuallyEvery(t, time.Minute, promPoll, "the scope variable's values", func() error {
 		var scopes []string
 		if err := prom.get("/api/v1/label/scope/values", url.Values{"match[]": {"dedup_outcomes_total"}}, &scopes); err != nil {
 			return err
@@ -315,7 +315,7 @@ func TestPrometheusScrapesExample(t *testing.T) {
 	for _, scope := range []string{handlerName, ".*"} {
 		for _, tg := range targets {
 			expr := expandDashboardVars(tg.expr, scope)
-			eventually(t, time.Minute, func() error {
+			testkit.EventuallyEvery(t, time.Minute, promPoll, "the panel's series", func() error {
 				n, err := prom.series(expr)
 				if err != nil {
 					return fmt.Errorf("panel %q, query %s: %w", tg.panel, tg.refID, err)
@@ -330,7 +330,7 @@ func TestPrometheusScrapesExample(t *testing.T) {
 
 	// alerts.yml loaded and evaluated on the scraped series: every rule is
 	// healthy, and the recorded series exist.
-	eventually(t, time.Minute, func() error {
+	testkit.EventuallyEvery(t, time.Minute, promPoll, "every alert rule healthy", func() error {
 		var rules struct {
 			Groups []struct {
 				Name  string `json:"name"`
@@ -359,7 +359,7 @@ func TestPrometheusScrapesExample(t *testing.T) {
 		return nil
 	})
 	for _, rec := range []string{"dedup:hit_ratio:rate5m", "dedup:store_error_ratio:rate1m"} {
-		eventually(t, time.Minute, func() error {
+		testkit.EventuallyEvery(t, time.Minute, promPoll, "the recorded series", func() error {
 			n, err := prom.series(fmt.Sprintf("%s{scope=%q}", rec, handlerName))
 			if err == nil && n == 0 {
 				err = fmt.Errorf("recording rule %s: no series", rec)
@@ -369,28 +369,8 @@ func TestPrometheusScrapesExample(t *testing.T) {
 	}
 }
 
-// eventually calls f until it returns nil, every 200ms, and fails the test
-// with its last error after timeout.
-func eventually(t *testing.T, timeout time.Duration, f func() error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	tick := time.NewTicker(200 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after %s: %v", timeout, err)
-		}
-		select {
-		case <-tick.C:
-		case <-t.Context().Done():
-			t.Fatalf("test ended: %v", err)
-		}
-	}
-}
+// promPoll is how often a test asks Prometheus again.
+const promPoll = 200 * time.Millisecond
 
 // process is a program a test runs in the background: its output is
 // kept, and it is stopped (SIGTERM, or SIGINT for the example, then
@@ -548,7 +528,7 @@ func startPrometheus(t *testing.T, bin, config string, files ...string) *prometh
 	p.start(t) // stopped (SIGTERM) before dir is removed
 	addr := p.await(t, p.err, regexp.MustCompile(`msg="Listening on" address=(127\.0\.0\.1:\d+)`), 2*time.Minute)[1]
 	s := &prometheusServer{base: "http://" + addr}
-	eventually(t, 2*time.Minute, func() error {
+	testkit.EventuallyEvery(t, 2*time.Minute, promPoll, "Prometheus ready", func() error {
 		resp, err := http.Get(s.base + "/-/ready")
 		if err != nil {
 			return err

@@ -24,6 +24,13 @@ var errNotYet = errors.New("not yet")
 // with what it waited for and check's last error.
 func Eventually(t testing.TB, timeout time.Duration, what string, check func() error) {
 	t.Helper()
+	EventuallyEvery(t, timeout, 20*time.Millisecond, what, check)
+}
+
+// EventuallyEvery is Eventually polling every interval, for a check that
+// costs a server a request.
+func EventuallyEvery(t testing.TB, timeout, interval time.Duration, what string, check func() error) {
+	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
 		err := check()
@@ -36,6 +43,6 @@ func Eventually(t testing.TB, timeout time.Duration, what string, check func() e
 			}
 			t.Fatalf("timed out after %s waiting for %s: %v", timeout, what, err)
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(interval)
 	}
 }
