@@ -157,7 +157,7 @@ func (s *Store) now() int64 {
 
 // Claim implements [stores.Store].
 func (s *Store) Claim(ctx context.Context, scope string, keys []string, lease time.Duration) (*stores.Claim, error) {
-	if err := storekit.CheckCall(ctx, s.closed.Load(), storekit.CheckKeys(keys), storekit.CheckLease(lease)); err != nil {
+	if err := storekit.CheckCall(ctx, s.closed.Load(), storekit.CheckKeys(keys), s.Capabilities().CheckLease(lease)); err != nil {
 		return nil, fmt.Errorf("memstore: claim: %w", err)
 	}
 	s.noteLease(lease)
@@ -361,7 +361,7 @@ func (s *Store) update(ctx context.Context, op string, c *stores.Claim, arg erro
 // Complete implements [stores.Store].
 func (s *Store) Complete(ctx context.Context, c *stores.Claim, retention time.Duration, data []byte) error {
 	d := string(data)
-	return s.update(ctx, "complete", c, storekit.CheckRetention(retention), func(sh *shard, h hkey, r *record, now int64) {
+	return s.update(ctx, "complete", c, s.Capabilities().CheckRetention(retention), func(sh *shard, h hkey, r *record, now int64) {
 		*r = record{until: after(now, retention)}
 		sh.setData(h, d)
 	})
@@ -376,7 +376,7 @@ func (s *Store) Release(ctx context.Context, c *stores.Claim) error {
 
 // Extend implements [stores.Store].
 func (s *Store) Extend(ctx context.Context, c *stores.Claim, lease time.Duration) error {
-	arg := storekit.CheckLease(lease)
+	arg := s.Capabilities().CheckLease(lease)
 	if arg == nil {
 		s.noteLease(lease)
 	}

@@ -34,7 +34,7 @@ import (
 // least one wins the keys they share, as with ordered locking.
 func (s *Store) Claim(ctx context.Context, scope string, keys []string, lease time.Duration) (*stores.Claim, error) {
 	rkeys, err := s.recordKeys(scope, keys)
-	if err := storekit.CheckCall(ctx, s.closed.Load(), err, storekit.CheckLease(lease)); err != nil {
+	if err := storekit.CheckCall(ctx, s.closed.Load(), err, s.Capabilities().CheckLease(lease)); err != nil {
 		return nil, fmt.Errorf("redisstore: claim: %w", err)
 	}
 	token := rand.Text()

@@ -17,7 +17,7 @@ import (
 // nobody took over yet is still the claim's: a slow handler finishing just
 // after its lease completes fine, for up to one more lease length.
 func (s *Store) Complete(ctx context.Context, c *stores.Claim, retention time.Duration, data []byte) error {
-	rkeys, err := s.claimKeys(ctx, c, errors.Join(storekit.CheckRetention(retention), s.checkData(data)))
+	rkeys, err := s.claimKeys(ctx, c, errors.Join(s.Capabilities().CheckRetention(retention), s.checkData(data)))
 	if err != nil {
 		return fmt.Errorf("redisstore: complete: %w", err)
 	}
@@ -40,7 +40,7 @@ func (s *Store) Release(ctx context.Context, c *stores.Claim) error {
 
 // Extend implements [stores.Store].
 func (s *Store) Extend(ctx context.Context, c *stores.Claim, lease time.Duration) error {
-	rkeys, err := s.claimKeys(ctx, c, storekit.CheckLease(lease))
+	rkeys, err := s.claimKeys(ctx, c, s.Capabilities().CheckLease(lease))
 	if err != nil {
 		return fmt.Errorf("redisstore: extend: %w", err)
 	}

@@ -114,7 +114,7 @@ func (s *Store) JoinedTx(ctx context.Context) (any, bool) {
 // included, and the batch is delivered again in a new transaction. On
 // MySQL the check costs a joined Begin one more statement.
 func (s *Store) Begin(ctx context.Context, scope string, keys []string, retention time.Duration) (stores.InboxTx, error) {
-	if err := s.checkCall(ctx, storekit.CheckKeys(keys), storekit.CheckRetention(retention), s.checkHorizon("retention", retention)); err != nil {
+	if err := s.checkCall(ctx, storekit.CheckKeys(keys), s.bounds().CheckRetention(retention)); err != nil {
 		return nil, fmt.Errorf("sqlstore: begin: %w", err)
 	}
 	ks := newKeySet(scope, keys)

@@ -191,7 +191,7 @@ func (s *Store) createPartitions(ctx context.Context) error {
 // commit, or roll back when any key is live, so the claim is
 // all-or-nothing.
 func (s *Store) Claim(ctx context.Context, scope string, keys []string, lease time.Duration) (*stores.Claim, error) {
-	if err := s.checkCall(ctx, storekit.CheckKeys(keys), storekit.CheckLease(lease), s.checkHorizon("lease", lease)); err != nil {
+	if err := s.checkCall(ctx, storekit.CheckKeys(keys), s.bounds().CheckLease(lease)); err != nil {
 		return nil, fmt.Errorf("sqlstore: claim: %w", err)
 	}
 	s.noteLease(lease)
@@ -244,7 +244,7 @@ func (s *Store) opError(ctx context.Context, op string, err error) error {
 
 // Complete implements [stores.Store].
 func (s *Store) Complete(ctx context.Context, c *stores.Claim, retention time.Duration, data []byte) error {
-	ks, token, err := s.claimArgs(ctx, c, storekit.CheckRetention(retention), s.checkHorizon("retention", retention), s.Capabilities().CheckData(data))
+	ks, token, err := s.claimArgs(ctx, c, s.bounds().CheckRetention(retention), s.Capabilities().CheckData(data))
 	if err == nil {
 		err = s.checkData(data) // after the session check
 	}
@@ -273,7 +273,7 @@ func (s *Store) Release(ctx context.Context, c *stores.Claim) error {
 
 // Extend implements [stores.Store].
 func (s *Store) Extend(ctx context.Context, c *stores.Claim, lease time.Duration) error {
-	ks, token, err := s.claimArgs(ctx, c, storekit.CheckLease(lease), s.checkHorizon("lease", lease))
+	ks, token, err := s.claimArgs(ctx, c, s.bounds().CheckLease(lease))
 	if err != nil {
 		return s.opError(ctx, "extend", err)
 	}
@@ -290,15 +290,22 @@ func (s *Store) Extend(ctx context.Context, c *stores.Claim, lease time.Duration
 // most PartitionDaysAhead days; the Inbox (joining a caller's
 // transaction) and Admin interfaces.
 func (s *Store) Capabilities() stores.Capabilities {
-	c := stores.Capabilities{
-		Kind:     "sqlstore (" + string(s.cfg.Dialect) + ")",
-		MaxData:  s.cfg.MaxData,
-		Admin:    true,
-		Inbox:    true,
-		JoinedTx: true,
-	}
+	c := s.bounds()
+	c.Kind = "sqlstore (" + string(s.cfg.Dialect) + ")"
+	c.MaxData, c.Admin, c.Inbox, c.JoinedTx = s.cfg.MaxData, true, true, true
 	if s.part != nil {
 		c.Kind = "sqlstore (" + string(s.cfg.Dialect) + ", DailyPartitions)"
+	}
+	return c
+}
+
+// bounds are the store's bounds on leases and retentions, checked on
+// every call (Capabilities' MaxLease and MaxRetention): with
+// DailyPartitions, the partitions created ahead, PartitionDaysAhead days,
+// so that expires_at never lands past them; none otherwise.
+func (s *Store) bounds() stores.Capabilities {
+	var c stores.Capabilities
+	if s.part != nil {
 		c.MaxLease = time.Duration(s.cfg.PartitionDaysAhead) * 24 * time.Hour
 		c.MaxRetention = c.MaxLease
 	}
@@ -369,15 +376,6 @@ func (s *Store) connLost(err error) bool { return s.errs().connLost(err) }
 // maxAttempts bounds the retries of an operation that hit a transient
 // conflict (deadlock, serialization failure, busy SQLite).
 const maxAttempts = 10
-
-// checkHorizon fails for a lease or retention that would put expires_at
-// past the partitions created ahead.
-func (s *Store) checkHorizon(what string, d time.Duration) error {
-	if s.part != nil && d > time.Duration(s.cfg.PartitionDaysAhead)*24*time.Hour {
-		return fmt.Errorf("%w: %s %s is longer than PartitionDaysAhead (%d days)", stores.ErrInvalidArgument, what, d, s.cfg.PartitionDaysAhead)
-	}
-	return nil
-}
 
 // checkCall is [storekit.CheckCall], then the session check: every
 // failure a call meets before its own statements.

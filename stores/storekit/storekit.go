@@ -11,7 +11,6 @@ package storekit
 import (
 	"context"
 	"fmt"
-	"time"
 
 	"github.com/watermill-dedup/dedup/stores"
 )
@@ -22,7 +21,7 @@ import (
 // checks below and of the store's own, in the order the call takes its
 // arguments), or ctx is done. A store calls it first in every method:
 //
-//	if err := storekit.CheckCall(ctx, s.closed.Load(), storekit.CheckKeys(keys), storekit.CheckLease(lease)); err != nil {
+//	if err := storekit.CheckCall(ctx, s.closed.Load(), storekit.CheckKeys(keys), s.Capabilities().CheckLease(lease)); err != nil {
 //		return nil, fmt.Errorf("mystore: claim: %w", err)
 //	}
 func CheckCall(ctx context.Context, closed bool, args ...error) error {
@@ -48,19 +47,6 @@ func CheckKeys(keys []string) error {
 		}
 	}
 	return nil
-}
-
-// CheckLease checks the lease of a Claim or Extend: positive. (A store
-// with a MaxLease calls its Capabilities' CheckLease, which checks both.)
-func CheckLease(lease time.Duration) error {
-	return stores.Capabilities{}.CheckLease(lease)
-}
-
-// CheckRetention checks the retention of a Complete or Begin: positive.
-// (A store with a MaxRetention calls its Capabilities' CheckRetention,
-// which checks both.)
-func CheckRetention(retention time.Duration) error {
-	return stores.Capabilities{}.CheckRetention(retention)
 }
 
 // CheckClaim checks the claim handed to Complete, Release or Extend: a

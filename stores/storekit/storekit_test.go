@@ -22,9 +22,9 @@ func TestChecks(t *testing.T) {
 		{"keys", storekit.CheckKeys([]string{"a", "b"}), nil},
 		{"no keys", storekit.CheckKeys(nil), stores.ErrInvalidKey},
 		{"an empty key", storekit.CheckKeys([]string{"a", ""}), stores.ErrInvalidKey},
-		{"lease", storekit.CheckLease(time.Nanosecond), nil},
-		{"zero lease", storekit.CheckLease(0), stores.ErrInvalidArgument},
-		{"negative retention", storekit.CheckRetention(-time.Second), stores.ErrInvalidArgument},
+		{"lease", stores.Capabilities{}.CheckLease(time.Nanosecond), nil},
+		{"zero lease", stores.Capabilities{}.CheckLease(0), stores.ErrInvalidArgument},
+		{"negative retention", stores.Capabilities{}.CheckRetention(-time.Second), stores.ErrInvalidArgument},
 		{"claim", storekit.CheckClaim(claimed), nil},
 		{"nil claim", storekit.CheckClaim(nil), stores.ErrInvalidArgument},
 		{"duplicate result", storekit.CheckClaim(&stores.Claim{Keys: []string{"k"}, Result: stores.Duplicate}), stores.ErrInvalidArgument},
@@ -32,7 +32,7 @@ func TestChecks(t *testing.T) {
 		{"claim with an empty key", storekit.CheckClaim(&stores.Claim{Keys: []string{""}, Result: stores.Claimed, Token: "t"}), stores.ErrInvalidArgument},
 		{"call", storekit.CheckCall(context.Background(), false, nil, nil), nil},
 		{"call on a closed store", storekit.CheckCall(cancelled, true, storekit.CheckKeys(nil)), stores.ErrClosed},
-		{"call with a bad argument", storekit.CheckCall(cancelled, false, nil, storekit.CheckLease(0)), stores.ErrInvalidArgument},
+		{"call with a bad argument", storekit.CheckCall(cancelled, false, nil, stores.Capabilities{}.CheckLease(0)), stores.ErrInvalidArgument},
 		{"call with its context done", storekit.CheckCall(cancelled, false, nil), context.Canceled},
 	} {
 		switch {
