@@ -25,8 +25,6 @@ import (
 
 	"github.com/IBM/sarama"
 	"github.com/go-sql-driver/mysql"
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
 	"github.com/twmb/franz-go/pkg/kfake"
 
@@ -753,15 +751,7 @@ func requireNoRedisKeys(t *testing.T, runID string) {
 // requireNoNATSStreams fails when -cleanup left a stream of the run.
 func requireNoNATSStreams(t *testing.T, runID string) {
 	t.Helper()
-	nc, err := nats.Connect(testkit.NATSURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := testkit.JetStream(t, testkit.NATSURL())
 	names := js.StreamNames(t.Context())
 	for name := range names.Name() {
 		if strings.Contains(name, runID) {

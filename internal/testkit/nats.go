@@ -1,6 +1,11 @@
 package testkit
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
 
 // DefaultNATSURL is the NATS server (with JetStream) the natsstore tests
 // use unless NATS_URL says otherwise.
@@ -20,4 +25,21 @@ func RequireNATS(t testing.TB) string {
 	u := NATSURL()
 	RequireTCP(t, "NATS", NATSAddr())
 	return u
+}
+
+// JetStream connects to the NATS server at url for a test and returns its
+// JetStream API, failing t when either does not open. The connection
+// closes when t ends.
+func JetStream(t testing.TB, url string) jetstream.JetStream {
+	t.Helper()
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js
 }

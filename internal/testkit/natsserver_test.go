@@ -22,15 +22,7 @@ func TestStartNATSCluster(t *testing.T) {
 	var pids []int
 	t.Run("cluster", func(t *testing.T) {
 		cl := testkit.StartNATSCluster(t, 3, "")
-		nc, err := nats.Connect(cl.URL())
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer nc.Close()
-		js, err := jetstream.New(nc)
-		if err != nil {
-			t.Fatal(err)
-		}
+		js := testkit.JetStream(t, cl.URL())
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		st, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "T", Subjects: []string{"t.>"}, Replicas: 3})

@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
 
@@ -71,15 +70,7 @@ func TestOpenStore(t *testing.T) {
 					t.Errorf("keys left under %s: %v (%v)", o.Name, keys, err)
 				}
 			case o.NATS != nil:
-				nc, err := nats.Connect(testkit.NATSURL())
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer nc.Close()
-				js, err := jetstream.New(nc)
-				if err != nil {
-					t.Fatal(err)
-				}
+				js := testkit.JetStream(t, testkit.NATSURL())
 				if _, err := js.KeyValue(ctx, o.Name); !errors.Is(err, jetstream.ErrBucketNotFound) {
 					t.Errorf("bucket %s after Teardown: %v, want it gone", o.Name, err)
 				}
