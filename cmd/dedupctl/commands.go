@@ -66,7 +66,7 @@ func (c *cli) checkArgs(cmd string, pos []string) error {
 		case c.cfg.id != "" && n != 0:
 			return usagef("%s takes SCOPE KEY or -id, not both", cmd)
 		case c.cfg.id != "" && (c.cfg.keyPrefix != "" || c.cfg.all):
-			return usagef("%s -id names recordRef record: it takes no -prefix or -all", cmd)
+			return usagef("%s -id names one record: it takes no -prefix or -all", cmd)
 		case c.cfg.id != "":
 		case n < 1 || n > 2:
 			return usagef("%s takes SCOPE and KEY (or SCOPE and -prefix), got %s", cmd, argCount(n))
@@ -77,7 +77,7 @@ func (c *cli) checkArgs(cmd string, pos []string) error {
 		case n == 1 && pos[0] == "":
 			// A listing without a scope lists every scope: -all would
 			// reach far beyond what the operator named.
-			return usagef("%s with -prefix or -all needs a SCOPE: an empty recordRef would select the records of every scope", cmd)
+			return usagef("%s with -prefix or -all needs a SCOPE: an empty one would select the records of every scope", cmd)
 		}
 	case "window":
 		if n != 0 {
@@ -145,7 +145,7 @@ func (c *cli) list(ctx context.Context, a *admin, scope string) error {
 		fmt.Fprintf(c.out, "\nmore records: add -after=%s\n", next)
 	}
 	if slices.ContainsFunc(recs, func(r stores.Record) bool { return !r.KeyKnown }) {
-		fmt.Fprintf(c.out, "\nget, forget (done) or release (processing) recordRef of them by its ID: dedupctl get -id=ID, dedupctl release -id=ID -yes\n")
+		fmt.Fprintf(c.out, "\nget, forget (done) or release (processing) one of them by its ID: dedupctl get -id=ID, dedupctl release -id=ID -yes\n")
 	}
 	return nil
 }
@@ -251,7 +251,7 @@ func keep(r, t stores.Record) stores.Record {
 	return r
 }
 
-// removeError explains the failure of a forget or release of recordRef record.
+// removeError explains the failure of a forget or release of one record.
 func removeError(verb string, a *admin, o recordRef, r stores.Record, err error) error {
 	switch {
 	case errors.Is(err, stores.ErrNotFound):
