@@ -87,22 +87,3 @@ func ParseMode(s string) (Mode, error) {
 	}
 	return 0, fmt.Errorf("%w: mode %q: want lease, async-complete or transactional", ErrInvalidConfig, s)
 }
-
-// MarshalText returns Mode.String's name, so that a Mode reads and
-// writes as text in flags (flag.TextVar), JSON and YAML.
-func (m Mode) MarshalText() ([]byte, error) {
-	if m > ModeTransactional {
-		return nil, fmt.Errorf("%w: %s", ErrInvalidConfig, m)
-	}
-	return []byte(m.String()), nil
-}
-
-// UnmarshalText sets m to the Mode text names (see ParseMode).
-func (m *Mode) UnmarshalText(text []byte) error {
-	v, err := ParseMode(string(text))
-	if err != nil {
-		return err
-	}
-	*m = v
-	return nil
-}

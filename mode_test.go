@@ -2,8 +2,6 @@ package dedup_test
 
 import (
 	"errors"
-	"flag"
-	"io"
 	"testing"
 
 	dedup "github.com/watermill-dedup/dedup"
@@ -23,24 +21,5 @@ func TestParseMode(t *testing.T) {
 		if _, err := dedup.ParseMode(bad); !errors.Is(err, dedup.ErrInvalidConfig) {
 			t.Errorf("ParseMode(%q) err = %v, want ErrInvalidConfig", bad, err)
 		}
-	}
-}
-
-func TestModeText(t *testing.T) {
-	fs := flag.NewFlagSet("t", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	var m dedup.Mode
-	fs.TextVar(&m, "mode", dedup.ModeLease, "")
-	if err := fs.Parse([]string{"-mode=transactional"}); err != nil || m != dedup.ModeTransactional {
-		t.Fatalf("flag -mode=transactional: %v, %v", m, err)
-	}
-	if err := fs.Parse([]string{"-mode=bogus"}); err == nil {
-		t.Fatal("flag -mode=bogus accepted")
-	}
-	if b, err := dedup.ModeAsyncComplete.MarshalText(); err != nil || string(b) != "async-complete" {
-		t.Errorf("MarshalText = %q, %v", b, err)
-	}
-	if _, err := dedup.Mode(9).MarshalText(); !errors.Is(err, dedup.ErrInvalidConfig) {
-		t.Errorf("MarshalText of Mode(9) err = %v, want ErrInvalidConfig", err)
 	}
 }

@@ -72,12 +72,13 @@ func Check(store stores.Store, policy dedup.Policy, needs Needs) error {
 	if kind == "" {
 		kind = storeType(store)
 	}
-	refuse := func(setting string, err error) error {
+	refuse := func(setting string, err error, hint string) error {
 		if err == nil {
 			return nil
 		}
-		return fmt.Errorf("%w: %s: %w; lower it, or raise the store's bound", dedup.ErrInvalidConfig, setting, err)
+		return fmt.Errorf("%w: %s: %w; %s", dedup.ErrInvalidConfig, setting, err, hint)
 	}
+	const lower = "lower it, or raise the store's bound"
 	if needs.Mode == dedup.ModeTransactional {
 		if _, ok := store.(stores.Inbox); !ok || !caps.Inbox {
 			return fmt.Errorf("%w: ModeTransactional needs a store with a transactional inbox (stores.Inbox, such as sqlstore); %s has none", dedup.ErrInvalidConfig, kind)
@@ -88,13 +89,13 @@ func Check(store stores.Store, policy dedup.Policy, needs Needs) error {
 		if p.OnStoreError == dedup.FailOpen {
 			return fmt.Errorf("%w: FailOpen cannot be combined with ModeTransactional (the record must commit with the effect's writes)", dedup.ErrInvalidConfig)
 		}
-	} else if err := refuse("Lease", stores.CheckBound("lease", p.Lease, caps.MaxLease, kind+"'s MaxLease")); err != nil {
+	} else if err := refuse("Lease", stores.CheckBound("lease", p.Lease, caps.MaxLease, kind+"'s MaxLease"), lower); err != nil {
 		return err
 	}
-	if err := refuse("Retention", stores.CheckBound("retention", p.Retention, caps.MaxRetention, kind+"'s MaxRetention")); err != nil {
+	if err := refuse("Retention", stores.CheckBound("retention", p.Retention, caps.MaxRetention, kind+"'s MaxRetention"), lower); err != nil {
 		return err
 	}
-	return refuse("Scope", stores.CheckBound("scope", len(needs.Scope), caps.MaxScope, kind+"'s MaxScope"))
+	return refuse("Scope", stores.CheckBound("scope", len(needs.Scope), caps.MaxScope, kind+"'s MaxScope"), "use a shorter Scope")
 }
 
 // Cycle runs the claim cycle on one store, for one adapter. It is safe for
