@@ -15,13 +15,13 @@ import (
 	"math/big"
 	"net"
 	"os"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/watermill-dedup/dedup/internal/testkit/base"
 	"github.com/watermill-dedup/dedup/stores"
 )
 
@@ -185,11 +185,11 @@ func TestClassifyConnectionErrors(t *testing.T) {
 	}
 
 	all(store(&redis.Options{Addr: closedPort(t), DialTimeout: time.Second}), "nothing listens any more", outage)
-	all(store(&redis.Options{Addr: fakeServer(t, func(c net.Conn) {
+	all(store(&redis.Options{Addr: base.Serve(t, func(c net.Conn) {
 		_, _ = c.Read(make([]byte, 64))
 		_, _ = c.Write([]byte("+PONG\r\n"))
 	}), DialTimeout: time.Second}), "the server answers a new connection", unclassified)
-	all(store(&redis.Options{Addr: fakeServer(t, func(c net.Conn) {}), DialTimeout: time.Second}),
+	all(store(&redis.Options{Addr: base.Serve(t, func(c net.Conn) {}), DialTimeout: time.Second}),
 		"the server takes a new connection and closes it", unclassified)
 	cfg, refusing := tlsRefuser(t)
 	all(store(&redis.Options{Addr: refusing, TLSConfig: cfg, DialTimeout: time.Second}),
@@ -211,7 +211,7 @@ func TestClassifyConnectionErrors(t *testing.T) {
 	check(sharded, "a cluster, no node named", io.EOF, unclassified)
 
 	// A confirmation the call's deadline cuts short is that deadline.
-	hung := store(&redis.Options{Addr: fakeServer(t, func(c net.Conn) { _, _ = io.Copy(io.Discard, c) })})
+	hung := store(&redis.Options{Addr: base.Serve(t, func(c net.Conn) { _, _ = io.Copy(io.Discard, c) })})
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
 	if got := hung.classifyCall(ctx, io.EOF); !errors.Is(got, context.DeadlineExceeded) || classOf(got) != unclassified {
@@ -238,38 +238,6 @@ func tcpAddr(t *testing.T, addr string) *net.TCPAddr {
 		t.Fatal(err)
 	}
 	return a
-}
-
-// fakeServer listens on a loopback port and serves each connection with
-// serve, then closes it.
-func fakeServer(t *testing.T, serve func(net.Conn)) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				defer c.Close()
-				serve(c)
-			}()
-		}
-	}()
-	t.Cleanup(func() {
-		_ = ln.Close()
-		wg.Wait()
-	})
-	return ln.Addr().String()
 }
 
 // tlsRefuser starts a TLS 1.3 server that requires a client certificate
@@ -301,7 +269,7 @@ func tlsRefuser(t *testing.T) (*tls.Config, string) {
 		Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}},
 		ClientAuth:   tls.RequireAndVerifyClientCert, ClientCAs: pool, MinVersion: tls.VersionTLS13,
 	}
-	addr := fakeServer(t, func(c net.Conn) {
+	addr := base.Serve(t, func(c net.Conn) {
 		tc := tls.Server(c, server)
 		if tc.Handshake() == nil {
 			_, _ = tc.Read(make([]byte, 64))

@@ -18,6 +18,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	kit "github.com/watermill-dedup/dedup/internal/testkit/base"
 	"github.com/watermill-dedup/dedup/stores"
 )
 
@@ -173,33 +174,6 @@ func pgConnectError(t *testing.T, addr string) error {
 	return err
 }
 
-// acceptAndClose listens on a loopback port and closes every connection
-// it accepts at once (with a reset: SO_LINGER 0).
-func acceptAndClose(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			_ = c.(*net.TCPConn).SetLinger(0)
-			_ = c.Close()
-		}
-	}()
-	t.Cleanup(func() {
-		_ = ln.Close()
-		<-done
-	})
-	return ln.Addr().String()
-}
-
 // TestClassifyConnectionErrors: an error is an outage only when it is
 // known to be one. A dial refused or timed out, a timeout, an
 // unreachable network, a server that says it cannot serve now are,
@@ -221,7 +195,7 @@ func TestClassifyConnectionErrors(t *testing.T) {
 		op("dial", &net.DNSError{Err: "i/o timeout", Name: "db", IsTimeout: true}),
 		op("read", os.ErrDeadlineExceeded),
 		op("write", os.NewSyscallError("write", syscall.ENETUNREACH)),
-		pgConnectError(t, testkitClosedAddr(t)), // pgx: the dial refused
+		pgConnectError(t, kit.ClosedAddr(t)), // pgx: the dial refused
 	}
 	never := []error{
 		op("dial", &net.DNSError{Err: "no such host", Name: "db", IsNotFound: true}),
@@ -239,7 +213,7 @@ func TestClassifyConnectionErrors(t *testing.T) {
 		op("write", os.NewSyscallError("write", syscall.EPIPE)),
 		io.EOF, io.ErrUnexpectedEOF, driver.ErrBadConn,
 	}
-	setupLost := pgConnectError(t, acceptAndClose(t)) // pgx: accepted, then reset or closed while being set up
+	setupLost := pgConnectError(t, kit.Closing(t, true)) // pgx: accepted, then reset or closed while being set up
 	for _, c := range []struct {
 		d                            dialect
 		busy, refusal, handshakeLost error
@@ -302,15 +276,3 @@ type timeoutError struct{}
 func (*timeoutError) Error() string   { return "i/o timeout" }
 func (*timeoutError) Timeout() bool   { return true }
 func (*timeoutError) Temporary() bool { return true }
-
-// testkitClosedAddr is a loopback address where nothing listens.
-func testkitClosedAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	_ = ln.Close()
-	return addr
-}
