@@ -184,7 +184,7 @@ func TestClassifyConnectionErrors(t *testing.T) {
 		return &Store{client: c}
 	}
 
-	all(store(&redis.Options{Addr: closedPort(t), DialTimeout: time.Second}), "nothing listens any more", outage)
+	all(store(&redis.Options{Addr: base.ClosedAddr(t), DialTimeout: time.Second}), "nothing listens any more", outage)
 	all(store(&redis.Options{Addr: base.Serve(t, func(c net.Conn) {
 		_, _ = c.Read(make([]byte, 64))
 		_, _ = c.Write([]byte("+PONG\r\n"))
@@ -198,16 +198,16 @@ func TestClassifyConnectionErrors(t *testing.T) {
 	// Without the call's context (a caller that does not pass it), or
 	// with a cluster and no server named, nothing confirms a broken
 	// connection: no known outage.
-	s := store(&redis.Options{Addr: closedPort(t)})
+	s := store(&redis.Options{Addr: base.ClosedAddr(t)})
 	for _, err := range broken {
 		if got := s.classify(err); classOf(got) != unclassified {
 			t.Errorf("%v without the call's context: %v, want unclassified", err, got)
 		}
 	}
-	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{closedPort(t)}, DialTimeout: time.Second})
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{base.ClosedAddr(t)}, DialTimeout: time.Second})
 	t.Cleanup(func() { _ = cc.Close() })
 	sharded := &Store{client: cc, sharded: true}
-	check(sharded, "a cluster, the node named", &net.OpError{Op: "read", Net: "tcp", Addr: tcpAddr(t, closedPort(t)), Err: io.EOF}, outage)
+	check(sharded, "a cluster, the node named", &net.OpError{Op: "read", Net: "tcp", Addr: tcpAddr(t, base.ClosedAddr(t)), Err: io.EOF}, outage)
 	check(sharded, "a cluster, no node named", io.EOF, unclassified)
 
 	// A confirmation the call's deadline cuts short is that deadline.
@@ -217,18 +217,6 @@ func TestClassifyConnectionErrors(t *testing.T) {
 	if got := hung.classifyCall(ctx, io.EOF); !errors.Is(got, context.DeadlineExceeded) || classOf(got) != unclassified {
 		t.Errorf("a confirmation cut short by the call's deadline: %v, want context.DeadlineExceeded", got)
 	}
-}
-
-// closedPort returns a loopback address nothing listens on.
-func closedPort(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	_ = ln.Close()
-	return addr
 }
 
 func tcpAddr(t *testing.T, addr string) *net.TCPAddr {
