@@ -7,7 +7,6 @@ import (
 
 	"github.com/watermill-dedup/dedup/internal/testkit"
 	"github.com/watermill-dedup/dedup/stores"
-	"github.com/watermill-dedup/dedup/stores/storetest"
 )
 
 // listIDs is the id of every record list -json shows with args, by
@@ -28,9 +27,7 @@ func (tg *target) listed(t *testing.T, args ...string) []recordJSON {
 func TestForgetAndReleaseByID(t *testing.T) {
 	forEachStore(t, func(t *testing.T, e *env, kind testkit.StoreKind) {
 		tg := e.open(t, kind, "")
-		scope := "dedupctl-" + storetest.NewID()
-		c := tg.claim(t, scope, "p1", time.Minute)
-		tg.done(t, scope, "d1")
+		scope, c := tg.seed(t)
 
 		var pid, did string
 		for _, r := range tg.listed(t, "-state=processing") {

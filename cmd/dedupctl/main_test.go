@@ -189,6 +189,16 @@ func (tg *target) done(t *testing.T, scope, key string) {
 	}
 }
 
+// seed makes a scope of its own on the target, with key p1 claimed for a
+// minute (the claim returned) and key d1 done.
+func (tg *target) seed(t *testing.T) (scope string, c *stores.Claim) {
+	t.Helper()
+	scope = "dedupctl-" + storetest.NewID()
+	c = tg.claim(t, scope, "p1", time.Minute)
+	tg.done(t, scope, "d1")
+	return scope, c
+}
+
 // result is what a Claim of (scope, key) finds; a Claimed key is
 // released again.
 func (tg *target) result(t *testing.T, scope, key string) stores.Result {
@@ -240,9 +250,7 @@ func (r result) field(t *testing.T, name, value string) {
 func TestGetAndList(t *testing.T) {
 	forEachStore(t, func(t *testing.T, e *env, kind testkit.StoreKind) {
 		tg := e.open(t, kind, "")
-		scope := "dedupctl-" + storetest.NewID()
-		c := tg.claim(t, scope, "p1", time.Minute)
-		tg.done(t, scope, "d1")
+		scope, c := tg.seed(t)
 		msg := message.NewMessage("m-"+storetest.NewID(), []byte(`{"payment_id":"PAY-1"}`))
 		tg.handled(t, scope, msg)
 
@@ -428,9 +436,7 @@ func TestForgetAndRelease(t *testing.T) {
 func TestStatsAndPurge(t *testing.T) {
 	forEachStore(t, func(t *testing.T, e *env, kind testkit.StoreKind) {
 		tg := e.open(t, kind, "")
-		scope := "dedupctl-" + storetest.NewID()
-		tg.claim(t, scope, "p1", time.Minute)
-		tg.done(t, scope, "d1")
+		scope, _ := tg.seed(t)
 		tg.done(t, scope, "d2")
 		want := stores.Counts{Processing: 1, Done: 2}
 		if tg.opened.Redis == nil {
