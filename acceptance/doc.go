@@ -28,9 +28,8 @@
 //
 // The services come from testkit (PostgreSQL, MariaDB/MySQL,
 // Redis, RabbitMQ and NATS with JetStream on their loopback ports, or
-// POSTGRES_DSN, MYSQL_DSN, REDIS_ADDR, AMQP_URL, NATS_URL). A missing service skips its scenarios loudly on a
-// developer's machine and fails them under CI=1 or
-// DEDUP_REQUIRE_SERVICES=1. Kafka is kfake, an in-process Kafka-protocol
+// POSTGRES_DSN, MYSQL_DSN, REDIS_ADDR, AMQP_URL, NATS_URL). A missing service fails its scenarios, naming it
+// (DEDUP_SKIP_MISSING=1 skips them instead, except under CI). Kafka is kfake, an in-process Kafka-protocol
 // broker, plus the cluster in KAFKA_BROKERS when set
 // (KAFKA_REPLICATION_FACTOR for its topics, default 1).
 //

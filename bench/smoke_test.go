@@ -5,13 +5,16 @@ import (
 	"math"
 	"strings"
 	"testing"
+
+	"github.com/watermill-dedup/dedup/internal/testkit"
 )
 
 // TestSmoke runs the e2e cases against the hand-rolled SET NX and with
 // the writing handler, and the replay, at -quick sizes on kfake (in
 // process), and checks that they print their RESULT lines. It checks no
 // speed: the figures are the harness's, not the tests'. A section whose
-// service is unreachable skips the test.
+// service or program is missing fails the test, naming it (skips it under
+// DEDUP_SKIP_MISSING=1).
 func TestSmoke(t *testing.T) {
 	ctx := context.Background()
 	o := &options{
@@ -53,7 +56,7 @@ func TestSmoke(t *testing.T) {
 		}
 		for _, r := range rs {
 			if strings.HasPrefix(r.note, "SKIPPED") {
-				t.Skip(r.note)
+				testkit.Missing(t, r.note)
 			}
 			if r.name != "" {
 				got[r.name] = r.value

@@ -34,7 +34,7 @@ const (
 )
 
 // requireBinary returns the path of a program of Debian's prometheus
-// package, or skips loudly naming it (fails in CI).
+// package, or fails the test naming it (testkit.Unavailable).
 func requireBinary(t *testing.T, name string) string {
 	t.Helper()
 	path, err := exec.LookPath(name)

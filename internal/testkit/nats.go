@@ -18,8 +18,7 @@ func NATSURL() string { return env("NATS_URL", DefaultNATSURL) }
 func NATSAddr() string { return hostPort(NATSURL(), "127.0.0.1:4222") }
 
 // RequireNATS returns the NATS URL after checking the server answers, or
-// skips loudly (fails under CI=1 or DEDUP_REQUIRE_SERVICES=1) when it does
-// not. JetStream must be enabled on it (nats-server -js).
+// fails the test naming it when it does not (see Unavailable). JetStream must be enabled on it (nats-server -js).
 func RequireNATS(t testing.TB) string {
 	t.Helper()
 	u := NATSURL()

@@ -21,8 +21,8 @@ import (
 // NATS servers a test starts itself, on loopback ports of their own:
 // one server configured for one test (a small max_payload), or a
 // JetStream cluster whose servers the test kills, pauses and restarts.
-// They need nats-server on $PATH; without it the test skips loudly, or
-// fails when services are required.
+// They need nats-server on $PATH; without it the test fails naming it
+// (see Unavailable).
 
 // NATSServer is a nats-server process of a test's own, with JetStream
 // kept in a directory of its own under t.TempDir() (kept across

@@ -48,8 +48,8 @@ type PostgresServer struct {
 // answers on its socket; the server is shut down (by its PID) and its
 // directory removed when t ends. Run as root, the cluster runs as the
 // postgres user, whom initdb requires. Without the PostgreSQL server
-// binaries (/usr/lib/postgresql/*/bin) the test skips loudly, or fails
-// when services are required.
+// binaries (/usr/lib/postgresql/*/bin) the test fails naming them (see
+// Unavailable).
 func StartPostgres(t testing.TB, hba, conf string) *PostgresServer {
 	t.Helper()
 	bin := postgresBin(t)

@@ -22,8 +22,8 @@ import (
 // Redis servers a test starts itself, on loopback ports of their own:
 // servers configured for one test (an eviction policy, a renamed
 // command) and Redis Clusters. They need redis-server (and redis-cli for
-// a cluster) on $PATH; without them the test skips loudly, or fails when
-// services are required.
+// a cluster) on $PATH; without them the test fails naming them (see
+// Unavailable).
 
 // StartRedis starts a redis-server of its own on a free loopback port
 // with extra arguments, in a temporary directory, and kills it when t

@@ -36,7 +36,7 @@ type TLSFiles struct {
 
 // MakeTLSFiles makes a certificate authority and a server and a client
 // certificate it signs, with openssl, in t.TempDir(). Without openssl on
-// $PATH the test skips loudly, or fails when services are required.
+// $PATH the test fails naming it (see Unavailable).
 func MakeTLSFiles(t testing.TB) *TLSFiles {
 	t.Helper()
 	bin, err := exec.LookPath("openssl")
@@ -108,8 +108,8 @@ func (f *TLSFiles) ClientConfig(t testing.TB, withCert bool) *tls.Config {
 // loopback port, with extra arguments; with clientCerts it requires a
 // client certificate (--tls-auth-clients yes). It kills the server when t
 // ends, and returns its address and the files once it answers PING over
-// TLS. A redis-server built without TLS skips the test loudly, or fails
-// it when services are required.
+// TLS. A redis-server built without TLS fails the test, naming it (see
+// Unavailable).
 func StartRedisTLS(t testing.TB, clientCerts bool, args ...string) (string, *TLSFiles) {
 	t.Helper()
 	bin, err := exec.LookPath("redis-server")

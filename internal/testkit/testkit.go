@@ -39,21 +39,69 @@ func MySQLDSN() string { return env("MYSQL_DSN", DefaultMySQLDSN) }
 // AMQPURL is AMQP_URL or the local RabbitMQ.
 func AMQPURL() string { return env("AMQP_URL", DefaultAMQPURL) }
 
-// ServicesRequired reports whether a missing service is a failure rather
-// than a skip: CI is set, or DEDUP_REQUIRE_SERVICES=1.
-func ServicesRequired() bool {
-	return os.Getenv("CI") != "" || os.Getenv("DEDUP_REQUIRE_SERVICES") == "1"
+// SkipMissing reports whether the user asked for a missing service to skip
+// its tests rather than fail them: DEDUP_SKIP_MISSING=1, and CI unset (CI
+// never goes green by skipping).
+func SkipMissing() bool {
+	return os.Getenv("DEDUP_SKIP_MISSING") == "1" && os.Getenv("CI") == ""
 }
 
-// Unavailable skips the test with a loud message naming the service, or
-// fails it when services are required.
+// Unavailable fails the test with a message naming the service, where it
+// was looked for and how to start it; with DEDUP_SKIP_MISSING=1 it skips
+// the test with that message instead.
 func Unavailable(t testing.TB, service, addr string, err error) {
 	t.Helper()
-	msg := fmt.Sprintf("%s is not reachable at %s: %v", service, addr, err)
-	if ServicesRequired() {
-		t.Fatalf("%s (services are required: CI or DEDUP_REQUIRE_SERVICES=1 is set)", msg)
+	msg := fmt.Sprintf("%s is not available at %s: %v", service, addr, err)
+	if h := StartHint(service); h != "" {
+		msg += "; " + h
 	}
-	t.Skipf("SKIPPED — %s. Start it on its standard loopback port (or point the address variable at it), or set CI=1 / DEDUP_REQUIRE_SERVICES=1 to make this a failure.", strings.ToUpper(msg[:1])+msg[1:])
+	Missing(t, msg)
+}
+
+// Missing fails the test with msg, which names what is missing, or skips
+// it with msg under DEDUP_SKIP_MISSING=1.
+func Missing(t testing.TB, msg string) {
+	t.Helper()
+	if SkipMissing() {
+		t.Skipf("SKIPPED (DEDUP_SKIP_MISSING=1) — %s", msg)
+	}
+	t.Fatalf("%s (DEDUP_SKIP_MISSING=1 skips the tests that need it instead)", msg)
+}
+
+// startHints says how to get each service or program the tests use, by a
+// word its name in Unavailable contains (the first match wins).
+var startHints = []struct{ word, hint string }{
+	{"redis-server built with TLS", "install a redis-server built with TLS (Debian package redis-server)"},
+	{"redis-cli", "install redis-cli (Debian package redis-tools)"},
+	{"redis-server", "install redis-server (Debian package redis-server)"},
+	{"Redis", "start it: redis-server --daemonize yes --port 6379 --save '' (Debian package redis-server), or set REDIS_ADDR"},
+	{"initdb", "install the PostgreSQL server (Debian package postgresql)"},
+	{"postgres user", "create the user postgres (Debian package postgresql does)"},
+	{"PostgreSQL", "start it: pg_ctlcluster <version> main start (Debian package postgresql), or set POSTGRES_DSN"},
+	{"postgres", "start PostgreSQL: pg_ctlcluster <version> main start (Debian package postgresql), or set POSTGRES_DSN"},
+	{"pgx", "start PostgreSQL: pg_ctlcluster <version> main start (Debian package postgresql), or set POSTGRES_DSN"},
+	{"mariadbd", "install mariadbd and mariadb-install-db (Debian package mariadb-server)"},
+	{"MySQL", "start it: start-stop-daemon --start --background --exec /usr/sbin/mariadbd (Debian package mariadb-server), or set MYSQL_DSN"},
+	{"mysql", "start MariaDB: start-stop-daemon --start --background --exec /usr/sbin/mariadbd (Debian package mariadb-server), or set MYSQL_DSN"},
+	{"RabbitMQ", "start it: rabbitmq-server -detached (Debian package rabbitmq-server), or set AMQP_URL"},
+	{"nats-server", "install nats-server (Debian package nats-server)"},
+	{"NATS", "start it: nats-server -js -a 127.0.0.1 -p 4222 (Debian package nats-server), or set NATS_URL"},
+	{"openssl", "install openssl (Debian package openssl)"},
+	{"prometheus", "install prometheus and promtool (Debian package prometheus)"},
+	{"promtool", "install prometheus and promtool (Debian package prometheus)"},
+	{"pgbench", "install pgbench (Debian package postgresql-contrib, or postgresql-client-<version>)"},
+	{"redis-benchmark", "install redis-benchmark (Debian package redis-tools)"},
+}
+
+// StartHint is how to start or install service, or "" when the kit does
+// not know it.
+func StartHint(service string) string {
+	for _, h := range startHints {
+		if strings.Contains(service, h.word) {
+			return h.hint
+		}
+	}
+	return ""
 }
 
 // RequireTCP dials addr and calls Unavailable when nothing answers.
