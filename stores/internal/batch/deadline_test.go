@@ -87,16 +87,23 @@ func goDo(b *batch.Batcher[int, int], ctx context.Context, req int) <-chan outco
 	return ch
 }
 
-// waitQueued waits until n calls are queued in b.
-func waitQueued(t *testing.T, b *batch.Batcher[int, int], n int) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for b.Queued() != n {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d calls queued, want %d", b.Queued(), n)
-		}
-		time.Sleep(time.Millisecond)
-	}
+// stuckFirst returns a gatedExec with gates for the requests gated, a
+// Batcher over it with MaxBatch 8 and maxInFlight, and where the outcome
+// of call 1 arrives, sent to it: it returns once call 1's batch has
+// started (gate 1, when gated, holds it).
+func stuckFirst(maxInFlight int, gated ...int) (*gatedExec, *batch.Batcher[int, int], <-chan outcome) {
+	g := newGatedExec(gated...)
+	b := batch.New(g.exec, 8, maxInFlight)
+	first := goDo(b, context.Background(), 1)
+	<-g.entered
+	return g, b, first
+}
+
+// last returns the requests of the latest batch.
+func (g *gatedExec) last() []int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.batches[len(g.batches)-1]
 }
 
 func TestDoneContextNeverRuns(t *testing.T) {
@@ -116,10 +123,7 @@ func TestDoneContextNeverRuns(t *testing.T) {
 // batch ahead of it is still stuck, and never reaches Exec.
 func TestQueuedCallLeavesAtItsDeadline(t *testing.T) {
 	defer goleak.VerifyNone(t)
-	g := newGatedExec(1)
-	b := batch.New(g.exec, 8, 1)
-	first := goDo(b, context.Background(), 1)
-	<-g.entered // batch [1] holds the only slot
+	g, b, first := stuckFirst(1, 1) // batch [1] holds the only slot
 
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
@@ -173,14 +177,14 @@ func TestRunningCallLeavesAtItsDeadline(t *testing.T) {
 	<-g.entered
 
 	long := goDo(b, context.Background(), 2)
-	waitQueued(t, b, 1)
+	queued(t, b, 1)
 	// The short call's deadline passes once its batch runs, when the test
 	// says so (see base.DeadlineCtx), not after a timer that a slow machine
 	// could let run out while the call still queued.
 	ctx := base.NewDeadlineCtx()
 	defer ctx.Expire()
 	short := goDo(b, ctx, 3)
-	waitQueued(t, b, 2)
+	queued(t, b, 2)
 
 	g.open(1) // batch [2 3] starts, and waits on gate 2
 	<-first
@@ -214,19 +218,16 @@ func TestRunningCallLeavesAtItsDeadline(t *testing.T) {
 // is not cancelled when its leader's caller gives up.
 func TestBatchContext(t *testing.T) {
 	defer goleak.VerifyNone(t)
-	g := newGatedExec(1, 2)
-	b := batch.New(g.exec, 8, 1)
-	first := goDo(b, context.Background(), 1)
-	<-g.entered
+	g, b, first := stuckFirst(1, 1, 2)
 
 	ctxLead, cancelLead := context.WithTimeout(context.Background(), time.Hour)
 	defer cancelLead()
 	lead := goDo(b, ctxLead, 2)
-	waitQueued(t, b, 1)
+	queued(t, b, 1)
 	ctxOther, cancelOther := context.WithTimeout(context.Background(), 2*time.Hour)
 	defer cancelOther()
 	other := goDo(b, ctxOther, 3)
-	waitQueued(t, b, 2)
+	queued(t, b, 2)
 
 	g.open(1)
 	<-first
@@ -254,16 +255,11 @@ func TestBatchContext(t *testing.T) {
 // A call is not held back by a batch that is stuck, as long as a slot is
 // free: it goes out at once, in a batch of its own.
 func TestLoneCallNotHeldBackByABusySlot(t *testing.T) {
-	g := newGatedExec(1)
-	b := batch.New(g.exec, 8, 2)
-	first := goDo(b, context.Background(), 1)
-	<-g.entered
+	g, b, first := stuckFirst(2, 1)
 	if r, err := b.Do(context.Background(), 5); err != nil || r != 6 {
 		t.Fatalf("Do(5) = %d, %v", r, err)
 	}
-	g.mu.Lock()
-	last := g.batches[len(g.batches)-1]
-	g.mu.Unlock()
+	last := g.last()
 	if len(last) != 1 || last[0] != 5 {
 		t.Fatalf("lone call ran in batch %v, want [5]", last)
 	}
@@ -284,29 +280,23 @@ func TestDeadlineStress(t *testing.T) {
 		return nil
 	}, 16, 2)
 	b.OnOrphaned(time.Second, func(_ context.Context, calls []*batch.Call[int, int]) { orphaned.Add(int64(len(calls))) })
-	var wg sync.WaitGroup
 	var timedOut atomic.Int64
-	for g := range 64 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range 200 {
-				req := g*1000 + i
-				ctx, cancel := context.WithTimeout(context.Background(), time.Duration(rand.IntN(400))*time.Microsecond)
-				r, err := b.Do(ctx, req)
-				cancel()
-				switch {
-				case err == nil && r != req+1:
-					t.Errorf("Do(%d) = %d", req, r)
-				case err != nil && !errors.Is(err, context.DeadlineExceeded):
-					t.Errorf("Do(%d): %v", req, err)
-				case err != nil:
-					timedOut.Add(1)
-				}
+	together(64, func(g int) {
+		for i := range 200 {
+			req := g*1000 + i
+			ctx, cancel := context.WithTimeout(context.Background(), time.Duration(rand.IntN(400))*time.Microsecond)
+			r, err := b.Do(ctx, req)
+			cancel()
+			switch {
+			case err == nil && r != req+1:
+				t.Errorf("Do(%d) = %d", req, r)
+			case err != nil && !errors.Is(err, context.DeadlineExceeded):
+				t.Errorf("Do(%d): %v", req, err)
+			case err != nil:
+				timedOut.Add(1)
 			}
-		}()
-	}
-	wg.Wait()
+		}
+	})
 	if b.Queued() != 0 {
 		t.Fatalf("%d calls left queued", b.Queued())
 	}
@@ -350,19 +340,16 @@ func (c *endingCtx) Err() error {
 // Exec sees only the others.
 func TestBatchSkipsCallsWhoseContextEnded(t *testing.T) {
 	defer goleak.VerifyNone(t)
-	g := newGatedExec(1)
-	b := batch.New(g.exec, 8, 1)
-	first := goDo(b, context.Background(), 1)
-	<-g.entered // batch [1] holds the only slot
+	g, b, first := stuckFirst(1, 1) // batch [1] holds the only slot
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	ending := newEndingCtx()
 	defer ending.leave()
 	dead := goDo(b, ending, 2)
-	waitQueued(t, b, 1)
+	queued(t, b, 1)
 	live := goDo(b, ctx, 3)
-	waitQueued(t, b, 2)
+	queued(t, b, 2)
 	ending.end()
 
 	g.open(1) // the batch of calls 2 and 3 starts
@@ -378,9 +365,7 @@ func TestBatchSkipsCallsWhoseContextEnded(t *testing.T) {
 	if g.ran(2) {
 		t.Fatal("a call whose context had ended reached Exec")
 	}
-	g.mu.Lock()
-	last := g.batches[len(g.batches)-1]
-	g.mu.Unlock()
+	last := g.last()
 	if len(last) != 1 || last[0] != 3 {
 		t.Fatalf("last batch = %v, want [3]", last)
 	}
@@ -408,7 +393,7 @@ func TestCloseWaitsForUndos(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		left := goDo(b, ctx, req+1)
-		waitQueued(t, b, 1)
+		queued(t, b, 1)
 		g.open(req)
 		<-first
 		<-g.entered

@@ -88,20 +88,20 @@ func later(ctx context.Context, b *batch.Batcher[int, int], req int, linger time
 	return ch
 }
 
-func queued(t *testing.T, b *batch.Batcher[int, int], n int) {
+// queuedLater sends req with later and waits until n calls are queued.
+func queuedLater(t *testing.T, ctx context.Context, b *batch.Batcher[int, int], req int, linger time.Duration, n int) <-chan error {
 	t.Helper()
-	testkit.WaitFor(t, 10*time.Second, "calls queued", func() bool { return b.Queued() == n })
+	ch := later(ctx, b, req, linger)
+	queued(t, b, n)
+	return ch
 }
 
 // A call sent with DoLater while nothing is out waits for the next call
 // and goes out in its batch, ahead of it: one round trip for both.
 func TestLaterGoesOutWithTheNextCall(t *testing.T) {
 	r := newRecorder()
-	b := batch.New(r.exec, 64, 2)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	done := later(ctx, b, 1, time.Hour)
-	queued(t, b, 1)
+	b, ctx := batcher(t, r, 64, 2, 10*time.Second)
+	done := queuedLater(t, ctx, b, 1, time.Hour, 1)
 	if got := r.sent(); len(got) != 0 {
 		t.Fatalf("the later call went out alone: %v", got)
 	}
@@ -120,12 +120,9 @@ func TestLaterGoesOutWithTheNextCall(t *testing.T) {
 // when that batch ends: it waits for the next call.
 func TestLaterWaitsForACallNotForABatchEnding(t *testing.T) {
 	r := gated()
-	b := batch.New(r.exec, 64, 2)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
+	b, ctx := batcher(t, r, 64, 2, 10*time.Second)
 	first := slowFirst(t, ctx, r, b, 1)
-	done := later(ctx, b, 2, time.Hour)
-	queued(t, b, 1)
+	done := queuedLater(t, ctx, b, 2, time.Hour, 1)
 	r.release()
 	if err := <-first; err != nil {
 		t.Fatal(err)
@@ -149,9 +146,7 @@ func TestLaterWaitsForACallNotForABatchEnding(t *testing.T) {
 // linger, never before.
 func TestLaterGoesOutAloneAfterItsLinger(t *testing.T) {
 	r := newRecorder()
-	b := batch.New(r.exec, 64, 2)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
+	b, ctx := batcher(t, r, 64, 2, 10*time.Second)
 	const linger = 50 * time.Millisecond
 	start := time.Now()
 	if err := <-later(ctx, b, 1, linger); err != nil {
@@ -169,11 +164,8 @@ func TestLaterGoesOutAloneAfterItsLinger(t *testing.T) {
 // call) does not send the next later call before that one's own linger.
 func TestLaterTimerOfACarriedCallDoesNotSendTheNext(t *testing.T) {
 	r := newRecorder()
-	b := batch.New(r.exec, 64, 2)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	first := later(ctx, b, 1, 100*time.Millisecond)
-	queued(t, b, 1)
+	b, ctx := batcher(t, r, 64, 2, 10*time.Second)
+	first := queuedLater(t, ctx, b, 1, 100*time.Millisecond, 1)
 	if _, err := b.Do(ctx, 2); err != nil {
 		t.Fatal(err)
 	}
@@ -201,8 +193,7 @@ func TestLaterLeavesAtItsContext(t *testing.T) {
 	r := newRecorder()
 	b := batch.New(r.exec, 64, 2)
 	ctx, cancel := context.WithCancel(context.Background())
-	done := later(ctx, b, 1, time.Hour)
-	queued(t, b, 1)
+	done := queuedLater(t, ctx, b, 1, time.Hour, 1)
 	cancel()
 	if err := <-done; !errors.Is(err, context.Canceled) {
 		t.Fatalf("DoLater = %v, want context.Canceled", err)
@@ -224,13 +215,10 @@ func TestLaterLeavesAtItsContext(t *testing.T) {
 // takes them along and after it.
 func TestLaterMoreThanABatch(t *testing.T) {
 	r := newRecorder()
-	b := batch.New(r.exec, 4, 1)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
+	b, ctx := batcher(t, r, 4, 1, 10*time.Second)
 	var dones []<-chan error
 	for i := range 10 {
-		dones = append(dones, later(ctx, b, i, time.Hour))
-		queued(t, b, i+1)
+		dones = append(dones, queuedLater(t, ctx, b, i, time.Hour, i+1))
 	}
 	// The carrier's batches take the queue up to and including it.
 	if _, err := b.Do(ctx, 100); err != nil {
@@ -265,35 +253,29 @@ func TestLaterStress(t *testing.T) {
 		}
 		return nil
 	}, 8, 2)
-	var wg sync.WaitGroup
-	for g := range 16 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range 300 {
-				req := g*1000 + i
-				ctx, cancel := context.WithCancel(context.Background())
-				if rand.IntN(10) == 0 {
-					time.AfterFunc(time.Duration(rand.IntN(300))*time.Microsecond, cancel)
-				}
-				var got int
-				var err error
-				if g%2 == 0 {
-					got, err = b.DoLater(ctx, req, time.Duration(rand.IntN(2000))*time.Microsecond)
-				} else {
-					got, err = b.Do(ctx, req)
-				}
-				cancel()
-				if err != nil && !errors.Is(err, context.Canceled) {
-					t.Errorf("call %d: %v", req, err)
-				}
-				if err == nil && got != req {
-					t.Errorf("call %d got %d", req, got)
-				}
+	together(16, func(g int) {
+		for i := range 300 {
+			req := g*1000 + i
+			ctx, cancel := context.WithCancel(context.Background())
+			if rand.IntN(10) == 0 {
+				time.AfterFunc(time.Duration(rand.IntN(300))*time.Microsecond, cancel)
 			}
-		}()
-	}
-	wg.Wait()
+			var got int
+			var err error
+			if g%2 == 0 {
+				got, err = b.DoLater(ctx, req, time.Duration(rand.IntN(2000))*time.Microsecond)
+			} else {
+				got, err = b.Do(ctx, req)
+			}
+			cancel()
+			if err != nil && !errors.Is(err, context.Canceled) {
+				t.Errorf("call %d: %v", req, err)
+			}
+			if err == nil && got != req {
+				t.Errorf("call %d got %d", req, got)
+			}
+		}
+	})
 	if n := b.Queued(); n != 0 {
 		t.Fatalf("%d calls left queued", n)
 	}
@@ -307,9 +289,7 @@ func TestLaterStress(t *testing.T) {
 // in a free slot, not after that batch.
 func TestLaterGoesOutInAFreeSlotWhenDue(t *testing.T) {
 	r := gated()
-	b := batch.New(r.exec, 64, 4)
-	bg, cancelBg := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancelBg()
+	b, bg := batcher(t, r, 64, 4, 30*time.Second)
 	first := slowFirst(t, bg, r, b, 1)
 	done := later(bg, b, 2, time.Millisecond)
 	testkit.WaitFor(t, 10*time.Second, "the later call out beside the slow one", func() bool { return len(r.sent()) == 2 })
@@ -325,13 +305,10 @@ func TestLaterGoesOutInAFreeSlotWhenDue(t *testing.T) {
 // start, even without a call sent with Do.
 func TestLaterDueGoesOutWhenASlotFrees(t *testing.T) {
 	r := gated()
-	b := batch.New(r.exec, 64, 1)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
+	b, ctx := batcher(t, r, 64, 1, 30*time.Second)
 	first := slowFirst(t, ctx, r, b, 1)
 	start := time.Now()
-	done := later(ctx, b, 2, time.Millisecond)
-	queued(t, b, 1)
+	done := queuedLater(t, ctx, b, 2, time.Millisecond, 1)
 	// Due: past its linger while the only slot is busy.
 	for time.Since(start) < 5*time.Millisecond {
 		time.Sleep(time.Millisecond)
@@ -351,8 +328,7 @@ func TestLaterShortLingerBehindALongOne(t *testing.T) {
 	r := newRecorder()
 	b := batch.New(r.exec, 64, 2)
 	bg, cancelBg := context.WithCancel(context.Background())
-	long := later(bg, b, 1, time.Hour)
-	queued(t, b, 1)
+	long := queuedLater(t, bg, b, 1, time.Hour, 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if _, err := b.DoLater(ctx, 2, time.Millisecond); err != nil {
@@ -368,9 +344,7 @@ func TestLaterShortLingerBehindALongOne(t *testing.T) {
 // Later calls alone, more than a batch holds, all go out.
 func TestLaterOnlyMoreThanABatch(t *testing.T) {
 	r := newRecorder()
-	b := batch.New(r.exec, 3, 1)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
+	b, ctx := batcher(t, r, 3, 1, 10*time.Second)
 	var dones []<-chan error
 	for i := range 10 {
 		dones = append(dones, later(ctx, b, i, time.Millisecond))
@@ -392,30 +366,15 @@ func TestLaterOnlyMoreThanABatch(t *testing.T) {
 	}
 }
 
-// Close sends the later calls at once, not after their linger: before
-// the store's client is closed.
-func TestCloseSendsLaterCalls(t *testing.T) {
-	r := newRecorder()
-	b := batch.New(r.exec, 64, 2)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	done := later(ctx, b, 1, time.Hour)
-	queued(t, b, 1)
-	if err := b.Close(ctx); err != nil {
-		t.Fatal(err)
-	}
+// wentOut fails the test, with b's state, unless the later call whose
+// result arrives on done went out without error.
+func wentOut(t *testing.T, r *recorder, b *batch.Batcher[int, int], done <-chan error, what string) {
+	t.Helper()
 	if err := <-done; err != nil {
-		t.Fatalf("the later call after Close: %v", err)
+		inF, eager, _, armed := b.State()
+		t.Fatalf("%s: %v; queued=%d inFlight=%d eager=%d timerArmed=%v batches=%v",
+			what, err, b.Queued(), inF, eager, armed, r.sent())
 	}
-}
-
-func sentReq(r *recorder, req int) bool {
-	for _, b := range r.sent() {
-		if slices.Contains(b, req) {
-			return true
-		}
-	}
-	return false
 }
 
 // More DoLater calls than MaxBatch, no Do: the timer sends the first
@@ -423,21 +382,14 @@ func sentReq(r *recorder, req int) bool {
 // the timer armed for them (they were left with none, and never sent).
 func TestLaterLeftByATimerFlushIsSent(t *testing.T) {
 	r := newRecorder()
-	b := batch.New(r.exec, 1, 2)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	a := later(ctx, b, 1, 150*time.Millisecond)
-	queued(t, b, 1)
+	b, ctx := batcher(t, r, 1, 2, 10*time.Second)
+	a := queuedLater(t, ctx, b, 1, 150*time.Millisecond, 1)
 	bl := later(ctx, b, 2, 800*time.Millisecond) // due at +800ms, queued behind 1
 	if err := <-a; err != nil {
 		t.Fatal(err)
 	}
 	// 2's context ends at 10s: a call left with no timer fails with it.
-	if err := <-bl; err != nil {
-		inF, eager, _, armed := b.State()
-		t.Fatalf("2 (linger 800ms): %v; queued=%d inFlight=%d eager=%d timerArmed=%v batches=%v",
-			err, b.Queued(), inF, eager, armed, r.sent())
-	}
+	wentOut(t, r, b, bl, "2 (linger 800ms)")
 }
 
 // The timer fires while every slot is busy (flushLater returns); the due
@@ -446,15 +398,11 @@ func TestLaterLeftByATimerFlushIsSent(t *testing.T) {
 // (it was left with no timer, and never sent).
 func TestLaterLeftAfterABusyFlushIsSent(t *testing.T) {
 	r := gated()
-	b := batch.New(r.exec, 64, 1)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
+	b, ctx := batcher(t, r, 64, 1, 10*time.Second)
 	first := slowFirst(t, ctx, r, b, 1)
 	xctx, xcancel := context.WithCancel(ctx)
-	x := later(xctx, b, 2, time.Millisecond)
-	queued(t, b, 1)
-	y := later(ctx, b, 3, 700*time.Millisecond)
-	queued(t, b, 2)
+	x := queuedLater(t, xctx, b, 2, time.Millisecond, 1)
+	y := queuedLater(t, ctx, b, 3, 700*time.Millisecond, 2)
 	// Event: the timer for 2 has fired and returned (every slot busy).
 	testkit.WaitFor(t, 5*time.Second, "timer fired with every slot busy", func() bool {
 		_, _, _, armed := b.State()
@@ -467,11 +415,7 @@ func TestLaterLeftAfterABusyFlushIsSent(t *testing.T) {
 		t.Fatal(err)
 	}
 	// 3's context ends at 10s: a call left with no timer fails with it.
-	if err := <-y; err != nil {
-		inF, eager, _, armed := b.State()
-		t.Fatalf("3 (linger 700ms): %v; queued=%d inFlight=%d eager=%d timerArmed=%v batches=%v",
-			err, b.Queued(), inF, eager, armed, r.sent())
-	}
+	wentOut(t, r, b, y, "3 (linger 700ms)")
 }
 
 // MaxInFlight is never exceeded with the timer path and carriers
@@ -494,23 +438,17 @@ func TestLaterMixedKeepsMaxInFlightAndCounters(t *testing.T) {
 		out.Add(-1)
 		return nil
 	}, 4, maxIF)
-	var wg sync.WaitGroup
-	for g := range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range 200 {
-				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-				if (g+i)%3 == 0 {
-					_, _ = b.Do(ctx, i)
-				} else {
-					_, _ = b.DoLater(ctx, i, time.Duration(1+i%5)*100*time.Microsecond)
-				}
-				cancel()
+	together(8, func(g int) {
+		for i := range 200 {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			if (g+i)%3 == 0 {
+				_, _ = b.Do(ctx, i)
+			} else {
+				_, _ = b.DoLater(ctx, i, time.Duration(1+i%5)*100*time.Microsecond)
 			}
-		}()
-	}
-	wg.Wait()
+			cancel()
+		}
+	})
 	if p := peak.Load(); p > maxIF {
 		t.Fatalf("%d batches out at once, MaxInFlight %d", p, maxIF)
 	}
@@ -520,21 +458,52 @@ func TestLaterMixedKeepsMaxInFlightAndCounters(t *testing.T) {
 	})
 }
 
-// Close sends the lingering calls, and returns once they have gone out.
-func TestCloseReturnsAfterTheLaterCallsWentOut(t *testing.T) {
+// Close sends the later calls at once, not after their linger (before
+// the store's client is closed), and returns once they have gone out.
+func TestCloseSendsLaterCalls(t *testing.T) {
 	r := newRecorder()
-	b := batch.New(r.exec, 64, 2)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	d := later(ctx, b, 1, time.Hour)
-	queued(t, b, 1)
+	b, ctx := batcher(t, r, 64, 2, 10*time.Second)
+	done := queuedLater(t, ctx, b, 1, time.Hour, 1)
 	if err := b.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if got := r.sent(); len(got) != 1 {
 		t.Fatalf("batches sent when Close returned: %v, want [[1]]", got)
 	}
-	if err := <-d; err != nil {
-		t.Fatal(err)
+	if err := <-done; err != nil {
+		t.Fatalf("the later call after Close: %v", err)
+	}
+}
+
+// A burst of background Completes larger than MaxBatch (Redis's defaults,
+// 128 and 2) and then no more traffic: they all go out.
+func TestLaterBurstOverMaxBatch(t *testing.T) {
+	t.Run("1ms", func(t *testing.T) { burst(t, time.Millisecond, 200*time.Microsecond) })
+	t.Run("20ms", func(t *testing.T) { burst(t, 20*time.Millisecond, 2*time.Millisecond) })
+}
+
+func burst(t *testing.T, linger, stagger time.Duration) {
+	r := newRecorder()
+	b, ctx := batcher(t, r, 128, 2, 10*time.Second)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	stuck := 0
+	for i := range 300 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := b.DoLater(ctx, i, linger); err != nil {
+				mu.Lock()
+				stuck++
+				mu.Unlock()
+			}
+		}()
+		if i%50 == 49 {
+			time.Sleep(stagger)
+		}
+	}
+	wg.Wait()
+	if stuck > 0 {
+		t.Fatalf("%d of 300 DoLater calls (linger %s) still unsent after 10s; %d batches", stuck, linger, len(r.sent()))
 	}
 }
