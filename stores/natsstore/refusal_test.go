@@ -62,15 +62,6 @@ func (r *redirectDialer) Dial(network, _ string) (net.Conn, error) {
 // meet a reset, and no handler of a fail-open consumer runs; a
 // connection up again works.
 func TestReconnectRefusalIsNotAnOutage(t *testing.T) {
-	users := func(names ...string) string {
-		var b strings.Builder
-		b.WriteString("authorization {\n  users = [\n")
-		for _, n := range names {
-			b.WriteString("    {user: " + n + ", password: " + n + "-pw}\n")
-		}
-		b.WriteString("  ]\n}\n")
-		return b.String()
-	}
 	quiet := nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {})
 
 	for _, keepTrying := range []bool{false, true} {
@@ -79,7 +70,7 @@ func TestReconnectRefusalIsNotAnOutage(t *testing.T) {
 			name += ", IgnoreAuthErrorAbort"
 		}
 		t.Run(name, func(t *testing.T) {
-			srv := testkit.StartNATSSecureServer(t, users("root", "alice"), nats.UserInfo("root", "root-pw"))
+			srv := testkit.StartNATSSecureServer(t, usersConf("root", "alice"), nats.UserInfo("root", "root-pw"))
 			r := &redirectDialer{}
 			r.to(srv.Addr())
 			opts := []nats.Option{nats.UserInfo("alice", "alice-pw"), nats.MaxReconnects(-1), nats.ReconnectWait(20 * time.Millisecond),
@@ -95,7 +86,7 @@ func TestReconnectRefusalIsNotAnOutage(t *testing.T) {
 				t.Fatalf("Claim before the reload = %s", c.Result)
 			}
 
-			srv.Reload(users("root"))
+			srv.Reload(usersConf("root"))
 			waitLastError(t, nc, "authorization violation")
 			testkit.RefusedCalls(t, s, 5, "authorization violation", true)
 			if ran, err := testkit.FailOpenRun(t, s, 5); ran != 0 || err == nil {
@@ -111,7 +102,7 @@ func TestReconnectRefusalIsNotAnOutage(t *testing.T) {
 				testkit.RefusedCalls(t, s, 5, "authorization violation", true)
 				// The user is back: the store works again.
 				r.to(srv.Addr())
-				srv.Reload(users("root", "alice"))
+				srv.Reload(usersConf("root", "alice"))
 				testkit.WaitFor(t, time.Minute, "the reconnect", nc.IsConnected)
 				if c := claim(t, s, "s", time.Minute, "after"); c.Result != stores.Claimed {
 					t.Fatalf("Claim once the user is back = %s", c.Result)
