@@ -6,6 +6,7 @@ package keytest
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"maps"
 	"strings"
 	"sync"
@@ -15,6 +16,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/watermill-dedup/dedup/internal/testkit"
 	"github.com/watermill-dedup/dedup/keyfuncs"
 	"github.com/watermill-dedup/dedup/middleware"
 	"github.com/watermill-dedup/dedup/stores/memstore"
@@ -117,6 +119,37 @@ func Count(t testing.TB, sub message.Subscriber, topic string, n int, key keyfun
 	mu.Lock()
 	defer mu.Unlock()
 	return maps.Clone(runs), maps.Clone(keys)
+}
+
+// OpenSQL opens the shared test database, PostgreSQL through pgx or, with
+// mysql, MySQL (the caller imports the driver), with four connections at
+// most, closed when t ends, and returns it with its DSN.
+func OpenSQL(t testing.TB, mysql bool) (db *sql.DB, dsn string) {
+	t.Helper()
+	driver, dsn := "pgx", testkit.RequirePostgres(t)
+	if mysql {
+		driver, dsn = "mysql", testkit.RequireMySQL(t)
+	}
+	db, err := sql.Open(driver, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db.SetMaxOpenConns(4)
+	t.Cleanup(func() { _ = db.Close() })
+	if err := db.PingContext(context.Background()); err != nil {
+		testkit.Unavailable(t, driver, dsn, err)
+	}
+	return db, dsn
+}
+
+// OffsetWithoutARow checks that offset (the sqlkeys major's Offset) fails
+// with keyfuncs.ErrNoKey on a message no subscriber read from a row.
+func OffsetWithoutARow(t testing.TB, offset keyfuncs.KeyFunc) {
+	t.Helper()
+	msg := message.NewMessage("m-1", nil)
+	if _, err := offset(msg); !errors.Is(err, keyfuncs.ErrNoKey) {
+		t.Fatalf("Offset() outside a router = %v, want ErrNoKey", err)
+	}
 }
 
 // ForeignRows is a foreign producer writing a watermill-sql topic with

@@ -3,21 +3,18 @@ package sqlkeys_test
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"testing"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
-	"github.com/ThreeDotsLabs/watermill/message"
 	_ "github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5/pgxpool"
 	_ "github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/watermill-dedup/dedup/internal/testkit"
 	"github.com/watermill-dedup/dedup/internal/testkit/keytest"
-	"github.com/watermill-dedup/dedup/keyfuncs"
 	sqlkeys "github.com/watermill-dedup/dedup/keyfuncs/sqlkeys/v4"
 	"github.com/watermill-dedup/dedup/stores/storetest"
 )
@@ -96,19 +93,7 @@ func TestForeignRows(t *testing.T) {
 // own.
 func openDB(t *testing.T, mysql, pgx bool) (*sql.DB, wsql.Beginner) {
 	t.Helper()
-	driver, dsn := "pgx", testkit.RequirePostgres(t)
-	if mysql {
-		driver, dsn = "mysql", testkit.RequireMySQL(t)
-	}
-	db, err := sql.Open(driver, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	db.SetMaxOpenConns(4)
-	t.Cleanup(func() { _ = db.Close() })
-	if err := db.PingContext(context.Background()); err != nil {
-		testkit.Unavailable(t, driver, dsn, err)
-	}
+	db, dsn := keytest.OpenSQL(t, mysql)
 	if !pgx {
 		return db, wsql.BeginnerFromStdSQL(db)
 	}
@@ -144,12 +129,7 @@ func TestSchemaAdapterKeepsRequiresTransaction(t *testing.T) {
 	}
 }
 
-func TestOffsetWithoutARow(t *testing.T) {
-	msg := message.NewMessage("m-1", nil)
-	if _, err := sqlkeys.Offset()(msg); !errors.Is(err, keyfuncs.ErrNoKey) {
-		t.Fatalf("Offset() outside a router = %v, want ErrNoKey", err)
-	}
-}
+func TestOffsetWithoutARow(t *testing.T) { keytest.OffsetWithoutARow(t, sqlkeys.Offset()) }
 
 // TestQueueSchemaAcksTheWholeBatch backs the package doc's advice on the
 // queue schemas: watermill-sql v4.1.2's queue offsets adapters ack every
