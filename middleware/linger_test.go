@@ -19,7 +19,7 @@ import (
 )
 
 // roundTrips counts what a go-redis client sends: one per command sent
-// alone, one per pipeline.
+// alone, one per pipeline (its add is the client's testkit.RedisTap).
 type roundTrips struct {
 	n   atomic.Int64
 	mu  sync.Mutex
@@ -39,22 +39,6 @@ func (r *roundTrips) add(cmds []redis.Cmder) {
 	r.log = append(r.log, fmt.Sprint(names))
 	r.mu.Unlock()
 }
-
-func (r *roundTrips) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (r *roundTrips) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		r.add([]redis.Cmder{cmd})
-		return next(ctx, cmd)
-	}
-}
-func (r *roundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		r.add(cmds)
-		return next(ctx, cmds)
-	}
-}
-
-var _ redis.Hook = (*roundTrips)(nil)
 
 // lingerStore returns a redisstore on the shared Redis, under a prefix of
 // its own that is deleted afterwards, and its client.
@@ -92,7 +76,7 @@ func TestAsyncCompleteGoesOutWithTheNextClaim(t *testing.T) {
 		t.Fatal(err)
 	}
 	trips := &roundTrips{}
-	client.AddHook(trips)
+	client.AddHook(testkit.RedisTap(trips.add))
 
 	mw := newAsync(t, middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{
 		Lease: time.Minute, StoreTimeout: time.Minute, Tuning: dedup.Tuning{CompleteLinger: 30 * time.Second},

@@ -453,10 +453,10 @@ func TestCompactKeys(t *testing.T) {
 }
 
 // holdHook holds every command or pipeline naming "slowkey" until release
-// is closed, and says so on held.
+// is closed, and says so on held (its hold is the client's
+// testkit.RedisTap).
 type holdHook struct{ held, release chan struct{} }
 
-func (h holdHook) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (h holdHook) hold(cmds []redis.Cmder) {
 	for _, c := range cmds {
 		if strings.Contains(fmt.Sprint(c.Args()), "slowkey") {
@@ -465,12 +465,6 @@ func (h holdHook) hold(cmds []redis.Cmder) {
 			return
 		}
 	}
-}
-func (h holdHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error { h.hold([]redis.Cmder{cmd}); return next(ctx, cmd) }
-}
-func (h holdHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error { h.hold(cmds); return next(ctx, cmds) }
 }
 
 // TestLingeringCompleteBesideASlowCall: a Complete whose context carries
@@ -483,7 +477,7 @@ func TestLingeringCompleteBesideASlowCall(t *testing.T) {
 	client := redis.NewClient(&redis.Options{Addr: addr})
 	t.Cleanup(func() { _ = client.Close() })
 	h := holdHook{held: make(chan struct{}, 1), release: make(chan struct{})}
-	client.AddHook(h)
+	client.AddHook(testkit.RedisTap(h.hold))
 	prefix := fmt.Sprintf("dedup-linger-%d:", time.Now().UnixNano())
 	t.Cleanup(func() { _ = testkit.DeleteRedisPrefix(context.Background(), client, prefix) })
 	s, err := redisstore.New(client, redisstore.Config{Prefix: prefix})

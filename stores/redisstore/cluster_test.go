@@ -424,6 +424,15 @@ func (h *clusterTap) setKeys() []string {
 	return slices.Clone(h.sets)
 }
 
+// setPipe makes h run the pipelines with a store key through pipe until
+// t ends.
+func (h *clusterTap) setPipe(t *testing.T, pipe func(ctx context.Context, cmds []redis.Cmder, send func() error) error) {
+	h.mu.Lock()
+	h.pipe = pipe
+	h.mu.Unlock()
+	t.Cleanup(func() { h.mu.Lock(); h.pipe = nil; h.mu.Unlock() })
+}
+
 func (h *clusterTap) hold(k string) {
 	h.mu.Lock()
 	d := h.delay[k]
@@ -559,20 +568,26 @@ func TestClusterMultiKeyProtocol(t *testing.T) {
 		}
 	})
 
-	// A key forgotten between the check and its apply fails the call with
-	// ErrLostClaim, whichever key it is, and the keys applied are put back
-	// (a record of a one-minute lease lives two minutes, an hour-long one
-	// two hours).
-	t.Run("FirstKeyLostBeforeItsApply", func(t *testing.T) {
+	// claimApart claims two keys of distinct nodes for a minute.
+	claimApart := func(t *testing.T) ([]string, *stores.Claim) {
+		t.Helper()
 		keys := keysOnDistinctNodes(t, cc, s, "s", 2)
 		c, err := s.Claim(ctx, "s", keys, time.Minute)
 		if err != nil || c.Result != stores.Claimed {
 			t.Fatal(c, err)
 		}
+		return keys, c
+	}
+
+	// A key forgotten between the check and its apply fails the call with
+	// ErrLostClaim, whichever key it is, and the keys applied are put back
+	// (a record of a one-minute lease lives two minutes, an hour-long one
+	// two hours).
+	t.Run("FirstKeyLostBeforeItsApply", func(t *testing.T) {
+		keys, c := claimApart(t)
 		first := s.EncodeKey("s", keys[0])
 		var once sync.Once
-		tap.mu.Lock()
-		tap.pipe = func(ctx context.Context, cmds []redis.Cmder, send func() error) error {
+		tap.setPipe(t, func(ctx context.Context, cmds []redis.Cmder, send func() error) error {
 			for _, cmd := range cmds {
 				if isScriptOn(cmd, first) {
 					once.Do(func() {
@@ -583,10 +598,8 @@ func TestClusterMultiKeyProtocol(t *testing.T) {
 				}
 			}
 			return send()
-		}
-		tap.mu.Unlock()
-		defer func() { tap.mu.Lock(); tap.pipe = nil; tap.mu.Unlock() }()
-		err = s.Extend(ctx, c, time.Hour)
+		})
+		err := s.Extend(ctx, c, time.Hour)
 		if !errors.Is(err, stores.ErrLostClaim) {
 			t.Fatalf("Extend with its first key forgotten = %v, want ErrLostClaim", err)
 		}
@@ -601,15 +614,10 @@ func TestClusterMultiKeyProtocol(t *testing.T) {
 	// An apply whose reply is lost (the connection fails after the node
 	// ran it) fails the call, and what it may have applied is put back.
 	t.Run("ApplyWithLostReply", func(t *testing.T) {
-		keys := keysOnDistinctNodes(t, cc, s, "s", 2)
-		c, err := s.Claim(ctx, "s", keys, time.Minute)
-		if err != nil || c.Result != stores.Claimed {
-			t.Fatal(c, err)
-		}
+		keys, c := claimApart(t)
 		second := s.EncodeKey("s", keys[1])
 		var once sync.Once
-		tap.mu.Lock()
-		tap.pipe = func(ctx context.Context, cmds []redis.Cmder, send func() error) error {
+		tap.setPipe(t, func(ctx context.Context, cmds []redis.Cmder, send func() error) error {
 			err := send()
 			for _, cmd := range cmds {
 				if isScriptOn(cmd, second) {
@@ -617,9 +625,7 @@ func TestClusterMultiKeyProtocol(t *testing.T) {
 				}
 			}
 			return err
-		}
-		tap.mu.Unlock()
-		defer func() { tap.mu.Lock(); tap.pipe = nil; tap.mu.Unlock() }()
+		})
 		if err := s.Extend(ctx, c, time.Hour); err == nil {
 			t.Fatal("Extend whose reply for a key was lost returned nil")
 		}
@@ -633,7 +639,8 @@ func TestClusterMultiKeyProtocol(t *testing.T) {
 
 // undoHook holds every pipeline that carries a script call on key until
 // release is closed, whatever its context: a node that takes as long as
-// the test likes to answer, on one key.
+// the test likes to answer, on one key (its hold is the client's
+// testkit.RedisTap).
 type undoHook struct {
 	key     string
 	entered chan struct{} // closed when the first such pipeline is held
@@ -646,22 +653,6 @@ type undoHook struct {
 func (h *undoHook) arm(t *testing.T) (release func()) {
 	h.entered, h.once, h.release = make(chan struct{}), sync.Once{}, make(chan struct{})
 	return closer(t, h.release)
-}
-
-func (h *undoHook) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (h *undoHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		h.hold([]redis.Cmder{cmd})
-		return next(ctx, cmd)
-	}
-}
-
-func (h *undoHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		h.hold(cmds)
-		return next(ctx, cmds)
-	}
 }
 
 func (h *undoHook) hold(cmds []redis.Cmder) {
@@ -681,7 +672,7 @@ func (h *undoHook) hold(cmds []redis.Cmder) {
 // free once it has.
 func testUndoNeverHoldsTheCaller(t *testing.T, addrs []string) {
 	h := &undoHook{}
-	cc := hookedCluster(t, addrs, h)
+	cc := hookedCluster(t, addrs, testkit.RedisTap(h.hold))
 	for _, batch := range []redisstore.BatchConfig{{}, {Disabled: true}} {
 		release := h.arm(t)
 		s, err := redisstore.New(cc, redisstore.Config{Prefix: testPrefix(t, cc), SkipServerCheck: true, Batch: batch})
@@ -756,7 +747,7 @@ func onTwoNodes(t *testing.T, cc *redis.ClusterClient, s *redisstore.Store, scop
 // has not cached it, as after a failover or a restart).
 func testUndoWaitsForNoOtherNode(t *testing.T, addrs []string) {
 	h := &undoHook{}
-	cc := hookedCluster(t, addrs, h)
+	cc := hookedCluster(t, addrs, testkit.RedisTap(h.hold))
 	ctx := context.Background()
 	for _, batch := range []redisstore.BatchConfig{{}, {Disabled: true}} {
 		release := h.arm(t)

@@ -73,18 +73,32 @@ func deletePrefix(t testing.TB, client redis.UniversalClient, prefix string) {
 		}
 		return flush()
 	}
-	var err error
-	switch c := client.(type) {
-	case *redis.ClusterClient:
-		err = c.ForEachMaster(ctx, del)
-	case *redis.Client:
-		err = del(ctx, c)
-	default:
-		err = fmt.Errorf("deletePrefix: unsupported client %T", client)
-	}
-	if err != nil {
+	if err := onEveryMaster(ctx, client, del); err != nil {
 		t.Errorf("deleting test keys under %q: %v", prefix, err)
 	}
+}
+
+// onEveryMaster runs f on client, or on every master of a Redis Cluster
+// client.
+func onEveryMaster(ctx context.Context, client redis.UniversalClient, f func(context.Context, *redis.Client) error) error {
+	switch c := client.(type) {
+	case *redis.ClusterClient:
+		return c.ForEachMaster(ctx, f)
+	case *redis.Client:
+		return f(ctx, c)
+	}
+	return fmt.Errorf("unsupported client %T", client)
+}
+
+// proxiedClient returns a TCP proxy to addr and a client through it on
+// opts (Addr the proxy's, ContextTimeoutEnabled), closed when t ends.
+func proxiedClient(t testing.TB, addr string, opts redis.Options) (*testkit.Proxy, *redis.Client) {
+	t.Helper()
+	p := testkit.NewProxy(t, addr)
+	opts.Addr, opts.ContextTimeoutEnabled = p.Addr(), true
+	c := redis.NewClient(&opts)
+	t.Cleanup(func() { _ = c.Close() })
+	return p, c
 }
 
 // countPrefix returns how many keys exist under prefix (standalone only).
@@ -194,16 +208,7 @@ func agePrefix(t testing.TB, client redis.UniversalClient, prefix string, d time
 		age(t, c, d, keys...)
 		return nil
 	}
-	var err error
-	switch c := client.(type) {
-	case *redis.ClusterClient:
-		err = c.ForEachMaster(ctx, scan)
-	case *redis.Client:
-		err = scan(ctx, c)
-	default:
-		t.Fatalf("agePrefix: unsupported client %T", client)
-	}
-	if err != nil {
+	if err := onEveryMaster(ctx, client, scan); err != nil {
 		t.Fatalf("ageing the keys under %q: %v", prefix, err)
 	}
 }

@@ -328,14 +328,8 @@ func TestRetriedClaimGetsItsClaimBack(t *testing.T) {
 // promptly instead of hanging, and the store works again after Restore.
 func TestStoreOutage(t *testing.T) {
 	addr := testkit.RequireRedis(t)
-	proxy := testkit.NewProxy(t, addr)
+	proxy, viaProxy := proxiedClient(t, addr, redis.Options{DialTimeout: time.Second})
 	direct := newClient(t, addr)
-	viaProxy := redis.NewClient(&redis.Options{
-		Addr:                  proxy.Addr(),
-		ContextTimeoutEnabled: true,
-		DialTimeout:           time.Second,
-	})
-	t.Cleanup(func() { _ = viaProxy.Close() })
 	prefix := testPrefix(t, direct)
 	s := newStore(t, viaProxy, redisstore.Config{Prefix: prefix})
 	// An hour: the claim held across the cut must still be there to
@@ -568,14 +562,8 @@ func TestDataIsCopied(t *testing.T) {
 // (see testkit.RouterOutage).
 func TestRouterOutage(t *testing.T) {
 	addr := testkit.RequireRedis(t)
-	proxy := testkit.NewProxy(t, addr)
+	proxy, viaProxy := proxiedClient(t, addr, redis.Options{DialTimeout: 500 * time.Millisecond})
 	direct := newClient(t, addr)
-	viaProxy := redis.NewClient(&redis.Options{
-		Addr:                  proxy.Addr(),
-		ContextTimeoutEnabled: true,
-		DialTimeout:           500 * time.Millisecond,
-	})
-	t.Cleanup(func() { _ = viaProxy.Close() })
 	store := newStore(t, viaProxy, redisstore.Config{Prefix: testPrefix(t, direct)})
 	testkit.RouterOutage(t, store, proxy.Cut, proxy.Restore)
 }

@@ -284,11 +284,9 @@ func TestBrokenConnectionToAServerGoneIsAnOutage(t *testing.T) {
 	addr := testkit.RequireRedis(t)
 	for _, batched := range []bool{true, false} {
 		t.Run("batched="+strconv.FormatBool(batched), func(t *testing.T) {
-			p := testkit.NewProxy(t, addr)
-			c := redis.NewClient(&redis.Options{Addr: p.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1, DialTimeout: 5 * time.Second})
-			t.Cleanup(func() { _ = c.Close() })
+			p, c := proxiedClient(t, addr, redis.Options{MaxRetries: -1, DialTimeout: 5 * time.Second})
 			h := &sendHook{sent: make(chan struct{}, 1)}
-			c.AddHook(h)
+			c.AddHook(testkit.RedisTap(h.signal))
 			s := newStore(t, c, redisstore.Config{Prefix: testPrefix(t, newClient(t, addr)), Batch: redisstore.BatchConfig{Disabled: !batched}})
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
@@ -316,33 +314,17 @@ func TestBrokenConnectionToAServerGoneIsAnOutage(t *testing.T) {
 }
 
 // sendHook signals sent when a command or a pipeline is about to go out,
-// once armed.
+// once armed (its signal is the client's testkit.RedisTap).
 type sendHook struct {
 	armed atomic.Bool
 	sent  chan struct{}
 }
 
-func (h *sendHook) signal() {
+func (h *sendHook) signal([]redis.Cmder) {
 	if h.armed.Load() {
 		select {
 		case h.sent <- struct{}{}:
 		default:
 		}
-	}
-}
-
-func (h *sendHook) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (h *sendHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		h.signal()
-		return next(ctx, cmd)
-	}
-}
-
-func (h *sendHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		h.signal()
-		return next(ctx, cmds)
 	}
 }

@@ -177,9 +177,7 @@ func TestErrorClasses(t *testing.T) {
 	for _, batched := range []bool{true, false} {
 		t.Run(fmt.Sprintf("batched=%v", batched), func(t *testing.T) {
 			direct := newClient(t, addr)
-			p := testkit.NewProxy(t, addr)
-			c := redis.NewClient(&redis.Options{Addr: p.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1, DialTimeout: time.Second})
-			t.Cleanup(func() { _ = c.Close() })
+			p, c := proxiedClient(t, addr, redis.Options{MaxRetries: -1, DialTimeout: time.Second})
 			s := newStore(t, c, redisstore.Config{Prefix: testPrefix(t, direct), Batch: redisstore.BatchConfig{Disabled: !batched}})
 			bg := context.Background()
 			held := testkit.MustClaim(t, s, "s", time.Minute, "held")
