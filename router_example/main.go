@@ -97,10 +97,19 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 
 	// Stop consuming, wait up to CloseTimeout for the handlers running,
 	// then for the Completes ModeAsyncComplete still has in flight.
+	// A router whose Run already returned (it could not subscribe) has
+	// nothing to close: Close would wait CloseTimeout for handlers that
+	// never started. Its own error is the reason, not the close's.
 	stopRouter()
-	sim.fail("closing the router", router.Close())
+	var closeErr error
+	select {
+	case <-stopped:
+	default:
+		closeErr = router.Close()
+	}
 	<-stopped
-	sim.fail("router", runErr)
+	sim.routerStopped(runErr)
+	sim.fail("closing the router", closeErr)
 	if dedupMW != nil {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		sim.fail("dedup middleware", dedupMW.Close(cctx))

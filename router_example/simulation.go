@@ -154,11 +154,26 @@ func (s *simulation) inner(h message.HandlerFunc) message.HandlerFunc {
 	})
 }
 
-// fail records err, the first failure of the run.
+// fail records err: the first failure of the run is the summary's reason,
+// and every one is said on stderr, so that none is lost behind another.
 func (s *simulation) fail(what string, err error) {
-	if err != nil && s.res.runErr == nil {
-		s.res.runErr = fmt.Errorf("%s: %w", what, err)
+	if err == nil {
+		return
 	}
+	err = fmt.Errorf("%s: %w", what, err)
+	fmt.Fprintf(s.stderr, "router_example: %v\n", err)
+	if s.res.runErr == nil {
+		s.res.runErr = err
+	}
+}
+
+// routerStopped records how the router's Run ended: its error, or, when
+// it stopped before it ran without one, that.
+func (s *simulation) routerStopped(err error) {
+	if err == nil && !s.ran && s.res.runErr == nil {
+		err = errors.New("it stopped before it ran")
+	}
+	s.fail("router", err)
 }
 
 // drive waits for the router to run, publishes the plan and waits until
@@ -170,8 +185,7 @@ func (s *simulation) drive(ctx context.Context, running, stopped <-chan struct{}
 	select {
 	case <-running:
 		s.ran = true
-	case <-stopped:
-		s.fail("router", errors.New("it stopped before it ran"))
+	case <-stopped: // the router's error is the reason (routerStopped)
 		return
 	case <-ctx.Done():
 		s.fail("run", errors.New("interrupted"))
