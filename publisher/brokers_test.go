@@ -109,17 +109,17 @@ func openAMQP(t *testing.T) pubsub {
 	return pubsub{pub, sub, topic}
 }
 
-type sqlSchema interface {
-	wsql.SchemaAdapter
-	MessagesTable(topic string) string
+// topicTables are the tables of topic, quoted, that the default schema
+// and offsets adapters of any watermill-sql major name: the messages
+// table first.
+func topicTables(schema, offsets any, topic string) []string {
+	return []string{
+		schema.(interface{ MessagesTable(topic string) string }).MessagesTable(topic),
+		offsets.(interface{ MessagesOffsetsTable(topic string) string }).MessagesOffsetsTable(topic),
+	}
 }
 
-type sqlOffsets interface {
-	wsql.OffsetsAdapter
-	MessagesOffsetsTable(topic string) string
-}
-
-func sqlAdapters(kind testkit.StoreKind) (sqlSchema, sqlOffsets) {
+func sqlAdapters(kind testkit.StoreKind) (wsql.SchemaAdapter, wsql.OffsetsAdapter) {
 	if kind == testkit.StorePostgres {
 		return wsql.DefaultPostgreSQLSchema{}, wsql.DefaultPostgreSQLOffsetsAdapter{}
 	}
@@ -158,7 +158,7 @@ func openSQLBroker(t *testing.T, kind testkit.StoreKind) pubsub {
 	t.Cleanup(func() {
 		_ = sub.Close()
 		_ = pub.Close()
-		if err := testkit.DropTables(context.Background(), db, kind, schema.MessagesTable(topic), offsets.MessagesOffsetsTable(topic)); err != nil {
+		if err := testkit.DropTables(context.Background(), db, kind, topicTables(schema, offsets, topic)...); err != nil {
 			t.Error(err)
 		}
 	})

@@ -27,8 +27,8 @@ import (
 type outbox struct {
 	db     *sql.DB
 	kind   testkit.StoreKind
-	schema sqlSchema // v3's; nil on another major
-	table  string    // the topic's messages table, quoted
+	schema wsql.SchemaAdapter // v3's; nil on another major
+	table  string             // the topic's messages table, quoted
 	topic  string
 	d      *publisher.Decorator
 	store  *sqlstore.Store
@@ -51,7 +51,7 @@ var sqlV3 = sqlMajor{
 		schema, offsets := sqlAdapters(kind)
 		init, err := wsql.NewSubscriber(db, wsql.SubscriberConfig{ConsumerGroup: "readers", SchemaAdapter: schema, OffsetsAdapter: offsets, InitializeSchema: true}, watermill.NopLogger{})
 		initializeTopic(t, init, err, topic)
-		return []string{schema.MessagesTable(topic), offsets.MessagesOffsetsTable(topic)}
+		return topicTables(schema, offsets, topic)
 	},
 	publisher: func(db *sql.DB, tx *sql.Tx, kind testkit.StoreKind) (message.Publisher, error) {
 		schema, _ := sqlAdapters(kind)

@@ -24,7 +24,7 @@ var sqlV4 = sqlMajor{
 		schema, offsets := sqlAdapters4(kind)
 		init, err := wsql.NewSubscriber(wsql.BeginnerFromStdSQL(db), wsql.SubscriberConfig{ConsumerGroup: "readers", SchemaAdapter: schema, OffsetsAdapter: offsets}, watermill.NopLogger{})
 		initializeTopic(t, init, err, topic)
-		return []string{schema.MessagesTable(topic), offsets.MessagesOffsetsTable(topic)}
+		return topicTables(schema, offsets, topic)
 	},
 	publisher: func(db *sql.DB, tx *sql.Tx, kind testkit.StoreKind) (message.Publisher, error) {
 		schema, _ := sqlAdapters4(kind)
@@ -35,17 +35,7 @@ var sqlV4 = sqlMajor{
 	},
 }
 
-type sqlSchema4 interface {
-	wsql.SchemaAdapter
-	MessagesTable(topic string) string
-}
-
-type sqlOffsets4 interface {
-	wsql.OffsetsAdapter
-	MessagesOffsetsTable(topic string) string
-}
-
-func sqlAdapters4(kind testkit.StoreKind) (sqlSchema4, sqlOffsets4) {
+func sqlAdapters4(kind testkit.StoreKind) (wsql.SchemaAdapter, wsql.OffsetsAdapter) {
 	if kind == testkit.StorePostgres {
 		return wsql.DefaultPostgreSQLSchema{}, wsql.DefaultPostgreSQLOffsetsAdapter{}
 	}
