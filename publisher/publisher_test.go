@@ -356,15 +356,21 @@ func TestStoreFailures(t *testing.T) {
 			t.Fatalf("published %d, bypassed %d: want 1 and 1", len(rec.uuids()), m.ScopeOutcome("publish:t", dedup.OutcomeBypassed))
 		}
 	})
-	t.Run("fail-open not an outage", func(t *testing.T) {
+	// refused: a fail-open publish through store fails with want and
+	// publishes nothing.
+	refused := func(t *testing.T, store stores.Store, want error, published string) {
+		t.Helper()
 		rec := &recorder{}
-		pub := decorate(t, publisher.Config{Store: &failingStore{Store: newMem(t, nil), claimErr: errors.New("permission denied")}, Policy: dedup.Policy{OnStoreError: dedup.FailOpen}}, rec)
-		if err := pub.Publish("t", msg("a", "")); !errors.Is(err, dedup.ErrStore) {
-			t.Fatalf("got %v, want ErrStore", err)
+		pub := decorate(t, publisher.Config{Store: store, Policy: dedup.Policy{OnStoreError: dedup.FailOpen}}, rec)
+		if err := pub.Publish("t", msg("a", "")); !errors.Is(err, want) {
+			t.Fatalf("got %v, want %v", err, want)
 		}
 		if rec.calls != 0 {
-			t.Fatal("published unprotected on an error that is not an outage")
+			t.Fatal(published)
 		}
+	}
+	t.Run("fail-open not an outage", func(t *testing.T) {
+		refused(t, &failingStore{Store: newMem(t, nil), claimErr: errors.New("permission denied")}, dedup.ErrStore, "published unprotected on an error that is not an outage")
 	})
 	t.Run("complete fails", func(t *testing.T) {
 		rec := &recorder{}
@@ -385,14 +391,7 @@ func TestStoreFailures(t *testing.T) {
 	t.Run("closed store", func(t *testing.T) {
 		s := newMem(t, nil)
 		_ = s.Close(context.Background())
-		rec := &recorder{}
-		pub := decorate(t, publisher.Config{Store: s, Policy: dedup.Policy{OnStoreError: dedup.FailOpen}}, rec)
-		if err := pub.Publish("t", msg("a", "")); !errors.Is(err, stores.ErrClosed) {
-			t.Fatalf("got %v, want ErrClosed", err)
-		}
-		if rec.calls != 0 {
-			t.Fatal("published through a closed store")
-		}
+		refused(t, s, stores.ErrClosed, "published through a closed store")
 	})
 	t.Run("cancelled message", func(t *testing.T) {
 		rec := &recorder{}
