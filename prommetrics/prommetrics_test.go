@@ -41,6 +41,23 @@ func outcomeLines(metric, scope string, counts map[string]int) string {
 	return b.String()
 }
 
+// storeLines is the exposition of the store histogram series of op and
+// result in scope loyalty, on the buckets 0.001 and 0.01: the calls
+// under each bucket, the count of all, and their sum.
+func storeLines(op, result string, under1ms, under10ms, count int, sum string) string {
+	var b strings.Builder
+	series := fmt.Sprintf("op=%q,result=%q,scope=%q", op, result, "loyalty")
+	for _, le := range []struct {
+		le string
+		n  int
+	}{{"0.001", under1ms}, {"0.01", under10ms}, {"+Inf", count}} {
+		fmt.Fprintf(&b, "dedup_store_duration_seconds_bucket{%s,le=%q} %d\n", series, le.le, le.n)
+	}
+	fmt.Fprintf(&b, "dedup_store_duration_seconds_sum{%s} %s\n", series, sum)
+	fmt.Fprintf(&b, "dedup_store_duration_seconds_count{%s} %d\n", series, count)
+	return b.String()
+}
+
 func TestObserveCountsOutcomesByScope(t *testing.T) {
 	m, reg := newMetrics(t, prommetrics.Config{})
 	m.Observe("loyalty", dedup.OutcomeClaimed)
@@ -99,27 +116,10 @@ func TestObserveStoreResults(t *testing.T) {
 
 	want := helpLine(t, reg, "dedup_store_duration_seconds") + `
 # TYPE dedup_store_duration_seconds histogram
-dedup_store_duration_seconds_bucket{op="claim",result="error",scope="loyalty",le="0.001"} 0
-dedup_store_duration_seconds_bucket{op="claim",result="error",scope="loyalty",le="0.01"} 1
-dedup_store_duration_seconds_bucket{op="claim",result="error",scope="loyalty",le="+Inf"} 1
-dedup_store_duration_seconds_sum{op="claim",result="error",scope="loyalty"} 0.005
-dedup_store_duration_seconds_count{op="claim",result="error",scope="loyalty"} 1
-dedup_store_duration_seconds_bucket{op="claim",result="invalid",scope="loyalty",le="0.001"} 1
-dedup_store_duration_seconds_bucket{op="claim",result="invalid",scope="loyalty",le="0.01"} 1
-dedup_store_duration_seconds_bucket{op="claim",result="invalid",scope="loyalty",le="+Inf"} 1
-dedup_store_duration_seconds_sum{op="claim",result="invalid",scope="loyalty"} 0
-dedup_store_duration_seconds_count{op="claim",result="invalid",scope="loyalty"} 1
-dedup_store_duration_seconds_bucket{op="claim",result="ok",scope="loyalty",le="0.001"} 1
-dedup_store_duration_seconds_bucket{op="claim",result="ok",scope="loyalty",le="0.01"} 1
-dedup_store_duration_seconds_bucket{op="claim",result="ok",scope="loyalty",le="+Inf"} 1
-dedup_store_duration_seconds_sum{op="claim",result="ok",scope="loyalty"} 0.0005
-dedup_store_duration_seconds_count{op="claim",result="ok",scope="loyalty"} 1
-dedup_store_duration_seconds_bucket{op="complete",result="lost_claim",scope="loyalty",le="0.001"} 0
-dedup_store_duration_seconds_bucket{op="complete",result="lost_claim",scope="loyalty",le="0.01"} 0
-dedup_store_duration_seconds_bucket{op="complete",result="lost_claim",scope="loyalty",le="+Inf"} 1
-dedup_store_duration_seconds_sum{op="complete",result="lost_claim",scope="loyalty"} 0.02
-dedup_store_duration_seconds_count{op="complete",result="lost_claim",scope="loyalty"} 1
-`
+` + storeLines("claim", "error", 0, 1, 1, "0.005") +
+		storeLines("claim", "invalid", 1, 1, 1, "0") +
+		storeLines("claim", "ok", 1, 1, 1, "0.0005") +
+		storeLines("complete", "lost_claim", 0, 0, 1, "0.02")
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "dedup_store_duration_seconds"); err != nil {
 		t.Fatal(err)
 	}
