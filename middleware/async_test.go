@@ -54,6 +54,13 @@ func newAsync(t testing.TB, cfg middleware.Config) *middleware.Middleware {
 	return m
 }
 
+// closeNow closes m with a context already done.
+func closeNow(m *middleware.Middleware) error {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	return m.Close(ctx)
+}
+
 type inboxStub struct{ stores.Store }
 
 func (inboxStub) Begin(context.Context, string, []string, time.Duration) (stores.InboxTx, error) {
@@ -80,9 +87,7 @@ func TestAsyncCompleteConfig(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		ctx, cancel := context.WithCancel(context.Background())
-		cancel()
-		if err := m.Close(ctx); err != nil {
+		if err := closeNow(m); err != nil {
 			t.Fatalf("%s: Close = %v, want nil", mode, err)
 		}
 	}
@@ -318,9 +323,7 @@ func TestAsyncCloseWithNothingPending(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		ctx, cancel := context.WithCancel(context.Background())
-		cancel()
-		if err := m.Close(ctx); err != nil {
+		if err := closeNow(m); err != nil {
 			t.Fatalf("attempt %d: Close with nothing pending = %v, want nil", i, err)
 		}
 	}
@@ -390,5 +393,29 @@ func TestAsyncDuplicateClaimsOnceMoreAfterALanding(t *testing.T) {
 	}
 	if n := store.count() - before; n != 1 {
 		t.Fatalf("%d claims after the landing, want 1", n)
+	}
+}
+
+// TestAsyncDuplicateWaitsUpToCompleteTimeout: a duplicate waits for this
+// middleware's own Complete of its keys for Tuning.CompleteTimeout, not
+// for as long as that Complete takes: here a store call that hangs until
+// StoreTimeout, 200 times longer. The duplicate is in progress while the
+// Complete is still on its way, which Close, given up on at once, reports.
+func TestAsyncDuplicateWaitsUpToCompleteTimeout(t *testing.T) {
+	store := newGatedStore(t) // never opened: the Complete hangs
+	m := newAsync(t, middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{
+		StoreTimeout: 10 * time.Second,
+		Tuning:       dedup.Tuning{CompleteTimeout: 50 * time.Millisecond},
+	}})
+	h := m.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })
+	if _, err := h(message.NewMessage("m-1", nil)); err != nil {
+		t.Fatal(err)
+	}
+	<-store.entered
+	if _, err := h(message.NewMessage("m-1", nil)); !errors.Is(err, dedup.ErrInProgress) {
+		t.Fatalf("a duplicate while its Complete hangs: %v, want ErrInProgress", err)
+	}
+	if err := closeNow(m); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Close = %v, want Canceled: the duplicate came back only once the Complete had ended", err)
 	}
 }

@@ -221,21 +221,6 @@ func TestNewRefusesWhatTheStoreCannotHold(t *testing.T) {
 	}
 }
 
-// onceFailingComplete fails the first Complete it sees with err, an error
-// the store does not classify, then passes every call through.
-type onceFailingComplete struct {
-	stores.Store
-	err    error
-	failed atomic.Bool
-}
-
-func (o *onceFailingComplete) Complete(ctx context.Context, c *stores.Claim, retention time.Duration, data []byte) error {
-	if o.failed.CompareAndSwap(false, true) {
-		return o.err
-	}
-	return o.Store.Complete(ctx, c, retention, data)
-}
-
 // TestCompleteRetriesUnclassifiedErrors: after the handler's effect, a
 // Complete that fails with an error the store does not classify (a
 // connection reset it did not recognise) is retried like an outage; one
@@ -256,7 +241,14 @@ func TestCompleteRetriesUnclassifiedErrors(t *testing.T) {
 					t.Fatal(err)
 				}
 				t.Cleanup(func() { _ = inner.Close(context.Background()) })
-				store := &onceFailingComplete{Store: inner, err: errors.New("read tcp 127.0.0.1:50000->127.0.0.1:6379: read: connection reset by peer")}
+				// The first Complete fails with an error the store does
+				// not classify; every later call passes through.
+				store := &replyingStore{Store: inner, reply: func(n int32, complete func() error) error {
+					if n == 1 {
+						return errConnReset
+					}
+					return complete()
+				}}
 				mw, err := middleware.New(middleware.Config{Store: store, Mode: mode, Policy: dedup.Policy{Lease: time.Minute, Logger: watermill.NopLogger{}}, Scope: "s"})
 				if err != nil {
 					t.Fatal(err)

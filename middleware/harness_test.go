@@ -2,6 +2,7 @@ package middleware_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync/atomic"
 	"testing"
@@ -112,6 +113,33 @@ func (l effects) assertExactlyOnce(t testing.TB, ids []string) {
 		t.Errorf("%d distinct events applied, want %d", n, len(ids))
 	}
 }
+
+// replyingStore answers its n-th Complete (from 1) with reply, given the
+// wrapped store's Complete to run or not: a store that fails, or loses
+// the replies of, some of its Completes.
+type replyingStore struct {
+	stores.Store
+	completes atomic.Int32
+	reply     func(n int32, complete func() error) error
+}
+
+func (s *replyingStore) Complete(ctx context.Context, c *stores.Claim, retention time.Duration, data []byte) error {
+	return s.reply(s.completes.Add(1), func() error { return s.Store.Complete(ctx, c, retention, data) })
+}
+
+// lostReply is store whose first Complete lands but answers err, as when
+// its reply is lost on the network; a retry finds the record done.
+func lostReply(store stores.Store, err error) *replyingStore {
+	return &replyingStore{Store: store, reply: func(n int32, complete func() error) error {
+		if cerr := complete(); n > 1 || cerr != nil {
+			return cerr
+		}
+		return err
+	}}
+}
+
+// errConnReset is a network error no store classifies.
+var errConnReset = errors.New("read tcp 127.0.0.1:50000->127.0.0.1:6379: read: connection reset by peer")
 
 // flakyStore wraps a store; while down, every call fails with errDown.
 // It counts the calls that reach it.

@@ -627,23 +627,9 @@ func TestHandlerSeesClaim(t *testing.T) {
 	}
 }
 
-// lostReplyStore applies the first Complete but reports a timeout, as when
-// the reply is lost on the network; the retry then finds the record done.
-type lostReplyStore struct {
-	stores.Store
-	completes atomic.Int32
-}
-
-func (s *lostReplyStore) Complete(ctx context.Context, c *stores.Claim, retention time.Duration, data []byte) error {
-	err := s.Store.Complete(ctx, c, retention, data)
-	if s.completes.Add(1) == 1 && err == nil {
-		return context.DeadlineExceeded
-	}
-	return err
-}
-
 func TestCompleteWhoseReplyWasLostAcksWithRecordedOutputs(t *testing.T) {
-	store := &lostReplyStore{Store: newMemstore(t)}
+	// The first Complete lands but reports a timeout.
+	store := lostReply(newMemstore(t), context.DeadlineExceeded)
 	metrics := &testkit.Metrics{}
 	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{Metrics: metrics}})
 	out, err := mw(func(*message.Message) ([]*message.Message, error) {

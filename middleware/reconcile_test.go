@@ -191,23 +191,12 @@ func TestCompleteRefusedWithAndWithoutOutputsIsReportedAsSuch(t *testing.T) {
 
 // tooLargeLostReply keeps no data above 16 bytes (it states MaxData 16),
 // and loses the reply of its first Complete, which landed.
-type tooLargeLostReply struct {
-	stores.Store
-	completes atomic.Int32
-}
+type tooLargeLostReply struct{ *replyingStore }
 
-func (s *tooLargeLostReply) Capabilities() stores.Capabilities {
+func (s tooLargeLostReply) Capabilities() stores.Capabilities {
 	c := mayBlock(s.Store.Capabilities())
 	c.MaxData = 16
 	return c
-}
-
-func (s *tooLargeLostReply) Complete(ctx context.Context, c *stores.Claim, retention time.Duration, data []byte) error {
-	err := s.Store.Complete(ctx, c, retention, data)
-	if s.completes.Add(1) == 1 && err == nil {
-		return errors.New("read tcp 127.0.0.1:50000->127.0.0.1:6379: read: connection reset by peer")
-	}
-	return err
 }
 
 // TestDroppedOutputsWithALostReplyAreStillReturned: outputs too large to
@@ -216,7 +205,7 @@ func (s *tooLargeLostReply) Complete(ctx context.Context, c *stores.Claim, reten
 // acked with this run's outputs, not with the none the record kept: they
 // were never published.
 func TestDroppedOutputsWithALostReplyAreStillReturned(t *testing.T) {
-	store := &tooLargeLostReply{Store: newMemstore(t)}
+	store := tooLargeLostReply{lostReply(newMemstore(t), errConnReset)}
 	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{Logger: watermill.NopLogger{}}})
 	out, err := mw(func(*message.Message) ([]*message.Message, error) {
 		return []*message.Message{message.NewMessage("out-1", make([]byte, 64))}, nil
@@ -229,25 +218,6 @@ func TestDroppedOutputsWithALostReplyAreStillReturned(t *testing.T) {
 	}
 }
 
-// notReplicatedStore is redisstore with WaitReplicas whose replica does
-// not acknowledge the first fails Completes: each lands on the master
-// (the wrapped store records it) and then fails with ErrNotReplicated;
-// so does the refusal a retry meets while the replica is away (the store
-// confirms refusals too).
-type notReplicatedStore struct {
-	stores.Store
-	fails     int32
-	completes atomic.Int32
-}
-
-func (s *notReplicatedStore) Complete(ctx context.Context, c *stores.Claim, retention time.Duration, data []byte) error {
-	err := s.Store.Complete(ctx, c, retention, data)
-	if s.completes.Add(1) <= s.fails {
-		return fmt.Errorf("redisstore: complete: %w: 0 of 1 replicas of 127.0.0.1:7000 acknowledged the write within 1s", redisstore.ErrNotReplicated)
-	}
-	return err
-}
-
 // TestCompleteNotReplicatedIsRetried: a Complete that fails with
 // redisstore.ErrNotReplicated is not permanent: the middleware retries it
 // under CompleteTimeout; the retry that the replica confirms finds the
@@ -255,7 +225,18 @@ func (s *notReplicatedStore) Complete(ctx context.Context, c *stores.Claim, rete
 // message is acked once, with the outputs the record holds, the handler
 // ran once, and nothing is counted lost or failed.
 func TestCompleteNotReplicatedIsRetried(t *testing.T) {
-	store := &notReplicatedStore{Store: newMemstore(t), fails: 3}
+	// redisstore with WaitReplicas whose replica does not acknowledge the
+	// first three Completes: each lands on the master (the wrapped store
+	// records it) and then fails with ErrNotReplicated; so does the
+	// refusal a retry meets while the replica is away (the store confirms
+	// refusals too).
+	store := &replyingStore{Store: newMemstore(t), reply: func(n int32, complete func() error) error {
+		err := complete()
+		if n <= 3 {
+			return fmt.Errorf("redisstore: complete: %w: 0 of 1 replicas of 127.0.0.1:7000 acknowledged the write within 1s", redisstore.ErrNotReplicated)
+		}
+		return err
+	}}
 	metrics := &testkit.Metrics{}
 	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{Metrics: metrics, Lease: time.Hour}})
 	var runs atomic.Int32
