@@ -15,6 +15,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	wmw "github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 
 	dedup "github.com/watermill-dedup/dedup"
 	"github.com/watermill-dedup/dedup/internal/testkit"
@@ -341,19 +342,32 @@ func TestMissingKeyIsPoisonStoreUntouched(t *testing.T) {
 	}
 }
 
-func TestStoreDownFailClosed(t *testing.T) {
-	const n = 30
-	l := newLedger()
-	metrics := &testkit.Metrics{}
-	store := &flakyStore{Store: newMemstore(t)}
-	store.down.Store(true)
-	ps := newPubSub(t)
-	r := newRouter(t)
-	var nacks atomic.Int64
-	h := r.AddNoPublisherHandler("loyalty", topic, ps, func(msg *message.Message) error {
-		l.apply(string(msg.Payload))
+// storeDown is a router on a pub/sub of its own whose handler applies
+// each payload to a ledger, with metrics, and a flakyStore that is down.
+type storeDown struct {
+	l       effects
+	metrics *testkit.Metrics
+	store   *flakyStore
+	ps      *gochannel.GoChannel
+	r       *message.Router
+	h       *message.Handler
+}
+
+func newStoreDown(t *testing.T) *storeDown {
+	d := &storeDown{l: newLedger(), metrics: &testkit.Metrics{}, store: &flakyStore{Store: newMemstore(t)}, ps: newPubSub(t), r: newRouter(t)}
+	d.store.down.Store(true)
+	d.h = d.r.AddNoPublisherHandler("loyalty", topic, d.ps, func(msg *message.Message) error {
+		d.l.apply(string(msg.Payload))
 		return nil
 	})
+	return d
+}
+
+func TestStoreDownFailClosed(t *testing.T) {
+	const n = 30
+	d := newStoreDown(t)
+	l, metrics, store, ps, r, h := d.l, d.metrics, d.store, d.ps, d.r, d.h
+	var nacks atomic.Int64
 	h.AddMiddleware(func(next message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
 			out, err := next(msg)
@@ -385,16 +399,8 @@ func TestStoreDownFailClosed(t *testing.T) {
 
 func TestStoreDownFailOpen(t *testing.T) {
 	const n = 10
-	l := newLedger()
-	metrics := &testkit.Metrics{}
-	store := &flakyStore{Store: newMemstore(t)}
-	store.down.Store(true)
-	ps := newPubSub(t)
-	r := newRouter(t)
-	h := r.AddNoPublisherHandler("loyalty", topic, ps, func(msg *message.Message) error {
-		l.apply(string(msg.Payload))
-		return nil
-	})
+	d := newStoreDown(t)
+	l, metrics, store, ps, r, h := d.l, d.metrics, d.store, d.ps, d.r, d.h
 	h.AddMiddleware(dedupMiddleware(t, middleware.Config{Store: store, Policy: dedup.Policy{Metrics: metrics, OnStoreError: dedup.FailOpen}}))
 	runRouter(t, r)
 	ids := eventIDs(n)
