@@ -20,12 +20,7 @@ func newClocked(t *testing.T) (*memstore.Store, *storetest.FakeClock) {
 func newClockedEvery(t *testing.T, interval time.Duration) (*memstore.Store, *storetest.FakeClock) {
 	t.Helper()
 	clock := storetest.NewFakeClock(time.Unix(1_000_000, 0))
-	s, err := memstore.New(memstore.Config{Clock: clock, SweepInterval: interval})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Close(context.Background()) })
-	return s, clock
+	return newStoreOf(t, memstore.Config{Clock: clock, SweepInterval: interval}), clock
 }
 
 // TestListPagesThroughEveryRecord: pages of a few records each, across

@@ -20,7 +20,18 @@ func TestMain(m *testing.M) {
 }
 
 func newStore(t *testing.T, clock stores.Clock) stores.Store {
-	s, err := memstore.New(memstore.Config{Clock: clock})
+	return newStoreOf(t, memstore.Config{Clock: clock})
+}
+
+// newOneShard is newStore with every key in one shard.
+func newOneShard(t *testing.T, clock stores.Clock) stores.Store {
+	return newStoreOf(t, memstore.Config{Clock: clock, Shards: 1})
+}
+
+// newStoreOf returns a store on cfg, closed when t ends.
+func newStoreOf(t *testing.T, cfg memstore.Config) *memstore.Store {
+	t.Helper()
+	s, err := memstore.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -33,14 +44,7 @@ func TestConformance(t *testing.T) {
 }
 
 func TestConformanceOneShard(t *testing.T) {
-	storetest.Run(t, func(t *testing.T, clock stores.Clock) stores.Store {
-		s, err := memstore.New(memstore.Config{Clock: clock, Shards: 1})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = s.Close(context.Background()) })
-		return s
-	}, storetest.AdminNoScopes())
+	storetest.Run(t, newOneShard, storetest.AdminNoScopes())
 }
 
 // On the system clock the store keeps monotonic time; leases and
@@ -295,14 +299,7 @@ func TestModel(t *testing.T) {
 // TestModelOneShard runs the model with every key in one shard, where
 // the keys of a multi-key claim share a lock and a table.
 func TestModelOneShard(t *testing.T) {
-	storetest.RunModel(t, func(t *testing.T, clock stores.Clock) stores.Store {
-		s, err := memstore.New(memstore.Config{Clock: clock, Shards: 1})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = s.Close(context.Background()) })
-		return s
-	}, storetest.Maintenance(sweep))
+	storetest.RunModel(t, newOneShard, storetest.Maintenance(sweep))
 }
 
 // TestModelSystemClock runs the model in real time on the system clock,
