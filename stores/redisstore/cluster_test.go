@@ -679,7 +679,8 @@ func testUndoNeverHoldsTheCaller(t *testing.T, addrs []string) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		first, second := onTwoNodes(t, cc, s, "h") // claimed in this order
+		keys := ascendingOnNodes(t, cc, s, "h", 2)
+		first, second := keys[0], keys[1] // claimed in this order
 		if _, err := s.Claim(context.Background(), "h", []string{second}, time.Minute); err != nil {
 			t.Fatal(err)
 		}
@@ -716,28 +717,6 @@ func testUndoNeverHoldsTheCaller(t *testing.T, addrs []string) {
 	}
 }
 
-// onTwoNodes returns two keys whose records in scope are on different
-// nodes, the first's Redis key before the second's.
-func onTwoNodes(t *testing.T, cc *redis.ClusterClient, s *redisstore.Store, scope string) (string, string) {
-	t.Helper()
-	ctx := context.Background()
-	node := func(k string) string {
-		c, err := cc.MasterForKey(ctx, s.EncodeKey(scope, k))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return c.Options().Addr
-	}
-	for range 1000 {
-		id := storetest.NewID()
-		if a, b := "a-"+id, "b-"+id; node(a) != node(b) {
-			return a, b
-		}
-	}
-	t.Fatal("no two keys on two nodes")
-	return "", ""
-}
-
 // testUndoWaitsForNoOtherNode: a multi-key claim over three nodes that
 // takes its first two keys and finds the third held gives the two back,
 // each on its node; a node that takes as long as the test likes to answer
@@ -755,7 +734,7 @@ func testUndoWaitsForNoOtherNode(t *testing.T, addrs []string) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		keys := ascendingOnThreeNodes(t, cc, s, "h")
+		keys := ascendingOnNodes(t, cc, s, "h", 3)
 		// The third key is held: the claim gives back the first two.
 		if _, err := s.Claim(ctx, "h", keys[2:], time.Minute); err != nil {
 			t.Fatal(err)
@@ -802,9 +781,9 @@ func testUndoWaitsForNoOtherNode(t *testing.T, addrs []string) {
 	}
 }
 
-// ascendingOnThreeNodes returns three keys whose records in scope are on
-// three different nodes, in ascending order of their Redis keys.
-func ascendingOnThreeNodes(t *testing.T, cc *redis.ClusterClient, s *redisstore.Store, scope string) []string {
+// ascendingOnNodes returns n keys whose records in scope are on n
+// different nodes, in ascending order of their Redis keys.
+func ascendingOnNodes(t *testing.T, cc *redis.ClusterClient, s *redisstore.Store, scope string, n int) []string {
 	t.Helper()
 	ctx := context.Background()
 	node := func(k string) string {
@@ -817,12 +796,16 @@ func ascendingOnThreeNodes(t *testing.T, cc *redis.ClusterClient, s *redisstore.
 	for range 10000 {
 		// Ids of their own: CRC16 is linear, so keys that differ in one
 		// byte are a fixed number of slots apart.
-		keys := []string{"a-" + storetest.NewID(), "b-" + storetest.NewID(), "c-" + storetest.NewID()}
-		if a, b, c := node(keys[0]), node(keys[1]), node(keys[2]); a != b && b != c && a != c {
+		keys, nodes := make([]string, n), map[string]bool{}
+		for i := range keys {
+			keys[i] = string(rune('a'+i)) + "-" + storetest.NewID()
+			nodes[node(keys[i])] = true
+		}
+		if len(nodes) == n {
 			return keys
 		}
 	}
-	t.Fatal("no three keys on three nodes")
+	t.Fatalf("no %d keys on %d nodes", n, n)
 	return nil
 }
 
