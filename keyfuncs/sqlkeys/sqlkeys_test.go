@@ -1,7 +1,6 @@
 package sqlkeys_test
 
 import (
-	"context"
 	"fmt"
 	"testing"
 	"time"
@@ -40,7 +39,6 @@ func TestForeignRows(t *testing.T) {
 	for _, d := range dialects {
 		t.Run(d.name, func(t *testing.T) {
 			db, _ := keytest.OpenSQL(t, d.mysql)
-			ctx := context.Background()
 			topic := "sqlkeys_" + storetest.NewID()
 			sub, err := wsql.NewSubscriber(db, wsql.SubscriberConfig{
 				ConsumerGroup:  "g",
@@ -48,20 +46,7 @@ func TestForeignRows(t *testing.T) {
 				OffsetsAdapter: d.offsets,
 				PollInterval:   20 * time.Millisecond,
 			}, watermill.NopLogger{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			// The router closes the subscriber.
-			if err := sub.SubscribeInitialize(topic); err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() {
-				for _, table := range []string{d.table(topic), d.table("offsets_" + topic)} {
-					if _, err := db.ExecContext(ctx, "DROP TABLE IF EXISTS "+table); err != nil {
-						t.Errorf("drop %s: %v", table, err)
-					}
-				}
-			})
+			keytest.InitializeTopic(t, db, d.mysql, sub, err, topic, d.table(topic), d.table("offsets_"+topic))
 
 			// The foreign producer.
 			insert := fmt.Sprintf("INSERT INTO %s (uuid, payload, metadata, transaction_id) VALUES ($1, $2, $3, pg_current_xact_id())", d.table(topic))

@@ -142,6 +142,28 @@ func OpenSQL(t testing.TB, mysql bool) (db *sql.DB, dsn string) {
 	return db, dsn
 }
 
+// InitializeTopic fails t on err, the error of making sub, a subscriber
+// of any watermill-sql major on db, then creates topic's tables with sub
+// (the router closes it) and drops tables (quoted) when t ends.
+func InitializeTopic(t testing.TB, db *sql.DB, mysql bool, sub interface{ SubscribeInitialize(string) error }, err error, topic string, tables ...string) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sub.SubscribeInitialize(topic); err != nil {
+		t.Fatal(err)
+	}
+	kind := testkit.StorePostgres
+	if mysql {
+		kind = testkit.StoreMySQL
+	}
+	t.Cleanup(func() {
+		if err := testkit.DropTables(context.Background(), db, kind, tables...); err != nil {
+			t.Error(err)
+		}
+	})
+}
+
 // OffsetWithoutARow checks that offset (the sqlkeys major's Offset) fails
 // with keyfuncs.ErrNoKey on a message no subscriber read from a row.
 func OffsetWithoutARow(t testing.TB, offset keyfuncs.KeyFunc) {

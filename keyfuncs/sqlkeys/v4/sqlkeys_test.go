@@ -63,26 +63,11 @@ func TestForeignRows(t *testing.T) {
 				OffsetsAdapter: a.offsets,
 				PollInterval:   20 * time.Millisecond,
 			}, watermill.NopLogger{})
-			if err != nil {
-				t.Fatal(err)
+			tables := []string{table}
+			if o, ok := a.offsets.(interface{ MessagesOffsetsTable(string) string }); ok {
+				tables = append(tables, o.MessagesOffsetsTable(topic))
 			}
-			// The router closes the subscriber.
-			if err := sub.SubscribeInitialize(topic); err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() {
-				tables := []string{table}
-				if o, ok := a.offsets.(interface{ MessagesOffsetsTable(string) string }); ok {
-					tables = append(tables, o.MessagesOffsetsTable(topic))
-				}
-				kind := testkit.StorePostgres
-				if a.mysql {
-					kind = testkit.StoreMySQL
-				}
-				if err := testkit.DropTables(context.Background(), db, kind, tables...); err != nil {
-					t.Error(err)
-				}
-			})
+			keytest.InitializeTopic(t, db, a.mysql, sub, err, topic, tables...)
 			keytest.ForeignRows(t, db, fmt.Sprintf(a.insert, table), sub, topic, sqlkeys.Offset())
 		})
 	}
