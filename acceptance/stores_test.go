@@ -46,14 +46,20 @@ func openTestkit(t testing.TB, p testkit.StoreParams) (*testkit.OpenedStore, err
 	if err != nil {
 		return nil, err
 	}
+	cleanupWithin(t, cleanup, "closing the %s store %s", p.Kind, o.Name)
+	return o, nil
+}
+
+// cleanupWithin runs cleanup when t ends, giving it 30 seconds, and logs
+// its error after what (formatted with args).
+func cleanupWithin(t testing.TB, cleanup func(context.Context) error, what string, args ...any) {
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		if err := cleanup(ctx); err != nil {
-			t.Logf("closing the %s store %s: %v", p.Kind, o.Name, err)
+			t.Logf("%s: %v", fmt.Sprintf(what, args...), err)
 		}
 	})
-	return o, nil
 }
 
 // redisStore is redisstore on the shared Redis, under a key prefix unique
@@ -65,15 +71,11 @@ func redisStore() acceptance.Store {
 		Setup: func(t *testing.T, id string) (acceptance.Env, error) {
 			addr := testkit.RequireStore(t, testkit.StoreRedis)
 			prefix := "acceptance:" + id + ":"
-			t.Cleanup(func() {
-				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-				defer cancel()
+			cleanupWithin(t, func(ctx context.Context) error {
 				client := redis.NewClient(&redis.Options{Addr: addr})
 				defer client.Close()
-				if err := testkit.DeleteRedisPrefix(ctx, client, prefix); err != nil {
-					t.Logf("redis cleanup of %s*: %v", prefix, err)
-				}
-			})
+				return testkit.DeleteRedisPrefix(ctx, client, prefix)
+			}, "redis cleanup of %s*", prefix)
 			return acceptance.Env{acceptance.EnvAddr: addr, "prefix": prefix}, nil
 		},
 		Open: func(t testing.TB, env acceptance.Env) (acceptance.Opened, error) {
@@ -108,18 +110,14 @@ func natsStore() acceptance.Store {
 		Setup: func(t *testing.T, id string) (acceptance.Env, error) {
 			addr := testkit.RequireStore(t, testkit.StoreNATS)
 			bucket := "acceptance_" + id
-			t.Cleanup(func() {
-				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-				defer cancel()
+			cleanupWithin(t, func(ctx context.Context) error {
 				nc, err := nats.Connect("nats://" + addr)
-				if err == nil {
-					defer nc.Close()
-					err = testkit.DeleteNATSBuckets(ctx, nc, natsstore.Config{Bucket: bucket})
-				}
 				if err != nil {
-					t.Logf("nats cleanup of bucket %s: %v", bucket, err)
+					return err
 				}
-			})
+				defer nc.Close()
+				return testkit.DeleteNATSBuckets(ctx, nc, natsstore.Config{Bucket: bucket})
+			}, "nats cleanup of bucket %s", bucket)
 			return acceptance.Env{acceptance.EnvAddr: addr, "bucket": bucket}, nil
 		},
 		Open: func(t testing.TB, env acceptance.Env) (acceptance.Opened, error) {
