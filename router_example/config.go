@@ -94,6 +94,11 @@ type Config struct {
 	Concurrency   int
 	Timeout       time.Duration
 
+	// The router's retries.
+	Retries         int
+	RetryBackoff    time.Duration
+	RetryMaxBackoff time.Duration
+
 	// The middleware.
 	Dedup              bool
 	Lease              time.Duration
@@ -139,6 +144,10 @@ func defaultConfig() Config {
 		LostAckRate:   0.05,
 		Concurrency:   8,
 		Timeout:       2 * time.Minute,
+
+		Retries:         5,
+		RetryBackoff:    100 * time.Millisecond,
+		RetryMaxBackoff: 2 * time.Second,
 
 		Dedup: true,
 		// Short, so that the takeovers of -crash-rate, one lease each and
@@ -187,6 +196,10 @@ func newFlagSet(c *Config, output io.Writer) *flag.FlagSet {
 	fs.IntVar(&c.StaleEvents, "stale-events", c.StaleEvents, "extra events published with a published_at older than the retention window (each is a ttl miss)")
 	fs.IntVar(&c.Concurrency, "concurrency", c.Concurrency, "most messages handled at once (the consumer's worker pool)")
 	cliflag.DurationVar(fs, &c.Timeout, "timeout", "how long to wait for every message to be handled before giving up")
+
+	fs.IntVar(&c.Retries, "retries", c.Retries, "times the router retries a failed handler in process, with backoff, before it nacks the message (0: nack at once)")
+	cliflag.DurationVar(fs, &c.RetryBackoff, "retry-backoff", "wait before the first in-process retry; each next one waits twice as long")
+	cliflag.DurationVar(fs, &c.RetryMaxBackoff, "retry-max-backoff", "longest wait between two in-process retries")
 
 	fs.BoolVar(&c.Dedup, "dedup", c.Dedup, "use the dedup middleware; -dedup=false shows what duplicates do to the ledger")
 	cliflag.DurationVar(fs, &c.Lease, "lease", "lease of a claim in lease mode: how long a crashed consumer blocks its message")
@@ -391,6 +404,12 @@ func (c Config) Validate() error {
 	if c.Concurrency < 1 || c.Concurrency > 1024 {
 		return fmt.Errorf("-concurrency must be between 1 and 1024, got %d", c.Concurrency)
 	}
+	if c.Retries < 0 || c.Retries > 100 {
+		return fmt.Errorf("-retries must be between 0 and 100, got %d", c.Retries)
+	}
+	if c.RetryMaxBackoff < c.RetryBackoff {
+		return fmt.Errorf("-retry-max-backoff (%s) must be at least -retry-backoff (%s)", c.RetryMaxBackoff, c.RetryBackoff)
+	}
 	if c.Customers < 1 {
 		return fmt.Errorf("-customers must be at least 1, got %d", c.Customers)
 	}
@@ -418,6 +437,7 @@ func (c Config) Validate() error {
 		{"kafka-group-recovery", c.KafkaGroupRecovery, 0},
 		{"outage-budget", c.OutageBudget, 0},
 		{"linger", c.Linger, 0},
+		{"retry-backoff", c.RetryBackoff, time.Millisecond},
 	} {
 		if d.v < d.min {
 			return fmt.Errorf("-%s must be at least %s, got %s", d.name, d.min, d.v)

@@ -175,16 +175,33 @@ func setUp(ctx context.Context, cfg Config, sim *simulation) (*message.Router, *
 	// A message no retry will fix (a malformed event, a key reused for
 	// other content) goes to the poison topic instead of coming back for
 	// ever; every other error nacks it for a redelivery.
-	poison, err := wmw.PoisonQueueWithFilter(b.pub, b.poisonTopic, func(err error) bool {
-		return dedup.IsPermanent(err) || errors.Is(err, errBadEvent)
-	})
+	poison, err := wmw.PoisonQueueWithFilter(b.pub, b.poisonTopic, permanent)
 	if err != nil {
 		return nil, nil, err
 	}
+	// Every other error is retried in process with exponential backoff,
+	// up to -retries times, before the message is nacked: a store or
+	// database outage slows the consumer down instead of spinning it in a
+	// nack-redelivery loop. Each retry runs the dedup middleware again, so
+	// a retry after the first run recorded the message is a duplicate.
+	retry := wmw.Retry{
+		MaxRetries:          cfg.Retries,
+		InitialInterval:     cfg.RetryBackoff,
+		MaxInterval:         cfg.RetryMaxBackoff,
+		Multiplier:          2,
+		RandomizationFactor: 0.5, // consumers that failed together retry apart
+		// A retry starts from the delivery's own context, not from one a
+		// failed attempt's middleware left on the message.
+		ResetContextOnRetry: true,
+		ShouldRetry: func(p wmw.RetryParams) bool {
+			return !permanent(p.Err) && sim.retryable(p.Err)
+		},
+	}
 	// Outermost first; sim.outer counts deliveries, bounds concurrency and
-	// loses acks, sim.inner fails or crashes the handler. handlerSpan
-	// starts the span the dedup middleware's spans are children of.
-	router.AddMiddleware(sim.outer, wmw.Recoverer, poison, handlerSpan(tp))
+	// loses acks, sim.retries counts the attempts, sim.inner fails or
+	// crashes the handler. handlerSpan starts the span the dedup
+	// middleware's spans are children of.
+	router.AddMiddleware(sim.outer, wmw.Recoverer, poison, sim.retries(retry.Middleware), handlerSpan(tp))
 
 	var dedupMW *middleware.Middleware
 	if cfg.Dedup { // -dedup=false shows what the duplicates do without it
@@ -234,6 +251,13 @@ func consumerKeys(cfg Config) (keyfuncs.KeyFunc, func(*message.Message) (time.Ti
 
 // errBadEvent marks a message no retry will fix: the poison topic's.
 var errBadEvent = errors.New("bad payment.completed event")
+
+// permanent reports whether no retry will fix err: a bad event, or a
+// message the middleware refuses for good (dedup.IsPermanent). Such a
+// message goes to the poison topic at once.
+func permanent(err error) bool {
+	return dedup.IsPermanent(err) || errors.Is(err, errBadEvent)
+}
 
 // points is one loyalty point per whole unit of the event's amount (see
 // paymentCompleted, scenario.go), read from the decimal string.

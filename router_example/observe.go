@@ -132,14 +132,15 @@ func newProgress(w io.Writer, total int) progress {
 	)}
 }
 
-// newLogger logs warnings and errors to w; -v adds info messages, among
-// them every injected fault.
-func newLogger(w io.Writer, verbose bool) watermill.LoggerAdapter {
+// newLogger logs warnings and errors to w, an error line a kind and
+// incident window (see incidents); -v adds info messages, among them every
+// injected fault.
+func newLogger(w io.Writer, verbose bool, in *incidents) watermill.LoggerAdapter {
 	level := slog.LevelWarn
 	if verbose {
 		level = slog.LevelInfo
 	}
-	return slogLogger{slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level}))}
+	return slogLogger{slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level})), in}
 }
 
 // slogLogger is watermill.NewSlogLogger with two differences. An error
@@ -147,8 +148,13 @@ func newLogger(w io.Writer, verbose bool) watermill.LoggerAdapter {
 // The router's "Handler returned error" for the faults the simulation
 // injects, for ErrInProgress (a retryable nack) and for the queries the
 // shutdown cancels is logged at info level: they are the point of the
-// demo, not errors.
-type slogLogger struct{ l *slog.Logger }
+// demo, not errors. Every other error line passes incidents first: one
+// kind of error is logged once a window while it lasts, with the count of
+// those held back (repeats).
+type slogLogger struct {
+	l         *slog.Logger
+	incidents *incidents
+}
 
 func (g slogLogger) Error(msg string, err error, fields watermill.LogFields) {
 	args := slogArgs(fields)
@@ -158,6 +164,13 @@ func (g slogLogger) Error(msg string, err error, fields watermill.LogFields) {
 	case errors.Is(err, errInjected) || errors.Is(err, dedup.ErrInProgress) || errors.Is(err, context.Canceled):
 		g.l.Info(msg+" (expected): "+err.Error(), args...)
 	default:
+		log, held := g.incidents.admit(msg, err)
+		if !log {
+			return
+		}
+		if held > 0 {
+			args = append(args, "repeats", held)
+		}
 		g.l.Error(msg, append(args, "error", err)...)
 	}
 }
@@ -175,7 +188,7 @@ func (g slogLogger) Trace(msg string, fields watermill.LogFields) {
 }
 
 func (g slogLogger) With(fields watermill.LogFields) watermill.LoggerAdapter {
-	return slogLogger{g.l.With(slogArgs(fields)...)}
+	return slogLogger{g.l.With(slogArgs(fields)...), g.incidents}
 }
 
 func slogArgs(fields watermill.LogFields) []any {

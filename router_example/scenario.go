@@ -16,6 +16,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	wmw "github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
+	dedup "github.com/watermill-dedup/dedup"
 	"github.com/watermill-dedup/dedup/middleware"
 	"github.com/watermill-dedup/dedup/stores"
 )
@@ -349,6 +350,30 @@ type tracker struct {
 	onFirstAck func()
 	totalDeliv int
 	poisoned   int
+	nacks      nackCauses
+}
+
+// nackCauses counts the deliveries that ended in a nack, by why: each is
+// a redelivery to come.
+type nackCauses struct {
+	failures, crashes, lostAcks, storeErrors, inProgress, other int
+}
+
+func (n *nackCauses) add(err error) {
+	switch {
+	case errors.Is(err, errInjectedFailure):
+		n.failures++
+	case errors.Is(err, errInjectedCrash):
+		n.crashes++
+	case errors.Is(err, errInjectedLostAck):
+		n.lostAcks++
+	case errors.Is(err, dedup.ErrInProgress):
+		n.inProgress++
+	case errors.Is(err, dedup.ErrStore):
+		n.storeErrors++
+	default:
+		n.other++
+	}
 }
 
 func newTracker(onFirstAck func()) *tracker {
@@ -398,6 +423,11 @@ func (t *tracker) middleware(h message.HandlerFunc) message.HandlerFunc {
 		t.totalDeliv++
 		t.mu.Unlock()
 		out, err := h(msg)
+		if err != nil {
+			t.mu.Lock()
+			t.nacks.add(err)
+			t.mu.Unlock()
+		}
 		if err == nil {
 			if msg.Metadata.Get(wmw.ReasonForPoisonedKey) != "" {
 				// The poison queue published it and acked it.
@@ -455,6 +485,7 @@ func (t *tracker) expectedCount() int {
 
 type deliveryStats struct {
 	deliveries, distinct, redelivered, unacked, poisoned int
+	nacks                                                nackCauses
 }
 
 func (t *tracker) stats() deliveryStats {
@@ -466,5 +497,6 @@ func (t *tracker) stats() deliveryStats {
 		redelivered: t.totalDeliv - len(t.deliveries),
 		unacked:     t.pending,
 		poisoned:    t.poisoned,
+		nacks:       t.nacks,
 	}
 }

@@ -23,14 +23,17 @@ import (
 // publishes the plan's events (plan, producers.go), injects redeliveries
 // around the handler (faults), follows every delivery (tracker), keeps the
 // loyalty ledger (ledger.go) and prints the summary (summary.go). main.go
-// reaches it through a few methods: start, crashing, tally, outer, inner,
-// drive, report and close.
+// reaches it through a few methods: start, crashing, tally, outer,
+// retries, retryable, inner, drive, report and close.
 type simulation struct {
 	cfg    Config
 	runID  string
 	stdout io.Writer
 	stderr io.Writer
 	logger watermill.LoggerAdapter
+	// incidents holds back error lines of a kind already logged (see
+	// newLogger); report says how many.
+	incidents *incidents
 
 	// closers close what the run opened, always; removers drop what it
 	// created on shared services, under -cleanup.
@@ -50,14 +53,17 @@ type simulation struct {
 	ran         bool // the router ran: the run has something to inspect
 	removed     bool
 	handlerRuns atomic.Int64 // calls of the handler, for the summary
+	calls       atomic.Int64 // deliveries that reached the retry middleware
+	attempts    atomic.Int64 // and the attempts it made of them
 }
 
 func newSimulation(cfg Config, stdout, stderr io.Writer) *simulation {
 	s := &simulation{
 		cfg: cfg, runID: cfg.RunID, stdout: stdout, stderr: stderr,
-		logger: newLogger(stderr, cfg.Verbose),
-		counts: &tally{next: dedup.NopMetrics{}},
+		incidents: newIncidents(incidentWindow, time.Now),
+		counts:    &tally{next: dedup.NopMetrics{}},
 	}
+	s.logger = newLogger(stderr, cfg.Verbose, s.incidents)
 	if s.runID == "" {
 		s.runID = newRunID()
 	}
@@ -143,6 +149,28 @@ func (s *simulation) tally(next dedup.Metrics) dedup.Metrics {
 // bounds how many run at once, and loses acks of handled messages.
 func (s *simulation) outer(h message.HandlerFunc) message.HandlerFunc {
 	return s.tracker.middleware(s.limit(s.faults.outer(h)))
+}
+
+// retries wraps the router's retry middleware and counts its attempts:
+// every attempt after a delivery's first is a retry in process.
+func (s *simulation) retries(retry message.HandlerMiddleware) message.HandlerMiddleware {
+	return func(h message.HandlerFunc) message.HandlerFunc {
+		attempt := retry(func(msg *message.Message) ([]*message.Message, error) {
+			s.attempts.Add(1)
+			return h(msg)
+		})
+		return func(msg *message.Message) ([]*message.Message, error) {
+			s.calls.Add(1)
+			return attempt(msg)
+		}
+	}
+}
+
+// retryable reports whether the router may retry err in process: not
+// after an injected crash, since a consumer that died retries nothing
+// (its message comes back from the broker).
+func (s *simulation) retryable(err error) bool {
+	return !errors.Is(err, errInjectedCrash)
 }
 
 // inner wraps the handler, inside the dedup middleware: it fails it before
@@ -268,12 +296,14 @@ func (s *simulation) report(ctx context.Context) bool {
 	res.published = s.tracker.expectedCount()
 	res.failures, res.crashes, res.lostAcks = s.faults.counts()
 	res.handlerRuns = s.handlerRuns.Load()
+	res.retries = s.attempts.Load() - s.calls.Load()
 	if s.broker != nil && s.broker.brokerDedup != nil {
 		res.brokerDup = s.broker.brokerDedup()
 	}
 	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	res.ledger, res.ledgerErr = s.ledger.Snapshot(lctx)
 	cancel()
+	s.incidents.flush(s.stderr)
 	res.print(s.stdout)
 	s.removeCreated(ctx)
 	s.linger(ctx)

@@ -49,6 +49,17 @@ func TestVerdict(t *testing.T) {
 			r.crashes = 1
 			return r
 		}, false, "invariant: BROKEN — 2 duplicate awards"},
+		{"doubled within fail-open's bound", func() *result {
+			r := sampleResult(dedup.ModeLease, map[string]int64{"A": 3, "B": 2})
+			r.outcome = func(o dedup.Outcome) int64 { return map[dedup.Outcome]int64{dedup.OutcomeBypassed: 2}[o] }
+			r.crashes = 1
+			return r
+		}, true, "invariant: OK (fail-open) — no payment lost; 3 extra awards, within fail-open's bound of one a handler run that bypassed the store (2 bypassed, plus 1 injected crashes in lease mode)"},
+		{"doubled beyond fail-open's bound", func() *result {
+			r := sampleResult(dedup.ModeLease, map[string]int64{"A": 3, "B": 2})
+			r.outcome = func(o dedup.Outcome) int64 { return map[dedup.Outcome]int64{dedup.OutcomeBypassed: 2}[o] }
+			return r
+		}, false, "invariant: BROKEN — 3 duplicate awards"},
 		{"doubled without dedup", func() *result {
 			r := sampleResult(dedup.ModeLease, map[string]int64{"A": 2, "B": 1})
 			r.crashes, r.cfg.Dedup = 5, false
