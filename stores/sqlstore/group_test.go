@@ -325,23 +325,31 @@ func (m *mixed) run(t *testing.T, before func(calls int)) {
 	check(m.newKeys[0], stores.InProgress)
 }
 
+// runMixed runs the calls of prepareMixed together on a batching store
+// of b, its batch statement failing when fail, and returns the sizes of
+// the batches.
+func runMixed(t *testing.T, b backend, fail bool) []int {
+	clock := storetest.NewFakeClock(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
+	s := newBatchStore(t, b, clock)
+	m := prepareMixed(t, s, clock)
+	g := newGate(t, s)
+	g.fail.Store(fail)
+	wait := g.plug(context.Background(), m.scope)
+	m.run(t, func(calls int) {
+		g.queued(calls)
+		close(g.open)
+	})
+	wait()
+	return g.batchSizes()
+}
+
 // TestBatchMixedResults: one batch holding claims of every outcome
 // (new, duplicate with data, in progress, expired takeover, the same key
 // twice) and Completes, a stale Complete, a Release and an Extend gives
 // each call its own result.
 func TestBatchMixedResults(t *testing.T) {
 	forEachBackend(t, backends, func(t *testing.T, b backend) {
-		clock := storetest.NewFakeClock(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
-		s := newBatchStore(t, b, clock)
-		m := prepareMixed(t, s, clock)
-		g := newGate(t, s)
-		wait := g.plug(context.Background(), m.scope)
-		m.run(t, func(calls int) {
-			g.queued(calls)
-			close(g.open)
-		})
-		wait()
-		sizes := g.batchSizes()
+		sizes := runMixed(t, b, false)
 		if len(sizes) < 2 || sizes[1] < 8 {
 			t.Fatalf("batch sizes %v: want the mixed calls in one batch", sizes)
 		}
@@ -353,18 +361,7 @@ func TestBatchMixedResults(t *testing.T) {
 // run on their own and still get their own results.
 func TestBatchStatementFailure(t *testing.T) {
 	forEachBackend(t, backends, func(t *testing.T, b backend) {
-		clock := storetest.NewFakeClock(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
-		s := newBatchStore(t, b, clock)
-		m := prepareMixed(t, s, clock)
-		g := newGate(t, s)
-		g.fail.Store(true)
-		wait := g.plug(context.Background(), m.scope)
-		m.run(t, func(calls int) {
-			g.queued(calls)
-			close(g.open)
-		})
-		wait()
-		if sizes := g.batchSizes(); len(sizes) < 2 || sizes[1] < 2 {
+		if sizes := runMixed(t, b, true); len(sizes) < 2 || sizes[1] < 2 {
 			t.Fatalf("batch sizes %v: want a failed batch of several calls", sizes)
 		}
 	})
@@ -518,23 +515,15 @@ func TestPostgresBatchPlansUseTheIndex(t *testing.T) {
 		t.Fatal(err)
 	}
 	const n = 1500
-	var wg sync.WaitGroup
-	sem := make(chan struct{}, 8)
-	for i := range n {
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer func() { <-sem; wg.Done() }()
-			c, err := s.Claim(ctx, "plans", []string{fmt.Sprint("k", i)}, time.Minute)
-			if err == nil {
-				err = s.Complete(ctx, c, time.Hour, nil)
-			}
-			if err != nil {
-				t.Error(err)
-			}
-		}()
-	}
-	wg.Wait()
+	bounded(n, 8, func(i int) {
+		c, err := s.Claim(ctx, "plans", []string{fmt.Sprint("k", i)}, time.Minute)
+		if err == nil {
+			err = s.Complete(ctx, c, time.Hour, nil)
+		}
+		if err != nil {
+			t.Error(err)
+		}
+	})
 	// Once the backends flush their statistics (see above).
 	upd, seq := pgTableStats(t, db, s.Table(), "seq_scan", n)
 	if seq > n/10 {

@@ -16,6 +16,7 @@ import (
 	_ "modernc.org/sqlite"
 
 	"github.com/watermill-dedup/dedup/internal/testkit"
+	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/sqlstore"
 	"github.com/watermill-dedup/dedup/stores/storetest"
 )
@@ -56,6 +57,16 @@ func sharedDB(t testing.TB, driver, dsn string) *sql.DB {
 	if db, ok := sharedDBs[dsn]; ok {
 		return db
 	}
+	db := openPool(t, driver, dsn, driver, dsn)
+	sharedDBs[dsn] = db
+	return db
+}
+
+// openPool opens driver's dsn with the pool of the shared test
+// databases and pings it; a database that does not answer is service at
+// addr unavailable (testkit.Unavailable).
+func openPool(t testing.TB, driver, dsn, service, addr string) *sql.DB {
+	t.Helper()
 	db, err := sql.Open(driver, dsn)
 	if err != nil {
 		t.Fatalf("open %s: %v", driver, err)
@@ -67,9 +78,9 @@ func sharedDB(t testing.TB, driver, dsn string) *sql.DB {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := db.PingContext(ctx); err != nil {
-		testkit.Unavailable(t, driver, dsn, err)
+		_ = db.Close()
+		testkit.Unavailable(t, service, addr, err)
 	}
-	sharedDBs[dsn] = db
 	return db
 }
 
@@ -146,5 +157,44 @@ func countRows(t testing.TB, db *sql.DB, d sqlstore.Dialect, table string) int {
 func forEachBackend(t *testing.T, bs []backend, fn func(t *testing.T, b backend)) {
 	for _, b := range bs {
 		t.Run(string(b.dialect), func(t *testing.T) { fn(t, b) })
+	}
+}
+
+// bounded runs f(0) … f(n-1), each in a goroutine of its own, at most
+// limit at once, and returns when they all have.
+func bounded(n, limit int, f func(i int)) {
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, limit)
+	for i := range n {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			f(i)
+		})
+	}
+	wg.Wait()
+}
+
+// mustBegin begins key's inbox transaction in scope on s, with
+// retention, and fails t now on an error.
+func mustBegin(t testing.TB, s stores.Inbox, scope, key string, retention time.Duration) stores.InboxTx {
+	t.Helper()
+	tx, err := s.Begin(context.Background(), scope, []string{key}, retention)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tx
+}
+
+// completed claims key in scope on s for lease and completes it with
+// retention, failing t now on an error.
+func completed(t testing.TB, s stores.Store, scope, key string, lease, retention time.Duration) {
+	t.Helper()
+	c, err := s.Claim(context.Background(), scope, []string{key}, lease)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Complete(context.Background(), c, retention, nil); err != nil {
+		t.Fatal(err)
 	}
 }

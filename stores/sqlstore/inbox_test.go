@@ -41,6 +41,36 @@ func ph(d sqlstore.Dialect, i int) string {
 	return "?"
 }
 
+// ledgerStore returns b's database, a store on it with the default
+// Config, and a ledger of accounts accounts.
+func ledgerStore(t testing.TB, b backend, accounts int) (*sql.DB, *sqlstore.Store, *ledger) {
+	t.Helper()
+	db := b.open(t)
+	return db, newStore(t, db, b.dialect, sqlstore.Config{}), newLedger(t, db, b.dialect, accounts)
+}
+
+// txRouter returns a router that waits closeTimeout for its handlers as
+// it closes, and the transactional dedup middleware on s in scope, keyed
+// by the event_id metadata, with a retention of an hour.
+func txRouter(t *testing.T, s *sqlstore.Store, scope string, closeTimeout time.Duration) (*message.Router, message.HandlerMiddleware) {
+	t.Helper()
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: closeTimeout}, watermill.NopLogger{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mw, err := middleware.New(middleware.Config{
+		Store:  s,
+		Mode:   dedup.ModeTransactional,
+		Scope:  scope,
+		Key:    keyfuncs.Metadata("event_id"),
+		Policy: dedup.Policy{Retention: time.Hour},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return router, mw.Middleware
+}
+
 func newLedger(t testing.TB, db *sql.DB, d sqlstore.Dialect, accounts int) *ledger {
 	t.Helper()
 	l := &ledger{d: d, table: "ledger_" + storetest.NewID(), accounts: accounts}
@@ -147,6 +177,22 @@ type ledgerRun struct {
 	faults bool
 }
 
+// runLedger runs 2000 events on s and l over db (each delivered 1-3
+// times, by 64 workers) and checks the ledger's sum and one inbox row an
+// event; it returns the number of events and the run's stats.
+func runLedger(t *testing.T, db *sql.DB, d sqlstore.Dialect, s *sqlstore.Store, l *ledger) (int, *stats) {
+	t.Helper()
+	r := ledgerRun{events: 2000, maxCopies: 3, workers: 64, deadline: 5 * time.Minute}
+	want, st := r.run(t, s, l)
+	if got := l.sum(t, db); got != want {
+		t.Errorf("ledger sum = %d, want %d", got, want)
+	}
+	if got := countRows(t, db, d, s.Table()); got != r.events {
+		t.Errorf("inbox rows = %d, want %d", got, r.events)
+	}
+	return r.events, st
+}
+
 func (r ledgerRun) run(t *testing.T, s stores.Inbox, l *ledger) (want int64, st *stats) {
 	t.Helper()
 	st = &stats{}
@@ -222,19 +268,10 @@ func (r ledgerRun) run(t *testing.T, s stores.Inbox, l *ledger) (want int64, st 
 // the inbox must hold one row per event.
 func TestInboxLedger(t *testing.T) {
 	forEachBackend(t, backends, func(t *testing.T, b backend) {
-		db := b.open(t)
-		s := newStore(t, db, b.dialect, sqlstore.Config{})
-		l := newLedger(t, db, b.dialect, 16)
-		r := ledgerRun{events: 2000, maxCopies: 3, workers: 64, deadline: 5 * time.Minute}
-		want, st := r.run(t, s, l)
-		if got := l.sum(t, db); got != want {
-			t.Errorf("ledger sum = %d, want %d", got, want)
-		}
-		if got := countRows(t, db, b.dialect, s.Table()); got != r.events {
-			t.Errorf("inbox rows = %d, want %d", got, r.events)
-		}
-		if st.failures.Load() != int64(r.events/20) {
-			t.Errorf("%d injected failures, want %d", st.failures.Load(), r.events/20)
+		db, s, l := ledgerStore(t, b, 16)
+		events, st := runLedger(t, db, b.dialect, s, l)
+		if st.failures.Load() != int64(events/20) {
+			t.Errorf("%d injected failures, want %d", st.failures.Load(), events/20)
 		}
 		t.Logf("%s: %d duplicates, %d failed first attempts, %d store errors (retried)", b.dialect, st.duplicates.Load(), st.failures.Load(), st.storeErrors.Load())
 	})
@@ -245,9 +282,7 @@ func TestInboxLedger(t *testing.T) {
 // with the committed data and has no second effect.
 func TestInboxCrashAfterCommit(t *testing.T) {
 	forEachBackend(t, backends, func(t *testing.T, b backend) {
-		db := b.open(t)
-		s := newStore(t, db, b.dialect, sqlstore.Config{})
-		l := newLedger(t, db, b.dialect, 1)
+		db, s, l := ledgerStore(t, b, 1)
 		ctx := context.Background()
 		e := event{id: 7, amount: 42}
 		st := &stats{}
@@ -408,9 +443,7 @@ func TestInboxExpiryAndModes(t *testing.T) {
 // outer commit writes effect and record together.
 func TestInboxSavepoint(t *testing.T) {
 	forEachBackend(t, backends, func(t *testing.T, b backend) {
-		db := b.open(t)
-		s := newStore(t, db, b.dialect, sqlstore.Config{})
-		l := newLedger(t, db, b.dialect, 1)
+		db, s, l := ledgerStore(t, b, 1)
 		ctx := context.Background()
 		outer, err := db.BeginTx(ctx, nil)
 		if err != nil {
@@ -494,30 +527,15 @@ func TestConnectionCut(t *testing.T) {
 // event.
 func TestMiddlewareTransactional(t *testing.T) {
 	forEachBackend(t, backends, func(t *testing.T, b backend) {
-		db := b.open(t)
-		s := newStore(t, db, b.dialect, sqlstore.Config{})
-		l := newLedger(t, db, b.dialect, 8)
+		db, s, l := ledgerStore(t, b, 8)
 		const (
 			events   = 300
 			handlers = 8
 		)
 		ps := gochannel.NewGoChannel(gochannel.Config{OutputChannelBuffer: 64}, watermill.NopLogger{})
 		defer ps.Close()
-		router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		mw, err := middleware.New(middleware.Config{
-			Store:  s,
-			Mode:   dedup.ModeTransactional,
-			Scope:  "ledger",
-			Key:    keyfuncs.Metadata("event_id"),
-			Policy: dedup.Policy{Retention: time.Hour},
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		router.AddMiddleware(mw.Middleware)
+		router, mw := txRouter(t, s, "ledger", 10*time.Second)
+		router.AddMiddleware(mw)
 
 		var (
 			failed  sync.Map // event id -> struct{}: its first run failed

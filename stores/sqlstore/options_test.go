@@ -6,7 +6,6 @@ import (
 	"net/url"
 	"path/filepath"
 	"testing"
-	"time"
 
 	"github.com/go-sql-driver/mysql"
 	_ "github.com/mattn/go-sqlite3" // the cgo SQLite driver, "sqlite3": tests only
@@ -84,18 +83,8 @@ func TestDriverOptions(t *testing.T) {
 // the shared test databases have, and closes it after t.
 func openOption(t *testing.T, driver, dsn, service, addr string) *sql.DB {
 	t.Helper()
-	db, err := sql.Open(driver, dsn)
-	if err != nil {
-		t.Fatalf("open %s: %v", driver, err)
-	}
+	db := openPool(t, driver, dsn, service, addr)
 	t.Cleanup(func() { _ = db.Close() })
-	db.SetMaxOpenConns(24)
-	db.SetMaxIdleConns(24)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := db.PingContext(ctx); err != nil {
-		testkit.Unavailable(t, service, addr, err)
-	}
 	return db
 }
 

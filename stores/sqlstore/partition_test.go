@@ -17,6 +17,16 @@ func partitionedConfig(clock stores.Clock) sqlstore.Config {
 	return sqlstore.Config{Clock: clock, DailyPartitions: true, PurgeInterval: time.Hour}
 }
 
+// partitionedAt returns a store over db with daily partitions, daysAhead
+// of them ahead, created at start on the fake clock it returns.
+func partitionedAt(t *testing.T, db *sql.DB, start time.Time, daysAhead int) (*sqlstore.Store, *storetest.FakeClock) {
+	t.Helper()
+	clock := storetest.NewFakeClock(start)
+	cfg := partitionedConfig(clock)
+	cfg.PartitionDaysAhead = daysAhead
+	return newStore(t, db, sqlstore.Postgres, cfg), clock
+}
+
 func TestPartitionedConformance(t *testing.T) {
 	db := openPostgres(t)
 	storetest.Run(t, func(t *testing.T, clock stores.Clock) stores.Store {
@@ -27,25 +37,14 @@ func TestPartitionedConformance(t *testing.T) {
 func TestPartitionedInboxLedger(t *testing.T) {
 	db := openPostgres(t)
 	s := newStore(t, db, sqlstore.Postgres, partitionedConfig(nil))
-	l := newLedger(t, db, sqlstore.Postgres, 16)
-	r := ledgerRun{events: 2000, maxCopies: 3, workers: 64, deadline: 5 * time.Minute}
-	want, _ := r.run(t, s, l)
-	if got := l.sum(t, db); got != want {
-		t.Errorf("ledger sum = %d, want %d", got, want)
-	}
-	if got := countRows(t, db, sqlstore.Postgres, s.Table()); got != r.events {
-		t.Errorf("inbox rows = %d, want %d", got, r.events)
-	}
+	runLedger(t, db, sqlstore.Postgres, s, newLedger(t, db, sqlstore.Postgres, 16))
 }
 
 // TestPartitionedPurge: the purge drops the partitions whose records all
 // expired and creates new ones ahead; live records stay.
 func TestPartitionedPurge(t *testing.T) {
 	db := openPostgres(t)
-	clock := storetest.NewFakeClock(time.Date(2030, 1, 1, 12, 0, 0, 0, time.UTC))
-	cfg := partitionedConfig(clock)
-	cfg.PartitionDaysAhead = 3
-	s := newStore(t, db, sqlstore.Postgres, cfg)
+	s, clock := partitionedAt(t, db, time.Date(2030, 1, 1, 12, 0, 0, 0, time.UTC), 3)
 	ctx := context.Background()
 	begin := func(key string, retention time.Duration) {
 		t.Helper()
@@ -116,10 +115,7 @@ func TestPartitionedRefusesRepeatableRead(t *testing.T) {
 // a record expires on the day after the last partition that job created.
 func TestPartitionsAfterMidnight(t *testing.T) {
 	db := openPostgres(t)
-	clock := storetest.NewFakeClock(time.Date(2030, 1, 1, 23, 59, 0, 0, time.UTC))
-	cfg := partitionedConfig(clock)
-	cfg.PartitionDaysAhead = 3
-	s := newStore(t, db, sqlstore.Postgres, cfg) // CreateSchema at 23:59
+	s, clock := partitionedAt(t, db, time.Date(2030, 1, 1, 23, 59, 0, 0, time.UTC), 3) // CreateSchema at 23:59
 	ctx := context.Background()
 	clock.Advance(2 * time.Minute) // 00:01 the next day; the purge job has not run
 	horizon := 3 * 24 * time.Hour
@@ -146,10 +142,7 @@ func TestPartitionsAfterMidnight(t *testing.T) {
 // ago), as each hourly run did, locking the table twice.
 func TestPartitionedPurgeIdleAllDay(t *testing.T) {
 	db := openPostgres(t)
-	clock := storetest.NewFakeClock(time.Date(2030, 1, 1, 10, 0, 0, 0, time.UTC))
-	cfg := partitionedConfig(clock)
-	cfg.PartitionDaysAhead = 2
-	s := newStore(t, db, sqlstore.Postgres, cfg)
+	s, clock := partitionedAt(t, db, time.Date(2030, 1, 1, 10, 0, 0, 0, time.UTC), 2)
 	ctx := context.Background()
 	if _, err := s.Purge(ctx); err != nil {
 		t.Fatal(err)
@@ -231,10 +224,7 @@ func TestPartitionDDLWaitsBounded(t *testing.T) {
 	db := openPostgres(t)
 	// Five minutes into the day: yesterday's partition ended less than
 	// PurgeGrace ago, so nothing is due to be dropped either.
-	clock := storetest.NewFakeClock(time.Date(2030, 1, 1, 0, 5, 0, 0, time.UTC))
-	cfg := partitionedConfig(clock)
-	cfg.PartitionDaysAhead = 2
-	s := newStore(t, db, sqlstore.Postgres, cfg)
+	s, clock := partitionedAt(t, db, time.Date(2030, 1, 1, 0, 5, 0, 0, time.UTC), 2)
 	ctx := context.Background()
 	holdRead(t, db, s)
 	// Nothing is missing, nothing is due: the purge takes no lock.

@@ -2,7 +2,6 @@ package sqlstore_test
 
 import (
 	"context"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -36,23 +35,15 @@ func TestPurge(t *testing.T) {
 			}
 			return c
 		}
-		var wg sync.WaitGroup
-		sem := make(chan struct{}, 16)
-		for i := range expiredDone {
-			wg.Add(1)
-			sem <- struct{}{}
-			go func() {
-				defer func() { <-sem; wg.Done() }()
-				tx, err := s.Begin(ctx, "purge", []string{"old-" + storetest.NewID()}, time.Minute)
-				if err == nil {
-					err = tx.Commit(ctx, []byte{byte(i)})
-				}
-				if err != nil {
-					t.Error(err)
-				}
-			}()
-		}
-		wg.Wait()
+		bounded(expiredDone, 16, func(i int) {
+			tx, err := s.Begin(ctx, "purge", []string{"old-" + storetest.NewID()}, time.Minute)
+			if err == nil {
+				err = tx.Commit(ctx, []byte{byte(i)})
+			}
+			if err != nil {
+				t.Error(err)
+			}
+		})
 		for i := range abandoned { // processing, lease ran out long ago
 			_ = i
 			claim("abandoned-"+storetest.NewID(), time.Second)
@@ -147,13 +138,7 @@ func TestPurgeJob(t *testing.T) {
 	clock := storetest.NewFakeClock(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
 	prep := newStore(t, db, sqlstore.SQLite, sqlstore.Config{Clock: clock})
 	ctx := context.Background()
-	c, err := prep.Claim(ctx, "job", []string{"k"}, time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := prep.Complete(ctx, c, time.Second, nil); err != nil {
-		t.Fatal(err)
-	}
+	completed(t, prep, "job", "k", time.Second, time.Second)
 	clock.Advance(time.Minute)
 
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())

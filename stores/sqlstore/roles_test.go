@@ -131,13 +131,7 @@ func TestLeastPrivilegeRole(t *testing.T) {
 			cfg := sqlstore.Config{Table: "dedup_role_" + storetest.NewID(), Clock: clock}
 			e.table(t, cfg)
 			s := e.store(t, cfg)
-			c, err := s.Claim(ctx, "s", []string{"k"}, time.Minute)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := s.Complete(ctx, c, time.Minute, nil); err != nil {
-				t.Fatal(err)
-			}
+			completed(t, s, "s", "k", time.Minute, time.Minute)
 			clock.Advance(time.Hour)
 			log := newPurgeLog()
 			cfg.PurgeInterval, cfg.Logger = time.Millisecond, log

@@ -11,14 +11,10 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
-	wsql3std "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
 	wsql4std "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	dedup "github.com/watermill-dedup/dedup"
 	"github.com/watermill-dedup/dedup/internal/testkit"
-	"github.com/watermill-dedup/dedup/keyfuncs"
-	"github.com/watermill-dedup/dedup/middleware"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/sqlstore"
 	"github.com/watermill-dedup/dedup/stores/sqlstore/wsql3"
@@ -159,14 +155,8 @@ func (s *closeSpy) Close() error {
 }
 
 func runJoinedLifecycle(t *testing.T, b backend, w wsqlMajor, sc joinedLifecycle) {
-	db := b.open(t)
-	s := newStore(t, db, b.dialect, sqlstore.Config{JoinTx: w.joinTx})
-	l := newLedger(t, db, b.dialect, 1)
-	topic := "dedup_" + storetest.NewID()
-	t.Cleanup(func() {
-		dropTable(t, db, b.dialect, "watermill_"+topic)
-		dropTable(t, db, b.dialect, "watermill_offsets_"+topic)
-	})
+	rig := newJoinedRig(t, b, w)
+	db, s, l, topic := rig.db, rig.s, rig.l, rig.topic
 	pub, sub1 := w.pubSub(t, db, b.dialect, sc.ackDeadline)
 	defer pub.Close()
 	m := message.NewMessage(watermill.NewUUID(), nil)
@@ -192,20 +182,7 @@ func runJoinedLifecycle(t *testing.T, b backend, w wsqlMajor, sc joinedLifecycle
 		return write(5)
 	}
 	newRouter := func(sub message.Subscriber) (*message.Router, chan error) {
-		r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 2 * time.Minute}, watermill.NopLogger{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		mw, err := middleware.New(middleware.Config{
-			Store:  s,
-			Mode:   dedup.ModeTransactional,
-			Scope:  "lifecycle-" + topic,
-			Key:    keyfuncs.Metadata("event_id"),
-			Policy: dedup.Policy{Retention: time.Hour},
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
+		r, mw := txRouter(t, s, "lifecycle-"+topic, 2*time.Minute)
 		r.AddMiddleware(func(h message.HandlerFunc) message.HandlerFunc {
 			return func(msg *message.Message) ([]*message.Message, error) {
 				out, err := h(msg)
@@ -214,7 +191,7 @@ func runJoinedLifecycle(t *testing.T, b backend, w wsqlMajor, sc joinedLifecycle
 				}
 				return out, err
 			}
-		}, mw.Middleware)
+		}, mw)
 		r.AddConsumerHandler("lifecycle", topic, sub, func(msg *message.Message) error { return handler(msg) })
 		done := make(chan error, 1)
 		go func() { done <- r.Run(context.Background()) }()
@@ -270,7 +247,6 @@ func waitTxEnded(t *testing.T, tx *sql.Tx) {
 // and Begin's ErrTxNotJoinable), and nothing is written in it.
 func TestJoinTxRefusesUnguardedSubscriber(t *testing.T) {
 	db := openPostgres(t)
-	schema, offsets := wsql4Adapters(sqlstore.Postgres)
 	for _, c := range []struct {
 		name    string
 		find    sqlstore.TxFinder
@@ -278,32 +254,19 @@ func TestJoinTxRefusesUnguardedSubscriber(t *testing.T) {
 		refusal error
 	}{
 		{"v3", wsql3.SubscriberTx, func(t *testing.T) (message.Publisher, message.Subscriber) {
-			return wsql3PlainPubSub(t, db)
+			return wsql3PubSub(t, db, sqlstore.Postgres, 0, nil)
 		}, wsql3.ErrNotGuarded},
 		{"v4", wsql4.SubscriberTx, func(t *testing.T) (message.Publisher, message.Subscriber) {
-			return wsql4PlainPubSub(t, wsql4std.BeginnerFromStdSQL(db), schema, offsets)
+			return wsql4PlainPubSub(t, wsql4std.BeginnerFromStdSQL(db))
 		}, wsql4.ErrNotGuarded},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			s := newStore(t, db, sqlstore.Postgres, sqlstore.Config{JoinTx: c.find})
-			topic := "dedup_" + storetest.NewID()
-			t.Cleanup(func() {
-				dropTable(t, db, sqlstore.Postgres, "watermill_"+topic)
-				dropTable(t, db, sqlstore.Postgres, "watermill_offsets_"+topic)
-			})
+			topic := newWsqlTopic(t, db, sqlstore.Postgres)
 			pub, sub := c.pubSub(t)
 			defer pub.Close()
-			if err := pub.Publish(topic, message.NewMessage(watermill.NewUUID(), nil)); err != nil {
-				t.Fatal(err)
-			}
-			ctx, cancel := context.WithCancel(context.Background())
-			defer cancel()
-			msgs, err := sub.Subscribe(ctx, topic)
-			if err != nil {
-				t.Fatal(err)
-			}
-			msg := <-msgs
-			_, err = s.Begin(msg.Context(), "scope", []string{"k"}, time.Hour)
+			msg := deliverOne(t, pub, sub, topic, nil)
+			_, err := s.Begin(msg.Context(), "scope", []string{"k"}, time.Hour)
 			if !errors.Is(err, c.refusal) || !errors.Is(err, sqlstore.ErrTxNotJoinable) {
 				t.Fatalf("Begin in an unguarded subscriber's transaction = %v, want %v and ErrTxNotJoinable", err, c.refusal)
 			}
@@ -315,29 +278,6 @@ func TestJoinTxRefusesUnguardedSubscriber(t *testing.T) {
 	}
 }
 
-// wsql3PlainPubSub is a v3 publisher and a subscriber as watermill-sql
-// builds them, on db, without the guard wsql3.NewSubscriber adds.
-func wsql3PlainPubSub(t *testing.T, db *sql.DB) (message.Publisher, message.Subscriber) {
-	logger := watermill.NopLogger{}
-	schema := wsql3std.DefaultPostgreSQLSchema{}
-	pub, err := wsql3std.NewPublisher(db, wsql3std.PublisherConfig{SchemaAdapter: schema, AutoInitializeSchema: true}, logger)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sub, err := wsql3std.NewSubscriber(db, wsql3std.SubscriberConfig{
-		ConsumerGroup:    "dedup-test",
-		SchemaAdapter:    schema,
-		OffsetsAdapter:   wsql3std.DefaultPostgreSQLOffsetsAdapter{},
-		InitializeSchema: true,
-		PollInterval:     10 * time.Millisecond,
-	}, logger)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = sub.Close() })
-	return pub, sub
-}
-
 // TestGuardedSubscriberCloseCommitsAcked: Close waits for the delivery in
 // flight, then the watermill-sql subscriber commits what was acked in its
 // transaction (the two first messages of a batch of three, with their
@@ -345,14 +285,8 @@ func wsql3PlainPubSub(t *testing.T, db *sql.DB) (message.Publisher, message.Subs
 // subscriber of the group gets.
 func TestGuardedSubscriberCloseCommitsAcked(t *testing.T) {
 	forEachJoinedPubSub(t, func(t *testing.T, b backend, w wsqlMajor) {
-		db := b.open(t)
-		s := newStore(t, db, b.dialect, sqlstore.Config{JoinTx: w.joinTx})
-		l := newLedger(t, db, b.dialect, 1)
-		topic := "dedup_" + storetest.NewID()
-		t.Cleanup(func() {
-			dropTable(t, db, b.dialect, "watermill_"+topic)
-			dropTable(t, db, b.dialect, "watermill_offsets_"+topic)
-		})
+		r := newJoinedRig(t, b, w)
+		db, s, l, topic := r.db, r.s, r.l, r.topic
 		pub, sub := w.pubSub(t, db, b.dialect, time.Minute)
 		defer pub.Close()
 		for i := 1; i <= 3; i++ {
@@ -362,8 +296,6 @@ func TestGuardedSubscriberCloseCommitsAcked(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		ctx, cancel := context.WithCancel(context.Background())
-		defer cancel()
 		// handle runs one event's inbox transaction up to its commit.
 		handle := func(msgs <-chan *message.Message) (*message.Message, func()) {
 			msg := <-msgs
@@ -384,10 +316,7 @@ func TestGuardedSubscriberCloseCommitsAcked(t *testing.T) {
 				msg.Ack()
 			}
 		}
-		msgs, err := sub.Subscribe(ctx, topic)
-		if err != nil {
-			t.Fatal(err)
-		}
+		msgs := subscribe(t, sub, topic)
 		_, finish := handle(msgs)
 		finish()
 		second, finish := handle(msgs)
@@ -411,10 +340,7 @@ func TestGuardedSubscriberCloseCommitsAcked(t *testing.T) {
 
 		_, next := w.pubSub(t, db, b.dialect, time.Minute)
 		defer next.Close()
-		msgs, err = next.Subscribe(ctx, topic)
-		if err != nil {
-			t.Fatal(err)
-		}
+		msgs = subscribe(t, next, topic)
 		third, finish := handle(msgs)
 		if id := third.Metadata.Get("event_id"); id != "3" {
 			t.Fatalf("the next subscriber got event %s first, want 3", id)
@@ -440,12 +366,8 @@ type joinedRig struct {
 func newJoinedRig(t *testing.T, b backend, w wsqlMajor) *joinedRig {
 	db := b.open(t)
 	r := &joinedRig{t: t, b: b, db: db, s: newStore(t, db, b.dialect, sqlstore.Config{JoinTx: w.joinTx}),
-		l: newLedger(t, db, b.dialect, 1), topic: "dedup_" + storetest.NewID()}
+		l: newLedger(t, db, b.dialect, 1), topic: newWsqlTopic(t, db, b.dialect)}
 	r.scope = "rig-" + r.topic
-	t.Cleanup(func() {
-		dropTable(t, db, b.dialect, "watermill_"+r.topic)
-		dropTable(t, db, b.dialect, "watermill_offsets_"+r.topic)
-	})
 	return r
 }
 
@@ -617,12 +539,7 @@ func TestJoinedTxDeadlockThenClose(t *testing.T) {
 		pub, sub := w.pubSub(t, r.db, b.dialect, time.Minute)
 		defer pub.Close()
 		r.publish(pub, 1, 5)
-		ctx, cancel := context.WithCancel(context.Background())
-		defer cancel()
-		msgs, err := sub.Subscribe(ctx, r.topic)
-		if err != nil {
-			t.Fatal(err)
-		}
+		msgs := subscribe(t, sub, r.topic)
 		r.handle(msgs)
 		r.handle(msgs)
 		msg, itx, tx := r.begin(msgs)
@@ -679,12 +596,7 @@ func TestQueueAdapterCloseAcksOnlyDelivered(t *testing.T) {
 		pub, sub := wsqlV4.pubSub(t, r.db, b.dialect, time.Minute, wsqlBatch(5), wsqlQueue())
 		defer pub.Close()
 		r.publish(pub, 1, 5)
-		ctx, cancel := context.WithCancel(context.Background())
-		defer cancel()
-		msgs, err := sub.Subscribe(ctx, r.topic)
-		if err != nil {
-			t.Fatal(err)
-		}
+		msgs := subscribe(t, sub, r.topic)
 		r.handle(msgs)
 		r.handle(msgs)
 		if err := sub.Close(); err != nil {
@@ -695,10 +607,7 @@ func TestQueueAdapterCloseAcksOnlyDelivered(t *testing.T) {
 		}
 		_, next := wsqlV4.pubSub(t, r.db, b.dialect, time.Minute, wsqlQueue())
 		defer next.Close()
-		msgs, err = next.Subscribe(ctx, r.topic)
-		if err != nil {
-			t.Fatal(err)
-		}
+		msgs = subscribe(t, next, r.topic)
 		for want := 3; want <= 5; want++ {
 			if ev := r.handle(msgs); ev != want {
 				t.Fatalf("the next subscriber got event %d, want %d", ev, want)
@@ -715,12 +624,7 @@ func TestGuardedSubscriberSecondCloseWaits(t *testing.T) {
 	pub, sub := wsqlV3.pubSub(t, r.db, r.b.dialect, time.Minute)
 	defer pub.Close()
 	r.publish(pub, 1, 1)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	msgs, err := sub.Subscribe(ctx, r.topic)
-	if err != nil {
-		t.Fatal(err)
-	}
+	msgs := subscribe(t, sub, r.topic)
 	msg, itx, tx := r.begin(msgs)
 	first, second := make(chan error, 1), make(chan error, 1)
 	go func() { first <- sub.Close() }()
@@ -762,13 +666,8 @@ func TestGuardedSubscriberDeadlineSpansResends(t *testing.T) {
 	if err := pub.Publish(r.topic, m); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
 	defer sub.Close()
-	msgs, err := sub.Subscribe(ctx, r.topic)
-	if err != nil {
-		t.Fatal(err)
-	}
+	msgs := subscribe(t, sub, r.topic)
 	txs := map[*sql.Tx]bool{}
 	deadline := time.Now().Add(time.Minute)
 	for len(txs) < 2 {

@@ -169,16 +169,7 @@ func TestJoinedTxDeadOnMySQL(t *testing.T) {
 	l := newLedger(t, db, sqlstore.MySQL, 1)
 
 	t.Run("handler deadlocks", func(t *testing.T) {
-		outer, err := db.BeginTx(ctx, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer func() { _ = outer.Rollback() }()
-		octx := sqlstore.WithTx(ctx, outer)
-		itx, err := s.Begin(octx, "scope", []string{"k1"}, time.Hour)
-		if err != nil || itx.Result() != stores.Claimed {
-			t.Fatalf("Begin = %v, %v", itx, err)
-		}
+		outer, octx, itx := joinedClaim(t, db, s, "k1")
 		// The handler writes, then loses a deadlock: the server rolls
 		// the outer transaction back.
 		if err := l.add(ctx, outer, 0, 10); err != nil {
@@ -209,16 +200,7 @@ func TestJoinedTxDeadOnMySQL(t *testing.T) {
 	})
 
 	t.Run("handler swallows the deadlock", func(t *testing.T) {
-		outer, err := db.BeginTx(ctx, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer func() { _ = outer.Rollback() }()
-		octx := sqlstore.WithTx(ctx, outer)
-		itx, err := s.Begin(octx, "scope", []string{"k2"}, time.Hour)
-		if err != nil || itx.Result() != stores.Claimed {
-			t.Fatalf("Begin = %v, %v", itx, err)
-		}
+		outer, _, itx := joinedClaim(t, db, s, "k2")
 		_ = deadlockVictim(t, db, outer)
 		if err := itx.Commit(ctx, []byte("outputs")); !errors.Is(err, stores.ErrTxAborted) {
 			t.Fatalf("Commit in a dead joined transaction = %v, want ErrTxAborted", err)
@@ -227,6 +209,26 @@ func TestJoinedTxDeadOnMySQL(t *testing.T) {
 			t.Fatalf("%d dedup records committed outside any transaction", n)
 		}
 	})
+}
+
+// joinedClaim begins a transaction on db, which is rolled back as the
+// test ends, and key's inbox transaction in scope "scope" on s joined to
+// it, and fails t now unless key is claimed. It returns the transaction,
+// the context that carries it, and the inbox transaction.
+func joinedClaim(t *testing.T, db *sql.DB, s *sqlstore.Store, key string) (*sql.Tx, context.Context, stores.InboxTx) {
+	t.Helper()
+	ctx := context.Background()
+	outer, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = outer.Rollback() })
+	octx := sqlstore.WithTx(ctx, outer)
+	itx, err := s.Begin(octx, "scope", []string{key}, time.Hour)
+	if err != nil || itx.Result() != stores.Claimed {
+		t.Fatalf("Begin = %v, %v", itx, err)
+	}
+	return outer, octx, itx
 }
 
 // TestJoinedTxAbortedOnPostgres: PostgreSQL refuses every statement of a
@@ -317,19 +319,13 @@ func TestOutageErrorClasses(t *testing.T) {
 			t.Run(fmt.Sprintf("batched=%v", batched), func(t *testing.T) {
 				s, _, p := proxiedStore(t, b, sqlstore.Config{Batch: sqlstore.BatchConfig{Disabled: !batched}})
 				bg := context.Background()
-				held, err := s.Claim(bg, "s", []string{"held"}, time.Minute)
-				if err != nil {
-					t.Fatal(err)
-				}
-				open, err := s.Begin(bg, "s", []string{"open"}, time.Hour)
-				if err != nil {
-					t.Fatal(err)
-				}
+				held := testkit.MustClaim(t, s, "s", time.Minute, "held")
+				open := mustBegin(t, s, "s", "open", time.Hour)
 
 				p.Cut()
 				ctx, cancel := context.WithTimeout(bg, 5*time.Second)
 				defer cancel()
-				_, err = s.Claim(ctx, "s", []string{"a"}, time.Minute)
+				_, err := s.Claim(ctx, "s", []string{"a"}, time.Minute)
 				errtest.Wraps(t, "Claim, connection refused", err, stores.ErrUnavailable)
 				errtest.Wraps(t, "Complete, connection refused", s.Complete(ctx, held, time.Hour, nil), stores.ErrUnavailable)
 				_, err = s.Begin(ctx, "s", []string{"b"}, time.Hour)
@@ -350,23 +346,26 @@ func TestOutageErrorClasses(t *testing.T) {
 				short := func() (context.Context, context.CancelFunc) {
 					return context.WithTimeout(bg, 300*time.Millisecond)
 				}
-				within(t, "Claim on a blackholed database", time.Minute, func() {
-					ctx, cancel := short()
-					defer cancel()
-					_, err := s.Claim(ctx, "s", []string{"c"}, time.Minute)
-					errtest.Wraps(t, "Claim, no answer", err, context.DeadlineExceeded)
-				})
-				within(t, "Complete on a blackholed database", time.Minute, func() {
-					ctx, cancel := short()
-					defer cancel()
-					errtest.Wraps(t, "Complete, no answer", s.Complete(ctx, held, time.Hour, nil), context.DeadlineExceeded)
-				})
-				within(t, "Begin on a blackholed database", time.Minute, func() {
-					ctx, cancel := short()
-					defer cancel()
-					_, err := s.Begin(ctx, "s", []string{"d"}, time.Hour)
-					errtest.Wraps(t, "Begin, no answer", err, context.DeadlineExceeded)
-				})
+				for _, c := range []struct {
+					what string
+					call func(ctx context.Context) error
+				}{
+					{"Claim", func(ctx context.Context) error {
+						_, err := s.Claim(ctx, "s", []string{"c"}, time.Minute)
+						return err
+					}},
+					{"Complete", func(ctx context.Context) error { return s.Complete(ctx, held, time.Hour, nil) }},
+					{"Begin", func(ctx context.Context) error {
+						_, err := s.Begin(ctx, "s", []string{"d"}, time.Hour)
+						return err
+					}},
+				} {
+					within(t, c.what+" on a blackholed database", time.Minute, func() {
+						ctx, cancel := short()
+						defer cancel()
+						errtest.Wraps(t, c.what+", no answer", c.call(ctx), context.DeadlineExceeded)
+					})
+				}
 				within(t, "Commit on a blackholed database", time.Minute, func() {
 					ctx, cancel := short()
 					defer cancel()
@@ -611,14 +610,7 @@ func TestJoinedCommitLocksOnlyItsRecords(t *testing.T) {
 func TestMySQLCommitOnDeadServerDoesNotHoldClose(t *testing.T) {
 	s, _, p := proxiedStore(t, backend{sqlstore.MySQL, openMySQL}, sqlstore.Config{})
 	ctx := context.Background()
-	first, err := s.Begin(ctx, "s", []string{"a"}, time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	second, err := s.Begin(ctx, "s", []string{"b"}, time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
+	first, second := mustBegin(t, s, "s", "a", time.Hour), mustBegin(t, s, "s", "b", time.Hour)
 	p.Blackhole()
 	defer p.Restore()
 	commit := func(tx stores.InboxTx) {

@@ -11,9 +11,16 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
-	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
+	wsql3std "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
+	wsql4std "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
 
+	dedup "github.com/watermill-dedup/dedup"
+	"github.com/watermill-dedup/dedup/internal/testkit"
+	"github.com/watermill-dedup/dedup/keyfuncs"
+	"github.com/watermill-dedup/dedup/publisher"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/sqlstore"
 	"github.com/watermill-dedup/dedup/stores/sqlstore/wsql3"
@@ -26,14 +33,20 @@ import (
 // acks the offset. Begin joins it with a SAVEPOINT, so offset ack, dedup
 // record and ledger write commit together.
 //
-// watermill-sql v3 resends a nacked message inside the same transaction
+// watermill-sql resends a nacked message inside the same transaction
 // without rolling it back (Watermill issue #224): the test fails the first
 // attempt of every tenth event after its ledger write and checks that the
 // resend runs in the same transaction and that the rollback to the
 // attempt's savepoint undid the write (the ledger sum is exact).
-// watermillsql4_test.go runs the same on watermill-sql v4.
+//
+// It runs on each major (forEachJoinedPubSub). v4's subscriber puts its
+// wsql.Tx in the message's context, with wsql4.SubscriberTx as the
+// store's JoinTx: on MySQL through database/sql
+// (wsql.BeginnerFromStdSQL), on PostgreSQL through database/sql over a
+// pgx pool (stdlib.OpenDBFromPool), the way a pgx user's subscriber
+// joins.
 func TestWatermillSQLSubscriberTx(t *testing.T) {
-	forEachBackend(t, serverBackends, func(t *testing.T, b backend) { testSubscriberTx(t, b, wsqlV3) })
+	forEachJoinedPubSub(t, testSubscriberTx)
 }
 
 // wsqlMajor is a major of watermill-sql as testSubscriberTx uses it.
@@ -56,30 +69,53 @@ var wsqlV3 = wsqlMajor{
 		if o.queue {
 			t.Fatal("watermill-sql v3 has no queue adapters")
 		}
-		schema, offsets := wsql.SchemaAdapter(wsql.DefaultPostgreSQLSchema{SubscribeBatchSize: o.batch}), wsql.OffsetsAdapter(wsql.DefaultPostgreSQLOffsetsAdapter{})
-		if d == sqlstore.MySQL {
-			schema, offsets = wsql.DefaultMySQLSchema{SubscribeBatchSize: o.batch}, wsql.DefaultMySQLOffsetsAdapter{}
-		}
-		logger := watermill.NopLogger{}
-		pub, err := wsql.NewPublisher(db, wsql.PublisherConfig{SchemaAdapter: schema, AutoInitializeSchema: true}, logger)
-		if err != nil {
-			t.Fatal(err)
-		}
-		sub, err := wsql3.NewSubscriber(db, wsql.SubscriberConfig{
-			ConsumerGroup:    "dedup-test",
-			SchemaAdapter:    schema,
-			OffsetsAdapter:   offsets,
-			InitializeSchema: true,
-			PollInterval:     10 * time.Millisecond,
-			ResendInterval:   time.Millisecond,
-			AckDeadline:      &ack,
-		}, logger)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return pub, sub
+		return wsql3PubSub(t, db, d, o.batch, &ack)
 	},
-	subscriberTx: wsql.TxFromContext,
+	subscriberTx: wsql3std.TxFromContext,
+}
+
+// wsql3PubSub returns a v3 publisher and a subscriber (of consumer group
+// "dedup-test", its schema adapter's SubscribeBatchSize batch) on db: a
+// guarded one with ack as its AckDeadline, or with ack nil one as
+// watermill-sql builds it, without the guard wsql3.NewSubscriber adds,
+// which t.Cleanup closes.
+func wsql3PubSub(t *testing.T, db *sql.DB, d sqlstore.Dialect, batch int, ack *time.Duration) (message.Publisher, message.Subscriber) {
+	schema, offsets := wsql3std.SchemaAdapter(wsql3std.DefaultPostgreSQLSchema{SubscribeBatchSize: batch}), wsql3std.OffsetsAdapter(wsql3std.DefaultPostgreSQLOffsetsAdapter{})
+	if d == sqlstore.MySQL {
+		schema, offsets = wsql3std.DefaultMySQLSchema{SubscribeBatchSize: batch}, wsql3std.DefaultMySQLOffsetsAdapter{}
+	}
+	logger := watermill.NopLogger{}
+	pub, err := wsql3std.NewPublisher(db, wsql3std.PublisherConfig{SchemaAdapter: schema, AutoInitializeSchema: true}, logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := wsql3std.SubscriberConfig{
+		ConsumerGroup:    "dedup-test",
+		SchemaAdapter:    schema,
+		OffsetsAdapter:   offsets,
+		InitializeSchema: true,
+		PollInterval:     10 * time.Millisecond,
+	}
+	if ack == nil {
+		sub, err := wsql3std.NewSubscriber(db, cfg, logger)
+		return pub, plainSubscriber(t, sub, err)
+	}
+	cfg.ResendInterval, cfg.AckDeadline = time.Millisecond, ack
+	sub, err := wsql3.NewSubscriber(db, cfg, logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pub, sub
+}
+
+// plainSubscriber returns sub, which t.Cleanup closes, unless err.
+func plainSubscriber(t *testing.T, sub message.Subscriber, err error) message.Subscriber {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Close() })
+	return sub
 }
 
 // pubSubOption sets up wsqlMajor.pubSub's clients.
@@ -104,16 +140,130 @@ func newPubSubOptions(opts []pubSubOption) pubSubOptions {
 	return o
 }
 
+var wsqlV4 = wsqlMajor{
+	joinTx: wsql4.SubscriberTx,
+	pubSub: func(t *testing.T, db *sql.DB, d sqlstore.Dialect, ack time.Duration, opts ...pubSubOption) (message.Publisher, message.Subscriber) {
+		o := newPubSubOptions(opts)
+		var schema wsql4std.SchemaAdapter
+		var offsets wsql4std.OffsetsAdapter
+		switch {
+		case o.queue && d == sqlstore.MySQL:
+			schema, offsets = wsql4std.MySQLQueueSchema{SubscribeBatchSize: o.batch}, wsql4std.MySQLQueueOffsetsAdapter{}
+		case o.queue:
+			schema, offsets = wsql4std.PostgreSQLQueueSchema{SubscribeBatchSize: o.batch}, wsql4std.PostgreSQLQueueOffsetsAdapter{}
+		case d == sqlstore.MySQL:
+			schema, offsets = wsql4std.DefaultMySQLSchema{SubscribeBatchSize: o.batch}, wsql4std.DefaultMySQLOffsetsAdapter{}
+		default:
+			schema, offsets = wsql4std.DefaultPostgreSQLSchema{SubscribeBatchSize: o.batch}, wsql4std.DefaultPostgreSQLOffsetsAdapter{}
+		}
+		group := "dedup-test"
+		if o.queue {
+			group = "" // the queue adapters have no consumer groups
+		}
+		if d == sqlstore.Postgres {
+			db = stdlib.OpenDBFromPool(newPgxPool(t))
+			t.Cleanup(func() { _ = db.Close() })
+		}
+		return wsql4PubSub(t, wsql4std.BeginnerFromStdSQL(db), group, schema, offsets, &ack)
+	},
+	subscriberTx: func(ctx context.Context) (*sql.Tx, bool) {
+		tx, ok := wsql4std.TxFromContext(ctx)
+		if std, isStd := tx.(*wsql4std.StdSQLTx); ok && isStd {
+			return std.Tx, true
+		}
+		return nil, false
+	},
+}
+
+// wsql4PubSub returns a v4 publisher and a subscriber (of consumer group
+// group, none for the queue adapters) on beginner: a guarded one with ack
+// as its AckDeadline (beginner on database/sql), or with ack nil one as
+// watermill-sql builds it, without the guard wsql4.NewSubscriber adds,
+// which t.Cleanup closes.
+func wsql4PubSub(t *testing.T, beginner wsql4std.Beginner, group string, schema wsql4std.SchemaAdapter, offsets wsql4std.OffsetsAdapter, ack *time.Duration) (message.Publisher, message.Subscriber) {
+	logger := watermill.NopLogger{}
+	pub, err := wsql4std.NewPublisher(beginner, wsql4std.PublisherConfig{SchemaAdapter: schema, AutoInitializeSchema: true}, logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := wsql4std.SubscriberConfig{
+		ConsumerGroup:    group,
+		SchemaAdapter:    schema,
+		OffsetsAdapter:   offsets,
+		InitializeSchema: true,
+		PollInterval:     10 * time.Millisecond,
+	}
+	if ack == nil {
+		sub, err := wsql4std.NewSubscriber(beginner, cfg, logger)
+		return pub, plainSubscriber(t, sub, err)
+	}
+	std, ok := beginner.(wsql4std.StdSQLBeginner)
+	if !ok {
+		t.Fatalf("a guarded subscriber runs on database/sql, not on a %T", beginner)
+	}
+	cfg.ResendInterval, cfg.AckDeadline = time.Millisecond, ack
+	sub, err := wsql4.NewSubscriber(std.SQLBeginner, cfg, logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pub, sub
+}
+
+// wsql4PlainPubSub is wsql4PubSub unguarded, on PostgreSQL's default
+// adapters.
+func wsql4PlainPubSub(t *testing.T, beginner wsql4std.Beginner) (message.Publisher, message.Subscriber) {
+	return wsql4PubSub(t, beginner, "dedup-test", wsql4std.DefaultPostgreSQLSchema{}, wsql4std.DefaultPostgreSQLOffsetsAdapter{}, nil)
+}
+
+// newWsqlTopic returns a new topic, whose watermill-sql tables on db
+// t.Cleanup drops.
+func newWsqlTopic(t *testing.T, db *sql.DB, d sqlstore.Dialect) string {
+	topic := "dedup_" + storetest.NewID()
+	t.Cleanup(func() {
+		dropTable(t, db, d, "watermill_"+topic)
+		dropTable(t, db, d, "watermill_offsets_"+topic)
+	})
+	return topic
+}
+
+// subscribe subscribes sub to topic until the test ends.
+func subscribe(t *testing.T, sub message.Subscriber, topic string) <-chan *message.Message {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	msgs, err := sub.Subscribe(ctx, topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return msgs
+}
+
+// deliverOne publishes a message of payload on topic with pub and returns
+// it as sub delivers it.
+func deliverOne(t *testing.T, pub message.Publisher, sub message.Subscriber, topic string, payload []byte) *message.Message {
+	t.Helper()
+	if err := pub.Publish(topic, message.NewMessage(watermill.NewUUID(), payload)); err != nil {
+		t.Fatal(err)
+	}
+	return <-subscribe(t, sub, topic)
+}
+
+func newPgxPool(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), testkit.RequirePostgres(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
 // testSubscriberTx is TestWatermillSQLSubscriberTx on b with w.
 func testSubscriberTx(t *testing.T, b backend, w wsqlMajor) {
 	db := b.open(t)
 	s := newStore(t, db, b.dialect, sqlstore.Config{JoinTx: w.joinTx})
 	l := newLedger(t, db, b.dialect, 4)
-	topic := "dedup_" + storetest.NewID()
-	t.Cleanup(func() {
-		dropTable(t, db, b.dialect, "watermill_"+topic)
-		dropTable(t, db, b.dialect, "watermill_offsets_"+topic)
-	})
+	topic := newWsqlTopic(t, db, b.dialect)
 	pub, sub := w.pubSub(t, db, b.dialect, 5*time.Second)
 	defer pub.Close()
 
@@ -283,3 +433,78 @@ func TestJoinTxNone(t *testing.T) {
 		}
 	})
 }
+
+// TestWatermillSQLv4PgxTxRefused: a v4 subscriber on pgx itself
+// (wsql.BeginnerFromPgx) carries a pgx transaction, which a store on
+// database/sql cannot run its statements in. With wsql4.SubscriberTx as
+// JoinTx, Begin refuses it (wsql4.ErrNotDatabaseSQL, a
+// stores.ErrInvalidArgument) and writes nothing, rather than opening a
+// transaction of its own beside the one the handler writes in; the
+// transactional publisher refuses it too and publishes nothing. Without
+// JoinTx the store opens its own inbox transaction, as documented for
+// such a subscriber.
+func TestWatermillSQLv4PgxTxRefused(t *testing.T) {
+	db := openPostgres(t)
+	joining := newStore(t, db, sqlstore.Postgres, sqlstore.Config{JoinTx: wsql4.SubscriberTx})
+	own := newStore(t, db, sqlstore.Postgres, sqlstore.Config{Table: joining.Table()})
+	topic := newWsqlTopic(t, db, sqlstore.Postgres)
+	pub, sub := wsql4PlainPubSub(t, wsql4std.BeginnerFromPgx(newPgxPool(t)))
+	defer pub.Close()
+	msg := deliverOne(t, pub, sub, topic, []byte(`{}`))
+	if tx, ok := wsql4std.TxFromContext(msg.Context()); !ok {
+		t.Fatal("the v4 message context carries no transaction")
+	} else if _, isPgx := tx.(*wsql4std.PgxTx); !isPgx {
+		t.Fatalf("the subscriber's transaction is a %T, want a *wsql.PgxTx", tx)
+	}
+
+	_, err := joining.Begin(msg.Context(), "scope", []string{"k"}, time.Hour)
+	if !errors.Is(err, wsql4.ErrNotDatabaseSQL) || !errors.Is(err, stores.ErrInvalidArgument) {
+		t.Fatalf("Begin in a pgx transaction = %v, want wsql4.ErrNotDatabaseSQL and stores.ErrInvalidArgument", err)
+	}
+	t.Logf("Begin: %v", err)
+	if _, ok := joining.JoinedTx(msg.Context()); !ok {
+		t.Error("JoinedTx reports no transaction: a caller would take Begin for one opening its own")
+	}
+	if n := countRows(t, db, sqlstore.Postgres, joining.Table()); n != 0 {
+		t.Fatalf("%d records written by a refused Begin", n)
+	}
+
+	dp, err := publisher.New(publisher.Config{Store: joining, Mode: dedup.ModeTransactional, Key: keyfuncs.MessageID(), Policy: dedup.Policy{Logger: watermill.NopLogger{}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sent := 0
+	outbox, err := dp.Decorate(publisherFunc(func(string, ...*message.Message) error { sent++; return nil }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := message.NewMessage(watermill.NewUUID(), nil)
+	out.SetContext(msg.Context())
+	if err := outbox.Publish("out", out); !errors.Is(err, wsql4.ErrNotDatabaseSQL) || sent != 0 {
+		t.Fatalf("transactional publish in a pgx transaction = %v with %d sent, want wsql4.ErrNotDatabaseSQL and nothing sent", err, sent)
+	}
+
+	// Without JoinTx: an inbox transaction of the store's own.
+	itx, err := own.Begin(msg.Context(), "scope", []string{"k"}, time.Hour)
+	if err != nil || itx.Result() != stores.Claimed {
+		t.Fatalf("Begin without JoinTx = %v, %v; want a claim in a transaction of the store's own", itx, err)
+	}
+	if tx, _ := sqlstore.TxFromContext(itx.Context(msg.Context())); tx == nil {
+		t.Fatal("the inbox transaction is not in the handler's context")
+	}
+	if err := itx.Commit(msg.Context(), nil); err != nil {
+		t.Fatal(err)
+	}
+	msg.Ack()
+	if n := countRows(t, db, sqlstore.Postgres, joining.Table()); n != 1 {
+		t.Fatalf("%d records after the store's own transaction committed, want 1", n)
+	}
+}
+
+// publisherFunc is a message.Publisher of a function.
+type publisherFunc func(topic string, msgs ...*message.Message) error
+
+func (f publisherFunc) Publish(topic string, msgs ...*message.Message) error {
+	return f(topic, msgs...)
+}
+func (publisherFunc) Close() error { return nil }
