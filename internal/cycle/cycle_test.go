@@ -8,6 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -17,7 +18,6 @@ import (
 	dedup "github.com/watermill-dedup/dedup"
 	"github.com/watermill-dedup/dedup/internal/cycle"
 	"github.com/watermill-dedup/dedup/internal/record"
-	"github.com/watermill-dedup/dedup/internal/testkit"
 	"github.com/watermill-dedup/dedup/keyfuncs"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/memstore"
@@ -520,6 +520,43 @@ func TestAwait(t *testing.T) {
 			t.Fatalf("err %v after %d tries, want ErrInProgress after some", err, n)
 		}
 	})
+	t.Run("polls every InProgressPoll, give or take half", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			e := newEnv(t)
+			poll := 100 * time.Millisecond
+			c := e.cycle(cycle.Consumer, dedup.Policy{InProgressWait: time.Hour, Tuning: dedup.Tuning{Heartbeat: -1, InProgressPoll: poll}}, cycle.Needs{})
+			last, n := time.Now(), 0
+			err := c.Await(newMsg("m"), "s", []string{"k"}, func() (bool, error) {
+				n++
+				if d := time.Since(last); d < poll/2 || d >= poll*3/2 {
+					t.Errorf("try %d came %s after the one before, want within [%s, %s)", n, d, poll/2, poll*3/2)
+				}
+				last = time.Now()
+				return n < 20, nil
+			})
+			if err != nil || n != 20 {
+				t.Fatalf("err %v after %d tries, want nil after 20", err, n)
+			}
+		})
+	})
+	t.Run("the last try is at InProgressWait", func(t *testing.T) {
+		// A poll longer than the wait: one try, at its end, and none
+		// after it (the keys free by then are not claimed).
+		synctest.Test(t, func(t *testing.T) {
+			e := newEnv(t)
+			c := e.cycle(cycle.Consumer, dedup.Policy{InProgressWait: 10 * time.Millisecond, Tuning: dedup.Tuning{Heartbeat: -1, InProgressPoll: time.Hour}}, cycle.Needs{})
+			start, n := time.Now(), 0
+			var at time.Duration
+			err := c.Await(newMsg("m"), "s", []string{"k"}, func() (bool, error) {
+				n++
+				at = time.Since(start)
+				return n < 2, nil
+			})
+			if !errors.Is(err, dedup.ErrInProgress) || n != 1 || at != 10*time.Millisecond {
+				t.Fatalf("err %v after %d tries, the first at %s; want ErrInProgress after one, at 10ms", err, n, at)
+			}
+		})
+	})
 	t.Run("cancelled", func(t *testing.T) {
 		e := newEnv(t)
 		c := e.cycle(cycle.Producer, dedup.Policy{InProgressWait: time.Hour, Tuning: dedup.Tuning{InProgressPoll: time.Hour}}, cycle.Needs{})
@@ -658,6 +695,65 @@ func TestComplete(t *testing.T) {
 		if got, _ := complete(c, context.Background(), newMsg("m"), e.claimed(c, "k"), nil); got != cycle.NotRecorded || e.store.completes.Load() != 1 {
 			t.Fatalf("Complete = %v after %d calls, want NotRecorded after 1", got, e.store.completes.Load())
 		}
+	})
+	t.Run("backoff doubles up to a second", func(t *testing.T) {
+		// On the bubble's clock: the attempts' times are exact.
+		synctest.Test(t, func(t *testing.T) {
+			e := newEnv(t)
+			var at []time.Time
+			e.store.complete = func(n int, _ []byte) error {
+				at = append(at, time.Now())
+				if n <= 8 {
+					return errReset
+				}
+				return nil
+			}
+			c := e.cycle(cycle.Consumer, dedup.Policy{Tuning: dedup.Tuning{Heartbeat: -1, CompleteTimeout: time.Hour}}, cycle.Needs{})
+			if got, _ := complete(c, context.Background(), newMsg("m"), e.claimed(c, "k"), []byte("d")); got != cycle.Done {
+				t.Fatalf("Complete = %v, want Done", got)
+			}
+			ms := time.Millisecond
+			want := []time.Duration{20 * ms, 40 * ms, 80 * ms, 160 * ms, 320 * ms, 640 * ms, time.Second, time.Second}
+			if len(at) != len(want)+1 {
+				t.Fatalf("%d Completes, want %d", len(at), len(want)+1)
+			}
+			for i, w := range want {
+				if d := at[i+1].Sub(at[i]); d != w {
+					t.Fatalf("attempt %d came %s after the one before, want %s", i+2, d, w)
+				}
+			}
+		})
+	})
+	t.Run("the last attempt is at the deadline", func(t *testing.T) {
+		// CompleteTimeout 30ms: attempts at 0, 20ms (the backoff) and
+		// 30ms (the deadline, not 60ms); at the deadline the data is
+		// dropped and the record completed without it, at once.
+		synctest.Test(t, func(t *testing.T) {
+			e := newEnv(t)
+			var at []time.Duration
+			start := time.Now()
+			e.store.complete = func(n int, _ []byte) error {
+				at = append(at, time.Since(start))
+				if n <= 3 {
+					return errReset
+				}
+				return nil
+			}
+			c := e.cycle(cycle.Consumer, dedup.Policy{Tuning: dedup.Tuning{Heartbeat: -1, CompleteTimeout: 30 * time.Millisecond}}, cycle.Needs{})
+			if got, _ := complete(c, context.Background(), newMsg("m"), e.claimed(c, "k"), []byte("d")); got != cycle.Done {
+				t.Fatalf("Complete = %v, want Done", got)
+			}
+			want := []time.Duration{0, 20 * time.Millisecond, 30 * time.Millisecond, 30 * time.Millisecond}
+			if fmt.Sprint(at) != fmt.Sprint(want) {
+				t.Fatalf("attempts at %v, want %v", at, want)
+			}
+			if string(e.store.data(2)) != "d" || e.store.data(3) != nil {
+				t.Fatalf("data of the last two attempts %q, %q; want the data, then none", e.store.data(2), e.store.data(3))
+			}
+			if e.metrics.get(dedup.OutcomeStoreError) != 1 || !strings.Contains(e.errorLogs(), "within Tuning.CompleteTimeout") {
+				t.Fatalf("store errors %d, log %q: want the dropped data counted and logged", e.metrics.get(dedup.OutcomeStoreError), e.errorLogs())
+			}
+		})
 	})
 	t.Run("data larger than the store keeps", func(t *testing.T) {
 		e := newEnv(t)
@@ -909,9 +1005,10 @@ func (joinerStore) JoinedTx(ctx context.Context) (any, bool) {
 
 // tx is a scripted InboxTx.
 type tx struct {
-	commit    func(data []byte) error
-	commits   [][]byte
-	rollbacks int
+	commit      func(data []byte) error
+	commits     [][]byte
+	rollbacks   int
+	rollbackErr error
 }
 
 func (*tx) Result() stores.Result                          { return stores.Claimed }
@@ -924,7 +1021,7 @@ func (t *tx) Commit(_ context.Context, data []byte) error {
 	}
 	return nil
 }
-func (t *tx) Rollback(context.Context) error { t.rollbacks++; return nil }
+func (t *tx) Rollback(context.Context) error { t.rollbacks++; return t.rollbackErr }
 
 func TestTransactionalCalls(t *testing.T) {
 	e := newEnv(t)
@@ -996,92 +1093,5 @@ func TestTransactionalCalls(t *testing.T) {
 	}
 	if n, _ := e.metrics.op(dedup.OpRollback); n != 1 {
 		t.Fatalf("%d rollbacks observed", n)
-	}
-}
-
-// TestClaimCutByItsMessage: the message's context ends while the store
-// holds its claim. Claim returns the context's error at once, without
-// waiting for the store; once the store answers, the claim it made is
-// released, and no key stays held for a lease. A claim whose context
-// stays alive is kept.
-func TestClaimCutByItsMessage(t *testing.T) {
-	e := newEnv(t)
-	gate := make(chan struct{})
-	e.store.claim = func(n int) (*stores.Claim, error) {
-		if n == 1 {
-			<-gate
-		}
-		return nil, nil // the memstore's answer
-	}
-	c := e.cycle(cycle.Consumer, dedup.Policy{}, cycle.Needs{})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		_, err := c.Claim(ctx, "s", []string{"k"})
-		done <- err
-	}()
-	testkit.WaitFor(t, time.Minute, "the store holding the claim", func() bool { return e.store.claims.Load() == 1 })
-	cancel()
-	var err error
-	select {
-	case err = <-done:
-	case <-time.After(time.Minute):
-		close(gate)
-		t.Fatal("Claim waited for the store after its message's context ended")
-	}
-	if !errors.Is(err, context.Canceled) {
-		t.Fatalf("Claim cut by its message = %v, want context.Canceled", err)
-	}
-	close(gate) // the store claims now, for nobody
-	testkit.WaitFor(t, time.Minute, "the claim made for nobody released", func() bool {
-		_, held := e.state("k")
-		return !held && e.store.releases.Load() == 1
-	})
-
-	if cl := e.claimed(c, "alive"); cl.Result != stores.Claimed {
-		t.Fatalf("Claim with its context alive = %v", cl.Result)
-	}
-	if st, ok := e.state("alive"); !ok || st != stores.StateProcessing {
-		t.Fatalf("the record of a claim whose context stays alive: %v, %v; want processing", st, ok)
-	}
-	if n := e.store.releases.Load(); n != 1 {
-		t.Fatalf("%d releases, want 1: a claim whose context stayed alive was released", n)
-	}
-}
-
-// TestClaimAnsweredAsItsMessageEnds: a store that never blocks answers
-// while the message's context ends. A claim it made is released and
-// Claim reports the context's end; any other answer (a duplicate) is
-// reported as it is, and nothing is released.
-func TestClaimAnsweredAsItsMessageEnds(t *testing.T) {
-	e := newEnv(t)
-	e.store.caps = func(c stores.Capabilities) stores.Capabilities { c.NonBlocking = true; return c }
-	c := e.cycle(cycle.Consumer, dedup.Policy{}, cycle.Needs{})
-	cl := e.claimed(c, "done")
-	if r, _ := complete(c, context.Background(), newMsg("m"), cl, []byte("out")); r != cycle.Done {
-		t.Fatalf("Complete = %v, want Done", r)
-	}
-	// The store answers, then the context ends, before Claim looks.
-	var ctx context.Context
-	var cancel context.CancelFunc
-	e.store.claim = func(n int) (*stores.Claim, error) {
-		defer cancel()
-		key := map[int]string{2: "done", 3: "fresh"}[n]
-		return e.mem.Claim(context.Background(), "s", []string{key}, time.Minute)
-	}
-	ctx, cancel = context.WithCancel(context.Background())
-	dup, err := c.Claim(ctx, "s", []string{"done"})
-	if err != nil || dup == nil || dup.Result != stores.Duplicate {
-		t.Fatalf("Claim of a completed key, its context ending meanwhile = %v, %v; want the duplicate", dup, err)
-	}
-	releases := e.store.releases.Load()
-	ctx, cancel = context.WithCancel(context.Background())
-	defer cancel()
-	got, err := c.Claim(ctx, "s", []string{"fresh"})
-	if !errors.Is(err, context.Canceled) || got != nil {
-		t.Fatalf("Claim made as its context ended = %v, %v; want context.Canceled", got, err)
-	}
-	if _, held := e.state("fresh"); held || e.store.releases.Load() != releases+1 {
-		t.Fatalf("the claim made as its context ended: held %v, %d releases; want released", held, e.store.releases.Load()-releases)
 	}
 }

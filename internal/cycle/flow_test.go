@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -81,7 +82,8 @@ func TestClaimAndDecide(t *testing.T) {
 	})
 	t.Run("own wait frees the keys", func(t *testing.T) {
 		e := newEnv(t)
-		c := e.cycle(cycle.Consumer, dedup.Policy{InProgressWait: time.Hour}, cycle.Needs{})
+		// No InProgressWait: an Await instead of the own wait fails at once.
+		c := e.cycle(cycle.Consumer, dedup.Policy{}, cycle.Needs{})
 		held := e.claimed(c, "k")
 		owns := 0
 		cl, v, err := c.ClaimAndDecide(newMsg("m"), "s", []string{"k"}, func(got *stores.Claim) (*stores.Claim, error) {
@@ -178,6 +180,26 @@ func TestClaimed(t *testing.T) {
 	if e.metrics.get(dedup.OutcomeClaimed) != 4 || e.metrics.get(dedup.OutcomeTTLMiss) != 1 {
 		t.Fatal("Claimed without PublishedAt")
 	}
+	t.Run("exactly Retention old", func(t *testing.T) {
+		// On the bubble's clock: a message exactly Retention old is still
+		// within the window; a nanosecond older is not.
+		synctest.Test(t, func(t *testing.T) {
+			e := newEnv(t)
+			age := time.Hour
+			c := e.cycle(cycle.Consumer, dedup.Policy{Retention: time.Hour}, cycle.Needs{
+				PublishedAt: func(*message.Message) (time.Time, bool) { return time.Now().Add(-age), true },
+			})
+			c.Claimed(newMsg("m"), "s", []string{"k"})
+			if n := e.metrics.get(dedup.OutcomeTTLMiss); n != 0 {
+				t.Fatalf("a message exactly Retention old: ttl_miss %d, want 0", n)
+			}
+			age++
+			c.Claimed(newMsg("m"), "s", []string{"k"})
+			if n := e.metrics.get(dedup.OutcomeTTLMiss); n != 1 {
+				t.Fatalf("a message a nanosecond older than Retention: ttl_miss %d, want 1", n)
+			}
+		})
+	})
 }
 
 func TestRun(t *testing.T) {
@@ -356,6 +378,16 @@ func TestRunInTx(t *testing.T) {
 	}
 	if len(failed.commits) != 0 || failed.rollbacks != 1 || e.metrics.get(dedup.OutcomeReleased) != 1 {
 		t.Fatalf("a failed handler: commits %d, rollbacks %d, released %d", len(failed.commits), failed.rollbacks, e.metrics.get(dedup.OutcomeReleased))
+	}
+	if logs := e.errorLogs(); logs != "" {
+		t.Fatalf("a rollback that succeeded was logged: %q", logs)
+	}
+	unrolled := &tx{rollbackErr: errReset}
+	if _, err := c.RunInTx(msg, "s", []string{"k"}, unrolled, func(*message.Message) ([]*message.Message, error) { return nil, boom }); err != boom {
+		t.Fatalf("RunInTx = %v, want the handler's error, not the rollback's", err)
+	}
+	if unrolled.rollbacks != 1 || e.metrics.get(dedup.OutcomeReleased) != 2 || !strings.Contains(e.errorLogs(), "rollback failed") {
+		t.Fatalf("a failed rollback: rollbacks %d, released %d, log %q; want it counted and logged", unrolled.rollbacks, e.metrics.get(dedup.OutcomeReleased), e.errorLogs())
 	}
 
 	refused := &tx{commit: func([]byte) error { return errReset }}

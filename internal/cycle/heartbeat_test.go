@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	dedup "github.com/watermill-dedup/dedup"
@@ -105,6 +106,52 @@ func TestHeartbeat(t *testing.T) {
 			if n := e.store.extends.Load(); n != 0 {
 				t.Fatalf("%+v: %d extensions with the heartbeat disabled", p.Tuning, n)
 			}
+		}
+	})
+	t.Run("timed", func(t *testing.T) {
+		// On the bubble's clock. A 10ms heartbeat ticks every 5ms and
+		// extends every 10ms, counted from the claim's registration. A
+		// 1s heartbeat ticks every 50ms (the bound of a tick), and a claim
+		// registered between ticks counts from the last one: extended
+		// early, never late.
+		for _, tc := range []struct {
+			heartbeat, second time.Duration // second: when a second claim registers, 0 for none
+			until             time.Duration
+			want              []time.Duration
+		}{
+			{heartbeat: 10 * time.Millisecond, until: 95 * time.Millisecond, want: []time.Duration{10, 20, 30, 40, 50, 60, 70, 80, 90}},
+			{heartbeat: time.Second, second: 75500 * time.Microsecond, until: 1060 * time.Millisecond, want: []time.Duration{1000, 1050}},
+		} {
+			synctest.Test(t, func(t *testing.T) {
+				e := newEnv(t)
+				start := time.Now()
+				extended := make(chan time.Duration, 100)
+				e.store.extend = func(int) error {
+					extended <- time.Since(start) / time.Millisecond
+					return nil
+				}
+				c := e.cycle(cycle.Consumer, dedup.Policy{Lease: time.Hour, Tuning: dedup.Tuning{Heartbeat: tc.heartbeat}}, cycle.Needs{})
+				held := []*cycle.Beat{c.Hold(context.Background(), e.claimed(c, "k"))}
+				if tc.second > 0 {
+					time.Sleep(tc.second)
+					held = append(held, c.Hold(context.Background(), e.claimed(c, "k2")))
+				}
+				time.Sleep(tc.until - time.Since(start))
+				for _, b := range held {
+					c.Drop(b)
+				}
+				// Idle, the loop exits within a few ticks: a loop left
+				// running fails the bubble.
+				time.Sleep(time.Second)
+				close(extended)
+				var at []time.Duration
+				for d := range extended {
+					at = append(at, d)
+				}
+				if fmt.Sprint(at) != fmt.Sprint(tc.want) {
+					t.Fatalf("heartbeat %s: extensions at %v ms, want %v", tc.heartbeat, at, tc.want)
+				}
+			})
 		}
 	})
 	t.Run("deadline of the parent", func(t *testing.T) {

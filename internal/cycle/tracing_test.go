@@ -71,7 +71,7 @@ func TestTracedCalls(t *testing.T) {
 	first := attrs(ended[0])
 	if first[cycle.AttrOutcome].AsString() != dedup.OutcomeClaimed.String() || first[cycle.AttrScope].AsString() != "s" ||
 		first[cycle.AttrKeyCount].AsInt64() != 1 || len(first[cycle.AttrKeys].AsStringSlice()) != 1 ||
-		first[cycle.AttrSide].AsString() != cycle.Consumer.Name || first[cycle.AttrMode].AsString() == "" || first[cycle.AttrStore].AsString() == "" {
+		first[cycle.AttrSide].AsString() != cycle.Consumer.Name || first[cycle.AttrMode].AsString() == "" || first[cycle.AttrStore].AsString() != e.mem.Capabilities().Kind {
 		t.Fatalf("the claim's span: %v", first)
 	}
 	dup := attrs(ended[2])
@@ -94,6 +94,13 @@ func TestTracedCalls(t *testing.T) {
 	e.claimed(off, "untraced")
 	if n := len(rec.Ended()); n != len(want) {
 		t.Fatalf("%d spans after an untraced claim, want %d", n, len(want))
+	}
+
+	// A store without a Kind is named by its type.
+	e.store.caps = func(c stores.Capabilities) stores.Capabilities { c.Kind = ""; return c }
+	e.claimed(e.cycle(cycle.Consumer, dedup.Policy{Tracing: tr}, cycle.Needs{}), "kindless")
+	if ended := rec.Ended(); len(ended) != len(want)+1 || attrs(ended[len(want)])[cycle.AttrStore].AsString() != "*cycle_test.fake" {
+		t.Fatalf("the span of a store without a Kind: %d spans, the last %v", len(ended), attrs(ended[len(ended)-1]))
 	}
 }
 
