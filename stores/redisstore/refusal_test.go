@@ -1,6 +1,7 @@
 package redisstore_test
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -9,6 +10,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -136,6 +138,87 @@ func refusedAfterAnswer(t *testing.T, s *redisstore.Store, g *gate) map[string]i
 	}
 	t.Logf("claims: %v", kinds)
 	return kinds
+}
+
+// TestTLSRefusalIsNotAnOutage: a TLS 1.3 server that requires a client
+// certificate refuses a client without one after the client's side of
+// the handshake is done, so the client learns it on its first write or
+// read: mostly as the server's alert, but now and then as a reset, when
+// the server's close overtakes the alert. A TLS port closes on a client
+// that speaks plain text (EOF). Neither is an outage, which FailOpen
+// would run handlers through, unprotected, for as long as the settings
+// stay wrong: every call must fail with ErrRefused (the alert) or
+// unclassified (a reset or an EOF, which a new connection refused in
+// the same way confirms as no outage).
+func TestTLSRefusalIsNotAnOutage(t *testing.T) {
+	addr, files := testkit.StartRedisTLS(t, true)
+	kinds := map[string]int{}
+	// claims makes n claims through a store of its own on a client of
+	// opts (without retries: each call a new connection, refused).
+	claims := func(t *testing.T, opts redis.Options, n int) {
+		t.Helper()
+		opts.MaxRetries, opts.ContextTimeoutEnabled = -1, true
+		c := redis.NewClient(&opts)
+		defer c.Close()
+		s, err := redisstore.New(c, redisstore.Config{Prefix: "dedup-test-refused:", SkipServerCheck: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close(context.Background())
+		outages, first := 0, error(nil)
+		for i := range n {
+			_, err := s.Claim(context.Background(), "s", []string{"k" + strconv.Itoa(i)}, time.Minute)
+			if err == nil {
+				t.Fatal("the client was let in")
+			}
+			kinds[t.Name()+": "+refusal(err)]++
+			if errors.Is(err, stores.ErrUnavailable) || dedupcycle.IsOutage(err) {
+				outages++
+				first = cmp.Or(first, err)
+			}
+		}
+		if outages > 0 {
+			t.Errorf("%d of %d calls failed as an outage, the first: %v", outages, n, first)
+		}
+	}
+
+	t.Run("without a certificate", func(t *testing.T) {
+		claims(t, redis.Options{Addr: addr, TLSConfig: files.ClientConfig(t, false)}, 2000)
+	})
+	t.Run("in plain text", func(t *testing.T) {
+		claims(t, redis.Options{Addr: addr}, 100)
+	})
+	t.Run("reset after the alert", func(t *testing.T) {
+		// The server's first refusal is its alert; every connection after
+		// it, the reset that overtakes the alert, on the client's first
+		// write: the gate stands in for it there (it asks for a
+		// certificate, and resets a client that gave none).
+		g := newGate(t, addr)
+		opts := redis.Options{Addr: g.addr(), TLSConfig: files.ClientConfig(t, false)}
+		claims(t, opts, 1)
+		g.refuse(files)
+		claims(t, opts, 19)
+		if g.resets.Load() == 0 {
+			t.Fatal("no connection was reset")
+		}
+	})
+	t.Logf("refusals: %v", kinds)
+}
+
+// refusal names the kind of error a refused connection gave.
+func refusal(err error) string {
+	var op *net.OpError
+	switch {
+	case errors.As(err, &op) && op.Op == "remote error":
+		return "TLS alert"
+	case errors.Is(err, syscall.ECONNRESET):
+		return "reset"
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
+		return "EOF"
+	case errors.Is(err, syscall.EPIPE):
+		return "broken pipe"
+	}
+	return err.Error()
 }
 
 // gatedStore returns a store on a client (TLS when cfg is set) of the
