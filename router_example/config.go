@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"regexp"
 	"slices"
@@ -118,8 +119,9 @@ type Config struct {
 	Verbose     bool
 
 	// given holds the flags set on the command line or in the file, for
-	// the warnings about flags the chosen broker, store or mode ignores.
-	given map[string]bool
+	// the warnings about flags the chosen broker, store or mode ignores;
+	// fromFile those whose value comes from the file.
+	given, fromFile map[string]bool
 }
 
 func defaultConfig() Config {
@@ -262,6 +264,7 @@ func loadConfig(args []string, getenv func(string) string, output io.Writer) (Co
 	}
 	given := map[string]bool{}
 	probeFS.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	onCommandLine := maps.Clone(given)
 	path := probe.ConfigFile
 	if path == "" {
 		path = getenv(cliflag.EnvName("config"))
@@ -275,11 +278,13 @@ func loadConfig(args []string, getenv func(string) string, output io.Writer) (Co
 		}
 	}
 	var envErr error
+	inEnv := map[string]bool{}
 	fs.VisitAll(func(f *flag.Flag) {
 		if f.Name == "config" || envErr != nil {
 			return
 		}
 		if v := getenv(cliflag.EnvName(f.Name)); v != "" {
+			inEnv[f.Name] = true
 			if err := fs.Set(f.Name, v); err != nil {
 				envErr = fmt.Errorf("environment variable %s=%q: %w", cliflag.EnvName(f.Name), v, err)
 			}
@@ -296,7 +301,35 @@ func loadConfig(args []string, getenv func(string) string, output io.Writer) (Co
 	}
 	cfg.ConfigFile = path
 	cfg.given = given
-	return cfg, cfg.Validate()
+	cfg.fromFile = map[string]bool{}
+	for name := range given {
+		if !onCommandLine[name] && !inEnv[name] {
+			cfg.fromFile[name] = true
+		}
+	}
+	return cfg, cfg.sourced(cfg.Validate())
+}
+
+// sourced adds to err, when it names a setting (storeopen's errors do)
+// whose value came from the -config file, that file: the flag or variable
+// it names is not where the value is.
+func (c Config) sourced(err error) error {
+	var setting string
+	var ue *storeopen.UnreachableError
+	var se *storeopen.SettingError
+	switch {
+	case errors.As(err, &ue):
+		setting = ue.Setting
+	case errors.As(err, &se):
+		setting = se.Setting
+	default:
+		return err
+	}
+	name, _, _ := strings.Cut(strings.TrimPrefix(setting, "-"), " ")
+	if !c.fromFile[name] {
+		return err
+	}
+	return fmt.Errorf("%w (the value comes from key %s of %s)", err, name, c.ConfigFile)
 }
 
 // applyYAML sets the flags named by the keys of the YAML mapping in path,

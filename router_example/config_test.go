@@ -12,6 +12,7 @@ import (
 	"time"
 
 	dedup "github.com/watermill-dedup/dedup"
+	"github.com/watermill-dedup/dedup/internal/testkit"
 )
 
 func env(m map[string]string) func(string) string {
@@ -305,5 +306,37 @@ func TestConfigWarnings(t *testing.T) {
 				t.Errorf("args %q: warning %q, want %q", tc.args, got[i], w)
 			}
 		}
+	}
+}
+
+// A setting whose value came from the -config file is named with the
+// file: the flag and variable the error names are not where it is.
+func TestErrorNamesTheConfigFileASettingCameFrom(t *testing.T) {
+	closed := testkit.ClosedAddr(t)
+	file := writeFile(t, "example.yaml", "store: redis\nredis-addr: "+closed+"\n")
+	for _, tc := range []struct {
+		name   string
+		args   []string
+		env    map[string]string
+		inFile bool
+	}{
+		{"from the file", []string{"-config=" + file}, nil, true},
+		{"on the command line", []string{"-config=" + file, "-redis-addr=" + closed}, nil, false},
+		{"from the environment", []string{"-config=" + file}, map[string]string{"REDIS_ADDR": closed}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var stdout, stderr strings.Builder
+			code := run(t.Context(), append(tc.args, "-events=1"), &stdout, &stderr, env(tc.env))
+			if code != exitConfig {
+				t.Fatalf("exit %d, want %d\n%s", code, exitConfig, stderr.String())
+			}
+			want := "(the value comes from key redis-addr of " + file + ")"
+			if got := strings.Contains(stderr.String(), want); got != tc.inFile {
+				t.Fatalf("stderr names the file: %v, want %v\n%s", got, tc.inFile, stderr.String())
+			}
+			if !strings.Contains(stderr.String(), "-redis-addr or REDIS_ADDR") {
+				t.Fatalf("stderr does not name the flag and variable\n%s", stderr.String())
+			}
+		})
 	}
 }

@@ -82,7 +82,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 			fmt.Fprintf(stderr, "router_example: %s\n", interruption(err))
 			return exitBroken
 		}
-		fmt.Fprintf(stderr, "router_example: %v\n", err)
+		fmt.Fprintf(stderr, "router_example: %v\n", cfg.sourced(err))
 		return exitConfig
 	}
 

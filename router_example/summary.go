@@ -197,6 +197,10 @@ func (r *result) publishedNote() string {
 	if r.cfg.Producer == producerForeign && isKafkaBroker(r.cfg.Broker) {
 		retries = fmt.Sprintf("%d producer retries (new records, same record key)", r.plan.retries)
 	}
+	if r.published == 0 {
+		retries = strings.Replace(retries, " producer retries", " of them producer retries", 1)
+		return fmt.Sprintf("none of the %d planned (%s)", len(r.plan.messages), retries)
+	}
 	parts := []string{retries}
 	if r.plan.stale > 0 {
 		parts = append(parts, fmt.Sprintf("%d stale", r.plan.stale))

@@ -100,6 +100,20 @@ func TestVerdict(t *testing.T) {
 	}
 }
 
+// A run that published nothing does not speak of the producer retries
+// it planned as if they happened.
+func TestPublishedNoteOfARunThatPublishedNothing(t *testing.T) {
+	r := sampleResult(dedup.ModeLease, nil)
+	r.published, r.plan.retries, r.plan.messages = 0, 4, make([]plannedMessage, 14)
+	if got, want := r.publishedNote(), "none of the 14 planned (4 of them producer retries under new message ids)"; got != want {
+		t.Errorf("publishedNote = %q, want %q", got, want)
+	}
+	r.published = 14
+	if got, want := r.publishedNote(), "4 producer retries under new message ids"; got != want {
+		t.Errorf("publishedNote = %q, want %q", got, want)
+	}
+}
+
 func TestSummaryPrint(t *testing.T) {
 	r := sampleResult(dedup.ModeTransactional, map[string]int64{"A": 1, "B": 1})
 	r.runID, r.topic, r.broker, r.store, r.elapsed = "abc", "payment.completed.abc", "in-process", "/tmp/x.db", time.Second
