@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
@@ -197,5 +198,37 @@ func TestExampleSeedReproducesARun(t *testing.T) {
 	if len(ra) != 4 || note.FindString(ra[1]) != note.FindString(rb[1]) || failures.FindString(ra[2]) != failures.FindString(rb[2]) ||
 		ra[0] != rb[0] || ra[3] != rb[3] {
 		t.Fatalf("same seed, other run id, other run:\n%s\n%s\n%s\n%s", strings.Join(ra, "\n"), strings.Join(rb, "\n"), a, b)
+	}
+}
+
+// The root README's sample summary is what `go run ./router_example`
+// prints: a run with the defaults (seed 1) gives the same rows for what
+// the seed decides (events, messages, injected faults, retries, effects,
+// points); deliveries, timings and names vary.
+func TestReadmeSampleSummary(t *testing.T) {
+	t.Parallel()
+	readme, err := os.ReadFile(filepath.Join("..", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := strings.Index(string(readme), "    router_example: payments -> loyalty, run ")
+	if start < 0 {
+		t.Fatal("README.md has no sample summary")
+	}
+	sample := string(readme[start:])
+	sample = sample[:strings.Index(sample, "    invariant: ")+len(strings.SplitN(sample[strings.Index(sample, "    invariant: "):], "\n", 2)[0])]
+	decided := regexp.MustCompile(`(?m)^ *(events \(distinct payments\)|published messages|effects applied|ledger total|expected|invariant:) .*$` +
+		`|\d+ lost acks, \d+ crashes|\d+ injected failures;`)
+	want := decided.FindAllString(sample, -1)
+	r := runDocumented(t, nil)
+	requireOK(t, r)
+	got := decided.FindAllString(r.stdout, -1)
+	if len(want) != 8 || len(got) != len(want) {
+		t.Fatalf("sample rows %q, run rows %q\n%s", want, got, r)
+	}
+	for i := range want {
+		if strings.TrimSpace(want[i]) != strings.TrimSpace(got[i]) {
+			t.Errorf("README sample %q, the run prints %q", strings.TrimSpace(want[i]), strings.TrimSpace(got[i]))
+		}
 	}
 }
