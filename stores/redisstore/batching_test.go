@@ -650,12 +650,6 @@ func TestBatchOrphanedTakeoverIsPutBack(t *testing.T) {
 	}
 }
 
-// claimResult is what a Claim returned.
-type claimResult struct {
-	c   *stores.Claim
-	err error
-}
-
 // orphanMultiKeyClaim makes a claim of "left-a" and "left-b" (scope "h")
 // that s runs for nobody: behind a claim of "stuck" that holds the
 // store's only slot, it queues that claim and one of "stays" after it,
@@ -676,11 +670,7 @@ func orphanMultiKeyClaim(t *testing.T, s *redisstore.Store, h *cmdHook) <-chan c
 	left := make(chan error, 1)
 	go func() { _, err := s.Claim(cctx, "h", []string{"left-a", "left-b"}, time.Minute); left <- err }()
 	waitFor(t, 5*time.Second, "the multi-key claim to queue", func() bool { return testkit.WaitingInBatcher() == 1 })
-	stays := make(chan claimResult, 1)
-	go func() {
-		c, err := s.Claim(ctx, "h", []string{"stays"}, time.Minute)
-		stays <- claimResult{c, err}
-	}()
+	stays := claimAsync(ctx, s, "h", "stays")
 	waitFor(t, 5*time.Second, "both claims to queue", func() bool { return testkit.WaitingInBatcher() == 2 })
 
 	close(releaseStuck)

@@ -671,14 +671,7 @@ func (h *undoHook) hold(cmds []redis.Cmder) {
 // node takes to answer (here: until the test lets it), and the key is
 // free once it has.
 func testUndoNeverHoldsTheCaller(t *testing.T, addrs []string) {
-	h := &undoHook{}
-	cc := hookedCluster(t, addrs, testkit.RedisTap(h.hold))
-	for _, batch := range []redisstore.BatchConfig{{}, {Disabled: true}} {
-		release := h.arm(t)
-		s, err := redisstore.New(cc, redisstore.Config{Prefix: testPrefix(t, cc), SkipServerCheck: true, Batch: batch})
-		if err != nil {
-			t.Fatal(err)
-		}
+	undoRuns(t, addrs, func(h *undoHook, cc *redis.ClusterClient, s *redisstore.Store, batch redisstore.BatchConfig, release func()) {
 		keys := ascendingOnNodes(t, cc, s, "h", 2)
 		first, second := keys[0], keys[1] // claimed in this order
 		if _, err := s.Claim(context.Background(), "h", []string{second}, time.Minute); err != nil {
@@ -687,15 +680,7 @@ func testUndoNeverHoldsTheCaller(t *testing.T, addrs []string) {
 		h.key = s.EncodeKey("h", first)
 
 		ctx, cancel := context.WithCancel(context.Background())
-		type answer struct {
-			c   *stores.Claim
-			err error
-		}
-		done := make(chan answer, 1)
-		go func() {
-			c, err := s.Claim(ctx, "h", []string{first, second}, time.Minute)
-			done <- answer{c, err}
-		}()
+		done := claimAsync(ctx, s, "h", first, second)
 		<-h.entered // the first key is being given back, held by its node
 		cancel()
 		select {
@@ -711,10 +696,7 @@ func testUndoNeverHoldsTheCaller(t *testing.T, addrs []string) {
 			c, err := s.Claim(context.Background(), "h", []string{first}, time.Minute)
 			return err == nil && c.Result == stores.Claimed
 		})
-		if err := s.Close(context.Background()); err != nil {
-			t.Fatal(err)
-		}
-	}
+	})
 }
 
 // testUndoWaitsForNoOtherNode: a multi-key claim over three nodes that
@@ -725,15 +707,8 @@ func testUndoNeverHoldsTheCaller(t *testing.T, addrs []string) {
 // own, also when its node must be sent the script again (NOSCRIPT: it
 // has not cached it, as after a failover or a restart).
 func testUndoWaitsForNoOtherNode(t *testing.T, addrs []string) {
-	h := &undoHook{}
-	cc := hookedCluster(t, addrs, testkit.RedisTap(h.hold))
 	ctx := context.Background()
-	for _, batch := range []redisstore.BatchConfig{{}, {Disabled: true}} {
-		release := h.arm(t)
-		s, err := redisstore.New(cc, redisstore.Config{Prefix: testPrefix(t, cc), SkipServerCheck: true, Batch: batch})
-		if err != nil {
-			t.Fatal(err)
-		}
+	undoRuns(t, addrs, func(h *undoHook, cc *redis.ClusterClient, s *redisstore.Store, _ redisstore.BatchConfig, release func()) {
 		keys := ascendingOnNodes(t, cc, s, "h", 3)
 		// The third key is held: the claim gives back the first two.
 		if _, err := s.Claim(ctx, "h", keys[2:], time.Minute); err != nil {
@@ -749,15 +724,7 @@ func testUndoWaitsForNoOtherNode(t *testing.T, addrs []string) {
 		}
 		// The caller (no deadline) waits for its give-backs, the held
 		// one too.
-		type answer struct {
-			c   *stores.Claim
-			err error
-		}
-		done := make(chan answer, 1)
-		go func() {
-			c, err := s.Claim(ctx, "h", keys, time.Minute)
-			done <- answer{c, err}
-		}()
+		done := claimAsync(ctx, s, "h", keys...)
 		select {
 		case <-h.entered: // the second key's give-back, held by its node
 		case a := <-done:
@@ -775,7 +742,24 @@ func testUndoWaitsForNoOtherNode(t *testing.T, addrs []string) {
 			c, err := s.Claim(ctx, "h", keys[1:2], time.Minute)
 			return err == nil && c.Result == stores.Claimed
 		})
-		if err := s.Close(ctx); err != nil {
+	})
+}
+
+// undoRuns runs run with batching on, then off, each time on a store of
+// its own (closed after run) on a cluster client of addrs with h, the
+// undo hook, armed: release lets it go.
+func undoRuns(t *testing.T, addrs []string, run func(h *undoHook, cc *redis.ClusterClient, s *redisstore.Store, batch redisstore.BatchConfig, release func())) {
+	t.Helper()
+	h := &undoHook{}
+	cc := hookedCluster(t, addrs, testkit.RedisTap(h.hold))
+	for _, batch := range []redisstore.BatchConfig{{}, {Disabled: true}} {
+		release := h.arm(t)
+		s, err := redisstore.New(cc, redisstore.Config{Prefix: testPrefix(t, cc), SkipServerCheck: true, Batch: batch})
+		if err != nil {
+			t.Fatal(err)
+		}
+		run(h, cc, s, batch, release)
+		if err := s.Close(context.Background()); err != nil {
 			t.Fatal(err)
 		}
 	}

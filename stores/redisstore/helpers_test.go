@@ -222,3 +222,20 @@ func serverTime(client redis.UniversalClient) storetest.Option {
 		agePrefix(t, client, s.(*redisstore.Store).Prefix(), d)
 	})
 }
+
+// claimResult is the answer of a Claim.
+type claimResult struct {
+	c   *stores.Claim
+	err error
+}
+
+// claimAsync claims keys of scope on s in a goroutine of its own, and
+// returns where its answer arrives.
+func claimAsync(ctx context.Context, s stores.Store, scope string, keys ...string) <-chan claimResult {
+	done := make(chan claimResult, 1)
+	go func() {
+		c, err := s.Claim(ctx, scope, keys, time.Minute)
+		done <- claimResult{c, err}
+	}()
+	return done
+}
