@@ -515,16 +515,24 @@ func testWaitRedirects(t *testing.T, fc *faultCluster, newClient func(t *testing
 		}
 	}
 
-	t.Run("MOVED", func(t *testing.T) {
+	// slotStore returns a store on a slot of its own (slotOf), through a
+	// tap on a client of its own (it reads the slot map on its first
+	// call, and nothing reads it again until a reply tells it to), with
+	// key done, its data "kept".
+	slotStore := func(t *testing.T, key string) (s *redisstore.Store, tap *nodeTap, slot int64, owner, target string) {
+		t.Helper()
 		prefix, slot, owner, target := slotOf()
-		tap := &nodeTap{prefix: prefix, waits: map[string]int{}}
-		// A client of its own: it reads the slot map on its first call,
-		// and nothing reads it again until a reply tells it to.
-		s := newStore(t, newClient(t, tap), redisstore.Config{WaitReplicas: cfg.WaitReplicas, WaitTimeout: cfg.WaitTimeout, Prefix: prefix})
-		done := claim(s, "before", stores.Claimed)
+		tap = &nodeTap{prefix: prefix, waits: map[string]int{}}
+		s = newStore(t, newClient(t, tap), redisstore.Config{WaitReplicas: cfg.WaitReplicas, WaitTimeout: cfg.WaitTimeout, Prefix: prefix})
+		done := claim(s, key, stores.Claimed)
 		if err := s.Complete(ctx, done, time.Hour, []byte("kept")); err != nil {
 			t.Fatal(err)
 		}
+		return s, tap, slot, owner, target
+	}
+
+	t.Run("MOVED", func(t *testing.T) {
+		s, tap, slot, owner, target := slotStore(t, "before")
 		checkTap(tap)
 		migrate(slot, owner, target)
 		finish(slot, owner, target)
@@ -549,13 +557,7 @@ func testWaitRedirects(t *testing.T, fc *faultCluster, newClient func(t *testing
 	})
 
 	t.Run("ASK", func(t *testing.T) {
-		prefix, slot, owner, target := slotOf()
-		tap := &nodeTap{prefix: prefix, waits: map[string]int{}}
-		s := newStore(t, newClient(t, tap), redisstore.Config{WaitReplicas: cfg.WaitReplicas, WaitTimeout: cfg.WaitTimeout, Prefix: prefix})
-		done := claim(s, "old", stores.Claimed)
-		if err := s.Complete(ctx, done, time.Hour, []byte("kept")); err != nil {
-			t.Fatal(err)
-		}
+		s, tap, slot, owner, target := slotStore(t, "old")
 		held := claim(s, "held", stores.Claimed)
 		checkTap(tap)
 		migrate(slot, owner, target)
@@ -599,7 +601,7 @@ func testWaitRedirects(t *testing.T, fc *faultCluster, newClient func(t *testing
 
 		finish(slot, owner, target)
 		finished = true
-		fresh := newStore(t, newClient(t, nil), redisstore.Config{WaitReplicas: cfg.WaitReplicas, WaitTimeout: cfg.WaitTimeout, Prefix: prefix})
+		fresh := newStore(t, newClient(t, nil), redisstore.Config{WaitReplicas: cfg.WaitReplicas, WaitTimeout: cfg.WaitTimeout, Prefix: s.Prefix()})
 		for key, data := range map[string]string{"old": "kept", "held": "held", "new": "asked"} {
 			if d := claim(fresh, key, stores.Duplicate); string(d.Data) != data {
 				t.Errorf("%s: data %q, want %q", key, d.Data, data)
