@@ -94,14 +94,7 @@ func TestACLWait(t *testing.T) {
 	testkit.SetRedisACLUser(t, admin, rule, user, password, aclPrefix)
 	c := redis.NewClient(&redis.Options{Addr: primary, Username: user, Password: password, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = c.Close() })
-	storetest.Run(t, func(t *testing.T, _ stores.Clock) stores.Store {
-		s, err := redisstore.New(c, redisstore.Config{Prefix: aclPrefix + storetest.NewID() + ":", WaitReplicas: 1, WaitTimeout: 2 * time.Second})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = s.Close(context.Background()) })
-		return s
-	}, serverTime(admin))
+	storetest.Run(t, aclFactory(c, redisstore.Config{WaitReplicas: 1, WaitTimeout: 2 * time.Second}), serverTime(admin))
 
 	t.Run("CheckServer", func(t *testing.T) {
 		s, err := redisstore.New(c, redisstore.Config{Prefix: aclPrefix + storetest.NewID() + ":", WaitReplicas: 1, SkipServerCheck: true})
@@ -192,15 +185,7 @@ func testACLUser(t *testing.T, client, admin redis.UniversalClient) {
 			name = "unbatched"
 		}
 		t.Run(name, func(t *testing.T) {
-			storetest.Run(t, func(t *testing.T, _ stores.Clock) stores.Store {
-				// The background server check runs too, as the user.
-				s, err := redisstore.New(client, redisstore.Config{Prefix: aclPrefix + storetest.NewID() + ":", Batch: batch})
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() { _ = s.Close(context.Background()) })
-				return s
-			}, serverTime(admin))
+			storetest.Run(t, aclFactory(client, redisstore.Config{Batch: batch}), serverTime(admin))
 		})
 	}
 
@@ -215,4 +200,20 @@ func testACLUser(t *testing.T, client, admin redis.UniversalClient) {
 			t.Fatalf("Claim outside the user's keys: %v, want an unclassified NOPERM", err)
 		}
 	})
+}
+
+// aclFactory opens each store of the suite on client (as the ACL user)
+// with cfg, under a prefix of its own below aclPrefix; the background
+// server check runs too, as the user.
+func aclFactory(client redis.UniversalClient, cfg redisstore.Config) storetest.Factory {
+	return func(t *testing.T, _ stores.Clock) stores.Store {
+		cfg := cfg
+		cfg.Prefix = aclPrefix + storetest.NewID() + ":"
+		s, err := redisstore.New(client, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = s.Close(context.Background()) })
+		return s
+	}
 }

@@ -254,18 +254,7 @@ func testBatching(t *testing.T, client redis.UniversalClient) {
 	// out at once, alone.
 	t.Run("CallNotHeldBackByAStuckCall", func(t *testing.T) {
 		s, h := hookedStore(t, client, redisstore.Config{})
-		stuckKey := s.EncodeKey("h", "stuck")
-		release := make(chan struct{})
-		held := make(chan struct{})
-		var once sync.Once
-		h.setGate(func(keys []string) {
-			for _, k := range keys {
-				if k == stuckKey {
-					once.Do(func() { close(held) })
-					<-release
-				}
-			}
-		})
+		held, release := holdKey(s, h, "stuck")
 		stuck := make(chan error, 1)
 		go func() { stuck <- cycle(ctx, s, "stuck") }()
 		<-held

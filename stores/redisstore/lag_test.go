@@ -116,24 +116,22 @@ func TestClusterReplicaLag(t *testing.T) {
 		}
 	})
 
-	for _, batched := range []bool{true, false} {
-		name := "MultiKeyIsNotReplicated"
-		if !batched {
-			name += "Unbatched"
+	for _, tc := range []struct {
+		name string
+		test func(t *testing.T, cc *redis.ClusterClient, pause func(*testing.T, int) (string, string, func()), unbatched bool)
+	}{
+		{"MultiKeyIsNotReplicated", testMultiKeyIsNotReplicated},
+		{"DeadlineIsNotReplicated", testDeadlineIsNotReplicated},
+	} {
+		for _, batched := range []bool{true, false} {
+			name := tc.name
+			if !batched {
+				name += "Unbatched"
+			}
+			t.Run(name, func(t *testing.T) {
+				tc.test(t, cc, pause, !batched)
+			})
 		}
-		t.Run(name, func(t *testing.T) {
-			testMultiKeyIsNotReplicated(t, cc, pause, !batched)
-		})
-	}
-
-	for _, batched := range []bool{true, false} {
-		name := "DeadlineIsNotReplicated"
-		if !batched {
-			name += "Unbatched"
-		}
-		t.Run(name, func(t *testing.T) {
-			testDeadlineIsNotReplicated(t, cc, pause, !batched)
-		})
 	}
 }
 
