@@ -23,7 +23,7 @@ import (
 // Brokers and stores the example can run on.
 var (
 	brokerNames   = []string{brokerGoChannel, brokerKafka, brokerKafkaEmbedded, brokerAMQP, brokerPostgres, brokerMySQL, brokerNATS, brokerRedisStreams}
-	storeNames    = []string{storeMemory, storeRedis, storePostgres, storeMySQL, storeSQLite}
+	storeNames    = []string{storeMemory, storeRedis, storePostgres, storeMySQL, storeSQLite, storeNATS}
 	producerNames = []string{producerWatermill, producerForeign}
 
 	// foreignProducerBrokers have a producer of their own in the example
@@ -47,6 +47,7 @@ const (
 	storePostgres = "postgres"
 	storeMySQL    = "mysql"
 	storeSQLite   = "sqlite"
+	storeNATS     = "nats"
 
 	modeAuto = "auto" // transactional on SQL stores, else lease (or -async-complete)
 
@@ -178,15 +179,15 @@ func newFlagSet(c *Config, output io.Writer) *flag.FlagSet {
 	fs.StringVar(&c.KafkaBrokers, "kafka-brokers", c.KafkaBrokers, "comma-separated Kafka bootstrap `addresses` (-broker=kafka)")
 	fs.IntVar(&c.KafkaRF, "kafka-replication-factor", c.KafkaRF, "replication factor of the topics the example creates (-broker=kafka)")
 	fs.StringVar(&c.AMQPURL, "amqp-url", c.AMQPURL, "RabbitMQ `URL` (-broker=amqp)")
-	fs.StringVar(&c.NATSURL, "nats-url", c.NATSURL, "NATS `URL`, a server with JetStream (-broker=nats): nats://user:password@host:port or nats://token@host:port carry credentials, tls:// asks for TLS")
+	fs.StringVar(&c.NATSURL, "nats-url", c.NATSURL, "NATS `URL`, a server with JetStream (-broker=nats, -store=nats): nats://user:password@host:port or nats://token@host:port carry credentials, tls:// asks for TLS")
 	c.NATSAuth.RegisterFlags(fs)
 	fs.StringVar(&c.RedisAddr, "redis-addr", c.RedisAddr, "Redis `address` (-store=redis, -broker=redis-streams): host:port, or a URL redis://user:password@host:port/db, rediss:// for TLS (a password is safer in REDIS_ADDR or the -config file than on the command line)")
 	c.RedisTLS.RegisterFlags(fs)
 	fs.StringVar(&c.PostgresDSN, "postgres-dsn", c.PostgresDSN, "PostgreSQL `DSN` (-broker=postgres, -store=postgres)")
 	fs.StringVar(&c.MySQLDSN, "mysql-dsn", c.MySQLDSN, "MySQL/MariaDB `DSN` in go-sql-driver form (-broker=mysql, -store=mysql)")
 	fs.StringVar(&c.Dir, "dir", c.Dir, "`directory` of the SQLite file (-store=sqlite); default: a temporary directory removed at exit")
-	fs.StringVar(&c.RunID, "run-id", c.RunID, "suffix of every topic, queue, table and key prefix this run creates: 1-16 lowercase letters or digits; default: random")
-	fs.BoolVar(&c.Cleanup, "cleanup", c.Cleanup, "drop the topics, queues, tables and keys this run created when it ends")
+	fs.StringVar(&c.RunID, "run-id", c.RunID, "suffix of every topic, queue, table, bucket and key prefix this run creates: 1-16 lowercase letters or digits; default: random")
+	fs.BoolVar(&c.Cleanup, "cleanup", c.Cleanup, "drop the topics, queues, tables, buckets and keys this run created when it ends")
 
 	fs.IntVar(&c.Events, "events", c.Events, "number of distinct payment.completed events to publish")
 	fs.IntVar(&c.Customers, "customers", c.Customers, "number of distinct customers the payments belong to")
@@ -550,10 +551,9 @@ func (c Config) warnings() []string {
 	if c.Broker != brokerAMQP {
 		ignored("amqp-url", "without -broker=amqp")
 	}
-	if c.Broker != brokerNATS {
-		ignored("nats-url", "without -broker=nats")
-		for _, name := range storeopen.NATSAuthFlags {
-			ignored(name, "without -broker=nats")
+	if c.Broker != brokerNATS && c.Store != storeNATS {
+		for _, name := range append([]string{"nats-url"}, storeopen.NATSAuthFlags...) {
+			ignored(name, "without -broker=nats or -store=nats")
 		}
 	}
 	if c.Store != storeRedis && c.Broker != brokerRedisStreams {

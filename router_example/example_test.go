@@ -314,6 +314,17 @@ func TestExampleRuns(t *testing.T) {
 				requireNoRedisKeys(t, runID)
 				requireNoNATSStreams(t, runID)
 			}},
+		// natsstore's KV bucket of the run, with the ledger in memory;
+		// -cleanup deletes the bucket and the broker's streams.
+		{name: "gochannel/nats/lease", args: []string{"-store=nats", "-crash-rate=0.02", "-lease=300ms"}, needs: nt,
+			check: func(t *testing.T, r exampleRun, runID string) {
+				if !strings.Contains(r.stdout, "mode lease") {
+					t.Errorf("-mode=auto on the NATS store is not lease mode\n%s", r)
+				}
+				requireNoNATSStreams(t, runID)
+			}},
+		{name: "nats/nats/lease", args: []string{"-broker=nats", "-store=nats"}, needs: nt,
+			check: func(t *testing.T, _ exampleRun, runID string) { requireNoNATSStreams(t, runID) }},
 		{name: "redis-streams/redis/lease", args: []string{"-broker=redis-streams", "-store=redis"}, needs: rd,
 			check: func(t *testing.T, _ exampleRun, runID string) {
 				requireNoRedisKeys(t, runID)
@@ -384,9 +395,11 @@ func TestExampleWithoutDedupBreaksTheInvariant(t *testing.T) {
 func TestExampleRefusesAUsedRunID(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
-		name  string
-		args  func(t *testing.T) []string
-		count func(t *testing.T, runID string) int
+		name   string
+		args   func(t *testing.T) []string
+		count  func(t *testing.T, runID string) int
+		reason func(runID string) string // what the refusal names, when it is not the store's records
+		again  []string                  // the second run's own flags
 	}{
 		{"redis", func(t *testing.T) []string {
 			return []string{"-store=redis", "-redis-addr=" + testkit.RequireRedis(t)}
@@ -401,11 +414,19 @@ func TestExampleRefusesAUsedRunID(t *testing.T) {
 				t.Fatal(err)
 			}
 			return len(keys)
-		}},
-		{"sqlite", func(t *testing.T) []string { return []string{"-dir=" + t.TempDir()} }, nil},
+		}, nil, nil},
+		{"sqlite", func(t *testing.T) []string { return []string{"-dir=" + t.TempDir()} }, nil, nil, nil},
 		// A run without the middleware leaves no dedup record, but its
 		// ledger entries would count as the next run's awards.
-		{"sqlite ledger", func(t *testing.T) []string { return []string{"-dir=" + t.TempDir()} }, nil},
+		{"sqlite ledger", func(t *testing.T) []string { return []string{"-dir=" + t.TempDir()} }, nil, nil, nil},
+		{"nats", func(t *testing.T) []string {
+			return []string{"-store=nats", "-nats-url=" + testkit.RequireNATS(t)}
+		}, natsRunRecords, nil, nil},
+		// natsstore refuses the bucket an earlier run made for a shorter
+		// -retention before the records are looked at: the same refusal.
+		{"nats, longer retention", func(t *testing.T) []string {
+			return []string{"-store=nats", "-nats-url=" + testkit.RequireNATS(t)}
+		}, natsRunRecords, func(runID string) string { return "bucket " + runName(storeNATS, runID) + ", made for other settings" }, []string{"-retention=72h"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -419,14 +440,20 @@ func TestExampleRefusesAUsedRunID(t *testing.T) {
 			var before int
 			if tc.count != nil {
 				if before = tc.count(t, runID); before == 0 {
-					t.Fatalf("the first run left no records under %s", redisPrefix(runID))
+					t.Fatalf("the first run left nothing under its run id %s", runID)
 				}
 			}
-			r := execExample(t, nil, append(args, "-cleanup")...)
+			// The refusal comes at once: a short -timeout fails a run
+			// that waits for deliveries instead.
+			r := execExample(t, nil, append(append(args, "-cleanup", "-timeout=20s"), tc.again...)...)
 			if r.code != exitConfig {
 				t.Fatalf("a run id used before: exit %d, want %d\n%s", r.code, exitConfig, r)
 			}
-			for _, want := range []string{"-run-id " + runID + " was used before", "Choose another -run-id"} {
+			wants := []string{"-run-id " + runID + " was used before", "Choose another -run-id"}
+			if tc.reason != nil {
+				wants = append(wants, tc.reason(runID))
+			}
+			for _, want := range wants {
 				if !strings.Contains(r.stderr, want) {
 					t.Errorf("stderr lacks %q\n%s", want, r)
 				}
@@ -437,11 +464,28 @@ func TestExampleRefusesAUsedRunID(t *testing.T) {
 			requireOnlyOwnLines(t, r)
 			if tc.count != nil {
 				if after := tc.count(t, runID); after != before {
-					t.Errorf("the refused run changed the earlier run's records: %d keys, were %d", after, before)
+					t.Errorf("the refused run changed what the earlier run left: %d, was %d", after, before)
 				}
 			}
 		})
 	}
+}
+
+// natsRunRecords counts the records (KV values) in the bucket of the run
+// runID, and deletes the bucket when t ends.
+func natsRunRecords(t *testing.T, runID string) int {
+	js := testkit.JetStream(t, testkit.NATSURL())
+	bucket := runName(storeNATS, runID)
+	t.Cleanup(func() { _ = js.DeleteKeyValue(context.Background(), bucket) })
+	kv, err := js.KeyValue(t.Context(), bucket)
+	if err != nil {
+		t.Fatalf("the run's bucket %s: %v", bucket, err)
+	}
+	st, err := kv.Status(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return int(st.Values())
 }
 
 func TestExampleConfigErrors(t *testing.T) {

@@ -73,7 +73,7 @@ func serviceFlags(t *testing.T, args []string) []string {
 	if uses(brokerAMQP) {
 		out = append(out, "-amqp-url="+testkit.RequireAMQP(t))
 	}
-	if cfg.Broker == brokerNATS {
+	if cfg.Broker == brokerNATS || cfg.Store == storeNATS {
 		out = append(out, "-nats-url="+testkit.RequireNATS(t))
 	}
 	if uses(storeRedis) || cfg.Broker == brokerRedisStreams {

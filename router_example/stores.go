@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/watermill-dedup/dedup/internal/storeopen"
 	"github.com/watermill-dedup/dedup/stores"
+	"github.com/watermill-dedup/dedup/stores/natsstore"
 	"github.com/watermill-dedup/dedup/stores/sqlstore"
 	"github.com/watermill-dedup/dedup/stores/sqlstore/wsql3"
 )
@@ -28,7 +30,7 @@ type dedupStore struct {
 
 // A run's records are under names of the example's own, which no store
 // configured with its defaults reads (redisstore's prefix "dedup:",
-// sqlstore's table dedup_inbox): a tool reading such a store, such as
+// sqlstore's table dedup_inbox, natsstore's bucket dedup): a tool reading such a store, such as
 // cmd/dedupctl, finds the store's records only, and need not tell a
 // run's keys from them. cmd/dedupctl's -run-id names the same: both are
 // the store kinds' RunName.
@@ -66,11 +68,23 @@ func openStore(ctx context.Context, cfg Config, runID string, logger watermill.L
 		}
 		r.Config = sqlstore.Config{JoinTx: joinTx}
 	}
+	if cfg.Store == storeNATS {
+		// natsstore refuses a lease or a retention above its MaxLease and
+		// MaxRetention (1h and 24h by default), and keeps a bucket's
+		// records for as long as the larger of them needs: the run's.
+		r.Config = natsstore.Config{MaxLease: max(cfg.Lease, natsstore.DefaultMaxLease), MaxRetention: cfg.Retention}
+	}
 	// Connecting may hang on a service that says nothing: await ends the
 	// wait at once on a signal.
 	o, err := await(ctx, "opening the "+cfg.Store+" store", func() (*storeopen.Opened, error) {
 		return connect.Open(ctx, cfg.Store, r)
 	}, func(o *storeopen.Opened) { _ = o.Close(context.Background()) })
+	if errors.Is(err, natsstore.ErrBucketConfig) {
+		// The bucket has the run's name: an earlier run of that id made
+		// it, with other -lease or -retention.
+		return nil, &runIDUsedError{RunID: runID, What: fmt.Sprintf("the NATS at %s has that run's bucket %s, made for other settings (%v)",
+			storeopen.RedactNATSURL(cfg.NATSURL), r.Name, err)}
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -85,9 +99,10 @@ func openStore(ctx context.Context, cfg Config, runID string, logger watermill.L
 		}
 	}
 	// A temporary directory goes at exit, and everything in it. Without
-	// the middleware a run writes no record: only a table it created is
+	// the middleware a run writes no record: only a table or a bucket it
+	// created (the SQL stores and natsstore make theirs when opened) is
 	// left to drop.
-	if o.Removal != "" && o.TempDir == "" && (cfg.Dedup || o.DB != nil) {
+	if o.Removal != "" && o.TempDir == "" && (cfg.Dedup || o.DB != nil || o.NATS != nil) {
 		removers.add(o.Removal, o.Remove)
 	}
 	return &dedupStore{store: o.Store, addr: o.Addr, db: o.DB, dialect: o.Kind.Dialect, ephemeral: o.TempDir != ""}, nil

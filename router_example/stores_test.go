@@ -11,6 +11,7 @@ import (
 
 	"github.com/watermill-dedup/dedup/internal/testkit"
 	"github.com/watermill-dedup/dedup/stores"
+	"github.com/watermill-dedup/dedup/stores/natsstore"
 	"github.com/watermill-dedup/dedup/stores/redisstore"
 	"github.com/watermill-dedup/dedup/stores/sqlstore"
 )
@@ -74,6 +75,27 @@ func TestRunRecordsOutsideTheStoresDefaults(t *testing.T) {
 					t.Errorf("the run's key %q is under redisstore's default prefix %q", k, p)
 				}
 			}
+		}
+	})
+	t.Run("nats", func(t *testing.T) {
+		cfg := defaultConfig()
+		cfg.Store, cfg.NATSURL = storeNATS, testkit.RequireNATS(t)
+		runID := newTestRunID()
+		st := openRunStore(t, cfg, runID)
+		c, err := st.store.Claim(t.Context(), handlerName, []string{"payment:PAY-" + runID + "-evt-000001"}, time.Minute)
+		if err != nil || c.Result != stores.Claimed {
+			t.Fatalf("Claim: %+v, %v", c, err)
+		}
+		bucket := runName(storeNATS, runID)
+		if bucket == natsstore.DefaultBucket || !strings.Contains(bucket, runID) {
+			t.Fatalf("the run %s keeps its records in the bucket %q, want one of its own, not natsstore's default", runID, bucket)
+		}
+		kv, err := testkit.JetStream(t, cfg.NATSURL).KeyValue(t.Context(), bucket)
+		if err != nil {
+			t.Fatalf("the run's bucket %s: %v", bucket, err)
+		}
+		if status, err := kv.Status(t.Context()); err != nil || status.Values() == 0 {
+			t.Errorf("the run's claim is not in its bucket %s (%v)", bucket, err)
 		}
 	})
 	t.Run("sqlite", func(t *testing.T) {

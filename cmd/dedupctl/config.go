@@ -83,7 +83,7 @@ func newFlagSet(c *config) *flag.FlagSet {
 
 	fs.StringVar(&c.store, "store", "", "the store: "+strings.Join(storeNames, " | "))
 	c.settings.RegisterFlags(fs)
-	fs.StringVar(&c.runID, "run-id", "", "router_example's run id: sets -redis-prefix to \"router_example:<run id>:\" and -table to \"router_example_<run id>\"")
+	fs.StringVar(&c.runID, "run-id", "", "router_example's run id: sets -redis-prefix to \"router_example:<run id>:\", -table and -nats-bucket to \"router_example_<run id>\"")
 	c.timeout = defaultTimeout
 	cliflag.DurationVar(fs, &c.timeout, "timeout", "give up after this `duration`")
 

@@ -63,6 +63,8 @@ func TestDocumentedCommands(t *testing.T) {
 				t.Fatal(err)
 			}
 			p.Kind, p.Path, p.Name = testkit.StoreSQLite, filepath.Join("loyalty", sqliteFile), "router_example_"+s.runID
+		case storeNATS:
+			p.Kind, p.Addr, p.Name = testkit.StoreNATS, testkit.RequireStore(t, testkit.StoreNATS), "router_example_"+s.runID
 		default:
 			t.Fatalf("the docs show a run of the %s store, for which this test writes no records", s.kind)
 		}

@@ -64,8 +64,9 @@
 // -digest-keys-longer-than). Every key under the prefix is read as the
 // store with that prefix reads it: a key that is not one of its records
 // is passed over, and stats counts it. router_example keeps a run's
-// records under names of its own, "router_example:<run id>:" and the
-// table router_example_<run id>, which -run-id reads. Scopes and keys
+// records under names of its own, "router_example:<run id>:", the
+// table router_example_<run id> and the NATS bucket of that name, which
+// -run-id reads. Scopes and keys
 // are printed quoted and escaped to ASCII.
 //
 // Output is a table for people; -json writes JSON for scripts. The exit

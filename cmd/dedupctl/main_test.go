@@ -504,9 +504,6 @@ func TestStatsAndPurge(t *testing.T) {
 // TestRunID points dedupctl at router_example's names for a run.
 func TestRunID(t *testing.T) {
 	forEachStore(t, func(t *testing.T, e *env, kind testkit.StoreKind) {
-		if kind == testkit.StoreNATS {
-			return // router_example keeps no records in NATS: -run-id names no bucket
-		}
 		if kind == testkit.StoreRedisCluster {
 			// -run-id is the same flag on every store; the cluster test
 			// checks the cluster itself instead: a node without
@@ -516,7 +513,7 @@ func TestRunID(t *testing.T) {
 		}
 		runID := storetest.NewID()[:12]
 		// router_example's names (router_example/stores.go).
-		name := "router_example_" + runID
+		name := "router_example_" + runID // a table, or a NATS bucket
 		if kind == testkit.StoreRedis {
 			name = "router_example:" + runID + ":"
 		}
@@ -526,9 +523,12 @@ func TestRunID(t *testing.T) {
 		tg.run(t, "-run-id="+runID, "stats").want(t, exitOK, "stdout:"+name, "stdout:records  1: 0 processing, 1 done")
 		// Another run: no record under its prefix, no table of its name.
 		other := tg.run(t, "-run-id="+runID+"x", "get", "loyalty", "payment:PAY-1")
-		if kind == testkit.StoreRedis {
+		switch kind {
+		case testkit.StoreRedis:
 			other.want(t, exitNotFound)
-		} else {
+		case testkit.StoreNATS:
+			other.want(t, exitError, "stderr:no such bucket", "stderr:router_example_"+runID+"x")
+		default:
 			other.want(t, exitError, "stderr:cannot read the table router_example_"+runID+"x")
 		}
 	})

@@ -41,7 +41,7 @@ var exampleRunID = regexp.MustCompile(`router_example: run ([a-z0-9]{1,16})\b`)
 // runExample runs router_example with args (and the test's Redis), in
 // the current directory, as a reader does: without -cleanup, so that
 // its records stay. It returns the run id it printed, and deletes its
-// Redis records when t ends.
+// Redis records (or its NATS bucket) when t ends.
 func runExample(t *testing.T, bin, redisAddr string, args ...string) string {
 	t.Helper()
 	args = append(slices.Clone(args), "-redis-addr="+redisAddr)
@@ -54,6 +54,11 @@ func runExample(t *testing.T, bin, redisAddr string, args ...string) string {
 	m := exampleRunID.FindStringSubmatch(out.String())
 	if m != nil {
 		prefix := "router_example:" + m[1] + ":"
+		if slices.Contains(args, "-store=nats") {
+			bucket := "router_example_" + m[1]
+			js := testkit.JetStream(t, testkit.NATSURL())
+			t.Cleanup(func() { _ = js.DeleteKeyValue(context.Background(), bucket) })
+		}
 		t.Cleanup(func() {
 			client := redis.NewClient(&redis.Options{Addr: redisAddr})
 			defer client.Close()
@@ -98,6 +103,9 @@ func TestReadmeFlows(t *testing.T) {
 		}
 		seen[cfg.store] = true
 		t.Run(cfg.store, func(t *testing.T) {
+			if cfg.store == storeNATS {
+				testkit.RequireNATS(t)
+			}
 			t.Chdir(t.TempDir()) // -dir=./loyalty
 			runID := runExample(t, bin, redisAddr, block[0].Args...)
 			placeholder := cfg.runID

@@ -50,10 +50,10 @@ func TestKinds(t *testing.T) {
 	fs := flag.NewFlagSet("", flag.ContinueOnError)
 	s.RegisterFlags(fs)
 	if s.Redis.Addr != storeopen.DefaultRedisAddr || s.PostgresDSN != storeopen.DefaultPostgresDSN || s.MySQLDSN != storeopen.DefaultMySQLDSN ||
-		s.NATS.URL != storeopen.DefaultNATSURL || s.NATS.Bucket == "" {
+		s.NATS.URL != storeopen.DefaultNATSURL || s.NATS.Bucket != "" {
 		t.Errorf("the flags' defaults: %+v", s)
 	}
-	for kind, want := range map[string]string{"redis": "router_example:r1:", "postgres": "router_example_r1", "sqlite": "router_example_r1", "nats": "", "memory": ""} {
+	for kind, want := range map[string]string{"redis": "router_example:r1:", "postgres": "router_example_r1", "sqlite": "router_example_r1", "nats": "router_example_r1", "memory": ""} {
 		if k, _ := storeopen.Lookup(kind); k.RunName("r1") != want {
 			t.Errorf("%s: RunName = %q, want %q", kind, k.RunName("r1"), want)
 		}

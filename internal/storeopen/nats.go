@@ -28,11 +28,13 @@ var natsKind = &Kind{
 		n := &s.NATS
 		fs.StringVar(&n.URL, "nats-url", firstOf(n.URL, DefaultNATSURL), "NATS `URL` (comma-separated: servers of one cluster); "+
 			"nats://user:password@host:port or nats://token@host:port carry credentials, tls:// asks for TLS")
-		fs.StringVar(&n.Bucket, "nats-bucket", firstOf(n.Bucket, natsstore.DefaultBucket), "the store's KV bucket, Config.Bucket")
+		fs.StringVar(&n.Bucket, "nats-bucket", n.Bucket,
+			"the store's KV bucket, Config.Bucket (default \""+natsstore.DefaultBucket+"\", \"router_example_<run id>\" with -run-id)")
 		fs.IntVar(&n.Shards, "nats-shards", n.Shards, "the store's Config.Shards: its records are in the buckets <bucket>-0 ... <bucket>-<n-1>")
 		n.Auth.RegisterFlags(fs)
 	},
-	open: openNATSStore,
+	runName: func(runID string) string { return "router_example_" + runID },
+	open:    openNATSStore,
 }
 
 // NATSSettings are where NATS is and how to connect to it and, with
@@ -43,7 +45,8 @@ type NATSSettings struct {
 	Auth NATSAuth
 
 	// Bucket is the store's Config.Bucket (-nats-bucket): its name when
-	// Request.Name is empty. Shards is its Config.Shards (-nats-shards),
+	// Request.Name is empty; empty: the run's of -run-id, else the
+	// store's default. Shards is its Config.Shards (-nats-shards),
 	// with Request.Admin.
 	Bucket string
 	Shards int
