@@ -28,6 +28,7 @@ import (
 // names of what this run uses on it.
 type broker struct {
 	name        string
+	runID       string
 	addr        string // where it is, for the summary (no secrets)
 	pub         message.Publisher
 	sub         message.Subscriber
@@ -72,6 +73,7 @@ func consumerGroup(runID string) string { return "loyalty_" + runID }
 func openBroker(ctx context.Context, cfg Config, runID string, logger watermill.LoggerAdapter, closers, removers *teardown) (*broker, error) {
 	b := &broker{
 		name:        cfg.Broker,
+		runID:       runID,
 		topic:       topicName(cfg.Broker, runID),
 		poisonTopic: topicName(cfg.Broker, runID) + ".poison",
 		group:       consumerGroup(runID),

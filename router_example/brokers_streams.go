@@ -90,6 +90,11 @@ func (b *broker) openNATS(ctx context.Context, cfg Config, logger watermill.Logg
 	if _, err := js.AccountInfo(ctx); err != nil {
 		return fmt.Errorf("NATS at %s: JetStream is not available (start nats-server with -js): %w", b.addr, err)
 	}
+	// Before anything is created or registered for -cleanup: a refused
+	// run deletes nothing.
+	if err := b.refuseUsedNATSStream(ctx, js); err != nil {
+		return err
+	}
 	pub := &natsPublisher{js: js}
 	b.pub = pub
 	b.brokerDedup = pub.summary
@@ -142,6 +147,30 @@ func (b *broker) openNATS(ctx context.Context, cfg Config, logger watermill.Logg
 		return errors.Join(errs...)
 	})
 	return nil
+}
+
+// refuseUsedNATSStream fails with a *runIDUsedError when the run's stream
+// was published to: an earlier run of that id left its messages there.
+// This run's would repeat their Nats-Msg-Ids (-seed makes the same message
+// ids), and the stream would drop them as duplicates for natsDuplicates,
+// delivering nothing; and what the earlier run left unacked would be
+// delivered in this run.
+func (b *broker) refuseUsedNATSStream(ctx context.Context, js jetstream.JetStream) error {
+	name := natsStreamName(b.topic)
+	s, err := js.Stream(ctx, name)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("look for the stream of an earlier run with -run-id %s on NATS at %s: %w", b.runID, b.addr, err)
+	}
+	st := s.CachedInfo().State
+	if st.LastSeq == 0 {
+		return nil // made, never published to: nothing of an earlier run in it
+	}
+	return &runIDUsedError{RunID: b.runID, What: fmt.Sprintf("the JetStream stream %s at %s holds that run's messages (%d, %d ever published), "+
+		"whose ids this run's repeat (-seed): the stream would drop them as duplicates (its Duplicates window is %s) "+
+		"and deliver what that run left unacked in this one", name, b.addr, st.Msgs, st.LastSeq, natsDuplicates)}
 }
 
 // natsPublisher publishes as watermill-nats does (the UUID and metadata
@@ -214,6 +243,11 @@ func (b *broker) openRedisStreams(ctx context.Context, cfg Config, logger waterm
 	}
 	closers.add("close the Redis Streams admin client", func(context.Context) error { return admin.Close() })
 	b.addr = target.Display
+	// Before anything is created or registered for -cleanup: a refused
+	// run deletes nothing.
+	if err := b.refuseUsedRedisStream(ctx, admin); err != nil {
+		return err
+	}
 	client := func() *redis.Client { return redis.NewClient(target.Options()) }
 	pub, err := redisstream.NewPublisher(redisstream.PublisherConfig{Client: client()}, logger)
 	if err != nil {
@@ -241,4 +275,27 @@ func (b *broker) openRedisStreams(ctx context.Context, cfg Config, logger waterm
 		return admin.Del(ctx, b.topic, b.poisonTopic).Err()
 	})
 	return nil
+}
+
+// refuseUsedRedisStream fails with a *runIDUsedError when the run's
+// stream holds entries: an earlier run of that id left them there. Those
+// its consumer group had not read or acked would be delivered in this
+// run, among this run's messages of the same ids (-seed), and -cleanup
+// would delete that run's stream.
+func (b *broker) refuseUsedRedisStream(ctx context.Context, admin redis.UniversalClient) error {
+	n, err := admin.XLen(ctx, b.topic).Result()
+	var re redis.Error
+	if errors.As(err, &re) && strings.HasPrefix(re.Error(), "WRONGTYPE") {
+		// A key of another kind, no earlier run's stream: the subscriber
+		// fails on it, and the run reports why the router did not start.
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("look for the stream of an earlier run with -run-id %s in the Redis at %s: %w", b.runID, b.addr, err)
+	}
+	if n == 0 {
+		return nil // no stream, or an empty one: nothing of an earlier run
+	}
+	return &runIDUsedError{RunID: b.runID, What: fmt.Sprintf("the Redis stream %s at %s holds that run's %d entries: "+
+		"what that run left unread or unacked would be delivered in this one, among this run's messages of the same ids (-seed)", b.topic, b.addr, n)}
 }

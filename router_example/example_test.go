@@ -427,6 +427,42 @@ func TestExampleRefusesAUsedRunID(t *testing.T) {
 		{"nats, longer retention", func(t *testing.T) []string {
 			return []string{"-store=nats", "-nats-url=" + testkit.RequireNATS(t)}
 		}, natsRunRecords, func(runID string) string { return "bucket " + runName(storeNATS, runID) + ", made for other settings" }, []string{"-retention=72h"}},
+		// The brokers with a store that keeps nothing: the messages an
+		// earlier run left in the run's stream. On JetStream this run's
+		// messages, of the same ids (-seed), were dropped as duplicates
+		// of those for 2 minutes: nothing was delivered, and the run
+		// waited for -timeout to report every message unacked.
+		{"nats broker", func(t *testing.T) []string {
+			return []string{"-broker=nats", "-store=memory", "-nats-url=" + testkit.RequireNATS(t)}
+		}, func(t *testing.T, runID string) int {
+			js := testkit.JetStream(t, testkit.NATSURL())
+			topic := topicName(brokerNATS, runID)
+			t.Cleanup(func() {
+				for _, s := range []string{natsStreamName(topic), natsStreamName(topic + ".poison")} {
+					_ = js.DeleteStream(context.Background(), s)
+				}
+			})
+			s, err := js.Stream(t.Context(), natsStreamName(topic))
+			if err != nil {
+				t.Fatalf("the run's stream: %v", err)
+			}
+			return int(s.CachedInfo().State.Msgs)
+		}, func(runID string) string { return "JetStream stream " + natsStreamName(topicName(brokerNATS, runID)) }, nil},
+		{"redis-streams broker", func(t *testing.T) []string {
+			return []string{"-broker=redis-streams", "-store=memory", "-redis-addr=" + testkit.RequireRedis(t)}
+		}, func(t *testing.T, runID string) int {
+			c := redis.NewClient(&redis.Options{Addr: testkit.RedisAddr()})
+			topic := topicName(brokerRedisStreams, runID)
+			t.Cleanup(func() {
+				_ = c.Del(context.Background(), topic, topic+".poison").Err()
+				_ = c.Close()
+			})
+			n, err := c.XLen(t.Context(), topic).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			return int(n)
+		}, func(runID string) string { return "Redis stream " + topicName(brokerRedisStreams, runID) }, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
