@@ -63,6 +63,13 @@ func newStore(t testing.TB, nc *nats.Conn, cfg natsstore.Config) *natsstore.Stor
 		cfg.Bucket = testBucket()
 	}
 	deleteBuckets(t, nc, cfg)
+	return openStore(t, nc, cfg)
+}
+
+// openStore opens a store on nc with cfg, its bucket as it stands (a
+// restricted user's connection may not create it), closed when t ends.
+func openStore(t testing.TB, nc *nats.Conn, cfg natsstore.Config) *natsstore.Store {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
 	s, err := natsstore.New(ctx, nc, cfg)

@@ -28,14 +28,7 @@ func proxied(t *testing.T, cfg natsstore.Config) (*natsstore.Store, *testkit.Pro
 		cfg.Bucket = testBucket()
 	}
 	deleteBuckets(t, direct, cfg) // through the direct connection: the proxy may be cut
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-	defer cancel()
-	s, err := natsstore.New(ctx, nc, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Close(context.Background()) })
-	return s, p, nc, direct
+	return openStore(t, nc, cfg), p, nc, direct
 }
 
 // restore restores p and waits for nc to be connected again: on a new

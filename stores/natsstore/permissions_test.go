@@ -118,9 +118,9 @@ func TestLeastPrivilege(t *testing.T) {
 		storetest.Run(t, func(t *testing.T, clock stores.Clock) stores.Store {
 			c := suiteCfg
 			c.Clock = clock
-			return storeOnly{openAs(t, nc, c)}
+			return storeOnly{openStore(t, nc, c)}
 		}, storetest.AdminNoScopes())
-		s := openAs(t, nc, natsstore.Config{Bucket: bucket, MaxLease: suiteMax, MaxRetention: suiteMax})
+		s := openStore(t, nc, natsstore.Config{Bucket: bucket, MaxLease: suiteMax, MaxRetention: suiteMax})
 		s.SetLeaderReads(true)
 		c := claim(t, s, "leader", time.Minute, "a", "b")
 		if c.Result != stores.Claimed {
@@ -149,7 +149,7 @@ func TestLeastPrivilege(t *testing.T) {
 			c.Bucket, c.Clock = ctlBuckets[next], clock
 			next++
 			newStore(t, root, natsstore.Config{Bucket: c.Bucket, MaxLease: suiteMax, MaxRetention: suiteMax}).Close(ctx)
-			return openAs(t, nc, c)
+			return openStore(t, nc, c)
 		}, storetest.AdminNoScopes())
 		a, err := natsstore.Open(ctx, nc, natsstore.Config{Bucket: bucket})
 		if err != nil {
@@ -162,7 +162,7 @@ func TestLeastPrivilege(t *testing.T) {
 	})
 
 	t.Run("creator", func(t *testing.T) {
-		s := openAs(t, as("creator"), natsstore.Config{Bucket: created})
+		s := openStore(t, as("creator"), natsstore.Config{Bucket: created})
 		if c := claim(t, s, "s", time.Minute, "k"); c.Result != stores.Claimed {
 			t.Fatalf("Claim in the bucket the user created = %s", c.Result)
 		}
@@ -174,7 +174,7 @@ func TestLeastPrivilege(t *testing.T) {
 	})
 
 	t.Run("shards", func(t *testing.T) {
-		s := openAs(t, as("shards"), natsstore.Config{Bucket: sharded, Shards: 2})
+		s := openStore(t, as("shards"), natsstore.Config{Bucket: sharded, Shards: 2})
 		c := claim(t, s, "s", time.Minute, "a", "b", "c", "d")
 		if err := s.Complete(ctx, c, time.Hour, nil); err != nil {
 			t.Fatalf("Complete over two buckets: %v", err)
@@ -182,7 +182,7 @@ func TestLeastPrivilege(t *testing.T) {
 	})
 
 	t.Run("denied", func(t *testing.T) {
-		s := openAs(t, as("nokv"), natsstore.Config{Bucket: bucket, MaxLease: suiteMax, MaxRetention: suiteMax})
+		s := openStore(t, as("nokv"), natsstore.Config{Bucket: bucket, MaxLease: suiteMax, MaxRetention: suiteMax})
 		cctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 		defer cancel()
 		_, err := s.Claim(cctx, "s", []string{"denied"}, time.Minute)
@@ -198,18 +198,4 @@ func mustBeDenied(t *testing.T, what string, err error) {
 		t.Fatalf("%s: err = %v, want an unclassified error naming the permissions violation", what, err)
 	}
 	errtest.NotOutage(t, what, err, err)
-}
-
-// openAs opens a store on nc (a user's connection) in a bucket that
-// exists, closed when t ends.
-func openAs(t *testing.T, nc *nats.Conn, cfg natsstore.Config) *natsstore.Store {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-	defer cancel()
-	s, err := natsstore.New(ctx, nc, cfg)
-	if err != nil {
-		t.Fatalf("natsstore.New as a restricted user: %v", err)
-	}
-	t.Cleanup(func() { _ = s.Close(context.Background()) })
-	return s
 }

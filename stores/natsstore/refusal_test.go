@@ -81,7 +81,7 @@ func TestReconnectRefusalIsNotAnOutage(t *testing.T) {
 			nc := connect(t, srv.URL(), opts...)
 			cfg := natsstore.Config{Bucket: testBucket()}
 			newStore(t, connect(t, srv.URL(), nats.UserInfo("root", "root-pw")), cfg) // the bucket, made and deleted by root
-			s := openAs(t, nc, cfg)
+			s := openStore(t, nc, cfg)
 			if c := claim(t, s, "s", time.Minute, "before"); c.Result != stores.Claimed {
 				t.Fatalf("Claim before the reload = %s", c.Result)
 			}
@@ -225,9 +225,9 @@ func TestSessionClosedIsNotAnOutage(t *testing.T) {
 	t.Run("before the first reconnect", func(t *testing.T) {
 		srv := testkit.StartNATSSecureServer(t, usersConf("root", "alice"), nats.UserInfo("root", "root-pw"))
 		cfg := natsstore.Config{Bucket: testBucket()}
-		openAs(t, connect(t, srv.URL(), nats.UserInfo("root", "root-pw")), cfg) // the bucket, on a server the test kills
+		openStore(t, connect(t, srv.URL(), nats.UserInfo("root", "root-pw")), cfg) // the bucket, on a server the test kills
 		nc := connect(t, srv.URL(), nats.UserInfo("alice", "alice-pw"), nats.ReconnectWait(time.Hour), quiet)
-		s := openAs(t, nc, cfg)
+		s := openStore(t, nc, cfg)
 		if c := claim(t, s, "s", time.Minute, "before"); c.Result != stores.Claimed {
 			t.Fatalf("Claim before the reload = %s", c.Result)
 		}
@@ -240,10 +240,10 @@ func TestSessionClosedIsNotAnOutage(t *testing.T) {
 	t.Run("after a refusal", func(t *testing.T) {
 		srv := testkit.StartNATSSecureServer(t, usersConf("root", "alice"), nats.UserInfo("root", "root-pw"))
 		cfg := natsstore.Config{Bucket: testBucket()}
-		openAs(t, connect(t, srv.URL(), nats.UserInfo("root", "root-pw")), cfg) // the bucket, on a server the test kills
+		openStore(t, connect(t, srv.URL(), nats.UserInfo("root", "root-pw")), cfg) // the bucket, on a server the test kills
 		nc := connect(t, srv.URL(), nats.UserInfo("alice", "alice-pw"), nats.MaxReconnects(-1), nats.IgnoreAuthErrorAbort(),
 			nats.ReconnectWait(20*time.Millisecond), nats.ReconnectJitter(0, 0), quiet)
-		s := openAs(t, nc, cfg)
+		s := openStore(t, nc, cfg)
 		srv.Reload(usersConf("root"))
 		waitLastError(t, nc, "authorization violation")
 		testkit.RefusedCalls(t, s, 3, "authorization violation", true)
@@ -321,7 +321,7 @@ func TestPermissionDeniedOnSharedConnection(t *testing.T) {
 				_ = nc.Publish("orders.created", []byte("x"))
 			}
 		}))
-	s := openAs(t, nc, cfg)
+	s := openStore(t, nc, cfg)
 	if c := claim(t, s, "s", time.Minute, "before"); c.Result != stores.Claimed {
 		t.Fatalf("Claim before the reload = %s", c.Result)
 	}
@@ -388,7 +388,7 @@ func TestAccountWithoutJetStreamIsNotAnOutage(t *testing.T) {
 	newStore(t, connect(t, srv.URL(), nats.UserInfo("root", "root-pw")), cfg)
 	nc := connect(t, srv.URL(), nats.UserInfo("alice", "alice-pw"), nats.MaxReconnects(-1), nats.ReconnectWait(20*time.Millisecond),
 		nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
-	s := openAs(t, nc, cfg)
+	s := openStore(t, nc, cfg)
 	if c := claim(t, s, "s", time.Minute, "before"); c.Result != stores.Claimed {
 		t.Fatalf("Claim before the reload = %s", c.Result)
 	}
@@ -408,7 +408,7 @@ func TestServerGoneForGoodIsAnOutage(t *testing.T) {
 	closed := make(chan struct{})
 	nc := connect(t, srv.URL(), nats.MaxReconnects(2), nats.ReconnectWait(20*time.Millisecond), nats.ReconnectJitter(0, 0),
 		nats.ClosedHandler(func(*nats.Conn) { close(closed) }), nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
-	s := openAs(t, nc, natsstore.Config{Bucket: testBucket()})
+	s := openStore(t, nc, natsstore.Config{Bucket: testBucket()})
 	if c := claim(t, s, "s", time.Minute, "before"); c.Result != stores.Claimed {
 		t.Fatalf("Claim before the kill = %s", c.Result)
 	}
@@ -429,7 +429,7 @@ func TestHungServerIsAnOutage(t *testing.T) {
 			nc := connect(t, url, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond), nats.Timeout(time.Second),
 				nats.PingInterval(100*time.Millisecond), nats.MaxPingsOutstanding(2),
 				nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
-			s := openAs(t, nc, natsstore.Config{Bucket: testBucket()})
+			s := openStore(t, nc, natsstore.Config{Bucket: testBucket()})
 			srv.Pause()
 			t.Cleanup(srv.Resume)
 			testkit.WaitFor(t, time.Minute, "the connection found stale", func() bool { return !nc.IsConnected() })
