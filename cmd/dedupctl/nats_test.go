@@ -121,18 +121,8 @@ func TestNATSCredentialsAndTLS(t *testing.T) {
 		"authorization {\n  users = [\n    {user: root, password: root}\n" +
 		"    {user: ctl, password: \"" + password + "\", permissions: {publish: {allow: [" + strings.Join(allow, ", ") + "]}, subscribe: {allow: [\"_INBOX.>\"]}}}\n  ]\n}\n"
 	addr := testkit.StartNATSSecure(t, conf, nats.UserInfo("root", "root"), nats.RootCAs(files.CA))
-	root, err := nats.Connect("tls://root:root@"+addr, nats.RootCAs(files.CA))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(root.Close)
-	s, err := natsstore.New(t.Context(), root, natsstore.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Close(context.Background()) })
-	tg := &target{kind: testkit.StoreNATS, store: s, admin: s,
-		args: []string{"-store=nats", "-nats-url=tls://ctl:" + password + "@" + addr, "-nats-ca=" + files.CA}}
+	tg := natsTarget(t, "tls://root:root@"+addr, nats.RootCAs(files.CA))
+	tg.args = []string{"-store=nats", "-nats-url=tls://ctl:" + password + "@" + addr, "-nats-ca=" + files.CA}
 	tg.done(t, "s", "d1")
 	tg.done(t, "s", "d2")
 	tg.claim(t, "s", "p1", time.Minute)
@@ -173,17 +163,7 @@ func TestNATSClientCert(t *testing.T) {
 	conf := "tls {\n  cert_file: \"" + files.ServerCert + "\"\n  key_file: \"" + files.ServerKey + "\"\n  ca_file: \"" + files.CA + "\"\n  verify: true\n}\n" +
 		"authorization {\n  users = [\n    {user: ctl, password: \"" + password + "\"}\n  ]\n}\n"
 	addr := testkit.StartNATSSecure(t, conf, nats.UserInfo("ctl", password), nats.RootCAs(files.CA), nats.ClientCert(files.ClientCert, files.ClientKey))
-	nc, err := nats.Connect("tls://ctl:"+password+"@"+addr, nats.RootCAs(files.CA), nats.ClientCert(files.ClientCert, files.ClientKey))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	s, err := natsstore.New(t.Context(), nc, natsstore.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Close(context.Background()) })
-	tg := &target{kind: testkit.StoreNATS, store: s, admin: s}
+	tg := natsTarget(t, "tls://ctl:"+password+"@"+addr, nats.RootCAs(files.CA), nats.ClientCert(files.ClientCert, files.ClientKey))
 	tg.done(t, "s", "d1")
 
 	secretFree := func(r result) result {
@@ -207,4 +187,22 @@ func TestNATSClientCert(t *testing.T) {
 	secretFree(dedupctl(t, "-store=nats", url, ca, cert, "stats").want(t, exitUsage, "stderr:-nats-key: a client certificate needs its key"))
 	secretFree(dedupctl(t, "-store=nats", url, ca, key, "stats").want(t, exitUsage, "stderr:-nats-cert: a client key needs its certificate"))
 	dedupctl(t, "-help").want(t, exitOK, "stdout:[env DEDUP_NATS_CERT]", "stdout:[env DEDUP_NATS_KEY]")
+}
+
+// natsTarget connects to the NATS server of url with opts and returns a
+// target on a store there (the default bucket), both closed when t ends;
+// the caller sets its args.
+func natsTarget(t *testing.T, url string, opts ...nats.Option) *target {
+	t.Helper()
+	nc, err := nats.Connect(url, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	s, err := natsstore.New(t.Context(), nc, natsstore.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close(context.Background()) })
+	return &target{kind: testkit.StoreNATS, store: s, admin: s}
 }
