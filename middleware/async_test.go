@@ -279,6 +279,24 @@ type heldClaimStore struct {
 	release  chan struct{}
 }
 
+func newHeldClaimStore(t testing.TB) *heldClaimStore {
+	return &heldClaimStore{gatedStore: newGatedStore(t), answered: make(chan *stores.Claim, 1), release: make(chan struct{})}
+}
+
+// duplicate sends a delivery of id through h, s holding the reply of its
+// claim, checks that the claim found id in progress, and returns where
+// h's error arrives.
+func (s *heldClaimStore) duplicate(t *testing.T, h message.HandlerFunc, id string) <-chan error {
+	t.Helper()
+	s.hold.Store(true)
+	res := make(chan error, 1)
+	go func() { _, err := h(message.NewMessage(id, nil)); res <- err }()
+	if c := <-s.answered; c.Result != stores.InProgress {
+		t.Fatalf("the duplicate's claim = %s, want in progress", c.Result)
+	}
+	return res
+}
+
 func (s *heldClaimStore) Claim(ctx context.Context, scope string, keys []string, lease time.Duration) (*stores.Claim, error) {
 	c, err := s.gatedStore.Claim(ctx, scope, keys, lease)
 	if s.hold.CompareAndSwap(true, false) {
@@ -292,19 +310,14 @@ func (s *heldClaimStore) Claim(ctx context.Context, scope string, keys []string,
 // processing, then this middleware's Complete lands before the duplicate
 // looks for it. The duplicate claims once more and is acked, not nacked.
 func TestAsyncDuplicateRacingItsComplete(t *testing.T) {
-	store := &heldClaimStore{gatedStore: newGatedStore(t), answered: make(chan *stores.Claim, 1), release: make(chan struct{})}
+	store := newHeldClaimStore(t)
 	m := newAsync(t, middleware.Config{Store: store, Scope: "s"})
 	h := m.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })
 	if _, err := h(message.NewMessage("m-1", nil)); err != nil {
 		t.Fatal(err)
 	}
 	<-store.entered
-	store.hold.Store(true)
-	dup := make(chan error, 1)
-	go func() { _, err := h(message.NewMessage("m-1", nil)); dup <- err }()
-	if c := <-store.answered; c.Result != stores.InProgress {
-		t.Fatalf("the duplicate's claim = %s, want in progress", c.Result)
-	}
+	dup := store.duplicate(t, h, "m-1")
 	close(store.open)
 	if err := m.Close(context.Background()); err != nil { // the Complete has landed
 		t.Fatal(err)
@@ -364,7 +377,7 @@ func TestAsyncDuplicateOfAnotherConsumerClaimsOnce(t *testing.T) {
 // consumer holds them, that claim finds them in progress still, and the
 // duplicate is in progress after those two claims, not claiming again.
 func TestAsyncDuplicateClaimsOnceMoreAfterALanding(t *testing.T) {
-	held := &heldClaimStore{gatedStore: newGatedStore(t), answered: make(chan *stores.Claim, 1), release: make(chan struct{})}
+	held := newHeldClaimStore(t)
 	store := &claimCounter{Store: held}
 	holdElsewhere(t, held.gatedStore, "m-1")
 	// A claim loop, were there one, would end at CompleteTimeout: the
@@ -376,12 +389,7 @@ func TestAsyncDuplicateClaimsOnceMoreAfterALanding(t *testing.T) {
 	}
 	<-held.entered // m-2's Complete is on its way
 
-	held.hold.Store(true)
-	res := make(chan error, 1)
-	go func() { _, err := h(message.NewMessage("m-1", nil)); res <- err }()
-	if c := <-held.answered; c.Result != stores.InProgress {
-		t.Fatalf("the duplicate's claim = %s, want in progress", c.Result)
-	}
+	res := held.duplicate(t, h, "m-1")
 	close(held.open)
 	if err := m.Close(context.Background()); err != nil { // m-2's Complete has landed
 		t.Fatal(err)
