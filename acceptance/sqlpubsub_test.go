@@ -78,6 +78,24 @@ var wsqlV3 = wsqlClients{
 
 // sqlPubSubOf is sqlPubSub on the clients of c.
 func sqlPubSubOf(d sqlstore.Dialect, c wsqlClients) acceptance.Backend {
+	// newSubscriber makes subscribers of c on a database connection of
+	// their own, set up for the native producer's rows when foreign.
+	newSubscriber := func(foreign bool) func(testing.TB, acceptance.Env, string) (message.Subscriber, error) {
+		return func(_ testing.TB, env acceptance.Env, group string) (message.Subscriber, error) {
+			db, err := openSQL(d, env)
+			if err != nil {
+				return nil, err
+			}
+			// The subscriber holds one transaction at a time.
+			db.SetMaxOpenConns(2)
+			sub, err := c.newSubscriber(db, d, group, foreign)
+			if err != nil {
+				_ = db.Close()
+				return nil, err
+			}
+			return &sqlSubscriber{Subscriber: sub, db: db}, nil
+		}
+	}
 	return acceptance.Backend{
 		Name: c.prefix + string(d),
 		Features: acceptance.Features{
@@ -118,21 +136,8 @@ func sqlPubSubOf(d sqlstore.Dialect, c wsqlClients) acceptance.Backend {
 			}
 			return &sqlPublisher{Publisher: pub, db: db}, nil
 		},
-		NewSubscriber: func(_ testing.TB, env acceptance.Env, group string) (message.Subscriber, error) {
-			db, err := openSQL(d, env)
-			if err != nil {
-				return nil, err
-			}
-			// The subscriber holds one transaction at a time.
-			db.SetMaxOpenConns(2)
-			sub, err := c.newSubscriber(db, d, group, false)
-			if err != nil {
-				_ = db.Close()
-				return nil, err
-			}
-			return &sqlSubscriber{Subscriber: sub, db: db}, nil
-		},
-		Deadline: &acceptance.Deadline{Name: fmt.Sprintf("watermill-sql AckDeadline %s, kept by the guarded subscriber (the batch's transaction rolled back, its messages delivered again)", sqlAckDeadline)},
+		NewSubscriber: newSubscriber(false),
+		Deadline:      &acceptance.Deadline{Name: fmt.Sprintf("watermill-sql AckDeadline %s, kept by the guarded subscriber (the batch's transaction rolled back, its messages delivered again)", sqlAckDeadline)},
 		Native: &acceptance.Native{
 			Client: "plain INSERTs (database/sql)",
 			NewPublisher: func(_ testing.TB, env acceptance.Env) (acceptance.NativePublisher, error) {
@@ -145,23 +150,11 @@ func sqlPubSubOf(d sqlstore.Dialect, c wsqlClients) acceptance.Backend {
 			},
 			// sqlkeys.SchemaAdapter carries each row's offset, for
 			// sqlkeys.Offset.
-			NewSubscriber: func(_ testing.TB, env acceptance.Env, group string) (message.Subscriber, error) {
-				db, err := openSQL(d, env)
-				if err != nil {
-					return nil, err
-				}
-				db.SetMaxOpenConns(2)
-				sub, err := c.newSubscriber(db, d, group, true)
-				if err != nil {
-					_ = db.Close()
-					return nil, err
-				}
-				return &sqlSubscriber{Subscriber: sub, db: db}, nil
-			},
-			Key:         keyfuncs.MessageID(),
-			KeyName:     "keyfuncs.MessageID() (uuid column)",
-			CopyKey:     c.copyKey,
-			CopyKeyName: "sqlkeys.Offset()",
+			NewSubscriber: newSubscriber(true),
+			Key:           keyfuncs.MessageID(),
+			KeyName:       "keyfuncs.MessageID() (uuid column)",
+			CopyKey:       c.copyKey,
+			CopyKeyName:   "sqlkeys.Offset()",
 			// watermill-sql does not deliver created_at: the producer
 			// writes its time into the metadata, as sqlkeys advises.
 			PublishedAt: middleware.MetadataTime(sqlPublishedAt),
