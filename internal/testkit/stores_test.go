@@ -25,15 +25,21 @@ func TestOpenStore(t *testing.T) {
 		t.Run(string(kind), func(t *testing.T) {
 			testkit.RequireStore(t, kind)
 			ctx := context.Background()
+			// openClaim opens a store of p and claims k1 there.
+			openClaim := func(p testkit.StoreParams) (*testkit.OpenedStore, func(context.Context) error, *stores.Claim) {
+				t.Helper()
+				o, cleanup, err := testkit.OpenStore(ctx, p)
+				if err != nil {
+					t.Fatal(err)
+				}
+				c, err := o.Store.Claim(ctx, "scope", []string{"k1"}, time.Minute)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return o, cleanup, c
+			}
 			p := testkit.StoreParams{Kind: kind, CreateSchema: true, Teardown: true, Redis: redisstore.Config{SkipServerCheck: true}}
-			o, cleanup, err := testkit.OpenStore(ctx, p)
-			if err != nil {
-				t.Fatal(err)
-			}
-			c, err := o.Store.Claim(ctx, "scope", []string{"k1"}, time.Minute)
-			if err != nil {
-				t.Fatal(err)
-			}
+			o, cleanup, c := openClaim(p)
 			if err := o.Store.Complete(ctx, c, time.Hour, nil); err != nil {
 				t.Fatal(err)
 			}
@@ -41,14 +47,7 @@ func TestOpenStore(t *testing.T) {
 			// A second store on the same name shares the records.
 			p.Name, p.Teardown, p.CreateSchema = o.Name, false, false
 			if kind != testkit.StoreMemory && kind != testkit.StoreSQLite {
-				o2, cleanup2, err := testkit.OpenStore(ctx, p)
-				if err != nil {
-					t.Fatal(err)
-				}
-				c2, err := o2.Store.Claim(ctx, "scope", []string{"k1"}, time.Minute)
-				if err != nil {
-					t.Fatal(err)
-				}
+				_, cleanup2, c2 := openClaim(p)
 				if c2.Result != stores.Duplicate {
 					t.Errorf("second store on %s: claim result %v, want duplicate", o.Name, c2.Result)
 				}
