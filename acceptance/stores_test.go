@@ -50,6 +50,17 @@ func openTestkit(t testing.TB, p testkit.StoreParams) (*testkit.OpenedStore, err
 	return o, nil
 }
 
+// openNamed opens the stores of p (Kind and settings) through
+// env[EnvAddr], with a dial timeout of a second, under the name in
+// env[name]: a key prefix, a bucket.
+func openNamed(p testkit.StoreParams, name string) func(testing.TB, acceptance.Env) (acceptance.Opened, error) {
+	return func(t testing.TB, env acceptance.Env) (acceptance.Opened, error) {
+		p := p
+		p.Addr, p.Name, p.DialTimeout = env[acceptance.EnvAddr], env[name], time.Second
+		return openStore(t, p)
+	}
+}
+
 // cleanupWithin runs cleanup when t ends, giving it 30 seconds, and logs
 // its error after what (formatted with args).
 func cleanupWithin(t testing.TB, cleanup func(context.Context) error, what string, args ...any) {
@@ -78,15 +89,7 @@ func redisStore() acceptance.Store {
 			}, "redis cleanup of %s*", prefix)
 			return acceptance.Env{acceptance.EnvAddr: addr, "prefix": prefix}, nil
 		},
-		Open: func(t testing.TB, env acceptance.Env) (acceptance.Opened, error) {
-			return openStore(t, testkit.StoreParams{
-				Kind:        testkit.StoreRedis,
-				Addr:        env[acceptance.EnvAddr],
-				Name:        env["prefix"],
-				DialTimeout: time.Second,
-				Redis:       redisstore.Config{SkipServerCheck: true},
-			})
-		},
+		Open: openNamed(testkit.StoreParams{Kind: testkit.StoreRedis, Redis: redisstore.Config{SkipServerCheck: true}}, "prefix"),
 	}
 }
 
@@ -120,14 +123,7 @@ func natsStore() acceptance.Store {
 			}, "nats cleanup of bucket %s", bucket)
 			return acceptance.Env{acceptance.EnvAddr: addr, "bucket": bucket}, nil
 		},
-		Open: func(t testing.TB, env acceptance.Env) (acceptance.Opened, error) {
-			return openStore(t, testkit.StoreParams{
-				Kind:        testkit.StoreNATS,
-				Addr:        env[acceptance.EnvAddr],
-				Name:        env["bucket"],
-				DialTimeout: time.Second,
-			})
-		},
+		Open: openNamed(testkit.StoreParams{Kind: testkit.StoreNATS}, "bucket"),
 	}
 }
 
