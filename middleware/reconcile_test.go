@@ -353,3 +353,59 @@ func TestClaimCutByAClosingRouterHoldsNoKey(t *testing.T) {
 		t.Fatalf("the handler ran %d times, want 1", runs)
 	}
 }
+
+// TestCompleteRetriesUnclassifiedErrors: after the handler's effect, a
+// Complete that fails with an error the store does not classify (a
+// connection reset it did not recognise) is retried like an outage; one
+// blip must not leave the record processing for a duplicate arriving
+// after the lease to run again. Every mode that completes after the
+// handler, with and without data on the record.
+func TestCompleteRetriesUnclassifiedErrors(t *testing.T) {
+	for _, mode := range []dedup.Mode{dedup.ModeLease, dedup.ModeAsyncComplete} {
+		for _, withData := range []bool{false, true} {
+			name := mode.String()
+			if withData {
+				name += "/outputs"
+			}
+			t.Run(name, func(t *testing.T) {
+				clock := storetest.NewFakeClock(time.Unix(1_700_000_000, 0))
+				inner := newMemstoreClock(t, clock)
+				// The first Complete fails with an error the store does
+				// not classify; every later call passes through.
+				store := &replyingStore{Store: inner, reply: func(n int32, complete func() error) error {
+					if n == 1 {
+						return errConnReset
+					}
+					return complete()
+				}}
+				mw, err := middleware.New(middleware.Config{Store: store, Mode: mode, Policy: dedup.Policy{Lease: time.Minute, Logger: watermill.NopLogger{}}, Scope: "s"})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { _ = mw.Close(context.Background()) })
+				var runs atomic.Int32
+				h := mw.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+					runs.Add(1)
+					if withData {
+						return []*message.Message{message.NewMessage("out-1", []byte("x"))}, nil
+					}
+					return nil, nil
+				})
+				if _, err := h(message.NewMessage("m-1", nil)); err != nil {
+					t.Fatalf("first delivery: %v", err)
+				}
+				if err := mw.Close(context.Background()); err != nil {
+					t.Fatal(err)
+				}
+				// The lease runs out; a duplicate arrives.
+				clock.Advance(2 * time.Minute)
+				if _, err := h(message.NewMessage("m-1", nil)); err != nil {
+					t.Fatalf("duplicate: %v", err)
+				}
+				if n := runs.Load(); n != 1 {
+					t.Fatalf("the handler ran %d times for one message whose first Complete failed once, want 1", n)
+				}
+			})
+		}
+	}
+}
