@@ -239,3 +239,20 @@ func claimAsync(ctx context.Context, s stores.Store, scope string, keys ...strin
 	}()
 	return done
 }
+
+// slotPrefix returns a prefix whose keys all hash to one slot of the
+// cluster, that slot, and its owner.
+func slotPrefix(t testing.TB, cc *redis.ClusterClient) (prefix string, slot int64, owner *redis.Client) {
+	t.Helper()
+	ctx := context.Background()
+	prefix = "{" + storetest.NewID() + "}:"
+	slot, err := cc.ClusterKeySlot(ctx, prefix).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	owner, err = cc.MasterForKey(ctx, prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return prefix, slot, owner
+}

@@ -16,7 +16,6 @@ import (
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/internal/errtest"
 	"github.com/watermill-dedup/dedup/stores/redisstore"
-	"github.com/watermill-dedup/dedup/stores/storetest"
 )
 
 // The error replies of a Redis that cannot serve now, reproduced on
@@ -97,17 +96,9 @@ func TestReplicaWithoutPrimary(t *testing.T) {
 // TRYAGAIN. Both are outages. It changes the cluster: run it last.
 func testClusterDown(t *testing.T, cc *redis.ClusterClient) {
 	ctx := context.Background()
-	p := "{" + storetest.NewID() + "}:"
+	p, slot, owner := slotPrefix(t, cc)
 	t.Cleanup(func() { deletePrefix(t, cc, p) })
 	s := newStore(t, cc, redisstore.Config{Prefix: p, Batch: redisstore.BatchConfig{Disabled: true}})
-	slot, err := cc.ClusterKeySlot(ctx, p).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	owner, err := cc.MasterForKey(ctx, p)
-	if err != nil {
-		t.Fatal(err)
-	}
 	// Run before deletePrefix: the slot is served again, and stable.
 	t.Cleanup(func() {
 		_ = owner.Do(ctx, "CLUSTER", "SETSLOT", slot, "STABLE").Err()
