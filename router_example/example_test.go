@@ -860,3 +860,24 @@ func requireNoQueue(t *testing.T, queue string) {
 		t.Fatalf("-cleanup left RabbitMQ queue %s", queue)
 	}
 }
+
+// A -postgres-dsn that points at another service (MySQL/MariaDB's port)
+// says a server answered there, but not with the PostgreSQL protocol; it
+// said pgx's "received unexpected message: %!w(<nil>)".
+func TestExamplePostgresDSNAtAnotherService(t *testing.T) {
+	t.Parallel()
+	addr := testkit.RequireStore(t, testkit.StoreMySQL)
+	r := runExample(t, newTestRunID(), "-store=postgres", "-postgres-dsn=postgres://postgres@"+addr+"/test?sslmode=disable", "-events=5")
+	if r.code != exitConfig {
+		t.Fatalf("exit %d, want %d\n%s", r.code, exitConfig, r)
+	}
+	for _, w := range []string{"no PostgreSQL at " + addr + "/test", "-postgres-dsn or POSTGRES_DSN", "not with the PostgreSQL protocol"} {
+		if !strings.Contains(r.stderr, w) {
+			t.Errorf("stderr lacks %q\n%s", w, r)
+		}
+	}
+	if strings.Contains(r.stderr, "%!") {
+		t.Errorf("stderr shows a badly formatted error\n%s", r)
+	}
+	requireOnlyOwnLines(t, r)
+}

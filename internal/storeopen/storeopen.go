@@ -27,6 +27,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
 	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver
 	"github.com/nats-io/nats.go"
 	amqp091 "github.com/rabbitmq/amqp091-go"
@@ -146,10 +147,37 @@ func (o Opener) DB(ctx context.Context, d sqlstore.Dialect, dsn string) (*sql.DB
 	}
 	db, err := OpenDB(ctx, driver, dsn, o.MaxConns, o.pingTimeout())
 	if err != nil {
+		if d == sqlstore.Postgres && notPostgres(err) {
+			err = &ProtocolError{Service: service, Err: err}
+		}
 		return nil, "", o.unreachable(service, addr, setting, err)
 	}
 	return db, addr, nil
 }
+
+// notPostgres reports whether err is pgx's of a server that answered,
+// but not with the PostgreSQL protocol: a message PostgreSQL never sends
+// (pgx: "received unexpected message: %!w(<nil>)", MySQL/MariaDB's
+// greeting), or a message length no PostgreSQL message has (the text
+// NATS and RabbitMQ send).
+func notPostgres(err error) bool {
+	var tooLong *pgproto3.ExceededMaxBodyLenErr
+	return errors.As(err, &tooLong) || strings.Contains(err.Error(), "received unexpected message")
+}
+
+// ProtocolError is a server that answered, but not with the protocol of
+// Service: another service listens at the address.
+type ProtocolError struct {
+	Service string // the service expected: "PostgreSQL"
+	Err     error  // the client's error, which may not say so
+}
+
+func (e *ProtocolError) Error() string {
+	return "a server answered there, but not with the " + e.Service +
+		" protocol: another service listens at that port (is the port right?)"
+}
+
+func (e *ProtocolError) Unwrap() error { return e.Err }
 
 // OpenDB opens a database/sql pool of conns connections (open and idle;
 // none: database/sql's default) and pings it within timeout. It returns
@@ -186,7 +214,8 @@ func (o Opener) unreachable(service, addr, setting string, err error) error {
 // UnreachableError says which service could not be used, at which
 // address, and which setting changes it: either nothing answered there,
 // or the server answered and refused (a wrong password, an unknown role,
-// database or virtual host).
+// database or virtual host), or another service answered (a
+// *ProtocolError in Err).
 type UnreachableError struct {
 	Service string // "PostgreSQL"
 	Addr    string // where, without a password
@@ -207,6 +236,10 @@ func (e *UnreachableError) Error() string {
 			what = "the " + e.Check + " in " + e.Setting
 		}
 		return fmt.Sprintf("%s at %s refused the connection (check %s): %v", e.Service, e.Addr, what, refusal)
+	}
+	var wrong *ProtocolError
+	if errors.As(e.Err, &wrong) {
+		return fmt.Sprintf("no %s at %s (change it with %s): %v", e.Service, e.Addr, e.Setting, wrong)
 	}
 	// The dial error alone: a client may list every attempt, on lines of
 	// their own.

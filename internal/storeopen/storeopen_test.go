@@ -145,3 +145,25 @@ func TestOpenerServices(t *testing.T) {
 		t.Errorf("a key outside the prefix was deleted")
 	}
 }
+
+// A PostgreSQL DSN that points at another server, which answers but not
+// with the PostgreSQL protocol (here MySQL/MariaDB's port), says so; pgx
+// alone says "received unexpected message: %!w(<nil>)".
+func TestOpenerPostgresAtAnotherServer(t *testing.T) {
+	addr := testkit.RequireStore(t, testkit.StoreMySQL)
+	for _, dsn := range []string{
+		"postgres://postgres@" + addr + "/test?sslmode=disable",
+		"postgres://postgres@" + addr + "/test", // sslmode=prefer: a refused TLS request first
+	} {
+		_, _, err := storeopen.Opener{MaxConns: 1}.DB(context.Background(), sqlstore.Postgres, dsn)
+		var u *storeopen.UnreachableError
+		if !errors.As(err, &u) || u.Setting != storeopen.PostgresSetting {
+			t.Fatalf("%s: %v, want an *UnreachableError naming %s", dsn, err, storeopen.PostgresSetting)
+		}
+		var p *storeopen.ProtocolError
+		if msg := err.Error(); !errors.As(err, &p) || strings.Contains(msg, "%!") ||
+			!strings.Contains(msg, "answered there, but not with the PostgreSQL protocol") {
+			t.Errorf("%s: %q, want it to say the server there does not speak PostgreSQL", dsn, msg)
+		}
+	}
+}
