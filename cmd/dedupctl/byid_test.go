@@ -2,8 +2,12 @@ package main
 
 import (
 	"errors"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
 
 	"github.com/watermill-dedup/dedup/internal/testkit"
 	"github.com/watermill-dedup/dedup/stores"
@@ -80,5 +84,33 @@ func TestForgetAndReleaseByID(t *testing.T) {
 		tg.run(t, "release", "-id="+pid, scope, "p1").want(t, exitUsage, "stderr:release takes SCOPE KEY or -id, not both")
 		tg.run(t, "forget", "-id="+pid, "-prefix=p").want(t, exitUsage, "stderr:-id")
 		tg.run(t, "get", "-id=not-an-id").want(t, exitUsage, "stderr:not-an-id")
+	})
+}
+
+// get -id prints the scope and key of the record it finds where the store
+// keeps them, and says plainly that it cannot know them where it keeps a
+// digest of them: it printed scope "?" and key "?". An id that names no
+// record says what -id takes: not a message's id.
+func TestGetByIDScopeAndKey(t *testing.T) {
+	forEachStore(t, func(t *testing.T, e *env, kind testkit.StoreKind) {
+		tg := e.open(t, kind, "")
+		scope, _ := tg.seed(t)
+		rec, err := tg.admin.Get(t.Context(), scope, "d1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := tg.run(t, "get", "-id="+rec.ID).want(t, exitOK)
+		if strings.Contains(r.stdout, `"?"`) {
+			t.Errorf("get -id prints a scope or key of \"?\"\n%s", r)
+		}
+		if tg.scopes {
+			r.field(t, "scope", strconv.Quote(scope))
+			r.field(t, "key", `"d1"`)
+			return
+		}
+		r.want(t, exitOK, "stdout:not stored", "stdout:digest of (scope, key)", "stdout:get SCOPE KEY")
+		if kind == testkit.StoreSQLite { // a message's id is a UUID, as a SQL record's
+			tg.run(t, "get", "-id="+watermill.NewUUID()).want(t, exitNotFound, "stderr:not a message's id")
+		}
 	})
 }

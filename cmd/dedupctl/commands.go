@@ -112,7 +112,11 @@ func (c *cli) named(pos []string) recordRef {
 func (c *cli) get(ctx context.Context, a *admin, o recordRef) error {
 	r, err := o.get(ctx, a)
 	if errors.Is(err, stores.ErrNotFound) {
-		return &notFoundError{fmt.Sprintf("no record %s on %s", o, a.where)}
+		msg := fmt.Sprintf("no record %s on %s", o, a.where)
+		if o.id != "" {
+			msg += "\n(-id takes a record's id, as list prints it, not a message's id: `dedupctl get SCOPE KEY` finds a message's record by its key)"
+		}
+		return &notFoundError{msg}
 	}
 	if err != nil {
 		return err

@@ -29,6 +29,14 @@ import (
 	"github.com/watermill-dedup/dedup/stores/storetest"
 )
 
+// deref is *s, "?" for nil.
+func deref(s *string) string {
+	if s == nil {
+		return "?"
+	}
+	return *s
+}
+
 // result is one run of the command.
 type result struct {
 	code           int

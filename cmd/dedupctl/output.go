@@ -91,13 +91,6 @@ func fmtTime(t, now time.Time) string {
 	return t.UTC().Format(time.RFC3339) + " (" + rel + ")"
 }
 
-func deref(s *string) string {
-	if s == nil {
-		return "?"
-	}
-	return *s
-}
-
 // describe is a record on one line.
 func describe(r recordJSON, now time.Time) string {
 	var b strings.Builder
@@ -126,8 +119,19 @@ func writeRecord(w io.Writer, r stores.Record, now time.Time) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	defer tw.Flush()
 	row := func(k, v string) { fmt.Fprintf(tw, "%s\t%s\n", k, v) }
-	row("scope", strconv.QuoteToASCII(deref(v.Scope)))
-	row("key", strconv.QuoteToASCII(deref(v.Key)))
+	switch {
+	case v.Scope == nil && v.Key == nil:
+		row("scope, key", notStored)
+	case v.Scope == nil:
+		row("scope", notStored)
+		row("key", strconv.QuoteToASCII(*v.Key))
+	case v.Key == nil:
+		row("scope", strconv.QuoteToASCII(*v.Scope))
+		row("key", notStored)
+	default:
+		row("scope", strconv.QuoteToASCII(*v.Scope))
+		row("key", strconv.QuoteToASCII(*v.Key))
+	}
 	row("id", v.ID)
 	row("state", v.State)
 	if r.State == stores.StateProcessing {
@@ -354,6 +358,11 @@ func writeSkipped(w io.Writer, n int64, sample []string) {
 		n, plural(int(n), "key", "keys"), plural(int(n), "is", "are"), eg)
 	fmt.Fprintln(w, "(another layout's: -compact-keys, -digest-keys-longer-than; another store's: -redis-prefix; or another program's)")
 }
+
+// notStored is the scope and key of a record found by its ID on a store
+// that keeps a digest of them.
+const notStored = "not stored: the store keeps a digest of (scope, key), which cannot be read back " +
+	"(`dedupctl get SCOPE KEY` finds a record by them)"
 
 // digestNote explains what a store keeping (scope, key) as a digest
 // cannot do, and what works instead: one short line each.
