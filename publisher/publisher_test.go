@@ -214,6 +214,30 @@ func TestWindow(t *testing.T) {
 	}
 }
 
+// The error line of a message without a key advises what a producer can
+// do: Publish returns the error to its caller, who must fix the message
+// or the key function. It advised a poison queue, which is a consumer's.
+func TestNoKeyLogAdvisesTheCaller(t *testing.T) {
+	logger := watermill.NewCaptureLogger()
+	pub := decorate(t, publisher.Config{Store: newMem(t, nil), Key: keyfuncs.JSON("order_id"), Policy: dedup.Policy{Logger: logger}}, &recorder{})
+	if err := pub.Publish("t", msg("b", `{"other":1}`)); !errors.Is(err, keyfuncs.ErrNoKey) {
+		t.Fatalf("got %v, want ErrNoKey", err)
+	}
+	errs := logger.Captured()[watermill.ErrorLogLevel]
+	if len(errs) != 1 {
+		t.Fatalf("logged %d errors, want 1: %+v", len(errs), errs)
+	}
+	line := errs[0].Msg
+	if strings.Contains(strings.ToLower(line), "poison") {
+		t.Errorf("logged %q: a poison queue is a consumer's, not a producer's", line)
+	}
+	for _, w := range []string{"Publish returns the error to its caller", "fix the message or the key function"} {
+		if !strings.Contains(line, w) {
+			t.Errorf("logged %q, want it to say %q", line, w)
+		}
+	}
+}
+
 func TestNoKeyPublishesNothing(t *testing.T) {
 	rec := &recorder{}
 	m := &testkit.Metrics{}

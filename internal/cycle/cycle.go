@@ -32,14 +32,25 @@ type Side struct {
 	// LostLease is logged when the heartbeat finds the lease of a
 	// running effect taken over.
 	LostLease string
+	// Permanent is logged, at error level, for a message failed for
+	// good: what the side's user can do about it. BadKey, when set,
+	// replaces it for a message without a key or whose key was recorded
+	// for another payload, which the message or the key function must fix.
+	Permanent, BadKey string
 }
 
 // Consumer and Producer are the sides of the middleware and the publisher.
 var (
 	Consumer = Side{Name: "consumer", Prefix: "dedup: ", Effect: "the handler",
-		LostLease: "Dedup lease lost while the handler runs (another consumer took the message over): cancelling the handler's context"}
+		LostLease: "Dedup lease lost while the handler runs (another consumer took the message over): cancelling the handler's context",
+		Permanent: "Dedup cannot process this message, and no retry will help: route it to a poison queue (dedup.IsPermanent)"}
+	// No poison queue stands in front of a publish: Publish returns the
+	// error to the code that called it, and publishes nothing.
 	Producer = Side{Name: "producer", Prefix: "dedup: publish: ", Effect: "the publish",
-		LostLease: "Dedup lease lost while the publish runs (another producer took the message over): it may publish the message too"}
+		LostLease: "Dedup lease lost while the publish runs (another producer took the message over): it may publish the message too",
+		Permanent: "Dedup cannot publish this message, and no retry will help: Publish returns the error to its caller (dedup.IsPermanent)",
+		BadKey: "Dedup cannot publish this message, and no retry will help: Publish returns the error to its caller, " +
+			"who must fix the message or the key function (publisher.Config.Key)"}
 )
 
 // Needs is what an adapter's configuration asks of the store besides the
@@ -195,7 +206,11 @@ func (c *Cycle) Permanent(msg *message.Message, scope string, keys []string, o d
 	c.Observe(scope, o)
 	f := c.Fields(msg, scope, keys)
 	f["outcome"] = o.String()
-	c.p.Logger.Error("Dedup cannot process this message, and no retry will help: route it to a poison queue (dedup.IsPermanent)", err, f)
+	line := c.side.Permanent
+	if c.side.BadKey != "" && (o == dedup.OutcomeNoKey || o == dedup.OutcomeFingerprintMismatch) {
+		line = c.side.BadKey
+	}
+	c.p.Logger.Error(line, err, f)
 	return err
 }
 
