@@ -501,13 +501,22 @@ func TestLingeringCompleteBesideASlowCall(t *testing.T) {
 }
 
 // lingerStore returns a store on the shared Redis under a prefix of its
-// own, deleted afterwards, and its client.
+// own, and its client, which the test may close. When t ends, after the
+// test's own cleanups, a client of its own deletes every key under the
+// prefix (SCAN and UNLINK) and checks none is left: the store's client,
+// closed by then, deleted nothing.
 func lingerStore(t *testing.T, cfg redisstore.Config) (*redis.Client, *redisstore.Store) {
 	t.Helper()
 	addr := testkit.RequireRedis(t)
+	cfg.Prefix = "dedup-linger2-" + storetest.NewID() + ":"
+	cleaner := newClient(t, addr)
+	t.Cleanup(func() {
+		deletePrefix(t, cleaner, cfg.Prefix)
+		if n := countPrefix(t, cleaner, cfg.Prefix); n > 0 {
+			t.Errorf("%d keys left under %s", n, cfg.Prefix)
+		}
+	})
 	client := redis.NewClient(&redis.Options{Addr: addr})
-	cfg.Prefix = fmt.Sprintf("dedup-linger2-%d:", time.Now().UnixNano())
-	t.Cleanup(func() { _ = testkit.DeleteRedisPrefix(context.Background(), client, cfg.Prefix) })
 	s, err := redisstore.New(client, cfg)
 	if err != nil {
 		t.Fatal(err)
