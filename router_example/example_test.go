@@ -881,3 +881,22 @@ func TestExamplePostgresDSNAtAnotherService(t *testing.T) {
 	}
 	requireOnlyOwnLines(t, r)
 }
+
+// A rediss:// URL to a Redis without TLS says the server did not complete
+// a TLS handshake, and maybe does not speak TLS, in the example's lines
+// only: it printed "no answer within 3s", often after a line of
+// go-redis's own pool logger.
+func TestExampleRedisTLSToPlaintext(t *testing.T) {
+	t.Parallel()
+	addr := testkit.RequireRedis(t)
+	r := runExample(t, newTestRunID(), "-store=redis", "-redis-addr=rediss://"+addr, "-events=5")
+	if r.code != exitConfig {
+		t.Fatalf("exit %d, want %d\n%s", r.code, exitConfig, r)
+	}
+	for _, w := range []string{"rediss://" + addr, "did not complete a TLS handshake", "does not speak TLS", "redis://"} {
+		if !strings.Contains(r.stderr, w) {
+			t.Errorf("stderr lacks %q\n%s", w, r)
+		}
+	}
+	requireOnlyOwnLines(t, r)
+}

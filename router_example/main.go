@@ -41,6 +41,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	dedup "github.com/watermill-dedup/dedup"
+	"github.com/watermill-dedup/dedup/internal/storeopen"
 	"github.com/watermill-dedup/dedup/keyfuncs"
 	"github.com/watermill-dedup/dedup/middleware"
 	"github.com/watermill-dedup/dedup/prommetrics"
@@ -76,6 +77,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	}
 	sim := newSimulation(cfg, stdout, stderr) // closes (and under -cleanup drops) what the run opened
 	defer sim.close(ctx)
+	// go-redis logs on its own, process-wide (a failed dial): through the
+	// run's logger, at info level (-v), not raw beside the errors.
+	storeopen.SetRedisLogger(sim.logger)
 	router, dedupMW, err := setUp(ctx, cfg, sim)
 	if err != nil {
 		if ctx.Err() != nil { // a signal cut the set-up short: the run did not finish

@@ -86,6 +86,7 @@ func TestExampleRedisACLAndTLS(t *testing.T) {
 			t.Fatalf("want exit 2 and an untrusted certificate\n%s", r)
 		}
 		noPassword(t, r)
+		requireOnlyOwnLines(t, r) // go-redis's pool logged its failed dial there
 		// A password with a '#' that was not percent-encoded.
 		r = runExample(t, newTestRunID(), "-store=redis", "-redis-addr=rediss://"+user+":12#"+password+"@"+addr)
 		if r.code != exitConfig || !strings.Contains(r.stderr, "-redis-addr or REDIS_ADDR: not a valid URL") {

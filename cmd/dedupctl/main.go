@@ -93,10 +93,14 @@ import (
 	"syscall"
 
 	"github.com/watermill-dedup/dedup/internal/cliflag"
+	"github.com/watermill-dedup/dedup/internal/storeopen"
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	// go-redis's own lines (a failed dial) repeat the error dedupctl
+	// prints: they are dropped, not printed raw beside it.
+	storeopen.SetRedisLogger(nil)
 	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr, os.Getenv)
 	stop()
 	os.Exit(code)

@@ -202,6 +202,15 @@ func TestRedisTLS(t *testing.T) {
 	dedupctl(t, "-redis-addr="+url, ca, cert, "stats").want(t, exitUsage, "stderr:-redis-key or DEDUP_REDIS_KEY: a client certificate needs its key")
 }
 
+// A rediss:// URL to a Redis without TLS says the server did not complete
+// a TLS handshake, and maybe does not speak TLS: it said "no answer
+// within 3s".
+func TestRedisTLSToPlaintext(t *testing.T) {
+	addr := testkit.RequireRedis(t)
+	dedupctl(t, "-store=redis", "-redis-addr=rediss://"+addr, "stats").want(t, exitError,
+		"stderr:Redis is not reachable at rediss://"+addr, "stderr:did not complete a TLS handshake", "stderr:does not speak TLS")
+}
+
 // A URL that does not parse, or a server that does not answer, is
 // reported without the password.
 func TestRedisURLErrors(t *testing.T) {

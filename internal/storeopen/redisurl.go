@@ -219,17 +219,32 @@ func (t *RedisTarget) Options() *redis.Options {
 	return &o
 }
 
+// tlsConfig is the TLS configuration of a rediss:// target, nil for
+// another.
+func (t *RedisTarget) tlsConfig() *tls.Config {
+	if t.cluster != nil {
+		return t.cluster.TLSConfig
+	}
+	return t.single.TLSConfig
+}
+
 // OpenRedis connects to the Redis (or, with c.Cluster, the Redis Cluster)
 // c names, and pings it, as Redis does. It returns the client and the
-// parsed target.
+// parsed target. With a rediss:// URL it makes a TLS handshake first: a
+// server that does not complete one (a Redis without TLS) is an
+// *UnreachableError holding a *NotTLSError.
 func (o Opener) OpenRedis(ctx context.Context, c RedisConfig) (redis.UniversalClient, *RedisTarget, error) {
 	t, err := ParseRedis(c)
 	if err != nil {
 		return nil, nil, err
 	}
-	var probed error
+	var (
+		probed  error
+		reached string
+	)
 	for _, a := range t.addrs {
 		if probed = ProbeTCP(ctx, "Redis", a, RedisSetting); probed == nil {
+			reached = a
 			break
 		}
 	}
@@ -240,12 +255,17 @@ func (o Opener) OpenRedis(ctx context.Context, c RedisConfig) (redis.UniversalCl
 		}
 		return nil, nil, probed
 	}
-	var (
-		client  redis.UniversalClient
-		service = "Redis"
-	)
+	service := "Redis"
 	if t.Cluster {
 		service = "Redis Cluster"
+	}
+	if t.TLS {
+		if err := o.probeTLS(ctx, reached, t.tlsConfig()); err != nil {
+			return nil, nil, o.unreachable(service, t.Display, RedisSetting, err)
+		}
+	}
+	var client redis.UniversalClient
+	if t.Cluster {
 		opts := *t.cluster
 		opts.ContextTimeoutEnabled = true
 		if opts.DialTimeout == 0 {
