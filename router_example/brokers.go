@@ -34,8 +34,9 @@ type broker struct {
 	sub         message.Subscriber
 	topic       string
 	poisonTopic string
-	group       string  // consumer group, where the broker has them
-	db          *sql.DB // the SQL pub/subs' database
+	group       string   // consumer group, where the broker has them
+	db          *sql.DB  // the SQL pub/subs' database
+	kafka       []string // Kafka's bootstrap addresses (the in-process cluster's too)
 
 	// producer publishes the events: pub, or the broker's own client
 	// under -producer=foreign. pub still publishes to the poison topic.
@@ -169,14 +170,32 @@ func kafkaConsumerConfig() *sarama.Config {
 }
 
 // kafkaPartitions of the topics the example creates: several, so that
-// partitions are consumed concurrently.
-const kafkaPartitions = 4
+// partitions are consumed concurrently; two a consumer process under
+// -processes, so that each has some after a rebalance.
+func kafkaPartitions(cfg Config) int32 { return int32(max(4, 2*cfg.Processes)) }
+
+// kafkaSubscriberConfig is kafkaConsumerConfig with -kafka-session-timeout:
+// a consumer that dies without leaving the group (SIGKILL) holds its
+// partitions until its session times out, and the group rebalances.
+func kafkaSubscriberConfig(cfg Config) *sarama.Config {
+	c := kafkaConsumerConfig()
+	if d := cfg.KafkaSessionTimeout; d > 0 {
+		c.Consumer.Group.Session.Timeout = d
+		c.Consumer.Group.Heartbeat.Interval = d / 4 // Sarama's ratio is 3s to 10s
+	}
+	return c
+}
+
+// embeddedMinSessionTimeout is the in-process Kafka's
+// group.min.session.timeout.ms: lower than a real broker's 6s, so that the
+// consumers of -processes can take 2s.
+const embeddedMinSessionTimeout = 500 * time.Millisecond
 
 func (b *broker) openKafka(ctx context.Context, cfg Config, logger watermill.LoggerAdapter, closers, removers *teardown) error {
 	brokers := cliflag.SplitList(cfg.KafkaBrokers)
 	rf := int16(cfg.KafkaRF)
 	if cfg.Broker == brokerKafkaEmbedded {
-		cluster, err := kfake.NewCluster(kfake.NumBrokers(1))
+		cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.GroupMinSessionTimeout(embeddedMinSessionTimeout))
 		if err != nil {
 			return fmt.Errorf("start the embedded Kafka (kfake): %w", err)
 		}
@@ -191,6 +210,8 @@ func (b *broker) openKafka(ctx context.Context, cfg Config, logger watermill.Log
 		}
 		b.addr = strings.Join(brokers, ",")
 	}
+
+	b.kafka = brokers
 
 	// Messages of one customer go to one partition, in order; a producer
 	// retry lands on the partition of its original.
@@ -214,9 +235,9 @@ func (b *broker) openKafka(ctx context.Context, cfg Config, logger watermill.Log
 		Brokers:                brokers,
 		Unmarshaler:            marshaler,
 		ConsumerGroup:          b.group,
-		OverwriteSaramaConfig:  kafkaConsumerConfig(),
+		OverwriteSaramaConfig:  kafkaSubscriberConfig(cfg),
 		NackResendSleep:        50 * time.Millisecond,
-		InitializeTopicDetails: &sarama.TopicDetail{NumPartitions: kafkaPartitions, ReplicationFactor: rf},
+		InitializeTopicDetails: &sarama.TopicDetail{NumPartitions: kafkaPartitions(cfg), ReplicationFactor: rf},
 	}, logger)
 	if err != nil {
 		return err

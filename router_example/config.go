@@ -113,6 +113,14 @@ type Config struct {
 	OnStoreError       string
 	AsyncComplete      bool
 
+	// The kill demo (processes.go): consumer processes of this binary,
+	// one of them SIGKILLed every KillEvery. ConsumerProcess is set by the
+	// parent on each of them.
+	Processes           int
+	KillEvery           time.Duration
+	ConsumerProcess     int
+	KafkaSessionTimeout time.Duration
+
 	// Observability.
 	MetricsAddr string
 	Linger      time.Duration
@@ -215,6 +223,11 @@ func newFlagSet(c *Config, output io.Writer) *flag.FlagSet {
 	fs.StringVar(&c.OnStoreError, "on-store-error", c.OnStoreError, "when the store is down: fail-closed (nack and retry) | fail-open (run unprotected, counted as bypassed)")
 	fs.BoolVar(&c.AsyncComplete, "async-complete", c.AsyncComplete, "lease mode: ack as soon as the handler succeeds and record the message done in the background (one store round trip a message instead of two)")
 
+	fs.IntVar(&c.Processes, "processes", c.Processes, "run this many consumer processes of this binary on a shared broker and store (the kill demo): the broker is then the in-process Kafka of this process, which the consumers reach on a loopback port (or -broker=kafka), and the store SQLite (shared -dir), postgres or mysql; 0: consume in this process")
+	cliflag.DurationVar(fs, &c.KillEvery, "kill-every", "with -processes: SIGKILL one consumer process this often and start a replacement; the first comes once a quarter of the messages were handled if sooner, and the producer holds back half of them until it; 0: kill none")
+	fs.IntVar(&c.ConsumerProcess, "consumer-process", c.ConsumerProcess, "internal, set by -processes on the processes it starts: run as consumer process `n`, consuming until SIGTERM and reporting every delivery on file descriptor 3")
+	cliflag.DurationVar(fs, &c.KafkaSessionTimeout, "kafka-session-timeout", "Kafka consumer group session timeout: how long a consumer that died holds its partitions (a real broker refuses less than its group.min.session.timeout.ms, 6s by default); default: Sarama's 10s, 2s for the consumers of -processes on the in-process Kafka")
+
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", c.MetricsAddr, "serve Prometheus metrics on this `host:port` at /metrics (port 0: any free port); default: off")
 	cliflag.DurationVar(fs, &c.Linger, "linger", "keep serving metrics this long after the summary (Ctrl-C ends it sooner)")
 	fs.StringVar(&c.Trace, "trace", c.Trace, "write OpenTelemetry spans to this `file`, a JSON object a line (the stdout exporter's): each delivery's handler span and the dedup spans under it; default: off")
@@ -307,6 +320,11 @@ func loadConfig(args []string, getenv func(string) string, output io.Writer) (Co
 		if !onCommandLine[name] && !inEnv[name] {
 			cfg.fromFile[name] = true
 		}
+	}
+	// -processes needs a broker the processes share: the in-process
+	// Kafka, unless a broker was chosen.
+	if cfg.Processes > 0 && !given["broker"] && getenv(cliflag.EnvName("broker")) == "" {
+		cfg.Broker = brokerKafkaEmbedded
 	}
 	return cfg, cfg.sourced(cfg.Validate())
 }
@@ -472,6 +490,8 @@ func (c Config) Validate() error {
 		{"outage-budget", c.OutageBudget, 0},
 		{"linger", c.Linger, 0},
 		{"retry-backoff", c.RetryBackoff, time.Millisecond},
+		{"kill-every", c.KillEvery, 0},
+		{"kafka-session-timeout", c.KafkaSessionTimeout, 0},
 	} {
 		if d.v < d.min {
 			return fmt.Errorf("-%s must be at least %s, got %s", d.name, d.min, d.v)
@@ -485,6 +505,9 @@ func (c Config) Validate() error {
 	}
 	if c.OnStoreError == dedup.FailOpen.String() && c.mode() == dedup.ModeTransactional && c.Dedup {
 		return errors.New("-on-store-error=fail-open cannot be combined with transactional mode (the handler's writes need the store's database): use -mode=lease")
+	}
+	if err := c.validateProcesses(); err != nil {
+		return err
 	}
 	if c.Store == storeRedis || c.Broker == brokerRedisStreams {
 		if _, err := storeopen.ParseRedis(storeopen.RedisConfig{Addr: c.RedisAddr, TLS: c.RedisTLS}); err != nil {
@@ -547,6 +570,9 @@ func (c Config) warnings() []string {
 	if c.Broker != brokerKafka {
 		ignored("kafka-brokers", "without -broker=kafka")
 		ignored("kafka-replication-factor", "without -broker=kafka")
+	}
+	if !isKafkaBroker(c.Broker) {
+		ignored("kafka-session-timeout", "without a Kafka broker")
 	}
 	if c.Broker != brokerAMQP {
 		ignored("amqp-url", "without -broker=amqp")
@@ -732,4 +758,39 @@ func (r retentionCheck) detail() string {
 	}
 	return fmt.Sprintf("retention %s %s %.1f x redelivery horizon %s (%s) = %s",
 		r.retention, op, dedup.RetentionSafetyFactor, r.horizon.d, r.horizon.source, r.minimum)
+}
+
+// maxProcesses bounds -processes: each is a Go process with its own
+// connections, on one machine.
+const maxProcesses = 16
+
+// validateProcesses checks the kill demo's settings (processes.go).
+func (c Config) validateProcesses() error {
+	if c.Processes < 0 || c.Processes > maxProcesses {
+		return fmt.Errorf("-processes must be between 0 and %d, got %d", maxProcesses, c.Processes)
+	}
+	if c.ConsumerProcess < 0 {
+		return fmt.Errorf("-consumer-process must not be negative, got %d", c.ConsumerProcess)
+	}
+	if c.Processes == 0 {
+		if c.KillEvery > 0 {
+			return errors.New("-kill-every kills consumer processes, and there are none: add -processes (such as -processes=3)")
+		}
+		return nil
+	}
+	switch {
+	case c.ConsumerProcess > 0:
+		return errors.New("-consumer-process is set by -processes on the processes it starts: give one of them, not both")
+	case !isKafkaBroker(c.Broker):
+		return fmt.Errorf("-processes needs a broker its consumer processes share: kafka-embedded (the default with -processes: this process hosts it on a loopback port) or kafka; %s is not available with it", c.Broker)
+	case !isSQLStore(c.Store):
+		return fmt.Errorf("-processes needs a store its consumer processes share, with the loyalty ledger in the same database: sqlite (the default), postgres or mysql; the %s store is not available with it", c.Store)
+	case c.Dedup && c.mode() != dedup.ModeTransactional:
+		return errors.New("-processes runs in transactional mode (the ledger commits with the dedup record, so a SIGKILL rolls both back): leave -mode out or set it to transactional")
+	case c.Trace != "":
+		return errors.New("-trace is not available with -processes: the handlers run in the consumer processes")
+	case c.MetricsAddr != "":
+		return errors.New("-metrics-addr is not available with -processes: the handlers run in the consumer processes")
+	}
+	return nil
 }

@@ -75,8 +75,19 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		fmt.Fprintf(stderr, "router_example: %v\n", err)
 		return exitConfig
 	}
-	sim := newSimulation(cfg, stdout, stderr) // closes (and under -cleanup drops) what the run opened
-	defer sim.close(ctx)
+	switch {
+	case cfg.Processes > 0: // the kill demo (processes.go): consumer processes of this binary consume
+		return runProcesses(ctx, cfg, stdout, stderr)
+	case cfg.ConsumerProcess > 0: // one of them
+		return runConsumerProcess(ctx, cfg, stdout, stderr)
+	}
+	return runRouter(ctx, cfg, newSimulation(cfg, stdout, stderr), stderr)
+}
+
+// runRouter runs the router on the simulation sim until it is done: the
+// router of a service, until it is signalled.
+func runRouter(ctx context.Context, cfg Config, sim *simulation, stderr io.Writer) int {
+	defer sim.close(ctx) // closes (and under -cleanup drops) what the run opened
 	// go-redis logs on its own, process-wide (a failed dial): through the
 	// run's logger, at info level (-v), not raw beside the errors.
 	storeopen.SetRedisLogger(sim.logger)

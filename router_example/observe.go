@@ -26,8 +26,9 @@ import (
 // tally counts the middleware's outcomes for the summary and passes them
 // on to Prometheus.
 type tally struct {
-	next     dedup.Metrics
-	outcomes [32]atomic.Int64
+	next      dedup.Metrics
+	outcomes  [32]atomic.Int64
+	onObserve func(dedup.Outcome) // each outcome, for a consumer process's report; nil: none
 }
 
 var _ dedup.Metrics = (*tally)(nil)
@@ -35,6 +36,9 @@ var _ dedup.Metrics = (*tally)(nil)
 func (t *tally) Observe(scope string, o dedup.Outcome) {
 	if int(o) < len(t.outcomes) {
 		t.outcomes[o].Add(1)
+	}
+	if t.onObserve != nil {
+		t.onObserve(o)
 	}
 	t.next.Observe(scope, o)
 }

@@ -139,8 +139,17 @@ func (m plannedMessage) message() (*message.Message, error) {
 // again under a new message id, as a real producer would: the broker may
 // have stored it anyway, which is one more duplicate for the consumer.
 func publishAll(ctx context.Context, prod producer, topic string, p plan, tr *tracker) (publishFailures int, err error) {
+	publishFailures, err = publishMessages(ctx, prod, topic, p.messages, tr)
+	if err == nil {
+		tr.producerDone()
+	}
+	return publishFailures, err
+}
+
+// publishMessages publishes msgs, part of a plan, as publishAll does.
+func publishMessages(ctx context.Context, prod producer, topic string, msgs []plannedMessage, tr *tracker) (publishFailures int, err error) {
 	const attempts = 5
-	for _, pm := range p.messages {
+	for _, pm := range msgs {
 		for attempt := 1; ; attempt++ {
 			// The tracker waits for the message once the broker has it:
 			// only then is its reference known (a Kafka record's offset).
@@ -161,7 +170,6 @@ func publishAll(ctx context.Context, prod producer, topic string, p plan, tr *tr
 			}
 		}
 	}
-	tr.producerDone()
 	return publishFailures, nil
 }
 
@@ -195,8 +203,9 @@ type faults struct {
 	abandon                       func(*stores.Claim) // lease mode's crash, nil otherwise
 
 	mu                        sync.Mutex
-	ran                       map[string]bool // events whose handler already ran once
-	acked                     map[string]bool // messages already considered for a lost ack
+	onCount                   func(kind string) // each fault injected, for a consumer process's report; nil: none
+	ran                       map[string]bool   // events whose handler already ran once
+	acked                     map[string]bool   // messages already considered for a lost ack
 	failures, crashes, losses int
 }
 
@@ -291,7 +300,39 @@ func (f *faults) outer(h message.HandlerFunc) message.HandlerFunc {
 func (f *faults) count(n *int) {
 	f.mu.Lock()
 	*n++
+	onCount := f.onCount
 	f.mu.Unlock()
+	if onCount != nil {
+		switch n {
+		case &f.failures:
+			onCount(faultFailure)
+		case &f.crashes:
+			onCount(faultCrash)
+		case &f.losses:
+			onCount(faultLostAck)
+		}
+	}
+}
+
+// The kinds of fault, as a consumer process reports them (processes.go).
+const (
+	faultFailure = "failure"
+	faultCrash   = "crash"
+	faultLostAck = "lost-ack"
+)
+
+// add counts a fault of kind injected elsewhere: in a consumer process.
+func (f *faults) add(kind string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	switch kind {
+	case faultFailure:
+		f.failures++
+	case faultCrash:
+		f.crashes++
+	case faultLostAck:
+		f.losses++
+	}
 }
 
 func (f *faults) counts() (failures, crashes, losses int) {
@@ -359,21 +400,56 @@ type nackCauses struct {
 	failures, crashes, lostAcks, storeErrors, inProgress, other int
 }
 
-func (n *nackCauses) add(err error) {
+func (n *nackCauses) add(err error) { n.addCause(nackCause(err)) }
+
+// Causes of a nack, as a consumer process reports them (processes.go).
+const (
+	nackFailure    = "failure"
+	nackCrash      = "crash"
+	nackLostAck    = "lost-ack"
+	nackInProgress = "in-progress"
+	nackStoreError = "store-error"
+	nackOther      = "other"
+)
+
+func nackCause(err error) string {
 	switch {
 	case errors.Is(err, errInjectedFailure):
-		n.failures++
+		return nackFailure
 	case errors.Is(err, errInjectedCrash):
-		n.crashes++
+		return nackCrash
 	case errors.Is(err, errInjectedLostAck):
-		n.lostAcks++
+		return nackLostAck
 	case errors.Is(err, dedup.ErrInProgress):
-		n.inProgress++
+		return nackInProgress
 	case errors.Is(err, dedup.ErrStore):
+		return nackStoreError
+	}
+	return nackOther
+}
+
+func (n *nackCauses) addCause(cause string) {
+	switch cause {
+	case nackFailure:
+		n.failures++
+	case nackCrash:
+		n.crashes++
+	case nackLostAck:
+		n.lostAcks++
+	case nackInProgress:
+		n.inProgress++
+	case nackStoreError:
 		n.storeErrors++
 	default:
 		n.other++
 	}
+}
+
+// nack counts a nack of cause, in a consumer process.
+func (t *tracker) nack(cause string) {
+	t.mu.Lock()
+	t.nacks.addCause(cause)
+	t.mu.Unlock()
 }
 
 func newTracker(onFirstAck func()) *tracker {
@@ -418,10 +494,7 @@ func (t *tracker) maybeDone() {
 func (t *tracker) middleware(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
 		ref := messageRef(msg)
-		t.mu.Lock()
-		t.deliveries[ref]++
-		t.totalDeliv++
-		t.mu.Unlock()
+		t.deliver(ref)
 		out, err := h(msg)
 		if err != nil {
 			t.mu.Lock()
@@ -429,16 +502,33 @@ func (t *tracker) middleware(h message.HandlerFunc) message.HandlerFunc {
 			t.mu.Unlock()
 		}
 		if err == nil {
-			if msg.Metadata.Get(wmw.ReasonForPoisonedKey) != "" {
-				// The poison queue published it and acked it.
-				t.mu.Lock()
-				t.poisoned++
-				t.mu.Unlock()
+			if poisoned(msg) {
+				t.poison()
 			}
 			t.ack(ref)
 		}
 		return out, err
 	}
+}
+
+// poisoned reports whether the poison queue published msg (and acked it).
+func poisoned(msg *message.Message) bool {
+	return msg.Metadata.Get(wmw.ReasonForPoisonedKey) != ""
+}
+
+// deliver counts a delivery of the message ref.
+func (t *tracker) deliver(ref string) {
+	t.mu.Lock()
+	t.deliveries[ref]++
+	t.totalDeliv++
+	t.mu.Unlock()
+}
+
+// poison counts a message the poison queue took.
+func (t *tracker) poison() {
+	t.mu.Lock()
+	t.poisoned++
+	t.mu.Unlock()
 }
 
 func (t *tracker) ack(ref string) {
@@ -474,6 +564,13 @@ func limit(n int) message.HandlerMiddleware {
 			return h(msg)
 		}
 	}
+}
+
+// ackedCount is the number of messages acked at least once.
+func (t *tracker) ackedCount() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.acked)
 }
 
 // expectedCount is the number of messages published.

@@ -55,6 +55,10 @@ type simulation struct {
 	handlerRuns atomic.Int64 // calls of the handler, for the summary
 	calls       atomic.Int64 // deliveries that reached the retry middleware
 	attempts    atomic.Int64 // and the attempts it made of them
+
+	// child reports the deliveries of a consumer process of -processes
+	// to its parent (processes.go); nil otherwise.
+	child *reporter
 }
 
 func newSimulation(cfg Config, stdout, stderr io.Writer) *simulation {
@@ -85,6 +89,9 @@ func newRunID() string {
 
 // warn prints a warning on stderr.
 func (s *simulation) warn(msg string) {
+	if s.cfg.ConsumerProcess > 0 {
+		return // the parent, on the same settings, said it
+	}
 	fmt.Fprintf(s.stderr, "router_example: WARNING: %s.\n", msg)
 }
 
@@ -124,6 +131,9 @@ func (s *simulation) start(ctx context.Context, b *broker, st *dedupStore) (ledg
 	s.tracker = newTracker(s.progress.advance)
 	s.faults = newFaults(s.cfg, nil)
 	s.limit = limit(s.cfg.Concurrency)
+	if s.child != nil {
+		s.counts.onObserve, s.faults.onCount = s.child.outcome, s.child.fault
+	}
 	return s.ledger, nil
 }
 
@@ -148,7 +158,11 @@ func (s *simulation) tally(next dedup.Metrics) dedup.Metrics {
 // outer is the outermost router middleware: it follows every delivery,
 // bounds how many run at once, and loses acks of handled messages.
 func (s *simulation) outer(h message.HandlerFunc) message.HandlerFunc {
-	return s.tracker.middleware(s.limit(s.faults.outer(h)))
+	h = s.tracker.middleware(s.limit(s.faults.outer(h)))
+	if s.child != nil {
+		h = s.child.middleware(h)
+	}
+	return h
 }
 
 // retries wraps the router's retry middleware and counts its attempts:
@@ -157,10 +171,16 @@ func (s *simulation) retries(retry message.HandlerMiddleware) message.HandlerMid
 	return func(h message.HandlerFunc) message.HandlerFunc {
 		attempt := retry(func(msg *message.Message) ([]*message.Message, error) {
 			s.attempts.Add(1)
+			if s.child != nil {
+				s.child.send(report{Kind: reportAttempt})
+			}
 			return h(msg)
 		})
 		return func(msg *message.Message) ([]*message.Message, error) {
 			s.calls.Add(1)
+			if s.child != nil {
+				s.child.send(report{Kind: reportCall})
+			}
 			return attempt(msg)
 		}
 	}
@@ -178,6 +198,9 @@ func (s *simulation) retryable(err error) bool {
 func (s *simulation) inner(h message.HandlerFunc) message.HandlerFunc {
 	return s.faults.inner(func(msg *message.Message) ([]*message.Message, error) {
 		s.handlerRuns.Add(1)
+		if s.child != nil {
+			s.child.ran(msg)
+		}
 		return h(msg)
 	})
 }
@@ -208,6 +231,10 @@ func (s *simulation) routerStopped(err error) {
 // every message was acked, -timeout passes or ctx ends. stopped closes
 // when the router stopped.
 func (s *simulation) drive(ctx context.Context, running, stopped <-chan struct{}) {
+	if s.child != nil {
+		s.driveConsumer(ctx, running, stopped)
+		return
+	}
 	start := time.Now()
 	defer func() { s.res.elapsed = time.Since(start) }()
 	select {
@@ -290,6 +317,9 @@ func (s *simulation) waitDrained(ctx context.Context) {
 // report prints the summary, drops what the run created under -cleanup,
 // lingers for -linger, and reports whether the invariant holds.
 func (s *simulation) report(ctx context.Context) bool {
+	if s.child != nil {
+		return s.reportConsumer()
+	}
 	s.progress.finish()
 	res := s.res
 	res.stats = s.tracker.stats()
@@ -322,7 +352,8 @@ func (s *simulation) close(ctx context.Context) {
 // removeCreated drops, under -cleanup, what the run created on shared
 // services; without it, says what was kept.
 func (s *simulation) removeCreated(ctx context.Context) {
-	if s.removed || len(s.removers.steps) == 0 {
+	// A consumer process's parent removes them.
+	if s.removed || len(s.removers.steps) == 0 || s.child != nil {
 		return
 	}
 	s.removed = true

@@ -26,6 +26,7 @@ type dedupStore struct {
 	// ephemeral: the database goes away at exit (SQLite in a temporary
 	// directory), so there is nothing to clean up in it.
 	ephemeral bool
+	path      string // the SQLite file; "" for the other stores
 }
 
 // A run's records are under names of the example's own, which no store
@@ -90,6 +91,11 @@ func openStore(ctx context.Context, cfg Config, runID string, logger watermill.L
 	}
 	closers.add("close the "+cfg.Store+" store", o.Close)
 	where := fmt.Sprintf("the %s at %s (%s)", o.Service, o.Addr, o.Records)
+	// A consumer process of -processes shares its run's store, which its
+	// parent opened and checked: the records there are that run's.
+	if cfg.ConsumerProcess > 0 {
+		return &dedupStore{store: o.Store, addr: o.Addr, db: o.DB, dialect: o.Kind.Dialect, path: o.Path}, nil
+	}
 	if err := refuseUsedRunID(ctx, o.Store, runID, where); err != nil {
 		return nil, err
 	}
@@ -105,7 +111,7 @@ func openStore(ctx context.Context, cfg Config, runID string, logger watermill.L
 	if o.Removal != "" && o.TempDir == "" && (cfg.Dedup || o.DB != nil || o.NATS != nil) {
 		removers.add(o.Removal, o.Remove)
 	}
-	return &dedupStore{store: o.Store, addr: o.Addr, db: o.DB, dialect: o.Kind.Dialect, ephemeral: o.TempDir != ""}, nil
+	return &dedupStore{store: o.Store, addr: o.Addr, db: o.DB, dialect: o.Kind.Dialect, ephemeral: o.TempDir != "", path: o.Path}, nil
 }
 
 // openRedis connects to -redis-addr and pings it, for the Redis Streams

@@ -37,6 +37,8 @@ type result struct {
 	elapsed         time.Duration
 	finished        bool  // every published message was acked
 	runErr          error // the run could not go on (publish failed, interrupted)
+
+	processes *processesResult // the kill demo's processes and kills; nil: one process
 }
 
 // verdict checks the invariant: every payment awarded once, none lost.
@@ -148,7 +150,11 @@ func (r *result) print(w io.Writer) {
 	if s := r.elapsed.Seconds(); s > 0 {
 		rate = fmt.Sprintf("%.0f deliveries/s", float64(r.stats.deliveries)/s)
 	}
-	fmt.Fprintf(w, "  %-28s %9s  %s\n\n", "elapsed", r.elapsed.Round(time.Millisecond), rate)
+	fmt.Fprintf(w, "  %-28s %9s  %s\n", "elapsed", r.elapsed.Round(time.Millisecond), rate)
+	if r.processes != nil {
+		r.processes.print(w, r)
+	}
+	fmt.Fprintln(w)
 	fmt.Fprintln(w, r.verdict().line)
 }
 
