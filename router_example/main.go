@@ -13,6 +13,7 @@
 //
 //	go run ./router_example                            # gochannel + SQLite, nothing to install
 //	go run ./router_example -broker=amqp -store=redis  # RabbitMQ + Redis
+//	go run ./router_example -processes=3 -kill-every=3s # 3 consumer processes, one SIGKILLed every 3s (processes.go)
 //	go run ./router_example -help                      # every flag, its env variable
 //
 // The exit status is 0 when every payment was awarded exactly once, 1 when
