@@ -363,6 +363,10 @@ func (s *supervisor) run(ctx context.Context) int {
 		case p := <-publishDone:
 			publishDone = nil
 			sim.res.publishFailures = p.failures
+			if p.err != nil && ctx.Err() != nil { // a signal: not the publisher's fault
+				sim.fail("run", errors.New("interrupted"))
+				return exitBroken
+			}
 			if p.err != nil {
 				sim.fail("publish", p.err)
 				return exitBroken
