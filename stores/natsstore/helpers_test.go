@@ -27,7 +27,8 @@ func connect(t testing.TB, url string, opts ...nats.Option) *nats.Conn {
 }
 
 // sharedConn returns a connection to the test NATS server (NATS_URL or
-// nats://127.0.0.1:4222), or skips loudly / fails under CI.
+// nats://127.0.0.1:4222); when none answers, the test fails naming it (see
+// testkit.Unavailable).
 func sharedConn(t testing.TB) *nats.Conn {
 	t.Helper()
 	return connect(t, testkit.RequireNATS(t))
