@@ -153,11 +153,17 @@ func runExampleEnv(t *testing.T, runID string, env []string, args ...string) exa
 // test's environment with env added.
 func execExample(t *testing.T, env []string, args ...string) exampleRun {
 	t.Helper()
-	bin := buildExample(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, bin, args...)
-	cmd.Env = append(exampleEnv(), env...)
+	return runBinary(ctx, t, "", append(exampleEnv(), env...), args)
+}
+
+// runBinary runs the example's binary in dir (the test's own when empty)
+// with env as its whole environment, until it exits or ctx is done.
+func runBinary(ctx context.Context, t *testing.T, dir string, env, args []string) exampleRun {
+	t.Helper()
+	cmd := exec.CommandContext(ctx, buildExample(t), args...)
+	cmd.Env, cmd.Dir = env, dir
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()
@@ -547,14 +553,8 @@ func TestExampleConfigErrors(t *testing.T) {
 		{[]string{"-lease=5"}, []string{"-lease", "a duration needs a unit, such as 5s"}},
 	} {
 		r := runExample(t, newTestRunID(), tc.args...)
-		if r.code != exitConfig {
-			t.Errorf("%v: exit %d, want %d\n%s", tc.args, r.code, exitConfig, r)
+		if !refusedSaying(t, r, tc.want) {
 			continue
-		}
-		for _, w := range tc.want {
-			if !strings.Contains(r.stderr, w) {
-				t.Errorf("%v: stderr lacks %q\n%s", tc.args, w, r)
-			}
 		}
 		if strings.Contains(r.stderr, "secret") || strings.Contains(r.stderr, "panic") {
 			t.Errorf("%v: stderr shows a password or a panic\n%s", tc.args, r)
@@ -564,6 +564,22 @@ func TestExampleConfigErrors(t *testing.T) {
 		}
 		requireOnlyOwnLines(t, r)
 	}
+}
+
+// refusedSaying reports whether r is a refusal at start (exitConfig) whose
+// stderr says each of want, failing t where it is not.
+func refusedSaying(t *testing.T, r exampleRun, want []string) bool {
+	t.Helper()
+	if r.code != exitConfig {
+		t.Errorf("%v: exit %d, want %d\n%s", r.args, r.code, exitConfig, r)
+		return false
+	}
+	for _, w := range want {
+		if !strings.Contains(r.stderr, w) {
+			t.Errorf("%v: stderr lacks %q\n%s", r.args, w, r)
+		}
+	}
+	return true
 }
 
 // requireOnlyOwnLines checks that a failed start printed its error and
@@ -616,14 +632,8 @@ func TestExampleServiceRefuses(t *testing.T) {
 		{[]string{"-broker=amqp", "-amqp-url=" + mqHost.String()}, []string{"RabbitMQ at ", "refused the connection", "nosuchvhost"}},
 	} {
 		r := runExample(t, newTestRunID(), tc.args...)
-		if r.code != exitConfig {
-			t.Errorf("%v: exit %d, want %d\n%s", tc.args, r.code, exitConfig, r)
+		if !refusedSaying(t, r, tc.want) {
 			continue
-		}
-		for _, w := range tc.want {
-			if !strings.Contains(r.stderr, w) {
-				t.Errorf("%v: stderr lacks %q\n%s", tc.args, w, r)
-			}
 		}
 		if strings.Contains(r.stderr, "not reachable") || strings.Contains(r.stderr, "wrong-secret") {
 			t.Errorf("%v: says not reachable, or shows the password\n%s", tc.args, r)
