@@ -236,15 +236,7 @@ func TestExampleRuns(t *testing.T) {
 			if !strings.Contains(r.stdout, "\n  producer   foreign (") || !strings.Contains(r.stdout, "\n  keys       "+key+" + payment:<payment_id>") {
 				t.Errorf("the summary does not name the foreign producer and the key %s\n%s", key, r)
 			}
-			if got := r.count(t, "ttl misses"); got < 2 {
-				t.Errorf("ttl misses = %d, want at least the 2 stale events\n%s", got, r)
-			}
-			if r.count(t, "duplicates dropped") == 0 || r.count(t, "redelivered") == 0 {
-				t.Errorf("no duplicates or redeliveries: the scenario injected nothing\n%s", r)
-			}
-			if got := r.count(t, "effects applied"); got != 202 {
-				t.Errorf("effects applied = %d, want 202 (exactly once)\n%s", got, r)
-			}
+			requireStaleAndOnce(t, r)
 			if more != nil {
 				more(t, r, runID)
 			}
@@ -255,17 +247,7 @@ func TestExampleRuns(t *testing.T) {
 		// The embedded default, with every fault: failures, lost acks,
 		// crashes (rolled back) and stale messages (ttl misses).
 		{name: "gochannel/sqlite/transactional", args: []string{"-crash-rate=0.03", "-stale-events=2"},
-			check: func(t *testing.T, r exampleRun, _ string) {
-				if got := r.count(t, "ttl misses"); got < 2 {
-					t.Errorf("ttl misses = %d, want at least the 2 stale events\n%s", got, r)
-				}
-				if r.count(t, "duplicates dropped") == 0 || r.count(t, "redelivered") == 0 {
-					t.Errorf("no duplicates or redeliveries: the scenario injected nothing\n%s", r)
-				}
-				if got := r.count(t, "effects applied"); got != 202 {
-					t.Errorf("effects applied = %d, want 202 (transactional: exactly once)\n%s", got, r)
-				}
-			}},
+			check: func(t *testing.T, r exampleRun, _ string) { requireStaleAndOnce(t, r) }},
 		{name: "gochannel/sqlite/lease", args: []string{"-store=sqlite", "-mode=lease"}},
 		{name: "gochannel/memory/lease+crashes", args: []string{"-store=memory", "-crash-rate=0.03", "-lease=300ms"},
 			check: func(t *testing.T, r exampleRun, _ string) {
@@ -563,6 +545,23 @@ func TestExampleConfigErrors(t *testing.T) {
 			t.Errorf("%v: a run that created nothing says it kept something\n%s", tc.args, r)
 		}
 		requireOnlyOwnLines(t, r)
+	}
+}
+
+// requireStaleAndOnce checks a run of 200 events with -stale-events=2
+// and faults: the stale events were ttl misses, the faults made
+// duplicates and redeliveries, and each of the 202 effects was applied
+// exactly once.
+func requireStaleAndOnce(t *testing.T, r exampleRun) {
+	t.Helper()
+	if got := r.count(t, "ttl misses"); got < 2 {
+		t.Errorf("ttl misses = %d, want at least the 2 stale events\n%s", got, r)
+	}
+	if r.count(t, "duplicates dropped") == 0 || r.count(t, "redelivered") == 0 {
+		t.Errorf("no duplicates or redeliveries: the scenario injected nothing\n%s", r)
+	}
+	if got := r.count(t, "effects applied"); got != 202 {
+		t.Errorf("effects applied = %d, want 202 (exactly once)\n%s", got, r)
 	}
 }
 
