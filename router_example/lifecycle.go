@@ -305,3 +305,22 @@ func refuseUsedRunID(ctx context.Context, s stores.Store, runID, where string) e
 	}
 	return nil
 }
+
+// probeScope is the scope of the claim probeClaim makes before the run.
+const probeScope = "router_example.probe"
+
+// probeClaim claims and releases a key of the run's own in s, the store
+// at where, before the router runs: a store that answers but refuses
+// this user's writes (a Redis ACL user on another key prefix: NOPERM; a
+// database role without INSERT) stops the run at once, naming the
+// refusal, instead of failing every message until -timeout.
+func probeClaim(ctx context.Context, s stores.Store, lease time.Duration, runID, where string) error {
+	c, err := s.Claim(ctx, probeScope, []string{runID}, lease)
+	if err == nil && c.Result == stores.Claimed {
+		err = s.Release(ctx, c)
+	}
+	if err != nil {
+		return fmt.Errorf("%s refused a trial claim before the run: %w", where, err)
+	}
+	return nil
+}

@@ -99,6 +99,11 @@ func openStore(ctx context.Context, cfg Config, runID string, logger watermill.L
 	if err := refuseUsedRunID(ctx, o.Store, runID, where); err != nil {
 		return nil, err
 	}
+	if cfg.Dedup {
+		if err := probeClaim(ctx, o.Store, cfg.Lease, runID, where); err != nil {
+			return nil, err
+		}
+	}
 	if o.DB != nil {
 		if err := refuseUsedLedger(ctx, o.DB, runID, o.Addr); err != nil {
 			return nil, err
