@@ -634,6 +634,23 @@ func TestComplete(t *testing.T) {
 			t.Fatalf("log %q: want the data dropped for the deadline, not for a refusal", logs)
 		}
 	})
+	t.Run("given up on a fingerprint alone", func(t *testing.T) {
+		// A record with no outputs keeps only the fingerprint: the log
+		// says that is what goes, not outputs the handler never made.
+		e := newEnv(t)
+		e.store.complete = func(_ int, data []byte) error {
+			if data != nil {
+				return errReset
+			}
+			return nil
+		}
+		c := e.cycle(cycle.Consumer, quick, cycle.Needs{})
+		complete(c, context.Background(), newMsg("m"), e.claimed(c, "k"), record.Encode([]byte("fp"), nil))
+		logs := e.errorLogs()
+		if !strings.Contains(logs, "could not record the message's payload fingerprint") || strings.Contains(logs, "outputs") {
+			t.Fatalf("log %q: want the fingerprint named as what was dropped, and no outputs", logs)
+		}
+	})
 	t.Run("given up without data", func(t *testing.T) {
 		e := newEnv(t)
 		e.store.complete = func(int, []byte) error { return errReset }
