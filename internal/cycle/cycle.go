@@ -88,7 +88,10 @@ func Check(store stores.Store, policy dedup.Policy, needs Needs) error {
 		}
 		return fmt.Errorf("%w: %s: %w; %s", dedup.ErrInvalidConfig, setting, err, hint)
 	}
-	const lower = "lower it, or raise the store's bound"
+	lower := "lower it, or raise the store's bound"
+	if caps.BoundsSetting != "" {
+		lower = "lower it, or raise " + caps.BoundsSetting
+	}
 	if needs.Mode == dedup.ModeTransactional {
 		if _, ok := store.(stores.Inbox); !ok || !caps.Inbox {
 			return fmt.Errorf("%w: ModeTransactional needs a store with a transactional inbox (stores.Inbox, such as sqlstore); %s has none", dedup.ErrInvalidConfig, kind)
