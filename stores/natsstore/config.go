@@ -3,6 +3,7 @@ package natsstore
 import (
 	"errors"
 	"fmt"
+	"math"
 	"regexp"
 	"strconv"
 	"time"
@@ -117,6 +118,14 @@ func (c Config) Validate() error {
 		return bad("Replicas must be between 0 (default) and 5, got %d", c.Replicas)
 	case c.Storage != jetstream.FileStorage && c.Storage != jetstream.MemoryStorage:
 		return bad("Storage must be jetstream.FileStorage or MemoryStorage, got %d", c.Storage)
+	}
+	// The buckets' MaxAge, RequiredMaxAge, must be a duration too: each
+	// field within its limit can still add up to more than time.Duration
+	// holds.
+	d := c
+	d.setDefaults()
+	if m := max(d.MaxRetention, 2*d.MaxLease); d.ClockSkew > math.MaxInt64-m {
+		return bad("max(MaxRetention, 2 x MaxLease) + ClockSkew, the buckets' MaxAge, is over %s", time.Duration(math.MaxInt64))
 	}
 	return nil
 }

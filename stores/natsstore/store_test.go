@@ -28,6 +28,8 @@ func TestConfigValidate(t *testing.T) {
 		{Bucket: "a*"},
 		{Shards: -1},
 		{Shards: natsstore.MaxShards + 1},
+		// Each within its limit, together more than a Duration holds.
+		{MaxLease: natsstore.MaxDurationLimit, MaxRetention: natsstore.MaxDurationLimit, ClockSkew: natsstore.MaxDurationLimit},
 		{MaxLease: -1},
 		{MaxLease: natsstore.MaxDurationLimit + 1},
 		{MaxRetention: -time.Second},
