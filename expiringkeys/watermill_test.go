@@ -300,3 +300,17 @@ func TestBinaryKeys(t *testing.T) {
 		}
 	})
 }
+
+// A key held by a caller marking it (a claim in progress) is seen; once
+// that claim is released, it is not.
+func TestKeyHeldByAMarkInProgressIsSeen(t *testing.T) {
+	forEachStore(t, func(t *testing.T, store, peer stores.Store) {
+		repo := newRepo(t, store, expiringkeys.Config{Scope: "held"})
+		c := testkit.MustClaim(t, peer, "held", time.Minute, "k")
+		mustSee(t, repo, "k", true, "another caller holds the key")
+		if err := peer.Release(context.Background(), c); err != nil {
+			t.Fatal(err)
+		}
+		mustSee(t, repo, "k", false, "the other caller released the key")
+	})
+}
