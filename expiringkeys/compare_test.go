@@ -21,6 +21,7 @@ import (
 
 	dedup "github.com/watermill-dedup/dedup"
 	"github.com/watermill-dedup/dedup/expiringkeys"
+	"github.com/watermill-dedup/dedup/internal/testkit"
 	"github.com/watermill-dedup/dedup/keyfuncs"
 	"github.com/watermill-dedup/dedup/middleware"
 	"github.com/watermill-dedup/dedup/publisher"
@@ -242,3 +243,55 @@ func (p *failingPublisher) Publish(_ string, msgs ...*message.Message) error {
 }
 
 func (p *failingPublisher) Close() error { return nil }
+
+// A consumer that dies while its handler runs: the Deduplicator marked
+// the key before the handler, so the redelivery, on another consumer, is
+// dropped; the middleware's claim is a lease, which the redelivery takes
+// over once it runs out, and runs the handler.
+func TestConsumerDeathMidHandler(t *testing.T) {
+	forEachStore(t, func(t *testing.T, store, peer stores.Store) {
+		var runs [2]atomic.Int32
+		deduplicator, ours := both(t, store, func(d bool) message.HandlerFunc {
+			i := 1
+			if d {
+				i = 0
+			}
+			return func(*message.Message) ([]*message.Message, error) {
+				runs[i].Add(1)
+				return nil, nil
+			}
+		})
+		msg := message.NewMessage(watermill.NewUUID(), []byte(`{"payment_id":"PAY-1842"}`))
+
+		// The dead consumers got as far as their handlers, on the other
+		// store client: the Deduplicator's marked the key, the
+		// middleware's claimed it under a lease of a second.
+		dead := &wmw.Deduplicator{
+			KeyFactory: wmw.NewMessageHasherSHA256(math.MaxInt64),
+			Repository: newRepo(t, peer, expiringkeys.Config{Scope: "deduplicator"}),
+			Timeout:    time.Minute,
+		}
+		if dup, err := dead.IsDuplicate(msg); dup || err != nil {
+			t.Fatalf("the dead consumer's IsDuplicate = %t, %v", dup, err)
+		}
+		keys, err := keyfuncs.PayloadSHA256()(msg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		testkit.MustClaim(t, peer, "middleware", time.Second, keys...)
+
+		if _, err := deliver(deduplicator, msg); err != nil {
+			t.Fatal(err)
+		}
+		if n := runs[0].Load(); n != 0 {
+			t.Errorf("the Deduplicator ran the redelivery's handler %d times, want 0 (dropped)", n)
+		}
+		testkit.Eventually(t, time.Minute, "the middleware's redelivery run after the lease", func() error {
+			_, err := deliver(ours, msg)
+			return err
+		})
+		if n := runs[1].Load(); n != 1 {
+			t.Errorf("the middleware ran the redelivery's handler %d times, want 1", n)
+		}
+	})
+}
