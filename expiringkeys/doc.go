@@ -29,7 +29,9 @@
 // the message (or Watermill's Retry middleware retries it) and the
 // redelivery asks again. Its PublisherDecorator acks and leaves out of
 // the publish a message found a duplicate, and fails the whole Publish
-// call, publishing nothing, on an error of IsDuplicate.
+// call, publishing nothing, on an error of IsDuplicate: the messages of
+// the call it marked before the error stay marked, and a retry of the
+// call drops them.
 //
 // # What the Deduplicator gives up
 //

@@ -8,6 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
+	wmw "github.com/ThreeDotsLabs/watermill/message/router/middleware"
+
 	dedup "github.com/watermill-dedup/dedup"
 	"github.com/watermill-dedup/dedup/expiringkeys"
 	"github.com/watermill-dedup/dedup/stores"
@@ -329,4 +332,48 @@ func TestSlowCallerLosesItsMarkToATakeover(t *testing.T) {
 		t.Fatalf("the caller that took the key over saw %v, %v; want false, <nil>", got[0], got[1])
 	}
 	mustSee(t, other, "k", true, "the key is marked")
+}
+
+// The PublisherDecorator fails a whole Publish call on an error of
+// IsDuplicate, publishing nothing; the messages it marked before the
+// error stay marked, so the retry of the call drops them (acked).
+func TestDecoratorErrorMidCallDropsTheMarkedMessagesOnRetry(t *testing.T) {
+	var failing atomic.Bool
+	store := &hookStore{Store: newMemstore(t, nil)}
+	store.claim = func(ctx context.Context, scope string, keys []string, lease time.Duration) (*stores.Claim, error) {
+		if failing.Load() && keys[0] == "second" {
+			return nil, stores.ErrUnavailable
+		}
+		return store.Store.Claim(ctx, scope, keys, lease)
+	}
+	d := &wmw.Deduplicator{
+		KeyFactory: func(m *message.Message) (string, error) { return m.UUID, nil },
+		Repository: newRepo(t, store, expiringkeys.Config{Scope: "s"}),
+	}
+	inner := &failingPublisher{}
+	pub, err := d.PublisherDecorator()(inner)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, second := message.NewMessage("first", nil), message.NewMessage("second", nil)
+	failing.Store(true)
+	if err := pub.Publish("orders", first, second); !errors.Is(err, stores.ErrUnavailable) {
+		t.Fatalf("Publish = %v, want the store's error", err)
+	}
+	if n := inner.published.Load(); n != 0 {
+		t.Fatalf("%d messages published by the failed call, want none", n)
+	}
+	failing.Store(false)
+	retry := []*message.Message{first.Copy(), second.Copy()}
+	if err := pub.Publish("orders", retry...); err != nil {
+		t.Fatal(err)
+	}
+	if n := inner.published.Load(); n != 1 {
+		t.Fatalf("the retry published %d messages, want 1 (second; first was marked by the failed call)", n)
+	}
+	select {
+	case <-retry[0].Acked():
+	default:
+		t.Fatal("the retry's first message was neither published nor acked")
+	}
 }
