@@ -15,8 +15,7 @@
 // A key is kept as a dedup record under (Config.Scope, key): claimed
 // under Config.Lease, then recorded done for Config.Window. An
 // IsDuplicate finding it done, or claimed by a caller marking it, returns
-// true. The records are the middleware's, so dedupctl lists, reads and
-// deletes them.
+// true.
 //
 // # What the Deduplicator does with IsDuplicate
 //

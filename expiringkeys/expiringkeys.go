@@ -20,10 +20,12 @@ const (
 	DefaultWindow = time.Minute
 	// DefaultLease is dedup.DefaultLease.
 	DefaultLease = dedup.DefaultLease
-	// ReleaseTimeout bounds the release of a key whose mark failed, when
-	// the context of the call has ended (see Repository.IsDuplicate).
-	ReleaseTimeout = dedup.DefaultStoreTimeout
 )
+
+// ReleaseTimeout bounds the release of a key whose mark failed, when the
+// context of the call has ended (see Repository.IsDuplicate), or Lease if
+// shorter.
+const ReleaseTimeout = dedup.DefaultStoreTimeout
 
 // Config configures a Repository. The zero value of every field but Scope
 // means its documented default.
@@ -31,27 +33,26 @@ type Config struct {
 	// Scope keeps these keys apart from every other user of the store:
 	// a key is seen only by the Repositories of the same Scope, on the
 	// same store. Required. Give each Deduplicator a Scope of its own (a
-	// handler's name, a topic): a Deduplicator on the consumer side and
-	// one on the producer side sharing a Scope would drop every message
-	// the producer sent, since it marked their keys.
+	// handler's name, a topic): a consumer's Deduplicator sharing a
+	// Scope and a KeyFactory with the producer's would drop every message
+	// the producer published, whose key the producer marked.
 	Scope string
 
 	// Window is how long a key counts as seen after the IsDuplicate that
 	// marked it: the retention of its record in the store, to the store's
 	// precision (Watermill's in-memory repository keeps a key up to 50%
-	// longer). A key checked again after it is marked anew. The default
+	// longer). A key checked after the Window is marked anew. The default
 	// is DefaultWindow (one minute). New refuses a Window longer than the
 	// store's MaxRetention.
 	Window time.Duration
 
-	// Lease is how long the claim that marks a key holds it before it is
-	// marked: a key is claimed, then recorded as seen, in two store
-	// calls, and the lease covers the time between them. A caller that
-	// dies between the two leaves the key held (seen) for Lease; a caller
-	// slower than Lease may see its mark taken over by another caller,
-	// and then returns an error wrapping stores.ErrLostClaim. The default
-	// is DefaultLease (30s). New refuses a Lease longer than the store's
-	// MaxLease.
+	// Lease bounds how long a key is held between the two store calls
+	// that mark it: a Claim under Lease, then a Complete that records it
+	// seen for Window. A caller that dies between the two leaves the key
+	// held, and seen, for Lease; a caller slower than Lease may have its
+	// claim taken over by another caller, and then returns an error
+	// wrapping stores.ErrLostClaim. The default is DefaultLease (30s).
+	// New refuses a Lease longer than the store's MaxLease.
 	Lease time.Duration
 }
 
@@ -80,8 +81,8 @@ func (c Config) WithDefaults() Config {
 	return c
 }
 
-// Repository is a Watermill [wmw.ExpiringKeyRepository] that keeps its keys
-// in a dedup store. It is safe for concurrent use, by many goroutines and
+// Repository is a Watermill ExpiringKeyRepository (of the
+// message/router/middleware package) that keeps its keys in a dedup store. It is safe for concurrent use, by many goroutines and
 // by many processes sharing the store. It starts no goroutine and needs
 // no Close; the store is the caller's to close.
 type Repository struct {
