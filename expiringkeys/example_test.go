@@ -51,3 +51,48 @@ func Example() {
 	// consumer A handles order 1842
 	// consumer B handles order 1843
 }
+
+// Watermill's PublisherDecorator on a Repository: a producer that
+// publishes the same payload again within the Window publishes it once,
+// however many producers share the store.
+func Example_publisherDecorator() {
+	store, err := memstore.New(memstore.Config{})
+	if err != nil {
+		panic(err)
+	}
+	defer store.Close(context.Background())
+
+	repo, err := expiringkeys.New(store, expiringkeys.Config{Scope: "publish:orders", Window: time.Hour})
+	if err != nil {
+		panic(err)
+	}
+	d := &wmw.Deduplicator{KeyFactory: wmw.NewMessageHasherSHA256(math.MaxInt64), Repository: repo}
+	pub, err := d.PublisherDecorator()(printer{})
+	if err != nil {
+		panic(err)
+	}
+	for _, id := range []string{"m-1", "m-1-retry", "m-2"} {
+		payload := "order 1842"
+		if id == "m-2" {
+			payload = "order 1843"
+		}
+		if err := pub.Publish("orders", message.NewMessage(id, []byte(payload))); err != nil {
+			panic(err)
+		}
+	}
+	// Output:
+	// published m-1: order 1842
+	// published m-2: order 1843
+}
+
+// printer is a publisher that prints what it publishes.
+type printer struct{}
+
+func (printer) Publish(_ string, msgs ...*message.Message) error {
+	for _, m := range msgs {
+		fmt.Printf("published %s: %s\n", m.UUID, m.Payload)
+	}
+	return nil
+}
+
+func (printer) Close() error { return nil }
