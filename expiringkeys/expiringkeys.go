@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"time"
 
 	wmw "github.com/ThreeDotsLabs/watermill/message/router/middleware"
@@ -27,6 +28,11 @@ const (
 // shorter.
 const ReleaseTimeout = dedup.DefaultStoreTimeout
 
+// InProgressPoll is how often, give or take half of it (a random spread),
+// IsDuplicate claims a key held by another caller again while it waits
+// for it (Config.InProgressWait).
+const InProgressPoll = dedup.DefaultInProgressPoll
+
 // Config configures a Repository. The zero value of every field but Scope
 // means its documented default.
 type Config struct {
@@ -49,11 +55,26 @@ type Config struct {
 	// Lease bounds how long a key is held between the two store calls
 	// that mark it: a Claim under Lease, then a Complete that records it
 	// seen for Window. A caller that dies between the two leaves the key
-	// held, and seen, for Lease; a caller slower than Lease may have its
-	// claim taken over by another caller, and then returns an error
-	// wrapping stores.ErrLostClaim. The default is DefaultLease (30s).
-	// New refuses a Lease longer than the store's MaxLease.
+	// held for Lease (see InProgressWait); a caller slower than Lease may
+	// have its claim taken over by another caller, and then returns an
+	// error wrapping stores.ErrLostClaim. The default is DefaultLease
+	// (30s). New refuses a Lease longer than the store's MaxLease.
 	Lease time.Duration
+
+	// InProgressWait is how long IsDuplicate waits for a key another
+	// caller holds (a claim in progress) to be settled, claiming it again
+	// every InProgressPoll. When that caller marks the key, it is seen
+	// (true); when the caller gives it back, or leaves it held until its
+	// lease runs out, this call marks it (false). A key is left held by a
+	// caller that died between its two store calls, and by a Claim that
+	// failed with an error but reached the store all the same (its
+	// context ended while it was under way): without the wait, the
+	// redelivery of that caller's message would be dropped. A key still
+	// held after InProgressWait counts as seen (true); when ctx ends
+	// first, IsDuplicate returns an error wrapping dedup.ErrInProgress.
+	// The default is Lease, the longest a key stays held; a negative
+	// value counts a held key as seen at once.
+	InProgressWait time.Duration
 }
 
 // Validate reports the first invalid field, naming it. Its errors wrap
@@ -77,6 +98,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.Lease == 0 {
 		c.Lease = DefaultLease
+	}
+	if c.InProgressWait == 0 {
+		c.InProgressWait = c.Lease
 	}
 	return c
 }
@@ -134,9 +158,10 @@ func (r *Repository) Config() Config { return r.cfg }
 // IsDuplicate reports whether key was seen within the Window, and marks
 // it seen when it was not: the first call for a key returns false, every
 // later one within the Window true, whichever process makes it. A call
-// racing with the one that marks the key returns true too: the key is
-// held by a claim in progress. One caller gets false for a key and a
-// Window (two only when a caller's calls outlast Lease, see below).
+// racing with the one that marks the key waits for it (see
+// Config.InProgressWait) and returns true: the key is seen. One caller
+// gets false for a key and a Window (two only when a caller's calls
+// outlast Lease, see below).
 //
 // A key is marked in two store calls, both bounded by ctx: a Claim, and
 // a Complete that records the key for Window. A failed store call
@@ -145,11 +170,11 @@ func (r *Repository) Config() Config { return r.cfg }
 // silent "not a duplicate". When the Complete fails the claim is
 // released, so that a retry can mark the key (under ctx, or for up to
 // ReleaseTimeout once ctx has ended); when the release fails too the key
-// stays held, and seen, until Lease runs out. When the release finds the
-// claim gone, the Complete landed and only its answer was lost: the key
-// is marked and IsDuplicate returns false with no error. A Complete
-// whose claim another caller took over (this one's calls outlasted
-// Lease) returns an error wrapping stores.ErrLostClaim.
+// stays held until Lease runs out. When the release finds the claim
+// gone, the Complete landed and only its answer was lost: the key is
+// marked and IsDuplicate returns false with no error. A Complete whose
+// claim another caller took over (this one's calls outlasted Lease)
+// returns an error wrapping stores.ErrLostClaim.
 //
 // An empty key, or one longer than the store keeps (its MaxKey), returns
 // an error wrapping stores.ErrInvalidKey before the store is called; no
@@ -159,14 +184,35 @@ func (r *Repository) IsDuplicate(ctx context.Context, key string) (bool, error) 
 		return false, err
 	}
 	keys := []string{key}
-	c, err := r.store.Claim(ctx, r.cfg.Scope, keys, r.cfg.Lease)
-	if err != nil {
-		return false, r.storeError("claim", err)
+	var deadline time.Time // of the wait for a claim in progress
+	for {
+		c, err := r.store.Claim(ctx, r.cfg.Scope, keys, r.cfg.Lease)
+		if err != nil {
+			return false, r.storeError("claim", err)
+		}
+		switch c.Result {
+		case stores.Claimed:
+			return r.mark(ctx, c)
+		case stores.InProgress:
+			if deadline.IsZero() {
+				deadline = time.Now().Add(r.cfg.InProgressWait)
+			}
+			left := time.Until(deadline)
+			if left <= 0 {
+				return true, nil
+			}
+			if err := sleep(ctx, min(left, spread(InProgressPoll))); err != nil {
+				return false, fmt.Errorf("expiringkeys: scope %q: %w: %w", r.cfg.Scope, dedup.ErrInProgress, err)
+			}
+		default: // Duplicate
+			return true, nil
+		}
 	}
-	if c.Result != stores.Claimed { // Duplicate, or InProgress: held by a caller marking it
-		return true, nil
-	}
-	err = r.store.Complete(ctx, c, r.cfg.Window, nil)
+}
+
+// mark records the key of claim c seen for the Window.
+func (r *Repository) mark(ctx context.Context, c *stores.Claim) (bool, error) {
+	err := r.store.Complete(ctx, c, r.cfg.Window, nil)
 	if err == nil {
 		return false, nil
 	}
@@ -178,6 +224,23 @@ func (r *Repository) IsDuplicate(ctx context.Context, key string) (bool, error) 
 		return false, nil // the Complete landed, its answer lost: the key is marked
 	}
 	return false, errors.Join(r.storeError("complete", err), rerr)
+}
+
+// spread returns d give or take half of it, at random.
+func spread(d time.Duration) time.Duration {
+	return d/2 + rand.N(d)
+}
+
+// sleep waits for d, or returns ctx's error when it ends first.
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // checkKey refuses what every store refuses, naming the Deduplicator's

@@ -13,6 +13,7 @@ import (
 
 	dedup "github.com/watermill-dedup/dedup"
 	"github.com/watermill-dedup/dedup/expiringkeys"
+	"github.com/watermill-dedup/dedup/internal/testkit"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/memstore"
 	"github.com/watermill-dedup/dedup/stores/storetest"
@@ -144,8 +145,11 @@ func TestNewRefusesWhatTheStoreCannotHonour(t *testing.T) {
 func TestDefaults(t *testing.T) {
 	r := newRepo(t, newMemstore(t, nil), expiringkeys.Config{Scope: "s"})
 	got := r.Config()
-	if got.Window != expiringkeys.DefaultWindow || got.Lease != expiringkeys.DefaultLease {
-		t.Fatalf("Config() = %+v, want Window %s and Lease %s", got, expiringkeys.DefaultWindow, expiringkeys.DefaultLease)
+	if got.Window != expiringkeys.DefaultWindow || got.Lease != expiringkeys.DefaultLease || got.InProgressWait != got.Lease {
+		t.Fatalf("Config() = %+v, want Window %s, Lease %s and InProgressWait the Lease", got, expiringkeys.DefaultWindow, expiringkeys.DefaultLease)
+	}
+	if got := newRepo(t, newMemstore(t, nil), expiringkeys.Config{Scope: "s", Lease: time.Second}).Config(); got.InProgressWait != time.Second {
+		t.Fatalf("InProgressWait = %s, want the Lease (1s)", got.InProgressWait)
 	}
 	if expiringkeys.DefaultWindow != time.Minute {
 		t.Fatalf("DefaultWindow = %s, want Watermill's default of one minute", expiringkeys.DefaultWindow)
@@ -298,7 +302,7 @@ func TestFailedReleaseHoldsTheKeyForTheLease(t *testing.T) {
 		return store.Store.Complete(ctx, c, retention, data)
 	}
 	store.release = func(context.Context, *stores.Claim) error { return stores.ErrUnavailable }
-	r := newRepo(t, store, expiringkeys.Config{Scope: "s", Lease: time.Minute})
+	r := newRepo(t, store, expiringkeys.Config{Scope: "s", Lease: time.Minute, InProgressWait: -1})
 	dup, err := r.IsDuplicate(context.Background(), "k")
 	if dup || err == nil || !strings.Contains(err.Error(), "the key stays held until its lease (1m0s) runs out") {
 		t.Fatalf("IsDuplicate = %t, %v; want an error saying the key stays held", dup, err)
@@ -376,4 +380,32 @@ func TestDecoratorErrorMidCallDropsTheMarkedMessagesOnRetry(t *testing.T) {
 	default:
 		t.Fatal("the retry's first message was neither published nor acked")
 	}
+}
+
+// A key still held after InProgressWait counts as seen; a call whose
+// context ends during the wait fails with dedup.ErrInProgress (a nack),
+// and marks nothing.
+func TestWaitForAKeyHeldElsewhere(t *testing.T) {
+	store := newMemstore(t, nil)
+	c := testkit.MustClaim(t, store, "s", time.Hour, "k")
+	r := newRepo(t, store, expiringkeys.Config{Scope: "s", InProgressWait: time.Millisecond})
+	mustSee(t, r, "k", true, "the key is still held after InProgressWait")
+
+	waiting := &hookStore{Store: store}
+	r = newRepo(t, waiting, expiringkeys.Config{Scope: "s"})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := r.IsDuplicate(ctx, "k")
+		done <- err
+	}()
+	testkit.WaitFor(t, 10*time.Second, "the call claiming the held key again", func() bool { return waiting.claims.Load() >= 2 })
+	cancel()
+	if err := <-done; !errors.Is(err, dedup.ErrInProgress) || !errors.Is(err, context.Canceled) {
+		t.Fatalf("IsDuplicate whose context ended during the wait = %v, want an error wrapping dedup.ErrInProgress and context.Canceled", err)
+	}
+	if err := store.Release(context.Background(), c); err != nil {
+		t.Fatal(err)
+	}
+	mustSee(t, r, "k", false, "the call that gave up marked nothing")
 }

@@ -72,3 +72,49 @@ func TestStoreOutageNacksTheMessage(t *testing.T) {
 		}
 	}
 }
+
+// A store slower than the Deduplicator's Timeout: the mark fails with
+// the Timeout's error (the message is nacked), but its Claim reaches the
+// store all the same and holds the key, on Redis and PostgreSQL (not on
+// MySQL or NATS, where this test cannot make it). The redelivery waits for
+// that claim's lease to run out (InProgressWait), takes the key over and
+// runs the handler, instead of dropping the message as seen.
+func TestRedeliveryAfterATimedOutMarkRuns(t *testing.T) {
+	for _, kind := range []testkit.StoreKind{testkit.StoreRedis, testkit.StorePostgres} {
+		t.Run(string(kind), func(t *testing.T) {
+			proxy := testkit.NewProxy(t, testkit.RequireStore(t, kind))
+			o := openStore(t, testkit.StoreParams{Kind: kind, Addr: proxy.Addr(), CreateSchema: true, Teardown: true})
+			direct := openStore(t, testkit.StoreParams{Kind: kind, Name: o.Name}).Store.(stores.Admin)
+			repo := newRepo(t, o.Store, expiringkeys.Config{Scope: "slow", Lease: 2 * time.Second})
+			mustSee(t, repo, "warm-up", false, "a first call, to connect")
+			var runs atomic.Int32
+			d := &wmw.Deduplicator{KeyFactory: wmw.NewMessageHasherSHA256(1024), Repository: repo, Timeout: 300 * time.Millisecond}
+			h := d.Middleware(func(*message.Message) ([]*message.Message, error) {
+				runs.Add(1)
+				return nil, nil
+			})
+			msg := message.NewMessage(watermill.NewUUID(), []byte("order 1842"))
+			key, err := d.KeyFactory(msg)
+			if err != nil {
+				t.Fatal(err)
+			}
+
+			proxy.SetLatency(400 * time.Millisecond) // a round trip is longer than the Timeout
+			if _, err := deliver(h, msg); !errors.Is(err, dedup.ErrStore) {
+				t.Fatalf("the delivery through a store slower than the Timeout returned %v, want an error wrapping dedup.ErrStore", err)
+			}
+			proxy.SetLatency(0)
+			testkit.WaitFor(t, 30*time.Second, "the timed-out Claim holding the key", func() bool {
+				rec, err := direct.Get(context.Background(), "slow", key)
+				return err == nil && rec.State == stores.StateProcessing
+			})
+			d.Timeout = time.Minute
+			if _, err := deliver(h, msg); err != nil {
+				t.Fatalf("the redelivery: %v", err)
+			}
+			if n := runs.Load(); n != 1 {
+				t.Fatalf("the handler ran %d times, want once: the redelivery", n)
+			}
+		})
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -244,7 +245,7 @@ func TestRepositoryForgetsKeysAfterTheWindow(t *testing.T) {
 // none an error. Many rounds, a key each.
 func TestConcurrentCallersOneFirst(t *testing.T) {
 	forEachStore(t, func(t *testing.T, store, peer stores.Store) {
-		const callers, rounds = 16, 20
+		const callers, rounds = 16, 10
 		repos := []*expiringkeys.Repository{
 			newRepo(t, store, expiringkeys.Config{Scope: "concurrent"}),
 			newRepo(t, peer, expiringkeys.Config{Scope: "concurrent"}),
@@ -301,16 +302,54 @@ func TestBinaryKeys(t *testing.T) {
 	})
 }
 
-// A key held by a caller marking it (a claim in progress) is seen; once
-// that claim is released, it is not.
-func TestKeyHeldByAMarkInProgressIsSeen(t *testing.T) {
+// A key held by another caller (a claim in progress) is seen at once
+// with a negative InProgressWait. Otherwise the call waits for it: seen
+// when that caller marks it, marked by this call when that caller gives
+// it back or leaves it held until its lease runs out.
+func TestKeyHeldByAnotherCaller(t *testing.T) {
 	forEachStore(t, func(t *testing.T, store, peer stores.Store) {
-		repo := newRepo(t, store, expiringkeys.Config{Scope: "held"})
-		c := testkit.MustClaim(t, peer, "held", time.Minute, "k")
-		mustSee(t, repo, "k", true, "another caller holds the key")
-		if err := peer.Release(context.Background(), c); err != nil {
-			t.Fatal(err)
+		t.Run("seen at once", func(t *testing.T) {
+			repo := newRepo(t, store, expiringkeys.Config{Scope: "held-at-once", InProgressWait: -1})
+			c := testkit.MustClaim(t, peer, "held-at-once", time.Minute, "k")
+			mustSee(t, repo, "k", true, "another caller holds the key")
+			if err := peer.Release(context.Background(), c); err != nil {
+				t.Fatal(err)
+			}
+			mustSee(t, repo, "k", false, "the other caller released the key")
+		})
+		settle := map[string]func(c *stores.Claim) error{
+			"marked":     func(c *stores.Claim) error { return peer.Complete(context.Background(), c, time.Minute, nil) },
+			"given back": func(c *stores.Claim) error { return peer.Release(context.Background(), c) },
 		}
-		mustSee(t, repo, "k", false, "the other caller released the key")
+		want := map[string]bool{"marked": true, "given back": false}
+		for name, settle := range settle {
+			t.Run(name, func(t *testing.T) {
+				scope := "held-" + strings.ReplaceAll(name, " ", "-")
+				waiting := &hookStore{Store: store}
+				repo := newRepo(t, waiting, expiringkeys.Config{Scope: scope})
+				c := testkit.MustClaim(t, peer, scope, time.Minute, "k")
+				got := make(chan bool, 1)
+				go func() {
+					dup, err := repo.IsDuplicate(context.Background(), "k")
+					if err != nil {
+						t.Errorf("IsDuplicate: %v", err)
+					}
+					got <- dup
+				}()
+				testkit.WaitFor(t, 30*time.Second, "the call claiming the held key again", func() bool { return waiting.claims.Load() >= 2 })
+				if err := settle(c); err != nil {
+					t.Fatal(err)
+				}
+				if dup := <-got; dup != want[name] {
+					t.Fatalf("IsDuplicate while the other caller's claim was %s = %t, want %t", name, dup, want[name])
+				}
+			})
+		}
+		t.Run("left held", func(t *testing.T) {
+			repo := newRepo(t, store, expiringkeys.Config{Scope: "held-left"})
+			testkit.MustClaim(t, peer, "held-left", time.Second, "k")
+			mustSee(t, repo, "k", false, "the other caller's lease ran out: the key is taken over")
+			mustSee(t, repo, "k", true, "the key was marked")
+		})
 	})
 }
