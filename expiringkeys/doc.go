@@ -14,14 +14,19 @@
 //
 // A key is kept as a dedup record under (Config.Scope, key): claimed
 // under Config.Lease, then recorded done for Config.Window. An
-// IsDuplicate finding it done, or claimed by a caller marking it, returns
-// true.
+// IsDuplicate finding it done returns true; finding it claimed by another
+// caller, it waits for that caller (Config.InProgressWait) and returns
+// true once the key is marked, or marks it itself if the claim is given
+// back or its lease runs out.
 //
 // # What the Deduplicator does with IsDuplicate
 //
 // Watermill's Deduplicator (v1.5) calls IsDuplicate with the message's
 // context bounded by its Timeout (one minute by default, five
-// milliseconds at least): the Timeout bounds both store calls of a mark.
+// milliseconds at least): the Timeout bounds both store calls of a mark,
+// and the wait for a key another caller holds. Keep it above
+// Config.InProgressWait (the defaults, one minute and 30s, are), so that
+// the wait ends in an answer rather than an error.
 // Its Middleware drops a message for which IsDuplicate returns true (the
 // handler does not run and the message is acked) and returns an error of
 // IsDuplicate from the handler without running it, so the router nacks
