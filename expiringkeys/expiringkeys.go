@@ -106,9 +106,10 @@ func (c Config) WithDefaults() Config {
 }
 
 // Repository is a Watermill ExpiringKeyRepository (of the
-// message/router/middleware package) that keeps its keys in a dedup store. It is safe for concurrent use, by many goroutines and
-// by many processes sharing the store. It starts no goroutine and needs
-// no Close; the store is the caller's to close.
+// message/router/middleware package) that keeps its keys in a dedup
+// store. It is safe for concurrent use, by many goroutines and by many
+// processes sharing the store. It starts no goroutine and needs no
+// Close; the store is the caller's to close.
 type Repository struct {
 	store stores.Store
 	cfg   Config
