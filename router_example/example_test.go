@@ -414,7 +414,9 @@ func TestExampleRefusesAUsedRunID(t *testing.T) {
 		// -retention before the records are looked at: the same refusal.
 		{"nats, longer retention", func(t *testing.T) []string {
 			return []string{"-store=nats", "-nats-url=" + testkit.RequireNATS(t)}
-		}, natsRunRecords, func(runID string) string { return "bucket " + runName(storeNATS, runID) + ", made for another -lease or -retention" }, []string{"-retention=72h"}},
+		}, natsRunRecords, func(runID string) string {
+			return "bucket " + runName(storeNATS, runID) + ", made for another -lease or -retention"
+		}, []string{"-retention=72h"}},
 		// The brokers with a store that keeps nothing: the messages an
 		// earlier run left in the run's stream. On JetStream this run's
 		// messages, of the same ids (-seed), were dropped as duplicates

@@ -49,7 +49,7 @@ var (
 	Producer = Side{Name: "producer", Prefix: "dedup: publish: ", Effect: "the publish",
 		LostLease: "Dedup lease lost while the publish runs (another producer took the message over): it may publish the message too",
 		Permanent: "Dedup cannot publish this message, and no retry will help: Publish returns the error to its caller (dedup.IsPermanent)",
-		BadKey: "Dedup cannot publish this message: Publish returns the error to its caller, who must fix the message or the key function"}
+		BadKey:    "Dedup cannot publish this message: Publish returns the error to its caller, who must fix the message or the key function"}
 )
 
 // Needs is what an adapter's configuration asks of the store besides the
