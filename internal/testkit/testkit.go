@@ -98,6 +98,8 @@ var startHints = []struct{ word, hint string }{
 	{"MySQL", "start it: start-stop-daemon --start --background --exec /usr/sbin/mariadbd (Debian package mariadb-server), or set MYSQL_DSN"},
 	{"mysql", "start MariaDB: start-stop-daemon --start --background --exec /usr/sbin/mariadbd (Debian package mariadb-server), or set MYSQL_DSN"},
 	{"RabbitMQ", "start it: rabbitmq-server -detached (Debian package rabbitmq-server), or set AMQP_URL"},
+	{"Go module proxy", "let go install reach the Go module proxy (GOPROXY) once, or set NATS_SERVER_CURRENT to a nats-server 2.11 or later"},
+	{"NATS_SERVER_CURRENT", "set NATS_SERVER_CURRENT to a nats-server 2.11 or later, or unset it to build one"},
 	{"nats-server", "install nats-server (Debian package nats-server)"},
 	{"NATS", "start it: nats-server -js -a 127.0.0.1 -p 4222 (Debian package nats-server), or set NATS_URL"},
 	{"openssl", "install openssl (Debian package openssl)"},
