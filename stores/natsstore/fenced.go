@@ -22,7 +22,7 @@ func (s *Store) Complete(ctx context.Context, c *stores.Claim, retention time.Du
 		return fmt.Errorf("natsstore: complete: %w", err)
 	}
 	by := completedBy(c.Token, subjects(s.records(c.Scope, c.Keys)))
-	return s.fenced(ctx, "complete", c, func(now int64) []byte { return doneValue(addNanos(now, retention), by, data) })
+	return s.fenced(ctx, "complete", c, retention, func(now int64) []byte { return doneValue(addNanos(now, retention), by, data) })
 }
 
 // Release implements [stores.Store]. The records become KV purge
@@ -31,7 +31,7 @@ func (s *Store) Release(ctx context.Context, c *stores.Claim) error {
 	if err := storekit.CheckCall(ctx, s.closed.Load(), storekit.CheckClaim(c)); err != nil {
 		return fmt.Errorf("natsstore: release: %w", err)
 	}
-	return s.fenced(ctx, "release", c, func(int64) []byte { return nil })
+	return s.fenced(ctx, "release", c, 0, func(int64) []byte { return nil })
 }
 
 // Extend implements [stores.Store].
@@ -39,14 +39,15 @@ func (s *Store) Extend(ctx context.Context, c *stores.Claim, lease time.Duration
 	if err := storekit.CheckCall(ctx, s.closed.Load(), storekit.CheckClaim(c), s.Capabilities().CheckLease(lease)); err != nil {
 		return fmt.Errorf("natsstore: extend: %w", err)
 	}
-	return s.fenced(ctx, "extend", c, func(now int64) []byte { return processingValue(addNanos(now, lease), c.Token) })
+	return s.fenced(ctx, "extend", c, keepProcessing(lease), func(now int64) []byte { return processingValue(addNanos(now, lease), c.Token) })
 }
 
 // fenced runs Complete, Release or Extend: it reads every key of c and
 // fails with ErrLostClaim, writing nothing, unless each is processing
 // under c's token (whether or not its lease ran out); then it writes the
 // new value (nil: a purge marker) to each key in the fixed order, each
-// write conditional on the revision read.
+// write conditional on the revision read, to be kept for keep (see
+// Store.write).
 //
 // While the claim's lease is live no other claim writes its keys, so
 // the writes all succeed: the call is all-or-nothing. A connection lost
@@ -63,7 +64,7 @@ func (s *Store) Extend(ctx context.Context, c *stores.Claim, lease time.Duration
 // Complete) is still the claim's: the call is tried again. Within the
 // process, the fenced calls of one claim run one at a time (see
 // claimLocks).
-func (s *Store) fenced(ctx context.Context, op string, c *stores.Claim, value func(now int64) []byte) error {
+func (s *Store) fenced(ctx context.Context, op string, c *stores.Claim, keep time.Duration, value func(now int64) []byte) error {
 	unlock, err := s.claimLocks.lock(ctx, c.Token)
 	if err != nil {
 		return fmt.Errorf("natsstore: %s: waiting for the claim's other call: %w", op, err)
@@ -75,7 +76,7 @@ func (s *Store) fenced(ctx context.Context, op string, c *stores.Claim, value fu
 	}
 	defer release()
 	for attempt := 1; ; attempt++ {
-		err := s.fencedOnce(ctx, cctx, op, c, value)
+		err := s.fencedOnce(ctx, cctx, op, c, keep, value)
 		if !errors.Is(err, errOwnRace) {
 			return err
 		}
@@ -95,7 +96,7 @@ var errOwnRace = errors.New("natsstore: the key was rewritten by another call of
 const maxOwnRaces = 10
 
 // fencedOnce is one attempt of fenced.
-func (s *Store) fencedOnce(ctx, cctx context.Context, op string, c *stores.Claim, value func(now int64) []byte) error {
+func (s *Store) fencedOnce(ctx, cctx context.Context, op string, c *stores.Claim, keep time.Duration, value func(now int64) []byte) error {
 	recs := s.records(c.Scope, c.Keys)
 	entries := make([]entry, len(recs))
 	// ours: keys an earlier attempt of this Complete has completed (it was
@@ -127,7 +128,7 @@ func (s *Store) fencedOnce(ctx, cctx context.Context, op string, c *stores.Claim
 		if ours[i] {
 			continue
 		}
-		rev, err := s.write(cctx, recs[i], v, entries[i].rev)
+		rev, err := s.write(cctx, recs[i], v, entries[i].rev, keep)
 		if err != nil {
 			// Put the keys already written back to this claim's
 			// processing records, so that a retry of the call can
