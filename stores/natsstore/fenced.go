@@ -75,16 +75,45 @@ func (s *Store) fenced(ctx context.Context, op string, c *stores.Claim, keep tim
 		return fmt.Errorf("natsstore: %s: %w", op, err)
 	}
 	defer release()
-	for attempt := 1; ; attempt++ {
+	wait := inFlightWait
+	for attempt := 1; ; {
 		err := s.fencedOnce(ctx, cctx, op, c, keep, value)
-		if !errors.Is(err, errOwnRace) {
+		switch {
+		case errors.Is(err, errInFlight):
+			// Not the claim's own race: wait for the write in flight,
+			// within the call's context.
+			t := time.NewTimer(wait)
+			select {
+			case <-t.C:
+			case <-cctx.Done():
+				t.Stop()
+				return fmt.Errorf("natsstore: %s: %w", op, s.classify(ctx, cctx, context.Cause(cctx)))
+			}
+			wait = min(2*wait, maxInFlightWait)
+			continue
+		case !errors.Is(err, errOwnRace):
 			return err
-		}
-		if attempt == maxOwnRaces {
+		case attempt == maxOwnRaces:
 			return fmt.Errorf("natsstore: %s: %w: the claim's own calls changed its keys %d times in a row", op, stores.ErrLostClaim, attempt)
 		}
+		attempt++
 	}
 }
+
+// errInFlight is a write of fencedOnce refused as a conflict although
+// its key did not change: a replicated stream (nats-server 2.11 and
+// later) refuses a conditional write of a key while an earlier write of
+// that key is proposed and not yet applied (the claim's own write whose
+// outcome was unknown, during a leader election or a lost quorum). The
+// call waits and tries again until its context ends.
+var errInFlight = errors.New("natsstore: a write of the key is in flight")
+
+// inFlightWait is the first wait after errInFlight, doubled after each
+// up to maxInFlightWait.
+const (
+	inFlightWait    = 20 * time.Millisecond
+	maxInFlightWait = 500 * time.Millisecond
+)
 
 // errOwnRace is a write of fencedOnce that found its key changed by
 // another call of the same claim (a heartbeat's Extend beside the
@@ -142,6 +171,9 @@ func (s *Store) fencedOnce(ctx, cctx context.Context, op string, c *stores.Claim
 				// this Complete) when the key is still processing under
 				// the claim's token: the claim still owns it.
 				if e, rerr := s.read(cctx, recs[i]); rerr == nil && e.state == stateProcessing && e.token == c.Token {
+					if e.rev == entries[i].rev {
+						return errInFlight
+					}
 					return errOwnRace
 				}
 				return fmt.Errorf("natsstore: %s: %w: a key of the claim changed under it", op, stores.ErrLostClaim)
