@@ -39,12 +39,15 @@ var ErrInvalidConfig = errors.New("natsstore: invalid config")
 var ErrNoBucket = errors.New("natsstore: no such bucket")
 
 // ErrBucketConfig is wrapped by New's error when a bucket exists but
-// cannot hold the records the Config allows: a MaxAge (KV TTL) shorter
-// than [Config.RequiredMaxAge], or none at all (lower MaxLease or
-// MaxRetention, or raise the bucket's MaxAge: nats stream edit STREAM
-// --max-age); or limits (MaxMsgs, MaxBytes) with the discard-old policy,
-// which would drop records before their retention ends (remove the
-// limits, or use discard-new: writes then fail when the bucket is full).
+// cannot hold the records the Config allows: under TTLBucket a MaxAge
+// (KV TTL) shorter than [Config.RequiredMaxAge], or none at all (lower
+// MaxLease or MaxRetention, or raise the bucket's MaxAge: nats stream
+// edit STREAM --max-age); under TTLPerKey a MaxAge shorter than two
+// MaxLease plus ClockSkew, or a bucket (or a server, for a bucket to
+// create) without per-message TTLs; or limits (MaxMsgs, MaxBytes) with
+// the discard-old policy, which would drop records before their
+// retention ends (remove the limits, or use discard-new: writes then
+// fail when the bucket is full).
 var ErrBucketConfig = errors.New("natsstore: the bucket's configuration does not fit the store's")
 
 // TTLMode is how the records of a Store are removed once they no longer

@@ -101,10 +101,14 @@ var _ stores.Store = (*Store)(nil)
 
 // New returns a Store on nc, a connection the caller owns: the store
 // never closes it (close it yourself after closing the store). New opens
-// the buckets (creating those that do not exist, see Config) and fails
-// when NATS cannot be reached (an error wrapping stores.ErrUnavailable),
-// when JetStream is not enabled, or when a bucket exists with a MaxAge
-// shorter than the config needs ([ErrBucketConfig]). ctx bounds that.
+// the buckets (creating those that do not exist, see Config), picks how
+// records expire (see TTLMode: per-key TTLs when the server and the
+// existing buckets allow them, else the buckets' MaxAge), logs it to
+// Config.Logger, and fails when NATS cannot be reached (an error
+// wrapping stores.ErrUnavailable), when JetStream is not enabled, or
+// when a bucket exists with a MaxAge shorter than the config needs, or
+// without the per-message TTLs that TTLPerKey needs ([ErrBucketConfig]).
+// ctx bounds that.
 //
 // The store follows the connection's status: while nats.go is
 // reconnecting, calls fail at once instead of being buffered, and calls
@@ -148,9 +152,11 @@ func Connect(ctx context.Context, url string, cfg Config, opts ...nats.Option) (
 // checks against cfg's MaxLease and MaxRetention. cfg's Bucket and Shards
 // must be the consumers' (they decide where each record is), and its
 // MaxLease the longest lease they give (Purge keeps the claims whose
-// lease ended less than that ago). Its Claim, Complete, Release and
-// Extend work as New's, but on a bucket New would refuse its records may
-// go before their time: claim through a store of New's.
+// lease ended less than that ago). Its TTLMode is the buckets': TTLPerKey
+// when every bucket allows per-message TTLs, whatever cfg.TTLMode says.
+// Its Claim, Complete, Release and Extend work as New's, but on a bucket
+// New would refuse its records may go before their time: claim through a
+// store of New's.
 func Open(ctx context.Context, nc *nats.Conn, cfg Config) (*Store, error) {
 	if nc == nil {
 		return nil, errors.New("natsstore: the NATS connection is nil")
@@ -363,7 +369,9 @@ func maxData(limit int64) int {
 }
 
 // Capabilities implements [stores.Store]: leases up to MaxLease,
-// retentions up to MaxRetention, data up to the server's maximum payload
+// retentions up to MaxRetention under TTLBucket, and under TTLPerKey up
+// to MaxDurationLimit, or a bucket's MaxAge less ClockSkew when one has
+// a MaxAge (which removes records whatever their TTL); data up to the server's maximum payload
 // (as the connection reported it when the store was built) or the
 // buckets' largest message (MaxValueSize), whichever is smaller, less the
 // record's own head and headers. Data that a server reached later
