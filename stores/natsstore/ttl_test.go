@@ -118,6 +118,14 @@ func TestPerKeyTTL(t *testing.T) {
 	if m := lastMsg(t, js, bucket, s.Subject("ttl", "long")); m == nil || string(m.Data[len(m.Data)-4:]) != "kept" {
 		t.Fatalf("the record of retention 48h is gone with the short one: %+v", m)
 	}
+	// The server's marker is no record to the admin calls either.
+	if _, err := s.Get(ctx, "ttl", "short"); !errors.Is(err, stores.ErrNotFound) {
+		t.Errorf("Get of the expired record: %v, want ErrNotFound", err)
+	}
+	st, err := s.Stats(ctx)
+	if err != nil || st.Done != 1 {
+		t.Errorf("Stats after the expiry: %+v, %v; want the one done record left", st, err)
+	}
 	c, err := s.Claim(ctx, "ttl", []string{"long"}, time.Minute)
 	if err != nil || c.Result != stores.Duplicate || string(c.Data) != "kept" {
 		t.Errorf("claim of the long record: %+v, %v; want a duplicate with its data", c, err)
