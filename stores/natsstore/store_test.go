@@ -38,6 +38,8 @@ func TestConfigValidate(t *testing.T) {
 		{Replicas: -1},
 		{Replicas: 6},
 		{Storage: 7},
+		{TTLMode: -1},
+		{TTLMode: natsstore.TTLPerKey + 1},
 	} {
 		err := cfg.Validate()
 		if !errors.Is(err, natsstore.ErrInvalidConfig) {

@@ -88,6 +88,16 @@ func TestPerKeyTTL(t *testing.T) {
 		t.Errorf("New logged %+v, want one line saying records of %s expire by per-key TTL", logged, bucket)
 	}
 
+	// Open (dedupctl) follows the bucket, whatever the config says.
+	adm, err := natsstore.Open(ctx, nc, natsstore.Config{Bucket: bucket, TTLMode: natsstore.TTLBucket})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if adm.TTLMode() != natsstore.TTLPerKey {
+		t.Errorf("Open on a bucket with per-message TTLs: %s", adm.TTLMode())
+	}
+	_ = adm.Close(ctx)
+
 	short, long := claimTTL(t, s, "short", time.Minute), claimTTL(t, s, "long", time.Minute)
 	if got := lastMsg(t, js, bucket, s.Subject("ttl", "short")).Header.Get(jetstream.MsgTTLHeader); got != "121" {
 		t.Errorf("a processing record of a 1m lease has Nats-TTL %q, want 121 (two leases and ClockSkew, rounded up)", got)
@@ -261,5 +271,15 @@ func TestExistingBucketWithoutTTL(t *testing.T) {
 	}
 	if got := lastMsg(t, js, cfg.Bucket, s2.Subject("ttl", "c")).Header.Get(jetstream.MsgTTLHeader); got != "7260" {
 		t.Errorf("a done record of 2h has Nats-TTL %q, want 7260", got)
+	}
+}
+
+func TestTTLModeString(t *testing.T) {
+	for m, want := range map[natsstore.TTLMode]string{
+		natsstore.TTLAuto: "auto", natsstore.TTLBucket: "bucket MaxAge", natsstore.TTLPerKey: "per-key TTL", 7: "TTLMode(7)",
+	} {
+		if got := m.String(); got != want {
+			t.Errorf("TTLMode(%d).String() = %q, want %q", int(m), got, want)
+		}
 	}
 }
