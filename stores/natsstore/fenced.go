@@ -76,9 +76,17 @@ func (s *Store) fenced(ctx context.Context, op string, c *stores.Claim, keep tim
 	}
 	defer release()
 	wait := inFlightWait
+	var waitUntil time.Time // of a call whose context has no deadline
+	if _, ok := cctx.Deadline(); !ok {
+		waitUntil = time.Now().Add(defaultRequestTimeout)
+	}
 	for attempt := 1; ; {
 		err := s.fencedOnce(ctx, cctx, op, c, keep, value)
 		switch {
+		case errors.Is(err, errInFlight) && !waitUntil.IsZero() && time.Now().After(waitUntil):
+			// As a request nats.go times out: the stream does not apply
+			// the writes it took (a lost quorum).
+			return fmt.Errorf("natsstore: %s: %w: a write of a key of the claim stayed in flight for %s", op, stores.ErrUnavailable, defaultRequestTimeout)
 		case errors.Is(err, errInFlight):
 			// Not the claim's own race: wait for the write in flight,
 			// within the call's context.
@@ -105,7 +113,9 @@ func (s *Store) fenced(ctx context.Context, op string, c *stores.Claim, keep tim
 // later) refuses a conditional write of a key while an earlier write of
 // that key is proposed and not yet applied (the claim's own write whose
 // outcome was unknown, during a leader election or a lost quorum). The
-// call waits and tries again until its context ends.
+// call waits and tries again until its context ends (without a deadline,
+// for defaultRequestTimeout: then it fails as an outage, as a request
+// nats.go timed out does).
 var errInFlight = errors.New("natsstore: a write of the key is in flight")
 
 // inFlightWait is the first wait after errInFlight, doubled after each
