@@ -224,7 +224,7 @@ func (s *Store) undoNow(ctx context.Context, items []undoItem) []undoItem {
 		if it.prev.state == stateProcessing {
 			// Its lease is not in the record: MaxLease bounds it.
 			value = it.prev.raw
-			keep = max(time.Duration(it.prev.at-s.clock.Now().UnixNano()), 0) + s.cfg.MaxLease
+			keep = min(max(time.Duration(it.prev.at-s.clock.Now().UnixNano()), 0), maxTTL) + s.cfg.MaxLease
 		}
 		if _, err := s.write(cctx, it.rec, value, rev, keep); err != nil && ctx.Err() != nil {
 			return items[:i+1]

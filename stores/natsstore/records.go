@@ -169,19 +169,20 @@ func (s *Store) leaderRead(ctx context.Context, r record) (rev uint64, marker bo
 // key's last revision is rev (0: the key has no message), and returns
 // the new revision. Under TTLPerKey the message gets a TTL of its own:
 // keep (how long from now the store contract needs the record) plus
-// ClockSkew, or markerTTL for a marker.
+// ClockSkew, at most maxTTL, or markerTTL for a marker.
 func (s *Store) write(ctx context.Context, r record, value []byte, rev uint64, keep time.Duration) (uint64, error) {
 	m := nats.NewMsg(r.subj)
 	m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(rev, 10))
+	ttl := min(keep, maxTTL-s.cfg.ClockSkew) + s.cfg.ClockSkew
 	if value == nil {
 		m.Header.Set(hdrOperation, opPurge)
 		m.Header.Set(jetstream.MsgRollup, jetstream.MsgRollupSubject)
-		keep = markerTTL - s.cfg.ClockSkew
+		ttl = markerTTL
 	} else {
 		m.Data = value
 	}
 	if s.mode == TTLPerKey {
-		m.Header.Set(jetstream.MsgTTLHeader, ttlSeconds(keep+s.cfg.ClockSkew))
+		m.Header.Set(jetstream.MsgTTLHeader, ttlSeconds(ttl))
 	}
 	ack, err := s.js.PublishMsg(ctx, m)
 	if err != nil {
@@ -190,10 +191,15 @@ func (s *Store) write(ctx context.Context, r record, value []byte, rev uint64, k
 	return ack.Sequence, nil
 }
 
+// maxTTL caps a record's TTL: two of the longest leases. The server
+// keeps its expiry in Unix nanoseconds, which a TTL of much more would
+// overflow.
+const maxTTL = 2 * MaxDurationLimit
+
 // ttlSeconds is the Nats-TTL header of a TTL of d: whole seconds (the
-// server's unit), rounded up, at least one.
+// server's unit), rounded up, at least one, at most maxTTL.
 func ttlSeconds(d time.Duration) string {
-	secs := (max(d, 0) + time.Second - 1) / time.Second
+	secs := (min(max(d, 0), maxTTL) + time.Second - 1) / time.Second
 	return strconv.FormatInt(int64(max(secs, 1)), 10)
 }
 
