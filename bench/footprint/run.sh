@@ -20,7 +20,7 @@ commit=$(git -C "$repo" rev-parse "${1:-HEAD}")
 work=$(mktemp -d "${TMPDIR:-/tmp}/footprint.XXXXXX")
 upstream=$(go env GOPROXY)
 
-trap 'chmod -R u+w "$work" 2>/dev/null; rm -rf "$work"' EXIT
+if [ -n "${FOOTPRINT_KEEP:-}" ]; then echo "# work directory kept: $work" >&2; else trap 'chmod -R u+w "$work" 2>/dev/null; rm -rf "$work"' EXIT; fi
 
 export GOTOOLCHAIN=local GOWORK=off GONOSUMDB=github.com/watermill-dedup/dedup
 export GOFLAGS="-mod=mod -buildvcs=false"
@@ -52,7 +52,7 @@ done < <(find "$work/src" -name go.mod -not -path '*/testdata/*' | sort)
 echo "# footprint of github.com/watermill-dedup/dedup@$version ($(go version | awk '{print $3, $4}'))"
 echo "# proxy: file:// (this commit), then $upstream; GOFLAGS=$GOFLAGS; a fresh GOMODCACHE per row"
 printf '%-16s %6s %6s %6s %7s %7s %10s %7s %10s\n' case require direct go.sum mods zips bytes pkgs binary
-for case in redis postgres nats; do
+for case in ${FOOTPRINT_CASES:-redis postgres nats}; do
 	for kind in baseline dedup; do
 		d="$work/cases/$case-$kind"
 		export GOMODCACHE="$work/modcache/$case-$kind"
