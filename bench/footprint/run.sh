@@ -12,6 +12,12 @@
 # would give, with no replace directive.
 #
 #	bench/footprint/run.sh [commit]   # the report on stdout
+#
+# FOOTPRINT_WITHOUT='router_example cmd' measures a what-if: those paths
+# (globs, ** included) are removed from the commit's tree and go mod tidy
+# run before the proxy serves it. FOOTPRINT_CASES='redis' measures only
+# those cases; FOOTPRINT_VERBOSE=1 prints each go.mod and the zips
+# downloaded; FOOTPRINT_KEEP=1 keeps the work directory.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -38,6 +44,15 @@ ctime=$(TZ=UTC git -C "$repo" log -1 --date=format-local:%Y-%m-%dT%H:%M:%SZ --fo
 version="v0.0.0-$stamp-${commit:0:12}"
 mkdir -p "$work/src" "$work/proxy"
 git -C "$repo" archive "$commit" | tar -x -C "$work/src"
+if [ -n "${FOOTPRINT_WITHOUT:-}" ]; then
+	(
+		cd "$work/src"
+		shopt -s globstar nullglob
+		# shellcheck disable=SC2086 # the globs are meant to expand here
+		rm -rf -- $FOOTPRINT_WITHOUT
+		GOFLAGS=-mod=mod go mod tidy 2>/dev/null
+	)
+fi
 while IFS= read -r gomod; do
 	dir=$(dirname "$gomod")
 	path=$(awk '$1 == "module" { print $2; exit }' "$gomod")
@@ -50,6 +65,9 @@ while IFS= read -r gomod; do
 done < <(find "$work/src" -name go.mod -not -path '*/testdata/*' | sort)
 
 echo "# footprint of github.com/watermill-dedup/dedup@$version ($(go version | awk '{print $3, $4}'))"
+if [ -n "${FOOTPRINT_WITHOUT:-}" ]; then
+	echo "# what-if: the commit without $FOOTPRINT_WITHOUT, after go mod tidy"
+fi
 echo "# proxy: file:// (this commit), then $upstream; GOFLAGS=$GOFLAGS; a fresh GOMODCACHE per row"
 printf '%-16s %6s %6s %6s %7s %7s %10s %7s %10s\n' case require direct go.sum mods zips bytes pkgs binary
 for case in ${FOOTPRINT_CASES:-redis postgres nats}; do
