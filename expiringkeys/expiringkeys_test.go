@@ -15,7 +15,6 @@ import (
 	"github.com/watermill-dedup/dedup/expiringkeys"
 	"github.com/watermill-dedup/dedup/internal/testkit"
 	"github.com/watermill-dedup/dedup/stores"
-	"github.com/watermill-dedup/dedup/stores/memstore"
 	"github.com/watermill-dedup/dedup/stores/storetest"
 )
 
@@ -59,17 +58,7 @@ func (s *hookStore) Release(ctx context.Context, c *stores.Claim) error {
 	return s.Store.Release(ctx, c)
 }
 
-// newMemstore is a memstore on clock (nil: the system clock), closed at
-// the end of the test.
-func newMemstore(t *testing.T, clock stores.Clock) stores.Store {
-	t.Helper()
-	s, err := memstore.New(memstore.Config{Clock: clock})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Close(context.Background()) })
-	return s
-}
+func newMemstore(t *testing.T, clock stores.Clock) stores.Store { return testkit.Memstore(t, clock) }
 
 func newRepo(t *testing.T, store stores.Store, cfg expiringkeys.Config) *expiringkeys.Repository {
 	t.Helper()
