@@ -83,12 +83,15 @@ func testOwnerOfHolderAndTakenOver(e *env, oc stores.OwnerClaimer) {
 	}
 }
 
-// A multi-key claim keeps the owner on every key: a claim held by any of
-// them sees it.
+// A multi-key claim keeps the owner on every key, and an Extend keeps
+// it: a claim held by any of them sees it.
 func testOwnerMultiKey(e *env, oc stores.OwnerClaimer) {
 	k1, k2, k3 := e.key("m1"), e.key("m2"), e.key("m3")
 	a := owner("multi-a", 25)
 	held := e.claimOwned(oc, a, stores.Claimed, k1, k2)
+	if err := e.s.Extend(e.ctx, held, e.lease()); err != nil {
+		e.t.Fatalf("Extend(%q): %v", held.Keys, err)
+	}
 	e.mustOwner(e.claimOwned(oc, owner("b", 25), stores.InProgress, k3, k2), a)
 	e.mustOwner(e.claimOwned(oc, nil, stores.InProgress, k1), a)
 	e.release(held)
