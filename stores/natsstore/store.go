@@ -259,7 +259,7 @@ func maxData(limit int64) int {
 // bucket's limit lowered since) fails with [stores.ErrTooLarge] all the
 // same.
 func (s *Store) Capabilities() stores.Capabilities {
-	return stores.Capabilities{Kind: "natsstore", MaxLease: s.cfg.MaxLease, MaxRetention: s.cfg.MaxRetention, MaxData: s.maxData, Admin: true}
+	return stores.Capabilities{Kind: "natsstore", MaxLease: s.cfg.MaxLease, MaxRetention: s.cfg.MaxRetention, MaxData: s.maxData, Admin: true, Owners: true}
 }
 
 // Close implements [stores.Store]. It stops following the connection's
