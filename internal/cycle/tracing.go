@@ -96,7 +96,7 @@ func (c *Cycle) owner(ctx context.Context) []byte {
 // being an AttrLink value, when runs are linked and sc is valid and not
 // self's span.
 func (c *Cycle) link(span trace.Span, sc, self trace.SpanContext, why string) {
-	if span == nil || !c.tr.links || !sc.IsValid() || sc.Equal(self) {
+	if span == nil || !c.tr.links || !sc.IsValid() || (sc.TraceID() == self.TraceID() && sc.SpanID() == self.SpanID()) {
 		return
 	}
 	span.AddLink(trace.Link{SpanContext: sc, Attributes: []attribute.KeyValue{AttrLink.String(why)}})
