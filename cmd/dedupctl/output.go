@@ -32,6 +32,10 @@ type recordJSON struct {
 	Fingerprint string `json:"fingerprint,omitempty"`
 	Outputs     *int   `json:"outputs,omitempty"`
 	DataError   string `json:"data_error,omitempty"`
+	// TraceID and SpanID are the span of the run that completed a done
+	// record, kept when its tracing linked runs (dedup.Tracing.LinkRuns).
+	TraceID string `json:"trace_id,omitempty"`
+	SpanID  string `json:"span_id,omitempty"`
 }
 
 func recordView(r stores.Record) recordJSON {
@@ -56,6 +60,9 @@ func recordView(r stores.Record) recordJSON {
 			v.DataError = err.Error()
 		} else {
 			v.Fingerprint, v.Outputs = info.FingerprintHex(), &info.Outputs
+			if info.Run.IsValid() {
+				v.TraceID, v.SpanID = info.Run.TraceID().String(), info.Run.SpanID().String()
+			}
 		}
 	}
 	return v
@@ -158,6 +165,9 @@ func writeRecord(w io.Writer, r stores.Record, now time.Time) {
 		}
 		row("fingerprint", fp)
 		row("outputs", strconv.Itoa(*v.Outputs))
+		if v.TraceID != "" {
+			row("completed by", fmt.Sprintf("trace %s, span %s", v.TraceID, v.SpanID))
+		}
 		row("data", fmt.Sprintf("%d bytes", v.DataBytes))
 	}
 }
