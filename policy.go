@@ -160,6 +160,9 @@ type Tracing struct {
 	// of a store that keeps owners (stores.OwnerClaimer; takeover, holder
 	// and taker links need one). A message without a valid span in its
 	// context keeps nothing. Off by default; ignored without Provider.
+	// Turn it on once every process of the scope reads what it keeps
+	// (see the README's Tracing section). On sqlstore, claims that keep
+	// an owner run unbatched.
 	LinkRuns bool
 }
 

@@ -205,8 +205,14 @@ func (s *Store) ClaimOwned(ctx context.Context, scope string, keys []string, lea
 	ks := newKeySet(scope, keys)
 	token := newToken()
 	c := &stores.Claim{Scope: scope, Keys: keys}
-	var err error
-	if o := s.group.op(ctx, opClaim, ks); o != nil && len(owner) == 0 {
+	var (
+		o   *op
+		err error
+	)
+	if len(owner) == 0 {
+		o = s.group.op(ctx, opClaim, ks)
+	}
+	if o != nil {
 		o.token, o.d = token, lease
 		if err = s.group.do(ctx, o); err == nil {
 			// Only now is o.res the caller's: a batch that went on
