@@ -180,7 +180,7 @@ func (c *Cycle) complete(ctx context.Context, cl *stores.Claim, data []byte, los
 	start := c.now()
 	err := c.store.Complete(ctx, cl, c.p.Retention, data)
 	c.observe(cl.Scope, dedup.OpComplete, start, err)
-	if span != nil && c.tr.links && *lost == nil && errors.Is(err, stores.ErrLostClaim) {
+	if c.tr.links && *lost == nil && errors.Is(err, stores.ErrLostClaim) {
 		settle(span, err)
 		*lost = span
 		return err

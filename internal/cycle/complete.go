@@ -208,7 +208,7 @@ func (r *recording) reconcile(data []byte, lost error) (Recorded, []byte) {
 	}
 	switch again.Result {
 	case stores.Duplicate:
-		c.linkTaker(r.lost, again, trace.SpanContextFromContext(r.msg.Context()))
+		linkTaker(r.lost, again, trace.SpanContextFromContext(r.msg.Context()))
 		return DoneBefore, again.Data
 	case stores.Claimed:
 		// Not held: the new claim is completed at once.
@@ -223,7 +223,7 @@ func (r *recording) reconcile(data []byte, lost error) (Recorded, []byte) {
 			}
 		}
 	}
-	c.linkTaker(r.lost, again, trace.SpanContextFromContext(r.msg.Context()))
+	linkTaker(r.lost, again, trace.SpanContextFromContext(r.msg.Context()))
 	c.Observe(cl.Scope, dedup.OutcomeLostClaim)
 	c.p.Logger.Error("Dedup claim lost before Complete: the lease expired while "+c.side.Effect+" ran and another run took the message over (the effect may be doubled)", lost, c.Fields(r.msg, cl.Scope, cl.Keys))
 	return TakenOver, nil

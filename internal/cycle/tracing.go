@@ -92,42 +92,43 @@ func (c *Cycle) owner(ctx context.Context) []byte {
 	return record.AppendRun(nil, trace.SpanContextFromContext(ctx))
 }
 
-// link adds to span (nil: tracing is off) a link to the run sc, why
-// being an AttrLink value, when runs are linked and sc is valid and not
-// self's span.
-func (c *Cycle) link(span trace.Span, sc, self trace.SpanContext, why string) {
-	if span == nil || !c.tr.links || !sc.IsValid() || (sc.TraceID() == self.TraceID() && sc.SpanID() == self.SpanID()) {
+// link adds to span a link to the run sc, why being an AttrLink value,
+// when sc is valid and not self's span.
+func link(span trace.Span, sc, self trace.SpanContext, why string) {
+	if !sc.IsValid() || (sc.TraceID() == self.TraceID() && sc.SpanID() == self.SpanID()) {
 		return
 	}
 	span.AddLink(trace.Link{SpanContext: sc, Attributes: []attribute.KeyValue{AttrLink.String(why)}})
 }
 
 // linkClaim links the span of a claim made for the message's run self
-// to the run its result names: a duplicate's to the run that completed
-// the record, a takeover's to the run whose lease expired, an in-progress
-// claim's to the run holding the keys.
+// to the run its result names, when runs are linked: a duplicate's to
+// the run that completed the record, a takeover's to the run whose lease
+// expired, an in-progress claim's to the run holding the keys. span is
+// not nil; cl is nil when the claim failed.
 func (c *Cycle) linkClaim(span trace.Span, cl *stores.Claim, self trace.SpanContext) {
-	if span == nil || !c.tr.links || cl == nil {
+	if !c.tr.links || cl == nil {
 		return
 	}
 	switch {
 	case cl.Result == stores.Duplicate:
 		sc, _ := record.RunOf(cl.Data)
-		c.link(span, sc, self, LinkOriginal)
+		link(span, sc, self, LinkOriginal)
 	case cl.Result == stores.Claimed && cl.Takeover:
 		sc, _ := record.ParseRun(cl.Owner)
-		c.link(span, sc, self, LinkExpired)
+		link(span, sc, self, LinkExpired)
 	case cl.Result == stores.InProgress:
 		sc, _ := record.ParseRun(cl.Owner)
-		c.link(span, sc, self, LinkHolder)
+		link(span, sc, self, LinkHolder)
 	}
 }
 
 // linkTaker links the span of a Complete refused as a lost claim (nil:
-// not kept) to the run the reconciling claim again found: the one that
-// took the message over (in progress) or completed it (a duplicate).
-func (c *Cycle) linkTaker(span trace.Span, again *stores.Claim, self trace.SpanContext) {
-	if span == nil || again == nil {
+// not kept, runs are not linked) to the run the reconciling claim again
+// found: the one that took the message over (in progress) or completed it
+// (a duplicate).
+func linkTaker(span trace.Span, again *stores.Claim, self trace.SpanContext) {
+	if span == nil {
 		return
 	}
 	var sc trace.SpanContext
@@ -137,7 +138,7 @@ func (c *Cycle) linkTaker(span trace.Span, again *stores.Claim, self trace.SpanC
 	case stores.InProgress:
 		sc, _ = record.ParseRun(again.Owner)
 	}
-	c.link(span, sc, self, LinkTaker)
+	link(span, sc, self, LinkTaker)
 }
 
 // span starts the span of a store call, or returns ctx and nil when
