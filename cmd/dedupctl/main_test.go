@@ -21,6 +21,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	dedup "github.com/watermill-dedup/dedup"
+	"github.com/watermill-dedup/dedup/internal/record"
 	"github.com/watermill-dedup/dedup/internal/storeopen"
 	"github.com/watermill-dedup/dedup/internal/testkit"
 	"github.com/watermill-dedup/dedup/middleware"
@@ -651,8 +652,9 @@ func TestExitCodes(t *testing.T) {
 }
 
 // TestGetLinkedRun: get shows the run that completed a record whose
-// tracing linked runs (Tracing.LinkRuns): its trace and span, as a table
-// row and in -json; a record of an unlinked run shows none.
+// tracing linked runs (Tracing.LinkRuns), or that holds a processing
+// one: its trace and span, as a table row and in -json; a record of an
+// unlinked run shows none.
 func TestGetLinkedRun(t *testing.T) {
 	forEachStore(t, func(t *testing.T, e *env, kind testkit.StoreKind) {
 		tg := e.open(t, kind, "")
@@ -684,6 +686,21 @@ func TestGetLinkedRun(t *testing.T) {
 		tg.run(t, "get", "-json", scope, linked.UUID).want(t, exitOK).json(t, &got)
 		if got.TraceID != sc.TraceID().String() || got.SpanID != sc.SpanID().String() {
 			t.Fatalf("get -json of a linked run's record = %+v, want trace %s span %s", got, sc.TraceID(), sc.SpanID())
+		}
+		// A processing record a linked run claimed names that run.
+		oc, ok := tg.store.(stores.OwnerClaimer)
+		if !ok {
+			t.Fatalf("%T keeps no owners", tg.store)
+		}
+		if c, err := oc.ClaimOwned(t.Context(), scope, []string{"held"}, time.Minute, record.AppendRun(nil, sc)); err != nil || c.Result != stores.Claimed {
+			t.Fatalf("ClaimOwned = %v, %v", c, err)
+		}
+		r = tg.run(t, "get", scope, "held").want(t, exitOK)
+		r.field(t, "claimed by", "trace "+sc.TraceID().String()+", span "+sc.SpanID().String())
+		got = recordJSON{}
+		tg.run(t, "get", "-json", scope, "held").want(t, exitOK).json(t, &got)
+		if got.State != "processing" || got.TraceID != sc.TraceID().String() || got.SpanID != sc.SpanID().String() {
+			t.Fatalf("get -json of a linked run's processing record = %+v", got)
 		}
 		unlinked, _ := run(false)
 		if r := tg.run(t, "get", scope, unlinked.UUID).want(t, exitOK); strings.Contains(r.stdout, "completed by") {

@@ -33,7 +33,8 @@ type recordJSON struct {
 	Outputs     *int   `json:"outputs,omitempty"`
 	DataError   string `json:"data_error,omitempty"`
 	// TraceID and SpanID are the span of the run that completed a done
-	// record, kept when its tracing linked runs (dedup.Tracing.LinkRuns).
+	// record, or that claimed a processing one, kept when its tracing
+	// linked runs (dedup.Tracing.LinkRuns).
 	TraceID string `json:"trace_id,omitempty"`
 	SpanID  string `json:"span_id,omitempty"`
 }
@@ -53,6 +54,9 @@ func recordView(r stores.Record) recordJSON {
 	if !r.ExpiresAt.IsZero() {
 		t := r.ExpiresAt.UTC()
 		v.ExpiresAt = &t
+	}
+	if run, ok := record.ParseRun(r.Owner); ok && r.State == stores.StateProcessing {
+		v.TraceID, v.SpanID = run.TraceID().String(), run.SpanID().String()
 	}
 	if r.State == stores.StateDone {
 		info, err := record.Inspect(r.Data)
@@ -143,6 +147,9 @@ func writeRecord(w io.Writer, r stores.Record, now time.Time) {
 	row("state", v.State)
 	if r.State == stores.StateProcessing {
 		row("token", v.Token)
+		if v.TraceID != "" {
+			row("claimed by", fmt.Sprintf("trace %s, span %s", v.TraceID, v.SpanID))
+		}
 		lease := fmtTime(r.LeaseUntil, now)
 		if r.Expired {
 			lease += ", ran out: the next delivery takes the claim over"

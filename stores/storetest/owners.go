@@ -65,6 +65,12 @@ func testOwnerOfHolderAndTakenOver(e *env, oc stores.OwnerClaimer) {
 	a, b, c := owner("run-a", 25), owner("run-b", 25), owner("run-c", 25)
 	first := e.claimOwned(oc, a, stores.Claimed, k)
 	e.mustOwner(first, nil)
+	if ad, ok := e.s.(stores.Admin); ok && e.s.Capabilities().Admin {
+		rec, err := ad.Get(e.ctx, e.scope, k)
+		if err != nil || !bytes.Equal(rec.Owner, a) {
+			e.t.Fatalf("Admin.Get of an owned processing record: Owner %q, %v; want %q", rec.Owner, err, a)
+		}
+	}
 	e.mustOwner(e.claimOwned(oc, b, stores.InProgress, k), a)
 	e.advance(e.lease() + e.lease()/2)
 	cur := e.claimOwned(oc, c, stores.Claimed, k)
@@ -76,6 +82,12 @@ func testOwnerOfHolderAndTakenOver(e *env, oc stores.OwnerClaimer) {
 	e.mustOwner(e.claimOwned(oc, b, stores.InProgress, k), c)
 	e.mustOwner(e.expect([]string{k}, stores.InProgress), c)
 	e.complete(cur, nil)
+	if ad, ok := e.s.(stores.Admin); ok && e.s.Capabilities().Admin {
+		rec, err := ad.Get(e.ctx, e.scope, k)
+		if err != nil || rec.Owner != nil || len(rec.Data) != 0 {
+			e.t.Fatalf("Admin.Get of a done record: Owner %q, Data %q, %v; want neither", rec.Owner, rec.Data, err)
+		}
+	}
 	d := e.claimOwned(oc, b, stores.Duplicate, k)
 	e.mustOwner(d, nil)
 	if len(d.Data) != 0 {
