@@ -10,7 +10,9 @@
 // its topics, groups, tables and key prefixes, and exported Assert
 // helpers. This module runs it from acceptance/*_test.go over the matrix
 // described in TestAcceptance (matrix_test.go): every scenario on
-// gochannel with memstore and with natsstore; on Kafka, RabbitMQ, NATS
+// gochannel with memstore and with natsstore (on the shared NATS server
+// and, as nats-current, on one of the current release, with per-key
+// TTLs, which also runs under NATS JetStream of that release); on Kafka, RabbitMQ, NATS
 // JetStream and Redis Streams with redisstore in lease mode, with and
 // without AsyncComplete; on NATS JetStream and Redis Streams also with
 // sqlstore on PostgreSQL in lease mode; on each watermill-sql pub/sub with
@@ -31,7 +33,10 @@
 // POSTGRES_DSN, MYSQL_DSN, REDIS_ADDR, AMQP_URL, NATS_URL). A missing service fails its scenarios, naming it
 // (DEDUP_SKIP_MISSING=1 skips them instead, except under CI). Kafka is kfake, an in-process Kafka-protocol
 // broker, plus the cluster in KAFKA_BROKERS when set
-// (KAFKA_REPLICATION_FACTOR for its topics, default 1).
+// (KAFKA_REPLICATION_FACTOR for its topics, default 1). The nats-current
+// rows start nats-server servers of the current release per scenario
+// (testkit.CurrentNATS: built once per machine through the Go module
+// proxy, or NATS_SERVER_CURRENT).
 //
 // The run ends with one summary table, broker x store x scenario ->
 // events, deliveries, duplicates dropped, effects, result and notes

@@ -22,8 +22,9 @@ import (
 // kafkaPartitions is the number of partitions of every topic.
 const kafkaPartitions = 4
 
-// kafkaVersion is the protocol version Sarama speaks. Set explicitly:
-// Sarama's default is older than what kfake needs for consumer groups.
+// kafkaVersion is the protocol version Sarama speaks, what kfake needs
+// for consumer groups. It is Sarama's default since watermill-kafka
+// v3.1.0 stopped pinning 1.0.0; set here so a new default cannot move it.
 var kafkaVersion = sarama.V2_8_0_0
 
 // kafkaFeatures: partitions are shards, delivered in order; a killed

@@ -51,11 +51,13 @@ var lifecycleScenarios = []acceptance.Scenario{
 //   - every scenario on every broker (the foreign producer is n/a on
 //     gochannel, which has no client but Watermill's): gochannel with
 //     memstore (and with Redis for the outage, which memstore cannot
-//     have) and with natsstore; Kafka, RabbitMQ, NATS JetStream and
+//     have) and with natsstore, on the shared NATS server and on one of
+//     the current release (nats-current); Kafka, RabbitMQ, NATS JetStream and
 //     Redis Streams with Redis in lease mode and with Redis in lease mode
 //     with AsyncComplete (redis-async: ack first, Complete in the
 //     background); NATS JetStream and Redis Streams also with sqlstore on
-//     PostgreSQL in lease mode; each watermill-sql pub/sub with sqlstore
+//     PostgreSQL in lease mode; NATS JetStream on a server of the current
+//     release with nats-current; each watermill-sql pub/sub with sqlstore
 //     in transactional mode on the same database (joining the
 //     subscriber's transaction, the default; and in its own transaction
 //     for the crash and lease expiry scenarios); the same on the new
@@ -79,6 +81,11 @@ func TestAcceptance(t *testing.T) {
 
 	acceptance.Run(t, goChannel(), memStore())
 	acceptance.Run(t, goChannel(), natsStore())
+	// The current nats-server (per-key TTLs), each scenario on servers
+	// of its own: the store through every scenario, and the broker with
+	// it. The shared server (2.9.10) runs the other NATS rows.
+	acceptance.Run(t, goChannel(), natsCurrentStore())
+	acceptance.Run(t, natsJetStreamCurrent(), natsCurrentStore())
 	for _, k := range kafkas {
 		acceptance.Run(t, k, redisStore())
 		acceptance.Run(t, k, redisAsyncStore())

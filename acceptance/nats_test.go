@@ -54,8 +54,21 @@ const (
 // the server redelivers at once. A delivery not acked within AckWait (a
 // closed or killed subscriber's) is redelivered to the group.
 func natsJetStream() acceptance.Backend {
+	return natsJetStreamOn("nats-jetstream", func(t *testing.T) string { return testkit.RequireNATS(t) })
+}
+
+// natsJetStreamCurrent is natsJetStream on a nats-server of the current
+// release (testkit.CurrentNATS) started for the scenario and killed at
+// its end.
+func natsJetStreamCurrent() acceptance.Backend {
+	return natsJetStreamOn("nats-jetstream-current", func(t *testing.T) string { return testkit.CurrentNATS(t).Start(t, "").URL() })
+}
+
+// natsJetStreamOn is natsJetStream named name, on the server whose URL
+// url returns for a scenario.
+func natsJetStreamOn(name string, url func(t *testing.T) string) acceptance.Backend {
 	return acceptance.Backend{
-		Name: "nats-jetstream",
+		Name: name,
 		RaceUnsafe: "watermill-nats v2.1.3's jetstream subscriber closes its output channel when its context ends " +
 			"while a message callback may be sending on it (pkg/jetstream consumer.go:158 against message_handler.go:52)",
 		Features: acceptance.Features{
@@ -67,7 +80,7 @@ func natsJetStream() acceptance.Backend {
 			// stream is consumed as a whole.
 		},
 		Setup: func(t *testing.T) (acceptance.Env, error) {
-			return acceptance.Env{"url": testkit.RequireNATS(t)}, nil
+			return acceptance.Env{"url": url(t)}, nil
 		},
 		CreateTopic: func(t *testing.T, env acceptance.Env, topic string) error {
 			err := natsAdmin(env, func(ctx context.Context, js jetstream.JetStream) error {

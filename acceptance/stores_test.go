@@ -103,6 +103,23 @@ func redisAsyncStore() acceptance.Store {
 	return s
 }
 
+// natsCurrentStore is natsstore on a nats-server of the current release
+// (testkit.CurrentNATS) started for the scenario and killed at its end:
+// records with TTLs of their own (natsstore.TTLPerKey), where the shared
+// server's buckets expire them by their MaxAge. Every Open dials
+// env[EnvAddr], the server or the outage scenario's proxy.
+func natsCurrentStore() acceptance.Store {
+	return acceptance.Store{
+		Name:         "nats-current",
+		MultiProcess: true,
+		Setup: func(t *testing.T, id string) (acceptance.Env, error) {
+			srv := testkit.CurrentNATS(t).Start(t, "")
+			return acceptance.Env{acceptance.EnvAddr: srv.Addr(), "bucket": "acceptance_" + id}, nil
+		},
+		Open: openNamed(testkit.StoreParams{Kind: testkit.StoreNATS}, "bucket"),
+	}
+}
+
 // natsStore is natsstore on the shared NATS server, in a KV bucket
 // unique to the scenario, deleted at its end. Every Open dials
 // env[EnvAddr], the server or the outage scenario's proxy.

@@ -79,10 +79,10 @@ func blank(v string) bool { return strings.TrimSpace(v) == "" }
 func MessageID() KeyFunc {
 	return func(msg *message.Message) ([]string, error) {
 		if msg.UUID == "" {
-			return nil, fmt.Errorf("%w: %s", ErrNoKey, noUUIDAdvice)
+			return nil, fmt.Errorf("%w: %s, %s", ErrNoKey, noUUIDAdvice, noUUIDElse)
 		}
 		if blank(msg.UUID) {
-			return nil, fmt.Errorf("%w: message UUID %q is blank: %s", ErrNoKey, msg.UUID, noUUIDAdvice)
+			return nil, fmt.Errorf("%w: message UUID %q is blank: %s, %s", ErrNoKey, msg.UUID, noUUIDAdvice, noUUIDElse)
 		}
 		return []string{Bound(msg.UUID)}, nil
 	}
@@ -90,9 +90,11 @@ func MessageID() KeyFunc {
 
 // noUUIDAdvice is the error text of a message MessageID cannot key: short,
 // one line in a log, with the README section that has the details.
-const noUUIDAdvice = "the message has no UUID (not from Watermill?): key it by the broker's id " +
-	"(kafkakeys, amqpkeys.Marshaler, sqlkeys; NATS, Redis Streams: an unmarshaler setting it), " +
-	"keyfuncs.Metadata or keyfuncs.JSON: see " + otherProducersURL
+const noUUIDAdvice = "no UUID (not from Watermill?): key it by the broker's id (kafkakeys, amqpkeys.Marshaler, sqlkeys; " +
+	"NATS, Redis Streams: an unmarshaler setting it)"
+
+// noUUIDElse is the rest of the advice, after noUUIDAdvice.
+const noUUIDElse = "or by keyfuncs.Metadata or keyfuncs.JSON: see " + otherProducersURL
 
 // otherProducersURL is the README section on keying messages from
 // producers that are not Watermill.

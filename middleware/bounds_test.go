@@ -73,10 +73,16 @@ func TestRealStoreBoundsRefusedAtNew(t *testing.T) {
 			want:   []string{"Lease: lease 2m0s", "MaxLease (1m0s)"},
 		},
 		{
+			name:   "partitioned postgres lease",
+			params: testkit.StoreParams{Kind: testkit.StorePostgres, SQL: sqlstore.Config{DailyPartitions: true, PartitionDaysAhead: 2, PurgeInterval: time.Hour}},
+			policy: dedup.Policy{Lease: 72 * time.Hour, Retention: 40 * time.Hour},
+			want:   []string{"Lease: lease 72h0m0s", "MaxLease (48h0m0s)", "raise sqlstore.Config.PartitionDaysAhead"},
+		},
+		{
 			name:   "partitioned postgres retention",
 			params: testkit.StoreParams{Kind: testkit.StorePostgres, SQL: sqlstore.Config{DailyPartitions: true, PartitionDaysAhead: 2, PurgeInterval: time.Hour}},
 			policy: dedup.Policy{Retention: 72 * time.Hour},
-			want:   []string{"Retention: retention 72h0m0s", "DailyPartitions", "MaxRetention (48h0m0s)"},
+			want:   []string{"Retention: retention 72h0m0s", "DailyPartitions", "MaxRetention (48h0m0s)", "raise sqlstore.Config.PartitionDaysAhead"},
 		},
 		{
 			name:   "partitioned postgres retention, transactional",

@@ -13,6 +13,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"go.uber.org/goleak"
 
+	"github.com/watermill-dedup/dedup/internal/testkit"
 	"github.com/watermill-dedup/dedup/internal/testkit/ledger"
 	"github.com/watermill-dedup/dedup/middleware"
 	"github.com/watermill-dedup/dedup/stores"
@@ -203,13 +204,7 @@ func publishEvents(t testing.TB, pub message.Publisher, topic string, ids []stri
 }
 
 func newMemstoreClock(t testing.TB, clock stores.Clock) *memstore.Store {
-	t.Helper()
-	s, err := memstore.New(memstore.Config{Clock: clock})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Close(context.Background()) })
-	return s
+	return testkit.Memstore(t, clock)
 }
 
 // mayBlock is c without NonBlocking: for wrappers of memstore whose calls

@@ -66,15 +66,7 @@ func (r *recorder) uuids() []string {
 
 var errBroker = errors.New("broker said no")
 
-func newMem(t *testing.T, clock stores.Clock) *memstore.Store {
-	t.Helper()
-	s, err := memstore.New(memstore.Config{Clock: clock})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Close(context.Background()) })
-	return s
-}
+func newMem(t *testing.T, clock stores.Clock) *memstore.Store { return testkit.Memstore(t, clock) }
 
 func decorate(t *testing.T, cfg publisher.Config, pub message.Publisher) message.Publisher {
 	t.Helper()

@@ -168,9 +168,10 @@ func (b *broker) refuseUsedNATSStream(ctx context.Context, js jetstream.JetStrea
 	if st.LastSeq == 0 {
 		return nil // made, never published to: nothing of an earlier run in it
 	}
-	return &runIDUsedError{RunID: b.runID, What: fmt.Sprintf("the JetStream stream %s at %s holds that run's messages (%d, %d ever published), "+
-		"whose ids this run's repeat (-seed): the stream would drop them as duplicates (its Duplicates window is %s) "+
-		"and deliver what that run left unacked in this one", name, b.addr, st.Msgs, st.LastSeq, natsDuplicates)}
+	// This run's message ids repeat that run's (-seed): the stream would
+	// drop them as duplicates (within its Duplicates window,
+	// natsDuplicates) and deliver what that run left unacked.
+	return &runIDUsedError{RunID: b.runID, What: fmt.Sprintf("the JetStream stream %s at %s holds its %d messages", name, b.addr, st.LastSeq)}
 }
 
 // natsPublisher publishes as watermill-nats does (the UUID and metadata
@@ -296,6 +297,7 @@ func (b *broker) refuseUsedRedisStream(ctx context.Context, admin redis.Universa
 	if n == 0 {
 		return nil // no stream, or an empty one: nothing of an earlier run
 	}
-	return &runIDUsedError{RunID: b.runID, What: fmt.Sprintf("the Redis stream %s at %s holds that run's %d entries: "+
-		"what that run left unread or unacked would be delivered in this one, among this run's messages of the same ids (-seed)", b.topic, b.addr, n)}
+	// What that run left unread or unacked would be delivered in this
+	// one, among this run's messages of the same ids (-seed).
+	return &runIDUsedError{RunID: b.runID, What: fmt.Sprintf("the Redis stream %s at %s holds its %d entries", b.topic, b.addr, n)}
 }

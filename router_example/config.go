@@ -329,6 +329,9 @@ func loadConfig(args []string, getenv func(string) string, output io.Writer) (Co
 	return cfg, cfg.sourced(cfg.Validate())
 }
 
+// flagInError finds the first flag an error names.
+var flagInError = regexp.MustCompile(`(?:^|[\s(])(-[a-z][a-z0-9-]*)`)
+
 // sourced adds to err, when it names a setting (storeopen's errors do)
 // whose value came from the -config file, that file: the flag or variable
 // it names is not where the value is.
@@ -341,8 +344,16 @@ func (c Config) sourced(err error) error {
 		setting = ue.Setting
 	case errors.As(err, &se):
 		setting = se.Setting
+	case err == nil:
+		return nil
 	default:
-		return err
+		// Validate's errors name their flag first: "-events must be ...",
+		// "unknown store ...: set -store".
+		m := flagInError.FindStringSubmatch(err.Error())
+		if m == nil {
+			return err
+		}
+		setting = m[1]
 	}
 	name, _, _ := strings.Cut(strings.TrimPrefix(setting, "-"), " ")
 	if !c.fromFile[name] {

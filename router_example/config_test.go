@@ -340,3 +340,28 @@ func TestErrorNamesTheConfigFileASettingCameFrom(t *testing.T) {
 		})
 	}
 }
+
+// A value from the -config file that Validate refuses names the file too.
+func TestInvalidValueNamesTheConfigFile(t *testing.T) {
+	for _, tc := range []struct{ yaml, key string }{
+		{"store: bogus\n", "store"},
+		{"events: -3\n", "events"},
+		{"run-id: ABC\n", "run-id"},
+		{"fail-rate: 2\n", "fail-rate"},
+	} {
+		file := writeFile(t, "example.yaml", tc.yaml)
+		var stdout, stderr strings.Builder
+		if code := run(t.Context(), []string{"-config=" + file}, &stdout, &stderr, env(nil)); code != exitConfig {
+			t.Fatalf("%q: exit %d, want %d\n%s", tc.yaml, code, exitConfig, stderr.String())
+		}
+		if want := "(the value comes from key " + tc.key + " of " + file + ")"; !strings.Contains(stderr.String(), want) {
+			t.Errorf("%q: stderr lacks %q\n%s", tc.yaml, want, stderr.String())
+		}
+	}
+	// The same value on the command line names no file.
+	var stdout, stderr strings.Builder
+	file := writeFile(t, "example.yaml", "events: 5\n")
+	if code := run(t.Context(), []string{"-config=" + file, "-events=-3"}, &stdout, &stderr, env(nil)); code != exitConfig || strings.Contains(stderr.String(), "comes from") {
+		t.Errorf("exit %d; a flag's own value is said to come from the file\n%s", code, stderr.String())
+	}
+}

@@ -153,11 +153,17 @@ func runExampleEnv(t *testing.T, runID string, env []string, args ...string) exa
 // test's environment with env added.
 func execExample(t *testing.T, env []string, args ...string) exampleRun {
 	t.Helper()
-	bin := buildExample(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, bin, args...)
-	cmd.Env = append(exampleEnv(), env...)
+	return runBinary(ctx, t, "", append(exampleEnv(), env...), args)
+}
+
+// runBinary runs the example's binary in dir (the test's own when empty)
+// with env as its whole environment, until it exits or ctx is done.
+func runBinary(ctx context.Context, t *testing.T, dir string, env, args []string) exampleRun {
+	t.Helper()
+	cmd := exec.CommandContext(ctx, buildExample(t), args...)
+	cmd.Env, cmd.Dir = env, dir
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()
@@ -230,15 +236,7 @@ func TestExampleRuns(t *testing.T) {
 			if !strings.Contains(r.stdout, "\n  producer   foreign (") || !strings.Contains(r.stdout, "\n  keys       "+key+" + payment:<payment_id>") {
 				t.Errorf("the summary does not name the foreign producer and the key %s\n%s", key, r)
 			}
-			if got := r.count(t, "ttl misses"); got < 2 {
-				t.Errorf("ttl misses = %d, want at least the 2 stale events\n%s", got, r)
-			}
-			if r.count(t, "duplicates dropped") == 0 || r.count(t, "redelivered") == 0 {
-				t.Errorf("no duplicates or redeliveries: the scenario injected nothing\n%s", r)
-			}
-			if got := r.count(t, "effects applied"); got != 202 {
-				t.Errorf("effects applied = %d, want 202 (exactly once)\n%s", got, r)
-			}
+			requireStaleAndOnce(t, r)
 			if more != nil {
 				more(t, r, runID)
 			}
@@ -249,17 +247,7 @@ func TestExampleRuns(t *testing.T) {
 		// The embedded default, with every fault: failures, lost acks,
 		// crashes (rolled back) and stale messages (ttl misses).
 		{name: "gochannel/sqlite/transactional", args: []string{"-crash-rate=0.03", "-stale-events=2"},
-			check: func(t *testing.T, r exampleRun, _ string) {
-				if got := r.count(t, "ttl misses"); got < 2 {
-					t.Errorf("ttl misses = %d, want at least the 2 stale events\n%s", got, r)
-				}
-				if r.count(t, "duplicates dropped") == 0 || r.count(t, "redelivered") == 0 {
-					t.Errorf("no duplicates or redeliveries: the scenario injected nothing\n%s", r)
-				}
-				if got := r.count(t, "effects applied"); got != 202 {
-					t.Errorf("effects applied = %d, want 202 (transactional: exactly once)\n%s", got, r)
-				}
-			}},
+			check: func(t *testing.T, r exampleRun, _ string) { requireStaleAndOnce(t, r) }},
 		{name: "gochannel/sqlite/lease", args: []string{"-store=sqlite", "-mode=lease"}},
 		{name: "gochannel/memory/lease+crashes", args: []string{"-store=memory", "-crash-rate=0.03", "-lease=300ms"},
 			check: func(t *testing.T, r exampleRun, _ string) {
@@ -426,7 +414,9 @@ func TestExampleRefusesAUsedRunID(t *testing.T) {
 		// -retention before the records are looked at: the same refusal.
 		{"nats, longer retention", func(t *testing.T) []string {
 			return []string{"-store=nats", "-nats-url=" + testkit.RequireNATS(t)}
-		}, natsRunRecords, func(runID string) string { return "bucket " + runName(storeNATS, runID) + ", made for other settings" }, []string{"-retention=72h"}},
+		}, natsRunRecords, func(runID string) string {
+			return "bucket " + runName(storeNATS, runID) + ", made for another -lease or -retention"
+		}, []string{"-retention=72h"}},
 		// The brokers with a store that keeps nothing: the messages an
 		// earlier run left in the run's stream. On JetStream this run's
 		// messages, of the same ids (-seed), were dropped as duplicates
@@ -547,14 +537,8 @@ func TestExampleConfigErrors(t *testing.T) {
 		{[]string{"-lease=5"}, []string{"-lease", "a duration needs a unit, such as 5s"}},
 	} {
 		r := runExample(t, newTestRunID(), tc.args...)
-		if r.code != exitConfig {
-			t.Errorf("%v: exit %d, want %d\n%s", tc.args, r.code, exitConfig, r)
+		if !refusedSaying(t, r, tc.want) {
 			continue
-		}
-		for _, w := range tc.want {
-			if !strings.Contains(r.stderr, w) {
-				t.Errorf("%v: stderr lacks %q\n%s", tc.args, w, r)
-			}
 		}
 		if strings.Contains(r.stderr, "secret") || strings.Contains(r.stderr, "panic") {
 			t.Errorf("%v: stderr shows a password or a panic\n%s", tc.args, r)
@@ -564,6 +548,39 @@ func TestExampleConfigErrors(t *testing.T) {
 		}
 		requireOnlyOwnLines(t, r)
 	}
+}
+
+// requireStaleAndOnce checks a run of 200 events with -stale-events=2
+// and faults: the stale events were ttl misses, the faults made
+// duplicates and redeliveries, and each of the 202 effects was applied
+// exactly once.
+func requireStaleAndOnce(t *testing.T, r exampleRun) {
+	t.Helper()
+	if got := r.count(t, "ttl misses"); got < 2 {
+		t.Errorf("ttl misses = %d, want at least the 2 stale events\n%s", got, r)
+	}
+	if r.count(t, "duplicates dropped") == 0 || r.count(t, "redelivered") == 0 {
+		t.Errorf("no duplicates or redeliveries: the scenario injected nothing\n%s", r)
+	}
+	if got := r.count(t, "effects applied"); got != 202 {
+		t.Errorf("effects applied = %d, want 202 (exactly once)\n%s", got, r)
+	}
+}
+
+// refusedSaying reports whether r is a refusal at start (exitConfig) whose
+// stderr says each of want, failing t where it is not.
+func refusedSaying(t *testing.T, r exampleRun, want []string) bool {
+	t.Helper()
+	if r.code != exitConfig {
+		t.Errorf("%v: exit %d, want %d\n%s", r.args, r.code, exitConfig, r)
+		return false
+	}
+	for _, w := range want {
+		if !strings.Contains(r.stderr, w) {
+			t.Errorf("%v: stderr lacks %q\n%s", r.args, w, r)
+		}
+	}
+	return true
 }
 
 // requireOnlyOwnLines checks that a failed start printed its error and
@@ -616,14 +633,8 @@ func TestExampleServiceRefuses(t *testing.T) {
 		{[]string{"-broker=amqp", "-amqp-url=" + mqHost.String()}, []string{"RabbitMQ at ", "refused the connection", "nosuchvhost"}},
 	} {
 		r := runExample(t, newTestRunID(), tc.args...)
-		if r.code != exitConfig {
-			t.Errorf("%v: exit %d, want %d\n%s", tc.args, r.code, exitConfig, r)
+		if !refusedSaying(t, r, tc.want) {
 			continue
-		}
-		for _, w := range tc.want {
-			if !strings.Contains(r.stderr, w) {
-				t.Errorf("%v: stderr lacks %q\n%s", tc.args, w, r)
-			}
 		}
 		if strings.Contains(r.stderr, "not reachable") || strings.Contains(r.stderr, "wrong-secret") {
 			t.Errorf("%v: says not reachable, or shows the password\n%s", tc.args, r)

@@ -42,20 +42,28 @@ func TestRunStopsEveryGoroutine(t *testing.T) {
 			if tc.needs != nil {
 				args = append(args, tc.needs(t)...)
 			}
-			ignore := goleak.IgnoreCurrent()
-			var stdout, stderr strings.Builder
-			ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
-			code := run(ctx, args, &stdout, &stderr, func(string) string { return "" })
-			cancel()
-			if code != exitOK {
-				t.Fatalf("exit %d\n%s\n%s", code, stdout.String(), stderr.String())
-			}
-			// goleak retries for a while: some goroutines (database/sql's
-			// connection opener, pool reapers) exit just after Close.
-			goleak.VerifyNone(t, ignore,
-				// Sarama's metrics library starts one ticker per process,
-				// on the first meter, and never stops it: not per run.
-				goleak.IgnoreTopFunction("github.com/rcrowley/go-metrics.(*meterArbiter).tick"))
+			runLeavingNoGoroutine(t, args)
 		})
 	}
+}
+
+// runLeavingNoGoroutine runs the example in this process with args, fails
+// t unless it exits OK, and then checks that every goroutine the run
+// started has stopped.
+func runLeavingNoGoroutine(t *testing.T, args []string) {
+	t.Helper()
+	ignore := goleak.IgnoreCurrent()
+	var stdout, stderr strings.Builder
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	code := run(ctx, args, &stdout, &stderr, func(string) string { return "" })
+	cancel()
+	if code != exitOK {
+		t.Fatalf("exit %d\n%s\n%s", code, stdout.String(), stderr.String())
+	}
+	// goleak retries for a while: some goroutines (database/sql's
+	// connection opener, pool reapers) exit just after Close.
+	goleak.VerifyNone(t, ignore,
+		// Sarama's metrics library starts one ticker per process,
+		// on the first meter, and never stops it: not per run.
+		goleak.IgnoreTopFunction("github.com/rcrowley/go-metrics.(*meterArbiter).tick"))
 }

@@ -75,7 +75,7 @@ func refuseUsedLedger(ctx context.Context, db *sql.DB, runID, addr string) error
 	if err != nil || n == 0 { // no table (or none readable), no entry: no earlier run
 		return nil
 	}
-	return &runIDUsedError{RunID: runID, What: fmt.Sprintf("the ledger table %s of %s holds that run's %d awards, which would count as this run's", ledgerTable(runID), addr, n)}
+	return &runIDUsedError{RunID: runID, What: fmt.Sprintf("the ledger table %s of %s holds its %d awards", ledgerTable(runID), addr, n)}
 }
 
 func (k kitLedger) Award(ctx context.Context, a award) error {

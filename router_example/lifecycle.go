@@ -278,12 +278,11 @@ func urlHostPort(raw, defaultPort string) (string, error) {
 // its ledger entries would count as this run's awards.
 type runIDUsedError struct {
 	RunID string
-	What  string // what was found, and what it would do: "the Redis at ... holds that run's dedup records, ..."
+	What  string // what was found, and what it would do: "the Redis at ... holds its dedup records"
 }
 
 func (e *runIDUsedError) Error() string {
-	return fmt.Sprintf("-run-id %s was used before: %s. Choose another -run-id, or leave it out for a random one "+
-		"(a run given -cleanup deletes what it wrote when it ends)", e.RunID, e.What)
+	return fmt.Sprintf("-run-id %s was used before: %s. Choose another -run-id, or leave it out for a random one", e.RunID, e.What)
 }
 
 // refuseUsedRunID fails with a *runIDUsedError when s, the store at
@@ -301,7 +300,26 @@ func refuseUsedRunID(ctx context.Context, s stores.Store, runID, where string) e
 		return fmt.Errorf("look for the records of an earlier run with -run-id %s in %s: %w", runID, where, err)
 	}
 	if len(recs) > 0 {
-		return &runIDUsedError{RunID: runID, What: where + " holds that run's dedup records, which would make this run's messages duplicates of that run's"}
+		return &runIDUsedError{RunID: runID, What: where + " holds its dedup records"}
+	}
+	return nil
+}
+
+// probeScope is the scope of the claim probeClaim makes before the run.
+const probeScope = "router_example.probe"
+
+// probeClaim claims and releases a key of the run's own in s, the store
+// at where, before the router runs: a store that answers but refuses
+// this user's writes (a Redis ACL user on another key prefix: NOPERM; a
+// database role without INSERT) stops the run at once, naming the
+// refusal, instead of failing every message until -timeout.
+func probeClaim(ctx context.Context, s stores.Store, lease time.Duration, runID, where string) error {
+	c, err := s.Claim(ctx, probeScope, []string{runID}, lease)
+	if err == nil && c.Result == stores.Claimed {
+		err = s.Release(ctx, c)
+	}
+	if err != nil {
+		return fmt.Errorf("%s refused a trial claim before the run: %w", where, err)
 	}
 	return nil
 }

@@ -209,6 +209,9 @@ func setUp(ctx context.Context, cfg Config, sim *simulation) (*message.Router, *
 		// A retry starts from the delivery's own context, not from one a
 		// failed attempt's middleware left on the message.
 		ResetContextOnRetry: true,
+		// Each retry is logged through the incident filter: an outage that
+		// the retries absorb still shows, as one line a kind a window.
+		Logger: sim.logger,
 		ShouldRetry: func(p wmw.RetryParams) bool {
 			return !permanent(p.Err) && sim.retryable(p.Err)
 		},

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -154,7 +155,8 @@ func newLogger(w io.Writer, verbose bool, in *incidents) watermill.LoggerAdapter
 // shutdown cancels is logged at info level: they are the point of the
 // demo, not errors. Every other error line passes incidents first: one
 // kind of error is logged once a window while it lasts, with the count of
-// those held back (repeats).
+// those held back (repeats); a fail-open bypass, which names keys to
+// reconcile, is logged every time.
 type slogLogger struct {
 	l         *slog.Logger
 	incidents *incidents
@@ -167,6 +169,10 @@ func (g slogLogger) Error(msg string, err error, fields watermill.LogFields) {
 		g.l.Error(msg, args...)
 	case errors.Is(err, errInjected) || errors.Is(err, dedup.ErrInProgress) || errors.Is(err, context.Canceled):
 		g.l.Info(msg+" (expected): "+err.Error(), args...)
+	case strings.Contains(msg, "UNPROTECTED (fail-open)"):
+		// A fail-open bypass names the keys of a message that ran without
+		// protection: the operator reconciles each, so none is held back.
+		g.l.Error(msg, append(args, "error", err)...)
 	default:
 		log, held := g.incidents.admit(msg, err)
 		if !log {

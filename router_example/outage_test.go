@@ -92,6 +92,11 @@ func TestExampleStoreOutageBacksOff(t *testing.T) {
 	if r.count(t, "retried in process") == 0 {
 		t.Errorf("no retry in process counted\n%s", r)
 	}
+	// The retries themselves are logged (as an incident): an outage they
+	// absorb is not silent.
+	if !strings.Contains(r.stderr, `msg="Error occurred, retrying"`) {
+		t.Errorf("no retry logged during the outage\n%s", r)
+	}
 	// One line for the incident (and a few for distinct causes), not one
 	// a failed delivery.
 	if lines := strings.Count(r.stderr, "level=ERROR"); lines > 10 {
@@ -122,5 +127,10 @@ func TestExampleFailOpenWithinItsBound(t *testing.T) {
 	b, _ := strconv.Atoi(extra[2])
 	if e < 1 || e > b || int64(b) < r.outcomes {
 		t.Fatalf("extra %d, bypassed %d (at least %d when the store came back)\n%s", e, b, r.outcomes, r)
+	}
+	// Every bypassed run's keys are logged for reconciliation: the
+	// incident filter holds none of them back.
+	if got := strings.Count(r.stderr, "reconcile these keys"); got != b {
+		t.Errorf("%d lines name keys to reconcile for %d bypassed runs\n%s", got, b, r)
 	}
 }

@@ -8,36 +8,24 @@ import (
 	"testing"
 
 	"github.com/watermill-dedup/dedup/internal/storeopen"
+	"github.com/watermill-dedup/dedup/internal/testkit/base"
 )
 
 // garbageServer answers every connection's first bytes with an HTTP
 // error and keeps it open: a server, but not the one the client expects.
 func garbageServer(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
 	done := make(chan struct{})
-	t.Cleanup(func() { close(done); _ = ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				var b [64]byte
-				if _, err := c.Read(b[:]); err != nil {
-					return
-				}
-				_, _ = c.Write([]byte("HTTP/1.1 400 Bad Request\r\n\r\n"))
-				<-done
-			}()
+	addr := base.Serve(t, func(c net.Conn) {
+		var b [64]byte
+		if _, err := c.Read(b[:]); err != nil {
+			return
 		}
-	}()
-	return ln.Addr().String()
+		_, _ = c.Write([]byte("HTTP/1.1 400 Bad Request\r\n\r\n"))
+		<-done
+	})
+	t.Cleanup(func() { close(done) }) // runs before Serve's, which waits for the connections
+	return addr
 }
 
 // TestProbeRefusesAnotherProtocol: an address that answers, but not as

@@ -1,12 +1,9 @@
 package main
 
 import (
-	"bytes"
 	"context"
-	"errors"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -100,26 +97,11 @@ const documentedTimeout = 20 * time.Minute
 // documentedTimeout.
 func runDocumented(t *testing.T, args []string) exampleRun {
 	t.Helper()
-	bin := buildExample(t)
 	args = append(append([]string{"-cleanup", "-run-id=" + newTestRunID()}, args...), serviceFlags(t, args)...)
 	args = append(args, "-timeout="+documentedTimeout.String())
 	ctx, cancel := context.WithTimeout(t.Context(), documentedTimeout+2*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, bin, args...)
-	cmd.Env = exampleEnv()
-	cmd.Dir = t.TempDir() // -dir=./loyalty and the like land there
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	err := cmd.Run()
-	r := exampleRun{args: args, stdout: stdout.String(), stderr: stderr.String()}
-	var exit *exec.ExitError
-	switch {
-	case errors.As(err, &exit):
-		r.code = exit.ExitCode()
-	case err != nil:
-		t.Fatalf("run %v: %v", args, err)
-	}
-	return r
+	return runBinary(ctx, t, t.TempDir(), exampleEnv(), args) // -dir=./loyalty and the like land in the test's directory
 }
 
 // Every command the docs show runs, exactly as written (but for -cleanup,

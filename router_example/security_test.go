@@ -73,6 +73,20 @@ func TestExampleRedisACLAndTLS(t *testing.T) {
 		}
 		noKeys(t, runID)
 	})
+	t.Run("ACL user on another key prefix", func(t *testing.T) {
+		// The README's rule as written (~dedup:*): the store answers, but
+		// refuses every write under the run's prefix. The run stops at
+		// once, naming the refusal, instead of failing each message until
+		// -timeout.
+		other := "example-other-" + id
+		testkit.SetRedisACLUser(t, admin, testkit.RedisACLRules(t)[0], other, password, "dedup:")
+		url := "rediss://" + other + ":" + password + "@" + addr + "/0"
+		r := runExampleEnv(t, newTestRunID(), append(tlsEnv, "REDIS_ADDR="+url), "-store=redis")
+		if !refusedSaying(t, r, []string{"refused a trial claim before the run", "NOPERM"}) {
+			return
+		}
+		noPassword(t, r)
+	})
 	t.Run("refused", func(t *testing.T) {
 		wrong := "rediss://" + user + ":not-" + password + "@" + addr + "/0"
 		r := runExampleEnv(t, newTestRunID(), append(tlsEnv, "REDIS_ADDR="+wrong), "-store=redis")

@@ -83,8 +83,8 @@ func openStore(ctx context.Context, cfg Config, runID string, logger watermill.L
 	if errors.Is(err, natsstore.ErrBucketConfig) {
 		// The bucket has the run's name: an earlier run of that id made
 		// it, with other -lease or -retention.
-		return nil, &runIDUsedError{RunID: runID, What: fmt.Sprintf("the NATS at %s has that run's bucket %s, made for other settings (%v)",
-			storeopen.RedactNATSURL(cfg.NATSURL), r.Name, err)}
+		return nil, &runIDUsedError{RunID: runID, What: fmt.Sprintf("the NATS at %s has its bucket %s, made for another -lease or -retention",
+			storeopen.RedactNATSURL(cfg.NATSURL), r.Name)}
 	}
 	if err != nil {
 		return nil, err
@@ -98,6 +98,11 @@ func openStore(ctx context.Context, cfg Config, runID string, logger watermill.L
 	}
 	if err := refuseUsedRunID(ctx, o.Store, runID, where); err != nil {
 		return nil, err
+	}
+	if cfg.Dedup {
+		if err := probeClaim(ctx, o.Store, cfg.Lease, runID, where); err != nil {
+			return nil, err
+		}
 	}
 	if o.DB != nil {
 		if err := refuseUsedLedger(ctx, o.DB, runID, o.Addr); err != nil {

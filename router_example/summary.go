@@ -178,10 +178,14 @@ func (r *result) crashNote() string {
 }
 
 // redeliveredNote says why messages came again: the injected lost acks
-// and crashes, and the other nacks by cause.
+// and crashes, and the other nacks by cause. Nacks and redeliveries do
+// not pair one to one (a nack at shutdown is never redelivered; a killed
+// consumer or a rebalance redelivers without a nack), so the note ends
+// with the difference, and its parts always add up to the row's count.
 func (r *result) redeliveredNote() string {
 	n := r.stats.nacks
 	parts := []string{fmt.Sprintf("%d lost acks", r.lostAcks), fmt.Sprintf("%d crashes", r.crashes)}
+	listed := r.lostAcks + r.crashes
 	for _, c := range []struct {
 		n    int
 		what string
@@ -193,7 +197,14 @@ func (r *result) redeliveredNote() string {
 	} {
 		if c.n > 0 {
 			parts = append(parts, fmt.Sprintf("%d %s", c.n, c.what))
+			listed += c.n
 		}
+	}
+	switch d := r.stats.redelivered - listed; {
+	case d > 0:
+		parts = append(parts, fmt.Sprintf("%d without a nack (a killed consumer, a rebalance, the broker's own redelivery)", d))
+	case d < 0:
+		parts = append(parts, fmt.Sprintf("less %d nacked but not redelivered before the run ended", -d))
 	}
 	return strings.Join(parts, ", ")
 }

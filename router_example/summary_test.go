@@ -254,3 +254,27 @@ func TestSeedReproducesFaults(t *testing.T) {
 		t.Fatal("seeds 7 and 8 hit the same messages")
 	}
 }
+
+// The redelivered row's note adds up to its count: nacks that were not
+// redelivered, and redeliveries that had no nack, are said as such.
+func TestRedeliveredNoteAddsUp(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		redelivered int
+		nacks       nackCauses
+		want        string
+	}{
+		{"one to one", 7, nackCauses{storeErrors: 2}, "3 lost acks, 2 crashes, 2 store errors"},
+		{"nacks at shutdown", 19, nackCauses{storeErrors: 19, other: 10}, "3 lost acks, 2 crashes, 19 store errors, 10 other errors, less 15 nacked but not redelivered before the run ended"},
+		{"kills", 228, nackCauses{}, "3 lost acks, 2 crashes, 223 without a nack (a killed consumer, a rebalance, the broker's own redelivery)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := sampleResult(dedup.ModeLease, nil)
+			r.lostAcks, r.crashes = 3, 2
+			r.stats.redelivered, r.stats.nacks = tc.redelivered, tc.nacks
+			if got := r.redeliveredNote(); got != tc.want {
+				t.Errorf("note %q, want %q", got, tc.want)
+			}
+		})
+	}
+}

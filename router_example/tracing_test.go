@@ -20,7 +20,6 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
-	"go.uber.org/goleak"
 
 	dedup "github.com/watermill-dedup/dedup"
 	"github.com/watermill-dedup/dedup/keyfuncs"
@@ -303,15 +302,7 @@ func TestRunWithTraceStopsEveryGoroutine(t *testing.T) {
 	}
 	path := filepath.Join(t.TempDir(), "trace.json")
 	args := []string{"-events=20", "-store=memory", "-cleanup", "-run-id=" + newTestRunID(), "-timeout=60s", "-trace=" + path}
-	ignore := goleak.IgnoreCurrent()
-	var stdout, stderr strings.Builder
-	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
-	code := run(ctx, args, &stdout, &stderr, func(string) string { return "" })
-	cancel()
-	if code != exitOK {
-		t.Fatalf("exit %d\n%s\n%s", code, stdout.String(), stderr.String())
-	}
-	goleak.VerifyNone(t, ignore)
+	runLeavingNoGoroutine(t, args)
 	handlers := 0
 	for _, s := range readTrace(t, path) {
 		if s.Name == handlerSpanName {

@@ -41,6 +41,11 @@ type Capabilities struct {
 	MaxKey int
 	// MaxData is the most bytes of data Complete and InboxTx.Commit keep.
 	MaxData int
+	// BoundsSetting names the setting that raises MaxLease and
+	// MaxRetention where they follow from another one
+	// ("sqlstore.Config.PartitionDaysAhead"); empty when the bounds are
+	// settings of their own, or fixed.
+	BoundsSetting string
 
 	// NonBlocking: no call waits on I/O or on another process (memstore).
 	// The middleware skips its per-call timeout contexts, pure overhead

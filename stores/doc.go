@@ -160,7 +160,21 @@
 // field for its settings in storeopen.Settings
 // (internal/storeopen/settings.go), and one line in the kinds list of
 // internal/storeopen/kinds.go. dedupctl then offers it (-store, its
-// flags, their environment variables), and testkit.OpenStore opens it by
-// its name, StoreParams.Config carrying its Config (the address of its
-// test service goes in StoreParams.settings, internal/testkit/stores.go).
+// flags, their environment variables; window prints a row saying how to
+// give its bytes a record), and testkit.OpenStore opens it by its name,
+// StoreParams.Config carrying its Config.
+//
+// Four places name each store on purpose, and take a new one by hand:
+//
+//   - internal/testkit/stores.go: RequireStore's case for its test
+//     service (the address, and the hint how to start it), and its
+//     settings in StoreParams.settings;
+//   - internal/storeopen/kinds_test.go: TestKinds pins the list of kinds;
+//   - acceptance/stores_test.go: its entry in the broker × store matrix;
+//   - router_example, if the demo is to run on it: storeNames in
+//     config.go, and in stores.go the name of a run's records (runName)
+//     and what -cleanup deletes;
+//
+// and cmd/dedupctl/window.go keeps its benchmark figure, once there is
+// one.
 package stores

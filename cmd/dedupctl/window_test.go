@@ -119,3 +119,12 @@ func TestWindowCalculator(t *testing.T) {
 	dedupctl(t, "window", "-horizon=24h", "-rate=1e308", "-json").want(t, exitUsage, "stderr:-rate")
 	dedupctl(t, "window", "-horizon=24h", "-rate=1000", "-bytes-per-record=1e308").want(t, exitUsage, "stderr:-bytes-per-record")
 }
+
+// A store registered in storeopen that window has no figure for (one just
+// added) gets a row saying how to give one, not an empty table.
+func TestWindowFiguresOfAStoreWithoutOne(t *testing.T) {
+	got := windowFigures(&config{store: "toy"})
+	if len(got) != 1 || got[0].store != "toy" || got[0].bytes != 0 || !strings.Contains(got[0].source, "give -bytes-per-record") {
+		t.Fatalf("figures %+v, want one row for toy saying how to give its bytes a record", got)
+	}
+}

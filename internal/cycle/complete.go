@@ -168,13 +168,20 @@ func (r *recording) drop(data []byte, refusal error) []byte {
 // dropped logs data completed without: err is the store's refusal of it,
 // or (not a refusal) the error of the last attempt at CompleteTimeout.
 func (c *Cycle) dropped(scope string, keys []string, data []byte, err error) {
-	f := watermill.LogFields{"scope": scope, "keys": keys, "data_bytes": len(data),
-		"consequence": "a redelivery after a failed publish of the outputs will not re-emit them"}
+	what, consequence := "outputs", "a redelivery after a failed publish of the outputs will not re-emit them"
+	if info, ierr := record.Inspect(data); ierr == nil && info.Outputs == 0 {
+		// Only the fingerprint: there are no outputs to re-emit.
+		what, consequence = "payload fingerprint", "a later message with these keys and another payload is not refused as a mismatch"
+	}
+	f := watermill.LogFields{"scope": scope, "keys": keys, "data_bytes": len(data), "consequence": consequence}
 	if !refused(err) {
-		c.p.Logger.Error("Dedup could not record the message's outputs within Tuning.CompleteTimeout: completing without them", err, f)
+		c.p.Logger.Error("Dedup could not record the message's "+what+" within Tuning.CompleteTimeout: completing without them", err, f)
 		return
 	}
-	c.p.Logger.Error("Dedup store will not keep the record's outputs and fingerprint: completing without them", err, f)
+	if what == "outputs" {
+		what = "outputs and fingerprint"
+	}
+	c.p.Logger.Error("Dedup store will not keep the record's "+what+": completing without them", err, f)
 }
 
 // reconcile decides what a Complete refused with ErrLostClaim means by

@@ -49,8 +49,7 @@ var (
 	Producer = Side{Name: "producer", Prefix: "dedup: publish: ", Effect: "the publish",
 		LostLease: "Dedup lease lost while the publish runs (another producer took the message over): it may publish the message too",
 		Permanent: "Dedup cannot publish this message, and no retry will help: Publish returns the error to its caller (dedup.IsPermanent)",
-		BadKey: "Dedup cannot publish this message, and no retry will help: Publish returns the error to its caller, " +
-			"who must fix the message or the key function (publisher.Config.Key)"}
+		BadKey:    "Dedup cannot publish this message: Publish returns the error to its caller, who must fix the message or the key function"}
 )
 
 // Needs is what an adapter's configuration asks of the store besides the
@@ -89,7 +88,10 @@ func Check(store stores.Store, policy dedup.Policy, needs Needs) error {
 		}
 		return fmt.Errorf("%w: %s: %w; %s", dedup.ErrInvalidConfig, setting, err, hint)
 	}
-	const lower = "lower it, or raise the store's bound"
+	lower := "lower it, or raise the store's bound"
+	if caps.BoundsSetting != "" {
+		lower = "lower it, or raise " + caps.BoundsSetting
+	}
 	if needs.Mode == dedup.ModeTransactional {
 		if _, ok := store.(stores.Inbox); !ok || !caps.Inbox {
 			return fmt.Errorf("%w: ModeTransactional needs a store with a transactional inbox (stores.Inbox, such as sqlstore); %s has none", dedup.ErrInvalidConfig, kind)

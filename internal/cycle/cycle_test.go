@@ -18,6 +18,7 @@ import (
 	dedup "github.com/watermill-dedup/dedup"
 	"github.com/watermill-dedup/dedup/internal/cycle"
 	"github.com/watermill-dedup/dedup/internal/record"
+	"github.com/watermill-dedup/dedup/internal/testkit"
 	"github.com/watermill-dedup/dedup/keyfuncs"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/memstore"
@@ -110,51 +111,12 @@ func (f *fake) data(i int) []byte {
 	return f.datas[i]
 }
 
-// metrics counts outcomes and store calls.
-type metrics struct {
-	mu       sync.Mutex
-	outcomes map[dedup.Outcome]int
-	ops      map[string]int
-	failed   map[string]int
-}
-
-func newMetrics() *metrics {
-	return &metrics{outcomes: map[dedup.Outcome]int{}, ops: map[string]int{}, failed: map[string]int{}}
-}
-
-func (m *metrics) Observe(_ string, o dedup.Outcome) {
-	m.mu.Lock()
-	m.outcomes[o]++
-	m.mu.Unlock()
-}
-
-func (m *metrics) ObserveStore(_, op string, d time.Duration, err error) {
-	m.mu.Lock()
-	m.ops[op]++
-	if err != nil {
-		m.failed[op]++
-	}
-	m.mu.Unlock()
-}
-
-func (m *metrics) get(o dedup.Outcome) int {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.outcomes[o]
-}
-
-func (m *metrics) op(op string) (calls, failed int) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.ops[op], m.failed[op]
-}
-
 type env struct {
 	t       *testing.T
 	clock   *storetest.FakeClock
 	mem     *memstore.Store
 	store   *fake
-	metrics *metrics
+	metrics *testkit.Metrics
 	logger  *watermill.CaptureLoggerAdapter
 }
 
@@ -166,7 +128,7 @@ func newEnv(t *testing.T) *env {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = mem.Close(context.Background()) })
-	return &env{t: t, clock: clock, mem: mem, store: &fake{Store: mem}, metrics: newMetrics(), logger: watermill.NewCaptureLogger()}
+	return &env{t: t, clock: clock, mem: mem, store: &fake{Store: mem}, metrics: &testkit.Metrics{}, logger: watermill.NewCaptureLogger()}
 }
 
 // cycle returns a cycle on the env's store; p's Metrics and Logger are
@@ -357,10 +319,10 @@ func TestStoreCallsAreBounded(t *testing.T) {
 	if !e.store.deadlines[0] {
 		t.Error("the Claim of a store that may block had no deadline")
 	}
-	if n, _ := e.metrics.op(dedup.OpClaim); n != 1 {
+	if n := e.metrics.Calls(dedup.OpClaim); n != 1 {
 		t.Errorf("%d claims observed, want 1", n)
 	}
-	if n, _ := e.metrics.op(dedup.OpComplete); n != 1 {
+	if n := e.metrics.Calls(dedup.OpComplete); n != 1 {
 		t.Errorf("%d completes observed, want 1", n)
 	}
 
@@ -442,15 +404,15 @@ func TestClaimFailed(t *testing.T) {
 			}
 			total := 0
 			for _, o := range tc.outcomes {
-				if e.metrics.get(o) != 1 {
-					t.Errorf("%s counted %d times, want 1", o, e.metrics.get(o))
+				if e.metrics.Outcome(o) != 1 {
+					t.Errorf("%s counted %d times, want 1", o, e.metrics.Outcome(o))
 				}
 			}
-			for _, n := range e.metrics.outcomes {
+			for _, n := range e.metrics.Outcomes() {
 				total += n
 			}
 			if total != len(tc.outcomes) {
-				t.Errorf("%d outcomes counted (%v), want %v", total, e.metrics.outcomes, tc.outcomes)
+				t.Errorf("%d outcomes counted (%v), want %v", total, e.metrics.Outcomes(), tc.outcomes)
 			}
 			if (tc.bypass || tc.permanent) != (e.errorLogs() != "") {
 				t.Errorf("error log %q: want a line exactly for a bypass or a permanent failure", e.errorLogs())
@@ -465,8 +427,8 @@ func TestAwait(t *testing.T) {
 		c := e.cycle(cycle.Consumer, dedup.Policy{}, cycle.Needs{})
 		called := false
 		err := c.Await(newMsg("m"), "s", []string{"k"}, func() (bool, error) { called = true; return false, nil })
-		if !errors.Is(err, dedup.ErrInProgress) || called || e.metrics.get(dedup.OutcomeInProgress) != 1 {
-			t.Fatalf("err %v, called %v, counted %d: want ErrInProgress at once, counted", err, called, e.metrics.get(dedup.OutcomeInProgress))
+		if !errors.Is(err, dedup.ErrInProgress) || called || e.metrics.Outcome(dedup.OutcomeInProgress) != 1 {
+			t.Fatalf("err %v, called %v, counted %d: want ErrInProgress at once, counted", err, called, e.metrics.Outcome(dedup.OutcomeInProgress))
 		}
 	})
 	t.Run("freed", func(t *testing.T) {
@@ -477,7 +439,7 @@ func TestAwait(t *testing.T) {
 		if err != nil || n != 3 {
 			t.Fatalf("err %v after %d tries, want nil after 3", err, n)
 		}
-		if e.metrics.get(dedup.OutcomeInProgress) != 0 {
+		if e.metrics.Outcome(dedup.OutcomeInProgress) != 0 {
 			t.Error("a wait that ended with the keys free counted in_progress")
 		}
 	})
@@ -566,8 +528,8 @@ func TestAwait(t *testing.T) {
 		cause := errors.New("shutting down")
 		cancel(cause)
 		err := c.Await(msg, "s", []string{"k"}, func() (bool, error) { t.Fatal("claimed after the context ended"); return false, nil })
-		if !errors.Is(err, cause) || !strings.HasPrefix(err.Error(), "dedup: publish: ") || e.metrics.get(dedup.OutcomeCancelled) != 1 {
-			t.Fatalf("err %v, cancelled %d: want the cause, counted", err, e.metrics.get(dedup.OutcomeCancelled))
+		if !errors.Is(err, cause) || !strings.HasPrefix(err.Error(), "dedup: publish: ") || e.metrics.Outcome(dedup.OutcomeCancelled) != 1 {
+			t.Fatalf("err %v, cancelled %d: want the cause, counted", err, e.metrics.Outcome(dedup.OutcomeCancelled))
 		}
 	})
 }
@@ -599,7 +561,7 @@ func TestComplete(t *testing.T) {
 			if got != cycle.Done || e.store.completes.Load() != 3 || string(e.store.data(2)) != "d" {
 				t.Fatalf("%v: Complete = %v after %d calls, last data %q; want Done on the third, with the data", fail, got, e.store.completes.Load(), e.store.data(2))
 			}
-			if e.metrics.get(dedup.OutcomeStoreError) != 0 {
+			if e.metrics.Outcome(dedup.OutcomeStoreError) != 0 {
 				t.Errorf("%v: a Complete that landed counted store_error", fail)
 			}
 		}
@@ -626,12 +588,29 @@ func TestComplete(t *testing.T) {
 		if st, _ := e.state("k"); st != stores.StateProcessing {
 			t.Fatalf("record %v, want it left processing", st)
 		}
-		if e.metrics.get(dedup.OutcomeStoreError) != 1 || !strings.Contains(e.errorLogs(), "without them") || !strings.Contains(e.errorLogs(), "stays processing") {
-			t.Fatalf("store errors %d, log %q: want the dropped data and the failure counted and logged", e.metrics.get(dedup.OutcomeStoreError), e.errorLogs())
+		if e.metrics.Outcome(dedup.OutcomeStoreError) != 1 || !strings.Contains(e.errorLogs(), "without them") || !strings.Contains(e.errorLogs(), "stays processing") {
+			t.Fatalf("store errors %d, log %q: want the dropped data and the failure counted and logged", e.metrics.Outcome(dedup.OutcomeStoreError), e.errorLogs())
 		}
 		// The store did not refuse the data: it did not answer in time.
 		if logs := e.errorLogs(); strings.Contains(logs, "will not keep") || !strings.Contains(logs, "within Tuning.CompleteTimeout") {
 			t.Fatalf("log %q: want the data dropped for the deadline, not for a refusal", logs)
+		}
+	})
+	t.Run("given up on a fingerprint alone", func(t *testing.T) {
+		// A record with no outputs keeps only the fingerprint: the log
+		// says that is what goes, not outputs the handler never made.
+		e := newEnv(t)
+		e.store.complete = func(_ int, data []byte) error {
+			if data != nil {
+				return errReset
+			}
+			return nil
+		}
+		c := e.cycle(cycle.Consumer, quick, cycle.Needs{})
+		complete(c, context.Background(), newMsg("m"), e.claimed(c, "k"), record.Encode([]byte("fp"), nil))
+		logs := e.errorLogs()
+		if !strings.Contains(logs, "could not record the message's payload fingerprint") || strings.Contains(logs, "outputs") {
+			t.Fatalf("log %q: want the fingerprint named as what was dropped, and no outputs", logs)
 		}
 	})
 	t.Run("given up without data", func(t *testing.T) {
@@ -641,8 +620,8 @@ func TestComplete(t *testing.T) {
 		if got, _ := complete(c, context.Background(), newMsg("m"), e.claimed(c, "k"), nil); got != cycle.NotRecorded {
 			t.Fatalf("Complete = %v, want NotRecorded", got)
 		}
-		if e.metrics.get(dedup.OutcomeStoreError) != 1 {
-			t.Fatalf("store errors %d, want 1", e.metrics.get(dedup.OutcomeStoreError))
+		if e.metrics.Outcome(dedup.OutcomeStoreError) != 1 {
+			t.Fatalf("store errors %d, want 1", e.metrics.Outcome(dedup.OutcomeStoreError))
 		}
 	})
 	t.Run("stopped by ctx", func(t *testing.T) {
@@ -683,7 +662,7 @@ func TestComplete(t *testing.T) {
 			if got, _ := complete(c, context.Background(), newMsg("m"), e.claimed(c, "k"), []byte("d")); got != cycle.Done || e.store.completes.Load() != 2 {
 				t.Fatalf("%v: Complete = %v after %d calls, want Done after 2 (not retried, then without the data)", refusal, got, e.store.completes.Load())
 			}
-			if e.metrics.get(dedup.OutcomeStoreError) != 1 || !strings.Contains(e.errorLogs(), "without them") || !strings.Contains(e.errorLogs(), "will not keep") {
+			if e.metrics.Outcome(dedup.OutcomeStoreError) != 1 || !strings.Contains(e.errorLogs(), "without them") || !strings.Contains(e.errorLogs(), "will not keep") {
 				t.Fatalf("%v: the dropped data was not counted and logged as refused: %q", refusal, e.errorLogs())
 			}
 		}
@@ -750,8 +729,8 @@ func TestComplete(t *testing.T) {
 			if string(e.store.data(2)) != "d" || e.store.data(3) != nil {
 				t.Fatalf("data of the last two attempts %q, %q; want the data, then none", e.store.data(2), e.store.data(3))
 			}
-			if e.metrics.get(dedup.OutcomeStoreError) != 1 || !strings.Contains(e.errorLogs(), "within Tuning.CompleteTimeout") {
-				t.Fatalf("store errors %d, log %q: want the dropped data counted and logged", e.metrics.get(dedup.OutcomeStoreError), e.errorLogs())
+			if e.metrics.Outcome(dedup.OutcomeStoreError) != 1 || !strings.Contains(e.errorLogs(), "within Tuning.CompleteTimeout") {
+				t.Fatalf("store errors %d, log %q: want the dropped data counted and logged", e.metrics.Outcome(dedup.OutcomeStoreError), e.errorLogs())
 			}
 		})
 	})
@@ -800,8 +779,8 @@ func TestCompleteReconciles(t *testing.T) {
 		if got != cycle.DoneBefore || string(data) != "mine" {
 			t.Fatalf("Complete = %v, %q; want DoneBefore with the data that landed", got, data)
 		}
-		if e.metrics.get(dedup.OutcomeLostClaim) != 0 || e.errorLogs() != "" {
-			t.Fatalf("a lost reply was reported: lost_claim %d, log %q", e.metrics.get(dedup.OutcomeLostClaim), e.errorLogs())
+		if e.metrics.Outcome(dedup.OutcomeLostClaim) != 0 || e.errorLogs() != "" {
+			t.Fatalf("a lost reply was reported: lost_claim %d, log %q", e.metrics.Outcome(dedup.OutcomeLostClaim), e.errorLogs())
 		}
 	})
 	t.Run("record vanished", func(t *testing.T) {
@@ -827,8 +806,8 @@ func TestCompleteReconciles(t *testing.T) {
 		if got, _ := complete(c, context.Background(), newMsg("m"), cl, nil); got != cycle.NotRecorded {
 			t.Fatalf("Complete = %v, want NotRecorded", got)
 		}
-		if st, _ := e.state("k"); st != stores.StateProcessing || e.store.releases.Load() != 0 || e.metrics.get(dedup.OutcomeLostClaim) != 0 {
-			t.Fatalf("record %v, %d releases, lost_claim %d: want the new claim kept, nothing claimed lost", st, e.store.releases.Load(), e.metrics.get(dedup.OutcomeLostClaim))
+		if st, _ := e.state("k"); st != stores.StateProcessing || e.store.releases.Load() != 0 || e.metrics.Outcome(dedup.OutcomeLostClaim) != 0 {
+			t.Fatalf("record %v, %d releases, lost_claim %d: want the new claim kept, nothing claimed lost", st, e.store.releases.Load(), e.metrics.Outcome(dedup.OutcomeLostClaim))
 		}
 	})
 	t.Run("still ours", func(t *testing.T) {
@@ -846,8 +825,8 @@ func TestCompleteReconciles(t *testing.T) {
 		if got, _ := complete(c, context.Background(), newMsg("m"), e.claimed(c, "k"), []byte("d")); got != cycle.Done {
 			t.Fatalf("Complete = %v, want Done", got)
 		}
-		if st, _ := e.state("k"); st != stores.StateDone || e.metrics.get(dedup.OutcomeLostClaim) != 0 || e.errorLogs() != "" {
-			t.Fatalf("record %v, lost_claim %d, log %q", st, e.metrics.get(dedup.OutcomeLostClaim), e.errorLogs())
+		if st, _ := e.state("k"); st != stores.StateDone || e.metrics.Outcome(dedup.OutcomeLostClaim) != 0 || e.errorLogs() != "" {
+			t.Fatalf("record %v, lost_claim %d, log %q", st, e.metrics.Outcome(dedup.OutcomeLostClaim), e.errorLogs())
 		}
 	})
 	t.Run("taken over", func(t *testing.T) {
@@ -860,8 +839,8 @@ func TestCompleteReconciles(t *testing.T) {
 			t.Fatal("no takeover")
 		}
 		got, _ := complete(c, context.Background(), newMsg("m"), cl, []byte("d"))
-		if got != cycle.TakenOver || e.metrics.get(dedup.OutcomeLostClaim) != 1 || !strings.Contains(e.errorLogs(), "claim lost") {
-			t.Fatalf("Complete = %v, lost_claim %d, log %q", got, e.metrics.get(dedup.OutcomeLostClaim), e.errorLogs())
+		if got != cycle.TakenOver || e.metrics.Outcome(dedup.OutcomeLostClaim) != 1 || !strings.Contains(e.errorLogs(), "claim lost") {
+			t.Fatalf("Complete = %v, lost_claim %d, log %q", got, e.metrics.Outcome(dedup.OutcomeLostClaim), e.errorLogs())
 		}
 	})
 	t.Run("claim fails", func(t *testing.T) {
@@ -878,8 +857,8 @@ func TestCompleteReconciles(t *testing.T) {
 		if n := e.store.claims.Load(); n < 3 {
 			t.Fatalf("%d claims, want the reconciling claim retried", n)
 		}
-		if e.metrics.get(dedup.OutcomeLostClaim) != 0 || e.metrics.get(dedup.OutcomeStoreError) != 1 || !strings.Contains(e.errorLogs(), "claiming the keys again failed") {
-			t.Fatalf("lost_claim %d, store_error %d, log %q", e.metrics.get(dedup.OutcomeLostClaim), e.metrics.get(dedup.OutcomeStoreError), e.errorLogs())
+		if e.metrics.Outcome(dedup.OutcomeLostClaim) != 0 || e.metrics.Outcome(dedup.OutcomeStoreError) != 1 || !strings.Contains(e.errorLogs(), "claiming the keys again failed") {
+			t.Fatalf("lost_claim %d, store_error %d, log %q", e.metrics.Outcome(dedup.OutcomeLostClaim), e.metrics.Outcome(dedup.OutcomeStoreError), e.errorLogs())
 		}
 	})
 }
@@ -887,25 +866,25 @@ func TestCompleteReconciles(t *testing.T) {
 func TestRelease(t *testing.T) {
 	e := newEnv(t)
 	c := e.cycle(cycle.Consumer, dedup.Policy{}, cycle.Needs{})
-	if err := c.Release(context.Background(), e.claimed(c, "a"), true); err != nil || e.metrics.get(dedup.OutcomeReleased) != 1 {
-		t.Fatalf("Release = %v, released %d", err, e.metrics.get(dedup.OutcomeReleased))
+	if err := c.Release(context.Background(), e.claimed(c, "a"), true); err != nil || e.metrics.Outcome(dedup.OutcomeReleased) != 1 {
+		t.Fatalf("Release = %v, released %d", err, e.metrics.Outcome(dedup.OutcomeReleased))
 	}
 	if _, ok := e.state("a"); ok {
 		t.Fatal("the record is still there")
 	}
-	if err := c.Release(context.Background(), e.claimed(c, "b"), false); err != nil || e.metrics.get(dedup.OutcomeReleased) != 1 {
+	if err := c.Release(context.Background(), e.claimed(c, "b"), false); err != nil || e.metrics.Outcome(dedup.OutcomeReleased) != 1 {
 		t.Fatalf("an uncounted Release was counted: %v", err)
 	}
 	lostClaim := e.claimed(c, "c")
 	if err := e.mem.Release(context.Background(), lostClaim); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Release(context.Background(), lostClaim, true); !errors.Is(err, stores.ErrLostClaim) || e.metrics.get(dedup.OutcomeLostClaim) != 1 {
-		t.Fatalf("Release of a lost claim = %v, lost_claim %d", err, e.metrics.get(dedup.OutcomeLostClaim))
+	if err := c.Release(context.Background(), lostClaim, true); !errors.Is(err, stores.ErrLostClaim) || e.metrics.Outcome(dedup.OutcomeLostClaim) != 1 {
+		t.Fatalf("Release of a lost claim = %v, lost_claim %d", err, e.metrics.Outcome(dedup.OutcomeLostClaim))
 	}
 	e.store.release = func(int) error { return errReset }
-	if err := c.Release(context.Background(), e.claimed(c, "d"), true); err != errReset || e.metrics.get(dedup.OutcomeStoreError) != 1 || !strings.Contains(e.errorLogs(), "release failed") {
-		t.Fatalf("a failed Release: %v, store errors %d, log %q", err, e.metrics.get(dedup.OutcomeStoreError), e.errorLogs())
+	if err := c.Release(context.Background(), e.claimed(c, "d"), true); err != errReset || e.metrics.Outcome(dedup.OutcomeStoreError) != 1 || !strings.Contains(e.errorLogs(), "release failed") {
+		t.Fatalf("a failed Release: %v, store errors %d, log %q", err, e.metrics.Outcome(dedup.OutcomeStoreError), e.errorLogs())
 	}
 }
 
@@ -919,7 +898,7 @@ func TestDuplicate(t *testing.T) {
 	data := record.Encode([]byte("fp"), []*message.Message{out})
 
 	got, err := c.Duplicate(newMsg("m"), "s", []string{"k"}, data)
-	if err != nil || len(got) != 1 || got[0].UUID != "out-1" || e.metrics.get(dedup.OutcomeDuplicate) != 1 {
+	if err != nil || len(got) != 1 || got[0].UUID != "out-1" || e.metrics.Outcome(dedup.OutcomeDuplicate) != 1 {
 		t.Fatalf("Duplicate = %v, %v", got, err)
 	}
 	if _, err := e.cycle(cycle.Consumer, dedup.Policy{}, cycle.Needs{}).Duplicate(newMsg("m"), "s", []string{"k"}, data); err != nil {
@@ -930,11 +909,11 @@ func TestDuplicate(t *testing.T) {
 		t.Fatalf("a record kept without a fingerprint: %v", err)
 	}
 	_, err = other.Duplicate(newMsg("m"), "s", []string{"k"}, data)
-	if !errors.Is(err, dedup.ErrFingerprintMismatch) || !dedup.IsPermanent(err) || e.metrics.get(dedup.OutcomeFingerprintMismatch) != 1 {
+	if !errors.Is(err, dedup.ErrFingerprintMismatch) || !dedup.IsPermanent(err) || e.metrics.Outcome(dedup.OutcomeFingerprintMismatch) != 1 {
 		t.Fatalf("mismatch: %v", err)
 	}
 	_, err = c.Duplicate(newMsg("m"), "s", []string{"k"}, []byte{9, 9})
-	if !errors.Is(err, dedup.ErrCorruptRecord) || !dedup.IsPermanent(err) || e.metrics.get(dedup.OutcomeCorruptRecord) != 1 || !strings.HasPrefix(err.Error(), `dedup: scope "s": message m: `) {
+	if !errors.Is(err, dedup.ErrCorruptRecord) || !dedup.IsPermanent(err) || e.metrics.Outcome(dedup.OutcomeCorruptRecord) != 1 || !strings.HasPrefix(err.Error(), `dedup: scope "s": message m: `) {
 		t.Fatalf("corrupt: %v", err)
 	}
 }
@@ -943,11 +922,11 @@ func TestSmallReports(t *testing.T) {
 	e := newEnv(t)
 	c := e.cycle(cycle.Producer, dedup.Policy{}, cycle.Needs{})
 	msg := newMsg("m")
-	if err := c.InProgress(msg, "s", []string{"k"}); !errors.Is(err, dedup.ErrInProgress) || e.metrics.get(dedup.OutcomeInProgress) != 1 || !strings.Contains(err.Error(), `message m, scope "s", keys ["k"]`) {
+	if err := c.InProgress(msg, "s", []string{"k"}); !errors.Is(err, dedup.ErrInProgress) || e.metrics.Outcome(dedup.OutcomeInProgress) != 1 || !strings.Contains(err.Error(), `message m, scope "s", keys ["k"]`) {
 		t.Fatalf("InProgress = %v", err)
 	}
 	err := c.NoKey(msg, "s", nil, nil)
-	if !errors.Is(err, keyfuncs.ErrNoKey) || !strings.HasPrefix(err.Error(), `dedup: publish: scope "s": `) || !strings.Contains(err.Error(), "returned no keys") || e.metrics.get(dedup.OutcomeNoKey) != 1 {
+	if !errors.Is(err, keyfuncs.ErrNoKey) || !strings.HasPrefix(err.Error(), `dedup: publish: scope "s": `) || !strings.Contains(err.Error(), "returned no keys") || e.metrics.Outcome(dedup.OutcomeNoKey) != 1 {
 		t.Fatalf("NoKey without an error = %v", err)
 	}
 	own := fmt.Errorf("%w: field missing", keyfuncs.ErrNoKey)
@@ -958,7 +937,7 @@ func TestSmallReports(t *testing.T) {
 		t.Fatalf("Unexpected = %v", err)
 	}
 	c.Takeover(msg, "s", []string{"k"})
-	if e.metrics.get(dedup.OutcomeTakeover) != 1 || len(e.logger.Captured()[watermill.InfoLogLevel]) != 1 {
+	if e.metrics.Outcome(dedup.OutcomeTakeover) != 1 || len(e.logger.Captured()[watermill.InfoLogLevel]) != 1 {
 		t.Fatal("a takeover was not counted and logged")
 	}
 	f := c.Fields(msg, "s", nil)
@@ -1046,7 +1025,7 @@ func TestTransactionalCalls(t *testing.T) {
 	if len(deadlines) != 2 || !deadlines[0] || deadlines[1] {
 		t.Fatalf("deadlines %v, want [true false]", deadlines)
 	}
-	if n, _ := e.metrics.op(dedup.OpBegin); n != 2 {
+	if n := e.metrics.Calls(dedup.OpBegin); n != 2 {
 		t.Fatalf("%d begins observed", n)
 	}
 
@@ -1091,7 +1070,7 @@ func TestTransactionalCalls(t *testing.T) {
 	if err := c.Rollback(context.Background(), "s", rb); err != nil || rb.rollbacks != 1 {
 		t.Fatalf("Rollback: %v, %d", err, rb.rollbacks)
 	}
-	if n, _ := e.metrics.op(dedup.OpRollback); n != 1 {
+	if n := e.metrics.Calls(dedup.OpRollback); n != 1 {
 		t.Fatalf("%d rollbacks observed", n)
 	}
 }

@@ -58,10 +58,10 @@ func TestDecide(t *testing.T) {
 			case tc.want != cycle.Fail && err != nil:
 				t.Fatalf("err = %v with verdict %d", err, v)
 			}
-			if tc.counted != 0 && e.metrics.get(tc.counted) != 1 {
-				t.Fatalf("%s counted %d times, want 1", tc.counted, e.metrics.get(tc.counted))
+			if tc.counted != 0 && e.metrics.Outcome(tc.counted) != 1 {
+				t.Fatalf("%s counted %d times, want 1", tc.counted, e.metrics.Outcome(tc.counted))
 			}
-			if tc.counted == 0 && e.metrics.get(dedup.OutcomeClaimed) != 0 {
+			if tc.counted == 0 && e.metrics.Outcome(dedup.OutcomeClaimed) != 0 {
 				t.Fatal("Decide counted a claim: Claimed does, once the effect runs")
 			}
 		})
@@ -111,8 +111,8 @@ func TestClaimAndDecide(t *testing.T) {
 		if v != cycle.Fail || cl != nil || !errors.Is(err, dedup.ErrInProgress) {
 			t.Fatalf("ClaimAndDecide = %v, %d, %v; want Fail with ErrInProgress", cl, v, err)
 		}
-		if e.metrics.get(dedup.OutcomeInProgress) != 1 {
-			t.Fatalf("in_progress counted %d times", e.metrics.get(dedup.OutcomeInProgress))
+		if e.metrics.Outcome(dedup.OutcomeInProgress) != 1 {
+			t.Fatalf("in_progress counted %d times", e.metrics.Outcome(dedup.OutcomeInProgress))
 		}
 	})
 	t.Run("a claim fails during the wait", func(t *testing.T) {
@@ -162,22 +162,22 @@ func TestClaimed(t *testing.T) {
 		PublishedAt: func(*message.Message) (time.Time, bool) { return at, ok },
 	})
 	c.Claimed(newMsg("m"), "s", []string{"k"})
-	if e.metrics.get(dedup.OutcomeClaimed) != 1 || e.metrics.get(dedup.OutcomeTTLMiss) != 0 {
-		t.Fatalf("a fresh message: claimed %d, ttl_miss %d", e.metrics.get(dedup.OutcomeClaimed), e.metrics.get(dedup.OutcomeTTLMiss))
+	if e.metrics.Outcome(dedup.OutcomeClaimed) != 1 || e.metrics.Outcome(dedup.OutcomeTTLMiss) != 0 {
+		t.Fatalf("a fresh message: claimed %d, ttl_miss %d", e.metrics.Outcome(dedup.OutcomeClaimed), e.metrics.Outcome(dedup.OutcomeTTLMiss))
 	}
 	at = time.Now().Add(-2 * time.Hour)
 	c.Claimed(newMsg("m"), "s", []string{"k"})
-	if e.metrics.get(dedup.OutcomeTTLMiss) != 1 || !strings.Contains(e.errorLogs(), "retention window") {
-		t.Fatalf("an old message: ttl_miss %d, log %q", e.metrics.get(dedup.OutcomeTTLMiss), e.errorLogs())
+	if e.metrics.Outcome(dedup.OutcomeTTLMiss) != 1 || !strings.Contains(e.errorLogs(), "retention window") {
+		t.Fatalf("an old message: ttl_miss %d, log %q", e.metrics.Outcome(dedup.OutcomeTTLMiss), e.errorLogs())
 	}
 	ok = false
 	c.Claimed(newMsg("m"), "s", []string{"k"})
-	if e.metrics.get(dedup.OutcomeTTLMiss) != 1 || e.metrics.get(dedup.OutcomeClaimed) != 3 {
+	if e.metrics.Outcome(dedup.OutcomeTTLMiss) != 1 || e.metrics.Outcome(dedup.OutcomeClaimed) != 3 {
 		t.Fatal("a message without a publication time counted as a ttl miss")
 	}
 	plain := e.cycle(cycle.Consumer, dedup.Policy{Retention: time.Hour}, cycle.Needs{})
 	plain.Claimed(newMsg("m"), "s", []string{"k"})
-	if e.metrics.get(dedup.OutcomeClaimed) != 4 || e.metrics.get(dedup.OutcomeTTLMiss) != 1 {
+	if e.metrics.Outcome(dedup.OutcomeClaimed) != 4 || e.metrics.Outcome(dedup.OutcomeTTLMiss) != 1 {
 		t.Fatal("Claimed without PublishedAt")
 	}
 	t.Run("exactly Retention old", func(t *testing.T) {
@@ -190,12 +190,12 @@ func TestClaimed(t *testing.T) {
 				PublishedAt: func(*message.Message) (time.Time, bool) { return time.Now().Add(-age), true },
 			})
 			c.Claimed(newMsg("m"), "s", []string{"k"})
-			if n := e.metrics.get(dedup.OutcomeTTLMiss); n != 0 {
+			if n := e.metrics.Outcome(dedup.OutcomeTTLMiss); n != 0 {
 				t.Fatalf("a message exactly Retention old: ttl_miss %d, want 0", n)
 			}
 			age++
 			c.Claimed(newMsg("m"), "s", []string{"k"})
-			if n := e.metrics.get(dedup.OutcomeTTLMiss); n != 1 {
+			if n := e.metrics.Outcome(dedup.OutcomeTTLMiss); n != 1 {
 				t.Fatalf("a message a nanosecond older than Retention: ttl_miss %d, want 1", n)
 			}
 		})
@@ -245,8 +245,8 @@ func TestRun(t *testing.T) {
 		if err != boom || hb != nil || msg.Context() != parent {
 			t.Fatalf("Run = %v, %v", hb, err)
 		}
-		if _, held := e.state("k"); held || e.metrics.get(dedup.OutcomeReleased) != 1 {
-			t.Fatalf("claim held %v, released %d: want it released and counted", held, e.metrics.get(dedup.OutcomeReleased))
+		if _, held := e.state("k"); held || e.metrics.Outcome(dedup.OutcomeReleased) != 1 {
+			t.Fatalf("claim held %v, released %d: want it released and counted", held, e.metrics.Outcome(dedup.OutcomeReleased))
 		}
 	})
 	t.Run("panics", func(t *testing.T) {
@@ -376,8 +376,8 @@ func TestRunInTx(t *testing.T) {
 	if _, err := c.RunInTx(msg, "s", []string{"k"}, failed, func(*message.Message) ([]*message.Message, error) { return nil, boom }); err != boom {
 		t.Fatalf("RunInTx = %v, want the handler's error", err)
 	}
-	if len(failed.commits) != 0 || failed.rollbacks != 1 || e.metrics.get(dedup.OutcomeReleased) != 1 {
-		t.Fatalf("a failed handler: commits %d, rollbacks %d, released %d", len(failed.commits), failed.rollbacks, e.metrics.get(dedup.OutcomeReleased))
+	if len(failed.commits) != 0 || failed.rollbacks != 1 || e.metrics.Outcome(dedup.OutcomeReleased) != 1 {
+		t.Fatalf("a failed handler: commits %d, rollbacks %d, released %d", len(failed.commits), failed.rollbacks, e.metrics.Outcome(dedup.OutcomeReleased))
 	}
 	if logs := e.errorLogs(); logs != "" {
 		t.Fatalf("a rollback that succeeded was logged: %q", logs)
@@ -386,14 +386,14 @@ func TestRunInTx(t *testing.T) {
 	if _, err := c.RunInTx(msg, "s", []string{"k"}, unrolled, func(*message.Message) ([]*message.Message, error) { return nil, boom }); err != boom {
 		t.Fatalf("RunInTx = %v, want the handler's error, not the rollback's", err)
 	}
-	if unrolled.rollbacks != 1 || e.metrics.get(dedup.OutcomeReleased) != 2 || !strings.Contains(e.errorLogs(), "rollback failed") {
-		t.Fatalf("a failed rollback: rollbacks %d, released %d, log %q; want it counted and logged", unrolled.rollbacks, e.metrics.get(dedup.OutcomeReleased), e.errorLogs())
+	if unrolled.rollbacks != 1 || e.metrics.Outcome(dedup.OutcomeReleased) != 2 || !strings.Contains(e.errorLogs(), "rollback failed") {
+		t.Fatalf("a failed rollback: rollbacks %d, released %d, log %q; want it counted and logged", unrolled.rollbacks, e.metrics.Outcome(dedup.OutcomeReleased), e.errorLogs())
 	}
 
 	refused := &tx{commit: func([]byte) error { return errReset }}
 	_, err = c.RunInTx(msg, "s", []string{"k"}, refused, func(*message.Message) ([]*message.Message, error) { return nil, nil })
-	if !errors.Is(err, dedup.ErrStore) || !errors.Is(err, errReset) || refused.rollbacks != 1 || e.metrics.get(dedup.OutcomeStoreError) != 1 {
-		t.Fatalf("a failed commit: %v, rollbacks %d, store errors %d", err, refused.rollbacks, e.metrics.get(dedup.OutcomeStoreError))
+	if !errors.Is(err, dedup.ErrStore) || !errors.Is(err, errReset) || refused.rollbacks != 1 || e.metrics.Outcome(dedup.OutcomeStoreError) != 1 {
+		t.Fatalf("a failed commit: %v, rollbacks %d, store errors %d", err, refused.rollbacks, e.metrics.Outcome(dedup.OutcomeStoreError))
 	}
 
 	panicked := &tx{}

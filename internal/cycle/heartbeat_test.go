@@ -57,8 +57,8 @@ func TestHeartbeat(t *testing.T) {
 		case <-time.After(10 * time.Second):
 			t.Fatal("the beat's context was not cancelled after the lease was lost")
 		}
-		if !errors.Is(context.Cause(b), stores.ErrLostClaim) || e.metrics.get(dedup.OutcomeLostClaim) != 0 || !strings.Contains(e.errorLogs(), "lease lost while the handler runs") {
-			t.Fatalf("cause %v, lost_claim %d, log %q", context.Cause(b), e.metrics.get(dedup.OutcomeLostClaim), e.errorLogs())
+		if !errors.Is(context.Cause(b), stores.ErrLostClaim) || e.metrics.Outcome(dedup.OutcomeLostClaim) != 0 || !strings.Contains(e.errorLogs(), "lease lost while the handler runs") {
+			t.Fatalf("cause %v, lost_claim %d, log %q", context.Cause(b), e.metrics.Outcome(dedup.OutcomeLostClaim), e.errorLogs())
 		}
 		n := e.store.extends.Load()
 		time.Sleep(20 * time.Millisecond)
@@ -74,8 +74,8 @@ func TestHeartbeat(t *testing.T) {
 		b.Completing()
 		testkit.WaitFor(t, 10*time.Second, "an extension", func() bool { return e.store.extends.Load() >= 1 })
 		c.Drop(b)
-		if e.metrics.get(dedup.OutcomeLostClaim) != 0 || e.errorLogs() != "" || !errors.Is(b.Err(), context.Canceled) || errors.Is(context.Cause(b), stores.ErrLostClaim) {
-			t.Fatalf("a refusal after Completing was reported as a lost lease: %d, %q, %v", e.metrics.get(dedup.OutcomeLostClaim), e.errorLogs(), context.Cause(b))
+		if e.metrics.Outcome(dedup.OutcomeLostClaim) != 0 || e.errorLogs() != "" || !errors.Is(b.Err(), context.Canceled) || errors.Is(context.Cause(b), stores.ErrLostClaim) {
+			t.Fatalf("a refusal after Completing was reported as a lost lease: %d, %q, %v", e.metrics.Outcome(dedup.OutcomeLostClaim), e.errorLogs(), context.Cause(b))
 		}
 	})
 	t.Run("failure retried at the next beat", func(t *testing.T) {
@@ -90,8 +90,8 @@ func TestHeartbeat(t *testing.T) {
 		b := c.Hold(context.Background(), e.claimed(c, "k"))
 		testkit.WaitFor(t, 10*time.Second, "an extension after the failed one", func() bool { return e.store.extends.Load() >= 3 })
 		c.Drop(b)
-		if e.metrics.get(dedup.OutcomeStoreError) != 1 || !strings.Contains(e.errorLogs(), "retrying at the next heartbeat") || errors.Is(context.Cause(b), stores.ErrLostClaim) {
-			t.Fatalf("store errors %d, log %q", e.metrics.get(dedup.OutcomeStoreError), e.errorLogs())
+		if e.metrics.Outcome(dedup.OutcomeStoreError) != 1 || !strings.Contains(e.errorLogs(), "retrying at the next heartbeat") || errors.Is(context.Cause(b), stores.ErrLostClaim) {
+			t.Fatalf("store errors %d, log %q", e.metrics.Outcome(dedup.OutcomeStoreError), e.errorLogs())
 		}
 	})
 	t.Run("disabled", func(t *testing.T) {

@@ -52,6 +52,8 @@ func TestMissingServiceFailsUnlessSkipIsAsked(t *testing.T) {
 		{name: "skip asked", skip: "1", wantSkip: true},
 		{name: "skip asked under CI", skip: "1", ci: "true", wantSkip: false},
 		{name: "skip not 1", skip: "yes", wantSkip: false},
+		{name: "skip asked, CI=false", skip: "1", ci: "false", wantSkip: true},
+		{name: "skip asked, CI=0", skip: "1", ci: "0", wantSkip: true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Setenv("REDIS_ADDR", closed)
@@ -60,6 +62,9 @@ func TestMissingServiceFailsUnlessSkipIsAsked(t *testing.T) {
 			v := verdict(t, func(tb testing.TB) { RequireRedis(tb) })
 			if v.skipped != c.wantSkip || v.failed == c.wantSkip {
 				t.Fatalf("failed %v, skipped %v; want skipped %v: %s", v.failed, v.skipped, c.wantSkip, v.msg)
+			}
+			if c.skip == "1" && !c.wantSkip && !strings.Contains(v.msg, "DEDUP_SKIP_MISSING=1 is ignored under CI") {
+				t.Errorf("the failure does not say the skip asked for is ignored under CI: %s", v.msg)
 			}
 			for _, want := range []string{"Redis", closed, "redis-server --daemonize yes", "Debian package redis-server", "REDIS_ADDR"} {
 				if !strings.Contains(v.msg, want) {

@@ -44,5 +44,5 @@ func (s *NATSServer) Reload(extra string) {
 // for a test that reloads its config (Reload), stops or restarts it.
 func StartNATSSecureServer(t testing.TB, conf string, ready ...nats.Option) *NATSServer {
 	t.Helper()
-	return startNATS(t, conf, ready)
+	return startNATS(t, SystemNATS(t), conf, ready)
 }

@@ -21,8 +21,10 @@ import (
 // NATS servers a test starts itself, on loopback ports of their own:
 // one server configured for one test (a small max_payload), or a
 // JetStream cluster whose servers the test kills, pauses and restarts.
-// They need nats-server on $PATH; without it the test fails naming it
-// (see Unavailable).
+// StartNATS, StartNATSSecure and StartNATSCluster run the nats-server on
+// $PATH (Debian's); without it the test fails naming it (see
+// Unavailable). A NATSBin's Start and StartCluster run another
+// executable: CurrentNATS builds the current release (natscurrent.go).
 
 // NATSServer is a nats-server process of a test's own, with JetStream
 // kept in a directory of its own under t.TempDir() (kept across
@@ -40,6 +42,7 @@ type NATSServer struct {
 	Dir string
 
 	t       testing.TB
+	bin     string        // the nats-server executable
 	cluster string        // cluster name; "" outside a cluster
 	routes  []int         // the other servers' route ports
 	ready   []nats.Option // the options of the client that checks it is up
@@ -56,7 +59,15 @@ type NATSServer struct {
 // it once JetStream answers. It is killed when t ends.
 func StartNATS(t testing.TB, extra string) *NATSServer {
 	t.Helper()
-	return startNATS(t, extra, nil)
+	return SystemNATS(t).Start(t, extra)
+}
+
+// Start starts a nats-server of b with JetStream on a free loopback
+// port, with the config lines extra, and returns it once JetStream
+// answers. It is killed when t ends. See StartNATS.
+func (b NATSBin) Start(t testing.TB, extra string) *NATSServer {
+	t.Helper()
+	return startNATS(t, b, extra, nil)
 }
 
 // StartNATSSecure starts a nats-server of the test's own with JetStream
@@ -69,18 +80,17 @@ func StartNATS(t testing.TB, extra string) *NATSServer {
 // the test at once. The server is killed by its PID when t ends.
 func StartNATSSecure(t testing.TB, conf string, ready ...nats.Option) string {
 	t.Helper()
-	return startNATS(t, conf, ready).Addr()
+	return startNATS(t, SystemNATS(t), conf, ready).Addr()
 }
 
 // startNATS starts a server outside a cluster, with the config lines
 // extra, and returns it once a client with the options ready gets an
 // answer to a JetStream request.
-func startNATS(t testing.TB, extra string, ready []nats.Option) *NATSServer {
+func startNATS(t testing.TB, bin NATSBin, extra string, ready []nats.Option) *NATSServer {
 	t.Helper()
-	needNATSServer(t)
 	var err error
 	for range 5 {
-		s := newNATSServer(t, "nats-0", freePort(t), 0, "", nil, extra)
+		s := newNATSServer(t, bin, "nats-0", freePort(t), 0, "", nil, extra)
 		s.ready = ready
 		if err = s.start(); err == nil {
 			if err = s.waitJetStream(time.Minute); err == nil {
@@ -111,10 +121,16 @@ type NATSCluster struct {
 // when t ends.
 func StartNATSCluster(t testing.TB, n int, extra string) *NATSCluster {
 	t.Helper()
+	return SystemNATS(t).StartCluster(t, n, extra)
+}
+
+// StartCluster starts a JetStream cluster of n nats-servers of b: see
+// StartNATSCluster.
+func (b NATSBin) StartCluster(t testing.TB, n int, extra string) *NATSCluster {
+	t.Helper()
 	if n < 1 {
 		t.Fatalf("StartNATSCluster: %d servers", n)
 	}
-	needNATSServer(t)
 	var err error
 	for range 3 {
 		ports := make([]int, n)
@@ -136,7 +152,7 @@ func StartNATSCluster(t testing.TB, n int, extra string) *NATSCluster {
 					routes = append(routes, q+10000)
 				}
 			}
-			c.Servers = append(c.Servers, newNATSServer(t, "n"+strconv.Itoa(i), p, p+10000, name, routes, extra))
+			c.Servers = append(c.Servers, newNATSServer(t, b, "n"+strconv.Itoa(i), p, p+10000, name, routes, extra))
 		}
 		err = nil
 		for _, s := range c.Servers {
@@ -219,13 +235,6 @@ func (c *NATSCluster) Index(name string) int {
 	return -1
 }
 
-func needNATSServer(t testing.TB) {
-	t.Helper()
-	if _, err := exec.LookPath("nats-server"); err != nil {
-		Unavailable(t, "nats-server (to start NATS servers of the test's own)", "$PATH", err)
-	}
-}
-
 func containsPort(ports []int, p int) bool {
 	for _, q := range ports {
 		if q == p || q+10000 == p || p+10000 == q {
@@ -235,8 +244,8 @@ func containsPort(ports []int, p int) bool {
 	return false
 }
 
-func newNATSServer(t testing.TB, name string, port, clusterPort int, cluster string, routes []int, extra string) *NATSServer {
-	s := &NATSServer{Name: name, Port: port, ClusterPort: clusterPort, Dir: t.TempDir(), t: t, cluster: cluster, routes: routes, extra: extra}
+func newNATSServer(t testing.TB, bin NATSBin, name string, port, clusterPort int, cluster string, routes []int, extra string) *NATSServer {
+	s := &NATSServer{Name: name, Port: port, ClusterPort: clusterPort, Dir: t.TempDir(), t: t, bin: bin.Path, cluster: cluster, routes: routes, extra: extra}
 	// Registered after t.TempDir's own cleanup, so it runs before the
 	// directory is removed.
 	t.Cleanup(s.kill)
@@ -413,7 +422,7 @@ func (s *NATSServer) start() error {
 	if err := os.WriteFile(conf, []byte(s.config()), 0o600); err != nil {
 		return err
 	}
-	cmd := exec.Command("nats-server", "-c", conf, "-l", s.LogPath())
+	cmd := exec.Command(s.bin, "-c", conf, "-l", s.LogPath())
 	setPdeathsig(cmd) // a test binary that dies (a timeout) takes its servers along
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("starting nats-server %s: %w", s.Name, err)

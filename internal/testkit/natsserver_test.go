@@ -75,3 +75,22 @@ func TestStartNATSCluster(t *testing.T) {
 func alive(pid int) bool {
 	return pid > 0 && !errors.Is(syscall.Kill(pid, 0), syscall.ESRCH)
 }
+
+// TestCurrentNATS: the current release starts, and says it is that
+// release with per-message TTLs (JetStream API level 1 or more). Its
+// clusters run in natsstore's TestClusterFailover.
+func TestCurrentNATS(t *testing.T) {
+	bin := testkit.CurrentNATS(t)
+	s := bin.Start(t, "")
+	nc, err := nats.Connect(s.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	if got, want := "v"+nc.ConnectedServerVersion(), testkit.CurrentNATSVersion; got != want {
+		t.Errorf("server version %s, want %s", got, want)
+	}
+	if js, level := nc.ConnectedServerJetStream(); !js || level < 1 {
+		t.Errorf("JetStream %t, API level %d: want JetStream with level 1 or more", js, level)
+	}
+}

@@ -2,6 +2,7 @@ package testkit
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"os/exec"
 	"strconv"
@@ -44,4 +45,18 @@ func allStopped(pid int) bool {
 		}
 	}
 	return true
+}
+
+// lockFile takes an exclusive lock on the file at path (created if
+// missing), waiting for whoever holds it, and returns its release.
+func lockFile(path string) (unlock func(), err error) {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		_ = f.Close()
+		return nil, fmt.Errorf("lock %s: %w", path, err)
+	}
+	return func() { _ = f.Close() }, nil // closing it releases the lock
 }

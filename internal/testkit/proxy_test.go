@@ -8,33 +8,21 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/watermill-dedup/dedup/internal/testkit/base"
 )
 
 // echoServer echoes every connection back, and sends what each
 // connection brought, once it ends, on got.
 func echoServer(t *testing.T) (addr string, got <-chan []byte) {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = ln.Close() })
 	ch := make(chan []byte, 16)
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				var all bytes.Buffer
-				_, _ = io.Copy(io.MultiWriter(c, &all), c)
-				ch <- all.Bytes()
-			}()
-		}
-	}()
-	return ln.Addr().String(), ch
+	addr = base.Serve(t, func(c net.Conn) {
+		var all bytes.Buffer
+		_, _ = io.Copy(io.MultiWriter(c, &all), c)
+		ch <- all.Bytes()
+	})
+	return addr, ch
 }
 
 // TestProxyLatency: bytes arrive in order, each at least the latency

@@ -442,3 +442,15 @@ func or(s, def string) string {
 
 // pingTimeout is how long the first ping of an opened client may take.
 func pingTimeout(dial time.Duration) time.Duration { return max(dial, minPingTimeout) }
+
+// Memstore is a memstore on clock (nil: the system clock), closed when t
+// ends.
+func Memstore(t testing.TB, clock stores.Clock) *memstore.Store {
+	t.Helper()
+	s, err := memstore.New(memstore.Config{Clock: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close(context.Background()) })
+	return s
+}

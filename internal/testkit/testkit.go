@@ -40,10 +40,21 @@ func MySQLDSN() string { return env("MYSQL_DSN", DefaultMySQLDSN) }
 func AMQPURL() string { return env("AMQP_URL", DefaultAMQPURL) }
 
 // SkipMissing reports whether the user asked for a missing service to skip
-// its tests rather than fail them: DEDUP_SKIP_MISSING=1, and CI unset (CI
+// its tests rather than fail them: DEDUP_SKIP_MISSING=1, outside CI (CI
 // never goes green by skipping).
 func SkipMissing() bool {
-	return os.Getenv("DEDUP_SKIP_MISSING") == "1" && os.Getenv("CI") == ""
+	return skipAsked() && !underCI()
+}
+
+func skipAsked() bool { return os.Getenv("DEDUP_SKIP_MISSING") == "1" }
+
+// underCI reports whether CI is set to anything but empty, 0 or false.
+func underCI() bool {
+	switch strings.ToLower(os.Getenv("CI")) {
+	case "", "0", "false":
+		return false
+	}
+	return true
 }
 
 // Unavailable fails the test with a message naming the service, where it
@@ -65,6 +76,9 @@ func Missing(t testing.TB, msg string) {
 	if SkipMissing() {
 		t.Skipf("SKIPPED (DEDUP_SKIP_MISSING=1) — %s", msg)
 	}
+	if skipAsked() {
+		t.Fatalf("%s (DEDUP_SKIP_MISSING=1 is ignored under CI)", msg)
+	}
 	t.Fatalf("%s (DEDUP_SKIP_MISSING=1 skips the tests that need it instead)", msg)
 }
 
@@ -84,12 +98,14 @@ var startHints = []struct{ word, hint string }{
 	{"MySQL", "start it: start-stop-daemon --start --background --exec /usr/sbin/mariadbd (Debian package mariadb-server), or set MYSQL_DSN"},
 	{"mysql", "start MariaDB: start-stop-daemon --start --background --exec /usr/sbin/mariadbd (Debian package mariadb-server), or set MYSQL_DSN"},
 	{"RabbitMQ", "start it: rabbitmq-server -detached (Debian package rabbitmq-server), or set AMQP_URL"},
+	{"Go module proxy", "let go install reach the Go module proxy (GOPROXY) once, or set NATS_SERVER_CURRENT to a nats-server 2.11 or later"},
+	{"NATS_SERVER_CURRENT", "set NATS_SERVER_CURRENT to a nats-server 2.11 or later, or unset it to build one"},
 	{"nats-server", "install nats-server (Debian package nats-server)"},
 	{"NATS", "start it: nats-server -js -a 127.0.0.1 -p 4222 (Debian package nats-server), or set NATS_URL"},
 	{"openssl", "install openssl (Debian package openssl)"},
 	{"prometheus", "install prometheus and promtool (Debian package prometheus)"},
 	{"promtool", "install prometheus and promtool (Debian package prometheus)"},
-	{"pgbench", "install pgbench (Debian package postgresql-contrib, or postgresql-client-<version>)"},
+	{"pgbench", "install pgbench (Debian package postgresql-<version>, the server, which has it: postgresql-15 on Debian 12)"},
 	{"redis-benchmark", "install redis-benchmark (Debian package redis-tools)"},
 }
 

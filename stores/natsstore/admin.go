@@ -139,7 +139,7 @@ func (s *Store) delete(ctx context.Context, r record, want stores.RecordState, w
 		if s.testBeforeDelete != nil {
 			s.testBeforeDelete()
 		}
-		_, err = s.write(cctx, r, nil, e.rev)
+		_, err = s.write(cctx, r, nil, e.rev, 0)
 		switch {
 		case err == nil:
 			return rec, nil
@@ -297,7 +297,7 @@ func (s *Store) Purge(ctx context.Context) (int64, error) {
 			if !(e.state == stateDone && e.at <= now) && !(e.state == stateProcessing && addNanos(e.at, s.cfg.MaxLease) < now) {
 				return true
 			}
-			_, werr = s.write(cctx, record{sh: sh, subj: sh.prefix + m.id}, nil, e.rev)
+			_, werr = s.write(cctx, record{sh: sh, subj: sh.prefix + m.id}, nil, e.rev, 0)
 			if isConflict(werr) {
 				werr = nil // written since: someone else's record now
 				return true
@@ -487,7 +487,7 @@ func (s *Store) pull(ctx context.Context, sh *shard, subject string, batch int, 
 		pos, pending = md.Sequence.Stream, md.NumPending
 		sc := scanned{seq: pos, id: strings.TrimPrefix(m.Subject, sh.prefix), last: pending == 0 || pos >= end}
 		sc.e.rev = pos
-		if m.Header.Get(hdrOperation) == "" {
+		if !isMarker(m.Header) {
 			if err := decodeValue(&sc.e, m.Data); err != nil {
 				return pos, 0, false, fmt.Errorf("%w: subject %s, revision %d", err, m.Subject, pos)
 			}

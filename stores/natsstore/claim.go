@@ -87,7 +87,7 @@ func (s *Store) ClaimOwned(ctx context.Context, scope string, keys []string, lea
 // a purge marker): the claim then reads it.
 func (s *Store) claimNew(ctx, cctx context.Context, r record, lease time.Duration, owner []byte, c *stores.Claim) (bool, error) {
 	token := newToken()
-	_, err := s.write(cctx, r, processingValue(addNanos(s.clock.Now().UnixNano(), lease), token, owner), 0)
+	_, err := s.write(cctx, r, processingValue(addNanos(s.clock.Now().UnixNano(), lease), token, owner), 0, keepProcessing(lease))
 	switch {
 	case err == nil:
 		c.Result, c.Token = stores.Claimed, token
@@ -139,7 +139,7 @@ func (s *Store) claimOnce(ctx, cctx context.Context, recs []record, lease time.D
 	value := processingValue(addNanos(now, lease), token, owner)
 	var undo []undoItem
 	for n, i := range writeOrder(recs) {
-		rev, err := s.write(cctx, recs[i], value, entries[i].rev)
+		rev, err := s.write(cctx, recs[i], value, entries[i].rev, keepProcessing(lease))
 		if err != nil {
 			if !isConflict(err) {
 				// The outcome of this write is unknown: undo finds out.
@@ -159,6 +159,11 @@ func (s *Store) claimOnce(ctx, cctx context.Context, recs []record, lease time.D
 	c.Result, c.Token, c.Takeover, c.Owner = stores.Claimed, token, takeover, expired
 	return true, nil
 }
+
+// keepProcessing is how long a processing record of lease must stay:
+// its lease, and one more after it ran out, so that a takeover then is
+// reported as one (Claim.Takeover).
+func keepProcessing(lease time.Duration) time.Duration { return 2 * lease }
 
 // undoItem is a write to take back: put prev back under rec, at rev, the
 // revision the write made, or when rev is 0 (the write's outcome is
@@ -230,10 +235,13 @@ func (s *Store) undoNow(ctx context.Context, items []undoItem) []undoItem {
 			rev = e.rev
 		}
 		var value []byte // none: a purge marker
+		var keep time.Duration
 		if it.prev.state == stateProcessing {
+			// Its lease is not in the record: MaxLease bounds it.
 			value = it.prev.raw
+			keep = min(max(time.Duration(it.prev.at-s.clock.Now().UnixNano()), 0), maxTTL) + s.cfg.MaxLease
 		}
-		if _, err := s.write(cctx, it.rec, value, rev); err != nil && ctx.Err() != nil {
+		if _, err := s.write(cctx, it.rec, value, rev, keep); err != nil && ctx.Err() != nil {
 			return items[:i+1]
 		}
 	}

@@ -87,11 +87,22 @@ const (
 // what the servers logged, and restarts the servers one at a time
 // (SIGTERM), as an operator would; if the store does not serve even
 // then, it skips the final pass, saying so.
+//
+// It runs on a cluster of the nats-server on $PATH ("system", Debian's
+// 2.9.10: records expire by the bucket's MaxAge) and on one of the
+// current release ("current": by per-key TTLs, on a replicated stream).
 func TestClusterFailover(t *testing.T) {
 	if testing.Short() {
 		t.Skip("TestClusterFailover runs a JetStream cluster through leader failures for half a minute or more: not under -short")
 	}
-	cl := testkit.StartNATSCluster(t, 3, "")
+	t.Run("system", func(t *testing.T) { clusterFailover(t, testkit.SystemNATS(t), natsstore.TTLBucket) })
+	t.Run("current", func(t *testing.T) { clusterFailover(t, testkit.CurrentNATS(t), natsstore.TTLPerKey) })
+}
+
+// clusterFailover is TestClusterFailover on a cluster of bin, where the
+// store must expire records by mode.
+func clusterFailover(t *testing.T, bin testkit.NATSBin, mode natsstore.TTLMode) {
+	cl := bin.StartCluster(t, 3, "")
 	cfg := natsstore.Config{Bucket: testBucket(), Replicas: 3}
 	adm := newClusterAdmin(t, cl, "KV_"+cfg.Bucket)
 	ctx := context.Background()
@@ -102,6 +113,9 @@ func TestClusterFailover(t *testing.T) {
 	// other's to see the stream without a leader.
 	conns := &connEvents{start: time.Now()}
 	setup := openClusterStore(t, cl.URL(), cfg, nil)
+	if setup.TTLMode() != mode {
+		t.Fatalf("the store on the cluster expires records by %s, want %s", setup.TTLMode(), mode)
+	}
 	_ = setup.Close(ctx)
 	leader, ok := adm.waitLeader()
 	if !ok {

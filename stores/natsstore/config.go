@@ -3,10 +3,12 @@ package natsstore
 import (
 	"errors"
 	"fmt"
+	"math"
 	"regexp"
 	"strconv"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/watermill-dedup/dedup/stores"
@@ -37,13 +39,52 @@ var ErrInvalidConfig = errors.New("natsstore: invalid config")
 var ErrNoBucket = errors.New("natsstore: no such bucket")
 
 // ErrBucketConfig is wrapped by New's error when a bucket exists but
-// cannot hold the records the Config allows: a MaxAge (KV TTL) shorter
-// than [Config.RequiredMaxAge], or none at all (lower MaxLease or
-// MaxRetention, or raise the bucket's MaxAge: nats stream edit STREAM
-// --max-age); or limits (MaxMsgs, MaxBytes) with the discard-old policy,
-// which would drop records before their retention ends (remove the
-// limits, or use discard-new: writes then fail when the bucket is full).
+// cannot hold the records the Config allows: under TTLBucket a MaxAge
+// (KV TTL) shorter than [Config.RequiredMaxAge], or none at all (lower
+// MaxLease or MaxRetention, or raise the bucket's MaxAge: nats stream
+// edit STREAM --max-age); under TTLPerKey a MaxAge shorter than two
+// MaxLease plus ClockSkew, or a bucket (or a server, for a bucket to
+// create) without per-message TTLs; or limits (MaxMsgs, MaxBytes) with
+// the discard-old policy, which would drop records before their
+// retention ends (remove the limits, or use discard-new: writes then
+// fail when the bucket is full).
 var ErrBucketConfig = errors.New("natsstore: the bucket's configuration does not fit the store's")
+
+// TTLMode is how the records of a Store are removed once they no longer
+// matter: by the bucket's MaxAge, the same for every record, or by a TTL
+// of each record's own (per-message TTLs, nats-server 2.11 and later).
+type TTLMode int
+
+const (
+	// TTLAuto, the default, is TTLPerKey when the server supports
+	// per-message TTLs (JetStream API level 1, nats-server 2.11) and
+	// every bucket of the config that exists already allows them (New
+	// creates missing ones so); else TTLBucket.
+	TTLAuto TTLMode = iota
+	// TTLBucket removes every record MaxAge after its last write (see
+	// Config.RequiredMaxAge): the only mode before nats-server 2.11,
+	// and that of a bucket created without per-message TTLs.
+	TTLBucket
+	// TTLPerKey gives each record a TTL of its own: a done record its
+	// retention, a processing record its lease and one more lease, each
+	// plus ClockSkew. Retentions are then bounded by the server only
+	// (MaxDurationLimit, or the bucket's MaxAge when it has one), not by
+	// MaxRetention. New fails with ErrBucketConfig when the server or
+	// an existing bucket does not allow per-message TTLs.
+	TTLPerKey
+)
+
+func (m TTLMode) String() string {
+	switch m {
+	case TTLAuto:
+		return "auto"
+	case TTLBucket:
+		return "bucket MaxAge"
+	case TTLPerKey:
+		return "per-key TTL"
+	}
+	return "TTLMode(" + strconv.Itoa(int(m)) + ")"
+}
 
 // Config configures a Store. The zero value is ready to use.
 type Config struct {
@@ -62,16 +103,24 @@ type Config struct {
 	// Changing it forgets the records written before.
 	Shards int
 
+	// TTLMode is how records are removed: TTLAuto (the default) picks
+	// per-key TTLs where the server and the buckets allow them, else the
+	// bucket's MaxAge. Store.TTLMode tells which one New picked.
+	TTLMode TTLMode
+
 	// MaxLease is the longest lease Claim and Extend accept, and
 	// MaxRetention the longest retention Complete accepts; longer ones
 	// fail with stores.ErrInvalidArgument before any I/O. Defaults:
 	// DefaultMaxLease (1h) and DefaultMaxRetention (24h, the
 	// middleware's default retention). At most MaxDurationLimit.
 	//
-	// They decide the bucket's MaxAge (see RequiredMaxAge): a bucket
-	// keeps every record for MaxAge after its last write, whatever its
-	// own retention, so they are also what the bucket's disk holds:
-	// message rate × MaxAge records.
+	// Under TTLBucket they decide the bucket's MaxAge (see
+	// RequiredMaxAge): a bucket keeps every record for MaxAge after its
+	// last write, whatever its own retention, so they are also what the
+	// bucket's disk holds: message rate × MaxAge records. Under
+	// TTLPerKey MaxRetention bounds nothing (each record keeps its own
+	// retention; Capabilities tells the bound), and MaxLease bounds
+	// leases as it does under TTLBucket.
 	MaxLease     time.Duration
 	MaxRetention time.Duration
 
@@ -89,6 +138,10 @@ type Config struct {
 	// Clock tells the time of leases and expiry. nil means the system
 	// clock.
 	Clock stores.Clock
+
+	// Logger gets one line from New saying which TTLMode the store uses
+	// and why. nil means watermill.NopLogger.
+	Logger watermill.LoggerAdapter
 
 	// asIs: the buckets are used as they are, never created, whatever
 	// their MaxAge (Open).
@@ -117,6 +170,16 @@ func (c Config) Validate() error {
 		return bad("Replicas must be between 0 (default) and 5, got %d", c.Replicas)
 	case c.Storage != jetstream.FileStorage && c.Storage != jetstream.MemoryStorage:
 		return bad("Storage must be jetstream.FileStorage or MemoryStorage, got %d", c.Storage)
+	case c.TTLMode < TTLAuto || c.TTLMode > TTLPerKey:
+		return bad("TTLMode must be TTLAuto, TTLBucket or TTLPerKey, got %d", int(c.TTLMode))
+	}
+	// The buckets' MaxAge, RequiredMaxAge, must be a duration too: each
+	// field within its limit can still add up to more than time.Duration
+	// holds.
+	d := c
+	d.setDefaults()
+	if m := max(d.MaxRetention, 2*d.MaxLease); d.ClockSkew > math.MaxInt64-m {
+		return bad("max(MaxRetention, 2 x MaxLease) + ClockSkew, the buckets' MaxAge, is over %s", time.Duration(math.MaxInt64))
 	}
 	return nil
 }
@@ -141,11 +204,14 @@ func (c *Config) setDefaults() {
 		c.Replicas = 1
 	}
 	c.Clock = stores.ClockOrSystem(c.Clock)
+	if c.Logger == nil {
+		c.Logger = watermill.NopLogger{}
+	}
 }
 
 // RequiredMaxAge is the shortest bucket MaxAge (KV TTL) that keeps every
-// record as long as the store contract needs it, with the defaults
-// filled in:
+// record as long as the store contract needs it under TTLBucket, with
+// the defaults filled in:
 //
 //	max(MaxRetention, 2 × MaxLease) + ClockSkew
 //

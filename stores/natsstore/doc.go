@@ -13,12 +13,25 @@
 // lands on a record that changed since it was read, and two consumers
 // can never both hold a key.
 //
-// JetStream before 2.11 has no per-key TTL: the store decides expiry
-// itself, from the times in the value and its [stores.Clock], and the
-// bucket's MaxAge (the KV TTL) removes a record some time after it
-// stopped mattering. Consumers sharing a bucket must keep their clocks
-// in sync (NTP), as with sqlstore. See [Config] for how MaxAge bounds the
-// leases and retentions the store accepts.
+// The store decides expiry itself, from the times in the value and its
+// [stores.Clock]; consumers sharing a bucket must keep their clocks in
+// sync (NTP), as with sqlstore. What removes a record some time after it
+// stopped mattering depends on the server ([TTLMode]):
+//
+//   - nats-server 2.9 and 2.10 have no per-key TTL: the bucket's MaxAge
+//     (the KV TTL) removes every record MaxAge after its last write
+//     ([TTLBucket]), and MaxAge bounds the leases and retentions the
+//     store accepts (see [Config.RequiredMaxAge]).
+//   - nats-server 2.11 and later (JetStream API level 1): New creates
+//     its buckets with per-message TTLs (LimitMarkerTTL, no MaxAge) and
+//     gives each record a TTL of its own ([TTLPerKey]): a done record
+//     its retention, a processing record its lease and one more lease,
+//     each plus ClockSkew. Retentions are then bounded by the server
+//     only. A bucket created without per-message TTLs (by an older
+//     server, before an upgrade) keeps the store on its MaxAge.
+//
+// [Store.TTLMode] tells which one New picked, and New logs it. The
+// README's version matrix says what is tested on which server.
 //
 // JetStream KV has no multi-key transaction. A Claim of several keys
 // takes them one by one in a fixed order and gives back the ones it took

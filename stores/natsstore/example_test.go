@@ -31,10 +31,12 @@ func Example() {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	// Creates the bucket "dedup" when it does not exist, with a MaxAge
-	// of max(MaxRetention, 2 × MaxLease) + ClockSkew = 24h1m.
+	// Creates the bucket "dedup" when it does not exist: on nats-server
+	// 2.11+ with per-key TTLs (each record expires on its own), before
+	// that with a MaxAge of max(MaxRetention, 2 × MaxLease) + ClockSkew =
+	// 24h1m. store.TTLMode() tells which.
 	store, err := natsstore.New(ctx, nc, natsstore.Config{
-		MaxRetention: 24 * time.Hour, // at least the middleware's Retention
+		MaxRetention: 24 * time.Hour, // with a MaxAge: at least the middleware's Retention
 	})
 	if err != nil {
 		panic(err)
@@ -63,4 +65,20 @@ func ExampleConfig_cluster() {
 		panic(err)
 	}
 	defer store.Close(ctx) // closes the connection Connect opened
+}
+
+// Records expire by the bucket's MaxAge on every server, as before
+// nats-server 2.11: for consumers that must share a bucket with older
+// ones, which refuse a bucket without MaxAge.
+func ExampleTTLMode() {
+	ctx := context.Background()
+	store, err := natsstore.Connect(ctx, "nats://127.0.0.1:4222", natsstore.Config{
+		TTLMode:      natsstore.TTLBucket,
+		MaxRetention: 48 * time.Hour, // the bucket's MaxAge: 48h1m
+	})
+	if err != nil {
+		panic(err)
+	}
+	defer store.Close(ctx)
+	_ = store.TTLMode() // natsstore.TTLBucket
 }

@@ -25,3 +25,6 @@ func (s *Store) SetBeforeDelete(fn func()) { s.testBeforeDelete = fn }
 
 // ScanBatch is the most messages one pull of an admin scan asks for.
 const ScanBatch = scanBatch
+
+// Buckets are the names of the store's buckets.
+func (s *Store) Buckets() []string { return s.cfg.Buckets() }

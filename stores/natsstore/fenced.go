@@ -22,7 +22,7 @@ func (s *Store) Complete(ctx context.Context, c *stores.Claim, retention time.Du
 		return fmt.Errorf("natsstore: complete: %w", err)
 	}
 	by := completedBy(c.Token, subjects(s.records(c.Scope, c.Keys)))
-	return s.fenced(ctx, "complete", c, func(now int64, _ []byte) []byte { return doneValue(addNanos(now, retention), by, data) })
+	return s.fenced(ctx, "complete", c, retention, func(now int64, _ []byte) []byte { return doneValue(addNanos(now, retention), by, data) })
 }
 
 // Release implements [stores.Store]. The records become KV purge
@@ -31,7 +31,7 @@ func (s *Store) Release(ctx context.Context, c *stores.Claim) error {
 	if err := storekit.CheckCall(ctx, s.closed.Load(), storekit.CheckClaim(c)); err != nil {
 		return fmt.Errorf("natsstore: release: %w", err)
 	}
-	return s.fenced(ctx, "release", c, func(int64, []byte) []byte { return nil })
+	return s.fenced(ctx, "release", c, 0, func(int64, []byte) []byte { return nil })
 }
 
 // Extend implements [stores.Store].
@@ -39,14 +39,17 @@ func (s *Store) Extend(ctx context.Context, c *stores.Claim, lease time.Duration
 	if err := storekit.CheckCall(ctx, s.closed.Load(), storekit.CheckClaim(c), s.Capabilities().CheckLease(lease)); err != nil {
 		return fmt.Errorf("natsstore: extend: %w", err)
 	}
-	return s.fenced(ctx, "extend", c, func(now int64, owner []byte) []byte { return processingValue(addNanos(now, lease), c.Token, owner) })
+	return s.fenced(ctx, "extend", c, keepProcessing(lease), func(now int64, owner []byte) []byte {
+		return processingValue(addNanos(now, lease), c.Token, owner)
+	})
 }
 
 // fenced runs Complete, Release or Extend: it reads every key of c and
 // fails with ErrLostClaim, writing nothing, unless each is processing
 // under c's token (whether or not its lease ran out); then it writes the
 // new value (nil: a purge marker) to each key in the fixed order, each
-// write conditional on the revision read.
+// write conditional on the revision read, to be kept for keep (see
+// Store.write).
 //
 // While the claim's lease is live no other claim writes its keys, so
 // the writes all succeed: the call is all-or-nothing. A connection lost
@@ -63,7 +66,7 @@ func (s *Store) Extend(ctx context.Context, c *stores.Claim, lease time.Duration
 // Complete) is still the claim's: the call is tried again. Within the
 // process, the fenced calls of one claim run one at a time (see
 // claimLocks).
-func (s *Store) fenced(ctx context.Context, op string, c *stores.Claim, value func(now int64, owner []byte) []byte) error {
+func (s *Store) fenced(ctx context.Context, op string, c *stores.Claim, keep time.Duration, value func(now int64, owner []byte) []byte) error {
 	unlock, err := s.claimLocks.lock(ctx, c.Token)
 	if err != nil {
 		return fmt.Errorf("natsstore: %s: waiting for the claim's other call: %w", op, err)
@@ -74,16 +77,55 @@ func (s *Store) fenced(ctx context.Context, op string, c *stores.Claim, value fu
 		return fmt.Errorf("natsstore: %s: %w", op, err)
 	}
 	defer release()
-	for attempt := 1; ; attempt++ {
-		err := s.fencedOnce(ctx, cctx, op, c, value)
-		if !errors.Is(err, errOwnRace) {
+	wait := inFlightWait
+	var waitUntil time.Time // of a call whose context has no deadline
+	if _, ok := cctx.Deadline(); !ok {
+		waitUntil = time.Now().Add(defaultRequestTimeout)
+	}
+	for attempt := 1; ; {
+		err := s.fencedOnce(ctx, cctx, op, c, keep, value)
+		switch {
+		case errors.Is(err, errInFlight) && !waitUntil.IsZero() && time.Now().After(waitUntil):
+			// As a request nats.go times out: the stream does not apply
+			// the writes it took (a lost quorum).
+			return fmt.Errorf("natsstore: %s: %w: a write of a key of the claim stayed in flight for %s", op, stores.ErrUnavailable, defaultRequestTimeout)
+		case errors.Is(err, errInFlight):
+			// Not the claim's own race: wait for the write in flight,
+			// within the call's context.
+			t := time.NewTimer(wait)
+			select {
+			case <-t.C:
+			case <-cctx.Done():
+				t.Stop()
+				return fmt.Errorf("natsstore: %s: %w", op, s.classify(ctx, cctx, context.Cause(cctx)))
+			}
+			wait = min(2*wait, maxInFlightWait)
+			continue
+		case !errors.Is(err, errOwnRace):
 			return err
-		}
-		if attempt == maxOwnRaces {
+		case attempt == maxOwnRaces:
 			return fmt.Errorf("natsstore: %s: %w: the claim's own calls changed its keys %d times in a row", op, stores.ErrLostClaim, attempt)
 		}
+		attempt++
 	}
 }
+
+// errInFlight is a write of fencedOnce refused as a conflict although
+// its key did not change: a replicated stream (nats-server 2.11 and
+// later) refuses a conditional write of a key while an earlier write of
+// that key is proposed and not yet applied (the claim's own write whose
+// outcome was unknown, during a leader election or a lost quorum). The
+// call waits and tries again until its context ends (without a deadline,
+// for defaultRequestTimeout: then it fails as an outage, as a request
+// nats.go timed out does).
+var errInFlight = errors.New("natsstore: a write of the key is in flight")
+
+// inFlightWait is the first wait after errInFlight, doubled after each
+// up to maxInFlightWait.
+const (
+	inFlightWait    = 20 * time.Millisecond
+	maxInFlightWait = 500 * time.Millisecond
+)
 
 // errOwnRace is a write of fencedOnce that found its key changed by
 // another call of the same claim (a heartbeat's Extend beside the
@@ -95,7 +137,7 @@ var errOwnRace = errors.New("natsstore: the key was rewritten by another call of
 const maxOwnRaces = 10
 
 // fencedOnce is one attempt of fenced.
-func (s *Store) fencedOnce(ctx, cctx context.Context, op string, c *stores.Claim, value func(now int64, owner []byte) []byte) error {
+func (s *Store) fencedOnce(ctx, cctx context.Context, op string, c *stores.Claim, keep time.Duration, value func(now int64, owner []byte) []byte) error {
 	recs := s.records(c.Scope, c.Keys)
 	entries := make([]entry, len(recs))
 	// ours: keys an earlier attempt of this Complete has completed (it was
@@ -136,7 +178,7 @@ func (s *Store) fencedOnce(ctx, cctx context.Context, op string, c *stores.Claim
 		if ours[i] {
 			continue
 		}
-		rev, err := s.write(cctx, recs[i], v, entries[i].rev)
+		rev, err := s.write(cctx, recs[i], v, entries[i].rev, keep)
 		if err != nil {
 			// Put the keys already written back to this claim's
 			// processing records, so that a retry of the call can
@@ -150,6 +192,9 @@ func (s *Store) fencedOnce(ctx, cctx context.Context, op string, c *stores.Claim
 				// this Complete) when the key is still processing under
 				// the claim's token: the claim still owns it.
 				if e, rerr := s.read(cctx, recs[i]); rerr == nil && e.state == stateProcessing && e.token == c.Token {
+					if e.rev == entries[i].rev {
+						return errInFlight
+					}
 					return errOwnRace
 				}
 				return fmt.Errorf("natsstore: %s: %w: a key of the claim changed under it", op, stores.ErrLostClaim)

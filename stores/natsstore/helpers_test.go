@@ -27,10 +27,38 @@ func connect(t testing.TB, url string, opts ...nats.Option) *nats.Conn {
 }
 
 // sharedConn returns a connection to the test NATS server (NATS_URL or
-// nats://127.0.0.1:4222), or skips loudly / fails under CI.
+// nats://127.0.0.1:4222); when none answers, the test fails naming it (see
+// testkit.Unavailable).
 func sharedConn(t testing.TB) *nats.Conn {
 	t.Helper()
 	return connect(t, testkit.RequireNATS(t))
+}
+
+// currentConn starts a nats-server of the current release for the test
+// (per-message TTLs: the store's TTLPerKey) and returns a connection to
+// it; both end with the test.
+func currentConn(t testing.TB) *nats.Conn {
+	t.Helper()
+	return connect(t, testkit.CurrentNATS(t).Start(t, "").URL())
+}
+
+// onServers runs f in a subtest on each server the store is tested on:
+// "shared", the server of NATS_URL (Debian's nats-server 2.9.10 on
+// 127.0.0.1:4222: no per-message TTLs, the buckets' MaxAge), and
+// "current", one of testkit.CurrentNATSVersion started for the subtest
+// (per-key TTLs).
+func onServers(t *testing.T, f func(t *testing.T, nc *nats.Conn)) {
+	t.Run("shared", func(t *testing.T) { f(t, sharedConn(t)) })
+	t.Run("current", func(t *testing.T) { f(t, currentConn(t)) })
+}
+
+// expectedMode is the TTLMode New picks for cfg on nc when none of
+// cfg's buckets exists.
+func expectedMode(nc *nats.Conn, cfg natsstore.Config) natsstore.TTLMode {
+	if _, level := nc.ConnectedServerJetStream(); level >= 1 && cfg.TTLMode != natsstore.TTLBucket {
+		return natsstore.TTLPerKey
+	}
+	return natsstore.TTLBucket
 }
 
 // testBucket returns a bucket name no other test uses.
@@ -56,14 +84,21 @@ func deleteBuckets(t testing.TB, nc *nats.Conn, cfg natsstore.Config) {
 }
 
 // newStore returns a store on nc in a bucket of its own (unless cfg
-// names one), deleted and closed when the test ends.
+// names one), deleted and closed when the test ends. A store in buckets
+// of its own must expire its records by per-key TTLs on a server that
+// has them, else by the buckets' MaxAge.
 func newStore(t testing.TB, nc *nats.Conn, cfg natsstore.Config) *natsstore.Store {
 	t.Helper()
-	if cfg.Bucket == "" {
+	fresh := cfg.Bucket == ""
+	if fresh {
 		cfg.Bucket = testBucket()
 	}
 	deleteBuckets(t, nc, cfg)
-	return openStore(t, nc, cfg)
+	s := openStore(t, nc, cfg)
+	if want := expectedMode(nc, cfg); fresh && s.TTLMode() != want {
+		t.Fatalf("a store in new buckets on nats-server %s expires records by %s, want %s", nc.ConnectedServerVersion(), s.TTLMode(), want)
+	}
+	return s
 }
 
 // openStore opens a store on nc with cfg, its bucket as it stands (a

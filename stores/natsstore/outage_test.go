@@ -101,16 +101,8 @@ func TestErrorClasses(t *testing.T) {
 	}
 
 	// Not outages.
-	done, cancelDone := context.WithCancel(bg)
-	cancelDone()
-	_, err := s.Claim(done, "s", []string{"k"}, time.Minute)
-	errtest.NotOutage(t, "Claim with a cancelled context", err, context.Canceled)
-	expired, cancelExpired := context.WithDeadline(bg, time.Now().Add(-time.Second))
-	defer cancelExpired()
-	_, err = s.Claim(expired, "s", []string{"k"}, time.Minute)
-	errtest.NotOutage(t, "Claim with an expired context", err, context.DeadlineExceeded)
-	errtest.NotOutage(t, "Complete with an expired context", s.Complete(expired, held, time.Hour, nil), context.DeadlineExceeded)
-	_, err = s.Claim(bg, "s", []string{""}, time.Minute)
+	errtest.ContextNotOutage(t, s, held)
+	_, err := s.Claim(bg, "s", []string{""}, time.Minute)
 	errtest.NotOutage(t, "Claim of an empty key", err, stores.ErrInvalidKey)
 	if err := s.Close(bg); err != nil {
 		t.Fatal(err)

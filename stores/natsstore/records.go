@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -96,7 +97,7 @@ func (s *Store) read(ctx context.Context, r record) (entry, error) {
 		var m *jetstream.RawStreamMsg
 		m, err = r.sh.stream.GetLastMsgForSubject(ctx, r.subj)
 		if err == nil {
-			rev, marker, data = m.Sequence, m.Header.Get(hdrOperation) != "", m.Data
+			rev, marker, data = m.Sequence, isMarker(m.Header), m.Data
 		}
 	}
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
@@ -159,28 +160,54 @@ func (s *Store) leaderRead(ctx context.Context, r record) (rev uint64, marker bo
 		if err != nil {
 			return 0, false, nil, err
 		}
-		marker = h.Get(hdrOperation) != ""
+		marker = isMarker(h)
 	}
 	return resp.Message.Sequence, marker, resp.Message.Data, nil
 }
 
 // write puts value under r, or a purge marker when value is nil, if the
 // key's last revision is rev (0: the key has no message), and returns
-// the new revision.
-func (s *Store) write(ctx context.Context, r record, value []byte, rev uint64) (uint64, error) {
+// the new revision. Under TTLPerKey the message gets a TTL of its own:
+// keep (how long from now the store contract needs the record) plus
+// ClockSkew, at most maxTTL, or markerTTL for a marker.
+func (s *Store) write(ctx context.Context, r record, value []byte, rev uint64, keep time.Duration) (uint64, error) {
 	m := nats.NewMsg(r.subj)
 	m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(rev, 10))
+	ttl := min(keep, maxTTL-s.cfg.ClockSkew) + s.cfg.ClockSkew
 	if value == nil {
 		m.Header.Set(hdrOperation, opPurge)
 		m.Header.Set(jetstream.MsgRollup, jetstream.MsgRollupSubject)
+		ttl = markerTTL
 	} else {
 		m.Data = value
+	}
+	if s.mode == TTLPerKey {
+		m.Header.Set(jetstream.MsgTTLHeader, ttlSeconds(ttl))
 	}
 	ack, err := s.js.PublishMsg(ctx, m)
 	if err != nil {
 		return 0, err
 	}
 	return ack.Sequence, nil
+}
+
+// maxTTL caps a record's TTL: two of the longest leases. The server
+// keeps its expiry in Unix nanoseconds, which a TTL of much more would
+// overflow.
+const maxTTL = 2 * MaxDurationLimit
+
+// ttlSeconds is the Nats-TTL header of a TTL of d: whole seconds (the
+// server's unit), rounded up, at least one, at most maxTTL.
+func ttlSeconds(d time.Duration) string {
+	secs := (min(max(d, 0), maxTTL) + time.Second - 1) / time.Second
+	return strconv.FormatInt(int64(max(secs, 1)), 10)
+}
+
+// isMarker reports whether a message with headers h is no record: a KV
+// delete or purge marker, or the marker the server leaves when a
+// record's TTL (or MaxAge) removed it from a bucket with LimitMarkerTTL.
+func isMarker(h nats.Header) bool {
+	return h.Get(hdrOperation) != "" || h.Get(jetstream.MarkerReasonHeader) != ""
 }
 
 // newToken returns a fresh fencing token: 128 random bits.

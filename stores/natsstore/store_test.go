@@ -28,6 +28,8 @@ func TestConfigValidate(t *testing.T) {
 		{Bucket: "a*"},
 		{Shards: -1},
 		{Shards: natsstore.MaxShards + 1},
+		// Each within its limit, together more than a Duration holds.
+		{MaxLease: natsstore.MaxDurationLimit, MaxRetention: natsstore.MaxDurationLimit, ClockSkew: natsstore.MaxDurationLimit},
 		{MaxLease: -1},
 		{MaxLease: natsstore.MaxDurationLimit + 1},
 		{MaxRetention: -time.Second},
@@ -36,6 +38,8 @@ func TestConfigValidate(t *testing.T) {
 		{Replicas: -1},
 		{Replicas: 6},
 		{Storage: 7},
+		{TTLMode: -1},
+		{TTLMode: natsstore.TTLPerKey + 1},
 	} {
 		err := cfg.Validate()
 		if !errors.Is(err, natsstore.ErrInvalidConfig) {

@@ -20,7 +20,8 @@ import (
 )
 
 // sharedRedis returns a client for the shared Redis (REDIS_ADDR or
-// 127.0.0.1:6379), or skips loudly / fails under CI.
+// 127.0.0.1:6379); when none answers, the test fails naming it (see
+// testkit.Unavailable).
 func sharedRedis(t testing.TB) *redis.Client {
 	t.Helper()
 	return newClient(t, testkit.RequireRedis(t))

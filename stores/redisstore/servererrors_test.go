@@ -195,15 +195,7 @@ func TestErrorClasses(t *testing.T) {
 			long := strings.Repeat("s", redisstore.DefaultMaxKeyLen+1)
 			_, err = s.Claim(bg, long, []string{"k"}, time.Minute)
 			errtest.NotOutage(t, "Claim with a scope over MaxKeyLen", err, stores.ErrInvalidArgument)
-			done, cancelDone := context.WithCancel(bg)
-			cancelDone()
-			_, err = s.Claim(done, "s", []string{"k"}, time.Minute)
-			errtest.NotOutage(t, "Claim with a cancelled context", err, context.Canceled)
-			expired, cancelExpired := context.WithDeadline(bg, time.Now().Add(-time.Second))
-			defer cancelExpired()
-			_, err = s.Claim(expired, "s", []string{"k"}, time.Minute)
-			errtest.NotOutage(t, "Claim with an expired context", err, context.DeadlineExceeded)
-			errtest.NotOutage(t, "Complete with an expired context", s.Complete(expired, held, time.Hour, nil), context.DeadlineExceeded)
+			errtest.ContextNotOutage(t, s, held)
 			if err := s.Close(bg); err != nil {
 				t.Fatal(err)
 			}

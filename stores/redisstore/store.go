@@ -180,8 +180,8 @@ func (s *Store) recordKeys(scope string, keys []string) ([]string, error) {
 	if err := storekit.CheckKeys(keys); err != nil {
 		return nil, err
 	}
-	if len(scope) > s.cfg.MaxKeyLen {
-		return nil, fmt.Errorf("%w: scope is %d bytes, longer than MaxKeyLen (%d)", stores.ErrInvalidArgument, len(scope), s.cfg.MaxKeyLen)
+	if err := s.Capabilities().CheckScope(scope); err != nil {
+		return nil, err
 	}
 	for i, k := range keys {
 		if len(k) > s.cfg.MaxKeyLen && !s.cfg.CompactKeys && !s.digests(k) {

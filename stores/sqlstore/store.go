@@ -321,6 +321,7 @@ func (s *Store) bounds() stores.Capabilities {
 	if s.part != nil {
 		c.MaxLease = time.Duration(s.cfg.PartitionDaysAhead) * 24 * time.Hour
 		c.MaxRetention = c.MaxLease
+		c.BoundsSetting = "sqlstore.Config.PartitionDaysAhead"
 	}
 	return c
 }

@@ -1,0 +1,50 @@
+// A user of middleware + stores/sqlstore on PostgreSQL through pgx's
+// database/sql driver.
+package main
+
+import (
+	"context"
+	"database/sql"
+	"os"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+	_ "github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/watermill-dedup/dedup/middleware"
+	"github.com/watermill-dedup/dedup/stores/sqlstore"
+)
+
+func main() {
+	logger := watermill.NewStdLogger(false, false)
+	pubSub := gochannel.NewGoChannel(gochannel.Config{}, logger)
+	router, err := message.NewRouter(message.RouterConfig{}, logger)
+	if err != nil {
+		panic(err)
+	}
+	db, err := sql.Open("pgx", os.Getenv("POSTGRES_DSN"))
+	if err != nil {
+		panic(err)
+	}
+	defer db.Close()
+
+	store, err := sqlstore.New(db, sqlstore.Config{})
+	if err != nil {
+		panic(err)
+	}
+	defer store.Close(context.Background())
+	dedupMW, err := middleware.New(middleware.Config{Store: store, Scope: "orders"})
+	if err != nil {
+		panic(err)
+	}
+	router.AddMiddleware(dedupMW.Middleware)
+
+	router.AddConsumerHandler("orders", "orders", pubSub, func(msg *message.Message) error {
+		_, err := db.ExecContext(msg.Context(), `UPDATE totals SET n = n + 1`)
+		return err
+	})
+	if err := router.Run(context.Background()); err != nil {
+		panic(err)
+	}
+}

@@ -1,0 +1,59 @@
+package expiringkeys_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/watermill-dedup/dedup/internal/testkit"
+	"github.com/watermill-dedup/dedup/stores"
+)
+
+// storeKinds are the stores the Deduplicator's tests run on: every
+// backend, on the real services.
+var storeKinds = []testkit.StoreKind{
+	testkit.StoreMemory, testkit.StoreRedis, testkit.StorePostgres,
+	testkit.StoreMySQL, testkit.StoreSQLite, testkit.StoreNATS,
+}
+
+// forEachStore runs test in a subtest per store kind, with two stores
+// sharing their records, as two processes would: the same memstore, or
+// two clients of the same table, key prefix or bucket.
+func forEachStore(t *testing.T, test func(t *testing.T, store, peer stores.Store)) {
+	for _, kind := range storeKinds {
+		t.Run(string(kind), func(t *testing.T) {
+			store, peer := openStores(t, testkit.StoreParams{Kind: kind})
+			test(t, store, peer)
+		})
+	}
+}
+
+// openStores opens a store of the test's own, deleted at the end of the
+// test, and a second store on its records (the same store for memstore).
+func openStores(t *testing.T, p testkit.StoreParams) (store, peer stores.Store) {
+	t.Helper()
+	if p.Addr == "" {
+		testkit.RequireStore(t, p.Kind)
+	}
+	first := p
+	first.Teardown, first.CreateSchema = true, true
+	o := openStore(t, first)
+	if p.Kind == testkit.StoreMemory {
+		return o.Store, o.Store
+	}
+	p.Name, p.Path = o.Name, o.Path
+	return o.Store, openStore(t, p).Store
+}
+
+func openStore(t *testing.T, p testkit.StoreParams) *testkit.OpenedStore {
+	t.Helper()
+	o, closeStore, err := testkit.OpenStore(context.Background(), p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := closeStore(context.Background()); err != nil {
+			t.Errorf("closing the %s store: %v", p.Kind, err)
+		}
+	})
+	return o
+}
