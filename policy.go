@@ -144,6 +144,26 @@ type Tracing struct {
 	// order id, an e-mail address) that a tracing backend should not
 	// keep.
 	RecordKeys bool
+
+	// LinkRuns links the spans of a message's later runs to its earlier
+	// ones: the span context of the message's span (the one in the
+	// context the middleware or the publisher is handed, which covers the
+	// whole run) is kept with the message's records, and a span link
+	// leads from a duplicate's dedup.claim span to the run that completed
+	// the message (dedup.link=original), from a takeover's to the run
+	// whose lease expired (dedup.link=expired), from an in-progress
+	// claim's to the run holding the keys (dedup.link=holder), and from a
+	// Complete refused as a lost claim to the run that took the message
+	// over or completed it (dedup.link=taker). It costs 25 bytes (trace
+	// id, span id, trace flags) on every done record, on top of the few
+	// bytes of its completion time, and 25 on every processing record
+	// of a store that keeps owners (stores.OwnerClaimer; takeover, holder
+	// and taker links need one). A message without a valid span in its
+	// context keeps nothing. Off by default; ignored without Provider.
+	// Turn it on once every process of the scope reads what it keeps
+	// (see the README's Tracing section). On sqlstore, claims that keep
+	// an owner run unbatched.
+	LinkRuns bool
 }
 
 // Tuning holds the settings that rarely need changing. The zero value of

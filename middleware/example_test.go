@@ -5,6 +5,9 @@ import (
 	"fmt"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 
 	dedup "github.com/watermill-dedup/dedup"
 	"github.com/watermill-dedup/dedup/keyfuncs"
@@ -91,4 +94,45 @@ func ExampleMiddleware_Close() {
 	// Output:
 	// handled evt-1
 	// duplicate acked: true
+}
+
+// With Tracing.LinkRuns, a duplicate's dedup.claim span links to the
+// span of the run that handled the message first.
+func ExampleNew_linkRuns() {
+	store, err := memstore.New(memstore.Config{})
+	if err != nil {
+		panic(err)
+	}
+	defer store.Close(context.Background())
+	rec := tracetest.NewSpanRecorder() // a service exports to its collector
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	defer tp.Shutdown(context.Background())
+
+	dedupMW, err := middleware.New(middleware.Config{Store: store, Policy: dedup.Policy{
+		Tracing: dedup.Tracing{Provider: tp, LinkRuns: true},
+	}})
+	if err != nil {
+		panic(err)
+	}
+	handler := dedupMW.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })
+	runs := map[trace.SpanID]string{}
+	for _, run := range []string{"first delivery", "redelivery"} {
+		// A trace-propagating middleware puts the run's span in the
+		// message's context (see the README's Tracing section).
+		ctx, span := tp.Tracer("example").Start(context.Background(), run)
+		runs[span.SpanContext().SpanID()] = run
+		msg := message.NewMessage("evt-1", nil)
+		msg.SetContext(ctx)
+		if _, err := handler(msg); err != nil {
+			panic(err)
+		}
+		span.End()
+	}
+	for _, s := range rec.Ended() {
+		for _, l := range s.Links() {
+			fmt.Printf("%s of the %s links to the %s (%s)\n", s.Name(), runs[s.Parent().SpanID()], runs[l.SpanContext.SpanID()], l.Attributes[0].Value.AsString())
+		}
+	}
+	// Output:
+	// dedup.claim of the redelivery links to the first delivery (original)
 }

@@ -238,7 +238,9 @@ func setUp(ctx context.Context, cfg Config, sim *simulation) (*message.Router, *
 				OnStoreError:   cfg.storeErrorPolicy(),
 				Logger:         logger,
 				Metrics:        sim.tally(metrics),
-				Tracing:        dedup.Tracing{Provider: tp}, // nil: no spans
+				// nil: no spans. LinkRuns links a duplicate's, a takeover's
+				// and a lost Complete's span to the run they found.
+				Tracing: dedup.Tracing{Provider: tp, LinkRuns: true},
 			},
 			PublishedAt: publishedAt, // counts deliveries older than Retention (ttl misses)
 			Fingerprint: middleware.PayloadFingerprint,

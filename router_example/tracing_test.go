@@ -38,6 +38,13 @@ type exportedSpan struct {
 		Value struct{ Value any }
 	}
 	Status struct{ Code string }
+	Links  []struct {
+		SpanContext struct{ TraceID, SpanID string }
+		Attributes  []struct {
+			Key   string
+			Value struct{ Value any }
+		}
+	}
 }
 
 func (s exportedSpan) attr(key string) (any, bool) {
@@ -77,7 +84,9 @@ func readTrace(t *testing.T, path string) []exportedSpan {
 // A trace of the example (-trace) shows, for each delivery, the handler's
 // span (started by handlerSpan, before the dedup middleware) and the dedup
 // spans under it: claim and complete in lease mode, begin and commit in
-// transactional mode; a republished payment's delivery is a duplicate.
+// transactional mode; a republished payment's delivery is a duplicate,
+// whose claim span links to the handler span of the delivery that ran
+// (dedup.link=original), in the first delivery's trace.
 func TestExampleTrace(t *testing.T) {
 	t.Parallel()
 	one := []string{"-events=1", "-republish-rate=0", "-fail-rate=0", "-lost-ack-rate=0", "-concurrency=1"}
@@ -152,7 +161,35 @@ func TestExampleTrace(t *testing.T) {
 			if !slices.Equal(outcomes, tc.outcomes) {
 				t.Errorf("dedup.outcome of the claims: %v, want %v", outcomes, tc.outcomes)
 			}
+			wantDuplicateLinks(t, dedupSpans, handlers)
 		})
+	}
+}
+
+// wantDuplicateLinks checks that each duplicate's claim span links to
+// the handler span of the delivery that completed its record, and that
+// no other dedup span links anywhere.
+func wantDuplicateLinks(t *testing.T, dedupSpans []exportedSpan, handlers map[string]exportedSpan) {
+	t.Helper()
+	for _, s := range dedupSpans {
+		o, _ := s.attr("dedup.outcome")
+		if o != "duplicate" {
+			if len(s.Links) != 0 {
+				t.Errorf("%s (%v) links to %+v", s.Name, o, s.Links)
+			}
+			continue
+		}
+		if len(s.Links) != 1 {
+			t.Fatalf("the duplicate's %s has %d links, want one to the run that completed the record", s.Name, len(s.Links))
+		}
+		l := s.Links[0]
+		orig, ok := handlers[l.SpanContext.SpanID]
+		if !ok || orig.SpanContext.TraceID != l.SpanContext.TraceID || l.SpanContext.SpanID == s.Parent.SpanID {
+			t.Errorf("the duplicate's link %+v leads to no other delivery's %q span", l.SpanContext, handlerSpanName)
+		}
+		if len(l.Attributes) != 1 || l.Attributes[0].Key != "dedup.link" || l.Attributes[0].Value.Value != "original" {
+			t.Errorf("the duplicate's link attributes %+v, want dedup.link=original", l.Attributes)
+		}
 	}
 }
 

@@ -88,6 +88,10 @@ type Record struct {
 	// in stores.Claim.Token. Empty for a done record.
 	Token string
 
+	// Owner is the owner a processing record keeps (see [OwnerClaimer]),
+	// nil for none and for a done record.
+	Owner []byte
+
 	// LeaseUntil is when a processing record's lease ends (another Claim
 	// may then take it over). Zero for a done record.
 	LeaseUntil time.Time

@@ -58,6 +58,16 @@ type Capabilities struct {
 	// JoinedTx: the store implements [TxJoiner]: Inbox.Begin joins a
 	// transaction the caller carries in its context.
 	JoinedTx bool
+	// Owners: the store implements [OwnerClaimer]: a claim keeps an owner
+	// with its processing records, and a takeover or an in-progress
+	// result returns it.
+	Owners bool
+}
+
+// CheckOwner returns nil when an [OwnerClaimer] keeps owner (at most
+// [MaxOwner] bytes), or an error wrapping [ErrInvalidArgument].
+func CheckOwner(owner []byte) error {
+	return invalid(CheckBound("owner", len(owner), MaxOwner, "MaxOwner"))
 }
 
 // CheckBound is the one check of a value against a store's bound, used by

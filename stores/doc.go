@@ -39,6 +39,14 @@
 // for longer than the lease it was last given, never sooner; a takeover
 // within that time reports Claim.Takeover.
 //
+// A store that implements [OwnerClaimer] (Capabilities.Owners) also
+// keeps a small opaque owner with the processing records of a claim made
+// by ClaimOwned, until they are completed, released or taken over, and
+// returns it in Claim.Owner to a claim that takes such a record over or
+// finds it in progress. Extend keeps it; a done record does not (its data
+// is Complete's alone). The middleware keeps the claiming run's trace
+// context there (dedup.Tracing.LinkRuns).
+//
 // # Time
 //
 // Leases and retentions must be positive. A store keeps time at a

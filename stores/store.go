@@ -107,6 +107,32 @@ type Claim struct {
 	// the handler's produced messages and the payload fingerprint there.
 	// Empty when nothing was stored.
 	Data []byte
+
+	// Owner is the owner kept by another claim's processing record (see
+	// [OwnerClaimer]): for a Claimed result with Takeover, the record
+	// taken over's; for InProgress, the held record's (the first such key
+	// of the claim, in key order, that keeps one). Nil when the record
+	// keeps none, or the store keeps no owners.
+	Owner []byte
+}
+
+// MaxOwner is the most bytes of owner an [OwnerClaimer] must keep.
+const MaxOwner = 64
+
+// OwnerClaimer is implemented by stores that keep a small owner blob with
+// the processing records a claim makes (Capabilities.Owners), for the
+// next claim to learn whose run it took over or waits for. The middleware
+// keeps the trace context of the claiming run there when
+// dedup.Tracing.LinkRuns asks for it. Stores without it are used through
+// Claim, and nothing is kept.
+type OwnerClaimer interface {
+	// ClaimOwned is Claim that keeps owner (opaque, at most [MaxOwner]
+	// bytes; nil or empty keeps none) with every processing record it
+	// writes, until the record is completed, released or taken over. A
+	// claim of a record kept with an owner returns it in [Claim].Owner
+	// when it takes the record over or finds it in progress. A longer
+	// owner fails with [ErrInvalidArgument], before any I/O.
+	ClaimOwned(ctx context.Context, scope string, keys []string, lease time.Duration, owner []byte) (*Claim, error)
 }
 
 // Store is the dedup record store. Implementations must be safe for

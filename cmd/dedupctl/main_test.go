@@ -17,8 +17,11 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/trace"
 
 	dedup "github.com/watermill-dedup/dedup"
+	"github.com/watermill-dedup/dedup/internal/record"
 	"github.com/watermill-dedup/dedup/internal/storeopen"
 	"github.com/watermill-dedup/dedup/internal/testkit"
 	"github.com/watermill-dedup/dedup/middleware"
@@ -646,4 +649,67 @@ func TestExitCodes(t *testing.T) {
 			t.Errorf("exitCode(%v) = %d, want %d", err, got, want)
 		}
 	}
+}
+
+// TestGetLinkedRun: get shows the run that completed a record whose
+// tracing linked runs (Tracing.LinkRuns), or that holds a processing
+// one: its trace and span, as a table row and in -json; a record of an
+// unlinked run shows none.
+func TestGetLinkedRun(t *testing.T) {
+	forEachStore(t, func(t *testing.T, e *env, kind testkit.StoreKind) {
+		tg := e.open(t, kind, "")
+		scope := "dedupctl-" + storetest.NewID()
+		tp := sdktrace.NewTracerProvider()
+		t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+		run := func(links bool) (*message.Message, trace.SpanContext) {
+			mw, err := middleware.New(middleware.Config{Store: tg.store, Scope: scope, Policy: dedup.Policy{
+				Retention: time.Hour, Logger: watermill.NopLogger{}, Tracing: dedup.Tracing{Provider: tp, LinkRuns: links}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, span := tp.Tracer("test").Start(context.Background(), "handler")
+			defer span.End()
+			msg := message.NewMessage("m-"+storetest.NewID(), nil)
+			msg.SetContext(ctx)
+			if _, err := mw.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })(msg); err != nil {
+				t.Fatal(err)
+			}
+			if err := mw.Close(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+			return msg, span.SpanContext()
+		}
+		linked, sc := run(true)
+		r := tg.run(t, "get", scope, linked.UUID).want(t, exitOK)
+		r.field(t, "completed by", "trace "+sc.TraceID().String()+", span "+sc.SpanID().String())
+		var got recordJSON
+		tg.run(t, "get", "-json", scope, linked.UUID).want(t, exitOK).json(t, &got)
+		if got.TraceID != sc.TraceID().String() || got.SpanID != sc.SpanID().String() {
+			t.Fatalf("get -json of a linked run's record = %+v, want trace %s span %s", got, sc.TraceID(), sc.SpanID())
+		}
+		// A processing record a linked run claimed names that run.
+		oc, ok := tg.store.(stores.OwnerClaimer)
+		if !ok {
+			t.Fatalf("%T keeps no owners", tg.store)
+		}
+		if c, err := oc.ClaimOwned(t.Context(), scope, []string{"held"}, time.Minute, record.AppendRun(nil, sc)); err != nil || c.Result != stores.Claimed {
+			t.Fatalf("ClaimOwned = %v, %v", c, err)
+		}
+		r = tg.run(t, "get", scope, "held").want(t, exitOK)
+		r.field(t, "claimed by", "trace "+sc.TraceID().String()+", span "+sc.SpanID().String())
+		got = recordJSON{}
+		tg.run(t, "get", "-json", scope, "held").want(t, exitOK).json(t, &got)
+		if got.State != "processing" || got.TraceID != sc.TraceID().String() || got.SpanID != sc.SpanID().String() {
+			t.Fatalf("get -json of a linked run's processing record = %+v", got)
+		}
+		unlinked, _ := run(false)
+		if r := tg.run(t, "get", scope, unlinked.UUID).want(t, exitOK); strings.Contains(r.stdout, "completed by") {
+			t.Fatalf("get of an unlinked run's record names a run:\n%s", r.stdout)
+		}
+		got = recordJSON{}
+		tg.run(t, "get", "-json", scope, unlinked.UUID).want(t, exitOK).json(t, &got)
+		if got.TraceID != "" || got.SpanID != "" {
+			t.Fatalf("get -json of an unlinked run's record = %+v", got)
+		}
+	})
 }

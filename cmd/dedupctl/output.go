@@ -32,6 +32,11 @@ type recordJSON struct {
 	Fingerprint string `json:"fingerprint,omitempty"`
 	Outputs     *int   `json:"outputs,omitempty"`
 	DataError   string `json:"data_error,omitempty"`
+	// TraceID and SpanID are the span of the run that completed a done
+	// record, or that claimed a processing one, kept when its tracing
+	// linked runs (dedup.Tracing.LinkRuns).
+	TraceID string `json:"trace_id,omitempty"`
+	SpanID  string `json:"span_id,omitempty"`
 }
 
 func recordView(r stores.Record) recordJSON {
@@ -50,12 +55,18 @@ func recordView(r stores.Record) recordJSON {
 		t := r.ExpiresAt.UTC()
 		v.ExpiresAt = &t
 	}
+	if run, ok := record.ParseRun(r.Owner); ok && r.State == stores.StateProcessing {
+		v.TraceID, v.SpanID = run.TraceID().String(), run.SpanID().String()
+	}
 	if r.State == stores.StateDone {
 		info, err := record.Inspect(r.Data)
 		if err != nil {
 			v.DataError = err.Error()
 		} else {
 			v.Fingerprint, v.Outputs = info.FingerprintHex(), &info.Outputs
+			if info.Run.IsValid() {
+				v.TraceID, v.SpanID = info.Run.TraceID().String(), info.Run.SpanID().String()
+			}
 		}
 	}
 	return v
@@ -136,6 +147,9 @@ func writeRecord(w io.Writer, r stores.Record, now time.Time) {
 	row("state", v.State)
 	if r.State == stores.StateProcessing {
 		row("token", v.Token)
+		if v.TraceID != "" {
+			row("claimed by", fmt.Sprintf("trace %s, span %s", v.TraceID, v.SpanID))
+		}
 		lease := fmtTime(r.LeaseUntil, now)
 		if r.Expired {
 			lease += ", ran out: the next delivery takes the claim over"
@@ -158,6 +172,9 @@ func writeRecord(w io.Writer, r stores.Record, now time.Time) {
 		}
 		row("fingerprint", fp)
 		row("outputs", strconv.Itoa(*v.Outputs))
+		if v.TraceID != "" {
+			row("completed by", fmt.Sprintf("trace %s, span %s", v.TraceID, v.SpanID))
+		}
 		row("data", fmt.Sprintf("%d bytes", v.DataBytes))
 	}
 }

@@ -2,11 +2,13 @@ package cycle
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 
 	dedup "github.com/watermill-dedup/dedup"
 	"github.com/watermill-dedup/dedup/stores"
@@ -57,29 +59,40 @@ func (c *Cycle) Claim(parent context.Context, scope string, keys []string) (*sto
 		cl  *stores.Claim
 		err error
 	)
+	owner := c.owner(parent)
 	if c.caps.NonBlocking || parent.Done() == nil {
 		// Nothing to wait for: the call is over before parent could end
 		// in the middle of it.
-		cl, err = c.claim(sctx, scope, keys)
+		cl, err = c.claim(sctx, scope, keys, owner)
 	} else {
-		cl, err = c.claimDetached(parent, sctx, scope, keys)
+		cl, err = c.claimDetached(parent, sctx, scope, keys, owner)
 	}
 	if err == nil && cl.Result == stores.Claimed && parent.Err() != nil {
 		c.releaseCut(sctx, cl)
 		cl, err = nil, parent.Err()
 	}
 	if span != nil {
+		c.linkClaim(span, cl, trace.SpanContextFromContext(parent))
 		end(span, err, c.claimOutcome(parent, cl, err)...)
 	}
 	return cl, err
 }
 
-// claim is one store Claim, bounded by StoreTimeout within ctx.
-func (c *Cycle) claim(ctx context.Context, scope string, keys []string) (*stores.Claim, error) {
+// claim is one store Claim, bounded by StoreTimeout within ctx; owner,
+// when set, is kept with its records (stores.OwnerClaimer).
+func (c *Cycle) claim(ctx context.Context, scope string, keys []string, owner []byte) (*stores.Claim, error) {
 	ctx, cancel := c.ctx(ctx)
 	defer cancel()
 	start := c.now()
-	cl, err := c.store.Claim(ctx, scope, keys, c.p.Lease)
+	var (
+		cl  *stores.Claim
+		err error
+	)
+	if owner != nil {
+		cl, err = c.tr.owners.ClaimOwned(ctx, scope, keys, c.p.Lease, owner)
+	} else {
+		cl, err = c.store.Claim(ctx, scope, keys, c.p.Lease)
+	}
 	c.observe(scope, dedup.OpClaim, start, err)
 	return cl, err
 }
@@ -87,14 +100,14 @@ func (c *Cycle) claim(ctx context.Context, scope string, keys []string) (*stores
 // claimDetached runs the claim on sctx without its cancellation, and
 // returns parent's error as soon as parent ends; the claim the store
 // then makes is released when its answer comes.
-func (c *Cycle) claimDetached(parent, sctx context.Context, scope string, keys []string) (*stores.Claim, error) {
+func (c *Cycle) claimDetached(parent, sctx context.Context, scope string, keys []string, owner []byte) (*stores.Claim, error) {
 	var (
 		mu  sync.Mutex
 		cut bool
 		ch  = make(chan claimResult, 1)
 	)
 	go func() {
-		cl, err := c.claim(context.WithoutCancel(sctx), scope, keys)
+		cl, err := c.claim(context.WithoutCancel(sctx), scope, keys, owner)
 		mu.Lock()
 		defer mu.Unlock()
 		if !cut {
@@ -155,14 +168,23 @@ func (c *Cycle) release(parent context.Context, cl *stores.Claim) error {
 	return err
 }
 
-// complete is one Complete, bounded by StoreTimeout within ctx.
-func (c *Cycle) complete(ctx context.Context, cl *stores.Claim, data []byte) error {
+// complete is one Complete, bounded by StoreTimeout within ctx. When
+// runs are linked, the span of a Complete refused as a lost claim is
+// handed to *lost, not ended, unless *lost already holds one: the
+// reconciling claim finds the run it links to (linkTaker), and the
+// caller ends it.
+func (c *Cycle) complete(ctx context.Context, cl *stores.Claim, data []byte, lost *trace.Span) error {
 	sctx, span := c.span(ctx, dedup.OpComplete, cl.Scope, cl.Keys)
 	ctx, cancel := c.ctx(sctx)
 	defer cancel()
 	start := c.now()
 	err := c.store.Complete(ctx, cl, c.p.Retention, data)
 	c.observe(cl.Scope, dedup.OpComplete, start, err)
+	if c.tr.links && *lost == nil && errors.Is(err, stores.ErrLostClaim) {
+		settle(span, err)
+		*lost = span
+		return err
+	}
 	end(span, err)
 	return err
 }
@@ -189,7 +211,9 @@ func (c *Cycle) Begin(parent context.Context, scope string, keys []string) (stor
 	if span != nil {
 		var attrs []attribute.KeyValue
 		if err == nil {
-			attrs = c.claimOutcome(parent, &stores.Claim{Result: tx.Result(), Data: tx.Data()}, nil)
+			cl := &stores.Claim{Result: tx.Result(), Data: tx.Data()}
+			c.linkClaim(span, cl, trace.SpanContextFromContext(parent))
+			attrs = c.claimOutcome(parent, cl, nil)
 		} else {
 			attrs = c.claimOutcome(parent, nil, err)
 		}

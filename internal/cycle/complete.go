@@ -8,6 +8,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"go.opentelemetry.io/otel/trace"
 
 	dedup "github.com/watermill-dedup/dedup"
 	"github.com/watermill-dedup/dedup/internal/record"
@@ -61,6 +62,11 @@ const (
 // metric), a lost claim as dedup.OutcomeLostClaim.
 func (c *Cycle) Complete(ctx context.Context, msg *message.Message, b *Beat, data []byte) (Recorded, []byte) {
 	r := &recording{c: c, ctx: ctx, msg: msg, b: b}
+	defer func() {
+		if r.lost != nil {
+			r.lost.End()
+		}
+	}()
 	if err := c.caps.CheckData(data); err != nil {
 		data = r.drop(data, err)
 	}
@@ -80,6 +86,9 @@ type recording struct {
 	b        *Beat
 	deadline time.Time
 	failed   bool // the record lost its data or was not written (counted once)
+	// lost is the span of the Complete refused as a lost claim, when
+	// runs are linked: reconcile links it to the run that took over.
+	lost trace.Span
 }
 
 func (r *recording) complete(data []byte) (Recorded, []byte) {
@@ -112,7 +121,7 @@ func (r *recording) notRecorded(cl *stores.Claim, msg string, err error) (Record
 func (r *recording) record(b *Beat, data []byte) error {
 	for {
 		err := r.retrying(func() error {
-			return b.serially(func() error { return r.c.complete(r.ctx, b.c, data) })
+			return b.serially(func() error { return r.c.complete(r.ctx, b.c, data, &r.lost) })
 		})
 		if err == nil || errors.Is(err, stores.ErrLostClaim) || errors.Is(err, stores.ErrClosed) || len(data) == 0 || r.ctx.Err() != nil {
 			return err
@@ -206,6 +215,7 @@ func (r *recording) reconcile(data []byte, lost error) (Recorded, []byte) {
 	}
 	switch again.Result {
 	case stores.Duplicate:
+		linkTaker(r.lost, again, trace.SpanContextFromContext(r.msg.Context()))
 		return DoneBefore, again.Data
 	case stores.Claimed:
 		// Not held: the new claim is completed at once.
@@ -220,6 +230,7 @@ func (r *recording) reconcile(data []byte, lost error) (Recorded, []byte) {
 			}
 		}
 	}
+	linkTaker(r.lost, again, trace.SpanContextFromContext(r.msg.Context()))
 	c.Observe(cl.Scope, dedup.OutcomeLostClaim)
 	c.p.Logger.Error("Dedup claim lost before Complete: the lease expired while "+c.side.Effect+" ran and another run took the message over (the effect may be doubled)", lost, c.Fields(r.msg, cl.Scope, cl.Keys))
 	return TakenOver, nil

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"go.opentelemetry.io/otel/trace"
 
 	dedup "github.com/watermill-dedup/dedup"
 	"github.com/watermill-dedup/dedup/internal/record"
@@ -237,11 +238,12 @@ func (c *Cycle) RunInTx(msg *message.Message, scope string, keys []string, tx st
 }
 
 // EncodeFor is the data a done record keeps for msg and the outputs of its
-// effect: msg's fingerprint (Needs.Fingerprint) and the outputs.
+// effect: msg's fingerprint (Needs.Fingerprint) and the outputs, and when
+// runs are linked the span context of msg's span.
 func (c *Cycle) EncodeFor(msg *message.Message, outputs []*message.Message) []byte {
 	var fp []byte
 	if c.fingerprint != nil {
 		fp = c.fingerprint(msg)
 	}
-	return c.Encode(fp, outputs)
+	return c.encode(fp, outputs, trace.SpanContextFromContext(msg.Context()))
 }

@@ -5,8 +5,10 @@
 // dedup by message id makes them once. A record with neither keeps no
 // data at all. The claim cycle writes and reads it; dedupctl shows it.
 //
-//	version byte (1, or 2 with the time)
-//	version 2 only: uvarint Unix milliseconds the record was completed at
+//	version byte (1; 2 with the time; 3 with the time and the run)
+//	versions 2 and 3: uvarint Unix milliseconds the record was completed at
+//	version 3 only: the run's trace context, 25 bytes (RunSize): trace id
+//	  (16), span id (8), trace flags (1)
 //	uvarint len(fingerprint), fingerprint
 //	uvarint number of messages, then per message:
 //	  string uuid, uvarint number of metadata pairs,
@@ -14,7 +16,13 @@
 //
 // where string and bytes are a uvarint length and the bytes. The time is
 // kept only when tracing wants it (dedup.record.age on a duplicate's
-// span): it costs a few bytes on every record.
+// span): it costs a few bytes on every record. The run is kept only when
+// tracing links runs (dedup.Tracing.LinkRuns): the span context of the
+// message's span in the run that completed the record, which a
+// duplicate's span links to. It costs RunSize (25) bytes more.
+//
+// The same 25 bytes are the owner a claim keeps on its processing records
+// (stores.OwnerClaimer) when tracing links runs: AppendRun, ParseRun.
 package record
 
 import (
@@ -26,6 +34,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"go.opentelemetry.io/otel/trace"
 
 	dedup "github.com/watermill-dedup/dedup"
 )
@@ -34,7 +43,40 @@ import (
 const (
 	dataVersion     = 1
 	dataVersionTime = 2
+	dataVersionRun  = 3
 )
+
+// RunSize is the size of a run's trace context, in a version 3 record
+// and in a claim's owner: trace id, span id and trace flags.
+const RunSize = 16 + 8 + 1
+
+// AppendRun appends sc's RunSize bytes to b, or nothing when sc is not
+// valid.
+func AppendRun(b []byte, sc trace.SpanContext) []byte {
+	if !sc.IsValid() {
+		return b
+	}
+	tid, sid := sc.TraceID(), sc.SpanID()
+	b = append(b, tid[:]...)
+	b = append(b, sid[:]...)
+	return append(b, byte(sc.TraceFlags()))
+}
+
+// ParseRun reads the span context of b, RunSize bytes written by
+// AppendRun; false for anything else. The span context is remote: it is
+// another process's, or another run's.
+func ParseRun(b []byte) (trace.SpanContext, bool) {
+	if len(b) != RunSize {
+		return trace.SpanContext{}, false
+	}
+	var cfg trace.SpanContextConfig
+	copy(cfg.TraceID[:], b[:16])
+	copy(cfg.SpanID[:], b[16:24])
+	cfg.TraceFlags = trace.TraceFlags(b[24])
+	cfg.Remote = true
+	sc := trace.NewSpanContext(cfg)
+	return sc, sc.IsValid()
+}
 
 // Encode is the data a done record keeps for fingerprint and msgs.
 func Encode(fingerprint []byte, msgs []*message.Message) []byte {
@@ -44,10 +86,16 @@ func Encode(fingerprint []byte, msgs []*message.Message) []byte {
 // EncodeAt is Encode with the time the record is completed at
 // (none when at is zero).
 func EncodeAt(fingerprint []byte, msgs []*message.Message, at time.Time) []byte {
+	return EncodeRun(fingerprint, msgs, at, trace.SpanContext{})
+}
+
+// EncodeRun is EncodeAt with the span context of the run that completes
+// the record (version 3), when run is valid and at is not zero.
+func EncodeRun(fingerprint []byte, msgs []*message.Message, at time.Time, run trace.SpanContext) []byte {
 	if len(fingerprint) == 0 && len(msgs) == 0 && at.IsZero() {
 		return nil
 	}
-	size := 1 + binary.MaxVarintLen64*3 + len(fingerprint)
+	size := 1 + RunSize + binary.MaxVarintLen64*3 + len(fingerprint)
 	for _, m := range msgs {
 		size += 3*binary.MaxVarintLen64 + len(m.UUID) + len(m.Payload)
 		for k, v := range m.Metadata {
@@ -55,9 +103,14 @@ func EncodeAt(fingerprint []byte, msgs []*message.Message, at time.Time) []byte 
 		}
 	}
 	b := make([]byte, 0, size)
-	if at.IsZero() {
+	switch {
+	case at.IsZero():
 		b = append(b, dataVersion)
-	} else {
+	case run.IsValid():
+		b = append(b, dataVersionRun)
+		b = binary.AppendUvarint(b, uint64(max(at.UnixMilli(), 0)))
+		b = AppendRun(b, run)
+	default:
 		b = append(b, dataVersionTime)
 		b = binary.AppendUvarint(b, uint64(max(at.UnixMilli(), 0)))
 	}
@@ -87,7 +140,8 @@ func appendBytes(b, v []byte) []byte {
 
 type decoder struct {
 	b   []byte
-	at  uint64 // version 2's time
+	at  uint64 // version 2's and 3's time
+	run []byte // version 3's run
 	err error
 }
 
@@ -118,14 +172,22 @@ func (d *decoder) bytes() []byte {
 	return v
 }
 
-// newDecoder reads the version (and the time of version 2) of data, which
-// is not empty.
+// newDecoder reads the version (and the time and run of versions 2
+// and 3) of data, which is not empty.
 func newDecoder(data []byte) (*decoder, error) {
 	d := &decoder{b: data[1:]}
 	switch data[0] {
 	case dataVersion:
 	case dataVersionTime:
 		d.at = d.uvarint()
+	case dataVersionRun:
+		d.at = d.uvarint()
+		if d.err == nil && len(d.b) < RunSize {
+			d.err = fmt.Errorf("%w: run of %d bytes", dedup.ErrCorruptRecord, len(d.b))
+		}
+		if d.err == nil {
+			d.run, d.b = d.b[:RunSize:RunSize], d.b[RunSize:]
+		}
 	default:
 		return nil, fmt.Errorf("%w: unknown version %d", dedup.ErrCorruptRecord, data[0])
 	}
@@ -135,7 +197,7 @@ func newDecoder(data []byte) (*decoder, error) {
 // DoneAt returns the time data says its record was completed at, and
 // false when it does not say (or is not data of ours).
 func DoneAt(data []byte) (time.Time, bool) {
-	if len(data) == 0 || data[0] != dataVersionTime {
+	if len(data) == 0 || (data[0] != dataVersionTime && data[0] != dataVersionRun) {
 		return time.Time{}, false
 	}
 	d, err := newDecoder(data)
@@ -143,6 +205,19 @@ func DoneAt(data []byte) (time.Time, bool) {
 		return time.Time{}, false
 	}
 	return time.UnixMilli(int64(d.at)), true
+}
+
+// RunOf returns the span context of the run that completed data's
+// record, and false when data keeps none (or is not data of ours).
+func RunOf(data []byte) (trace.SpanContext, bool) {
+	if len(data) == 0 || data[0] != dataVersionRun {
+		return trace.SpanContext{}, false
+	}
+	d, err := newDecoder(data)
+	if err != nil {
+		return trace.SpanContext{}, false
+	}
+	return ParseRun(d.run)
 }
 
 // Decode is the inverse of Encode. Empty data decodes to
@@ -198,6 +273,10 @@ type Info struct {
 	Fingerprint []byte
 	// Outputs is the number of produced messages kept with the record.
 	Outputs int
+	// Run is the span context of the message's span in the run that
+	// completed the record, when tracing linked runs (not valid
+	// otherwise).
+	Run trace.SpanContext
 }
 
 // FingerprintHex is the fingerprint in hexadecimal, "" when there is none.
@@ -213,5 +292,6 @@ func Inspect(data []byte) (Info, error) {
 	if err != nil {
 		return Info{}, err
 	}
-	return Info{Fingerprint: fp, Outputs: len(msgs)}, nil
+	run, _ := RunOf(data)
+	return Info{Fingerprint: fp, Outputs: len(msgs), Run: run}, nil
 }

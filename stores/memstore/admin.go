@@ -232,6 +232,9 @@ func (s *Store) record(h hkey, r record, data string, now int64, scope, key stri
 	} else {
 		rec.Token = strconv.FormatUint(r.token, 16)
 		rec.LeaseUntil = s.wall(r.until)
+		if data != "" {
+			rec.Owner = []byte(data) // a processing record's owner
+		}
 	}
 	return rec
 }

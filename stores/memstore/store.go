@@ -45,7 +45,7 @@ var _ stores.Store = (*Store)(nil)
 // at about 292 years, data is kept whatever its size), every call a map
 // operation under a mutex (NonBlocking), and the Admin interface.
 func (s *Store) Capabilities() stores.Capabilities {
-	return stores.Capabilities{Kind: "memstore", NonBlocking: true, Admin: true}
+	return stores.Capabilities{Kind: "memstore", NonBlocking: true, Admin: true, Owners: true}
 }
 
 // New returns a Store and starts its sweeper; Close stops it.
@@ -106,23 +106,27 @@ func (sh *shard) delete(h hkey) {
 }
 
 // claim checks h's record at now and, if it is free, writes a processing
-// record until until under token. It reports the result, a live done
-// record's data (Duplicate), and whether an expired lease was taken over
-// (Claimed).
-func (sh *shard) claim(h hkey, now, until int64, token uint64) (res stores.Result, data string, takeover bool) {
+// record until until under token, keeping owner with it. It reports the
+// result, a live done record's data (Duplicate), or the owner kept by the
+// record held (InProgress) or taken over, and whether an expired lease
+// was taken over (Claimed). A processing record's owner lives in the side
+// map of done records' data: a record has one or the other.
+func (sh *shard) claim(h hkey, now, until int64, token uint64, owner string) (res stores.Result, data string, takeover bool) {
 	p, ok := sh.recs.slot(h)
 	r := *p
 	switch {
 	case ok && r.until > now && r.done():
 		return stores.Duplicate, sh.data[h], false
 	case ok && r.until > now:
-		return stores.InProgress, "", false
+		return stores.InProgress, sh.data[h], false
+	}
+	takeover = ok && !r.done()
+	if takeover {
+		data = sh.data[h]
 	}
 	*p = record{until: until, token: token}
-	if ok && sh.data != nil {
-		delete(sh.data, h)
-	}
-	return stores.Claimed, "", ok && !r.done()
+	sh.setData(h, owner)
+	return stores.Claimed, data, takeover
 }
 
 // hash returns the record key of (scope, key): its 128-bit hash, two
@@ -157,7 +161,13 @@ func (s *Store) now() int64 {
 
 // Claim implements [stores.Store].
 func (s *Store) Claim(ctx context.Context, scope string, keys []string, lease time.Duration) (*stores.Claim, error) {
-	if err := storekit.CheckCall(ctx, s.closed.Load(), storekit.CheckKeys(keys), s.Capabilities().CheckLease(lease)); err != nil {
+	return s.ClaimOwned(ctx, scope, keys, lease, nil)
+}
+
+// ClaimOwned implements [stores.OwnerClaimer]: owner is kept beside the
+// processing records, as a done record's data is.
+func (s *Store) ClaimOwned(ctx context.Context, scope string, keys []string, lease time.Duration, owner []byte) (*stores.Claim, error) {
+	if err := storekit.CheckCall(ctx, s.closed.Load(), storekit.CheckKeys(keys), s.Capabilities().CheckLease(lease), stores.CheckOwner(owner)); err != nil {
 		return nil, fmt.Errorf("memstore: claim: %w", err)
 	}
 	s.noteLease(lease)
@@ -171,13 +181,17 @@ func (s *Store) Claim(ctx context.Context, scope string, keys []string, lease ti
 		sh.mu.Lock()
 		now := s.now()
 		var data string
-		c.Result, data, c.Takeover = sh.claim(h, now, after(now, lease), token)
+		c.Result, data, c.Takeover = sh.claim(h, now, after(now, lease), token, string(owner))
 		sh.mu.Unlock()
 		if data != "" {
-			c.Data = []byte(data)
+			if c.Result == stores.Duplicate {
+				c.Data = []byte(data)
+			} else {
+				c.Owner = []byte(data)
+			}
 		}
 	} else {
-		s.claimMulti(c, token, lease)
+		s.claimMulti(c, token, lease, string(owner))
 	}
 	if c.Result == stores.Claimed {
 		c.Token = cb.token(token)
@@ -261,12 +275,13 @@ func (s *Store) hashes(c *stores.Claim, buf []hkey) []hkey {
 
 // claimMulti locks every shard the keys fall in, in index order so that
 // concurrent multi-key claims cannot deadlock, then checks and writes.
-func (s *Store) claimMulti(c *stores.Claim, token uint64, lease time.Duration) {
+func (s *Store) claimMulti(c *stores.Claim, token uint64, lease time.Duration, owner string) {
 	hs := s.hashes(c, make([]hkey, 0, 4))
 	idx := s.lockShards(hs)
 	defer s.unlockShards(idx)
 	now := s.now()
 	inProgress := false
+	var held string // the owner of the first key held
 	for _, h := range hs {
 		sh := s.shard(h)
 		r, ok := sh.recs.get(h)
@@ -280,18 +295,27 @@ func (s *Store) claimMulti(c *stores.Claim, token uint64, lease time.Duration) {
 			}
 			return
 		}
+		if held == "" {
+			held = sh.data[h]
+		}
 		inProgress = true
 	}
 	if inProgress {
 		c.Result = stores.InProgress
+		if held != "" {
+			c.Owner = []byte(held)
+		}
 		return
 	}
 	for _, h := range hs {
 		if r, ok := s.shard(h).recs.get(h); ok && r.token == token {
 			continue // a repeated key
 		}
-		_, _, takeover := s.shard(h).claim(h, now, after(now, lease), token)
+		_, was, takeover := s.shard(h).claim(h, now, after(now, lease), token, owner)
 		c.Takeover = c.Takeover || takeover
+		if was != "" && c.Owner == nil {
+			c.Owner = []byte(was)
+		}
 	}
 	c.Result = stores.Claimed
 }

@@ -344,6 +344,9 @@ func (s *Store) adminRecord(id string, e entry, now int64) stores.Record {
 		}
 	} else {
 		rec.Token, rec.LeaseUntil = e.token, at
+		if len(e.owner) > 0 {
+			rec.Owner = append([]byte(nil), e.owner...)
+		}
 	}
 	return rec
 }

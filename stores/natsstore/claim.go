@@ -41,7 +41,13 @@ import (
 // nobody holds until its lease runs out, and is then taken over like the
 // key of a crashed consumer.
 func (s *Store) Claim(ctx context.Context, scope string, keys []string, lease time.Duration) (*stores.Claim, error) {
-	if err := storekit.CheckCall(ctx, s.closed.Load(), storekit.CheckKeys(keys), s.Capabilities().CheckLease(lease)); err != nil {
+	return s.ClaimOwned(ctx, scope, keys, lease, nil)
+}
+
+// ClaimOwned implements [stores.OwnerClaimer]: owner follows the token in
+// the processing value (see the value layout).
+func (s *Store) ClaimOwned(ctx context.Context, scope string, keys []string, lease time.Duration, owner []byte) (*stores.Claim, error) {
+	if err := storekit.CheckCall(ctx, s.closed.Load(), storekit.CheckKeys(keys), s.Capabilities().CheckLease(lease), stores.CheckOwner(owner)); err != nil {
 		return nil, fmt.Errorf("natsstore: claim: %w", err)
 	}
 	recs := s.records(scope, keys)
@@ -53,7 +59,7 @@ func (s *Store) Claim(ctx context.Context, scope string, keys []string, lease ti
 	defer release()
 	if len(recs) == 1 {
 		// The common case, a new message: one create, one round trip.
-		ok, err := s.claimNew(ctx, cctx, recs[0], lease, c)
+		ok, err := s.claimNew(ctx, cctx, recs[0], lease, owner, c)
 		if err != nil {
 			return nil, fmt.Errorf("natsstore: claim: %w", s.classify(ctx, cctx, err))
 		}
@@ -62,7 +68,7 @@ func (s *Store) Claim(ctx context.Context, scope string, keys []string, lease ti
 		}
 	}
 	for attempt := 1; ; attempt++ {
-		res, err := s.claimOnce(ctx, cctx, recs, lease, c)
+		res, err := s.claimOnce(ctx, cctx, recs, lease, owner, c)
 		if err != nil {
 			return nil, fmt.Errorf("natsstore: claim: %w", s.classify(ctx, cctx, err))
 		}
@@ -79,9 +85,9 @@ func (s *Store) Claim(ctx context.Context, scope string, keys []string, lease ti
 // its last message): a write at revision 0, the KV create. It reports
 // false, having written nothing, when the key has a message (a record or
 // a purge marker): the claim then reads it.
-func (s *Store) claimNew(ctx, cctx context.Context, r record, lease time.Duration, c *stores.Claim) (bool, error) {
+func (s *Store) claimNew(ctx, cctx context.Context, r record, lease time.Duration, owner []byte, c *stores.Claim) (bool, error) {
 	token := newToken()
-	_, err := s.write(cctx, r, processingValue(addNanos(s.clock.Now().UnixNano(), lease), token), 0, keepProcessing(lease))
+	_, err := s.write(cctx, r, processingValue(addNanos(s.clock.Now().UnixNano(), lease), token, owner), 0, keepProcessing(lease))
 	switch {
 	case err == nil:
 		c.Result, c.Token = stores.Claimed, token
@@ -95,11 +101,14 @@ func (s *Store) claimNew(ctx, cctx context.Context, r record, lease time.Duratio
 
 // claimOnce runs one round of Claim. It reports false, with c
 // unchanged, when a write found its key changed since the read and the
-// claim must start again.
-func (s *Store) claimOnce(ctx, cctx context.Context, recs []record, lease time.Duration, c *stores.Claim) (bool, error) {
+// claim must start again. owner is kept with the records it writes; c's
+// Owner is the first held record's (InProgress) or the first taken over
+// record's (a takeover) that keeps one.
+func (s *Store) claimOnce(ctx, cctx context.Context, recs []record, lease time.Duration, owner []byte, c *stores.Claim) (bool, error) {
 	now := s.clock.Now().UnixNano()
 	entries := make([]entry, len(recs))
 	live, takeover := false, false
+	var held, expired []byte
 	for i, r := range recs {
 		e, err := s.read(cctx, r)
 		if err != nil {
@@ -111,17 +120,23 @@ func (s *Store) claimOnce(ctx, cctx context.Context, recs []record, lease time.D
 			return true, nil
 		case e.state == stateProcessing && e.at > now:
 			live = true
+			if held == nil {
+				held = e.owner
+			}
 		case e.state == stateProcessing:
 			takeover = true
+			if expired == nil {
+				expired = e.owner
+			}
 		}
 		entries[i] = e
 	}
 	if live {
-		c.Result = stores.InProgress
+		c.Result, c.Owner = stores.InProgress, held
 		return true, nil
 	}
 	token := newToken()
-	value := processingValue(addNanos(now, lease), token)
+	value := processingValue(addNanos(now, lease), token, owner)
 	var undo []undoItem
 	for n, i := range writeOrder(recs) {
 		rev, err := s.write(cctx, recs[i], value, entries[i].rev, keepProcessing(lease))
@@ -141,7 +156,7 @@ func (s *Store) claimOnce(ctx, cctx context.Context, recs []record, lease time.D
 			s.testAfterWrite("claim", n)
 		}
 	}
-	c.Result, c.Token, c.Takeover = stores.Claimed, token, takeover
+	c.Result, c.Token, c.Takeover, c.Owner = stores.Claimed, token, takeover, expired
 	return true, nil
 }
 

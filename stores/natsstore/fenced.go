@@ -22,7 +22,7 @@ func (s *Store) Complete(ctx context.Context, c *stores.Claim, retention time.Du
 		return fmt.Errorf("natsstore: complete: %w", err)
 	}
 	by := completedBy(c.Token, subjects(s.records(c.Scope, c.Keys)))
-	return s.fenced(ctx, "complete", c, retention, func(now int64) []byte { return doneValue(addNanos(now, retention), by, data) })
+	return s.fenced(ctx, "complete", c, retention, func(now int64, _ []byte) []byte { return doneValue(addNanos(now, retention), by, data) })
 }
 
 // Release implements [stores.Store]. The records become KV purge
@@ -31,7 +31,7 @@ func (s *Store) Release(ctx context.Context, c *stores.Claim) error {
 	if err := storekit.CheckCall(ctx, s.closed.Load(), storekit.CheckClaim(c)); err != nil {
 		return fmt.Errorf("natsstore: release: %w", err)
 	}
-	return s.fenced(ctx, "release", c, 0, func(int64) []byte { return nil })
+	return s.fenced(ctx, "release", c, 0, func(int64, []byte) []byte { return nil })
 }
 
 // Extend implements [stores.Store].
@@ -39,7 +39,9 @@ func (s *Store) Extend(ctx context.Context, c *stores.Claim, lease time.Duration
 	if err := storekit.CheckCall(ctx, s.closed.Load(), storekit.CheckClaim(c), s.Capabilities().CheckLease(lease)); err != nil {
 		return fmt.Errorf("natsstore: extend: %w", err)
 	}
-	return s.fenced(ctx, "extend", c, keepProcessing(lease), func(now int64) []byte { return processingValue(addNanos(now, lease), c.Token) })
+	return s.fenced(ctx, "extend", c, keepProcessing(lease), func(now int64, owner []byte) []byte {
+		return processingValue(addNanos(now, lease), c.Token, owner)
+	})
 }
 
 // fenced runs Complete, Release or Extend: it reads every key of c and
@@ -64,7 +66,7 @@ func (s *Store) Extend(ctx context.Context, c *stores.Claim, lease time.Duration
 // Complete) is still the claim's: the call is tried again. Within the
 // process, the fenced calls of one claim run one at a time (see
 // claimLocks).
-func (s *Store) fenced(ctx context.Context, op string, c *stores.Claim, keep time.Duration, value func(now int64) []byte) error {
+func (s *Store) fenced(ctx context.Context, op string, c *stores.Claim, keep time.Duration, value func(now int64, owner []byte) []byte) error {
 	unlock, err := s.claimLocks.lock(ctx, c.Token)
 	if err != nil {
 		return fmt.Errorf("natsstore: %s: waiting for the claim's other call: %w", op, err)
@@ -135,7 +137,7 @@ var errOwnRace = errors.New("natsstore: the key was rewritten by another call of
 const maxOwnRaces = 10
 
 // fencedOnce is one attempt of fenced.
-func (s *Store) fencedOnce(ctx, cctx context.Context, op string, c *stores.Claim, keep time.Duration, value func(now int64) []byte) error {
+func (s *Store) fencedOnce(ctx, cctx context.Context, op string, c *stores.Claim, keep time.Duration, value func(now int64, owner []byte) []byte) error {
 	recs := s.records(c.Scope, c.Keys)
 	entries := make([]entry, len(recs))
 	// ours: keys an earlier attempt of this Complete has completed (it was
@@ -161,7 +163,16 @@ func (s *Store) fencedOnce(ctx, cctx context.Context, op string, c *stores.Claim
 	if nOurs == len(recs) {
 		return fmt.Errorf("natsstore: %s: %w: the claim is completed already", op, stores.ErrLostClaim)
 	}
-	v := value(s.clock.Now().UnixNano())
+	// The owner the claim keeps (the same on every key it wrote), for an
+	// Extend to keep.
+	var owner []byte
+	for i := range entries {
+		if !ours[i] {
+			owner = entries[i].owner
+			break
+		}
+	}
+	v := value(s.clock.Now().UnixNano(), owner)
 	var undo []undoItem
 	for n, i := range writeOrder(recs) {
 		if ours[i] {

@@ -1,6 +1,7 @@
 package natsstore
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/binary"
@@ -70,6 +71,7 @@ func subjectPrefix(bucket string) string { return "$KV." + bucket + "." }
 // Value layout (the message body of the key's latest revision):
 //
 //	processing: 'p' ‖ lease_until (int64, big endian, Unix ns) ‖ token
+//	            [‖ 0x00 ‖ owner]  (ClaimOwned; Extend keeps it)
 //	done:       'D' ‖ expires_at  (int64, big endian, Unix ns) ‖ by (8 bytes) ‖ data
 //
 // where by is the first 8 bytes of SHA-256 of the token and the keys of
@@ -79,7 +81,9 @@ func subjectPrefix(bucket string) string { return "$KV." + bucket + "." }
 // value tagged 'd' (no by) is read too.
 //
 // A revision that is a KV delete or purge marker (header KV-Operation)
-// is no record. Times are the store's Clock, to the nanosecond; a
+// is no record. A token never holds a 0 byte (newToken); a version of
+// this store that knows no owners reads an owned processing record as
+// another claim's, which it is. Times are the store's Clock, to the nanosecond; a
 // record's state is decided from them, not from the message's age.
 const (
 	tagProcessing = 'p'
@@ -87,6 +91,7 @@ const (
 	tagDoneNoBy   = 'd'
 	valueHeadLen  = 9
 	byLen         = 8
+	ownerSep      = 0
 )
 
 // errForeign reports a value the store did not write.
@@ -106,6 +111,7 @@ type entry struct {
 	state state
 	at    int64       // lease_until or expires_at, Unix ns
 	token string      // processing
+	owner []byte      // processing: its claim's owner (stores.OwnerClaimer), nil for none
 	data  []byte      // done
 	by    [byLen]byte // done: completedBy of the claim's token (zero when unknown)
 	raw   []byte      // the value as read (to put a record back exactly)
@@ -116,8 +122,12 @@ func appendHead(b []byte, tag byte, at int64) []byte {
 	return binary.BigEndian.AppendUint64(b, uint64(at))
 }
 
-func processingValue(until int64, token string) []byte {
-	return append(appendHead(make([]byte, 0, valueHeadLen+len(token)), tagProcessing, until), token...)
+func processingValue(until int64, token string, owner []byte) []byte {
+	b := append(appendHead(make([]byte, 0, valueHeadLen+len(token)+1+len(owner)), tagProcessing, until), token...)
+	if len(owner) == 0 {
+		return b
+	}
+	return append(append(b, ownerSep), owner...)
 }
 
 func doneValue(expires int64, by [byLen]byte, data []byte) []byte {
@@ -152,7 +162,11 @@ func decodeValue(e *entry, v []byte) error {
 	rest := v[valueHeadLen:]
 	switch v[0] {
 	case tagProcessing:
-		e.state, e.token = stateProcessing, string(rest)
+		token, owner, found := bytes.Cut(rest, []byte{ownerSep})
+		e.state, e.token = stateProcessing, string(token)
+		if found && len(owner) > 0 {
+			e.owner = owner
+		}
 		return nil
 	case tagDone:
 		e.by = [byLen]byte(rest[:byLen])

@@ -72,6 +72,11 @@ func (s storeOnly) Capabilities() stores.Capabilities {
 	return c
 }
 
+// ClaimOwned keeps the owners' tests on the message path.
+func (s storeOnly) ClaimOwned(ctx context.Context, scope string, keys []string, lease time.Duration, owner []byte) (*stores.Claim, error) {
+	return s.Store.(stores.OwnerClaimer).ClaimOwned(ctx, scope, keys, lease, owner)
+}
+
 // TestLeastPrivilege: a user allowed exactly the store's subjects runs
 // the conformance suite's message path (the admin calls fail, denied,
 // never as an outage); one allowed the admin subjects too runs all of

@@ -379,7 +379,7 @@ func maxData(limit int64) int {
 // bucket's limit lowered since) fails with [stores.ErrTooLarge] all the
 // same.
 func (s *Store) Capabilities() stores.Capabilities {
-	return stores.Capabilities{Kind: "natsstore", MaxLease: s.cfg.MaxLease, MaxRetention: s.maxRetention, MaxData: s.maxData, Admin: true}
+	return stores.Capabilities{Kind: "natsstore", MaxLease: s.cfg.MaxLease, MaxRetention: s.maxRetention, MaxData: s.maxData, Admin: true, Owners: true}
 }
 
 // TTLMode is how the store's records expire, as New picked it from

@@ -442,14 +442,15 @@ func (s *Store) record(rkey, value string, pttl int64, now time.Time) (stores.Re
 		return stores.Record{}, fmt.Errorf("key %q: %w", printable(rkey), err)
 	}
 	rec, _ := decodeValue(value) // peek decoded it
-	r.Data = rec.data
+	r.Data, r.Owner = rec.data, ownerOf(value)
 	r.ID = printable(rkey)
 	r.Scope, r.Key, r.ScopeKnown, r.KeyKnown = s.decodeKey(rkey)
 	return r, nil
 }
 
 // peek describes a record from the start of its value (at least its
-// first 64 bytes: all of a processing value), without its data.
+// first 64 bytes: all of a processing value up to its lease), without its
+// data or owner.
 func (s *Store) peek(head string, pttl int64, now time.Time) (stores.Record, error) {
 	if pttl < 0 {
 		// -1: no expiry, which this store never writes.

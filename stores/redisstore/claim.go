@@ -33,13 +33,19 @@ import (
 // never run twice). The fixed order makes sure that of two such claims at
 // least one wins the keys they share, as with ordered locking.
 func (s *Store) Claim(ctx context.Context, scope string, keys []string, lease time.Duration) (*stores.Claim, error) {
+	return s.ClaimOwned(ctx, scope, keys, lease, nil)
+}
+
+// ClaimOwned implements [stores.OwnerClaimer]: owner follows the lease in
+// the processing value (see the value layout).
+func (s *Store) ClaimOwned(ctx context.Context, scope string, keys []string, lease time.Duration, owner []byte) (*stores.Claim, error) {
 	rkeys, err := s.recordKeys(scope, keys)
-	if err := storekit.CheckCall(ctx, s.closed.Load(), err, s.Capabilities().CheckLease(lease)); err != nil {
+	if err := storekit.CheckCall(ctx, s.closed.Load(), err, s.Capabilities().CheckLease(lease), stores.CheckOwner(owner)); err != nil {
 		return nil, fmt.Errorf("redisstore: claim: %w", err)
 	}
 	token := rand.Text()
 	ctx = s.traced(ctx)
-	r, err := s.claim(ctx, rkeys, token, lease)
+	r, err := s.claim(ctx, rkeys, token, lease, ownerSuffix(owner))
 	if err != nil {
 		return nil, fmt.Errorf("redisstore: claim: %w", s.classifyCall(ctx, s.cutByWait(ctx, err)))
 	}
@@ -47,6 +53,11 @@ func (s *Store) Claim(ctx context.Context, scope string, keys []string, lease ti
 	switch r.result {
 	case 1:
 		c.Result, c.Token, c.Takeover = stores.Claimed, token, len(r.taken) > 0
+		for _, p := range r.taken {
+			if c.Owner = ownerOf(p.value); c.Owner != nil {
+				break
+			}
+		}
 	case 2:
 		rec, err := decodeValue(r.value)
 		if err != nil {
@@ -54,26 +65,27 @@ func (s *Store) Claim(ctx context.Context, scope string, keys []string, lease ti
 		}
 		c.Result, c.Data = stores.Duplicate, rec.data
 	default:
-		c.Result = stores.InProgress
+		c.Result, c.Owner = stores.InProgress, ownerOf(r.value)
 	}
 	return c, nil
 }
 
 // claim claims rkeys under token: one key with claimOne, several with one
 // script on one node, or key by key in Redis Cluster (claimOrdered).
-// A claim that failed gives back what it took (see giveBack).
-func (s *Store) claim(ctx context.Context, rkeys []string, token string, lease time.Duration) (claimReply, error) {
+// A claim that failed gives back what it took (see giveBack). suffix is
+// the owner's (ownerSuffix).
+func (s *Store) claim(ctx context.Context, rkeys []string, token string, lease time.Duration, suffix string) (claimReply, error) {
 	var (
 		r   claimReply
 		err error
 	)
 	switch {
 	case len(rkeys) == 1:
-		r, err = s.claimOne(ctx, rkeys[0], token, lease, true)
+		r, err = s.claimOne(ctx, rkeys[0], token, lease, suffix, true)
 	case s.sharded:
-		return s.claimOrdered(ctx, rkeys, token, lease) // gives back itself
+		return s.claimOrdered(ctx, rkeys, token, lease, suffix) // gives back itself
 	default:
-		r, err = s.claimScript(ctx, rkeys, token, lease, true)
+		r, err = s.claimScript(ctx, rkeys, token, lease, suffix, true)
 	}
 	if err != nil {
 		s.giveBack(ctx, undoOf(err), lease)
@@ -81,8 +93,8 @@ func (s *Store) claim(ctx context.Context, rkeys []string, token string, lease t
 	return r, err
 }
 
-func (s *Store) claimScript(ctx context.Context, rkeys []string, token string, lease time.Duration, wait bool) (claimReply, error) {
-	o := claimOp(rkeys, token, lease)
+func (s *Store) claimScript(ctx context.Context, rkeys []string, token string, lease time.Duration, suffix string, wait bool) (claimReply, error) {
+	o := claimOp(rkeys, token, lease, suffix)
 	o.nowait = !wait
 	v, err := s.run(ctx, o)
 	if err != nil {
@@ -101,9 +113,9 @@ func (s *Store) claimScript(ctx context.Context, rkeys []string, token string, l
 // server older than 7.0, which refuses NX with GET, it goes straight to the
 // script from then on. With WaitReplicas, what it writes is confirmed by
 // its pipeline's WAIT unless !wait (the caller confirms it).
-func (s *Store) claimOne(ctx context.Context, rkey, token string, lease time.Duration, wait bool) (claimReply, error) {
+func (s *Store) claimOne(ctx context.Context, rkey, token string, lease time.Duration, suffix string, wait bool) (claimReply, error) {
 	if !s.noSetNXGet.Load() {
-		o := claimSetOp(rkey, token, lease)
+		o := claimSetOp(rkey, token, lease, suffix)
 		o.nowait = !wait
 		v, err := s.run(ctx, o)
 		switch {
@@ -126,7 +138,7 @@ func (s *Store) claimOne(ctx context.Context, rkey, token string, lease time.Dur
 			return claimReply{}, err
 		}
 	}
-	return s.claimScript(ctx, []string{rkey}, token, lease, wait)
+	return s.claimScript(ctx, []string{rkey}, token, lease, suffix, wait)
 }
 
 // claimOrdered claims rkeys one call (claimOne) per key in ascending key
@@ -146,7 +158,7 @@ func (s *Store) claimOne(ctx context.Context, rkey, token string, lease time.Dur
 // is confirmed once it holds them all (see confirm): the WAITs of its
 // nodes run at once, not one after the other, and a claim that stops
 // (Duplicate, InProgress) waits for none.
-func (s *Store) claimOrdered(ctx context.Context, rkeys []string, token string, lease time.Duration) (claimReply, error) {
+func (s *Store) claimOrdered(ctx context.Context, rkeys []string, token string, lease time.Duration, suffix string) (claimReply, error) {
 	order := make([]int, len(rkeys))
 	for i := range order {
 		order[i] = i
@@ -168,9 +180,9 @@ func (s *Store) claimOrdered(ctx context.Context, rkeys []string, token string, 
 	)
 	for _, i := range order {
 		var err error
-		stop, err = s.claimOne(ctx, rkeys[i], token, lease, false)
+		stop, err = s.claimOne(ctx, rkeys[i], token, lease, suffix, false)
 		if err != nil {
-			undo := undoOps(token, processingValue(token, ms(lease)), heldKeys)
+			undo := undoOps(token, processingValue(token, ms(lease), suffix), heldKeys)
 			if u := undoOf(err); u != nil {
 				undo = append(undo, u...) // a claim not replicated
 			} else {
@@ -195,7 +207,7 @@ func (s *Store) claimOrdered(ctx context.Context, rkeys []string, token string, 
 	}
 	if stop.result == 1 {
 		if err := s.confirm(ctx, heldKeys, token, lease); err != nil {
-			s.giveBack(ctx, undoOps(token, processingValue(token, ms(lease)), heldKeys), lease)
+			s.giveBack(ctx, undoOps(token, processingValue(token, ms(lease), suffix), heldKeys), lease)
 			return claimReply{}, err
 		}
 		return claimReply{result: 1, taken: taken}, nil
@@ -204,7 +216,7 @@ func (s *Store) claimOrdered(ctx context.Context, rkeys []string, token string, 
 	// A key is done or held: give back what we took, and find out whether
 	// any key of the claim is done (Duplicate beats InProgress, and the
 	// data returned is that of the first done key in the claim's order).
-	undone := s.giveBackLater(undoOps(token, processingValue(token, ms(lease)), heldKeys), lease)
+	undone := s.giveBackLater(undoOps(token, processingValue(token, ms(lease), suffix), heldKeys), lease)
 	stop.index = order[len(heldKeys)]
 	r, err := s.peekDone(ctx, rkeys, stop)
 	waitWhile(ctx, undone)

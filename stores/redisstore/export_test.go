@@ -33,7 +33,7 @@ func (s *Store) ClaimWithToken(ctx context.Context, scope string, keys []string,
 	if err != nil {
 		return 0, err
 	}
-	r, err := s.claim(ctx, rkeys, token, lease)
+	r, err := s.claim(ctx, rkeys, token, lease, "")
 	return int(r.result), err
 }
 
@@ -45,7 +45,7 @@ func (s *Store) WriteDone(ctx context.Context, scope string, keys []string, rete
 	for _, k := range keys {
 		rk := []string{s.encodeKey(scope, k)}
 		token := rand.Text()
-		ops = append(ops, claimOp(rk, token, time.Minute), completeOp(rk, token, retention, nil))
+		ops = append(ops, claimOp(rk, token, time.Minute, ""), completeOp(rk, token, retention, nil))
 	}
 	vals, errs := s.runAll(ctx, ops)
 	for i := range ops {

@@ -343,6 +343,10 @@ func (s *Store) putBack(ctx context.Context, rkeys []string, ops []op, snaps []s
 		written := "" // a delete
 		if ops[i].script == setScript {
 			written = ops[i].args[1].(string)
+			if written[0] == processingID {
+				// An Extend: its script kept the record's owner.
+				written += ownerSuffix(ownerOf(snaps[i].value))
+			}
 		}
 		undo[j] = putBackOp(rkeys[i], written, snaps[i].value, snaps[i].pttl-time.Since(snaps[i].at).Milliseconds())
 		ttl = max(ttl, snaps[i].pttl)

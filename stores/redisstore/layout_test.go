@@ -72,12 +72,13 @@ func TestHasHashTag(t *testing.T) {
 func TestDecodeValue(t *testing.T) {
 	tok := strings.Repeat("A", tokenLen)
 	for v, want := range map[string]record{
-		"1":                     {},
-		"dxyz":                  {data: []byte("xyz")},
-		"p" + tok + "30000":     {processing: true, token: tok},
-		processingValue(tok, 5): {processing: true, token: tok},
-		"D12345678":             {by: "12345678"},
-		"D12345678xyz":          {by: "12345678", data: []byte("xyz")},
+		"1":                         {},
+		"dxyz":                      {data: []byte("xyz")},
+		"p" + tok + "30000":         {processing: true, token: tok},
+		processingValue(tok, 5, ""): {processing: true, token: tok},
+		processingValue(tok, 5, ownerSuffix([]byte("o:1"))): {processing: true, token: tok},
+		"D12345678":    {by: "12345678"},
+		"D12345678xyz": {by: "12345678", data: []byte("xyz")},
 	} {
 		got, err := decodeValue(v)
 		if err != nil || got.processing != want.processing || got.token != want.token || string(got.data) != string(want.data) || got.by != want.by {
@@ -210,5 +211,27 @@ func TestListCursor(t *testing.T) {
 		if _, err := parseCursor(s); err == nil {
 			t.Errorf("parseCursor(%q) accepted a malformed cursor", s)
 		}
+	}
+}
+
+// A processing value keeps its owner after the lease, behind ownerTag;
+// the lease reads the same with or without it, and a value without one
+// is byte for byte what it was before owners.
+func TestProcessingValueOwner(t *testing.T) {
+	tok := strings.Repeat("A", tokenLen)
+	if v := processingValue(tok, 30000, ownerSuffix(nil)); v != "p"+tok+"30000" {
+		t.Fatalf("a value without an owner = %q", v)
+	}
+	for _, owner := range [][]byte{nil, []byte("1"), []byte(":"), {0, 0xff, ':', '9'}} {
+		v := processingValue(tok, 30000, ownerSuffix(owner))
+		if got := ownerOf(v); string(got) != string(owner) || (owner == nil) != (got == nil) {
+			t.Errorf("ownerOf(%q) = %q, want %q", v, got, owner)
+		}
+		if l, err := leaseMS(v); err != nil || l != 30000 {
+			t.Errorf("leaseMS(%q) = %d, %v; want 30000", v, l, err)
+		}
+	}
+	if got := ownerOf("dxyz:abc"); got != nil {
+		t.Errorf("ownerOf of a done value = %q, want none", got)
 	}
 }

@@ -40,9 +40,9 @@ func (o op) firstKey() string {
 //
 // Reply: nil (redis.Nil) when it took the key, else the value it holds,
 // unchanged. Redis 7.0 and later; older servers refuse NX with GET.
-func claimSetOp(key, token string, lease time.Duration) op {
+func claimSetOp(key, token string, lease time.Duration, suffix string) op {
 	l := ms(lease)
-	return op{args: []any{"set", key, processingValue(token, l), "px", 2 * l, "nx", "get"}}
+	return op{args: []any{"set", key, processingValue(token, l, suffix), "px", 2 * l, "nx", "get"}}
 }
 
 // setKey and setValue return the key and value of a claimSetOp.
@@ -50,9 +50,10 @@ func (o op) setKey() string { return o.args[1].(string) }
 
 func (o op) setValue() string { return o.args[2].(string) }
 
-func claimOp(keys []string, token string, lease time.Duration) op {
+// claimOp claims keys under token; suffix is the owner's (ownerSuffix).
+func claimOp(keys []string, token string, lease time.Duration, suffix string) op {
 	l := ms(lease)
-	return op{script: claimScript, keys: keys, args: []any{token, strconv.FormatInt(l, 10), strconv.FormatInt(2*l, 10)}}
+	return op{script: claimScript, keys: keys, args: []any{token, strconv.FormatInt(l, 10), strconv.FormatInt(2*l, 10), suffix}}
 }
 
 func completeOp(keys []string, token string, retention time.Duration, data []byte) op {
@@ -74,7 +75,7 @@ func (o op) doneBy(by string) op {
 
 func extendOp(keys []string, token string, lease time.Duration) op {
 	l := ms(lease)
-	return op{script: setScript, keys: keys, args: []any{token, processingValue(token, l), strconv.FormatInt(2*l, 10)}}
+	return op{script: setScript, keys: keys, args: []any{token, processingValue(token, l, ""), strconv.FormatInt(2*l, 10)}}
 }
 
 func releaseOp(keys []string, token string) op {
@@ -153,8 +154,8 @@ func claimUndo(o op, v any, err error) []op {
 	for _, p := range r.taken {
 		held[p.index].prev, held[p.index].tookOver = p, true
 	}
-	token, leaseMS := o.args[0].(string), o.args[1].(string)
-	return undoOps(token, string(processingID)+token+leaseMS, held)
+	token, leaseMS, suffix := o.args[0].(string), o.args[1].(string), o.args[3].(string)
+	return undoOps(token, string(processingID)+token+leaseMS+suffix, held)
 }
 
 // undoTimeout bounds the undo of a claim whose caller gave up, and is

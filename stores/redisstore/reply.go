@@ -8,7 +8,7 @@ import "fmt"
 type claimReply struct {
 	result int64    // 1 claimed, 2 duplicate, 3 in progress
 	index  int      // duplicate: index into keys of the done record
-	value  string   // duplicate: its value
+	value  string   // duplicate: its value; in progress: a held record's, when the reply has one
 	taken  []prevOf // claimed: records taken over
 }
 
@@ -57,6 +57,13 @@ func parseClaim(v any) (claimReply, error) {
 		}
 		r.index, r.value = int(idx)-1, val
 	case 3:
+		if len(a) == 2 {
+			val, ok := a[1].(string)
+			if !ok {
+				return bad()
+			}
+			r.value = val
+		}
 	default:
 		return bad()
 	}

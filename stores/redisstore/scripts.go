@@ -35,14 +35,17 @@ var (
 var (
 	// claimScript claims every key of KEYS, or none.
 	//
-	//	ARGV[1] token, ARGV[2] lease ms, ARGV[3] PX (2×lease)
+	//	ARGV[1] token, ARGV[2] lease ms, ARGV[3] PX (2×lease),
+	//	ARGV[4] the owner's suffix of the processing value ("" for none)
 	//
 	// Reply:
 	//	{1, i, prev, pttl, ...} claimed; one triple per record taken over
 	//	                        (key index, previous value, its PTTL), so
 	//	                        a caller can undo the claim exactly
 	//	{2, i, value}           key i (the first such in KEYS order) is done
-	//	{3}                     a key is processing under a live lease
+	//	{3, value}              a key is processing under a live lease:
+	//	                        the first such keeping an owner, or else
+	//	                        the last
 	//
 	// A record already processing under this very token counts as free:
 	// a retried Claim whose first reply was lost gets its claim back.
@@ -51,7 +54,8 @@ var (
 	// setScript overwrites every key of KEYS with ARGV[2] for ARGV[3] ms,
 	// if every key is processing under token ARGV[1]; otherwise it changes
 	// nothing. Complete (done value, retention), Extend (processing value,
-	// 2×lease) and the undo of a takeover use it.
+	// 2×lease) and the undo of a takeover use it. A processing value is
+	// written with the owner's suffix the key's record keeps.
 	//
 	// Reply: 0 when applied, else the index of the first key not owned.
 	//
@@ -91,6 +95,7 @@ func expandLua(src string) string {
 		"TOKEN_END", strconv.Itoa(1+tokenLen),
 		"LEASE_START", strconv.Itoa(2+tokenLen),
 		"~= P", "~= "+strconv.Itoa(processingID),
+		"== P", "== "+strconv.Itoa(processingID),
 		"TOUCH(ARGV[2])", strings.ReplaceAll(refusalTouch, "FLAG", "ARGV[2]"),
 		"TOUCH(ARGV[4])", strings.ReplaceAll(refusalTouch, "FLAG", "ARGV[4]"),
 	).Replace(src)

@@ -210,7 +210,7 @@ func (s *Store) recordKeys(scope string, keys []string) ([]string, error) {
 // bytes, and keys too unless they are stored as digests (CompactKeys,
 // DigestKeysLongerThan); data up to Config.MaxData; the Admin interface.
 func (s *Store) Capabilities() stores.Capabilities {
-	c := stores.Capabilities{Kind: "redisstore", MaxScope: s.cfg.MaxKeyLen, MaxKey: s.cfg.MaxKeyLen, MaxData: s.cfg.MaxData, Admin: true}
+	c := stores.Capabilities{Kind: "redisstore", MaxScope: s.cfg.MaxKeyLen, MaxKey: s.cfg.MaxKeyLen, MaxData: s.cfg.MaxData, Admin: true, Owners: true}
 	if s.cfg.CompactKeys || s.cfg.DigestKeysLongerThan > 0 {
 		c.MaxKey = 0
 	}

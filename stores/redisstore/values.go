@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 	"unsafe"
 )
@@ -11,6 +12,7 @@ import (
 // Value layout. A record is one Redis string:
 //
 //	processing  'p' ‖ token (tokenLen bytes) ‖ lease in ms (decimal)   PX 2×lease
+//	            [‖ ':' ‖ owner]  (ClaimOwned; Extend keeps it)
 //	done        "1"                  (no data)                          PX retention
 //	done        'd' ‖ data                                              PX retention
 //	done        'D' ‖ by (byLen bytes) ‖ data                           PX retention
@@ -33,6 +35,7 @@ const (
 	doneByTag    = 'D'
 	processingID = 'p'
 	byLen        = 8
+	ownerTag     = ':'
 )
 
 // completedBy is what a 'D' done record keeps of the Complete that wrote
@@ -59,12 +62,36 @@ func doneValue(data []byte) string {
 	return string(b)
 }
 
-// processingValue is the value Claim and Extend store.
-func processingValue(token string, leaseMS int64) string {
-	b := make([]byte, 0, 1+len(token)+20)
+// processingValue is the value Claim and Extend store; suffix is
+// ownerSuffix's (Extend's script keeps the record's own).
+func processingValue(token string, leaseMS int64, suffix string) string {
+	b := make([]byte, 0, 1+len(token)+20+len(suffix))
 	b = append(b, processingID)
 	b = append(b, token...)
-	return bytesToString(strconv.AppendInt(b, leaseMS, 10))
+	b = strconv.AppendInt(b, leaseMS, 10)
+	return bytesToString(append(b, suffix...))
+}
+
+// ownerSuffix is what a processing value keeps of owner after its lease:
+// nothing for none.
+func ownerSuffix(owner []byte) string {
+	if len(owner) == 0 {
+		return ""
+	}
+	return string(ownerTag) + string(owner)
+}
+
+// ownerOf returns the owner a processing value v keeps, nil for none
+// (or a value that is not a processing record).
+func ownerOf(v string) []byte {
+	if len(v) <= 1+tokenLen || v[0] != processingID {
+		return nil
+	}
+	i := strings.IndexByte(v[1+tokenLen:], ownerTag)
+	if i < 0 || 1+tokenLen+i+1 == len(v) {
+		return nil
+	}
+	return []byte(v[1+tokenLen+i+1:])
 }
 
 // bytesToString returns b as a string without copying it; b must not be
@@ -104,7 +131,11 @@ func decodeValue(v string) (record, error) {
 
 // leaseMS returns the lease, in milliseconds, of a processing value.
 func leaseMS(v string) (int64, error) {
-	n, err := strconv.ParseInt(v[1+tokenLen:], 10, 64)
+	l := v[1+tokenLen:]
+	if i := strings.IndexByte(l, ownerTag); i >= 0 {
+		l = l[:i]
+	}
+	n, err := strconv.ParseInt(l, 10, 64)
 	if err != nil || n <= 0 {
 		return 0, fmt.Errorf("redisstore: a processing record with a malformed lease (%q…)", v[:min(len(v), 16)])
 	}

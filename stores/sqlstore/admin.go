@@ -276,6 +276,9 @@ func (s *Store) readRecord(row scanner) (stores.Record, error) {
 	} else {
 		rec.State, rec.LeaseUntil = stores.StateProcessing, at
 		rec.Token = strconv.FormatInt(token.Int64, 36)
+		if len(data) > 0 {
+			rec.Owner = data // a processing record keeps its owner as data
+		}
 	}
 	return rec, nil
 }

@@ -17,7 +17,7 @@ func opStatement(d dialect, o *op, now time.Time) (string, []any) {
 	id := d.idArg(o.id())
 	switch o.kind {
 	case opClaim:
-		return q.insertProcessing, []any{id, o.token, d.timeArg(now.Add(o.d))}
+		return q.insertProcessing, []any{id, o.token, d.timeArg(now.Add(o.d)), nil}
 	case opComplete:
 		return q.complete(1), []any{d.timeArg(now.Add(o.d)), dataArg(o.data), o.token, id}
 	case opRelease:

@@ -29,32 +29,48 @@ import (
 //     the claim takes them over; takeover reports that one of them was
 //     processing (an expired lease, worth reporting).
 //
+// owner is, for InProgress, the owner kept by the first held record that
+// keeps one, and for a takeover the first expired processing record's
+// (see stores.OwnerClaimer: a processing record keeps it as its data).
+//
 // Every path that decides a claim or a Begin asks it: the lone claim,
 // the transaction of a multi-key claim or a takeover, each dialect's
 // batch, and Begin.
-func decide(recs map[string]record, order []string, token int64) (res stores.Result, data []byte, takeover bool) {
+func decide(recs map[string]record, order []string, token int64) (res stores.Result, data, owner []byte, takeover bool) {
 	ours := func(r record) bool { return token != 0 && r.state == stateProcessing && r.token == token }
 	for _, k := range order {
 		if r, ok := recs[k]; ok && r.live && r.state == stateDone {
-			return stores.Duplicate, r.data, false
+			return stores.Duplicate, r.data, nil, false
 		}
 	}
-	free := true
+	var held, expired []byte // the owners of the first held and expired records that keep one
+	free, busy := true, false
 	for _, k := range order {
 		r, ok := recs[k]
 		switch {
 		case !ok || ours(r):
 		case r.live:
-			return stores.InProgress, nil, false
+			busy = true
+			if held == nil && len(r.data) > 0 {
+				held = r.data
+			}
 		default:
 			free = false
-			takeover = takeover || r.state == stateProcessing
+			if r.state == stateProcessing {
+				takeover = true
+				if expired == nil && len(r.data) > 0 {
+					expired = r.data
+				}
+			}
 		}
 	}
-	if free {
-		return stores.Claimed, nil, false
+	switch {
+	case busy:
+		return stores.InProgress, nil, held, false
+	case free:
+		return stores.Claimed, nil, nil, false
 	}
-	return 0, nil, takeover
+	return 0, nil, expired, takeover
 }
 
 // settle decides, from its existing record r, a batched claim that did
@@ -62,8 +78,11 @@ func decide(recs map[string]record, order []string, token int64) (res stores.Res
 // InProgress, or, when it returns true, an expired record the claim must
 // take over, under a lock.
 func settle(o *op, r record) (takeover bool) {
-	res, data, _ := decide(map[string]record{"": r}, []string{""}, o.token)
+	res, data, owner, _ := decide(map[string]record{"": r}, []string{""}, o.token)
 	o.res.Result, o.res.Data = res, data
+	if res == stores.InProgress {
+		o.res.Owner = owner
+	}
 	return res == 0
 }
 
@@ -96,10 +115,13 @@ func claimLocked(ctx context.Context, tx *sql.Tx, d dialect, o *op, r record, ok
 	if !settle(o, r) {
 		return nil
 	}
-	if _, err := tx.ExecContext(ctx, d.sql().takeover(1), o.token, d.timeArg(now.Add(o.d)), d.idArg(o.id())); err != nil {
+	if _, err := tx.ExecContext(ctx, d.sql().takeover(1), o.token, d.timeArg(now.Add(o.d)), nil, d.idArg(o.id())); err != nil {
 		return err
 	}
 	o.res.Result, o.res.Takeover = stores.Claimed, r.state == stateProcessing
+	if o.res.Takeover && len(r.data) > 0 {
+		o.res.Owner = r.data
+	}
 	return nil
 }
 

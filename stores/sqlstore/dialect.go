@@ -186,9 +186,11 @@ type syntax struct {
 	selectFrom string
 	// setDataTable is the table as setData names it.
 	setDataTable string
-	// insertProcessing (id, token, expires) and insertDone (id, expires)
-	// insert one record, leaving an existing one unchanged (but on the
-	// partitioned layout, which inserts under a lock).
+	// insertProcessing (id, token, expires, owner) and insertDone (id,
+	// expires) insert one record, leaving an existing one unchanged (but
+	// on the partitioned layout, which inserts under a lock). A
+	// processing record keeps its claim's owner (stores.OwnerClaimer) in
+	// the data column, which only a done record's data uses otherwise.
 	insertProcessing, insertDone string
 }
 
@@ -234,10 +236,10 @@ func (q *statements) lockInIDOrder() string {
 }
 
 // takeover turns n expired records into processing records of a new
-// claim. Args: token, expires, ids...
+// claim, keeping its owner. Args: token, expires, owner, ids...
 func (q *statements) takeover(n int) string {
-	return fmt.Sprintf("UPDATE %s SET %stoken = %s, expires_at = %s, data = NULL WHERE id IN %s",
-		q.table, q.setState(stateProcessing), q.ph(1), q.ph(2), q.list(3, n))
+	return fmt.Sprintf("UPDATE %s SET %stoken = %s, expires_at = %s, data = %s WHERE id IN %s",
+		q.table, q.setState(stateProcessing), q.ph(1), q.ph(2), q.ph(3), q.list(4, n))
 }
 
 // replaceDone turns n expired records into done records of an inbox

@@ -367,7 +367,7 @@ func (s *Store) insertDone(ctx context.Context, tx *sql.Tx, ks keySet, expires t
 	if err != nil {
 		return 0, nil, err
 	}
-	if res, data, _ := decide(recs, s.orderKeys(ks), 0); res != 0 {
+	if res, data, _, _ := decide(recs, s.orderKeys(ks), 0); res != 0 {
 		return res, data, nil
 	}
 	if _, err := tx.ExecContext(ctx, s.q.replaceDone(len(rest)), idArgs(s.d, []any{exp}, rest)...); err != nil {

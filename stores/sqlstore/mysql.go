@@ -79,7 +79,7 @@ func newMySQL(table string) *mysqlDialect {
 	// transaction ends.
 	q.setDataTable = q.table + " FORCE INDEX (PRIMARY)"
 	ins := "INSERT INTO " + q.table + " (id, state, token, expires_at) VALUES (?, %d, %s, ?)" + mysqlOnConflict
-	q.insertProcessing = fmt.Sprintf(ins, stateProcessing, "?")
+	q.insertProcessing = "INSERT INTO " + q.table + " (id, state, token, expires_at, data) VALUES (?, " + fmt.Sprint(stateProcessing) + ", ?, ?, ?)" + mysqlOnConflict
 	q.insertDone = fmt.Sprintf(ins, stateDone, "NULL")
 	return d
 }

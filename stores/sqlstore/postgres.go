@@ -78,7 +78,7 @@ func newPostgres(table string, partitioned bool) *postgresDialect {
 		"CASE WHEN expires_at > $1 THEN 1 ELSE 0 END, data, token FROM %s",
 		stateDone, stateProcessing, q.table)
 	q.setDataTable = q.table
-	q.insertProcessing = "INSERT INTO " + q.table + " (id, token, expires_at) VALUES ($1, $2, $3)"
+	q.insertProcessing = "INSERT INTO " + q.table + " (id, token, expires_at, data) VALUES ($1, $2, $3, $4)"
 	q.insertDone = "INSERT INTO " + q.table + " (id, token, expires_at) VALUES ($1, NULL, $2)"
 	if !partitioned {
 		// Partitioned: a plain INSERT, made under the id's advisory lock

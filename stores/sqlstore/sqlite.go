@@ -66,7 +66,8 @@ func newSQLite(table string, mattn func() bool) *sqliteDialect {
 	q.setDataTable = q.table
 	ins := "INSERT INTO " + q.table + " (id, state, token, expires_at) " +
 		"VALUES (?, %d, %s, ?) ON CONFLICT (id) DO NOTHING"
-	q.insertProcessing = fmt.Sprintf(ins, stateProcessing, "?")
+	q.insertProcessing = "INSERT INTO " + q.table + " (id, state, token, expires_at, data) " +
+		"VALUES (?, " + fmt.Sprint(stateProcessing) + ", ?, ?, ?) ON CONFLICT (id) DO NOTHING"
 	q.insertDone = fmt.Sprintf(ins, stateDone, "NULL")
 	return d
 }

@@ -191,23 +191,36 @@ func (s *Store) createPartitions(ctx context.Context) error {
 // commit, or roll back when any key is live, so the claim is
 // all-or-nothing.
 func (s *Store) Claim(ctx context.Context, scope string, keys []string, lease time.Duration) (*stores.Claim, error) {
-	if err := s.checkCall(ctx, storekit.CheckKeys(keys), s.bounds().CheckLease(lease)); err != nil {
+	return s.ClaimOwned(ctx, scope, keys, lease, nil)
+}
+
+// ClaimOwned implements [stores.OwnerClaimer]: a processing record keeps
+// owner in its data column, which only done records use otherwise. A
+// claim with an owner runs on its own statements, never in a batch.
+func (s *Store) ClaimOwned(ctx context.Context, scope string, keys []string, lease time.Duration, owner []byte) (*stores.Claim, error) {
+	if err := s.checkCall(ctx, storekit.CheckKeys(keys), s.bounds().CheckLease(lease), stores.CheckOwner(owner)); err != nil {
 		return nil, fmt.Errorf("sqlstore: claim: %w", err)
 	}
 	s.noteLease(lease)
 	ks := newKeySet(scope, keys)
 	token := newToken()
 	c := &stores.Claim{Scope: scope, Keys: keys}
-	var err error
-	if o := s.group.op(ctx, opClaim, ks); o != nil {
+	var (
+		o   *op
+		err error
+	)
+	if len(owner) == 0 {
+		o = s.group.op(ctx, opClaim, ks)
+	}
+	if o != nil {
 		o.token, o.d = token, lease
 		if err = s.group.do(ctx, o); err == nil {
 			// Only now is o.res the caller's: a batch that went on
 			// without a caller that gave up writes it still.
-			c.Result, c.Takeover, c.Data = o.res.Result, o.res.Takeover, o.res.Data
+			c.Result, c.Takeover, c.Data, c.Owner = o.res.Result, o.res.Takeover, o.res.Data, o.res.Owner
 		}
 	} else {
-		err = s.claimDirect(ctx, ks, token, lease, c)
+		err = s.claimDirect(ctx, ks, token, lease, owner, c)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("sqlstore: claim in scope %q: %w", scope, s.classify(ctx, err))
@@ -288,11 +301,11 @@ func (s *Store) Extend(ctx context.Context, c *stores.Claim, lease time.Duration
 // Capabilities implements [stores.Store]: data up to Config.MaxData; on
 // the partitioned layout, leases and retentions of at
 // most PartitionDaysAhead days; the Inbox (joining a caller's
-// transaction) and Admin interfaces.
+// transaction), Admin and OwnerClaimer interfaces.
 func (s *Store) Capabilities() stores.Capabilities {
 	c := s.bounds()
 	c.Kind = "sqlstore (" + string(s.cfg.Dialect) + ")"
-	c.MaxData, c.Admin, c.Inbox, c.JoinedTx = s.cfg.MaxData, true, true, true
+	c.MaxData, c.Admin, c.Inbox, c.JoinedTx, c.Owners = s.cfg.MaxData, true, true, true, true
 	if s.part != nil {
 		c.Kind = "sqlstore (" + string(s.cfg.Dialect) + ", DailyPartitions)"
 	}
@@ -344,7 +357,7 @@ func (s *Store) direct(o *op) error {
 	switch o.kind {
 	case opClaim:
 		o.res = stores.Claim{}
-		return s.claimDirect(o.ctx, o.ks, o.token, o.d, &o.res)
+		return s.claimDirect(o.ctx, o.ks, o.token, o.d, nil, &o.res)
 	case opComplete:
 		return s.completeDirect(o.ctx, o.claim, o.ks, o.token, o.d, o.data)
 	case opRelease:
@@ -525,17 +538,18 @@ func (s *Store) acquire(ctx context.Context, tx *sql.Tx, ks keySet, now time.Tim
 }
 
 // claimDirect claims ks on its own statements, retrying transient
-// conflicts.
-func (s *Store) claimDirect(ctx context.Context, ks keySet, token int64, lease time.Duration, c *stores.Claim) error {
-	return s.retry(ctx, func() error { return s.claimOnce(ctx, ks, token, lease, c) })
+// conflicts; owner, when set, is kept with the processing records.
+func (s *Store) claimDirect(ctx context.Context, ks keySet, token int64, lease time.Duration, owner []byte, c *stores.Claim) error {
+	return s.retry(ctx, func() error { return s.claimOnce(ctx, ks, token, lease, owner, c) })
 }
 
-func (s *Store) claimOnce(ctx context.Context, ks keySet, token int64, lease time.Duration, c *stores.Claim) error {
+func (s *Store) claimOnce(ctx context.Context, ks keySet, token int64, lease time.Duration, owner []byte, c *stores.Claim) error {
 	now := s.now()
 	exp := s.d.timeArg(now.Add(lease))
-	c.Result, c.Takeover, c.Data = 0, false, nil
+	own := dataArg(owner)
+	c.Result, c.Takeover, c.Data, c.Owner = 0, false, nil, nil
 	if len(ks.ids) == 1 && s.part == nil {
-		res, err := s.db.ExecContext(ctx, s.q.insertProcessing, s.d.idArg(ks.ids[0]), token, exp)
+		res, err := s.db.ExecContext(ctx, s.q.insertProcessing, s.d.idArg(ks.ids[0]), token, exp, own)
 		if err != nil {
 			return err
 		}
@@ -552,7 +566,7 @@ func (s *Store) claimOnce(ctx context.Context, ks keySet, token int64, lease tim
 		if len(recs) == 1 {
 			// Claimed when the record is ours: an earlier attempt (or a
 			// batch whose outcome was unknown) inserted it.
-			if c.Result, c.Data, _ = decide(recs, s.orderKeys(ks), token); c.Result != 0 {
+			if c.Result, c.Data, c.Owner, _ = decide(recs, s.orderKeys(ks), token); c.Result != 0 {
 				return nil
 			}
 		}
@@ -560,19 +574,19 @@ func (s *Store) claimOnce(ctx context.Context, ks keySet, token int64, lease tim
 	}
 	return s.inTx(ctx, func(tx *sql.Tx) error {
 		rest, recs, err := s.acquire(ctx, tx, ks, now, s.q.insertProcessing, func(id recordID) []any {
-			return []any{s.d.idArg(id), token, exp}
+			return []any{s.d.idArg(id), token, exp, own}
 		})
 		if err != nil {
 			return err
 		}
-		c.Result, c.Data, c.Takeover = decide(recs, s.orderKeys(ks), token)
+		c.Result, c.Data, c.Owner, c.Takeover = decide(recs, s.orderKeys(ks), token)
 		switch c.Result {
 		case stores.Claimed:
 			return nil
 		case stores.Duplicate, stores.InProgress:
 			return errRollback // undo the records we inserted
 		}
-		if _, err := tx.ExecContext(ctx, s.q.takeover(len(rest)), idArgs(s.d, []any{token, exp}, rest)...); err != nil {
+		if _, err := tx.ExecContext(ctx, s.q.takeover(len(rest)), idArgs(s.d, []any{token, exp, own}, rest)...); err != nil {
 			return err
 		}
 		c.Result = stores.Claimed

@@ -49,15 +49,16 @@ func testCapabilitiesInterfaces(e *env, c stores.Capabilities) {
 		e.t.Error("Capabilities.Kind is empty")
 	}
 	for _, b := range []struct {
-		name       string
-		said, does bool
+		name, iface string
+		said, does  bool
 	}{
-		{"Admin", c.Admin, is[stores.Admin](e.s)},
-		{"Inbox", c.Inbox, is[stores.Inbox](e.s)},
-		{"JoinedTx", c.JoinedTx, is[stores.TxJoiner](e.s)},
+		{"Admin", "Admin", c.Admin, is[stores.Admin](e.s)},
+		{"Inbox", "Inbox", c.Inbox, is[stores.Inbox](e.s)},
+		{"JoinedTx", "TxJoiner", c.JoinedTx, is[stores.TxJoiner](e.s)},
+		{"Owners", "OwnerClaimer", c.Owners, is[stores.OwnerClaimer](e.s)},
 	} {
 		if b.said != b.does {
-			e.t.Errorf("Capabilities.%s = %t, but %T implements stores.%s: %t", b.name, b.said, e.s, b.name, b.does)
+			e.t.Errorf("Capabilities.%s = %t, but %T implements stores.%s: %t", b.name, b.said, e.s, b.iface, b.does)
 		}
 	}
 	if c.JoinedTx && !c.Inbox {

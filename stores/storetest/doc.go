@@ -27,6 +27,10 @@
 // interface (Get, List, Delete, Stats, Purge); [AdminNoScopes] and
 // [AdminNoKeys] tell it what the store's layout cannot list.
 //
+// On a store that implements [stores.OwnerClaimer] (Capabilities.Owners),
+// Run checks the owners a claim keeps and returns; on one that does not,
+// those tests skip.
+//
 // [RunModel] checks the same contract another way: it runs long random
 // sequences of calls (edge durations, cancelled contexts, forged claims,
 // concurrent calls, Close) and checks every answer against a reference

@@ -204,6 +204,7 @@ func Run(t *testing.T, newStore Factory, opts ...Option) {
 			tc.fn(e, e.admin())
 		})
 	}
+	s.runOwners(t)
 }
 
 func (s *suite) newEnv(t *testing.T) *env {

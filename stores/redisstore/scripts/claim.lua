@@ -7,8 +7,10 @@ for i, k in ipairs(KEYS) do
     end
     if string.sub(v, 2, TOKEN_END) ~= token then
       local pttl = redis.call('PTTL', k)
-      if pttl > tonumber(string.sub(v, LEASE_START)) then
-        busy = true
+      if pttl > tonumber(string.match(v, '^%d+', LEASE_START)) then
+        if not busy or not string.find(busy, ':', LEASE_START, true) then
+          busy = v
+        end
       else
         taken[#taken + 1] = i
         taken[#taken + 1] = v
@@ -18,9 +20,9 @@ for i, k in ipairs(KEYS) do
   end
 end
 if busy then
-  return {3}
+  return {3, busy}
 end
-local rec = 'p' .. token .. ARGV[2]
+local rec = 'p' .. token .. ARGV[2] .. ARGV[4]
 for _, k in ipairs(KEYS) do
   redis.call('SET', k, rec, 'PX', ARGV[3])
 end

@@ -6,6 +6,14 @@ for i, k in ipairs(KEYS) do
   end
 end
 for _, k in ipairs(KEYS) do
-  redis.call('SET', k, ARGV[2], 'PX', ARGV[3])
+  local rec = ARGV[2]
+  if string.byte(rec, 1) == P then
+    local v = redis.call('GET', k)
+    local o = string.find(v, ':', LEASE_START, true)
+    if o then
+      rec = rec .. string.sub(v, o)
+    end
+  end
+  redis.call('SET', k, rec, 'PX', ARGV[3])
 end
 return 0
