@@ -170,19 +170,19 @@ func (c *Cycle) release(parent context.Context, cl *stores.Claim) error {
 
 // complete is one Complete, bounded by StoreTimeout within ctx. When
 // runs are linked, the span of a Complete refused as a lost claim is
-// handed to *lost, not ended, unless *lost already holds one: the
-// reconciling claim finds the run it links to (linkTaker), and the
-// caller ends it.
-func (c *Cycle) complete(ctx context.Context, cl *stores.Claim, data []byte, lost *trace.Span) error {
+// handed to lost, with the time the call ended, unless lost already
+// holds one: the reconciling claim finds the run it links to
+// (linkTaker), and the caller ends it at that time.
+func (c *Cycle) complete(ctx context.Context, cl *stores.Claim, data []byte, lost *keptSpan) error {
 	sctx, span := c.span(ctx, dedup.OpComplete, cl.Scope, cl.Keys)
 	ctx, cancel := c.ctx(sctx)
 	defer cancel()
 	start := c.now()
 	err := c.store.Complete(ctx, cl, c.p.Retention, data)
 	c.observe(cl.Scope, dedup.OpComplete, start, err)
-	if c.tr.links && *lost == nil && errors.Is(err, stores.ErrLostClaim) {
+	if c.tr.links && lost.span == nil && errors.Is(err, stores.ErrLostClaim) {
 		settle(span, err)
-		*lost = span
+		lost.span, lost.at = span, time.Now()
 		return err
 	}
 	end(span, err)

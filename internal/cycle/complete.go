@@ -63,9 +63,7 @@ const (
 func (c *Cycle) Complete(ctx context.Context, msg *message.Message, b *Beat, data []byte) (Recorded, []byte) {
 	r := &recording{c: c, ctx: ctx, msg: msg, b: b}
 	defer func() {
-		if r.lost != nil {
-			r.lost.End()
-		}
+		r.lost.end()
 	}()
 	if err := c.caps.CheckData(data); err != nil {
 		data = r.drop(data, err)
@@ -88,7 +86,7 @@ type recording struct {
 	failed   bool // the record lost its data or was not written (counted once)
 	// lost is the span of the Complete refused as a lost claim, when
 	// runs are linked: reconcile links it to the run that took over.
-	lost trace.Span
+	lost keptSpan
 }
 
 func (r *recording) complete(data []byte) (Recorded, []byte) {
@@ -215,7 +213,7 @@ func (r *recording) reconcile(data []byte, lost error) (Recorded, []byte) {
 	}
 	switch again.Result {
 	case stores.Duplicate:
-		linkTaker(r.lost, again, trace.SpanContextFromContext(r.msg.Context()))
+		linkTaker(r.lost.span, again, trace.SpanContextFromContext(r.msg.Context()))
 		return DoneBefore, again.Data
 	case stores.Claimed:
 		// Not held: the new claim is completed at once.
@@ -230,7 +228,7 @@ func (r *recording) reconcile(data []byte, lost error) (Recorded, []byte) {
 			}
 		}
 	}
-	linkTaker(r.lost, again, trace.SpanContextFromContext(r.msg.Context()))
+	linkTaker(r.lost.span, again, trace.SpanContextFromContext(r.msg.Context()))
 	c.Observe(cl.Scope, dedup.OutcomeLostClaim)
 	c.p.Logger.Error("Dedup claim lost before Complete: the lease expired while "+c.side.Effect+" ran and another run took the message over (the effect may be doubled)", lost, c.Fields(r.msg, cl.Scope, cl.Keys))
 	return TakenOver, nil

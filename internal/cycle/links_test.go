@@ -3,6 +3,7 @@ package cycle_test
 import (
 	"bytes"
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -275,3 +276,52 @@ func (t dupTx) Data() []byte                                 { return t.data }
 func (dupTx) Context(parent context.Context) context.Context { return parent }
 func (dupTx) Commit(context.Context, []byte) error           { return nil }
 func (dupTx) Rollback(context.Context) error                 { return nil }
+
+// armedClaims notes when a claim starts once armed: the reconciling
+// claim after a Complete refused as lost.
+type armedClaims struct {
+	*memstore.Store
+	armed   atomic.Bool
+	claimAt atomic.Int64 // Unix nanoseconds of the first armed claim
+}
+
+func (s *armedClaims) note() {
+	if s.armed.Load() {
+		s.claimAt.CompareAndSwap(0, time.Now().UnixNano())
+		time.Sleep(time.Millisecond) // the reconcile visibly outlasts the refused call
+	}
+}
+
+func (s *armedClaims) ClaimOwned(ctx context.Context, scope string, keys []string, lease time.Duration, owner []byte) (*stores.Claim, error) {
+	s.note()
+	return s.Store.ClaimOwned(ctx, scope, keys, lease, owner)
+}
+
+func (s *armedClaims) Claim(ctx context.Context, scope string, keys []string, lease time.Duration) (*stores.Claim, error) {
+	s.note()
+	return s.Store.Claim(ctx, scope, keys, lease)
+}
+
+// The span of a Complete refused as a lost claim ends when the call
+// ended, although it is kept open for the reconcile to link it: its
+// duration is the store call's, not the reconcile's.
+func TestLostCompleteSpanEndsWithItsCall(t *testing.T) {
+	e := newEnv(t)
+	l := newLinked(t)
+	st := &armedClaims{Store: e.mem}
+	c := e.linkedCycle(l, st, true)
+	msgA, a := l.run("a")
+	clA := e.claimIn(c, msgA, stores.Claimed)
+	e.clock.Advance(2 * time.Minute)
+	msgC, _ := l.run("c")
+	e.claimIn(c, msgC, stores.Claimed)
+	st.armed.Store(true)
+	complete(c, context.WithoutCancel(msgA.Context()), msgA, clA, c.EncodeFor(msgA, nil))
+	s := l.span(t, "dedup.complete", a)
+	if st.claimAt.Load() == 0 {
+		t.Fatal("no reconciling claim after the refused Complete")
+	}
+	if at := time.Unix(0, st.claimAt.Load()); s.EndTime().After(at) {
+		t.Fatalf("the refused Complete's span ended %s after the reconcile's claim began: it lasts the reconcile", s.EndTime().Sub(at))
+	}
+}

@@ -217,3 +217,18 @@ func (c *Cycle) encode(fingerprint []byte, outputs []*message.Message, run trace
 	}
 	return record.EncodeRun(fingerprint, outputs, time.Now(), run)
 }
+
+// keptSpan is a span whose call has ended but that is ended later, once
+// what it links to is known: at the time its call ended, so that its
+// duration is the call's.
+type keptSpan struct {
+	span trace.Span // nil: none kept
+	at   time.Time
+}
+
+// end ends the kept span, if any, at the time its call ended.
+func (k keptSpan) end() {
+	if k.span != nil {
+		k.span.End(trace.WithTimestamp(k.at))
+	}
+}
