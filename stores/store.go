@@ -110,9 +110,11 @@ type Claim struct {
 
 	// Owner is the owner kept by another claim's processing record (see
 	// [OwnerClaimer]): for a Claimed result with Takeover, the record
-	// taken over's; for InProgress, the held record's (the first such key
-	// of the claim, in key order, that keeps one). Nil when the record
-	// keeps none, or the store keeps no owners.
+	// taken over's; for InProgress, the held record's (of one such key
+	// that keeps one: the first in key order on most stores, the first
+	// in the store's own order where it claims in another, as redisstore
+	// on a cluster does). Nil when the record keeps none, or the store
+	// keeps no owners.
 	Owner []byte
 }
 
