@@ -183,6 +183,12 @@ func kafkaSubscriberConfig(cfg Config) *sarama.Config {
 		c.Consumer.Group.Session.Timeout = d
 		c.Consumer.Group.Heartbeat.Interval = d / 4 // Sarama's ratio is 3s to 10s
 	}
+	// Sarama waits for a JoinGroup's answer Net.ReadTimeout (30s) only,
+	// while the broker may hold it for the rebalance timeout (60s by
+	// default) when a member is slow to rejoin: the joiners then fail
+	// with an i/o timeout, and join again, round after round. A rebalance
+	// that gives up on a member sooner than the read timeout ends.
+	c.Consumer.Group.Rebalance.Timeout = min(c.Consumer.Group.Rebalance.Timeout, c.Net.ReadTimeout/2)
 	return c
 }
 

@@ -62,7 +62,12 @@ func requireNoConsumerLeft(t *testing.T, r exampleRun) {
 // kills, and no consumer process outlives the run.
 func TestExampleKillDemo(t *testing.T) {
 	t.Parallel()
-	r := runExample(t, newTestRunID(), "-processes=3", "-kill-every=1s", "-events=300", "-timeout=5m")
+	// The run's own -timeout bounds it, not runExample's two minutes: on a
+	// busy machine the consumer group's rebalances after the kills take
+	// their time.
+	ctx, cancel := context.WithTimeout(t.Context(), 6*time.Minute)
+	defer cancel()
+	r := runBinary(ctx, t, "", exampleEnv(), []string{"-cleanup", "-run-id=" + newTestRunID(), "-processes=3", "-kill-every=1s", "-events=300", "-timeout=5m"})
 	requireOK(t, r)
 	requireNoConsumerLeft(t, r)
 	kills := regexp.MustCompile(`(?m)^  consumer processes\s+(\d+)  3 at a time; (\d+) SIGKILLed \(-kill-every 1s\) and replaced$`).FindStringSubmatch(r.stdout)
