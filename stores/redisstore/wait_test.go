@@ -867,8 +867,8 @@ func testDeadlineIsNotReplicated(t *testing.T, cc *redis.ClusterClient, pause fu
 }
 
 // testMultiKeyIsNotReplicated: with one master's replica stopped, 160
-// callers at once, each with a deadline of 2s (the middleware's
-// StoreTimeout), make the calls whose WAITs are not a lane's: multi-key
+// callers at once, each with a deadline of 10s (well past WaitTimeout,
+// 1s, and the pool's timeout), make the calls whose WAITs are not a lane's: multi-key
 // Claims (their keys taken, then confirmed by WAIT on each node), and
 // Complete, Release, Extend of claims over two masters (every key read,
 // then each written with WAIT). Each succeeds or fails with
@@ -909,7 +909,10 @@ func testMultiKeyIsNotReplicated(t *testing.T, cc *redis.ClusterClient, pause fu
 		go func() {
 			defer wg.Done()
 			<-start
-			ctx, cancel := context.WithTimeout(bg, 2*time.Second)
+			// Longer than WaitTimeout and the pool's timeout, which the
+			// calls must answer within, but not a race against a busy
+			// machine: a deadline hit means a call hung.
+			ctx, cancel := context.WithTimeout(bg, 10*time.Second)
 			defer cancel()
 			var (
 				what string
