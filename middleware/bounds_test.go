@@ -26,6 +26,13 @@ import (
 // at the end of the test.
 func openStore(t *testing.T, p testkit.StoreParams) stores.Store {
 	t.Helper()
+	return openStoreOf(t, p).Store
+}
+
+// openStoreOf is openStore, with what the test kit opened with the store
+// (its client, its name).
+func openStoreOf(t *testing.T, p testkit.StoreParams) *testkit.OpenedStore {
+	t.Helper()
 	testkit.RequireStore(t, p.Kind)
 	p.Teardown, p.CreateSchema = true, true
 	o, closeStore, err := testkit.OpenStore(context.Background(), p)
@@ -37,7 +44,7 @@ func openStore(t *testing.T, p testkit.StoreParams) stores.Store {
 			t.Errorf("closing the store: %v", err)
 		}
 	})
-	return o.Store
+	return o
 }
 
 // TestRealStoreBoundsRefusedAtNew: on the real stores, a setting beyond

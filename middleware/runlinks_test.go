@@ -42,19 +42,9 @@ type linkStore struct {
 // than the lease).
 func openLinkStore(t *testing.T, kind testkit.StoreKind) linkStore {
 	t.Helper()
-	testkit.RequireStore(t, kind)
 	clock := storetest.NewFakeClock(time.Now())
-	p := testkit.StoreParams{Kind: kind, Teardown: true, CreateSchema: true,
-		Memory: memstore.Config{Clock: clock}, SQL: sqlstore.Config{Clock: clock}, NATS: natsstore.Config{Clock: clock}}
-	o, closeStore, err := testkit.OpenStore(context.Background(), p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := closeStore(context.Background()); err != nil {
-			t.Errorf("closing the store: %v", err)
-		}
-	})
+	o := openStoreOf(t, testkit.StoreParams{Kind: kind,
+		Memory: memstore.Config{Clock: clock}, SQL: sqlstore.Config{Clock: clock}, NATS: natsstore.Config{Clock: clock}})
 	ls := linkStore{store: o.Store, expire: func(*testing.T) { clock.Advance(linkLease + linkLease/2) }}
 	if kind == testkit.StoreRedis {
 		ls.expire = func(t *testing.T) {
@@ -155,7 +145,7 @@ func testRunLinks(t *testing.T, kind testkit.StoreKind, on bool) {
 	scope := "links-" + storetest.NewID()
 	mw := dedupMiddleware(t, middleware.Config{Store: ls.store, Scope: scope, Policy: dedup.Policy{
 		Lease: linkLease, Logger: watermill.NopLogger{},
-		Tracing: dedup.Tracing{Provider: tr.tp, LinkRuns: on},
+		Tracing: dedup.Tracing{Provider: tr.TP, LinkRuns: on},
 		Tuning:  dedup.Tuning{Heartbeat: -1},
 	}})
 	uuid := "m-" + storetest.NewID()

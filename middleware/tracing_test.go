@@ -12,7 +12,6 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
-	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
 	dedup "github.com/watermill-dedup/dedup"
@@ -24,37 +23,28 @@ import (
 )
 
 // traced is a tracer provider recording every span in memory.
-type traced struct {
-	rec *tracetest.SpanRecorder
-	tp  *sdktrace.TracerProvider
-}
+type traced struct{ *testkit.Traces }
 
-func newTraced(t *testing.T) *traced {
-	rec := tracetest.NewSpanRecorder()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
-	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
-	return &traced{rec: rec, tp: tp}
-}
+func newTraced(t *testing.T) *traced { return &traced{testkit.NewTraces(t)} }
 
 // parent returns a message whose context carries a span of its own (the
 // handler's, as a tracing middleware or subscriber puts it there).
 func (tr *traced) message(uuid string) (*message.Message, trace.SpanContext) {
-	ctx, span := tr.tp.Tracer("test").Start(context.Background(), "handler")
-	span.End()
+	ctx, sc := tr.Span("handler")
 	msg := message.NewMessage(uuid, nil)
 	msg.SetContext(ctx)
-	return msg, span.SpanContext()
+	return msg, sc
 }
 
 // spans returns the ended dedup spans, then forgets them.
 func (tr *traced) spans() []sdktrace.ReadOnlySpan {
 	var out []sdktrace.ReadOnlySpan
-	for _, s := range tr.rec.Ended() {
+	for _, s := range tr.Rec.Ended() {
 		if s.InstrumentationScope().Name == "github.com/watermill-dedup/dedup" {
 			out = append(out, s)
 		}
 	}
-	tr.rec.Reset()
+	tr.Rec.Reset()
 	return out
 }
 
@@ -102,7 +92,7 @@ func TestTracing(t *testing.T) {
 	tr := newTraced(t)
 	clock := storetest.NewFakeClock(time.Now())
 	store := newMemstoreClock(t, clock)
-	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{Lease: time.Minute, Logger: watermill.NopLogger{}, Tracing: dedup.Tracing{Provider: tr.tp}}})
+	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{Lease: time.Minute, Logger: watermill.NopLogger{}, Tracing: dedup.Tracing{Provider: tr.TP}}})
 	ok := func(*message.Message) ([]*message.Message, error) { return nil, nil }
 	base := map[string]any{"dedup.scope": "s", "dedup.keys.count": 1, "dedup.store": "memstore", "dedup.mode": "lease", "dedup.side": "consumer", "dedup.keys": nil}
 
@@ -187,7 +177,7 @@ func TestTracingFailures(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			tr := newTraced(t)
 			store := failingStore{Store: newMemstore(t), fail: failWith(tc.err)}
-			mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{OnStoreError: tc.policy, Logger: watermill.NopLogger{}, Tracing: dedup.Tracing{Provider: tr.tp}}})
+			mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{OnStoreError: tc.policy, Logger: watermill.NopLogger{}, Tracing: dedup.Tracing{Provider: tr.TP}}})
 			msg, parent := tr.message("m-1")
 			if tc.cancelled {
 				ctx, cancel := context.WithCancel(msg.Context())
@@ -212,7 +202,7 @@ func TestTracingFailures(t *testing.T) {
 func TestTracingOptions(t *testing.T) {
 	t.Run("keys", func(t *testing.T) {
 		tr := newTraced(t)
-		mw := dedupMiddleware(t, middleware.Config{Store: newMemstore(t), Scope: "s", Policy: dedup.Policy{Tracing: dedup.Tracing{Provider: tr.tp, RecordKeys: true}}})
+		mw := dedupMiddleware(t, middleware.Config{Store: newMemstore(t), Scope: "s", Policy: dedup.Policy{Tracing: dedup.Tracing{Provider: tr.TP, RecordKeys: true}}})
 		msg, _ := tr.message("m-1")
 		if _, err := mw(func(*message.Message) ([]*message.Message, error) { return nil, nil })(msg); err != nil {
 			t.Fatal(err)
@@ -236,7 +226,7 @@ func TestTracingOptions(t *testing.T) {
 	})
 	t.Run("publisher", func(t *testing.T) {
 		tr := newTraced(t)
-		d, err := publisher.New(publisher.Config{Store: newMemstore(t), Policy: dedup.Policy{Tracing: dedup.Tracing{Provider: tr.tp}}})
+		d, err := publisher.New(publisher.Config{Store: newMemstore(t), Policy: dedup.Policy{Tracing: dedup.Tracing{Provider: tr.TP}}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -259,7 +249,7 @@ func TestTracingOptions(t *testing.T) {
 	t.Run("transactional", func(t *testing.T) {
 		tr := newTraced(t)
 		store := openStore(t, testkit.StoreParams{Kind: testkit.StoreSQLite})
-		mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Mode: dedup.ModeTransactional, Policy: dedup.Policy{Tracing: dedup.Tracing{Provider: tr.tp}}})
+		mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Mode: dedup.ModeTransactional, Policy: dedup.Policy{Tracing: dedup.Tracing{Provider: tr.TP}}})
 		for _, fail := range []bool{false, true} {
 			msg, parent := tr.message(fmt.Sprintf("t-%v", fail))
 			_, _ = mw(func(*message.Message) ([]*message.Message, error) {

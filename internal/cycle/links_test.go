@@ -9,45 +9,36 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
-	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
 	dedup "github.com/watermill-dedup/dedup"
 	"github.com/watermill-dedup/dedup/internal/cycle"
 	"github.com/watermill-dedup/dedup/internal/record"
+	"github.com/watermill-dedup/dedup/internal/testkit"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/memstore"
 )
 
 // linked is a tracer provider recording spans, and the runs a test
 // makes with it.
-type linked struct {
-	rec *tracetest.SpanRecorder
-	tp  *sdktrace.TracerProvider
-}
+type linked struct{ *testkit.Traces }
 
-func newLinked(t *testing.T) *linked {
-	rec := tracetest.NewSpanRecorder()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
-	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
-	return &linked{rec: rec, tp: tp}
-}
+func newLinked(t *testing.T) *linked { return &linked{testkit.NewTraces(t)} }
 
 // run returns a message whose context carries a span of its own (a run's
 // message span), and that span's context.
 func (l *linked) run(uuid string) (*message.Message, trace.SpanContext) {
-	ctx, span := l.tp.Tracer("test").Start(context.Background(), "handler "+uuid)
-	span.End()
+	ctx, sc := l.Span("handler " + uuid)
 	msg := newMsg(uuid)
 	msg.SetContext(ctx)
-	return msg, span.SpanContext()
+	return msg, sc
 }
 
 // span returns the one ended span named name whose parent is sc's span.
 func (l *linked) span(t *testing.T, name string, sc trace.SpanContext) sdktrace.ReadOnlySpan {
 	t.Helper()
 	var found []sdktrace.ReadOnlySpan
-	for _, s := range l.rec.Ended() {
+	for _, s := range l.Rec.Ended() {
 		if s.Name() == name && s.Parent().SpanID() == sc.SpanID() {
 			found = append(found, s)
 		}
@@ -80,7 +71,7 @@ func wantLinks(t *testing.T, s sdktrace.ReadOnlySpan, why string, to ...trace.Sp
 func (e *env) linkedCycle(l *linked, store stores.Store, links bool) *cycle.Cycle {
 	e.t.Helper()
 	c, err := cycle.New(store, dedup.Policy{Lease: time.Minute, Metrics: e.metrics, Logger: e.logger,
-		Tracing: dedup.Tracing{Provider: l.tp, LinkRuns: links}}, cycle.Consumer, cycle.Needs{})
+		Tracing: dedup.Tracing{Provider: l.TP, LinkRuns: links}}, cycle.Consumer, cycle.Needs{})
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -257,7 +248,7 @@ func TestLinkedBegin(t *testing.T) {
 	_, orig := l.run("orig")
 	done := record.EncodeRun(nil, nil, time.Now(), orig)
 	store := &inboxStore{fake: e.store, inbox: true, begin: func(context.Context) (stores.InboxTx, error) { return dupTx{done}, nil }}
-	c, err := cycle.New(store, dedup.Policy{Metrics: e.metrics, Tracing: dedup.Tracing{Provider: l.tp, LinkRuns: true}}, cycle.Consumer, cycle.Needs{Mode: dedup.ModeTransactional})
+	c, err := cycle.New(store, dedup.Policy{Metrics: e.metrics, Tracing: dedup.Tracing{Provider: l.TP, LinkRuns: true}}, cycle.Consumer, cycle.Needs{Mode: dedup.ModeTransactional})
 	if err != nil {
 		t.Fatal(err)
 	}
