@@ -97,12 +97,7 @@ func (e *env) claimIn(c *cycle.Cycle, msg *message.Message, want stores.Result) 
 // took it over, whether that run still holds the keys or completed them
 // (taker).
 func TestLinkedRuns(t *testing.T) {
-	e := newEnv(t)
-	l := newLinked(t)
-	c := e.linkedCycle(l, e.mem, true)
-
-	msgA, a := l.run("a")
-	clA := e.claimIn(c, msgA, stores.Claimed)
+	e, l, c, msgA, a, clA := claimedRun(t, true)
 	wantLinks(t, l.span(t, "dedup.claim", a), "")
 	if got, _ := e.mem.Claim(context.Background(), "s", []string{"k"}, time.Minute); !bytes.Equal(got.Owner, record.AppendRun(nil, a)) {
 		t.Fatalf("the processing record's owner = %x, want a's span context", got.Owner)
@@ -197,11 +192,7 @@ func TestLinkedRunsWithoutOwners(t *testing.T) {
 // kept of a run (the record is version 2 with the time, or version 1
 // without tracing, byte for byte) and no span links.
 func TestUnlinkedRuns(t *testing.T) {
-	e := newEnv(t)
-	l := newLinked(t)
-	c := e.linkedCycle(l, e.mem, false)
-	msgA, a := l.run("a")
-	clA := e.claimIn(c, msgA, stores.Claimed)
+	e, l, c, msgA, a, clA := claimedRun(t, false)
 	if got, _ := e.mem.Claim(context.Background(), "s", []string{"k"}, time.Minute); got.Owner != nil {
 		t.Fatalf("an unlinked claim keeps owner %x", got.Owner)
 	}
@@ -315,4 +306,15 @@ func TestLostCompleteSpanEndsWithItsCall(t *testing.T) {
 	if at := time.Unix(0, st.claimAt.Load()); s.EndTime().After(at) {
 		t.Fatalf("the refused Complete's span ended %s after the reconcile's claim began: it lasts the reconcile", s.EndTime().Sub(at))
 	}
+}
+
+// claimedRun is a cycle on a memstore, linking runs when links, and the
+// claim of key k in scope s by a run a: its message, span context and
+// claim.
+func claimedRun(t *testing.T, links bool) (*env, *linked, *cycle.Cycle, *message.Message, trace.SpanContext, *stores.Claim) {
+	e := newEnv(t)
+	l := newLinked(t)
+	c := e.linkedCycle(l, e.mem, links)
+	msg, sc := l.run("a")
+	return e, l, c, msg, sc, e.claimIn(c, msg, stores.Claimed)
 }
