@@ -14,6 +14,7 @@ import (
 
 	"github.com/watermill-dedup/dedup/acceptance"
 	"github.com/watermill-dedup/dedup/internal/testkit"
+	"github.com/watermill-dedup/dedup/internal/testkit/amqptest"
 	"github.com/watermill-dedup/dedup/keyfuncs"
 	"github.com/watermill-dedup/dedup/keyfuncs/amqpkeys"
 )
@@ -80,7 +81,7 @@ func rabbitMQOf(c amqpClients) acceptance.Backend {
 			// The publisher and subscribers declare the exchange; remove
 			// it at the end.
 			t.Cleanup(func() {
-				if err := testkit.DeleteAMQP(env["url"], func(ch *amqp091.Channel) error {
+				if err := amqptest.DeleteAMQP(env["url"], func(ch *amqp091.Channel) error {
 					return ch.ExchangeDelete(topic, false, false)
 				}); err != nil {
 					t.Logf("rabbitmq cleanup: delete exchange %s: %v", topic, err)
@@ -96,7 +97,7 @@ func rabbitMQOf(c amqpClients) acceptance.Backend {
 		},
 		RemoveGroup: func(_ testing.TB, env acceptance.Env, topic, group string) error {
 			name := c.queue(topic, group)
-			return testkit.DeleteAMQP(env["url"], func(ch *amqp091.Channel) error {
+			return amqptest.DeleteAMQP(env["url"], func(ch *amqp091.Channel) error {
 				_, err := ch.QueueDelete(name, false, false, false)
 				return err
 			})

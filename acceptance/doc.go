@@ -35,7 +35,7 @@
 // broker, plus the cluster in KAFKA_BROKERS when set
 // (KAFKA_REPLICATION_FACTOR for its topics, default 1). The nats-current
 // rows start nats-server servers of the current release per scenario
-// (testkit.CurrentNATS: built once per machine through the Go module
+// (natstest.CurrentNATS: built once per machine through the Go module
 // proxy, or NATS_SERVER_CURRENT).
 //
 // The run ends with one summary table, broker x store x scenario ->
@@ -229,7 +229,7 @@
 // # Adding a store
 //
 // Write a Store (see stores_test.go, which opens this module's stores
-// with testkit.OpenStore): Setup provisions names unique to the scenario
+// with anystore.OpenStore): Setup provisions names unique to the scenario
 // id (a table, a key prefix), registers their removal and returns an Env
 // with EnvAddr set when a network service is behind it; Open connects from
 // the Env (dialing Env[EnvAddr], which the outage scenario replaces with a

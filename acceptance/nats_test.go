@@ -18,6 +18,7 @@ import (
 	"github.com/watermill-dedup/dedup/acceptance"
 	"github.com/watermill-dedup/dedup/internal/jsguard"
 	"github.com/watermill-dedup/dedup/internal/testkit"
+	"github.com/watermill-dedup/dedup/internal/testkit/natstest"
 	"github.com/watermill-dedup/dedup/keyfuncs"
 	"github.com/watermill-dedup/dedup/middleware"
 )
@@ -58,10 +59,10 @@ func natsJetStream() acceptance.Backend {
 }
 
 // natsJetStreamCurrent is natsJetStream on a nats-server of the current
-// release (testkit.CurrentNATS) started for the scenario and killed at
+// release (natstest.CurrentNATS) started for the scenario and killed at
 // its end.
 func natsJetStreamCurrent() acceptance.Backend {
-	return natsJetStreamOn("nats-jetstream-current", func(t *testing.T) string { return testkit.CurrentNATS(t).Start(t, "").URL() })
+	return natsJetStreamOn("nats-jetstream-current", func(t *testing.T) string { return natstest.CurrentNATS(t).Start(t, "").URL() })
 }
 
 // natsJetStreamOn is natsJetStream named name, on the server whose URL

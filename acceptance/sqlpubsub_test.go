@@ -13,7 +13,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/watermill-dedup/dedup/acceptance"
-	"github.com/watermill-dedup/dedup/internal/testkit"
+	"github.com/watermill-dedup/dedup/internal/testkit/anystore"
 	"github.com/watermill-dedup/dedup/keyfuncs"
 	"github.com/watermill-dedup/dedup/keyfuncs/sqlkeys"
 	"github.com/watermill-dedup/dedup/middleware"
@@ -105,7 +105,7 @@ func sqlPubSubOf(d sqlstore.Dialect, c wsqlClients) acceptance.Backend {
 			Restartable:    true,
 		},
 		Setup: func(t *testing.T) (acceptance.Env, error) {
-			return acceptance.Env{acceptance.EnvAddr: testkit.RequireStore(t, sqlKind(d))}, nil
+			return acceptance.Env{acceptance.EnvAddr: anystore.RequireStore(t, sqlKind(d))}, nil
 		},
 		CreateTopic: func(t *testing.T, env acceptance.Env, topic string) error {
 			db, err := openSQL(d, env)

@@ -12,8 +12,12 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/watermill-dedup/dedup/acceptance"
-	"github.com/watermill-dedup/dedup/internal/testkit"
+	"github.com/watermill-dedup/dedup/internal/natsclean"
+	"github.com/watermill-dedup/dedup/internal/redisclean"
+	"github.com/watermill-dedup/dedup/internal/testkit/anystore"
 	"github.com/watermill-dedup/dedup/internal/testkit/ledger"
+	"github.com/watermill-dedup/dedup/internal/testkit/natstest"
+	"github.com/watermill-dedup/dedup/internal/testkit/sqltest"
 	"github.com/watermill-dedup/dedup/stores/natsstore"
 	"github.com/watermill-dedup/dedup/stores/redisstore"
 	"github.com/watermill-dedup/dedup/stores/sqlstore"
@@ -26,14 +30,14 @@ func memStore() acceptance.Store {
 	return acceptance.Store{
 		Name: "memstore",
 		Open: func(t testing.TB, _ acceptance.Env) (acceptance.Opened, error) {
-			return openStore(t, testkit.StoreParams{Kind: testkit.StoreMemory})
+			return openStore(t, anystore.StoreParams{Kind: anystore.StoreMemory})
 		},
 	}
 }
 
-// openStore opens p with testkit.OpenStore, closing what it opened with
+// openStore opens p with anystore.OpenStore, closing what it opened with
 // t.Cleanup.
-func openStore(t testing.TB, p testkit.StoreParams) (acceptance.Opened, error) {
+func openStore(t testing.TB, p anystore.StoreParams) (acceptance.Opened, error) {
 	o, err := openTestkit(t, p)
 	if err != nil {
 		return acceptance.Opened{}, err
@@ -41,8 +45,8 @@ func openStore(t testing.TB, p testkit.StoreParams) (acceptance.Opened, error) {
 	return acceptance.Opened{Store: o.Store}, nil
 }
 
-func openTestkit(t testing.TB, p testkit.StoreParams) (*testkit.OpenedStore, error) {
-	o, cleanup, err := testkit.OpenStore(context.Background(), p)
+func openTestkit(t testing.TB, p anystore.StoreParams) (*anystore.OpenedStore, error) {
+	o, cleanup, err := anystore.OpenStore(context.Background(), p)
 	if err != nil {
 		return nil, err
 	}
@@ -53,7 +57,7 @@ func openTestkit(t testing.TB, p testkit.StoreParams) (*testkit.OpenedStore, err
 // openNamed opens the stores of p (Kind and settings) through
 // env[EnvAddr], with a dial timeout of a second, under the name in
 // env[name]: a key prefix, a bucket.
-func openNamed(p testkit.StoreParams, name string) func(testing.TB, acceptance.Env) (acceptance.Opened, error) {
+func openNamed(p anystore.StoreParams, name string) func(testing.TB, acceptance.Env) (acceptance.Opened, error) {
 	return func(t testing.TB, env acceptance.Env) (acceptance.Opened, error) {
 		p := p
 		p.Addr, p.Name, p.DialTimeout = env[acceptance.EnvAddr], env[name], time.Second
@@ -80,16 +84,16 @@ func redisStore() acceptance.Store {
 		Name:         "redis",
 		MultiProcess: true,
 		Setup: func(t *testing.T, id string) (acceptance.Env, error) {
-			addr := testkit.RequireStore(t, testkit.StoreRedis)
+			addr := anystore.RequireStore(t, anystore.StoreRedis)
 			prefix := "acceptance:" + id + ":"
 			cleanupWithin(t, func(ctx context.Context) error {
 				client := redis.NewClient(&redis.Options{Addr: addr})
 				defer client.Close()
-				return testkit.DeleteRedisPrefix(ctx, client, prefix)
+				return redisclean.DeletePrefix(ctx, client, prefix)
 			}, "redis cleanup of %s*", prefix)
 			return acceptance.Env{acceptance.EnvAddr: addr, "prefix": prefix}, nil
 		},
-		Open: openNamed(testkit.StoreParams{Kind: testkit.StoreRedis, Redis: redisstore.Config{SkipServerCheck: true}}, "prefix"),
+		Open: openNamed(anystore.StoreParams{Kind: anystore.StoreRedis, Redis: redisstore.Config{SkipServerCheck: true}}, "prefix"),
 	}
 }
 
@@ -104,7 +108,7 @@ func redisAsyncStore() acceptance.Store {
 }
 
 // natsCurrentStore is natsstore on a nats-server of the current release
-// (testkit.CurrentNATS) started for the scenario and killed at its end:
+// (natstest.CurrentNATS) started for the scenario and killed at its end:
 // records with TTLs of their own (natsstore.TTLPerKey), where the shared
 // server's buckets expire them by their MaxAge. Every Open dials
 // env[EnvAddr], the server or the outage scenario's proxy.
@@ -113,10 +117,10 @@ func natsCurrentStore() acceptance.Store {
 		Name:         "nats-current",
 		MultiProcess: true,
 		Setup: func(t *testing.T, id string) (acceptance.Env, error) {
-			srv := testkit.CurrentNATS(t).Start(t, "")
+			srv := natstest.CurrentNATS(t).Start(t, "")
 			return acceptance.Env{acceptance.EnvAddr: srv.Addr(), "bucket": "acceptance_" + id}, nil
 		},
-		Open: openNamed(testkit.StoreParams{Kind: testkit.StoreNATS}, "bucket"),
+		Open: openNamed(anystore.StoreParams{Kind: anystore.StoreNATS}, "bucket"),
 	}
 }
 
@@ -128,7 +132,7 @@ func natsStore() acceptance.Store {
 		Name:         "nats",
 		MultiProcess: true,
 		Setup: func(t *testing.T, id string) (acceptance.Env, error) {
-			addr := testkit.RequireStore(t, testkit.StoreNATS)
+			addr := anystore.RequireStore(t, anystore.StoreNATS)
 			bucket := "acceptance_" + id
 			cleanupWithin(t, func(ctx context.Context) error {
 				nc, err := nats.Connect("nats://" + addr)
@@ -136,11 +140,11 @@ func natsStore() acceptance.Store {
 					return err
 				}
 				defer nc.Close()
-				return testkit.DeleteNATSBuckets(ctx, nc, natsstore.Config{Bucket: bucket})
+				return natsclean.DeleteBuckets(ctx, nc, natsstore.Config{Bucket: bucket})
 			}, "nats cleanup of bucket %s", bucket)
 			return acceptance.Env{acceptance.EnvAddr: addr, "bucket": bucket}, nil
 		},
-		Open: openNamed(testkit.StoreParams{Kind: testkit.StoreNATS}, "bucket"),
+		Open: openNamed(anystore.StoreParams{Kind: anystore.StoreNATS}, "bucket"),
 	}
 }
 
@@ -168,19 +172,19 @@ func sqlStoreJoinedTx(d sqlstore.Dialect) acceptance.Store {
 }
 
 // sqlKind is the testkit store kind of d.
-func sqlKind(d sqlstore.Dialect) testkit.StoreKind {
+func sqlKind(d sqlstore.Dialect) anystore.StoreKind {
 	switch d {
 	case sqlstore.Postgres:
-		return testkit.StorePostgres
+		return anystore.StorePostgres
 	case sqlstore.MySQL:
-		return testkit.StoreMySQL
+		return anystore.StoreMySQL
 	}
-	return testkit.StoreSQLite
+	return anystore.StoreSQLite
 }
 
 // sqlParams are the testkit parameters of the database in env.
-func sqlParams(d sqlstore.Dialect, env acceptance.Env) testkit.StoreParams {
-	return testkit.StoreParams{
+func sqlParams(d sqlstore.Dialect, env acceptance.Env) anystore.StoreParams {
+	return anystore.StoreParams{
 		Kind: sqlKind(d),
 		Addr: env[acceptance.EnvAddr],
 		Path: env["path"],
@@ -213,7 +217,7 @@ func sqlStoreConfig(d sqlstore.Dialect, transactional bool, mode string, cfg sql
 			if d == sqlstore.SQLite {
 				env["path"] = filepath.Join(t.TempDir(), "dedup.db")
 			} else {
-				env[acceptance.EnvAddr] = testkit.RequireStore(t, sqlKind(d))
+				env[acceptance.EnvAddr] = anystore.RequireStore(t, sqlKind(d))
 			}
 			p := sqlParams(d, env)
 			p.CreateSchema, p.Teardown = true, true
@@ -266,7 +270,7 @@ func sqlStoreConfig(d sqlstore.Dialect, transactional bool, mode string, cfg sql
 func openSQL(d sqlstore.Dialect, env acceptance.Env) (*sql.DB, error) {
 	p := sqlParams(d, env)
 	p.Name = ""
-	return testkit.OpenDB(context.Background(), p)
+	return anystore.OpenDB(context.Background(), p)
 }
 
 // dropTables drops the scenario's tables, and only those.
@@ -280,7 +284,7 @@ func dropTables(t testing.TB, d sqlstore.Dialect, env acceptance.Env, tables ...
 		return
 	}
 	defer db.Close()
-	if err := testkit.DropTables(context.Background(), db, sqlKind(d), tables...); err != nil {
+	if err := sqltest.DropTables(context.Background(), db, d, tables...); err != nil {
 		t.Logf("sql cleanup: %v", err)
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/watermill-dedup/dedup/internal/testkit"
+	"github.com/watermill-dedup/dedup/internal/testkit/anystore"
 )
 
 // e2eBroker is a broker the e2e section drives: a publisher, and a way to
@@ -164,7 +165,7 @@ func openRabbit(consumers, n int) (*e2eBroker, error) {
 // openSQLPubSub returns watermill-sql's PostgreSQL pub/sub: one consumer
 // group reading a topic table in order, one message at a time.
 func openSQLPubSub(ctx context.Context, n int) (*e2eBroker, error) {
-	db, err := testkit.OpenDB(ctx, testkit.StoreParams{Kind: testkit.StorePostgres, PoolSize: 4})
+	db, err := anystore.OpenDB(ctx, anystore.StoreParams{Kind: anystore.StorePostgres, PoolSize: 4})
 	if err != nil {
 		return nil, err
 	}

@@ -21,7 +21,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	dedup "github.com/watermill-dedup/dedup"
-	"github.com/watermill-dedup/dedup/internal/testkit"
+	"github.com/watermill-dedup/dedup/internal/testkit/anystore"
 	"github.com/watermill-dedup/dedup/keyfuncs"
 	"github.com/watermill-dedup/dedup/middleware"
 	"github.com/watermill-dedup/dedup/stores"
@@ -104,7 +104,7 @@ func e2eCaseNames() []string {
 type e2eStores struct {
 	byName  map[string]stores.Store
 	missing map[string]string // why a store could not be opened
-	redis   *testkit.OpenedStore
+	redis   *anystore.OpenedStore
 	// redisPrefix is the store's key prefix; the naive case's keys are
 	// under it too, so that the teardown deletes them.
 	redisPrefix string
@@ -125,18 +125,18 @@ func openE2EStores(ctx context.Context) (*e2eStores, func(), error) {
 	}
 	for _, p := range []struct {
 		name   string
-		params testkit.StoreParams
+		params anystore.StoreParams
 	}{
-		{"memory", testkit.StoreParams{Kind: testkit.StoreMemory}},
-		{"redis", testkit.StoreParams{
-			Kind:     testkit.StoreRedis,
+		{"memory", anystore.StoreParams{Kind: anystore.StoreMemory}},
+		{"redis", anystore.StoreParams{
+			Kind:     anystore.StoreRedis,
 			Name:     s.redisPrefix,
 			PoolSize: 64,
 			Teardown: true,
 			Redis:    redisstore.Config{SkipServerCheck: true},
 		}},
-		{"postgres", testkit.StoreParams{
-			Kind:         testkit.StorePostgres,
+		{"postgres", anystore.StoreParams{
+			Kind:         anystore.StorePostgres,
 			DSN:          pgBenchDSN(),
 			Name:         "dedup_bench_e2e_" + runID(),
 			PoolSize:     16,
@@ -144,9 +144,9 @@ func openE2EStores(ctx context.Context) (*e2eStores, func(), error) {
 			Teardown:     true,
 		}},
 	} {
-		o, c, err := testkit.OpenStore(ctx, p.params)
+		o, c, err := anystore.OpenStore(ctx, p.params)
 		if err != nil {
-			var u *testkit.UnreachableError
+			var u *anystore.UnreachableError
 			if errors.As(err, &u) {
 				s.missing[p.name] = err.Error()
 				continue

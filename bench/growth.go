@@ -7,7 +7,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/watermill-dedup/dedup/internal/testkit"
+	"github.com/watermill-dedup/dedup/internal/testkit/anystore"
 	"github.com/watermill-dedup/dedup/stores"
 )
 
@@ -32,7 +32,7 @@ func storeOpeners() []func(ctx context.Context) (*benchStore, error) {
 }
 
 func openMemstore(ctx context.Context) (*benchStore, error) {
-	o, cleanup, err := testkit.OpenStore(ctx, testkit.StoreParams{Kind: testkit.StoreMemory})
+	o, cleanup, err := anystore.OpenStore(ctx, anystore.StoreParams{Kind: anystore.StoreMemory})
 	if err != nil {
 		return nil, err
 	}

@@ -17,7 +17,9 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/watermill-dedup/dedup/internal/redisclean"
 	"github.com/watermill-dedup/dedup/internal/testkit"
+	"github.com/watermill-dedup/dedup/internal/testkit/anystore"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/redisstore"
 )
@@ -42,8 +44,8 @@ func redisUsedMemory(ctx context.Context, c redis.UniversalClient) (int64, error
 }
 
 func openRedisBench(ctx context.Context) (*benchStore, error) {
-	o, cleanup, err := testkit.OpenStore(ctx, testkit.StoreParams{
-		Kind: testkit.StoreRedis,
+	o, cleanup, err := anystore.OpenStore(ctx, anystore.StoreParams{
+		Kind: anystore.StoreRedis,
 		// As long as the default prefix ("dedup:"), so bytes per record
 		// are those of the default layout; unique, so the cleanup deletes
 		// only ours.
@@ -135,7 +137,7 @@ func redisBenchmark(ctx context.Context, clients, requests int) (float64, error)
 		return 0, fmt.Errorf("redis-benchmark printed no rate: %q", out)
 	}
 	c := redis.NewClient(&redis.Options{Addr: testkit.RedisAddr()})
-	_ = testkit.DeleteRedisPrefix(ctx, c, prefix)
+	_ = redisclean.DeletePrefix(ctx, c, prefix)
 	_ = c.Close()
 	return strconv.ParseFloat(last, 64)
 }

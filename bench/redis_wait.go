@@ -9,7 +9,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/watermill-dedup/dedup/internal/testkit"
+	"github.com/watermill-dedup/dedup/internal/testkit/redistest"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/redisstore"
 )
@@ -30,7 +30,7 @@ func runRedisWait(ctx context.Context, o *options) ([]result, error) {
 		return nil, err
 	}
 	defer os.RemoveAll(dir)
-	servers, err := testkit.LaunchRedisReplicated(dir, 1)
+	servers, err := redistest.LaunchRedisReplicated(dir, 1)
 	if err != nil {
 		return skipped(sec, err.Error()), nil
 	}

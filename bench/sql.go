@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/watermill-dedup/dedup/internal/testkit"
+	"github.com/watermill-dedup/dedup/internal/testkit/anystore"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/sqlstore"
 )
@@ -26,8 +27,8 @@ type sqlBench struct {
 
 // openSQL opens kind's store on a new table with a pool of conns, and
 // names the service and its setting when it is unreachable.
-func openSQL(ctx context.Context, kind testkit.StoreKind, conns int) (*sqlBench, error) {
-	o, cleanup, err := testkit.OpenStore(ctx, testkit.StoreParams{
+func openSQL(ctx context.Context, kind anystore.StoreKind, conns int) (*sqlBench, error) {
+	o, cleanup, err := anystore.OpenStore(ctx, anystore.StoreParams{
 		Kind:         kind,
 		Name:         "dedup_bench_" + runID(),
 		PoolSize:     conns,
@@ -47,7 +48,7 @@ var passwordRe = regexp.MustCompile(`:[^:@/]*@`)
 func redactDSN(dsn string) string { return passwordRe.ReplaceAllString(dsn, ":***@") }
 
 func openPostgresBench(ctx context.Context) (*benchStore, error) {
-	b, err := openSQL(ctx, testkit.StorePostgres, 32)
+	b, err := openSQL(ctx, anystore.StorePostgres, 32)
 	if err != nil {
 		return nil, err
 	}
@@ -180,7 +181,7 @@ func runSQL(ctx context.Context, o *options) ([]result, error) {
 		d, rounds = time.Second, 1
 	}
 	var rs []result
-	for _, kind := range []testkit.StoreKind{testkit.StorePostgres, testkit.StoreMySQL, testkit.StoreSQLite} {
+	for _, kind := range []anystore.StoreKind{anystore.StorePostgres, anystore.StoreMySQL, anystore.StoreSQLite} {
 		b, err := openSQL(ctx, kind, 32)
 		if err != nil {
 			rs = append(rs, skipped(sec, err.Error())...)

@@ -9,7 +9,7 @@ import (
 
 	dedup "github.com/watermill-dedup/dedup"
 	"github.com/watermill-dedup/dedup/expiringkeys"
-	"github.com/watermill-dedup/dedup/internal/testkit"
+	"github.com/watermill-dedup/dedup/internal/testkit/anystore"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/natsstore"
 	"github.com/watermill-dedup/dedup/stores/redisstore"
@@ -21,23 +21,23 @@ import (
 func TestRealStoreBoundsRefusedAtNew(t *testing.T) {
 	cases := []struct {
 		name   string
-		params testkit.StoreParams
+		params anystore.StoreParams
 		cfg    expiringkeys.Config
 		want   []string
 	}{
-		{"natsstore window", testkit.StoreParams{Kind: testkit.StoreNATS, NATS: natsstore.Config{MaxRetention: time.Hour}},
+		{"natsstore window", anystore.StoreParams{Kind: anystore.StoreNATS, NATS: natsstore.Config{MaxRetention: time.Hour}},
 			expiringkeys.Config{Scope: "s", Window: 2 * time.Hour}, []string{"Window: window 2h0m0s", "natsstore's MaxRetention (1h0m0s)"}},
-		{"natsstore lease", testkit.StoreParams{Kind: testkit.StoreNATS, NATS: natsstore.Config{MaxLease: time.Minute}},
+		{"natsstore lease", anystore.StoreParams{Kind: anystore.StoreNATS, NATS: natsstore.Config{MaxLease: time.Minute}},
 			expiringkeys.Config{Scope: "s", Lease: 2 * time.Minute}, []string{"Lease: lease 2m0s", "MaxLease (1m0s)"}},
-		{"partitioned postgres window", testkit.StoreParams{Kind: testkit.StorePostgres,
+		{"partitioned postgres window", anystore.StoreParams{Kind: anystore.StorePostgres,
 			SQL: sqlstore.Config{DailyPartitions: true, PartitionDaysAhead: 2, PurgeInterval: time.Hour}},
 			expiringkeys.Config{Scope: "s", Window: 72 * time.Hour}, []string{"Window: window 72h0m0s", "MaxRetention (48h0m0s)"}},
-		{"redisstore scope", testkit.StoreParams{Kind: testkit.StoreRedis, Redis: redisstore.Config{MaxKeyLen: 16}},
+		{"redisstore scope", anystore.StoreParams{Kind: anystore.StoreRedis, Redis: redisstore.Config{MaxKeyLen: 16}},
 			expiringkeys.Config{Scope: strings.Repeat("s", 17)}, []string{"Scope: scope of 17 bytes", "redisstore's MaxScope (16 bytes)"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			testkit.RequireStore(t, tc.params.Kind)
+			anystore.RequireStore(t, tc.params.Kind)
 			tc.params.CreateSchema, tc.params.Teardown = true, true
 			store := openStore(t, tc.params).Store
 			_, err := expiringkeys.New(store, tc.cfg)
@@ -56,8 +56,8 @@ func TestRealStoreBoundsRefusedAtNew(t *testing.T) {
 // redisstore keeps keys verbatim up to its MaxKeyLen: a longer key fails
 // with stores.ErrInvalidKey, naming the bound, and is never sent.
 func TestRedisRefusesALongKey(t *testing.T) {
-	testkit.RequireStore(t, testkit.StoreRedis)
-	store := openStore(t, testkit.StoreParams{Kind: testkit.StoreRedis, Teardown: true}).Store
+	anystore.RequireStore(t, anystore.StoreRedis)
+	store := openStore(t, anystore.StoreParams{Kind: anystore.StoreRedis, Teardown: true}).Store
 	repo := newRepo(t, store, expiringkeys.Config{Scope: "s"})
 	long := strings.Repeat("k", redisstore.DefaultMaxKeyLen+1)
 	dup, err := repo.IsDuplicate(context.Background(), long)

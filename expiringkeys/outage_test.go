@@ -14,6 +14,7 @@ import (
 	dedup "github.com/watermill-dedup/dedup"
 	"github.com/watermill-dedup/dedup/expiringkeys"
 	"github.com/watermill-dedup/dedup/internal/testkit"
+	"github.com/watermill-dedup/dedup/internal/testkit/anystore"
 	"github.com/watermill-dedup/dedup/stores"
 )
 
@@ -22,11 +23,11 @@ import (
 // without running the handler or dropping the message: the router nacks
 // it, and once the store is back its redelivery runs, once.
 func TestStoreOutageNacksTheMessage(t *testing.T) {
-	for _, kind := range []testkit.StoreKind{testkit.StoreRedis, testkit.StorePostgres, testkit.StoreMySQL, testkit.StoreNATS} {
+	for _, kind := range []anystore.StoreKind{anystore.StoreRedis, anystore.StorePostgres, anystore.StoreMySQL, anystore.StoreNATS} {
 		for _, outage := range []string{"cut", "blackhole"} {
 			t.Run(string(kind)+"/"+outage, func(t *testing.T) {
-				proxy := testkit.NewProxy(t, testkit.RequireStore(t, kind))
-				store := openStore(t, testkit.StoreParams{Kind: kind, Addr: proxy.Addr(), CreateSchema: true, Teardown: true}).Store
+				proxy := testkit.NewProxy(t, anystore.RequireStore(t, kind))
+				store := openStore(t, anystore.StoreParams{Kind: kind, Addr: proxy.Addr(), CreateSchema: true, Teardown: true}).Store
 				repo := newRepo(t, store, expiringkeys.Config{Scope: "outage"})
 				var runs atomic.Int32
 				handler := func(*message.Message) ([]*message.Message, error) {
@@ -80,11 +81,11 @@ func TestStoreOutageNacksTheMessage(t *testing.T) {
 // that claim's lease to run out (InProgressWait), takes the key over and
 // runs the handler, instead of dropping the message as seen.
 func TestRedeliveryAfterATimedOutMarkRuns(t *testing.T) {
-	for _, kind := range []testkit.StoreKind{testkit.StoreRedis, testkit.StorePostgres} {
+	for _, kind := range []anystore.StoreKind{anystore.StoreRedis, anystore.StorePostgres} {
 		t.Run(string(kind), func(t *testing.T) {
-			proxy := testkit.NewProxy(t, testkit.RequireStore(t, kind))
-			o := openStore(t, testkit.StoreParams{Kind: kind, Addr: proxy.Addr(), CreateSchema: true, Teardown: true})
-			direct := openStore(t, testkit.StoreParams{Kind: kind, Name: o.Name}).Store.(stores.Admin)
+			proxy := testkit.NewProxy(t, anystore.RequireStore(t, kind))
+			o := openStore(t, anystore.StoreParams{Kind: kind, Addr: proxy.Addr(), CreateSchema: true, Teardown: true})
+			direct := openStore(t, anystore.StoreParams{Kind: kind, Name: o.Name}).Store.(stores.Admin)
 			repo := newRepo(t, o.Store, expiringkeys.Config{Scope: "slow", Lease: 2 * time.Second})
 			mustSee(t, repo, "warm-up", false, "a first call, to connect")
 			var runs atomic.Int32

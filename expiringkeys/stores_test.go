@@ -4,15 +4,15 @@ import (
 	"context"
 	"testing"
 
-	"github.com/watermill-dedup/dedup/internal/testkit"
+	"github.com/watermill-dedup/dedup/internal/testkit/anystore"
 	"github.com/watermill-dedup/dedup/stores"
 )
 
 // storeKinds are the stores the Deduplicator's tests run on: every
 // backend, on the real services.
-var storeKinds = []testkit.StoreKind{
-	testkit.StoreMemory, testkit.StoreRedis, testkit.StorePostgres,
-	testkit.StoreMySQL, testkit.StoreSQLite, testkit.StoreNATS,
+var storeKinds = []anystore.StoreKind{
+	anystore.StoreMemory, anystore.StoreRedis, anystore.StorePostgres,
+	anystore.StoreMySQL, anystore.StoreSQLite, anystore.StoreNATS,
 }
 
 // forEachStore runs test in a subtest per store kind, with two stores
@@ -21,7 +21,7 @@ var storeKinds = []testkit.StoreKind{
 func forEachStore(t *testing.T, test func(t *testing.T, store, peer stores.Store)) {
 	for _, kind := range storeKinds {
 		t.Run(string(kind), func(t *testing.T) {
-			store, peer := openStores(t, testkit.StoreParams{Kind: kind})
+			store, peer := openStores(t, anystore.StoreParams{Kind: kind})
 			test(t, store, peer)
 		})
 	}
@@ -29,24 +29,24 @@ func forEachStore(t *testing.T, test func(t *testing.T, store, peer stores.Store
 
 // openStores opens a store of the test's own, deleted at the end of the
 // test, and a second store on its records (the same store for memstore).
-func openStores(t *testing.T, p testkit.StoreParams) (store, peer stores.Store) {
+func openStores(t *testing.T, p anystore.StoreParams) (store, peer stores.Store) {
 	t.Helper()
 	if p.Addr == "" {
-		testkit.RequireStore(t, p.Kind)
+		anystore.RequireStore(t, p.Kind)
 	}
 	first := p
 	first.Teardown, first.CreateSchema = true, true
 	o := openStore(t, first)
-	if p.Kind == testkit.StoreMemory {
+	if p.Kind == anystore.StoreMemory {
 		return o.Store, o.Store
 	}
 	p.Name, p.Path = o.Name, o.Path
 	return o.Store, openStore(t, p).Store
 }
 
-func openStore(t *testing.T, p testkit.StoreParams) *testkit.OpenedStore {
+func openStore(t *testing.T, p anystore.StoreParams) *anystore.OpenedStore {
 	t.Helper()
-	o, closeStore, err := testkit.OpenStore(context.Background(), p)
+	o, closeStore, err := anystore.OpenStore(context.Background(), p)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,7 +13,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	dedup "github.com/watermill-dedup/dedup"
-	"github.com/watermill-dedup/dedup/internal/testkit"
+	"github.com/watermill-dedup/dedup/internal/testkit/anystore"
 	"github.com/watermill-dedup/dedup/middleware"
 	"github.com/watermill-dedup/dedup/publisher"
 	"github.com/watermill-dedup/dedup/stores"
@@ -24,18 +24,18 @@ import (
 
 // openStore opens a store of the test's own on a real service, deleted
 // at the end of the test.
-func openStore(t *testing.T, p testkit.StoreParams) stores.Store {
+func openStore(t *testing.T, p anystore.StoreParams) stores.Store {
 	t.Helper()
 	return openStoreOf(t, p).Store
 }
 
 // openStoreOf is openStore, with what the test kit opened with the store
 // (its client, its name).
-func openStoreOf(t *testing.T, p testkit.StoreParams) *testkit.OpenedStore {
+func openStoreOf(t *testing.T, p anystore.StoreParams) *anystore.OpenedStore {
 	t.Helper()
-	testkit.RequireStore(t, p.Kind)
+	anystore.RequireStore(t, p.Kind)
 	p.Teardown, p.CreateSchema = true, true
-	o, closeStore, err := testkit.OpenStore(context.Background(), p)
+	o, closeStore, err := anystore.OpenStore(context.Background(), p)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,7 +56,7 @@ func openStoreOf(t *testing.T, p testkit.StoreParams) *testkit.OpenedStore {
 func TestRealStoreBoundsRefusedAtNew(t *testing.T) {
 	cases := []struct {
 		name   string
-		params testkit.StoreParams
+		params anystore.StoreParams
 		policy dedup.Policy
 		mode   dedup.Mode
 		scope  string
@@ -64,43 +64,43 @@ func TestRealStoreBoundsRefusedAtNew(t *testing.T) {
 	}{
 		{
 			name:   "natsstore retention",
-			params: testkit.StoreParams{Kind: testkit.StoreNATS, NATS: natsstore.Config{MaxRetention: time.Hour}},
+			params: anystore.StoreParams{Kind: anystore.StoreNATS, NATS: natsstore.Config{MaxRetention: time.Hour}},
 			policy: dedup.Policy{Retention: 2 * time.Hour},
 			want:   []string{"Retention: retention 2h0m0s", "natsstore", "MaxRetention (1h0m0s)"},
 		},
 		{
 			name:   "natsstore default retention",
-			params: testkit.StoreParams{Kind: testkit.StoreNATS, NATS: natsstore.Config{MaxRetention: time.Hour}},
+			params: anystore.StoreParams{Kind: anystore.StoreNATS, NATS: natsstore.Config{MaxRetention: time.Hour}},
 			want:   []string{"Retention: retention 24h0m0s", "MaxRetention (1h0m0s)"},
 		},
 		{
 			name:   "natsstore lease",
-			params: testkit.StoreParams{Kind: testkit.StoreNATS, NATS: natsstore.Config{MaxLease: time.Minute}},
+			params: anystore.StoreParams{Kind: anystore.StoreNATS, NATS: natsstore.Config{MaxLease: time.Minute}},
 			policy: dedup.Policy{Lease: 2 * time.Minute},
 			want:   []string{"Lease: lease 2m0s", "MaxLease (1m0s)"},
 		},
 		{
 			name:   "partitioned postgres lease",
-			params: testkit.StoreParams{Kind: testkit.StorePostgres, SQL: sqlstore.Config{DailyPartitions: true, PartitionDaysAhead: 2, PurgeInterval: time.Hour}},
+			params: anystore.StoreParams{Kind: anystore.StorePostgres, SQL: sqlstore.Config{DailyPartitions: true, PartitionDaysAhead: 2, PurgeInterval: time.Hour}},
 			policy: dedup.Policy{Lease: 72 * time.Hour, Retention: 40 * time.Hour},
 			want:   []string{"Lease: lease 72h0m0s", "MaxLease (48h0m0s)", "raise sqlstore.Config.PartitionDaysAhead"},
 		},
 		{
 			name:   "partitioned postgres retention",
-			params: testkit.StoreParams{Kind: testkit.StorePostgres, SQL: sqlstore.Config{DailyPartitions: true, PartitionDaysAhead: 2, PurgeInterval: time.Hour}},
+			params: anystore.StoreParams{Kind: anystore.StorePostgres, SQL: sqlstore.Config{DailyPartitions: true, PartitionDaysAhead: 2, PurgeInterval: time.Hour}},
 			policy: dedup.Policy{Retention: 72 * time.Hour},
 			want:   []string{"Retention: retention 72h0m0s", "DailyPartitions", "MaxRetention (48h0m0s)", "raise sqlstore.Config.PartitionDaysAhead"},
 		},
 		{
 			name:   "partitioned postgres retention, transactional",
-			params: testkit.StoreParams{Kind: testkit.StorePostgres, SQL: sqlstore.Config{DailyPartitions: true, PartitionDaysAhead: 2, PurgeInterval: time.Hour}},
+			params: anystore.StoreParams{Kind: anystore.StorePostgres, SQL: sqlstore.Config{DailyPartitions: true, PartitionDaysAhead: 2, PurgeInterval: time.Hour}},
 			policy: dedup.Policy{Retention: 72 * time.Hour},
 			mode:   dedup.ModeTransactional,
 			want:   []string{"Retention: retention 72h0m0s", "MaxRetention (48h0m0s)"},
 		},
 		{
 			name:   "redisstore scope",
-			params: testkit.StoreParams{Kind: testkit.StoreRedis, Redis: redisstore.Config{MaxKeyLen: 16}},
+			params: anystore.StoreParams{Kind: anystore.StoreRedis, Redis: redisstore.Config{MaxKeyLen: 16}},
 			scope:  strings.Repeat("s", 17),
 			want:   []string{"Scope: scope of 17 bytes", "redisstore", "MaxScope (16 bytes)"},
 		},
@@ -135,7 +135,7 @@ func checkRefusal(t *testing.T, what string, err error, want []string) {
 // payload limit bounds a record's data.
 func TestRealStoreRefusesWhatItCannotHoldBeforeTheHandler(t *testing.T) {
 	t.Run("outputs larger than the store keeps", func(t *testing.T) {
-		store := openStore(t, testkit.StoreParams{Kind: testkit.StoreNATS})
+		store := openStore(t, anystore.StoreParams{Kind: anystore.StoreNATS})
 		maxData := store.Capabilities().MaxData
 		if maxData <= 0 {
 			t.Fatalf("natsstore states no MaxData")
@@ -156,7 +156,7 @@ func TestRealStoreRefusesWhatItCannotHoldBeforeTheHandler(t *testing.T) {
 		}
 	})
 	t.Run("handler name longer than the store keeps", func(t *testing.T) {
-		store := openStore(t, testkit.StoreParams{Kind: testkit.StoreRedis, Redis: redisstore.Config{MaxKeyLen: 16}})
+		store := openStore(t, anystore.StoreParams{Kind: anystore.StoreRedis, Redis: redisstore.Config{MaxKeyLen: 16}})
 		mw := dedupMiddleware(t, middleware.Config{Store: store, Policy: dedup.Policy{Logger: watermill.NopLogger{}}})
 		var runs atomic.Int32
 		errs := make(chan error, 100)

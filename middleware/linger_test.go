@@ -12,14 +12,16 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	dedup "github.com/watermill-dedup/dedup"
+	"github.com/watermill-dedup/dedup/internal/redisclean"
 	"github.com/watermill-dedup/dedup/internal/testkit"
+	"github.com/watermill-dedup/dedup/internal/testkit/redistest"
 	"github.com/watermill-dedup/dedup/middleware"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/redisstore"
 )
 
 // roundTrips counts what a go-redis client sends: one per command sent
-// alone, one per pipeline (its add is the client's testkit.RedisTap).
+// alone, one per pipeline (its add is the client's redistest.RedisTap).
 type roundTrips struct {
 	n   atomic.Int64
 	mu  sync.Mutex
@@ -48,7 +50,7 @@ func lingerStore(t *testing.T) (*redis.Client, *redisstore.Store) {
 	client := redis.NewClient(&redis.Options{Addr: addr})
 	t.Cleanup(func() { _ = client.Close() })
 	prefix := fmt.Sprintf("dedup-linger-%d:", time.Now().UnixNano())
-	t.Cleanup(func() { _ = testkit.DeleteRedisPrefix(context.Background(), client, prefix) })
+	t.Cleanup(func() { _ = redisclean.DeletePrefix(context.Background(), client, prefix) })
 	store, err := redisstore.New(client, redisstore.Config{Prefix: prefix})
 	if err != nil {
 		t.Fatal(err)
@@ -76,7 +78,7 @@ func TestAsyncCompleteGoesOutWithTheNextClaim(t *testing.T) {
 		t.Fatal(err)
 	}
 	trips := &roundTrips{}
-	client.AddHook(testkit.RedisTap(trips.add))
+	client.AddHook(redistest.RedisTap(trips.add))
 
 	mw := newAsync(t, middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{
 		Lease: time.Minute, StoreTimeout: time.Minute, Tuning: dedup.Tuning{CompleteLinger: 30 * time.Second},

@@ -19,6 +19,7 @@ import (
 
 	dedup "github.com/watermill-dedup/dedup"
 	"github.com/watermill-dedup/dedup/internal/testkit"
+	"github.com/watermill-dedup/dedup/internal/testkit/anystore"
 	"github.com/watermill-dedup/dedup/keyfuncs"
 	"github.com/watermill-dedup/dedup/middleware"
 	"github.com/watermill-dedup/dedup/publisher"
@@ -1107,7 +1108,7 @@ func TestNoExtendBeforeTheHeartbeatIsDue(t *testing.T) {
 // message in a few hundred was nacked as taken over (and run again after
 // the lease), and the publisher published again.
 func TestHeartbeatBesideCompleteOnNATS(t *testing.T) {
-	store := openStore(t, testkit.StoreParams{Kind: testkit.StoreNATS})
+	store := openStore(t, anystore.StoreParams{Kind: anystore.StoreNATS})
 	policy := dedup.Policy{Lease: time.Hour, Logger: watermill.NopLogger{}, Tuning: dedup.Tuning{Heartbeat: time.Nanosecond}}
 	t.Run("middleware", func(t *testing.T) {
 		m := &testkit.Metrics{}

@@ -15,7 +15,7 @@ import (
 	dedup "github.com/watermill-dedup/dedup"
 	"github.com/watermill-dedup/dedup/internal/cycle"
 	"github.com/watermill-dedup/dedup/internal/record"
-	"github.com/watermill-dedup/dedup/internal/testkit"
+	"github.com/watermill-dedup/dedup/internal/testkit/anystore"
 	"github.com/watermill-dedup/dedup/middleware"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/memstore"
@@ -40,13 +40,13 @@ type linkStore struct {
 // the TTL of every record under the test's Redis prefix cut to half a
 // lease (a processing record's lease is live while its TTL is longer
 // than the lease).
-func openLinkStore(t *testing.T, kind testkit.StoreKind) linkStore {
+func openLinkStore(t *testing.T, kind anystore.StoreKind) linkStore {
 	t.Helper()
 	clock := storetest.NewFakeClock(time.Now())
-	o := openStoreOf(t, testkit.StoreParams{Kind: kind,
+	o := openStoreOf(t, anystore.StoreParams{Kind: kind,
 		Memory: memstore.Config{Clock: clock}, SQL: sqlstore.Config{Clock: clock}, NATS: natsstore.Config{Clock: clock}})
 	ls := linkStore{store: o.Store, expire: func(*testing.T) { clock.Advance(linkLease + linkLease/2) }}
-	if kind == testkit.StoreRedis {
+	if kind == anystore.StoreRedis {
 		ls.expire = func(t *testing.T) {
 			t.Helper()
 			ctx := context.Background()
@@ -127,7 +127,7 @@ func wantLink(t *testing.T, what string, links []sdktrace.Link, to trace.SpanCon
 // byte record.EncodeRun's, 25 bytes more than without. Without
 // LinkRuns, no span links and neither record keeps anything more.
 func TestRunLinks(t *testing.T) {
-	kinds := []testkit.StoreKind{testkit.StoreMemory, testkit.StoreRedis, testkit.StorePostgres, testkit.StoreMySQL, testkit.StoreSQLite, testkit.StoreNATS}
+	kinds := []anystore.StoreKind{anystore.StoreMemory, anystore.StoreRedis, anystore.StorePostgres, anystore.StoreMySQL, anystore.StoreSQLite, anystore.StoreNATS}
 	for _, kind := range kinds {
 		for _, on := range []bool{true, false} {
 			name := string(kind) + "/linked"
@@ -139,7 +139,7 @@ func TestRunLinks(t *testing.T) {
 	}
 }
 
-func testRunLinks(t *testing.T, kind testkit.StoreKind, on bool) {
+func testRunLinks(t *testing.T, kind anystore.StoreKind, on bool) {
 	tr := newTraced(t)
 	ls := openLinkStore(t, kind)
 	scope := "links-" + storetest.NewID()

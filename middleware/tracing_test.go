@@ -15,7 +15,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	dedup "github.com/watermill-dedup/dedup"
-	"github.com/watermill-dedup/dedup/internal/testkit"
+	"github.com/watermill-dedup/dedup/internal/testkit/anystore"
+	"github.com/watermill-dedup/dedup/internal/testkit/spantest"
 	"github.com/watermill-dedup/dedup/middleware"
 	"github.com/watermill-dedup/dedup/publisher"
 	"github.com/watermill-dedup/dedup/stores"
@@ -23,9 +24,9 @@ import (
 )
 
 // traced is a tracer provider recording every span in memory.
-type traced struct{ *testkit.Traces }
+type traced struct{ *spantest.Traces }
 
-func newTraced(t *testing.T) *traced { return &traced{testkit.NewTraces(t)} }
+func newTraced(t *testing.T) *traced { return &traced{spantest.NewTraces(t)} }
 
 // parent returns a message whose context carries a span of its own (the
 // handler's, as a tracing middleware or subscriber puts it there).
@@ -248,7 +249,7 @@ func TestTracingOptions(t *testing.T) {
 	})
 	t.Run("transactional", func(t *testing.T) {
 		tr := newTraced(t)
-		store := openStore(t, testkit.StoreParams{Kind: testkit.StoreSQLite})
+		store := openStore(t, anystore.StoreParams{Kind: anystore.StoreSQLite})
 		mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Mode: dedup.ModeTransactional, Policy: dedup.Policy{Tracing: dedup.Tracing{Provider: tr.TP}}})
 		for _, fail := range []bool{false, true} {
 			msg, parent := tr.message(fmt.Sprintf("t-%v", fail))

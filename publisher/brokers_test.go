@@ -21,6 +21,8 @@ import (
 
 	dedup "github.com/watermill-dedup/dedup"
 	"github.com/watermill-dedup/dedup/internal/testkit"
+	"github.com/watermill-dedup/dedup/internal/testkit/anystore"
+	"github.com/watermill-dedup/dedup/internal/testkit/sqltest"
 	"github.com/watermill-dedup/dedup/keyfuncs"
 	"github.com/watermill-dedup/dedup/publisher"
 )
@@ -41,8 +43,8 @@ var brokers = []brokerCase{
 	{"gochannel", openGoChannel},
 	{"kafka", openKafka},
 	{"rabbitmq", openAMQP},
-	{"sql-postgres", func(t *testing.T) pubsub { return openSQLBroker(t, testkit.StorePostgres) }},
-	{"sql-mysql", func(t *testing.T) pubsub { return openSQLBroker(t, testkit.StoreMySQL) }},
+	{"sql-postgres", func(t *testing.T) pubsub { return openSQLBroker(t, anystore.StorePostgres) }},
+	{"sql-mysql", func(t *testing.T) pubsub { return openSQLBroker(t, anystore.StoreMySQL) }},
 }
 
 func openGoChannel(t *testing.T) pubsub {
@@ -119,20 +121,20 @@ func topicTables(schema, offsets any, topic string) []string {
 	}
 }
 
-func sqlAdapters(kind testkit.StoreKind) (wsql.SchemaAdapter, wsql.OffsetsAdapter) {
-	if kind == testkit.StorePostgres {
+func sqlAdapters(kind anystore.StoreKind) (wsql.SchemaAdapter, wsql.OffsetsAdapter) {
+	if kind == anystore.StorePostgres {
 		return wsql.DefaultPostgreSQLSchema{}, wsql.DefaultPostgreSQLOffsetsAdapter{}
 	}
 	return wsql.DefaultMySQLSchema{}, wsql.DefaultMySQLOffsetsAdapter{}
 }
 
 // openDB opens the database of a SQL kind for a test.
-func openDB(t *testing.T, kind testkit.StoreKind) *sql.DB {
+func openDB(t *testing.T, kind anystore.StoreKind) *sql.DB {
 	t.Helper()
-	testkit.RequireStore(t, kind)
+	anystore.RequireStore(t, kind)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	db, err := testkit.OpenDB(ctx, testkit.StoreParams{Kind: kind})
+	db, err := anystore.OpenDB(ctx, anystore.StoreParams{Kind: kind})
 	if err != nil {
 		t.Fatalf("open %s: %v", kind, err)
 	}
@@ -140,7 +142,7 @@ func openDB(t *testing.T, kind testkit.StoreKind) *sql.DB {
 	return db
 }
 
-func openSQLBroker(t *testing.T, kind testkit.StoreKind) pubsub {
+func openSQLBroker(t *testing.T, kind anystore.StoreKind) pubsub {
 	db := openDB(t, kind)
 	topic := testkit.UniqueName("publisher_test_")
 	schema, offsets := sqlAdapters(kind)
@@ -155,10 +157,11 @@ func openSQLBroker(t *testing.T, kind testkit.StoreKind) pubsub {
 	if err != nil {
 		t.Fatal(err)
 	}
+	d, _ := kind.SQLDialect()
 	t.Cleanup(func() {
 		_ = sub.Close()
 		_ = pub.Close()
-		if err := testkit.DropTables(context.Background(), db, kind, topicTables(schema, offsets, topic)...); err != nil {
+		if err := sqltest.DropTables(context.Background(), db, d, topicTables(schema, offsets, topic)...); err != nil {
 			t.Error(err)
 		}
 	})
@@ -191,7 +194,7 @@ func (f *flaky) Publish(topic string, msgs ...*message.Message) error {
 func TestBrokersAndStores(t *testing.T) {
 	for _, b := range brokers {
 		t.Run(b.name, func(t *testing.T) {
-			for _, kind := range []testkit.StoreKind{testkit.StoreMemory, testkit.StoreRedis, testkit.StorePostgres, testkit.StoreMySQL} {
+			for _, kind := range []anystore.StoreKind{anystore.StoreMemory, anystore.StoreRedis, anystore.StorePostgres, anystore.StoreMySQL} {
 				t.Run(string(kind), func(t *testing.T) {
 					ps := b.open(t)
 					testProducersShareStore(t, ps, kind)
@@ -201,11 +204,11 @@ func TestBrokersAndStores(t *testing.T) {
 	}
 }
 
-func testProducersShareStore(t *testing.T, ps pubsub, kind testkit.StoreKind) {
-	testkit.RequireStore(t, kind)
+func testProducersShareStore(t *testing.T, ps pubsub, kind anystore.StoreKind) {
+	anystore.RequireStore(t, kind)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	opened, closeStore, err := testkit.OpenStore(ctx, testkit.StoreParams{Kind: kind, CreateSchema: true, Teardown: true})
+	opened, closeStore, err := anystore.OpenStore(ctx, anystore.StoreParams{Kind: kind, CreateSchema: true, Teardown: true})
 	if err != nil {
 		t.Fatalf("open store: %v", err)
 	}

@@ -16,6 +16,8 @@ import (
 
 	dedup "github.com/watermill-dedup/dedup"
 	"github.com/watermill-dedup/dedup/internal/testkit"
+	"github.com/watermill-dedup/dedup/internal/testkit/anystore"
+	"github.com/watermill-dedup/dedup/internal/testkit/sqltest"
 	"github.com/watermill-dedup/dedup/keyfuncs"
 	"github.com/watermill-dedup/dedup/publisher"
 	"github.com/watermill-dedup/dedup/stores"
@@ -26,7 +28,7 @@ import (
 // the same database, for the outbox pattern.
 type outbox struct {
 	db     *sql.DB
-	kind   testkit.StoreKind
+	kind   anystore.StoreKind
 	schema wsql.SchemaAdapter // v3's; nil on another major
 	table  string             // the topic's messages table, quoted
 	topic  string
@@ -41,19 +43,19 @@ type sqlMajor struct {
 	// initialize creates the topic's tables on db (a publisher on a
 	// transaction cannot) and returns them, quoted, the messages table
 	// first.
-	initialize func(t *testing.T, db *sql.DB, kind testkit.StoreKind, topic string) []string
+	initialize func(t *testing.T, db *sql.DB, kind anystore.StoreKind, topic string) []string
 	// publisher is the major's publisher on tx, or on db when tx is nil.
-	publisher func(db *sql.DB, tx *sql.Tx, kind testkit.StoreKind) (message.Publisher, error)
+	publisher func(db *sql.DB, tx *sql.Tx, kind anystore.StoreKind) (message.Publisher, error)
 }
 
 var sqlV3 = sqlMajor{
-	initialize: func(t *testing.T, db *sql.DB, kind testkit.StoreKind, topic string) []string {
+	initialize: func(t *testing.T, db *sql.DB, kind anystore.StoreKind, topic string) []string {
 		schema, offsets := sqlAdapters(kind)
 		init, err := wsql.NewSubscriber(db, wsql.SubscriberConfig{ConsumerGroup: "readers", SchemaAdapter: schema, OffsetsAdapter: offsets, InitializeSchema: true}, watermill.NopLogger{})
 		initializeTopic(t, init, err, topic)
 		return topicTables(schema, offsets, topic)
 	},
-	publisher: func(db *sql.DB, tx *sql.Tx, kind testkit.StoreKind) (message.Publisher, error) {
+	publisher: func(db *sql.DB, tx *sql.Tx, kind anystore.StoreKind) (message.Publisher, error) {
 		schema, _ := sqlAdapters(kind)
 		if tx == nil {
 			return wsql.NewPublisher(db, wsql.PublisherConfig{SchemaAdapter: schema}, watermill.NopLogger{})
@@ -75,13 +77,13 @@ func initializeTopic(t *testing.T, init message.Subscriber, err error, topic str
 	_ = init.Close()
 }
 
-func newOutbox(t *testing.T, kind testkit.StoreKind) *outbox {
+func newOutbox(t *testing.T, kind anystore.StoreKind) *outbox {
 	o := newOutboxOf(t, kind, sqlV3)
 	o.schema, _ = sqlAdapters(kind)
 	return o
 }
 
-func newOutboxOf(t *testing.T, kind testkit.StoreKind, m sqlMajor) *outbox {
+func newOutboxOf(t *testing.T, kind anystore.StoreKind, m sqlMajor) *outbox {
 	ctx := context.Background()
 	db := openDB(t, kind)
 	dialect, _ := kind.SQLDialect()
@@ -97,7 +99,7 @@ func newOutboxOf(t *testing.T, kind testkit.StoreKind, m sqlMajor) *outbox {
 	tables := m.initialize(t, db, kind, topic)
 	t.Cleanup(func() {
 		_ = store.Close(ctx)
-		if err := testkit.DropTables(context.Background(), db, kind, append([]string{table}, tables...)...); err != nil {
+		if err := sqltest.DropTables(context.Background(), db, dialect, append([]string{table}, tables...)...); err != nil {
 			t.Error(err)
 		}
 	})
@@ -177,8 +179,8 @@ func (o *outbox) rows(t *testing.T) map[string]int {
 	return out
 }
 
-func forEachSQL(t *testing.T, fn func(t *testing.T, kind testkit.StoreKind)) {
-	for _, kind := range []testkit.StoreKind{testkit.StorePostgres, testkit.StoreMySQL} {
+func forEachSQL(t *testing.T, fn func(t *testing.T, kind anystore.StoreKind)) {
+	for _, kind := range []anystore.StoreKind{anystore.StorePostgres, anystore.StoreMySQL} {
 		t.Run(string(kind), func(t *testing.T) { fn(t, kind) })
 	}
 }
@@ -188,7 +190,7 @@ func forEachSQL(t *testing.T, fn func(t *testing.T, kind testkit.StoreKind)) {
 // whichever transaction rolls back. TestTransactionalOutboxV4 runs it on
 // watermill-sql v4.
 func TestTransactionalOutbox(t *testing.T) {
-	forEachSQL(t, func(t *testing.T, kind testkit.StoreKind) { testTransactionalOutbox(t, newOutbox(t, kind)) })
+	forEachSQL(t, func(t *testing.T, kind anystore.StoreKind) { testTransactionalOutbox(t, newOutbox(t, kind)) })
 }
 
 func testTransactionalOutbox(t *testing.T, o *outbox) {
@@ -270,7 +272,7 @@ func testTransactionalOutbox(t *testing.T, o *outbox) {
 // transactions publish the same events; the second waits for the first
 // transaction on the record, and each event enters the outbox once.
 func TestTransactionalConcurrentProducers(t *testing.T) {
-	forEachSQL(t, func(t *testing.T, kind testkit.StoreKind) {
+	forEachSQL(t, func(t *testing.T, kind anystore.StoreKind) {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
 		o := newOutbox(t, kind)
@@ -321,7 +323,7 @@ func (o *outbox) key() keyfuncs.KeyFunc { return keyfuncs.Metadata("event_id") }
 // a message whose record would commit with another transaction than its
 // outbox row could be lost (its record done, its row rolled back).
 func TestTwoTransactionsInOneCall(t *testing.T) {
-	forEachSQL(t, func(t *testing.T, kind testkit.StoreKind) {
+	forEachSQL(t, func(t *testing.T, kind anystore.StoreKind) {
 		ctx := context.Background()
 		o := newOutbox(t, kind)
 		tx1, err := o.db.BeginTx(ctx, nil)
@@ -392,7 +394,7 @@ func TestPanickingPublisherLeavesNoClaim(t *testing.T) {
 		t.Fatal("the retry did not publish")
 	}
 
-	forEachSQL(t, func(t *testing.T, kind testkit.StoreKind) {
+	forEachSQL(t, func(t *testing.T, kind anystore.StoreKind) {
 		ctx := context.Background()
 		o := newOutbox(t, kind)
 		func() {
@@ -431,7 +433,7 @@ func TestPanickingPublisherLeavesNoClaim(t *testing.T) {
 // to end, however long, bounded by the message's context and not by
 // StoreTimeout (whose cancellation would kill the caller's connection).
 func TestTransactionalWaitIsTheCallersContext(t *testing.T) {
-	forEachSQL(t, func(t *testing.T, kind testkit.StoreKind) {
+	forEachSQL(t, func(t *testing.T, kind anystore.StoreKind) {
 		ctx := context.Background()
 		o := newOutbox(t, kind)
 		store := o.store

@@ -8,7 +8,7 @@ import (
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/watermill-dedup/dedup/internal/testkit"
+	"github.com/watermill-dedup/dedup/internal/testkit/anystore"
 )
 
 // TestTransactionalOutboxV4 is TestTransactionalOutbox with watermill-sql
@@ -16,17 +16,17 @@ import (
 // wsql.TxFromStdSQL, the record joining the same transaction
 // (sqlstore.WithTx).
 func TestTransactionalOutboxV4(t *testing.T) {
-	forEachSQL(t, func(t *testing.T, kind testkit.StoreKind) { testTransactionalOutbox(t, newOutboxOf(t, kind, sqlV4)) })
+	forEachSQL(t, func(t *testing.T, kind anystore.StoreKind) { testTransactionalOutbox(t, newOutboxOf(t, kind, sqlV4)) })
 }
 
 var sqlV4 = sqlMajor{
-	initialize: func(t *testing.T, db *sql.DB, kind testkit.StoreKind, topic string) []string {
+	initialize: func(t *testing.T, db *sql.DB, kind anystore.StoreKind, topic string) []string {
 		schema, offsets := sqlAdapters4(kind)
 		init, err := wsql.NewSubscriber(wsql.BeginnerFromStdSQL(db), wsql.SubscriberConfig{ConsumerGroup: "readers", SchemaAdapter: schema, OffsetsAdapter: offsets}, watermill.NopLogger{})
 		initializeTopic(t, init, err, topic)
 		return topicTables(schema, offsets, topic)
 	},
-	publisher: func(db *sql.DB, tx *sql.Tx, kind testkit.StoreKind) (message.Publisher, error) {
+	publisher: func(db *sql.DB, tx *sql.Tx, kind anystore.StoreKind) (message.Publisher, error) {
 		schema, _ := sqlAdapters4(kind)
 		if tx == nil {
 			return wsql.NewPublisher(wsql.BeginnerFromStdSQL(db), wsql.PublisherConfig{SchemaAdapter: schema}, watermill.NopLogger{})
@@ -35,8 +35,8 @@ var sqlV4 = sqlMajor{
 	},
 }
 
-func sqlAdapters4(kind testkit.StoreKind) (wsql.SchemaAdapter, wsql.OffsetsAdapter) {
-	if kind == testkit.StorePostgres {
+func sqlAdapters4(kind anystore.StoreKind) (wsql.SchemaAdapter, wsql.OffsetsAdapter) {
+	if kind == anystore.StorePostgres {
 		return wsql.DefaultPostgreSQLSchema{}, wsql.DefaultPostgreSQLOffsetsAdapter{}
 	}
 	return wsql.DefaultMySQLSchema{}, wsql.DefaultMySQLOffsetsAdapter{}

@@ -29,8 +29,11 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/watermill-dedup/dedup/internal/cliflag"
-	"github.com/watermill-dedup/dedup/internal/storeopen"
+	"github.com/watermill-dedup/dedup/internal/redisclean"
 	"github.com/watermill-dedup/dedup/internal/testkit"
+	"github.com/watermill-dedup/dedup/internal/testkit/amqptest"
+	"github.com/watermill-dedup/dedup/internal/testkit/anystore"
+	"github.com/watermill-dedup/dedup/internal/testkit/natstest"
 )
 
 // The example binary, built once per test run (with -race when the tests
@@ -394,7 +397,7 @@ func TestExampleRefusesAUsedRunID(t *testing.T) {
 		}, func(t *testing.T, runID string) int {
 			c := redis.NewClient(&redis.Options{Addr: testkit.RedisAddr()})
 			t.Cleanup(func() {
-				_ = storeopen.DeleteRedisPrefix(context.Background(), c, redisPrefix(runID))
+				_ = redisclean.DeletePrefix(context.Background(), c, redisPrefix(runID))
 				_ = c.Close()
 			})
 			keys, err := c.Keys(t.Context(), redisPrefix(runID)+"*").Result()
@@ -425,7 +428,7 @@ func TestExampleRefusesAUsedRunID(t *testing.T) {
 		{"nats broker", func(t *testing.T) []string {
 			return []string{"-broker=nats", "-store=memory", "-nats-url=" + testkit.RequireNATS(t)}
 		}, func(t *testing.T, runID string) int {
-			js := testkit.JetStream(t, testkit.NATSURL())
+			js := natstest.JetStream(t, testkit.NATSURL())
 			topic := topicName(brokerNATS, runID)
 			t.Cleanup(func() {
 				for _, s := range []string{natsStreamName(topic), natsStreamName(topic + ".poison")} {
@@ -500,7 +503,7 @@ func TestExampleRefusesAUsedRunID(t *testing.T) {
 // natsRunRecords counts the records (KV values) in the bucket of the run
 // runID, and deletes the bucket when t ends.
 func natsRunRecords(t *testing.T, runID string) int {
-	js := testkit.JetStream(t, testkit.NATSURL())
+	js := natstest.JetStream(t, testkit.NATSURL())
 	bucket := runName(storeNATS, runID)
 	t.Cleanup(func() { _ = js.DeleteKeyValue(context.Background(), bucket) })
 	kv, err := js.KeyValue(t.Context(), bucket)
@@ -842,7 +845,7 @@ func requireNoRedisKeys(t *testing.T, runID string) {
 // requireNoNATSStreams fails when -cleanup left a stream of the run.
 func requireNoNATSStreams(t *testing.T, runID string) {
 	t.Helper()
-	js := testkit.JetStream(t, testkit.NATSURL())
+	js := natstest.JetStream(t, testkit.NATSURL())
 	names := js.StreamNames(t.Context())
 	for name := range names.Name() {
 		if strings.Contains(name, runID) {
@@ -866,7 +869,7 @@ func requireNoRedisStream(t *testing.T, key string) {
 
 func requireNoQueue(t *testing.T, queue string) {
 	t.Helper()
-	ch := testkit.AMQPChannel(t, testkit.AMQPURL())
+	ch := amqptest.AMQPChannel(t, testkit.AMQPURL())
 	if _, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil); err == nil {
 		t.Fatalf("-cleanup left RabbitMQ queue %s", queue)
 	}
@@ -877,7 +880,7 @@ func requireNoQueue(t *testing.T, queue string) {
 // said pgx's "received unexpected message: %!w(<nil>)".
 func TestExamplePostgresDSNAtAnotherService(t *testing.T) {
 	t.Parallel()
-	addr := testkit.RequireStore(t, testkit.StoreMySQL)
+	addr := anystore.RequireStore(t, anystore.StoreMySQL)
 	r := runExample(t, newTestRunID(), "-store=postgres", "-postgres-dsn=postgres://postgres@"+addr+"/test?sslmode=disable", "-events=5")
 	if r.code != exitConfig {
 		t.Fatalf("exit %d, want %d\n%s", r.code, exitConfig, r)

@@ -7,6 +7,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/watermill-dedup/dedup/internal/testkit"
+	"github.com/watermill-dedup/dedup/internal/testkit/natstest"
 )
 
 // -broker=nats on a server that requires TLS (a private CA) and a user
@@ -20,7 +21,7 @@ func TestExampleNATSCredentialsAndTLS(t *testing.T) {
 	files := testkit.MakeTLSFiles(t)
 	conf := "tls {\n  cert_file: \"" + files.ServerCert + "\"\n  key_file: \"" + files.ServerKey + "\"\n}\n" +
 		"authorization {\n  users = [\n    {user: loyalty, password: \"" + password + "\"}\n  ]\n}\n"
-	addr := testkit.StartNATSSecure(t, conf, nats.UserInfo("loyalty", password), nats.RootCAs(files.CA))
+	addr := natstest.StartNATSSecure(t, conf, nats.UserInfo("loyalty", password), nats.RootCAs(files.CA))
 	secretFree := func(r exampleRun) {
 		t.Helper()
 		if strings.Contains(r.stdout+r.stderr, password) {

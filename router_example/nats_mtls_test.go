@@ -7,6 +7,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/watermill-dedup/dedup/internal/testkit"
+	"github.com/watermill-dedup/dedup/internal/testkit/natstest"
 )
 
 // -broker=nats on a server that requires TLS with a client certificate
@@ -21,7 +22,7 @@ func TestExampleNATSClientCert(t *testing.T) {
 	files := testkit.MakeTLSFiles(t)
 	conf := "tls {\n  cert_file: \"" + files.ServerCert + "\"\n  key_file: \"" + files.ServerKey + "\"\n  ca_file: \"" + files.CA + "\"\n  verify: true\n}\n" +
 		"authorization {\n  users = [\n    {user: loyalty, password: \"" + password + "\"}\n  ]\n}\n"
-	addr := testkit.StartNATSSecure(t, conf, nats.UserInfo("loyalty", password), nats.RootCAs(files.CA), nats.ClientCert(files.ClientCert, files.ClientKey))
+	addr := natstest.StartNATSSecure(t, conf, nats.UserInfo("loyalty", password), nats.RootCAs(files.CA), nats.ClientCert(files.ClientCert, files.ClientKey))
 	secretFree := func(r exampleRun) {
 		t.Helper()
 		if strings.Contains(r.stdout+r.stderr, password) {

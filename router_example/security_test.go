@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/watermill-dedup/dedup/internal/testkit"
+	"github.com/watermill-dedup/dedup/internal/testkit/redistest"
 )
 
 // TestExampleRedisACLAndTLS runs the example on a Redis of the test's own
@@ -22,13 +23,13 @@ import (
 // said so without it. Redis Streams, as the broker, runs over TLS too.
 func TestExampleRedisACLAndTLS(t *testing.T) {
 	buildExample(t)
-	addr, files := testkit.StartRedisTLS(t, true)
+	addr, files := redistest.StartRedisTLS(t, true)
 	admin := redis.NewClient(&redis.Options{Addr: addr, TLSConfig: files.ClientConfig(t, true)})
 	defer admin.Close()
 	id := newTestRunID()
 	user, password := "example-"+id, "pw-"+id+"-secret"
 	// The store's rule, on the prefix of the example's runs.
-	testkit.SetRedisACLUser(t, admin, testkit.RedisACLRules(t)[0], user, password, redisRunsPrefix)
+	redistest.SetRedisACLUser(t, admin, redistest.RedisACLRules(t)[0], user, password, redisRunsPrefix)
 	url := "rediss://" + user + ":" + password + "@" + addr + "/0"
 	shown := "rediss://" + user + ":xxxxx@" + addr + "/0"
 	tlsEnv := []string{"DEDUP_REDIS_CA=" + files.CA, "DEDUP_REDIS_CERT=" + files.ClientCert, "DEDUP_REDIS_KEY=" + files.ClientKey}
@@ -79,7 +80,7 @@ func TestExampleRedisACLAndTLS(t *testing.T) {
 		// once, naming the refusal, instead of failing each message until
 		// -timeout.
 		other := "example-other-" + id
-		testkit.SetRedisACLUser(t, admin, testkit.RedisACLRules(t)[0], other, password, "dedup:")
+		redistest.SetRedisACLUser(t, admin, redistest.RedisACLRules(t)[0], other, password, "dedup:")
 		url := "rediss://" + other + ":" + password + "@" + addr + "/0"
 		r := runExampleEnv(t, newTestRunID(), append(tlsEnv, "REDIS_ADDR="+url), "-store=redis")
 		if !refusedSaying(t, r, []string{"refused a trial claim before the run", "NOPERM"}) {

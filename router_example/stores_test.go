@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/watermill-dedup/dedup/internal/testkit"
+	"github.com/watermill-dedup/dedup/internal/testkit/natstest"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/natsstore"
 	"github.com/watermill-dedup/dedup/stores/redisstore"
@@ -90,7 +91,7 @@ func TestRunRecordsOutsideTheStoresDefaults(t *testing.T) {
 		if bucket == natsstore.DefaultBucket || !strings.Contains(bucket, runID) {
 			t.Fatalf("the run %s keeps its records in the bucket %q, want one of its own, not natsstore's default", runID, bucket)
 		}
-		kv, err := testkit.JetStream(t, cfg.NATSURL).KeyValue(t.Context(), bucket)
+		kv, err := natstest.JetStream(t, cfg.NATSURL).KeyValue(t.Context(), bucket)
 		if err != nil {
 			t.Fatalf("the run's bucket %s: %v", bucket, err)
 		}

@@ -152,7 +152,7 @@
 //     bytes a record), and its row in the root README's table of stores.
 //
 // The programs (router_example, cmd/dedupctl) and the tests'
-// testkit.OpenStore build every store from settings in one place: the
+// anystore.OpenStore build every store from settings in one place: the
 // registry of store kinds in internal/storeopen. A store is registered
 // there as a Kind in a file of its own, internal/storeopen/<kind>.go
 // (its -store name, its flags, how it connects, builds its store and is
@@ -161,7 +161,7 @@
 // (internal/storeopen/settings.go), and one line in the kinds list of
 // internal/storeopen/kinds.go. dedupctl then offers it (-store, its
 // flags, their environment variables; window prints a row saying how to
-// give its bytes a record), and testkit.OpenStore opens it by its name,
+// give its bytes a record), and anystore.OpenStore opens it by its name,
 // StoreParams.Config carrying its Config.
 //
 // Four places name each store on purpose, and take a new one by hand:

@@ -9,7 +9,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 
-	"github.com/watermill-dedup/dedup/internal/testkit"
+	"github.com/watermill-dedup/dedup/internal/testkit/anystore"
 	"github.com/watermill-dedup/dedup/stores"
 )
 
@@ -29,7 +29,7 @@ func (tg *target) listed(t *testing.T, args ...string) []recordJSON {
 // checks of SCOPE KEY (#23): on the digest layouts list can give nothing
 // else back.
 func TestForgetAndReleaseByID(t *testing.T) {
-	forEachStore(t, func(t *testing.T, e *env, kind testkit.StoreKind) {
+	forEachStore(t, func(t *testing.T, e *env, kind anystore.StoreKind) {
 		tg := e.open(t, kind, "")
 		scope, c := tg.seed(t)
 
@@ -92,7 +92,7 @@ func TestForgetAndReleaseByID(t *testing.T) {
 // digest of them: it printed scope "?" and key "?". An id that names no
 // record says what -id takes: not a message's id.
 func TestGetByIDScopeAndKey(t *testing.T) {
-	forEachStore(t, func(t *testing.T, e *env, kind testkit.StoreKind) {
+	forEachStore(t, func(t *testing.T, e *env, kind anystore.StoreKind) {
 		tg := e.open(t, kind, "")
 		scope, _ := tg.seed(t)
 		rec, err := tg.admin.Get(t.Context(), scope, "d1")
@@ -109,7 +109,7 @@ func TestGetByIDScopeAndKey(t *testing.T) {
 			return
 		}
 		r.want(t, exitOK, "stdout:not stored", "stdout:digest of (scope, key)", "stdout:get SCOPE KEY")
-		if kind == testkit.StoreSQLite { // a message's id is a UUID, as a SQL record's
+		if kind == anystore.StoreSQLite { // a message's id is a UUID, as a SQL record's
 			tg.run(t, "get", "-id="+watermill.NewUUID()).want(t, exitNotFound, "stderr:not a message's id")
 		}
 	})

@@ -10,6 +10,7 @@ import (
 
 	"github.com/watermill-dedup/dedup/internal/readmetest"
 	"github.com/watermill-dedup/dedup/internal/testkit"
+	"github.com/watermill-dedup/dedup/internal/testkit/anystore"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/storetest"
 )
@@ -54,21 +55,21 @@ func TestDocumentedCommands(t *testing.T) {
 	t.Chdir(t.TempDir()) // -dir=./loyalty
 	for s := range runIDs {
 		s.runID = ids[s.runID]
-		p := testkit.StoreParams{Teardown: true, CreateSchema: true}
+		p := anystore.StoreParams{Teardown: true, CreateSchema: true}
 		switch s.kind {
 		case storeRedis:
-			p.Kind, p.Addr, p.Name = testkit.StoreRedis, testkit.RequireRedis(t), "router_example:"+s.runID+":"
+			p.Kind, p.Addr, p.Name = anystore.StoreRedis, testkit.RequireRedis(t), "router_example:"+s.runID+":"
 		case storeSQLite:
 			if err := os.MkdirAll("loyalty", 0o755); err != nil {
 				t.Fatal(err)
 			}
-			p.Kind, p.Path, p.Name = testkit.StoreSQLite, filepath.Join("loyalty", sqliteFile), "router_example_"+s.runID
+			p.Kind, p.Path, p.Name = anystore.StoreSQLite, filepath.Join("loyalty", sqliteFile), "router_example_"+s.runID
 		case storeNATS:
-			p.Kind, p.Addr, p.Name = testkit.StoreNATS, testkit.RequireStore(t, testkit.StoreNATS), "router_example_"+s.runID
+			p.Kind, p.Addr, p.Name = anystore.StoreNATS, anystore.RequireStore(t, anystore.StoreNATS), "router_example_"+s.runID
 		default:
 			t.Fatalf("the docs show a run of the %s store, for which this test writes no records", s.kind)
 		}
-		o, closeStore, err := testkit.OpenStore(context.Background(), p)
+		o, closeStore, err := anystore.OpenStore(context.Background(), p)
 		if err != nil {
 			t.Fatal(err)
 		}

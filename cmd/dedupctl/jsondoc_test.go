@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/watermill-dedup/dedup/internal/testkit"
+	"github.com/watermill-dedup/dedup/internal/testkit/anystore"
 	"github.com/watermill-dedup/dedup/stores/storetest"
 )
 
@@ -198,7 +198,7 @@ func TestJSONDocumented(t *testing.T) {
 		}
 		conforms(t, doc, strings.Join(args, " "), obj, docField{typ: obj, always: true}, v)
 	}
-	for _, kind := range []testkit.StoreKind{testkit.StoreSQLite, testkit.StoreRedis} {
+	for _, kind := range []anystore.StoreKind{anystore.StoreSQLite, anystore.StoreRedis} {
 		tg := e.open(t, kind, "")
 		scope := "json-" + storetest.NewID()
 		tg.claim(t, scope, "p1", time.Minute)

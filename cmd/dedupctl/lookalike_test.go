@@ -5,7 +5,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/watermill-dedup/dedup/internal/testkit"
+	"github.com/watermill-dedup/dedup/internal/testkit/anystore"
+	"github.com/watermill-dedup/dedup/internal/testkit/redistest"
 	"github.com/watermill-dedup/dedup/stores/redisstore"
 )
 
@@ -19,13 +20,13 @@ import (
 // of its own, a Redis Cluster of its own), every record is listed,
 // counted, and reached by forget.
 func TestRecordsThatLookLikeExampleRuns(t *testing.T) {
-	forEachStore(t, func(t *testing.T, e *env, kind testkit.StoreKind) {
+	forEachStore(t, func(t *testing.T, e *env, kind anystore.StoreKind) {
 		var tg *target
 		switch kind {
-		case testkit.StoreRedis:
-			e.redis = testkit.StartRedis(t)
+		case anystore.StoreRedis:
+			e.redis = redistest.StartRedis(t)
 			tg = e.open(t, kind, redisstore.DefaultPrefix)
-		case testkit.StoreRedisCluster:
+		case anystore.StoreRedisCluster:
 			tg = e.open(t, kind, redisstore.DefaultPrefix)
 		default:
 			// No default name is special there: a table or bucket of

@@ -24,6 +24,8 @@ import (
 	"github.com/watermill-dedup/dedup/internal/record"
 	"github.com/watermill-dedup/dedup/internal/storeopen"
 	"github.com/watermill-dedup/dedup/internal/testkit"
+	"github.com/watermill-dedup/dedup/internal/testkit/anystore"
+	"github.com/watermill-dedup/dedup/internal/testkit/redistest"
 	"github.com/watermill-dedup/dedup/middleware"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/natsstore"
@@ -93,10 +95,10 @@ func (r result) json(t *testing.T, v any) {
 // target is a store of one kind, a table or prefix of its own, with the
 // flags that point dedupctl at it.
 type target struct {
-	kind   testkit.StoreKind
+	kind   anystore.StoreKind
 	store  stores.Store
 	admin  stores.Admin
-	opened *testkit.OpenedStore
+	opened *anystore.OpenedStore
 	args   []string
 	// scopes: the layout keeps scopes (Redis's default layout).
 	scopes bool
@@ -111,15 +113,15 @@ type env struct {
 	redis string
 }
 
-var kinds = []testkit.StoreKind{testkit.StoreRedis, testkit.StoreRedisCluster, testkit.StorePostgres, testkit.StoreMySQL, testkit.StoreSQLite, testkit.StoreNATS}
+var kinds = []anystore.StoreKind{anystore.StoreRedis, anystore.StoreRedisCluster, anystore.StorePostgres, anystore.StoreMySQL, anystore.StoreSQLite, anystore.StoreNATS}
 
 // forEachStore runs fn on a store of every kind dedupctl reaches.
-func forEachStore(t *testing.T, fn func(t *testing.T, e *env, kind testkit.StoreKind)) {
+func forEachStore(t *testing.T, fn func(t *testing.T, e *env, kind anystore.StoreKind)) {
 	e := &env{}
 	for _, kind := range kinds {
 		t.Run(string(kind), func(t *testing.T) {
-			if kind == testkit.StoreRedisCluster && e.cluster == nil {
-				e.cluster = testkit.StartRedisCluster(t)
+			if kind == anystore.StoreRedisCluster && e.cluster == nil {
+				e.cluster = redistest.StartRedisCluster(t)
 			}
 			fn(t, e, kind)
 		})
@@ -128,34 +130,34 @@ func forEachStore(t *testing.T, fn func(t *testing.T, e *env, kind testkit.Store
 
 // open opens a store of kind with a name of its own (name "" for a
 // random one), deleted when t ends.
-func (e *env) open(t *testing.T, kind testkit.StoreKind, name string) *target {
+func (e *env) open(t *testing.T, kind anystore.StoreKind, name string) *target {
 	t.Helper()
-	p := testkit.StoreParams{Kind: kind, Name: name, CreateSchema: true, Teardown: true, Redis: redisstore.Config{SkipServerCheck: true}}
+	p := anystore.StoreParams{Kind: kind, Name: name, CreateSchema: true, Teardown: true, Redis: redisstore.Config{SkipServerCheck: true}}
 	tg := &target{kind: kind}
 	switch kind {
-	case testkit.StoreRedis:
+	case anystore.StoreRedis:
 		p.Addr = e.redis
 		if p.Addr == "" {
 			p.Addr = testkit.RequireRedis(t)
 		}
 		tg.args = []string{"-store=redis", "-redis-addr=" + p.Addr}
 		tg.scopes = true
-	case testkit.StoreRedisCluster:
+	case anystore.StoreRedisCluster:
 		p.Addr = strings.Join(e.cluster, ",")
 		tg.args = []string{"-store=redis", "-redis-cluster", "-redis-addr=" + p.Addr}
 		tg.scopes = true
-	case testkit.StorePostgres:
+	case anystore.StorePostgres:
 		tg.args = []string{"-store=postgres", "-postgres-dsn=" + testkit.RequirePostgres(t)}
-	case testkit.StoreMySQL:
+	case anystore.StoreMySQL:
 		tg.args = []string{"-store=mysql", "-mysql-dsn=" + testkit.RequireMySQL(t)}
-	case testkit.StoreSQLite:
+	case anystore.StoreSQLite:
 		p.Path = filepath.Join(t.TempDir(), "dedup.db")
 		tg.args = []string{"-store=sqlite", "-sqlite-file=" + p.Path}
-	case testkit.StoreNATS:
-		p.Addr = testkit.RequireStore(t, kind)
+	case anystore.StoreNATS:
+		p.Addr = anystore.RequireStore(t, kind)
 		tg.args = []string{"-store=nats", "-nats-url=nats://" + p.Addr}
 	}
-	o, closeStore, err := testkit.OpenStore(context.Background(), p)
+	o, closeStore, err := anystore.OpenStore(context.Background(), p)
 	if err != nil {
 		t.Fatalf("open the %s store: %v", kind, err)
 	}
@@ -259,7 +261,7 @@ func (r result) field(t *testing.T, name, value string) {
 }
 
 func TestGetAndList(t *testing.T) {
-	forEachStore(t, func(t *testing.T, e *env, kind testkit.StoreKind) {
+	forEachStore(t, func(t *testing.T, e *env, kind anystore.StoreKind) {
 		tg := e.open(t, kind, "")
 		scope, c := tg.seed(t)
 		msg := message.NewMessage("m-"+storetest.NewID(), []byte(`{"payment_id":"PAY-1"}`))
@@ -372,7 +374,7 @@ func TestGetAndList(t *testing.T) {
 }
 
 func TestForgetAndRelease(t *testing.T) {
-	forEachStore(t, func(t *testing.T, e *env, kind testkit.StoreKind) {
+	forEachStore(t, func(t *testing.T, e *env, kind anystore.StoreKind) {
 		tg := e.open(t, kind, "")
 		scope := "dedupctl-" + storetest.NewID()
 		tg.done(t, scope, "d1")
@@ -445,7 +447,7 @@ func TestForgetAndRelease(t *testing.T) {
 }
 
 func TestStatsAndPurge(t *testing.T) {
-	forEachStore(t, func(t *testing.T, e *env, kind testkit.StoreKind) {
+	forEachStore(t, func(t *testing.T, e *env, kind anystore.StoreKind) {
 		tg := e.open(t, kind, "")
 		scope, _ := tg.seed(t)
 		tg.done(t, scope, "d2")
@@ -514,8 +516,8 @@ func TestStatsAndPurge(t *testing.T) {
 
 // TestRunID points dedupctl at router_example's names for a run.
 func TestRunID(t *testing.T) {
-	forEachStore(t, func(t *testing.T, e *env, kind testkit.StoreKind) {
-		if kind == testkit.StoreRedisCluster {
+	forEachStore(t, func(t *testing.T, e *env, kind anystore.StoreKind) {
+		if kind == anystore.StoreRedisCluster {
 			// -run-id is the same flag on every store; the cluster test
 			// checks the cluster itself instead: a node without
 			// -redis-cluster holds a part of the records only.
@@ -525,7 +527,7 @@ func TestRunID(t *testing.T) {
 		runID := storetest.NewID()[:12]
 		// router_example's names (router_example/stores.go).
 		name := "router_example_" + runID // a table, or a NATS bucket
-		if kind == testkit.StoreRedis {
+		if kind == anystore.StoreRedis {
 			name = "router_example:" + runID + ":"
 		}
 		tg := e.open(t, kind, name)
@@ -535,9 +537,9 @@ func TestRunID(t *testing.T) {
 		// Another run: no record under its prefix, no table of its name.
 		other := tg.run(t, "-run-id="+runID+"x", "get", "loyalty", "payment:PAY-1")
 		switch kind {
-		case testkit.StoreRedis:
+		case anystore.StoreRedis:
 			other.want(t, exitNotFound)
-		case testkit.StoreNATS:
+		case anystore.StoreNATS:
 			other.want(t, exitError, "stderr:no such bucket", "stderr:router_example_"+runID+"x")
 		default:
 			other.want(t, exitError, "stderr:cannot read the table router_example_"+runID+"x")
@@ -656,7 +658,7 @@ func TestExitCodes(t *testing.T) {
 // one: its trace and span, as a table row and in -json; a record of an
 // unlinked run shows none.
 func TestGetLinkedRun(t *testing.T) {
-	forEachStore(t, func(t *testing.T, e *env, kind testkit.StoreKind) {
+	forEachStore(t, func(t *testing.T, e *env, kind anystore.StoreKind) {
 		tg := e.open(t, kind, "")
 		scope := "dedupctl-" + storetest.NewID()
 		tp := sdktrace.NewTracerProvider()

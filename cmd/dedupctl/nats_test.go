@@ -13,6 +13,8 @@ import (
 
 	"github.com/watermill-dedup/dedup/internal/storeopen"
 	"github.com/watermill-dedup/dedup/internal/testkit"
+	"github.com/watermill-dedup/dedup/internal/testkit/anystore"
+	"github.com/watermill-dedup/dedup/internal/testkit/natstest"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/natsstore"
 )
@@ -22,11 +24,11 @@ import (
 // exist is not created, a sharded store is found with -nats-shards, and
 // a bucket New would refuse for its MaxAge is read all the same.
 func TestNATSBuckets(t *testing.T) {
-	addr := testkit.RequireStore(t, testkit.StoreNATS)
+	addr := anystore.RequireStore(t, anystore.StoreNATS)
 	url := "nats://" + addr
 	// Three shards, and a MaxAge shorter than dedupctl's defaults ask for.
 	cfg := natsstore.Config{Shards: 3, MaxLease: time.Minute, MaxRetention: time.Hour}
-	o, closeStore, err := testkit.OpenStore(context.Background(), testkit.StoreParams{Kind: testkit.StoreNATS, Addr: addr, Teardown: true, NATS: cfg})
+	o, closeStore, err := anystore.OpenStore(context.Background(), anystore.StoreParams{Kind: anystore.StoreNATS, Addr: addr, Teardown: true, NATS: cfg})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,7 +43,7 @@ func TestNATSBuckets(t *testing.T) {
 	if _, err := js.Stream(t.Context(), "KV_"+missing); !errors.Is(err, jetstream.ErrStreamNotFound) {
 		t.Fatalf("dedupctl created the bucket it did not find, or: %v", err)
 	}
-	tg := &target{kind: testkit.StoreNATS, store: o.Store, admin: o.Store.(stores.Admin), opened: o,
+	tg := &target{kind: anystore.StoreNATS, store: o.Store, admin: o.Store.(stores.Admin), opened: o,
 		args: []string{"-store=nats", "-nats-url=" + url, "-nats-bucket=" + o.Name, "-nats-shards=3"}}
 	for _, k := range []string{"a", "b", "c", "d", "e", "f"} {
 		tg.done(t, "s", k)
@@ -120,7 +122,7 @@ func TestNATSCredentialsAndTLS(t *testing.T) {
 	conf := "tls {\n  cert_file: \"" + files.ServerCert + "\"\n  key_file: \"" + files.ServerKey + "\"\n}\n" +
 		"authorization {\n  users = [\n    {user: root, password: root}\n" +
 		"    {user: ctl, password: \"" + password + "\", permissions: {publish: {allow: [" + strings.Join(allow, ", ") + "]}, subscribe: {allow: [\"_INBOX.>\"]}}}\n  ]\n}\n"
-	addr := testkit.StartNATSSecure(t, conf, nats.UserInfo("root", "root"), nats.RootCAs(files.CA))
+	addr := natstest.StartNATSSecure(t, conf, nats.UserInfo("root", "root"), nats.RootCAs(files.CA))
 	tg := natsTarget(t, "tls://root:root@"+addr, nats.RootCAs(files.CA))
 	tg.args = []string{"-store=nats", "-nats-url=tls://ctl:" + password + "@" + addr, "-nats-ca=" + files.CA}
 	tg.done(t, "s", "d1")
@@ -162,7 +164,7 @@ func TestNATSClientCert(t *testing.T) {
 	files := testkit.MakeTLSFiles(t)
 	conf := "tls {\n  cert_file: \"" + files.ServerCert + "\"\n  key_file: \"" + files.ServerKey + "\"\n  ca_file: \"" + files.CA + "\"\n  verify: true\n}\n" +
 		"authorization {\n  users = [\n    {user: ctl, password: \"" + password + "\"}\n  ]\n}\n"
-	addr := testkit.StartNATSSecure(t, conf, nats.UserInfo("ctl", password), nats.RootCAs(files.CA), nats.ClientCert(files.ClientCert, files.ClientKey))
+	addr := natstest.StartNATSSecure(t, conf, nats.UserInfo("ctl", password), nats.RootCAs(files.CA), nats.ClientCert(files.ClientCert, files.ClientKey))
 	tg := natsTarget(t, "tls://ctl:"+password+"@"+addr, nats.RootCAs(files.CA), nats.ClientCert(files.ClientCert, files.ClientKey))
 	tg.done(t, "s", "d1")
 
@@ -204,5 +206,5 @@ func natsTarget(t *testing.T, url string, opts ...nats.Option) *target {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = s.Close(context.Background()) })
-	return &target{kind: testkit.StoreNATS, store: s, admin: s}
+	return &target{kind: anystore.StoreNATS, store: s, admin: s}
 }

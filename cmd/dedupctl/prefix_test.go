@@ -9,8 +9,9 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/watermill-dedup/dedup/internal/storeopen"
-	"github.com/watermill-dedup/dedup/internal/testkit"
+	"github.com/watermill-dedup/dedup/internal/redisclean"
+	"github.com/watermill-dedup/dedup/internal/testkit/anystore"
+	"github.com/watermill-dedup/dedup/internal/testkit/redistest"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/redisstore"
 	"github.com/watermill-dedup/dedup/stores/storetest"
@@ -35,7 +36,7 @@ func ascii(s string) bool {
 func innerRecords(t *testing.T, client redis.UniversalClient, id string) []string {
 	t.Helper()
 	prefix := "dedup:" + id + ":"
-	t.Cleanup(func() { _ = storeopen.DeleteRedisPrefix(context.Background(), client, prefix) })
+	t.Cleanup(func() { _ = redisclean.DeletePrefix(context.Background(), client, prefix) })
 	s, err := redisstore.New(client, redisstore.Config{Prefix: prefix, SkipServerCheck: true})
 	if err != nil {
 		t.Fatal(err)
@@ -70,7 +71,7 @@ func innerRecords(t *testing.T, client redis.UniversalClient, id string) []strin
 // reads them as its records. On a redis-server of the test's own: the
 // shared one holds other programs' keys under "dedup:".
 func TestLongerPrefixInsideDefaultPrefix(t *testing.T) {
-	addr := testkit.StartRedis(t)
+	addr := redistest.StartRedis(t)
 	client := redis.NewClient(&redis.Options{Addr: addr})
 	t.Cleanup(func() { _ = client.Close() })
 	id := storetest.NewID()[:8]
@@ -125,8 +126,8 @@ func TestLongerPrefixInsideDefaultPrefix(t *testing.T) {
 // A key or scope that is not printable ASCII is quoted with escapes in
 // every table, its id as redis-cli shows it.
 func TestUnprintableKeys(t *testing.T) {
-	forEachStore(t, func(t *testing.T, e *env, kind testkit.StoreKind) {
-		if kind != testkit.StoreRedis {
+	forEachStore(t, func(t *testing.T, e *env, kind anystore.StoreKind) {
+		if kind != anystore.StoreRedis {
 			return // the other layouts print no key in a listing
 		}
 		tg := e.open(t, kind, "")

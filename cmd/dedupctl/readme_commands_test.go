@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/watermill-dedup/dedup/internal/readmetest"
-	"github.com/watermill-dedup/dedup/internal/testkit"
+	"github.com/watermill-dedup/dedup/internal/testkit/anystore"
 )
 
 // The README's dedupctl commands on a store of the reader's own (SQL,
@@ -19,9 +19,9 @@ import (
 // of the reader's own (a .internal host with its credential files) is
 // only parsed there.
 func TestReadmeCommandsOnOwnStores(t *testing.T) {
-	kinds := map[string]testkit.StoreKind{
-		storePostgres: testkit.StorePostgres, storeMySQL: testkit.StoreMySQL,
-		storeSQLite: testkit.StoreSQLite, storeNATS: testkit.StoreNATS,
+	kinds := map[string]anystore.StoreKind{
+		storePostgres: anystore.StorePostgres, storeMySQL: anystore.StoreMySQL,
+		storeSQLite: anystore.StoreSQLite, storeNATS: anystore.StoreNATS,
 	}
 	type step struct {
 		c   readmetest.Command

@@ -15,8 +15,9 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/watermill-dedup/dedup/internal/readmetest"
-	"github.com/watermill-dedup/dedup/internal/storeopen"
+	"github.com/watermill-dedup/dedup/internal/redisclean"
 	"github.com/watermill-dedup/dedup/internal/testkit"
+	"github.com/watermill-dedup/dedup/internal/testkit/natstest"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/redisstore"
 	"github.com/watermill-dedup/dedup/stores/storetest"
@@ -56,13 +57,13 @@ func runExample(t *testing.T, bin, redisAddr string, args ...string) string {
 		prefix := "router_example:" + m[1] + ":"
 		if slices.Contains(args, "-store=nats") {
 			bucket := "router_example_" + m[1]
-			js := testkit.JetStream(t, testkit.NATSURL())
+			js := natstest.JetStream(t, testkit.NATSURL())
 			t.Cleanup(func() { _ = js.DeleteKeyValue(context.Background(), bucket) })
 		}
 		t.Cleanup(func() {
 			client := redis.NewClient(&redis.Options{Addr: redisAddr})
 			defer client.Close()
-			_ = storeopen.DeleteRedisPrefix(context.Background(), client, prefix)
+			_ = redisclean.DeletePrefix(context.Background(), client, prefix)
 		})
 	}
 	var exit *exec.ExitError
@@ -195,7 +196,7 @@ func TestReadmeFlows(t *testing.T) {
 				prefix := "dedup-test-" + storetest.NewID() + ":"
 				client := redis.NewClient(&redis.Options{Addr: redisAddr})
 				t.Cleanup(func() {
-					_ = storeopen.DeleteRedisPrefix(context.Background(), client, prefix)
+					_ = redisclean.DeletePrefix(context.Background(), client, prefix)
 					_ = client.Close()
 				})
 				s, err := redisstore.New(client, redisstore.Config{Prefix: prefix, SkipServerCheck: true})

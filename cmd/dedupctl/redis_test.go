@@ -8,7 +8,9 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/watermill-dedup/dedup/internal/redisclean"
 	"github.com/watermill-dedup/dedup/internal/testkit"
+	"github.com/watermill-dedup/dedup/internal/testkit/redistest"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/redisstore"
 	"github.com/watermill-dedup/dedup/stores/storetest"
@@ -19,7 +21,7 @@ import (
 // the test's own (the shared Redis holds other programs' keys under
 // "dedup:"), and under a prefix of the test's own on the shared one.
 func TestRedisURL(t *testing.T) {
-	own := testkit.StartRedis(t)
+	own := redistest.StartRedis(t)
 	ownClient := redis.NewClient(&redis.Options{Addr: own})
 	defer ownClient.Close()
 	writeRedisRecords(t, ownClient, redisstore.DefaultPrefix)
@@ -35,7 +37,7 @@ func TestRedisURL(t *testing.T) {
 	client := redis.NewClient(&redis.Options{Addr: addr})
 	defer client.Close()
 	prefix := "dedup-url-" + storetest.NewID() + ":"
-	t.Cleanup(func() { _ = testkit.DeleteRedisPrefix(context.Background(), client, prefix) })
+	t.Cleanup(func() { _ = redisclean.DeletePrefix(context.Background(), client, prefix) })
 	writeRedisRecords(t, client, prefix)
 	url = "redis://" + addr + "/0"
 	dedupctl(t, "-redis-addr="+url, "-redis-prefix="+prefix, "stats").want(t, exitOK, "stdout:Redis "+url+`, prefix "`+prefix+`"`, "stdout:records  5: 1 processing, 4 done")
@@ -104,7 +106,7 @@ func writeRedisRecords(t *testing.T, client redis.UniversalClient, prefix string
 // prefix), given in a redis:// URL, on a redis-server and a Redis Cluster
 // of the test's own; no output shows the password.
 func TestRedisACLUser(t *testing.T) {
-	rule := testkit.RedisACLRules(t)[0]
+	rule := redistest.RedisACLRules(t)[0]
 	user, password := "dedupctl-"+storetest.NewID(), "pw-"+storetest.NewID()
 	prefix := "dedup:" + storetest.NewID() + ":"
 	run := func(t *testing.T, args ...string) result {
@@ -133,10 +135,10 @@ func TestRedisACLUser(t *testing.T) {
 		run(t, args("stats", "-json")...).want(t, exitOK, `stdout:"total": 0`)
 	}
 	t.Run("server", func(t *testing.T) {
-		addr := testkit.StartRedis(t)
+		addr := redistest.StartRedis(t)
 		admin := redis.NewClient(&redis.Options{Addr: addr})
 		defer admin.Close()
-		testkit.SetRedisACLUser(t, admin, rule, user, password, prefix)
+		redistest.SetRedisACLUser(t, admin, rule, user, password, prefix)
 		writeRedisRecords(t, admin, prefix)
 		url := "redis://" + user + ":" + password + "@" + addr + "/0"
 		commands(t, "-redis-addr="+url)
@@ -154,11 +156,11 @@ func TestRedisACLUser(t *testing.T) {
 		run(t, "-redis-addr="+url, "-redis-prefix=elsewhere:", "get", "loyalty", "done-1").want(t, exitError, "stderr:NOPERM")
 	})
 	t.Run("cluster", func(t *testing.T) {
-		nodes := testkit.StartRedisCluster(t)
+		nodes := redistest.StartRedisCluster(t)
 		urls := make([]string, len(nodes))
 		for i, a := range nodes {
 			admin := redis.NewClient(&redis.Options{Addr: a})
-			testkit.SetRedisACLUser(t, admin, rule, user, password, prefix)
+			redistest.SetRedisACLUser(t, admin, rule, user, password, prefix)
 			_ = admin.Close()
 			urls[i] = "redis://" + user + ":" + password + "@" + a
 		}
@@ -180,7 +182,7 @@ func TestRedisACLUser(t *testing.T) {
 // certificate flags (or their environment variables); without the CA or
 // the certificate it is refused, and says why.
 func TestRedisTLS(t *testing.T) {
-	addr, files := testkit.StartRedisTLS(t, true)
+	addr, files := redistest.StartRedisTLS(t, true)
 	admin := redis.NewClient(&redis.Options{Addr: addr, TLSConfig: files.ClientConfig(t, true)})
 	defer admin.Close()
 	prefix := "dedup:" + storetest.NewID() + ":"

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/watermill-dedup/dedup/internal/testkit"
+	"github.com/watermill-dedup/dedup/internal/testkit/anystore"
+	"github.com/watermill-dedup/dedup/internal/testkit/sqltest"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/sqlstore"
 )
@@ -17,22 +19,22 @@ import (
 // other privilege, and shows no password.
 func TestSQLRole(t *testing.T) {
 	for _, tc := range []struct {
-		kind testkit.StoreKind
+		kind anystore.StoreKind
 		flag string
 		dsn  func(testing.TB) string
 	}{
-		{testkit.StorePostgres, "-postgres-dsn", testkit.RequirePostgres},
-		{testkit.StoreMySQL, "-mysql-dsn", testkit.RequireMySQL},
+		{anystore.StorePostgres, "-postgres-dsn", testkit.RequirePostgres},
+		{anystore.StoreMySQL, "-mysql-dsn", testkit.RequireMySQL},
 	} {
 		t.Run(string(tc.kind), func(t *testing.T) {
 			dsn := tc.dsn(t)
-			o, closeStore, err := testkit.OpenStore(context.Background(), testkit.StoreParams{Kind: tc.kind, CreateSchema: true, Teardown: true})
+			o, closeStore, err := anystore.OpenStore(context.Background(), anystore.StoreParams{Kind: tc.kind, CreateSchema: true, Teardown: true})
 			if err != nil {
 				t.Fatal(err)
 			}
-			role := testkit.NewSQLRole(t, o.Dialect, dsn) // dropped after the table
+			role := sqltest.NewSQLRole(t, o.Dialect, dsn) // dropped after the table
 			t.Cleanup(func() { _ = closeStore(context.Background()) })
-			role.Grant(t, testkit.StoreGrants, o.Name)
+			role.Grant(t, sqltest.StoreGrants, o.Name)
 
 			ctx := t.Context()
 			for _, k := range []string{"done-1", "held-1", "gone-1"} {
@@ -83,8 +85,8 @@ func TestSQLRole(t *testing.T) {
 // fails and says so, as the owner it runs.
 func TestSQLRolePartitioned(t *testing.T) {
 	dsn := testkit.RequirePostgres(t)
-	o, closeStore, err := testkit.OpenStore(context.Background(), testkit.StoreParams{
-		Kind: testkit.StorePostgres, CreateSchema: true, Teardown: true,
+	o, closeStore, err := anystore.OpenStore(context.Background(), anystore.StoreParams{
+		Kind: anystore.StorePostgres, CreateSchema: true, Teardown: true,
 		// Fewer days ahead than dedupctl's default: its purge has
 		// partitions to create.
 		SQL: sqlstore.Config{DailyPartitions: true, PurgeInterval: time.Hour, PartitionDaysAhead: 2},
@@ -92,9 +94,9 @@ func TestSQLRolePartitioned(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	role := testkit.NewSQLRole(t, o.Dialect, dsn)
+	role := sqltest.NewSQLRole(t, o.Dialect, dsn)
 	t.Cleanup(func() { _ = closeStore(context.Background()) })
-	role.Grant(t, testkit.StoreGrants, o.Name)
+	role.Grant(t, sqltest.StoreGrants, o.Name)
 	c, err := o.Store.Claim(t.Context(), "loyalty", []string{"done-1"}, time.Hour)
 	if err != nil || c.Result != stores.Claimed {
 		t.Fatalf("Claim = %+v, %v", c, err)

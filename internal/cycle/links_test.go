@@ -14,16 +14,16 @@ import (
 	dedup "github.com/watermill-dedup/dedup"
 	"github.com/watermill-dedup/dedup/internal/cycle"
 	"github.com/watermill-dedup/dedup/internal/record"
-	"github.com/watermill-dedup/dedup/internal/testkit"
+	"github.com/watermill-dedup/dedup/internal/testkit/spantest"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/memstore"
 )
 
 // linked is a tracer provider recording spans, and the runs a test
 // makes with it.
-type linked struct{ *testkit.Traces }
+type linked struct{ *spantest.Traces }
 
-func newLinked(t *testing.T) *linked { return &linked{testkit.NewTraces(t)} }
+func newLinked(t *testing.T) *linked { return &linked{spantest.NewTraces(t)} }
 
 // run returns a message whose context carries a span of its own (a run's
 // message span), and that span's context.

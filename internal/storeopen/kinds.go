@@ -23,7 +23,7 @@ import (
 var kinds = []*Kind{memoryKind, redisKind, postgresKind, mysqlKind, sqliteKind, natsKind}
 
 // Kind is one kind of store: its name, the service it runs on, its
-// settings, and how it is opened and closed. testkit.OpenStore,
+// settings, and how it is opened and closed. anystore.OpenStore,
 // router_example and cmd/dedupctl open every store through its Kind.
 type Kind struct {
 	// Name is the kind's -store value ("redis").

@@ -14,8 +14,8 @@ import (
 	"syscall"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/watermill-dedup/dedup/internal/natsclean"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/natsstore"
 )
@@ -84,7 +84,7 @@ func openNATSStore(ctx context.Context, o Opener, r Request, out *Opened) error 
 	if name != "" {
 		// Set before the store is made: Close with RemoveOnClose deletes
 		// the buckets New made before it failed.
-		out.remove = func(ctx context.Context) error { return DeleteNATSBuckets(ctx, nc, cfg) }
+		out.remove = func(ctx context.Context) error { return natsclean.DeleteBuckets(ctx, nc, cfg) }
 		out.Removal = "delete " + out.Records
 	}
 	if r.Admin {
@@ -110,22 +110,6 @@ func openNATSStore(ctx context.Context, o Opener, r Request, out *Opened) error 
 	}
 	out.setStore(st)
 	return nil
-}
-
-// DeleteNATSBuckets deletes the KV buckets of cfg (every shard's), and
-// only those.
-func DeleteNATSBuckets(ctx context.Context, nc *nats.Conn, cfg natsstore.Config) error {
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return err
-	}
-	var errs []error
-	for _, b := range cfg.Buckets() {
-		if err := js.DeleteKeyValue(ctx, b); err != nil && !errors.Is(err, jetstream.ErrBucketNotFound) {
-			errs = append(errs, fmt.Errorf("delete bucket %s: %w", b, err))
-		}
-	}
-	return errors.Join(errs...)
 }
 
 // NATS: the connection of the nats kind and of router_example's NATS

@@ -18,6 +18,7 @@ import (
 
 	"github.com/watermill-dedup/dedup/internal/storeopen"
 	"github.com/watermill-dedup/dedup/internal/testkit"
+	"github.com/watermill-dedup/dedup/internal/testkit/natstest"
 )
 
 // A NATS URL is shown without its credentials: a user and password, or a
@@ -112,7 +113,7 @@ func natsTLSServer(t *testing.T) (addr string, files *testkit.TLSFiles, seedFile
 	}
 	conf := "tls {\n  cert_file: \"" + files.ServerCert + "\"\n  key_file: \"" + files.ServerKey + "\"\n}\n" +
 		"authorization {\n  users = [\n    {user: alice, password: \"" + natsPassword + "\"}\n    {nkey: " + pub + "}\n  ]\n}\n"
-	addr = testkit.StartNATSSecure(t, conf, nats.UserInfo("alice", natsPassword), nats.RootCAs(files.CA))
+	addr = natstest.StartNATSSecure(t, conf, nats.UserInfo("alice", natsPassword), nats.RootCAs(files.CA))
 	return addr, files, seedFile
 }
 
@@ -186,7 +187,7 @@ func TestNATSTLSAndUsers(t *testing.T) {
 }
 
 func TestNATSToken(t *testing.T) {
-	addr := testkit.StartNATSSecure(t, "authorization {\n  token: \""+natsToken+"\"\n}\n", nats.Token(natsToken))
+	addr := natstest.StartNATSSecure(t, "authorization {\n  token: \""+natsToken+"\"\n}\n", nats.Token(natsToken))
 	ctx := context.Background()
 	o := storeopen.Opener{}
 	nc, err := o.NATS(ctx, "nats://"+natsToken+"@"+addr, storeopen.NATSAuth{})
@@ -269,7 +270,7 @@ func TestNATSCredsFile(t *testing.T) {
 	}
 	conf := "operator: \"" + opFile + "\"\nsystem_account: " + sysPub + "\nresolver: MEMORY\nresolver_preload: {\n  " +
 		accPub + ": \"" + accJWT + "\"\n  " + sysPub + ": \"" + sysJWT + "\"\n}\n"
-	addr := testkit.StartNATSSecure(t, conf, nats.UserCredentials(creds))
+	addr := natstest.StartNATSSecure(t, conf, nats.UserCredentials(creds))
 
 	nc, err := storeopen.Opener{}.NATS(context.Background(), "nats://"+addr, storeopen.NATSAuth{CredsFile: creds})
 	usable(t, "-nats-creds", nc, err, false)
@@ -288,7 +289,7 @@ func TestNATSClientCert(t *testing.T) {
 	files := testkit.MakeTLSFiles(t)
 	conf := "tls {\n  cert_file: \"" + files.ServerCert + "\"\n  key_file: \"" + files.ServerKey + "\"\n  ca_file: \"" + files.CA + "\"\n  verify: true\n}\n" +
 		"authorization {\n  users = [\n    {user: alice, password: \"" + natsPassword + "\"}\n  ]\n}\n"
-	addr := testkit.StartNATSSecure(t, conf, nats.UserInfo("alice", natsPassword), nats.RootCAs(files.CA), nats.ClientCert(files.ClientCert, files.ClientKey))
+	addr := natstest.StartNATSSecure(t, conf, nats.UserInfo("alice", natsPassword), nats.RootCAs(files.CA), nats.ClientCert(files.ClientCert, files.ClientKey))
 	ctx := context.Background()
 	o := storeopen.Opener{}
 	url := "tls://alice:" + natsPassword + "@" + addr

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/watermill-dedup/dedup/internal/sqlpool"
 	"github.com/watermill-dedup/dedup/stores/sqlstore"
 )
 
@@ -173,7 +174,7 @@ func (o Opener) openSQLite(ctx context.Context, r Request, out *Opened) (*sql.DB
 	if conns <= 0 {
 		conns = 1
 	}
-	db, err := OpenDB(ctx, "sqlite", sqlstore.SQLiteDSN(path), conns, o.pingTimeout())
+	db, err := sqlpool.Open(ctx, "sqlite", sqlstore.SQLiteDSN(path), conns, o.pingTimeout())
 	if err != nil {
 		return nil, &UnreachableError{Service: "SQLite", Addr: path, Setting: SQLiteSetting, Err: err}
 	}

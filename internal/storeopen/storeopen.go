@@ -1,5 +1,5 @@
 // Package storeopen opens the dedup stores from settings: the one place
-// testkit.OpenStore, router_example and cmd/dedupctl build a store. Each
+// anystore.OpenStore, router_example and cmd/dedupctl build a store. Each
 // kind of store ("memory", "redis", "postgres", "mysql", "sqlite",
 // "nats") is a Kind registered once, in kinds.go, and defined in a file
 // of its own here: its flags, its checks, how it connects, builds its
@@ -34,6 +34,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	_ "modernc.org/sqlite" // the "sqlite" database/sql driver, pure Go
 
+	"github.com/watermill-dedup/dedup/internal/sqlpool"
 	"github.com/watermill-dedup/dedup/stores/sqlstore"
 )
 
@@ -145,7 +146,7 @@ func (o Opener) DB(ctx context.Context, d sqlstore.Dialect, dsn string) (*sql.DB
 	default:
 		return nil, "", fmt.Errorf("storeopen: no database server for dialect %q", d)
 	}
-	db, err := OpenDB(ctx, driver, dsn, o.MaxConns, o.pingTimeout())
+	db, err := sqlpool.Open(ctx, driver, dsn, o.MaxConns, o.pingTimeout())
 	if err != nil {
 		if d == sqlstore.Postgres && notPostgres(err) {
 			err = &ProtocolError{Service: service, Err: err}
@@ -178,34 +179,6 @@ func (e *ProtocolError) Error() string {
 }
 
 func (e *ProtocolError) Unwrap() error { return e.Err }
-
-// OpenDB opens a database/sql pool of conns connections (open and idle;
-// none: database/sql's default) and pings it within timeout. It returns
-// the ping's error, "no answer within" timeout when that passed, and
-// leaves nothing open then.
-func OpenDB(ctx context.Context, driver, dsn string, conns int, timeout time.Duration) (*sql.DB, error) {
-	db, err := sql.Open(driver, dsn)
-	if err != nil {
-		return nil, err
-	}
-	if conns > 0 {
-		// A bounded pool: handlers beyond it wait for a connection
-		// instead of exhausting the server's max_connections, which
-		// other clients share.
-		db.SetMaxOpenConns(conns)
-		db.SetMaxIdleConns(conns)
-	}
-	pctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	if err := db.PingContext(pctx); err != nil {
-		_ = db.Close()
-		if errors.Is(err, context.DeadlineExceeded) {
-			err = fmt.Errorf("no answer within %s", timeout)
-		}
-		return nil, err
-	}
-	return db, nil
-}
 
 func (o Opener) unreachable(service, addr, setting string, err error) error {
 	return &UnreachableError{Service: service, Addr: addr, Setting: setting, Check: o.Check, Err: err}

@@ -12,8 +12,10 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/watermill-dedup/dedup/internal/redisclean"
 	"github.com/watermill-dedup/dedup/internal/storeopen"
 	"github.com/watermill-dedup/dedup/internal/testkit"
+	"github.com/watermill-dedup/dedup/internal/testkit/anystore"
 	"github.com/watermill-dedup/dedup/stores/sqlstore"
 )
 
@@ -135,7 +137,7 @@ func TestOpenerServices(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer client.Del(ctx, other)
-	if err := storeopen.DeleteRedisPrefix(ctx, client, prefix); err != nil {
+	if err := redisclean.DeletePrefix(ctx, client, prefix); err != nil {
 		t.Fatal(err)
 	}
 	if keys, err := client.Keys(ctx, prefix+"*").Result(); err != nil || len(keys) > 0 {
@@ -150,7 +152,7 @@ func TestOpenerServices(t *testing.T) {
 // with the PostgreSQL protocol (here MySQL/MariaDB's port), says so; pgx
 // alone says "received unexpected message: %!w(<nil>)".
 func TestOpenerPostgresAtAnotherServer(t *testing.T) {
-	addr := testkit.RequireStore(t, testkit.StoreMySQL)
+	addr := anystore.RequireStore(t, anystore.StoreMySQL)
 	for _, dsn := range []string{
 		"postgres://postgres@" + addr + "/test?sslmode=disable",
 		"postgres://postgres@" + addr + "/test", // sslmode=prefer: a refused TLS request first

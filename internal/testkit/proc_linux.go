@@ -10,15 +10,15 @@ import (
 	"time"
 )
 
-// setPdeathsig has the kernel kill cmd when the test process dies
+// SetPdeathsig has the kernel kill cmd when the test process dies
 // without running its cleanups (a test timeout's panic).
-func setPdeathsig(cmd *exec.Cmd) {
+func SetPdeathsig(cmd *exec.Cmd) {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 }
 
-// waitStopped waits (5s at most) until every thread of process pid has
+// WaitStopped waits (5s at most) until every thread of process pid has
 // stopped after a SIGSTOP: the signal is only queued when kill returns.
-func waitStopped(pid int) {
+func WaitStopped(pid int) {
 	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
 		if allStopped(pid) {
 			return
@@ -47,9 +47,9 @@ func allStopped(pid int) bool {
 	return true
 }
 
-// lockFile takes an exclusive lock on the file at path (created if
+// LockFile takes an exclusive lock on the file at path (created if
 // missing), waiting for whoever holds it, and returns its release.
-func lockFile(path string) (unlock func(), err error) {
+func LockFile(path string) (unlock func(), err error) {
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
 	if err != nil {
 		return nil, err

@@ -151,7 +151,7 @@ func RequireRedis(t testing.TB) string {
 func RequirePostgres(t testing.TB) string {
 	t.Helper()
 	dsn := PostgresDSN()
-	RequireTCP(t, "PostgreSQL", hostPort(dsn, "127.0.0.1:5432"))
+	RequireTCP(t, "PostgreSQL", HostPort(dsn, "127.0.0.1:5432"))
 	return dsn
 }
 
@@ -160,12 +160,12 @@ func RequirePostgres(t testing.TB) string {
 func RequireMySQL(t testing.TB) string {
 	t.Helper()
 	dsn := MySQLDSN()
-	RequireTCP(t, "MySQL/MariaDB", mysqlAddr(dsn))
+	RequireTCP(t, "MySQL/MariaDB", MySQLAddr(dsn))
 	return dsn
 }
 
-// mysqlAddr is the host:port of a go-sql-driver DSN.
-func mysqlAddr(dsn string) string {
+// MySQLAddr is the host:port of a go-sql-driver DSN.
+func MySQLAddr(dsn string) string {
 	addr := "127.0.0.1:3306"
 	if i := strings.Index(dsn, "tcp("); i >= 0 {
 		if j := strings.Index(dsn[i:], ")"); j > 0 {
@@ -179,14 +179,38 @@ func mysqlAddr(dsn string) string {
 func RequireAMQP(t testing.TB) string {
 	t.Helper()
 	u := AMQPURL()
-	RequireTCP(t, "RabbitMQ", hostPort(u, "127.0.0.1:5672"))
+	RequireTCP(t, "RabbitMQ", HostPort(u, "127.0.0.1:5672"))
 	return u
 }
 
-func hostPort(rawURL, def string) string {
+func HostPort(rawURL, def string) string {
 	u, err := url.Parse(rawURL)
 	if err != nil || u.Host == "" {
 		return def
 	}
 	return u.Host
+}
+
+// DefaultNATSURL is the NATS server (with JetStream) the natsstore tests
+// use unless NATS_URL says otherwise.
+const DefaultNATSURL = "nats://127.0.0.1:4222"
+
+// NATSURL is NATS_URL or nats://127.0.0.1:4222.
+func NATSURL() string { return env("NATS_URL", DefaultNATSURL) }
+
+// NATSAddr is the host:port of NATSURL.
+func NATSAddr() string { return HostPort(NATSURL(), "127.0.0.1:4222") }
+
+// RequireNATS returns the NATS URL after checking the server answers, or
+// fails the test naming it when it does not (see Unavailable). JetStream must be enabled on it (nats-server -js).
+func RequireNATS(t testing.TB) string {
+	t.Helper()
+	u := NATSURL()
+	RequireTCP(t, "NATS", NATSAddr())
+	return u
+}
+
+// LastLines returns the last n of lines (all of them when fewer).
+func LastLines(lines []string, n int) []string {
+	return lines[max(len(lines)-n, 0):]
 }

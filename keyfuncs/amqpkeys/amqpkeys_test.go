@@ -14,6 +14,7 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/watermill-dedup/dedup/internal/testkit"
+	"github.com/watermill-dedup/dedup/internal/testkit/amqptest"
 	"github.com/watermill-dedup/dedup/internal/testkit/keytest"
 	"github.com/watermill-dedup/dedup/keyfuncs"
 	"github.com/watermill-dedup/dedup/keyfuncs/amqpkeys"
@@ -92,7 +93,7 @@ func TestUnmarshalCarriesProperties(t *testing.T) {
 // once. With watermill-amqp's own marshaler the same deliveries have no
 // UUID and no key.
 func TestForeignProducerDeduplicated(t *testing.T) {
-	url, queue, sub := keytest.AMQPSubscriber(t, "amqpkeys-test-", func(url string) (*amqp.Subscriber, error) {
+	url, queue, sub := amqptest.AMQPSubscriber(t, "amqpkeys-test-", func(url string) (*amqp.Subscriber, error) {
 		cfg := amqp.NewDurableQueueConfig(url)
 		cfg.Marshaler = amqpkeys.Marshaler{Inner: cfg.Marshaler}
 		return amqp.NewSubscriber(cfg, watermill.NopLogger{})
@@ -114,7 +115,7 @@ func TestForeignProducerDeduplicated(t *testing.T) {
 		return nil
 	})
 
-	keytest.PublishForeignTwice(t, url, queue) // the producer retries: the same message twice
+	amqptest.PublishForeignTwice(t, url, queue) // the producer retries: the same message twice
 	for _, id := range keytest.Await(t, acks, 2) {
 		if id != "order-42" {
 			t.Fatalf("acked a delivery with message_id %q", id)
@@ -247,7 +248,7 @@ func TestBlankMessageIDIsNoKey(t *testing.T) {
 // 255 bytes became one key.
 func TestLongMessageIDRefusedNotTruncated(t *testing.T) {
 	url := testkit.RequireAMQP(t)
-	ch := testkit.AMQPChannel(t, url)
+	ch := amqptest.AMQPChannel(t, url)
 	q, err := ch.QueueDeclare("", false, true, true, false, nil)
 	if err != nil {
 		t.Fatal(err)

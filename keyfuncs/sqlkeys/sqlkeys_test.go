@@ -11,6 +11,7 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/watermill-dedup/dedup/internal/testkit/keytest"
+	"github.com/watermill-dedup/dedup/internal/testkit/sqltest"
 	"github.com/watermill-dedup/dedup/keyfuncs/sqlkeys"
 	"github.com/watermill-dedup/dedup/stores/storetest"
 )
@@ -38,7 +39,7 @@ var dialects = []dialect{
 func TestForeignRows(t *testing.T) {
 	for _, d := range dialects {
 		t.Run(d.name, func(t *testing.T) {
-			db, _ := keytest.OpenSQL(t, d.mysql)
+			db, _ := sqltest.OpenSQL(t, d.mysql)
 			topic := "sqlkeys_" + storetest.NewID()
 			sub, err := wsql.NewSubscriber(db, wsql.SubscriberConfig{
 				ConsumerGroup:  "g",
@@ -46,7 +47,7 @@ func TestForeignRows(t *testing.T) {
 				OffsetsAdapter: d.offsets,
 				PollInterval:   20 * time.Millisecond,
 			}, watermill.NopLogger{})
-			keytest.InitializeTopic(t, db, d.mysql, sub, err, topic, d.table(topic), d.table("offsets_"+topic))
+			sqltest.InitializeTopic(t, db, d.mysql, sub, err, topic, d.table(topic), d.table("offsets_"+topic))
 
 			// The foreign producer.
 			insert := fmt.Sprintf("INSERT INTO %s (uuid, payload, metadata, transaction_id) VALUES ($1, $2, $3, pg_current_xact_id())", d.table(topic))

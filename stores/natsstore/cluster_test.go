@@ -15,7 +15,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/watermill-dedup/dedup/internal/testkit"
+	"github.com/watermill-dedup/dedup/internal/testkit/natstest"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/natsstore"
 )
@@ -95,13 +95,13 @@ func TestClusterFailover(t *testing.T) {
 	if testing.Short() {
 		t.Skip("TestClusterFailover runs a JetStream cluster through leader failures for half a minute or more: not under -short")
 	}
-	t.Run("system", func(t *testing.T) { clusterFailover(t, testkit.SystemNATS(t), natsstore.TTLBucket) })
-	t.Run("current", func(t *testing.T) { clusterFailover(t, testkit.CurrentNATS(t), natsstore.TTLPerKey) })
+	t.Run("system", func(t *testing.T) { clusterFailover(t, natstest.SystemNATS(t), natsstore.TTLBucket) })
+	t.Run("current", func(t *testing.T) { clusterFailover(t, natstest.CurrentNATS(t), natsstore.TTLPerKey) })
 }
 
 // clusterFailover is TestClusterFailover on a cluster of bin, where the
 // store must expire records by mode.
-func clusterFailover(t *testing.T, bin testkit.NATSBin, mode natsstore.TTLMode) {
+func clusterFailover(t *testing.T, bin natstest.NATSBin, mode natsstore.TTLMode) {
 	cl := bin.StartCluster(t, 3, "")
 	cfg := natsstore.Config{Bucket: testBucket(), Replicas: 3}
 	adm := newClusterAdmin(t, cl, "KV_"+cfg.Bucket)
@@ -281,7 +281,7 @@ func (c *connEvents) of(name string) func(string) {
 	}
 }
 
-func (c *connEvents) report(t *testing.T, cl *testkit.NATSCluster) {
+func (c *connEvents) report(t *testing.T, cl *natstest.NATSCluster) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var names []string
@@ -296,7 +296,7 @@ func (c *connEvents) report(t *testing.T, cl *testkit.NATSCluster) {
 }
 
 // serverOrder is the cluster's server list starting with server first.
-func serverOrder(cl *testkit.NATSCluster, first int) string {
+func serverOrder(cl *natstest.NATSCluster, first int) string {
 	urls := cl.URLs()
 	return strings.Join(append(urls[first:], urls[:first]...), ",")
 }
@@ -306,7 +306,7 @@ func serverOrder(cl *testkit.NATSCluster, first int) string {
 // tried), skipping the servers the test has killed or paused.
 type clusterAdmin struct {
 	t      *testing.T
-	cl     *testkit.NATSCluster
+	cl     *natstest.NATSCluster
 	js     []jetstream.JetStream
 	stream string
 
@@ -314,7 +314,7 @@ type clusterAdmin struct {
 	gone map[int]bool
 }
 
-func newClusterAdmin(t *testing.T, cl *testkit.NATSCluster, stream string) *clusterAdmin {
+func newClusterAdmin(t *testing.T, cl *natstest.NATSCluster, stream string) *clusterAdmin {
 	a := &clusterAdmin{t: t, cl: cl, stream: stream, gone: map[int]bool{}}
 	for _, s := range cl.Servers {
 		nc := connect(t, s.URL(), nats.IgnoreDiscoveredServers(), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond),
@@ -774,7 +774,7 @@ func (l *failoverLoad) waitFailed(since time.Time, n int) {
 // few more, made one after the other), logs what the servers say, and
 // restarts them one at a time (SIGTERM, then start again), as an
 // operator would. It reports whether the store serves again after that.
-func (l *failoverLoad) notRecovered(cl *testkit.NATSCluster, adm *clusterAdmin) bool {
+func (l *failoverLoad) notRecovered(cl *natstest.NATSCluster, adm *clusterAdmin) bool {
 	l.t.Logf("JetStream did not serve the bucket again within %s of the last fault; checking that the store fails fast and classified", failoverRecovery)
 	s := l.stores[0]
 	for i := range 5 {

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/watermill-dedup/dedup/internal/testkit"
+	"github.com/watermill-dedup/dedup/internal/testkit/natstest"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/natsstore"
 	"github.com/watermill-dedup/dedup/stores/storetest"
@@ -39,13 +40,13 @@ func sharedConn(t testing.TB) *nats.Conn {
 // it; both end with the test.
 func currentConn(t testing.TB) *nats.Conn {
 	t.Helper()
-	return connect(t, testkit.CurrentNATS(t).Start(t, "").URL())
+	return connect(t, natstest.CurrentNATS(t).Start(t, "").URL())
 }
 
 // onServers runs f in a subtest on each server the store is tested on:
 // "shared", the server of NATS_URL (Debian's nats-server 2.9.10 on
 // 127.0.0.1:4222: no per-message TTLs, the buckets' MaxAge), and
-// "current", one of testkit.CurrentNATSVersion started for the subtest
+// "current", one of natstest.CurrentNATSVersion started for the subtest
 // (per-key TTLs).
 func onServers(t *testing.T, f func(t *testing.T, nc *nats.Conn)) {
 	t.Run("shared", func(t *testing.T) { f(t, sharedConn(t)) })

@@ -12,7 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/watermill-dedup/dedup/internal/testkit"
+	"github.com/watermill-dedup/dedup/internal/testkit/natstest"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/internal/errtest"
 	"github.com/watermill-dedup/dedup/stores/natsstore"
@@ -20,14 +20,14 @@ import (
 )
 
 // natsServer is a nats-server of a test's own, with JetStream, on a
-// loopback port of its own (testkit.StartNATS).
-type natsServer struct{ *testkit.NATSServer }
+// loopback port of its own (natstest.StartNATS).
+type natsServer struct{ *natstest.NATSServer }
 
 // startNATS starts a nats-server with JetStream and the config lines
 // extra (such as "max_payload: 8192"), killed by PID when t ends.
 func startNATS(t *testing.T, extra string) *natsServer {
 	t.Helper()
-	return &natsServer{testkit.StartNATS(t, extra)}
+	return &natsServer{natstest.StartNATS(t, extra)}
 }
 
 func (s *natsServer) url() string { return s.URL() }

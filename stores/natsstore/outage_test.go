@@ -19,6 +19,7 @@ import (
 	dedup "github.com/watermill-dedup/dedup"
 	"github.com/watermill-dedup/dedup/internal/cycle"
 	"github.com/watermill-dedup/dedup/internal/testkit"
+	"github.com/watermill-dedup/dedup/internal/testkit/natstest"
 	"github.com/watermill-dedup/dedup/middleware"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/internal/errtest"
@@ -276,7 +277,7 @@ func TestReconnectRefusalIsNotAnOutage(t *testing.T) {
 			name += ", IgnoreAuthErrorAbort"
 		}
 		t.Run(name, func(t *testing.T) {
-			srv := testkit.StartNATSSecureServer(t, usersConf("root", "alice"), nats.UserInfo("root", "root-pw"))
+			srv := natstest.StartNATSSecureServer(t, usersConf("root", "alice"), nats.UserInfo("root", "root-pw"))
 			r := &redirectDialer{}
 			r.to(srv.Addr())
 			opts := []nats.Option{nats.UserInfo("alice", "alice-pw"), nats.MaxReconnects(-1), nats.ReconnectWait(20 * time.Millisecond),
@@ -323,7 +324,7 @@ func TestReconnectRefusalIsNotAnOutage(t *testing.T) {
 			return "tls {\n  cert_file: \"" + files.ServerCert + "\"\n  key_file: \"" + files.ServerKey + "\"\n  ca_file: \"" + ca + "\"\n  verify: true\n}\n"
 		}
 		withCert := []nats.Option{nats.RootCAs(files.CA), nats.ClientCert(files.ClientCert, files.ClientKey)}
-		srv := testkit.StartNATSSecureServer(t, tlsConf(files.CA), withCert...)
+		srv := natstest.StartNATSSecureServer(t, tlsConf(files.CA), withCert...)
 		nc := connect(t, "tls://"+srv.Addr(), append(withCert, nats.MaxReconnects(-1), nats.ReconnectWait(20*time.Millisecond), nats.ReconnectJitter(0, 0), quiet)...)
 		s := newStore(t, nc, natsstore.Config{})
 		if c := claim(t, s, "s", time.Minute, "before"); c.Result != stores.Claimed {
@@ -357,7 +358,7 @@ func TestConnectRefusedIsNotAnOutage(t *testing.T) {
 	files := testkit.MakeTLSFiles(t)
 	conf := "tls {\n  cert_file: \"" + files.ServerCert + "\"\n  key_file: \"" + files.ServerKey + "\"\n  ca_file: \"" + files.CA + "\"\n  verify: true\n}\n" +
 		"authorization {\n  users = [\n    {user: alice, password: alice-pw}\n  ]\n}\n"
-	addr := testkit.StartNATSSecure(t, conf, nats.UserInfo("alice", "alice-pw"), nats.RootCAs(files.CA), nats.ClientCert(files.ClientCert, files.ClientKey))
+	addr := natstest.StartNATSSecure(t, conf, nats.UserInfo("alice", "alice-pw"), nats.RootCAs(files.CA), nats.ClientCert(files.ClientCert, files.ClientKey))
 	ctx := context.Background()
 	for name, opts := range map[string][]nats.Option{
 		"without a client certificate": {nats.UserInfo("alice", "alice-pw"), nats.RootCAs(files.CA)},
@@ -429,7 +430,7 @@ func usersConf(names ...string) string {
 func TestSessionClosedIsNotAnOutage(t *testing.T) {
 	quiet := nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {})
 	t.Run("before the first reconnect", func(t *testing.T) {
-		srv := testkit.StartNATSSecureServer(t, usersConf("root", "alice"), nats.UserInfo("root", "root-pw"))
+		srv := natstest.StartNATSSecureServer(t, usersConf("root", "alice"), nats.UserInfo("root", "root-pw"))
 		cfg := natsstore.Config{Bucket: testBucket()}
 		openStore(t, connect(t, srv.URL(), nats.UserInfo("root", "root-pw")), cfg) // the bucket, on a server the test kills
 		nc := connect(t, srv.URL(), nats.UserInfo("alice", "alice-pw"), nats.ReconnectWait(time.Hour), quiet)
@@ -444,7 +445,7 @@ func TestSessionClosedIsNotAnOutage(t *testing.T) {
 		outageCalls(t, s, "the server killed")
 	})
 	t.Run("after a refusal", func(t *testing.T) {
-		srv := testkit.StartNATSSecureServer(t, usersConf("root", "alice"), nats.UserInfo("root", "root-pw"))
+		srv := natstest.StartNATSSecureServer(t, usersConf("root", "alice"), nats.UserInfo("root", "root-pw"))
 		cfg := natsstore.Config{Bucket: testBucket()}
 		openStore(t, connect(t, srv.URL(), nats.UserInfo("root", "root-pw")), cfg) // the bucket, on a server the test kills
 		nc := connect(t, srv.URL(), nats.UserInfo("alice", "alice-pw"), nats.MaxReconnects(-1), nats.IgnoreAuthErrorAbort(),
@@ -511,7 +512,7 @@ func TestPermissionDeniedOnSharedConnection(t *testing.T) {
 		return "authorization {\n  users = [\n    {user: root, password: root-pw}\n" +
 			"    {user: alice, password: alice-pw, permissions: {publish: {allow: " + alicePub + "}, subscribe: {allow: [\">\"]}}}\n  ]\n}\n"
 	}
-	srv := testkit.StartNATSSecureServer(t, conf(`[">"]`), nats.UserInfo("root", "root-pw"))
+	srv := natstest.StartNATSSecureServer(t, conf(`[">"]`), nats.UserInfo("root", "root-pw"))
 	cfg := natsstore.Config{Bucket: testBucket()}
 	newStore(t, connect(t, srv.URL(), nats.UserInfo("root", "root-pw")), cfg)
 	// The application's error handler publishes, on the same connection,
@@ -589,7 +590,7 @@ func TestAccountWithoutJetStreamIsNotAnOutage(t *testing.T) {
 		return "accounts {\n  A: {jetstream: enabled, users: [{user: root, password: root-pw}" + a + "]}\n" +
 			"  B: {users: [{user: bob, password: bob-pw}" + b + "]}\n}\n"
 	}
-	srv := testkit.StartNATSSecureServer(t, conf("A"), nats.UserInfo("root", "root-pw"))
+	srv := natstest.StartNATSSecureServer(t, conf("A"), nats.UserInfo("root", "root-pw"))
 	cfg := natsstore.Config{Bucket: testBucket()}
 	newStore(t, connect(t, srv.URL(), nats.UserInfo("root", "root-pw")), cfg)
 	nc := connect(t, srv.URL(), nats.UserInfo("alice", "alice-pw"), nats.MaxReconnects(-1), nats.ReconnectWait(20*time.Millisecond),
@@ -610,7 +611,7 @@ func TestAccountWithoutJetStreamIsNotAnOutage(t *testing.T) {
 // its server pool: every call is then an outage still, the store asking
 // the servers the connection was given.
 func TestServerGoneForGoodIsAnOutage(t *testing.T) {
-	srv := testkit.StartNATS(t, "")
+	srv := natstest.StartNATS(t, "")
 	closed := make(chan struct{})
 	nc := connect(t, srv.URL(), nats.MaxReconnects(2), nats.ReconnectWait(20*time.Millisecond), nats.ReconnectJitter(0, 0),
 		nats.ClosedHandler(func(*nats.Conn) { close(closed) }), nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
@@ -629,7 +630,7 @@ func TestServerGoneForGoodIsAnOutage(t *testing.T) {
 // up, never ErrNotConnected.
 func TestHungServerIsAnOutage(t *testing.T) {
 	ws := freePort(t)
-	srv := testkit.StartNATS(t, fmt.Sprintf("websocket {\n  listen: \"127.0.0.1:%d\"\n  no_tls: true\n}\n", ws))
+	srv := natstest.StartNATS(t, fmt.Sprintf("websocket {\n  listen: \"127.0.0.1:%d\"\n  no_tls: true\n}\n", ws))
 	for _, url := range []string{srv.URL(), fmt.Sprintf("ws://127.0.0.1:%d", ws)} {
 		t.Run(strings.SplitN(url, ":", 2)[0], func(t *testing.T) {
 			nc := connect(t, url, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond), nats.Timeout(time.Second),

@@ -10,7 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/watermill-dedup/dedup/internal/testkit"
+	"github.com/watermill-dedup/dedup/internal/testkit/natstest"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/internal/errtest"
 	"github.com/watermill-dedup/dedup/stores/natsstore"
@@ -105,7 +105,7 @@ func TestLeastPrivilege(t *testing.T) {
 		"    " + natsUser("shards", shardSubjects...) + "\n" +
 		"    " + natsUser("nokv", storeSubjects(bucket)[:1], storeSubjects(bucket)[2:]) + "\n" +
 		"  ]\n}\n"
-	addr := testkit.StartNATSSecure(t, conf, nats.UserInfo("root", "root-pw"))
+	addr := natstest.StartNATSSecure(t, conf, nats.UserInfo("root", "root-pw"))
 	as := func(user string) *nats.Conn {
 		// Quiet: nats.go would print each permissions violation.
 		return connect(t, "nats://"+addr, nats.UserInfo(user, user+"-pw"), nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))

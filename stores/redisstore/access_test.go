@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/watermill-dedup/dedup/internal/testkit"
+	"github.com/watermill-dedup/dedup/internal/testkit/redistest"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/internal/errtest"
 	"github.com/watermill-dedup/dedup/stores/redisstore"
@@ -34,7 +35,7 @@ const aclPrefix = "dedup-acl:"
 // prefix outside the rule's, on a redis-server of its own and on a Redis
 // Cluster. The shared Redis's users are never touched.
 func TestACL(t *testing.T) {
-	rules := testkit.RedisACLRules(t)
+	rules := redistest.RedisACLRules(t)
 	addr := startRedis(t)
 	admin := newClient(t, addr)
 	var cluster []string
@@ -47,7 +48,7 @@ func TestACL(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Logf("ACL SETUSER <user> %s", strings.Join(rule, " "))
 			user, password := "dedup-"+storetest.NewID(), storetest.NewID()
-			testkit.SetRedisACLUser(t, admin, rule, user, password, aclPrefix)
+			redistest.SetRedisACLUser(t, admin, rule, user, password, aclPrefix)
 			c := redis.NewClient(&redis.Options{Addr: addr, Username: user, Password: password, ContextTimeoutEnabled: true})
 			t.Cleanup(func() { _ = c.Close() })
 			testACLUser(t, c, admin)
@@ -57,10 +58,10 @@ func TestACL(t *testing.T) {
 			}
 			t.Run("cluster", func(t *testing.T) {
 				if cluster == nil {
-					cluster = testkit.StartRedisCluster(outer) // for every rule
+					cluster = redistest.StartRedisCluster(outer) // for every rule
 				}
 				for _, a := range cluster {
-					testkit.SetRedisACLUser(t, newClient(t, a), rule, user, password, aclPrefix)
+					redistest.SetRedisACLUser(t, newClient(t, a), rule, user, password, aclPrefix)
 				}
 				cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cluster, Username: user, Password: password, ContextTimeoutEnabled: true})
 				t.Cleanup(func() { _ = cc.Close() })
@@ -79,7 +80,7 @@ func TestACL(t *testing.T) {
 // replica of the test's own, and a user without them is refused
 // (NOPERM), not taken for an outage.
 func TestACLWait(t *testing.T) {
-	rule := append(testkit.RedisACLRules(t)[0], "+wait", "+pexpire")
+	rule := append(redistest.RedisACLRules(t)[0], "+wait", "+pexpire")
 	primary := startRedis(t)
 	admin := newClient(t, primary)
 	host, port, _ := strings.Cut(primary, ":")
@@ -96,7 +97,7 @@ func TestACLWait(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	user, password := "dedup-"+storetest.NewID(), storetest.NewID()
-	testkit.SetRedisACLUser(t, admin, rule, user, password, aclPrefix)
+	redistest.SetRedisACLUser(t, admin, rule, user, password, aclPrefix)
 	c := redis.NewClient(&redis.Options{Addr: primary, Username: user, Password: password, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = c.Close() })
 	storetest.Run(t, aclFactory(c, redisstore.Config{WaitReplicas: 1, WaitTimeout: 2 * time.Second}), serverTime(admin))
@@ -125,7 +126,7 @@ func TestACLWait(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			user := "dedup-" + storetest.NewID()
-			testkit.SetRedisACLUser(t, admin, tc.rule, user, password, aclPrefix)
+			redistest.SetRedisACLUser(t, admin, tc.rule, user, password, aclPrefix)
 			c := redis.NewClient(&redis.Options{Addr: primary, Username: user, Password: password, ContextTimeoutEnabled: true})
 			defer c.Close()
 			log := watermill.NewCaptureLogger()
@@ -228,7 +229,7 @@ func aclFactory(client redis.UniversalClient, cfg redisstore.Config) storetest.F
 // certificates of a private CA the test makes; and checks that a client
 // that does not trust the CA, or has no certificate, is refused.
 func TestTLS(t *testing.T) {
-	addr, files := testkit.StartRedisTLS(t, true)
+	addr, files := redistest.StartRedisTLS(t, true)
 	newTLSClient := func(t testing.TB, withCert bool) *redis.Client {
 		c := redis.NewClient(&redis.Options{Addr: addr, TLSConfig: files.ClientConfig(t, withCert), ContextTimeoutEnabled: true, MaxRetries: -1})
 		t.Cleanup(func() { _ = c.Close() })

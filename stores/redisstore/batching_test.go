@@ -13,8 +13,10 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/watermill-dedup/dedup/internal/redisclean"
 	"github.com/watermill-dedup/dedup/internal/testkit"
 	"github.com/watermill-dedup/dedup/internal/testkit/base"
+	"github.com/watermill-dedup/dedup/internal/testkit/redistest"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/redisstore"
 	"github.com/watermill-dedup/dedup/stores/storetest"
@@ -443,7 +445,7 @@ func TestCompactKeys(t *testing.T) {
 
 // holdHook holds every command or pipeline naming "slowkey" until release
 // is closed, and says so on held (its hold is the client's
-// testkit.RedisTap).
+// redistest.RedisTap).
 type holdHook struct{ held, release chan struct{} }
 
 func (h holdHook) hold(cmds []redis.Cmder) {
@@ -466,9 +468,9 @@ func TestLingeringCompleteBesideASlowCall(t *testing.T) {
 	client := redis.NewClient(&redis.Options{Addr: addr})
 	t.Cleanup(func() { _ = client.Close() })
 	h := holdHook{held: make(chan struct{}, 1), release: make(chan struct{})}
-	client.AddHook(testkit.RedisTap(h.hold))
+	client.AddHook(redistest.RedisTap(h.hold))
 	prefix := fmt.Sprintf("dedup-linger-%d:", time.Now().UnixNano())
-	t.Cleanup(func() { _ = testkit.DeleteRedisPrefix(context.Background(), client, prefix) })
+	t.Cleanup(func() { _ = redisclean.DeletePrefix(context.Background(), client, prefix) })
 	s, err := redisstore.New(client, redisstore.Config{Prefix: prefix})
 	if err != nil {
 		t.Fatal(err)

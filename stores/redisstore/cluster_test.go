@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/watermill-dedup/dedup/internal/testkit"
+	"github.com/watermill-dedup/dedup/internal/testkit/redistest"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/redisstore"
 	"github.com/watermill-dedup/dedup/stores/storetest"
@@ -641,7 +642,7 @@ func TestClusterMultiKeyProtocol(t *testing.T) {
 // undoHook holds every pipeline that carries a script call on key until
 // release is closed, whatever its context: a node that takes as long as
 // the test likes to answer, on one key (its hold is the client's
-// testkit.RedisTap).
+// redistest.RedisTap).
 type undoHook struct {
 	key     string
 	entered chan struct{} // closed when the first such pipeline is held
@@ -752,7 +753,7 @@ func testUndoWaitsForNoOtherNode(t *testing.T, addrs []string) {
 func undoRuns(t *testing.T, addrs []string, run func(h *undoHook, cc *redis.ClusterClient, s *redisstore.Store, batch redisstore.BatchConfig, release func())) {
 	t.Helper()
 	h := &undoHook{}
-	cc := hookedCluster(t, addrs, testkit.RedisTap(h.hold))
+	cc := hookedCluster(t, addrs, redistest.RedisTap(h.hold))
 	for _, batch := range []redisstore.BatchConfig{{}, {Disabled: true}} {
 		release := h.arm(t)
 		s, err := redisstore.New(cc, redisstore.Config{Prefix: testPrefix(t, cc), SkipServerCheck: true, Batch: batch})

@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/watermill-dedup/dedup/internal/testkit"
+	"github.com/watermill-dedup/dedup/internal/testkit/redistest"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/internal/errtest"
 	"github.com/watermill-dedup/dedup/stores/redisstore"
@@ -31,7 +32,7 @@ import (
 // (a node's role, the cluster's state, the workload's progress), with a
 // generous bound that only a hung cluster reaches.
 func TestClusterFailover(t *testing.T) {
-	fc := startFaultCluster(t, testkit.ClusterNodeTimeout(2*time.Second))
+	fc := startFaultCluster(t, redistest.ClusterNodeTimeout(2*time.Second))
 	newClient := func(t *testing.T, tap *nodeTap, addrs ...string) *redis.ClusterClient {
 		if len(addrs) == 0 {
 			addrs = fc.addrs
@@ -263,17 +264,17 @@ func keyOnNode(t *testing.T, cc *redis.ClusterClient, s *redisstore.Store, scope
 type faultCluster struct {
 	t      *testing.T
 	addrs  []string
-	byAddr map[string]*testkit.RedisServer
+	byAddr map[string]*redistest.RedisServer
 	next   int
 	last   map[string]bool // the nodes of the last fault's shard
 }
 
 // startFaultCluster starts a Redis Cluster of three masters with a
 // replica each, with opts, for t.
-func startFaultCluster(t *testing.T, opts ...testkit.RedisClusterOption) *faultCluster {
+func startFaultCluster(t *testing.T, opts ...redistest.RedisClusterOption) *faultCluster {
 	t.Helper()
-	servers := testkit.StartRedisClusterServers(t, append([]testkit.RedisClusterOption{testkit.ClusterReplicas(1)}, opts...)...)
-	fc := &faultCluster{t: t, byAddr: map[string]*testkit.RedisServer{}}
+	servers := redistest.StartRedisClusterServers(t, append([]redistest.RedisClusterOption{redistest.ClusterReplicas(1)}, opts...)...)
+	fc := &faultCluster{t: t, byAddr: map[string]*redistest.RedisServer{}}
 	for _, s := range servers {
 		fc.addrs = append(fc.addrs, s.Addr)
 		fc.byAddr[s.Addr] = s
@@ -351,7 +352,7 @@ func (fc *faultCluster) waitOK(t *testing.T, when string) {
 	t.Helper()
 	start, last := time.Now(), ""
 	testkit.Eventually(t, faultTimeout, "the cluster ok "+when, func() error {
-		if why := testkit.RedisClusterNotOK(context.Background(), fc.addrs, len(fc.addrs)/2); why != "" {
+		if why := redistest.RedisClusterNotOK(context.Background(), fc.addrs, len(fc.addrs)/2); why != "" {
 			last = why
 			return errors.New(why)
 		}

@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/watermill-dedup/dedup/internal/testkit"
+	"github.com/watermill-dedup/dedup/internal/testkit/redistest"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/redisstore"
 	"github.com/watermill-dedup/dedup/stores/storetest"
@@ -134,18 +135,18 @@ func factory(client redis.UniversalClient, cfg redisstore.Config) storetest.Fact
 	}
 }
 
-// startRedis starts a redis-server of its own (see testkit.StartRedis).
+// startRedis starts a redis-server of its own (see redistest.StartRedis).
 func startRedis(t testing.TB, args ...string) string {
 	t.Helper()
-	return testkit.StartRedis(t, args...)
+	return redistest.StartRedis(t, args...)
 }
 
 // startCluster starts a Redis Cluster of three masters on loopback (see
-// testkit.StartRedisCluster) and returns a client for it, closed when t
+// redistest.StartRedisCluster) and returns a client for it, closed when t
 // ends.
 func startCluster(t testing.TB) *redis.ClusterClient {
 	t.Helper()
-	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: testkit.StartRedisCluster(t), ContextTimeoutEnabled: true})
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: redistest.StartRedisCluster(t), ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = cc.Close() })
 	if err := cc.ForEachMaster(context.Background(), func(ctx context.Context, c *redis.Client) error {
 		return c.Ping(ctx).Err()

@@ -18,6 +18,7 @@ import (
 
 	dedupcycle "github.com/watermill-dedup/dedup/internal/cycle"
 	"github.com/watermill-dedup/dedup/internal/testkit"
+	"github.com/watermill-dedup/dedup/internal/testkit/redistest"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/redisstore"
 )
@@ -42,7 +43,7 @@ func TestRefusedAfterAnAnswerIsNotAnOutage(t *testing.T) {
 		// real TLS Redis while the certificate is good, then stands in
 		// for a server that no longer takes it and resets every new
 		// connection after the client's first write, without the alert.
-		addr, files := testkit.StartRedisTLS(t, true)
+		addr, files := redistest.StartRedisTLS(t, true)
 		g := newGate(t, addr)
 		s := gatedStore(t, g, files.ClientConfig(t, true))
 		g.refuse(files)
@@ -61,7 +62,7 @@ func TestRefusedAfterAnAnswerIsNotAnOutage(t *testing.T) {
 		// connection taken and closed without a word is also what a
 		// server dropping a client, or a proxy in front of a server
 		// that is down, does; no known outage, unclassified.
-		tlsOnly, _ := testkit.StartRedisTLS(t, false)
+		tlsOnly, _ := redistest.StartRedisTLS(t, false)
 		g := newGate(t, startRedis(t))
 		s := gatedStore(t, g, nil)
 		g.forwardTo(tlsOnly)
@@ -73,7 +74,7 @@ func TestRefusedAfterAnAnswerIsNotAnOutage(t *testing.T) {
 		// certificate's authority and drops the store's connections.
 		// Its refusal is its TLS alert, ErrRefused, now and then a
 		// reset: never an outage.
-		addr, files := testkit.StartRedisTLS(t, true)
+		addr, files := redistest.StartRedisTLS(t, true)
 		g := newGate(t, addr)
 		s := gatedStore(t, g, files.ClientConfig(t, true))
 		admin := redis.NewClient(&redis.Options{Addr: addr, TLSConfig: files.ClientConfig(t, true), MaxRetries: -1, PoolSize: 1})
@@ -151,7 +152,7 @@ func refusedAfterAnswer(t *testing.T, s *redisstore.Store, g *gate) map[string]i
 // unclassified (a reset or an EOF, which a new connection refused in
 // the same way confirms as no outage).
 func TestTLSRefusalIsNotAnOutage(t *testing.T) {
-	addr, files := testkit.StartRedisTLS(t, true)
+	addr, files := redistest.StartRedisTLS(t, true)
 	kinds := map[string]int{}
 	// claims makes n claims through a store of its own on a client of
 	// opts (without retries: each call a new connection, refused).
@@ -369,7 +370,7 @@ func TestBrokenConnectionToAServerGoneIsAnOutage(t *testing.T) {
 		t.Run("batched="+strconv.FormatBool(batched), func(t *testing.T) {
 			p, c := proxiedClient(t, addr, redis.Options{MaxRetries: -1, DialTimeout: 5 * time.Second})
 			h := &sendHook{sent: make(chan struct{}, 1)}
-			c.AddHook(testkit.RedisTap(h.signal))
+			c.AddHook(redistest.RedisTap(h.signal))
 			s := newStore(t, c, redisstore.Config{Prefix: testPrefix(t, newClient(t, addr)), Batch: redisstore.BatchConfig{Disabled: !batched}})
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
@@ -397,7 +398,7 @@ func TestBrokenConnectionToAServerGoneIsAnOutage(t *testing.T) {
 }
 
 // sendHook signals sent when a command or a pipeline is about to go out,
-// once armed (its signal is the client's testkit.RedisTap).
+// once armed (its signal is the client's redistest.RedisTap).
 type sendHook struct {
 	armed atomic.Bool
 	sent  chan struct{}

@@ -20,6 +20,7 @@ import (
 	"github.com/watermill-dedup/dedup"
 	dedupcycle "github.com/watermill-dedup/dedup/internal/cycle"
 	"github.com/watermill-dedup/dedup/internal/testkit"
+	"github.com/watermill-dedup/dedup/internal/testkit/redistest"
 	"github.com/watermill-dedup/dedup/middleware"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/internal/errtest"
@@ -87,9 +88,9 @@ type otherClient struct{ *redis.Client }
 // replicated starts a primary with one replica and returns a client for
 // the primary (ReadTimeout 10s: room for the WAITs of the tests) and the
 // two servers.
-func replicated(t *testing.T) (*redis.Client, *testkit.RedisServer, *testkit.RedisServer) {
+func replicated(t *testing.T) (*redis.Client, *redistest.RedisServer, *redistest.RedisServer) {
 	t.Helper()
-	servers := testkit.StartRedisReplicated(t, 1)
+	servers := redistest.StartRedisReplicated(t, 1)
 	c := redis.NewClient(&redis.Options{Addr: servers[0].Addr, ContextTimeoutEnabled: true, ReadTimeout: 10 * time.Second})
 	t.Cleanup(func() { _ = c.Close() })
 	return c, servers[0], servers[1]
@@ -263,7 +264,7 @@ func testOneWaitPerPipeline(t *testing.T, c *redis.Client) {
 // primary, in a cluster); primary is a client the test reads the
 // records through; fresh makes a new client like client (with
 // connections of its own).
-func testReplicaStopped(t *testing.T, client, primary redis.UniversalClient, fresh func(t *testing.T) redis.UniversalClient, replica *testkit.RedisServer, cfg redisstore.Config, keyFor func(s *redisstore.Store, tag string) string) {
+func testReplicaStopped(t *testing.T, client, primary redis.UniversalClient, fresh func(t *testing.T) redis.UniversalClient, replica *redistest.RedisServer, cfg redisstore.Config, keyFor func(s *redisstore.Store, tag string) string) {
 	ctx := context.Background()
 	timeout := cfg.WaitTimeout
 	cfg.WaitTimeout = 100 * time.Millisecond // the replica is stopped: every WAIT runs out

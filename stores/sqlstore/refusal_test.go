@@ -23,6 +23,7 @@ import (
 
 	"github.com/watermill-dedup/dedup/internal/cycle"
 	"github.com/watermill-dedup/dedup/internal/testkit"
+	"github.com/watermill-dedup/dedup/internal/testkit/sqltest"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/sqlstore"
 	"github.com/watermill-dedup/dedup/stores/storetest"
@@ -63,9 +64,9 @@ func openDB(t *testing.T, driver, dsn string) *sql.DB {
 // TLS only: "dedup-client" by its client certificate (cert: verify-full),
 // pwuser by password, the other roles as they are, and a table of the
 // store's that both may use.
-func pgRefusalServer(t *testing.T, conf string) (*testkit.PostgresServer, string) {
+func pgRefusalServer(t *testing.T, conf string) (*sqltest.PostgresServer, string) {
 	t.Helper()
-	srv := testkit.StartPostgres(t, `hostssl all "dedup-client" 127.0.0.1/32 cert
+	srv := sqltest.StartPostgres(t, `hostssl all "dedup-client" 127.0.0.1/32 cert
 hostssl all pwuser 127.0.0.1/32 scram-sha-256
 hostssl all all 127.0.0.1/32 trust`, conf)
 	srv.Exec("postgres", "CREATE DATABASE test")
@@ -76,7 +77,7 @@ hostssl all all 127.0.0.1/32 trust`, conf)
 		`GRANT CONNECT ON DATABASE test TO "dedup-client", pwuser, noprivs`)
 	table := "dedup_test_" + storetest.NewID()
 	newStore(t, srv.Admin("test"), sqlstore.Postgres, sqlstore.Config{Table: table})
-	srv.Exec("test", `GRANT `+testkit.StoreGrants+` ON "`+table+`" TO "dedup-client", pwuser`)
+	srv.Exec("test", `GRANT `+sqltest.StoreGrants+` ON "`+table+`" TO "dedup-client", pwuser`)
 	return srv, table
 }
 
@@ -168,7 +169,7 @@ func TestPostgresRefusalIsNotAnOutage(t *testing.T) {
 // (sslmode=require) on a server without it is refused ("server refused
 // TLS connection"), not an outage.
 func TestPostgresWithoutTLSIsNotAnOutage(t *testing.T) {
-	srv := testkit.StartPostgres(t, "host all all 127.0.0.1/32 trust", "ssl = off")
+	srv := sqltest.StartPostgres(t, "host all all 127.0.0.1/32 trust", "ssl = off")
 	srv.Exec("postgres", "CREATE DATABASE test")
 	table := "dedup_test_" + storetest.NewID()
 	newStore(t, srv.Admin("test"), sqlstore.Postgres, sqlstore.Config{Table: table})

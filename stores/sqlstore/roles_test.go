@@ -13,6 +13,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 
 	"github.com/watermill-dedup/dedup/internal/testkit"
+	"github.com/watermill-dedup/dedup/internal/testkit/sqltest"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/sqlstore"
 	"github.com/watermill-dedup/dedup/stores/storetest"
@@ -24,7 +25,7 @@ type roleEnv struct {
 	t     *testing.T // the test the pools live as long as
 	b     backend
 	admin *sql.DB
-	role  *testkit.SQLRole
+	role  *sqltest.SQLRole
 	db    *sql.DB // as the role, once it has a table (MariaDB lets no user without a privilege in the database connect to it)
 }
 
@@ -35,7 +36,7 @@ func newRoleEnv(t *testing.T, b backend) *roleEnv {
 	if b.dialect == sqlstore.MySQL {
 		dsn = testkit.MySQLDSN()
 	}
-	role := testkit.NewSQLRole(t, b.dialect, dsn)
+	role := sqltest.NewSQLRole(t, b.dialect, dsn)
 	return &roleEnv{t: t, b: b, admin: admin, role: role}
 }
 
@@ -45,7 +46,7 @@ func newRoleEnv(t *testing.T, b backend) *roleEnv {
 func (e *roleEnv) table(t *testing.T, cfg sqlstore.Config) string {
 	t.Helper()
 	owner := newStore(t, e.admin, e.b.dialect, cfg) // drops the table when t ends
-	e.grant(t, testkit.StoreGrants, owner.Table())
+	e.grant(t, sqltest.StoreGrants, owner.Table())
 	return owner.Table()
 }
 
@@ -162,7 +163,7 @@ func TestLeastPrivilegePartitions(t *testing.T) {
 	owned := func(t *testing.T, cfg sqlstore.Config) *sqlstore.Store {
 		cfg.PurgeJobElsewhere, cfg.PurgeInterval = false, time.Hour
 		owner := newStore(t, e.admin, sqlstore.Postgres, cfg)
-		e.grant(t, testkit.StoreGrants, owner.Table())
+		e.grant(t, sqltest.StoreGrants, owner.Table())
 		return owner
 	}
 
@@ -226,8 +227,8 @@ func TestREADMEGrants(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, want := range []string{
-		`GRANT ` + testkit.StoreGrants + ` ON "dedup_inbox" TO dedup_app;`,
-		"GRANT " + testkit.StoreGrants + " ON `dedup_inbox` TO 'dedup_app'@'%';",
+		`GRANT ` + sqltest.StoreGrants + ` ON "dedup_inbox" TO dedup_app;`,
+		"GRANT " + sqltest.StoreGrants + " ON `dedup_inbox` TO 'dedup_app'@'%';",
 	} {
 		if !strings.Contains(string(readme), want) {
 			t.Errorf("README.md lacks %s", want)

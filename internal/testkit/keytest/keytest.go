@@ -16,7 +16,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/watermill-dedup/dedup/internal/testkit"
 	"github.com/watermill-dedup/dedup/keyfuncs"
 	"github.com/watermill-dedup/dedup/middleware"
 	"github.com/watermill-dedup/dedup/stores/memstore"
@@ -119,49 +118,6 @@ func Count(t testing.TB, sub message.Subscriber, topic string, n int, key keyfun
 	mu.Lock()
 	defer mu.Unlock()
 	return maps.Clone(runs), maps.Clone(keys)
-}
-
-// OpenSQL opens the shared test database, PostgreSQL through pgx or, with
-// mysql, MySQL (the caller imports the driver), with four connections at
-// most, closed when t ends, and returns it with its DSN.
-func OpenSQL(t testing.TB, mysql bool) (db *sql.DB, dsn string) {
-	t.Helper()
-	driver, dsn := "pgx", testkit.RequirePostgres(t)
-	if mysql {
-		driver, dsn = "mysql", testkit.RequireMySQL(t)
-	}
-	db, err := sql.Open(driver, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	db.SetMaxOpenConns(4)
-	t.Cleanup(func() { _ = db.Close() })
-	if err := db.PingContext(context.Background()); err != nil {
-		testkit.Unavailable(t, driver, dsn, err)
-	}
-	return db, dsn
-}
-
-// InitializeTopic fails t on err, the error of making sub, a subscriber
-// of any watermill-sql major on db, then creates topic's tables with sub
-// (the router closes it) and drops tables (quoted) when t ends.
-func InitializeTopic(t testing.TB, db *sql.DB, mysql bool, sub interface{ SubscribeInitialize(string) error }, err error, topic string, tables ...string) {
-	t.Helper()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := sub.SubscribeInitialize(topic); err != nil {
-		t.Fatal(err)
-	}
-	kind := testkit.StorePostgres
-	if mysql {
-		kind = testkit.StoreMySQL
-	}
-	t.Cleanup(func() {
-		if err := testkit.DropTables(context.Background(), db, kind, tables...); err != nil {
-			t.Error(err)
-		}
-	})
 }
 
 // OffsetWithoutARow checks that offset (the sqlkeys major's Offset) fails

@@ -13,6 +13,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
+	"github.com/watermill-dedup/dedup/internal/testkit/amqptest"
 	"github.com/watermill-dedup/dedup/internal/testkit/keytest"
 	"github.com/watermill-dedup/dedup/keyfuncs"
 	amqpkeys2 "github.com/watermill-dedup/dedup/keyfuncs/amqpkeys"
@@ -83,7 +84,7 @@ func TestSameAsV2(t *testing.T) {
 // delivery once (v3 then redelivers it, marked redelivered) and runs the
 // handler to success once: three deliveries acked or nacked, one effect.
 func TestForeignProducerDeduplicated(t *testing.T) {
-	url, queue, sub := keytest.AMQPSubscriber(t, "amqpkeys3-test-", func(url string) (*amqp.Subscriber, error) {
+	url, queue, sub := amqptest.AMQPSubscriber(t, "amqpkeys3-test-", func(url string) (*amqp.Subscriber, error) {
 		cfg := amqp.NewDurableQueueConfig(url)
 		cfg.Marshaler = amqpkeys.Marshaler{Inner: cfg.Marshaler}
 		return amqp.NewSubscriber(cfg, watermill.NopLogger{})
@@ -113,7 +114,7 @@ func TestForeignProducerDeduplicated(t *testing.T) {
 		return nil
 	})
 
-	keytest.PublishForeignTwice(t, url, queue) // the producer retries: the same message twice
+	amqptest.PublishForeignTwice(t, url, queue) // the producer retries: the same message twice
 	var nacked, acked, redeliveredAcked int
 	for acked < 2 {
 		d := keytest.Await(t, deliveries, 1)[0]

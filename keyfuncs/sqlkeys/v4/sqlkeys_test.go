@@ -13,9 +13,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	_ "github.com/jackc/pgx/v5/stdlib"
 
-	"github.com/watermill-dedup/dedup/internal/testkit"
 	"github.com/watermill-dedup/dedup/internal/testkit/keytest"
+	"github.com/watermill-dedup/dedup/internal/testkit/sqltest"
 	sqlkeys "github.com/watermill-dedup/dedup/keyfuncs/sqlkeys/v4"
+	"github.com/watermill-dedup/dedup/stores/sqlstore"
 	"github.com/watermill-dedup/dedup/stores/storetest"
 )
 
@@ -67,7 +68,7 @@ func TestForeignRows(t *testing.T) {
 			if o, ok := a.offsets.(interface{ MessagesOffsetsTable(string) string }); ok {
 				tables = append(tables, o.MessagesOffsetsTable(topic))
 			}
-			keytest.InitializeTopic(t, db, a.mysql, sub, err, topic, tables...)
+			sqltest.InitializeTopic(t, db, a.mysql, sub, err, topic, tables...)
 			keytest.ForeignRows(t, db, fmt.Sprintf(a.insert, table), sub, topic, sqlkeys.Offset())
 		})
 	}
@@ -78,7 +79,7 @@ func TestForeignRows(t *testing.T) {
 // own.
 func openDB(t *testing.T, mysql, pgx bool) (*sql.DB, wsql.Beginner) {
 	t.Helper()
-	db, dsn := keytest.OpenSQL(t, mysql)
+	db, dsn := sqltest.OpenSQL(t, mysql)
 	if !pgx {
 		return db, wsql.BeginnerFromStdSQL(db)
 	}
@@ -149,7 +150,7 @@ func TestQueueSchemaAcksTheWholeBatch(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() {
-				if err := testkit.DropTables(context.Background(), db, testkit.StorePostgres, schema.MessagesTable(topic)); err != nil {
+				if err := sqltest.DropTables(context.Background(), db, sqlstore.Postgres, schema.MessagesTable(topic)); err != nil {
 					t.Error(err)
 				}
 			})

@@ -1,4 +1,4 @@
-package testkit
+package natstest
 
 import (
 	"errors"
@@ -9,6 +9,8 @@ import (
 	"runtime"
 	"strings"
 	"testing"
+
+	"github.com/watermill-dedup/dedup/internal/testkit"
 )
 
 // The nats-server executables tests start servers of: Debian's on $PATH
@@ -44,7 +46,7 @@ func SystemNATS(t testing.TB) NATSBin {
 	t.Helper()
 	p, err := exec.LookPath("nats-server")
 	if err != nil {
-		Unavailable(t, "nats-server (to start NATS servers of the test's own)", "$PATH", err)
+		testkit.Unavailable(t, "nats-server (to start NATS servers of the test's own)", "$PATH", err)
 	}
 	return NATSBin{Path: p}
 }
@@ -60,7 +62,7 @@ func CurrentNATS(t testing.TB) NATSBin {
 	t.Helper()
 	if p := os.Getenv(EnvCurrentNATS); p != "" {
 		if err := checkExecutable(p); err != nil {
-			Unavailable(t, "nats-server "+CurrentNATSVersion+" (named by "+EnvCurrentNATS+")", p, err)
+			testkit.Unavailable(t, "nats-server "+CurrentNATSVersion+" (named by "+EnvCurrentNATS+")", p, err)
 		}
 		return NATSBin{Path: p, Version: CurrentNATSVersion}
 	}
@@ -71,7 +73,7 @@ func CurrentNATS(t testing.TB) NATSBin {
 			return NATSBin{Path: p, Version: CurrentNATSVersion}
 		}
 	}
-	Unavailable(t, "nats-server "+CurrentNATSVersion+" (built once with go install through the Go module proxy)", "the user's cache directory", err)
+	testkit.Unavailable(t, "nats-server "+CurrentNATSVersion+" (built once with go install through the Go module proxy)", "the user's cache directory", err)
 	return NATSBin{}
 }
 
@@ -103,7 +105,7 @@ func buildNATS(dir, version string) (string, error) {
 	if checkExecutable(bin) == nil {
 		return bin, nil
 	}
-	unlock, err := lockFile(bin + ".lock")
+	unlock, err := testkit.LockFile(bin + ".lock")
 	if err != nil {
 		return "", err
 	}
@@ -121,7 +123,7 @@ func buildNATS(dir, version string) (string, error) {
 	cmd.Env = append(os.Environ(), "GOBIN="+tmp, "GOFLAGS=", "GOWORK=off", "CGO_ENABLED=0")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-		return "", fmt.Errorf("go install %s@%s: %w: %s", currentNATSPackage, version, err, strings.Join(lastLines(lines, 3), "; "))
+		return "", fmt.Errorf("go install %s@%s: %w: %s", currentNATSPackage, version, err, strings.Join(testkit.LastLines(lines, 3), "; "))
 	}
 	if err := os.Rename(filepath.Join(tmp, exe), bin); err != nil {
 		return "", err

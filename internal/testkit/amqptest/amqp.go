@@ -1,4 +1,4 @@
-package testkit
+package amqptest
 
 import (
 	"errors"

@@ -1,4 +1,4 @@
-package testkit
+package natstest
 
 import (
 	"os"
@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+
+	"github.com/watermill-dedup/dedup/internal/testkit"
 )
 
 // Reload replaces the server's extra config lines with extra, as
@@ -33,7 +35,7 @@ func (s *NATSServer) Reload(extra string) {
 		case len(s.Log("Reloaded server configuration")) > done:
 			return
 		case len(s.Log("Failed to reload")) > failed:
-			s.t.Fatalf("nats-server %s did not reload its config: %v", s.Name, lastLines(s.Log("Failed to reload"), 1))
+			s.t.Fatalf("nats-server %s did not reload its config: %v", s.Name, testkit.LastLines(s.Log("Failed to reload"), 1))
 		case time.Now().After(deadline):
 			s.t.Fatalf("nats-server %s did not log a reload a minute after SIGHUP", s.Name)
 		}

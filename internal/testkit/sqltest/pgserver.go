@@ -1,6 +1,6 @@
 //go:build linux
 
-package testkit
+package sqltest
 
 import (
 	"context"
@@ -19,6 +19,8 @@ import (
 	"time"
 
 	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" driver
+
+	"github.com/watermill-dedup/dedup/internal/testkit"
 )
 
 // PostgresServer is a PostgreSQL cluster of a test's own (initdb in a
@@ -32,7 +34,7 @@ type PostgresServer struct {
 	Dir  string // its data directory's parent: the socket, the log, the certificates
 	// TLS holds the files of the authority that signed the server's
 	// certificate and a client certificate (CN dedup-client).
-	TLS *TLSFiles
+	TLS *testkit.TLSFiles
 	// CA is TLS.CA copied where the server reads it; ServerCert likewise.
 	CA string
 
@@ -57,7 +59,7 @@ func StartPostgres(t testing.TB, hba, conf string) *PostgresServer {
 	if os.Getuid() == 0 {
 		u, err := user.Lookup("postgres")
 		if err != nil {
-			Unavailable(t, "a postgres user (to run a PostgreSQL cluster of the test's own as root)", "/etc/passwd", err)
+			testkit.Unavailable(t, "a postgres user (to run a PostgreSQL cluster of the test's own as root)", "/etc/passwd", err)
 		}
 		uid, _ := strconv.Atoi(u.Uid)
 		gid, _ := strconv.Atoi(u.Gid)
@@ -70,7 +72,7 @@ func StartPostgres(t testing.TB, hba, conf string) *PostgresServer {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	s := &PostgresServer{Dir: dir, TLS: MakeTLSFiles(t), t: t}
+	s := &PostgresServer{Dir: dir, TLS: testkit.MakeTLSFiles(t), t: t}
 	own := func(path string) {
 		if cred != nil {
 			if err := os.Chown(path, int(cred.Uid), int(cred.Gid)); err != nil {
@@ -115,7 +117,7 @@ func StartPostgres(t testing.TB, hba, conf string) *PostgresServer {
 
 	var lastErr error
 	for range 5 {
-		s.Port = freePort(t)
+		s.Port = testkit.FreePort(t)
 		settings := fmt.Sprintf("listen_addresses = '127.0.0.1'\nport = %d\nunix_socket_directories = '%s'\n"+
 			"ssl = on\nssl_cert_file = '%s'\nssl_key_file = '%s'\nssl_ca_file = '%s'\n"+
 			"fsync = off\nsynchronous_commit = off\nfull_page_writes = off\nshared_buffers = 16MB\nmax_connections = 40\n"+
@@ -142,7 +144,7 @@ func (s *PostgresServer) start(bin, data string, cred *syscall.Credential) error
 	defer logFile.Close()
 	cmd := exec.Command(filepath.Join(bin, "postgres"), "-D", data)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
-	setPdeathsig(cmd) // a test binary that dies (a timeout) takes its server along
+	testkit.SetPdeathsig(cmd) // a test binary that dies (a timeout) takes its server along
 	if cred != nil {
 		cmd.SysProcAttr.Credential = cred
 	}
@@ -168,7 +170,7 @@ func (s *PostgresServer) start(bin, data string, cred *syscall.Credential) error
 		select {
 		case <-done:
 			log, _ := os.ReadFile(s.LogPath())
-			return fmt.Errorf("postgres on port %d exited: %v\n%s", s.Port, err, lastLines(strings.Split(string(log), "\n"), 20))
+			return fmt.Errorf("postgres on port %d exited: %v\n%s", s.Port, err, testkit.LastLines(strings.Split(string(log), "\n"), 20))
 		default:
 		}
 		if time.Now().After(deadline) {
@@ -266,6 +268,6 @@ func postgresBin(t testing.TB) string {
 	if p, err := exec.LookPath("initdb"); err == nil {
 		return filepath.Dir(p)
 	}
-	Unavailable(t, "the PostgreSQL server binaries initdb and postgres (to start a cluster of the test's own)", "/usr/lib/postgresql/*/bin", os.ErrNotExist)
+	testkit.Unavailable(t, "the PostgreSQL server binaries initdb and postgres (to start a cluster of the test's own)", "/usr/lib/postgresql/*/bin", os.ErrNotExist)
 	return ""
 }

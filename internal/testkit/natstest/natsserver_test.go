@@ -1,4 +1,4 @@
-package testkit_test
+package natstest_test
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/watermill-dedup/dedup/internal/testkit"
+	"github.com/watermill-dedup/dedup/internal/testkit/natstest"
 )
 
 // TestStartNATSCluster: three servers that form one JetStream cluster
@@ -21,8 +22,8 @@ import (
 func TestStartNATSCluster(t *testing.T) {
 	var pids []int
 	t.Run("cluster", func(t *testing.T) {
-		cl := testkit.StartNATSCluster(t, 3, "")
-		js := testkit.JetStream(t, cl.URL())
+		cl := natstest.StartNATSCluster(t, 3, "")
+		js := natstest.JetStream(t, cl.URL())
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		st, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "T", Subjects: []string{"t.>"}, Replicas: 3})
@@ -80,14 +81,14 @@ func alive(pid int) bool {
 // release with per-message TTLs (JetStream API level 1 or more). Its
 // clusters run in natsstore's TestClusterFailover.
 func TestCurrentNATS(t *testing.T) {
-	bin := testkit.CurrentNATS(t)
+	bin := natstest.CurrentNATS(t)
 	s := bin.Start(t, "")
 	nc, err := nats.Connect(s.URL())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer nc.Close()
-	if got, want := "v"+nc.ConnectedServerVersion(), testkit.CurrentNATSVersion; got != want {
+	if got, want := "v"+nc.ConnectedServerVersion(), natstest.CurrentNATSVersion; got != want {
 		t.Errorf("server version %s, want %s", got, want)
 	}
 	if js, level := nc.ConnectedServerJetStream(); !js || level < 1 {

@@ -1,4 +1,4 @@
-package keytest
+package amqptest
 
 import (
 	"context"
@@ -29,7 +29,7 @@ func AMQPSubscriber[S interface {
 	}
 	t.Cleanup(func() { _ = sub.Close() })
 	t.Cleanup(func() {
-		if err := testkit.DeleteAMQPQueues(url, queue); err != nil {
+		if err := DeleteAMQPQueues(url, queue); err != nil {
 			t.Logf("cleanup: %v", err)
 		}
 	})
@@ -44,7 +44,7 @@ func AMQPSubscriber[S interface {
 // order-42, a timestamp and a numeric header.
 func PublishForeignTwice(t *testing.T, url, queue string) {
 	t.Helper()
-	ch := testkit.AMQPChannel(t, url)
+	ch := AMQPChannel(t, url)
 	for range 2 {
 		if err := ch.PublishWithContext(context.Background(), "", queue, false, false, amqp091.Publishing{
 			MessageId: "order-42", Timestamp: time.Now(), Headers: amqp091.Table{"attempt": int32(1)}, Body: []byte(`{"order":42}`),

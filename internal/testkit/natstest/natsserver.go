@@ -1,4 +1,4 @@
-package testkit
+package natstest
 
 import (
 	"context"
@@ -16,6 +16,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/watermill-dedup/dedup/internal/testkit"
 )
 
 // NATS servers a test starts itself, on loopback ports of their own:
@@ -90,7 +92,7 @@ func startNATS(t testing.TB, bin NATSBin, extra string, ready []nats.Option) *NA
 	t.Helper()
 	var err error
 	for range 5 {
-		s := newNATSServer(t, bin, "nats-0", freePort(t), 0, "", nil, extra)
+		s := newNATSServer(t, bin, "nats-0", testkit.FreePort(t), 0, "", nil, extra)
 		s.ready = ready
 		if err = s.start(); err == nil {
 			if err = s.waitJetStream(time.Minute); err == nil {
@@ -136,15 +138,15 @@ func (b NATSBin) StartCluster(t testing.TB, n int, extra string) *NATSCluster {
 		ports := make([]int, n)
 		for i := range ports {
 			for {
-				// freePort checks port+10000 as well: the route port.
-				ports[i] = freePort(t)
+				// FreePort checks port+10000 as well: the route port.
+				ports[i] = testkit.FreePort(t)
 				if !containsPort(ports[:i], ports[i]) {
 					break
 				}
 			}
 		}
 		c := &NATSCluster{}
-		name := UniqueName("testkit_")
+		name := testkit.UniqueName("testkit_")
 		for i, p := range ports {
 			var routes []int
 			for j, q := range ports {
@@ -195,7 +197,7 @@ func (c *NATSCluster) waitPeers(timeout time.Duration) error {
 	if err != nil {
 		return err
 	}
-	name := UniqueName("testkit_peers_")
+	name := testkit.UniqueName("testkit_peers_")
 	for deadline := time.Now().Add(timeout); ; time.Sleep(50 * time.Millisecond) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		_, err = js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{name}, Replicas: len(c.Servers), Storage: jetstream.MemoryStorage})
@@ -366,7 +368,7 @@ func (s *NATSServer) Stop() {
 // answers nothing, as a hung server or a long GC pause.
 func (s *NATSServer) Pause() {
 	s.signal(syscall.SIGSTOP, true)
-	waitStopped(s.PID())
+	testkit.WaitStopped(s.PID())
 }
 
 // Resume continues a paused process (SIGCONT).
@@ -423,7 +425,7 @@ func (s *NATSServer) start() error {
 		return err
 	}
 	cmd := exec.Command(s.bin, "-c", conf, "-l", s.LogPath())
-	setPdeathsig(cmd) // a test binary that dies (a timeout) takes its servers along
+	testkit.SetPdeathsig(cmd) // a test binary that dies (a timeout) takes its servers along
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("starting nats-server %s: %w", s.Name, err)
 	}
@@ -464,7 +466,7 @@ func (s *NATSServer) waitJetStream(timeout time.Duration) error {
 		}
 		select {
 		case <-exited:
-			return fmt.Errorf("nats-server %s (port %d) exited: %v; its log ends:\n%s", s.Name, s.Port, err, strings.Join(lastLines(s.Log(), 10), "\n"))
+			return fmt.Errorf("nats-server %s (port %d) exited: %v; its log ends:\n%s", s.Name, s.Port, err, strings.Join(testkit.LastLines(s.Log(), 10), "\n"))
 		default:
 		}
 		if time.Now().After(deadline) {
@@ -486,8 +488,4 @@ func refusesClient(err error) bool {
 	}
 	msg := err.Error()
 	return strings.Contains(msg, "uthorization") || strings.Contains(msg, "x509") || strings.Contains(msg, "remote error: tls")
-}
-
-func lastLines(lines []string, n int) []string {
-	return lines[max(len(lines)-n, 0):]
 }

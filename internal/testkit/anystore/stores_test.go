@@ -1,4 +1,4 @@
-package testkit_test
+package anystore_test
 
 import (
 	"context"
@@ -13,22 +13,26 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/watermill-dedup/dedup/internal/testkit"
+	"github.com/watermill-dedup/dedup/internal/testkit/anystore"
+	"github.com/watermill-dedup/dedup/internal/testkit/natstest"
+	"github.com/watermill-dedup/dedup/internal/testkit/sqltest"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/redisstore"
+	"github.com/watermill-dedup/dedup/stores/sqlstore"
 )
 
 func TestOpenStore(t *testing.T) {
-	for _, kind := range testkit.StoreKinds() {
-		if kind == testkit.StoreRedisCluster {
+	for _, kind := range anystore.StoreKinds() {
+		if kind == anystore.StoreRedisCluster {
 			continue // no default service: TestOpenStoreUnreachable
 		}
 		t.Run(string(kind), func(t *testing.T) {
-			testkit.RequireStore(t, kind)
+			anystore.RequireStore(t, kind)
 			ctx := context.Background()
 			// openClaim opens a store of p and claims k1 there.
-			openClaim := func(p testkit.StoreParams) (*testkit.OpenedStore, func(context.Context) error, *stores.Claim) {
+			openClaim := func(p anystore.StoreParams) (*anystore.OpenedStore, func(context.Context) error, *stores.Claim) {
 				t.Helper()
-				o, cleanup, err := testkit.OpenStore(ctx, p)
+				o, cleanup, err := anystore.OpenStore(ctx, p)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -38,7 +42,7 @@ func TestOpenStore(t *testing.T) {
 				}
 				return o, cleanup, c
 			}
-			p := testkit.StoreParams{Kind: kind, CreateSchema: true, Teardown: true, Redis: redisstore.Config{SkipServerCheck: true}}
+			p := anystore.StoreParams{Kind: kind, CreateSchema: true, Teardown: true, Redis: redisstore.Config{SkipServerCheck: true}}
 			o, cleanup, c := openClaim(p)
 			if err := o.Store.Complete(ctx, c, time.Hour, nil); err != nil {
 				t.Fatal(err)
@@ -46,7 +50,7 @@ func TestOpenStore(t *testing.T) {
 
 			// A second store on the same name shares the records.
 			p.Name, p.Teardown, p.CreateSchema = o.Name, false, false
-			if kind != testkit.StoreMemory && kind != testkit.StoreSQLite {
+			if kind != anystore.StoreMemory && kind != anystore.StoreSQLite {
 				_, cleanup2, c2 := openClaim(p)
 				if c2.Result != stores.Duplicate {
 					t.Errorf("second store on %s: claim result %v, want duplicate", o.Name, c2.Result)
@@ -69,7 +73,7 @@ func TestOpenStore(t *testing.T) {
 					t.Errorf("keys left under %s: %v (%v)", o.Name, keys, err)
 				}
 			case o.NATS != nil:
-				js := testkit.JetStream(t, testkit.NATSURL())
+				js := natstest.JetStream(t, testkit.NATSURL())
 				if _, err := js.KeyValue(ctx, o.Name); !errors.Is(err, jetstream.ErrBucketNotFound) {
 					t.Errorf("bucket %s after Teardown: %v, want it gone", o.Name, err)
 				}
@@ -78,7 +82,7 @@ func TestOpenStore(t *testing.T) {
 					t.Errorf("the SQLite file %s after the cleanup: %v, want it removed", o.Path, err)
 				}
 			case o.DB != nil:
-				o3, cleanup3, err := testkit.OpenStore(ctx, testkit.StoreParams{Kind: kind})
+				o3, cleanup3, err := anystore.OpenStore(ctx, anystore.StoreParams{Kind: kind})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -93,28 +97,29 @@ func TestOpenStore(t *testing.T) {
 }
 
 func TestOpenStoreUnreachable(t *testing.T) {
-	for _, kind := range []testkit.StoreKind{testkit.StoreRedis, testkit.StorePostgres, testkit.StoreMySQL, testkit.StoreNATS} {
-		_, _, err := testkit.OpenStore(context.Background(), testkit.StoreParams{Kind: kind, Addr: "127.0.0.1:1", DialTimeout: 500 * time.Millisecond})
-		var u *testkit.UnreachableError
+	for _, kind := range []anystore.StoreKind{anystore.StoreRedis, anystore.StorePostgres, anystore.StoreMySQL, anystore.StoreNATS} {
+		_, _, err := anystore.OpenStore(context.Background(), anystore.StoreParams{Kind: kind, Addr: "127.0.0.1:1", DialTimeout: 500 * time.Millisecond})
+		var u *anystore.UnreachableError
 		if !errors.As(err, &u) || u.Addr == "" || u.Service == "" {
 			t.Errorf("%s on a closed port: %v, want an *UnreachableError", kind, err)
 		}
 	}
-	if _, _, err := testkit.OpenStore(context.Background(), testkit.StoreParams{Kind: "oracle"}); err == nil {
+	if _, _, err := anystore.OpenStore(context.Background(), anystore.StoreParams{Kind: "oracle"}); err == nil {
 		t.Error("an unknown kind opened")
 	}
-	if _, _, err := testkit.OpenStore(context.Background(), testkit.StoreParams{Kind: testkit.StoreRedisCluster}); err == nil {
+	if _, _, err := anystore.OpenStore(context.Background(), anystore.StoreParams{Kind: anystore.StoreRedisCluster}); err == nil {
 		t.Error("a redis-cluster without Addr opened")
 	}
 }
 
 // DropTables drops the tables it is given, quoted or not, and only those.
 func TestDropTables(t *testing.T) {
-	for _, kind := range []testkit.StoreKind{testkit.StorePostgres, testkit.StoreMySQL} {
+	for _, kind := range []anystore.StoreKind{anystore.StorePostgres, anystore.StoreMySQL} {
 		t.Run(string(kind), func(t *testing.T) {
-			testkit.RequireStore(t, kind)
+			anystore.RequireStore(t, kind)
+			dialect, _ := kind.SQLDialect()
 			ctx := context.Background()
-			db, err := testkit.OpenDB(ctx, testkit.StoreParams{Kind: kind})
+			db, err := anystore.OpenDB(ctx, anystore.StoreParams{Kind: kind})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -127,10 +132,10 @@ func TestDropTables(t *testing.T) {
 			}
 			defer db.ExecContext(ctx, "DROP TABLE IF EXISTS "+kept) //nolint:errcheck
 			q := `"`
-			if kind == testkit.StoreMySQL {
+			if kind == anystore.StoreMySQL {
 				q = "`"
 			}
-			if err := testkit.DropTables(ctx, db, kind, plain, q+quoted+q, "never_created"); err != nil {
+			if err := sqltest.DropTables(ctx, db, dialect, plain, q+quoted+q, "never_created"); err != nil {
 				t.Fatal(err)
 			}
 			for table, want := range map[string]bool{plain: false, quoted: false, kept: true} {
@@ -141,8 +146,8 @@ func TestDropTables(t *testing.T) {
 			}
 		})
 	}
-	if err := testkit.DropTables(context.Background(), nil, testkit.StoreRedis, "t"); err == nil {
-		t.Error("DropTables on a Redis kind did not fail")
+	if err := sqltest.DropTables(context.Background(), nil, sqlstore.Postgres, "t"); err == nil {
+		t.Error("DropTables without a database did not fail")
 	}
 }
 

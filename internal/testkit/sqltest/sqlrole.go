@@ -1,4 +1,4 @@
-package testkit
+package sqltest
 
 import (
 	"context"
@@ -11,7 +11,8 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 
-	"github.com/watermill-dedup/dedup/internal/storeopen"
+	"github.com/watermill-dedup/dedup/internal/sqlpool"
+	"github.com/watermill-dedup/dedup/internal/testkit"
 	"github.com/watermill-dedup/dedup/stores/sqlstore"
 )
 
@@ -37,7 +38,7 @@ type SQLRole struct {
 // may do nothing else. It never changes the server's settings.
 func NewSQLRole(t testing.TB, d sqlstore.Dialect, dsn string) *SQLRole {
 	t.Helper()
-	id := UniqueName("")
+	id := testkit.UniqueName("")
 	r := &SQLRole{Name: "dedup_role_" + id, dialect: d}
 	password := "pw-" + id
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -46,9 +47,9 @@ func NewSQLRole(t testing.TB, d sqlstore.Dialect, dsn string) *SQLRole {
 	if d == sqlstore.MySQL {
 		driver = "mysql"
 	}
-	admin, err := storeopen.OpenDB(ctx, driver, dsn, 2, 10*time.Second)
+	admin, err := sqlpool.Open(ctx, driver, dsn, 2, 10*time.Second)
 	if err != nil {
-		Unavailable(t, string(d), "its DSN", err)
+		testkit.Unavailable(t, string(d), "its DSN", err)
 	}
 	r.admin = admin
 	t.Cleanup(func() { _ = admin.Close() }) // after the role is dropped
@@ -119,7 +120,7 @@ func (r *SQLRole) Open(t testing.TB, conns int) *sql.DB {
 	if r.dialect == sqlstore.MySQL {
 		driver = "mysql"
 	}
-	db, err := storeopen.OpenDB(context.Background(), driver, r.DSN, conns, 10*time.Second)
+	db, err := sqlpool.Open(context.Background(), driver, r.DSN, conns, 10*time.Second)
 	if err != nil {
 		t.Fatalf("connecting as %s: %v", r.Name, err)
 	}

@@ -1,11 +1,8 @@
-package testkit
+package redistest
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"math/rand/v2"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,6 +14,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/watermill-dedup/dedup/internal/testkit"
 )
 
 // Redis servers a test starts itself, on loopback ports of their own:
@@ -61,7 +60,7 @@ func StartRedisServer(t testing.TB, args ...string) *RedisServer {
 	t.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
-		Unavailable(t, "redis-server (to start test Redis nodes)", "$PATH", err)
+		testkit.Unavailable(t, "redis-server (to start test Redis nodes)", "$PATH", err)
 	}
 	s, err := launchRedis(bin, t.TempDir(), args)
 	if err != nil {
@@ -125,7 +124,7 @@ func launchRedis(bin, dir string, args []string) (*RedisServer, error) {
 	}
 	var lastErr error
 	for range 5 {
-		port, err := freePortPair()
+		port, err := testkit.FreePortPair()
 		if err != nil {
 			return nil, err
 		}
@@ -317,14 +316,14 @@ func StartRedisClusterServers(t testing.TB, opts ...RedisClusterOption) []*Redis
 	addrs := make([]string, len(nodes))
 	for i := range nodes {
 		nodes[i] = StartRedisServer(t, "--cluster-enabled", "yes",
-			"--cluster-config-file", "nodes-"+UniqueName("")+".conf",
+			"--cluster-config-file", "nodes-"+testkit.UniqueName("")+".conf",
 			"--cluster-node-timeout", strconv.FormatInt(cfg.nodeTimeout.Milliseconds(), 10),
 			"--repl-diskless-sync-delay", "0") // a replica (re)joining syncs at once
 		addrs[i] = nodes[i].Addr
 	}
 	cli, err := exec.LookPath("redis-cli")
 	if err != nil {
-		Unavailable(t, "redis-cli (to create the test Redis Cluster)", "$PATH", err)
+		testkit.Unavailable(t, "redis-cli (to create the test Redis Cluster)", "$PATH", err)
 	}
 	// redis-cli makes the first three nodes the masters.
 	args := append([]string{"--cluster", "create"}, addrs...)
@@ -389,36 +388,6 @@ func RedisClusterNotOK(ctx context.Context, addrs []string, replicas int) string
 		return fmt.Sprintf("%d replicas in sync, want %d", synced, replicas)
 	}
 	return ""
-}
-
-// freePort returns a loopback port that is free, as is port+10000 (the
-// cluster bus port).
-func freePort(t testing.TB) int {
-	t.Helper()
-	p, err := freePortPair()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return p
-}
-
-// freePortPair is freePort for a program.
-func freePortPair() (int, error) {
-	for range 100 {
-		p := 20000 + rand.IntN(10000)
-		l1, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
-		if err != nil {
-			continue
-		}
-		l2, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p+10000))
-		_ = l1.Close()
-		if err != nil {
-			continue
-		}
-		_ = l2.Close()
-		return p, nil
-	}
-	return 0, errors.New("no free loopback port pair found")
 }
 
 // waitPing waits until a server started at addr answers PING, or exits.

@@ -1,0 +1,3 @@
+// Package spantest records a test's spans in memory with the
+// OpenTelemetry SDK.
+package spantest
