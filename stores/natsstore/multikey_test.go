@@ -29,8 +29,7 @@ func orderedKeys(s *natsstore.Store, scope string) (first, second string) {
 
 // twoStores returns two stores sharing a bucket and a fake clock: two
 // consumer processes.
-func twoStores(t *testing.T) (s, other *natsstore.Store, clock *storetest.FakeClock) {
-	nc := sharedConn(t)
+func twoStores(t *testing.T, nc *nats.Conn) (s, other *natsstore.Store, clock *storetest.FakeClock) {
 	clock = storetest.NewFakeClock(time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC))
 	cfg := natsstore.Config{Bucket: testBucket(), Clock: clock}
 	return newStore(t, nc, cfg), newStore(t, nc, cfg), clock
@@ -57,25 +56,27 @@ func mustResult(t *testing.T, c *stores.Claim, want stores.Result, takeover bool
 // answers InProgress; the first key is free at once, not held until a
 // lease runs out.
 func TestClaimGivesBackOnConflict(t *testing.T) {
-	s, other, _ := twoStores(t)
-	const scope = "h"
-	k1, k2 := orderedKeys(s, scope)
-	var rival *stores.Claim
-	s.SetAfterWrite(func(op string, i int) {
-		if op == "claim" && i == 0 && rival == nil {
-			rival = claim(t, other, scope, time.Minute, k2)
-			mustResult(t, rival, stores.Claimed, false)
+	onServers(t, func(t *testing.T, nc *nats.Conn) {
+		s, other, _ := twoStores(t, nc)
+		const scope = "h"
+		k1, k2 := orderedKeys(s, scope)
+		var rival *stores.Claim
+		s.SetAfterWrite(func(op string, i int) {
+			if op == "claim" && i == 0 && rival == nil {
+				rival = claim(t, other, scope, time.Minute, k2)
+				mustResult(t, rival, stores.Claimed, false)
+			}
+		})
+		c := claim(t, s, scope, time.Minute, k1, k2)
+		mustResult(t, c, stores.InProgress, false)
+		if c.Token != "" {
+			t.Fatalf("InProgress with token %q", c.Token)
 		}
+		s.SetAfterWrite(nil)
+		c1 := claim(t, other, scope, time.Minute, k1)
+		mustResult(t, c1, stores.Claimed, false)
+		mustResult(t, claim(t, other, scope, time.Minute, k2), stores.InProgress, false)
 	})
-	c := claim(t, s, scope, time.Minute, k1, k2)
-	mustResult(t, c, stores.InProgress, false)
-	if c.Token != "" {
-		t.Fatalf("InProgress with token %q", c.Token)
-	}
-	s.SetAfterWrite(nil)
-	c1 := claim(t, other, scope, time.Minute, k1)
-	mustResult(t, c1, stores.Claimed, false)
-	mustResult(t, claim(t, other, scope, time.Minute, k2), stores.InProgress, false)
 }
 
 // TestClaimRetriesAfterRelease: a key claimed and released by another
@@ -83,91 +84,97 @@ func TestClaimGivesBackOnConflict(t *testing.T) {
 // the write fails; the claim gives back what it took, reads again, finds
 // the key free and takes every key, instead of answering InProgress.
 func TestClaimRetriesAfterRelease(t *testing.T) {
-	s, other, _ := twoStores(t)
-	const scope = "h"
-	k1, k2 := orderedKeys(s, scope)
-	rounds := 0
-	s.SetAfterWrite(func(op string, i int) {
-		rounds++
-		if rounds == 1 {
-			c := claim(t, other, scope, time.Minute, k2)
-			mustResult(t, c, stores.Claimed, false)
-			if err := other.Release(context.Background(), c); err != nil {
-				t.Errorf("Release: %v", err)
+	onServers(t, func(t *testing.T, nc *nats.Conn) {
+		s, other, _ := twoStores(t, nc)
+		const scope = "h"
+		k1, k2 := orderedKeys(s, scope)
+		rounds := 0
+		s.SetAfterWrite(func(op string, i int) {
+			rounds++
+			if rounds == 1 {
+				c := claim(t, other, scope, time.Minute, k2)
+				mustResult(t, c, stores.Claimed, false)
+				if err := other.Release(context.Background(), c); err != nil {
+					t.Errorf("Release: %v", err)
+				}
 			}
+		})
+		c := claim(t, s, scope, time.Minute, k1, k2)
+		mustResult(t, c, stores.Claimed, false)
+		if rounds != 2 {
+			t.Fatalf("the claim took %d rounds, want 2", rounds)
 		}
+		s.SetAfterWrite(nil)
+		mustResult(t, claim(t, other, scope, time.Minute, k1), stores.InProgress, false)
+		mustResult(t, claim(t, other, scope, time.Minute, k2), stores.InProgress, false)
 	})
-	c := claim(t, s, scope, time.Minute, k1, k2)
-	mustResult(t, c, stores.Claimed, false)
-	if rounds != 2 {
-		t.Fatalf("the claim took %d rounds, want 2", rounds)
-	}
-	s.SetAfterWrite(nil)
-	mustResult(t, claim(t, other, scope, time.Minute, k1), stores.InProgress, false)
-	mustResult(t, claim(t, other, scope, time.Minute, k2), stores.InProgress, false)
 }
 
 // TestClaimGiveBackRestoresTakenOverLease: a multi-key claim that took
 // over an expired lease and then lost its second key puts the old
 // owner's record back: the old owner still owns its key and completes.
 func TestClaimGiveBackRestoresTakenOverLease(t *testing.T) {
-	s, other, clock := twoStores(t)
-	const scope = "h"
-	k1, k2 := orderedKeys(s, scope)
-	old := claim(t, other, scope, time.Second, k1)
-	mustResult(t, old, stores.Claimed, false)
-	clock.Advance(1500 * time.Millisecond)
-	s.SetAfterWrite(func(op string, i int) {
-		if op == "claim" && i == 0 {
-			mustResult(t, claim(t, other, scope, time.Minute, k2), stores.Claimed, false)
+	onServers(t, func(t *testing.T, nc *nats.Conn) {
+		s, other, clock := twoStores(t, nc)
+		const scope = "h"
+		k1, k2 := orderedKeys(s, scope)
+		old := claim(t, other, scope, time.Second, k1)
+		mustResult(t, old, stores.Claimed, false)
+		clock.Advance(1500 * time.Millisecond)
+		s.SetAfterWrite(func(op string, i int) {
+			if op == "claim" && i == 0 {
+				mustResult(t, claim(t, other, scope, time.Minute, k2), stores.Claimed, false)
+			}
+		})
+		mustResult(t, claim(t, s, scope, time.Minute, k1, k2), stores.InProgress, false)
+		s.SetAfterWrite(nil)
+		if err := other.Complete(context.Background(), old, time.Hour, []byte("old")); err != nil {
+			t.Fatalf("Complete by the owner of the lease the failed claim took over: %v", err)
+		}
+		d := claim(t, s, scope, time.Minute, k1)
+		mustResult(t, d, stores.Duplicate, false)
+		if string(d.Data) != "old" {
+			t.Fatalf("Data = %q", d.Data)
 		}
 	})
-	mustResult(t, claim(t, s, scope, time.Minute, k1, k2), stores.InProgress, false)
-	s.SetAfterWrite(nil)
-	if err := other.Complete(context.Background(), old, time.Hour, []byte("old")); err != nil {
-		t.Fatalf("Complete by the owner of the lease the failed claim took over: %v", err)
-	}
-	d := claim(t, s, scope, time.Minute, k1)
-	mustResult(t, d, stores.Duplicate, false)
-	if string(d.Data) != "old" {
-		t.Fatalf("Data = %q", d.Data)
-	}
 }
 
 // TestFencedCallPutsBack: a Complete, Release or Extend of two keys
 // whose second key is taken over between its writes fails with
 // ErrLostClaim and puts the first key back to the claim's record.
 func TestFencedCallPutsBack(t *testing.T) {
-	for _, op := range []string{"complete", "release", "extend"} {
-		t.Run(op, func(t *testing.T) {
-			s, other, clock := twoStores(t)
-			const scope = "h"
-			k1, k2 := orderedKeys(s, scope)
-			c := claim(t, s, scope, time.Second, k1, k2)
-			mustResult(t, c, stores.Claimed, false)
-			clock.Advance(1500 * time.Millisecond) // the lease ran out; still the claim's
-			s.SetAfterWrite(func(o string, i int) {
-				if o == op && i == 0 {
-					mustResult(t, claim(t, other, scope, time.Minute, k2), stores.Claimed, true)
+	onServers(t, func(t *testing.T, nc *nats.Conn) {
+		for _, op := range []string{"complete", "release", "extend"} {
+			t.Run(op, func(t *testing.T) {
+				s, other, clock := twoStores(t, nc)
+				const scope = "h"
+				k1, k2 := orderedKeys(s, scope)
+				c := claim(t, s, scope, time.Second, k1, k2)
+				mustResult(t, c, stores.Claimed, false)
+				clock.Advance(1500 * time.Millisecond) // the lease ran out; still the claim's
+				s.SetAfterWrite(func(o string, i int) {
+					if o == op && i == 0 {
+						mustResult(t, claim(t, other, scope, time.Minute, k2), stores.Claimed, true)
+					}
+				})
+				ctx := context.Background()
+				var err error
+				switch op {
+				case "complete":
+					err = s.Complete(ctx, c, time.Hour, []byte("x"))
+				case "release":
+					err = s.Release(ctx, c)
+				default:
+					err = s.Extend(ctx, c, time.Minute)
 				}
+				errtest.Wraps(t, op+" of a claim whose key was taken over", err, stores.ErrLostClaim)
+				s.SetAfterWrite(nil)
+				// k1 is the claim's expired lease again: a claim takes it
+				// over (it is neither done, nor free, nor leased anew).
+				mustResult(t, claim(t, other, scope, time.Minute, k1), stores.Claimed, true)
 			})
-			ctx := context.Background()
-			var err error
-			switch op {
-			case "complete":
-				err = s.Complete(ctx, c, time.Hour, []byte("x"))
-			case "release":
-				err = s.Release(ctx, c)
-			default:
-				err = s.Extend(ctx, c, time.Minute)
-			}
-			errtest.Wraps(t, op+" of a claim whose key was taken over", err, stores.ErrLostClaim)
-			s.SetAfterWrite(nil)
-			// k1 is the claim's expired lease again: a claim takes it
-			// over (it is neither done, nor free, nor leased anew).
-			mustResult(t, claim(t, other, scope, time.Minute, k1), stores.Claimed, true)
-		})
-	}
+		}
+	})
 }
 
 // TestUndoLeavesWithTheCaller: a Claim whose write failed as an outage
@@ -181,51 +188,52 @@ func TestFencedCallPutsBack(t *testing.T) {
 // Here the bucket's stream is deleted, so the write gets no responders,
 // and the test holds the direct get of the give-back, unanswered.
 func TestUndoLeavesWithTheCaller(t *testing.T) {
-	nc := sharedConn(t)
-	cfg := natsstore.Config{Bucket: testBucket()}
-	s := newStore(t, nc, cfg)
-	held := make(chan *nats.Msg, 16)
-	sub, err := nc.ChanSubscribe("$JS.API.DIRECT.GET.KV_"+cfg.Bucket+".>", held)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = sub.Unsubscribe() })
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := js.DeleteKeyValue(context.Background(), cfg.Bucket); err != nil {
-		t.Fatal(err)
-	}
-
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	res := make(chan error, 1)
-	go func() {
-		_, err := s.Claim(ctx, "s", []string{"k"}, time.Minute)
-		res <- err
-	}()
-	select {
-	case <-held: // the give-back reads the key
-	case err := <-res:
-		t.Fatalf("Claim returned %v before giving back its write", err)
-	}
-	cancel()
-	select {
-	case err := <-res:
-		errtest.Wraps(t, "Claim whose context ended during its give-back", err, context.Canceled)
-		if errors.Is(err, stores.ErrUnavailable) {
-			t.Errorf("Claim whose context ended: err = %v is classified as an outage", err)
+	onServers(t, func(t *testing.T, nc *nats.Conn) {
+		cfg := natsstore.Config{Bucket: testBucket()}
+		s := newStore(t, nc, cfg)
+		held := make(chan *nats.Msg, 16)
+		sub, err := nc.ChanSubscribe("$JS.API.DIRECT.GET.KV_"+cfg.Bucket+".>", held)
+		if err != nil {
+			t.Fatal(err)
 		}
-	case <-time.After(time.Second):
-		t.Fatal("Claim still running 1s after its context ended: its give-back outlived the caller")
-	}
-	// The give-back goes on without the caller: it reads the key again.
-	select {
-	case <-held:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the give-back did not go on in the background")
-	}
+		t.Cleanup(func() { _ = sub.Unsubscribe() })
+		js, err := jetstream.New(nc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := js.DeleteKeyValue(context.Background(), cfg.Bucket); err != nil {
+			t.Fatal(err)
+		}
+
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		res := make(chan error, 1)
+		go func() {
+			_, err := s.Claim(ctx, "s", []string{"k"}, time.Minute)
+			res <- err
+		}()
+		select {
+		case <-held: // the give-back reads the key
+		case err := <-res:
+			t.Fatalf("Claim returned %v before giving back its write", err)
+		}
+		cancel()
+		select {
+		case err := <-res:
+			errtest.Wraps(t, "Claim whose context ended during its give-back", err, context.Canceled)
+			if errors.Is(err, stores.ErrUnavailable) {
+				t.Errorf("Claim whose context ended: err = %v is classified as an outage", err)
+			}
+		case <-time.After(time.Second):
+			t.Fatal("Claim still running 1s after its context ended: its give-back outlived the caller")
+		}
+		// The give-back goes on without the caller: it reads the key again.
+		select {
+		case <-held:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the give-back did not go on in the background")
+		}
+	})
 }
 
 // TestCompleteCutBetweenKeys: a Complete of two keys whose connection is
@@ -281,45 +289,46 @@ func TestCompleteCutBetweenKeys(t *testing.T) {
 // full (discard-new) is accepted, and a claim it refuses is not reported
 // as an outage, which a fail-open consumer would run through.
 func TestBucketLimits(t *testing.T) {
-	nc := sharedConn(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, discard := range []jetstream.DiscardPolicy{jetstream.DiscardOld, jetstream.DiscardNew} {
-		cfg := natsstore.Config{Bucket: testBucket()}
-		deleteBuckets(t, nc, cfg)
-		if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: cfg.Bucket, History: 1, TTL: 72 * time.Hour}); err != nil {
-			t.Fatal(err)
-		}
-		st, err := js.Stream(ctx, "KV_"+cfg.Bucket)
+	onServers(t, func(t *testing.T, nc *nats.Conn) {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		js, err := jetstream.New(nc)
 		if err != nil {
 			t.Fatal(err)
 		}
-		sc := st.CachedInfo().Config
-		sc.MaxMsgs, sc.Discard = 2, discard
-		if _, err := js.UpdateStream(ctx, sc); err != nil {
-			t.Fatal(err)
-		}
-		s, err := natsstore.New(ctx, nc, cfg)
-		if discard == jetstream.DiscardOld {
-			if !errors.Is(err, natsstore.ErrBucketConfig) {
-				t.Fatalf("a discard-old bucket with MaxMsgs: New = %v, want ErrBucketConfig", err)
+		for _, discard := range []jetstream.DiscardPolicy{jetstream.DiscardOld, jetstream.DiscardNew} {
+			cfg := natsstore.Config{Bucket: testBucket()}
+			deleteBuckets(t, nc, cfg)
+			if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: cfg.Bucket, History: 1, TTL: 72 * time.Hour}); err != nil {
+				t.Fatal(err)
 			}
-			continue
+			st, err := js.Stream(ctx, "KV_"+cfg.Bucket)
+			if err != nil {
+				t.Fatal(err)
+			}
+			sc := st.CachedInfo().Config
+			sc.MaxMsgs, sc.Discard = 2, discard
+			if _, err := js.UpdateStream(ctx, sc); err != nil {
+				t.Fatal(err)
+			}
+			s, err := natsstore.New(ctx, nc, cfg)
+			if discard == jetstream.DiscardOld {
+				if !errors.Is(err, natsstore.ErrBucketConfig) {
+					t.Fatalf("a discard-old bucket with MaxMsgs: New = %v, want ErrBucketConfig", err)
+				}
+				continue
+			}
+			if err != nil {
+				t.Fatalf("a discard-new bucket: %v", err)
+			}
+			defer s.Close(ctx)
+			var last error
+			for i := range 3 {
+				_, last = s.Claim(ctx, "s", []string{fmt.Sprint("k", i)}, time.Minute)
+			}
+			if last == nil || errors.Is(last, stores.ErrUnavailable) {
+				t.Fatalf("a claim the full bucket refused: %v, want an error that is not an outage", last)
+			}
 		}
-		if err != nil {
-			t.Fatalf("a discard-new bucket: %v", err)
-		}
-		defer s.Close(ctx)
-		var last error
-		for i := range 3 {
-			_, last = s.Claim(ctx, "s", []string{fmt.Sprint("k", i)}, time.Minute)
-		}
-		if last == nil || errors.Is(last, stores.ErrUnavailable) {
-			t.Fatalf("a claim the full bucket refused: %v, want an error that is not an outage", last)
-		}
-	}
+	})
 }

@@ -384,27 +384,28 @@ func TestConnectRefusedIsNotAnOutage(t *testing.T) {
 // deleted stream, a direct get, gets no answer at all: it times out, and
 // a timeout stays an outage; a single-key claim writes first.)
 func TestDeletedBucketIsNotAnOutage(t *testing.T) {
-	nc := sharedConn(t)
-	bucket := testBucket()
-	s := newStore(t, nc, natsstore.Config{Bucket: bucket})
-	ctx := context.Background()
-	claim(t, s, "s", time.Minute, "held")
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := js.DeleteKeyValue(ctx, bucket); err != nil {
-		t.Fatal(err)
-	}
-	for _, keys := range [][]string{{"new"}, {"held"}} {
-		_, err := s.Claim(ctx, "s", keys, time.Minute)
-		if err == nil || errors.Is(err, stores.ErrUnavailable) || !errors.Is(err, jetstream.ErrBucketNotFound) || !strings.Contains(err.Error(), bucket) {
-			t.Errorf("Claim(%q) in a deleted bucket: %v, want ErrBucketNotFound naming %s, not an outage", keys, err, bucket)
+	onServers(t, func(t *testing.T, nc *nats.Conn) {
+		bucket := testBucket()
+		s := newStore(t, nc, natsstore.Config{Bucket: bucket})
+		ctx := context.Background()
+		claim(t, s, "s", time.Minute, "held")
+		js, err := jetstream.New(nc)
+		if err != nil {
+			t.Fatal(err)
 		}
-	}
-	if ran, err := testkit.FailOpenRun(t, s, 3); ran != 0 || err == nil {
-		t.Fatalf("FailOpen on a deleted bucket: %d of 3 handlers ran unprotected, last error %v", ran, err)
-	}
+		if err := js.DeleteKeyValue(ctx, bucket); err != nil {
+			t.Fatal(err)
+		}
+		for _, keys := range [][]string{{"new"}, {"held"}} {
+			_, err := s.Claim(ctx, "s", keys, time.Minute)
+			if err == nil || errors.Is(err, stores.ErrUnavailable) || !errors.Is(err, jetstream.ErrBucketNotFound) || !strings.Contains(err.Error(), bucket) {
+				t.Errorf("Claim(%q) in a deleted bucket: %v, want ErrBucketNotFound naming %s, not an outage", keys, err, bucket)
+			}
+		}
+		if ran, err := testkit.FailOpenRun(t, s, 3); ran != 0 || err == nil {
+			t.Fatalf("FailOpen on a deleted bucket: %d of 3 handlers ran unprotected, last error %v", ran, err)
+		}
+	})
 }
 
 // usersConf is a server config whose users (each with password

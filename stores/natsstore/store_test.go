@@ -186,145 +186,148 @@ func TestDurationBounds(t *testing.T) {
 // TestLayout pins what a record looks like in the bucket: the key, the
 // subject, the value of each state and the marker Release leaves.
 func TestLayout(t *testing.T) {
-	nc := sharedConn(t)
-	clock := storetest.NewFakeClock(time.Unix(1_900_000_000, 123))
-	cfg := natsstore.Config{Bucket: testBucket(), Clock: clock}
-	s := newStore(t, nc, cfg)
-	ctx := context.Background()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kv, err := js.KeyValue(ctx, cfg.Bucket)
-	if err != nil {
-		t.Fatal(err)
-	}
-
-	const scope, key = "orders", "0b9e5c3a-7f0d-4c1e-9a55-1d2f3e4a5b6c"
-	// SHA-256("watermill-dedup/natsstore/v1\x00" ‖ uvarint(6) ‖ "orders" ‖ key),
-	// first 16 bytes, URL-safe base64 without padding.
-	const want = "2kqdZAJOPRyX3r3ylcsQvw"
-	if got := natsstore.RecordKey(scope, key); got != want || len(got) != natsstore.KeyLen {
-		t.Fatalf("RecordKey = %q, want %q", got, want)
-	}
-	if got := s.Subject(scope, key); got != "$KV."+cfg.Bucket+"."+want {
-		t.Fatalf("Subject = %q", got)
-	}
-	// With shards, the last 8 bytes of the digest, big endian, modulo
-	// the number of shards pick the bucket.
-	sharded := natsstore.Config{Bucket: testBucket(), Shards: 3}
-	if got := newStore(t, nc, sharded).Subject(scope, key); got != "$KV."+sharded.Bucket+"-1."+want {
-		t.Fatalf("Subject with 3 shards = %q, want bucket %s-1", got, sharded.Bucket)
-	}
-	for _, p := range [][2][2]string{
-		{{"a:", "b"}, {"a", ":b"}},
-		{{"", "ab"}, {"a", "b"}},
-		{{"a\x00", "b"}, {"a", "\x00b"}},
-	} {
-		if natsstore.RecordKey(p[0][0], p[0][1]) == natsstore.RecordKey(p[1][0], p[1][1]) {
-			t.Errorf("(%q, %q) and (%q, %q) share a key", p[0][0], p[0][1], p[1][0], p[1][1])
-		}
-	}
-
-	value := func() ([]byte, jetstream.KeyValueOp) {
-		t.Helper()
-		e, err := kv.Get(ctx, want)
-		if errors.Is(err, jetstream.ErrKeyNotFound) {
-			return nil, jetstream.KeyValueDelete
-		}
+	onServers(t, func(t *testing.T, nc *nats.Conn) {
+		clock := storetest.NewFakeClock(time.Unix(1_900_000_000, 123))
+		cfg := natsstore.Config{Bucket: testBucket(), Clock: clock}
+		s := newStore(t, nc, cfg)
+		ctx := context.Background()
+		js, err := jetstream.New(nc)
 		if err != nil {
 			t.Fatal(err)
 		}
-		return e.Value(), e.Operation()
-	}
-	at := func(d time.Duration) []byte {
-		return binary.BigEndian.AppendUint64(nil, uint64(clock.Now().Add(d).UnixNano()))
-	}
+		kv, err := js.KeyValue(ctx, cfg.Bucket)
+		if err != nil {
+			t.Fatal(err)
+		}
 
-	c, err := s.Claim(ctx, scope, []string{key}, time.Minute)
-	if err != nil || c.Result != stores.Claimed {
-		t.Fatalf("Claim = %+v, %v", c, err)
-	}
-	v, _ := value()
-	if wantV := append(append([]byte{'p'}, at(time.Minute)...), c.Token...); !bytes.Equal(v, wantV) {
-		t.Fatalf("processing value = %q, want %q", v, wantV)
-	}
-	if len(c.Token) != 26 {
-		t.Fatalf("token %q is not 26 characters", c.Token)
-	}
-	if err := s.Complete(ctx, c, time.Hour, []byte("out")); err != nil {
-		t.Fatal(err)
-	}
-	v, _ = value()
-	if wantV := append(append([]byte{'D'}, at(time.Hour)...), "out"...); len(v) != len(wantV)+8 || !bytes.Equal(v[:9], wantV[:9]) || !bytes.Equal(v[17:], []byte("out")) {
-		t.Fatalf("done value = %q, want %q", v, wantV)
-	}
+		const scope, key = "orders", "0b9e5c3a-7f0d-4c1e-9a55-1d2f3e4a5b6c"
+		// SHA-256("watermill-dedup/natsstore/v1\x00" ‖ uvarint(6) ‖ "orders" ‖ key),
+		// first 16 bytes, URL-safe base64 without padding.
+		const want = "2kqdZAJOPRyX3r3ylcsQvw"
+		if got := natsstore.RecordKey(scope, key); got != want || len(got) != natsstore.KeyLen {
+			t.Fatalf("RecordKey = %q, want %q", got, want)
+		}
+		if got := s.Subject(scope, key); got != "$KV."+cfg.Bucket+"."+want {
+			t.Fatalf("Subject = %q", got)
+		}
+		// With shards, the last 8 bytes of the digest, big endian, modulo
+		// the number of shards pick the bucket.
+		sharded := natsstore.Config{Bucket: testBucket(), Shards: 3}
+		if got := newStore(t, nc, sharded).Subject(scope, key); got != "$KV."+sharded.Bucket+"-1."+want {
+			t.Fatalf("Subject with 3 shards = %q, want bucket %s-1", got, sharded.Bucket)
+		}
+		for _, p := range [][2][2]string{
+			{{"a:", "b"}, {"a", ":b"}},
+			{{"", "ab"}, {"a", "b"}},
+			{{"a\x00", "b"}, {"a", "\x00b"}},
+		} {
+			if natsstore.RecordKey(p[0][0], p[0][1]) == natsstore.RecordKey(p[1][0], p[1][1]) {
+				t.Errorf("(%q, %q) and (%q, %q) share a key", p[0][0], p[0][1], p[1][0], p[1][1])
+			}
+		}
 
-	// Release leaves a purge marker, and a new claim writes over it.
-	k2 := "another"
-	c2, err := s.Claim(ctx, scope, []string{k2}, time.Minute)
-	if err != nil || c2.Result != stores.Claimed {
-		t.Fatalf("Claim = %+v, %v", c2, err)
-	}
-	if err := s.Release(ctx, c2); err != nil {
-		t.Fatal(err)
-	}
-	hist, err := kv.History(ctx, natsstore.RecordKey(scope, k2))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(hist) != 1 || hist[0].Operation() != jetstream.KeyValuePurge {
-		t.Fatalf("after Release the key's history is %d entries, the last %v; want one purge marker", len(hist), hist[len(hist)-1].Operation())
-	}
-	if c3, err := s.Claim(ctx, scope, []string{k2}, time.Minute); err != nil || c3.Result != stores.Claimed || c3.Takeover {
-		t.Fatalf("Claim over a purge marker = %+v, %v", c3, err)
-	}
-	// One message per record: the bucket keeps no history.
-	if n := streamMsgs(t, nc, cfg.Bucket); n != 2 {
-		t.Fatalf("%d messages in the stream, want 2", n)
-	}
+		value := func() ([]byte, jetstream.KeyValueOp) {
+			t.Helper()
+			e, err := kv.Get(ctx, want)
+			if errors.Is(err, jetstream.ErrKeyNotFound) {
+				return nil, jetstream.KeyValueDelete
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			return e.Value(), e.Operation()
+		}
+		at := func(d time.Duration) []byte {
+			return binary.BigEndian.AppendUint64(nil, uint64(clock.Now().Add(d).UnixNano()))
+		}
+
+		c, err := s.Claim(ctx, scope, []string{key}, time.Minute)
+		if err != nil || c.Result != stores.Claimed {
+			t.Fatalf("Claim = %+v, %v", c, err)
+		}
+		v, _ := value()
+		if wantV := append(append([]byte{'p'}, at(time.Minute)...), c.Token...); !bytes.Equal(v, wantV) {
+			t.Fatalf("processing value = %q, want %q", v, wantV)
+		}
+		if len(c.Token) != 26 {
+			t.Fatalf("token %q is not 26 characters", c.Token)
+		}
+		if err := s.Complete(ctx, c, time.Hour, []byte("out")); err != nil {
+			t.Fatal(err)
+		}
+		v, _ = value()
+		if wantV := append(append([]byte{'D'}, at(time.Hour)...), "out"...); len(v) != len(wantV)+8 || !bytes.Equal(v[:9], wantV[:9]) || !bytes.Equal(v[17:], []byte("out")) {
+			t.Fatalf("done value = %q, want %q", v, wantV)
+		}
+
+		// Release leaves a purge marker, and a new claim writes over it.
+		k2 := "another"
+		c2, err := s.Claim(ctx, scope, []string{k2}, time.Minute)
+		if err != nil || c2.Result != stores.Claimed {
+			t.Fatalf("Claim = %+v, %v", c2, err)
+		}
+		if err := s.Release(ctx, c2); err != nil {
+			t.Fatal(err)
+		}
+		hist, err := kv.History(ctx, natsstore.RecordKey(scope, k2))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(hist) != 1 || hist[0].Operation() != jetstream.KeyValuePurge {
+			t.Fatalf("after Release the key's history is %d entries, the last %v; want one purge marker", len(hist), hist[len(hist)-1].Operation())
+		}
+		if c3, err := s.Claim(ctx, scope, []string{k2}, time.Minute); err != nil || c3.Result != stores.Claimed || c3.Takeover {
+			t.Fatalf("Claim over a purge marker = %+v, %v", c3, err)
+		}
+		// One message per record: the bucket keeps no history.
+		if n := streamMsgs(t, nc, cfg.Bucket); n != 2 {
+			t.Fatalf("%d messages in the stream, want 2", n)
+		}
+	})
 }
 
 // TestForeignValue: a key holding a value the store did not write is a
 // fault to fix, not an outage and not a record.
 func TestForeignValue(t *testing.T) {
-	nc := sharedConn(t)
-	cfg := natsstore.Config{Bucket: testBucket()}
-	s := newStore(t, nc, cfg)
-	ctx := context.Background()
-	js, _ := jetstream.New(nc)
-	kv, err := js.KeyValue(ctx, cfg.Bucket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := kv.Put(ctx, natsstore.RecordKey("s", "k"), []byte("hello")); err != nil {
-		t.Fatal(err)
-	}
-	_, err = s.Claim(ctx, "s", []string{"k"}, time.Minute)
-	if err == nil || errors.Is(err, stores.ErrUnavailable) || errors.Is(err, stores.ErrInvalidArgument) {
-		t.Fatalf("Claim of a foreign value = %v, want an unclassified error", err)
-	}
+	onServers(t, func(t *testing.T, nc *nats.Conn) {
+		cfg := natsstore.Config{Bucket: testBucket()}
+		s := newStore(t, nc, cfg)
+		ctx := context.Background()
+		js, _ := jetstream.New(nc)
+		kv, err := js.KeyValue(ctx, cfg.Bucket)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := kv.Put(ctx, natsstore.RecordKey("s", "k"), []byte("hello")); err != nil {
+			t.Fatal(err)
+		}
+		_, err = s.Claim(ctx, "s", []string{"k"}, time.Minute)
+		if err == nil || errors.Is(err, stores.ErrUnavailable) || errors.Is(err, stores.ErrInvalidArgument) {
+			t.Fatalf("Claim of a foreign value = %v, want an unclassified error", err)
+		}
+	})
 }
 
 // TestDataTooLarge: data the server's maximum payload cannot carry is
 // refused before any I/O, and the claim can still complete without it.
 func TestDataTooLarge(t *testing.T) {
-	nc := sharedConn(t)
-	s := newStore(t, nc, natsstore.Config{})
-	ctx := context.Background()
-	c, err := s.Claim(ctx, "s", []string{"k"}, time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
-	big := make([]byte, nc.MaxPayload())
-	errtest.NotOutage(t, "Complete with data of MaxPayload bytes", s.Complete(ctx, c, time.Hour, big), stores.ErrInvalidArgument)
-	fits := make([]byte, nc.MaxPayload()-1024)
-	if err := s.Complete(ctx, c, time.Hour, fits); err != nil {
-		t.Fatalf("Complete with %d bytes of data: %v", len(fits), err)
-	}
-	if d, err := s.Claim(ctx, "s", []string{"k"}, time.Minute); err != nil || d.Result != stores.Duplicate || len(d.Data) != len(fits) {
-		t.Fatalf("Claim after Complete = %v, %v", d, err)
-	}
+	onServers(t, func(t *testing.T, nc *nats.Conn) {
+		s := newStore(t, nc, natsstore.Config{})
+		ctx := context.Background()
+		c, err := s.Claim(ctx, "s", []string{"k"}, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		big := make([]byte, nc.MaxPayload())
+		errtest.NotOutage(t, "Complete with data of MaxPayload bytes", s.Complete(ctx, c, time.Hour, big), stores.ErrInvalidArgument)
+		fits := make([]byte, nc.MaxPayload()-1024)
+		if err := s.Complete(ctx, c, time.Hour, fits); err != nil {
+			t.Fatalf("Complete with %d bytes of data: %v", len(fits), err)
+		}
+		if d, err := s.Claim(ctx, "s", []string{"k"}, time.Minute); err != nil || d.Result != stores.Duplicate || len(d.Data) != len(fits) {
+			t.Fatalf("Claim after Complete = %v, %v", d, err)
+		}
+	})
 }
 
 // TestCloseLeavesConnOpen: Close never closes the caller's connection
