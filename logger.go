@@ -30,3 +30,8 @@ func (l slogDefault) Trace(msg string, fields watermill.LogFields) { l.logger().
 func (l slogDefault) With(fields watermill.LogFields) watermill.LoggerAdapter {
 	return slogDefault{fields: l.fields.Add(fields)}
 }
+
+// DefaultLogger returns the default Policy.Logger, for a package that
+// logs as the middleware does: log/slog's default logger as it is when
+// each line is logged.
+func DefaultLogger() watermill.LoggerAdapter { return slogDefault{} }

@@ -53,6 +53,16 @@
 // This package is for a router already built on the Deduplicator that
 // needs its keys shared between processes.
 //
+// # Logs and metrics
+//
+// Every IsDuplicate reports one outcome to Config.Metrics by Scope, and
+// every store call its latency and error, as the middleware does, so the
+// prommetrics and otelmetrics packages export them on the same series. A
+// key counted as seen while another caller holds it (past
+// InProgressWait) is logged to Config.Logger with its scope and key:
+// the Deduplicator drops its message on a presumption. Errors are
+// returned, and the router logs them.
+//
 // The package imports the stores and Watermill; nothing in this module
 // imports it.
 package expiringkeys

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	wmw "github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
 	dedup "github.com/watermill-dedup/dedup"
@@ -75,6 +76,23 @@ type Config struct {
 	// The default is Lease, the longest a key stays held; a negative
 	// value counts a held key as seen at once.
 	InProgressWait time.Duration
+
+	// Logger receives a line for every key counted as seen without its
+	// mark being found (held by another caller past InProgressWait: the
+	// Deduplicator drops its message), and for a mark whose answer was
+	// lost. Errors are returned, not logged: the router logs them. The
+	// default is dedup.DefaultLogger() (log/slog's default logger);
+	// pass watermill.NopLogger{} to discard.
+	Logger watermill.LoggerAdapter
+
+	// Metrics receives the outcome of every IsDuplicate, by Scope
+	// (dedup.OutcomeClaimed: marked now; OutcomeDuplicate: seen;
+	// OutcomeInProgress: held past InProgressWait, counted as seen;
+	// OutcomeStoreError, OutcomeLostClaim, OutcomeNoKey, OutcomeCancelled),
+	// and the latency of every store call: what the prommetrics and
+	// otelmetrics packages export for the middleware. The default
+	// discards them.
+	Metrics dedup.Metrics
 }
 
 // Validate reports the first invalid field, naming it. Its errors wrap
@@ -101,6 +119,12 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.InProgressWait == 0 {
 		c.InProgressWait = c.Lease
+	}
+	if c.Logger == nil {
+		c.Logger = dedup.DefaultLogger()
+	}
+	if c.Metrics == nil {
+		c.Metrics = dedup.NopMetrics{}
 	}
 	return c
 }
@@ -181,50 +205,102 @@ func (r *Repository) Config() Config { return r.cfg }
 // an error wrapping stores.ErrInvalidKey before the store is called; no
 // retry will help it.
 func (r *Repository) IsDuplicate(ctx context.Context, key string) (bool, error) {
+	seen, o, err := r.isDuplicate(ctx, key)
+	r.cfg.Metrics.Observe(r.cfg.Scope, o)
+	return seen, err
+}
+
+// isDuplicate is IsDuplicate, with the outcome it reports to Metrics.
+func (r *Repository) isDuplicate(ctx context.Context, key string) (bool, dedup.Outcome, error) {
 	if err := r.checkKey(key); err != nil {
-		return false, err
+		return false, dedup.OutcomeNoKey, err
 	}
 	keys := []string{key}
-	var deadline time.Time // of the wait for a claim in progress
+	var (
+		deadline time.Time // of the wait for a claim in progress
+		started  = time.Now()
+	)
 	for {
-		c, err := r.store.Claim(ctx, r.cfg.Scope, keys, r.cfg.Lease)
+		c, err := r.claim(ctx, keys)
 		if err != nil {
-			return false, r.storeError("claim", err)
+			return false, errOutcome(ctx, err), r.storeError("claim", err)
 		}
 		switch c.Result {
 		case stores.Claimed:
-			return r.mark(ctx, c)
+			return r.mark(ctx, c, key)
 		case stores.InProgress:
 			if deadline.IsZero() {
 				deadline = time.Now().Add(r.cfg.InProgressWait)
 			}
 			left := time.Until(deadline)
 			if left <= 0 {
-				return true, nil
+				r.cfg.Logger.Info("expiringkeys: key held by another caller past InProgressWait, counted as seen: the Deduplicator drops its message", watermill.LogFields{
+					"scope": r.cfg.Scope, "key": key, "waited": time.Since(started).Round(time.Millisecond).String(), "lease": r.cfg.Lease.String(),
+				})
+				return true, dedup.OutcomeInProgress, nil
 			}
 			if err := sleep(ctx, min(left, spread(InProgressPoll))); err != nil {
-				return false, fmt.Errorf("expiringkeys: scope %q: %w: %w", r.cfg.Scope, dedup.ErrInProgress, err)
+				return false, dedup.OutcomeCancelled, fmt.Errorf("expiringkeys: scope %q: %w: %w", r.cfg.Scope, dedup.ErrInProgress, err)
 			}
 		default: // Duplicate
-			return true, nil
+			return true, dedup.OutcomeDuplicate, nil
 		}
 	}
 }
 
-// mark records the key of claim c seen for the Window.
-func (r *Repository) mark(ctx context.Context, c *stores.Claim) (bool, error) {
+// errOutcome is the outcome of a store call that failed with err under
+// ctx: cancelled when ctx ended, a lost claim, else a store error.
+func errOutcome(ctx context.Context, err error) dedup.Outcome {
+	switch {
+	case errors.Is(err, stores.ErrLostClaim):
+		return dedup.OutcomeLostClaim
+	case ctx.Err() != nil:
+		return dedup.OutcomeCancelled
+	}
+	return dedup.OutcomeStoreError
+}
+
+// claim, complete and release call the store and report each call's
+// latency and error to Metrics.
+func (r *Repository) claim(ctx context.Context, keys []string) (*stores.Claim, error) {
+	start := time.Now()
+	c, err := r.store.Claim(ctx, r.cfg.Scope, keys, r.cfg.Lease)
+	r.cfg.Metrics.ObserveStore(r.cfg.Scope, dedup.OpClaim, time.Since(start), err)
+	return c, err
+}
+
+func (r *Repository) complete(ctx context.Context, c *stores.Claim) error {
+	start := time.Now()
 	err := r.store.Complete(ctx, c, r.cfg.Window, nil)
+	r.cfg.Metrics.ObserveStore(r.cfg.Scope, dedup.OpComplete, time.Since(start), err)
+	return err
+}
+
+func (r *Repository) releaseCall(ctx context.Context, c *stores.Claim) error {
+	start := time.Now()
+	err := r.store.Release(ctx, c)
+	r.cfg.Metrics.ObserveStore(r.cfg.Scope, dedup.OpRelease, time.Since(start), err)
+	return err
+}
+
+// mark records key, of claim c, seen for the Window.
+func (r *Repository) mark(ctx context.Context, c *stores.Claim, key string) (bool, dedup.Outcome, error) {
+	err := r.complete(ctx, c)
 	if err == nil {
-		return false, nil
+		return false, dedup.OutcomeClaimed, nil
 	}
 	if errors.Is(err, stores.ErrLostClaim) {
-		return false, r.storeError("complete", err)
+		return false, dedup.OutcomeLostClaim, r.storeError("complete", err)
 	}
 	released, rerr := r.release(ctx, c)
 	if !released && rerr == nil {
-		return false, nil // the Complete landed, its answer lost: the key is marked
+		// The Complete landed, its answer lost: the key is marked.
+		r.cfg.Logger.Debug("expiringkeys: a mark's answer was lost, and the release found it landed: the key is marked", watermill.LogFields{
+			"scope": r.cfg.Scope, "key": key, "error": err.Error(),
+		})
+		return false, dedup.OutcomeClaimed, nil
 	}
-	return false, errors.Join(r.storeError("complete", err), rerr)
+	return false, errOutcome(ctx, err), errors.Join(r.storeError("complete", err), rerr)
 }
 
 // spread returns d give or take half of it, at random.
@@ -266,7 +342,7 @@ func (r *Repository) release(ctx context.Context, c *stores.Claim) (bool, error)
 		ctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), min(ReleaseTimeout, r.cfg.Lease))
 		defer cancel()
 	}
-	switch err := r.store.Release(ctx, c); {
+	switch err := r.releaseCall(ctx, c); {
 	case err == nil:
 		return true, nil
 	case errors.Is(err, stores.ErrLostClaim):
