@@ -43,17 +43,6 @@ func (g *gatedStore) Complete(ctx context.Context, c *stores.Claim, retention ti
 	}
 }
 
-func newAsync(t testing.TB, cfg middleware.Config) *middleware.Middleware {
-	t.Helper()
-	cfg.Mode = dedup.ModeAsyncComplete
-	m, err := middleware.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = m.Close(context.Background()) })
-	return m
-}
-
 // closeNow closes m with a context already done.
 func closeNow(m *middleware.Middleware) error {
 	ctx, cancel := context.WithCancel(context.Background())
@@ -95,7 +84,7 @@ func TestAsyncCompleteConfig(t *testing.T) {
 
 func TestAsyncCompleteAcksFirstAndCloseWaits(t *testing.T) {
 	store := newGatedStore(t)
-	m := newAsync(t, middleware.Config{Store: store, Scope: "s"})
+	m := testkit.AsyncMiddleware(t, middleware.Config{Store: store, Scope: "s"})
 	runs := 0
 	h := m.Middleware(func(*message.Message) ([]*message.Message, error) {
 		runs++
@@ -158,7 +147,7 @@ func TestAsyncCompleteAcksFirstAndCloseWaits(t *testing.T) {
 func TestAsyncCloseGivesUpAtItsDeadline(t *testing.T) {
 	store := newGatedStore(t) // never opened
 	metrics := &testkit.Metrics{}
-	m := newAsync(t, middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{Metrics: metrics}})
+	m := testkit.AsyncMiddleware(t, middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{Metrics: metrics}})
 	if _, err := m.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })(message.NewMessage("m-1", nil)); err != nil {
 		t.Fatal(err)
 	}
@@ -182,14 +171,14 @@ func TestAsyncCloseGivesUpAtItsDeadline(t *testing.T) {
 func TestAsyncCompleteOnRouterEveryEffectOnce(t *testing.T) {
 	store := newMemstore(t)
 	l := newLedger()
-	m := newAsync(t, middleware.Config{Store: store, Policy: dedup.Policy{InProgressWait: 5 * time.Second, Tuning: dedup.Tuning{InProgressPoll: time.Millisecond}}})
-	ps := newPubSub(t)
-	r := newRouter(t)
+	m := testkit.AsyncMiddleware(t, middleware.Config{Store: store, Policy: dedup.Policy{InProgressWait: 5 * time.Second, Tuning: dedup.Tuning{InProgressPoll: time.Millisecond}}})
+	ps := testkit.NewPubSub(t)
+	r := testkit.NewRouter(t)
 	r.AddNoPublisherHandler("async", "in", ps, func(msg *message.Message) error {
 		l.apply(msg.UUID)
 		return nil
 	}).AddMiddleware(m.Middleware)
-	runRouter(t, r)
+	testkit.RunRouter(t, r)
 
 	var ids []string
 	for i := range 200 {
@@ -197,7 +186,7 @@ func TestAsyncCompleteOnRouterEveryEffectOnce(t *testing.T) {
 		ids = append(ids, id)
 		// Every message twice, back to back: the copy often lands in the
 		// window before the first copy's Complete.
-		publish(t, ps, "in", message.NewMessage(id, nil), message.NewMessage(id, nil))
+		testkit.Publish(t, ps, "in", message.NewMessage(id, nil), message.NewMessage(id, nil))
 	}
 	testkit.WaitFor(t, 10*time.Second, "200 events applied", func() bool { return l.distinct() == 200 })
 	if err := r.Close(); err != nil {
@@ -220,8 +209,8 @@ func TestAsyncCompleteOnRouterEveryEffectOnce(t *testing.T) {
 // progress, as in ModeLease.
 func TestAsyncDuplicateOfAnotherConsumerIsInProgress(t *testing.T) {
 	store := newGatedStore(t)
-	first := newAsync(t, middleware.Config{Store: store, Scope: "s"})
-	second := newAsync(t, middleware.Config{Store: store, Scope: "s"})
+	first := testkit.AsyncMiddleware(t, middleware.Config{Store: store, Scope: "s"})
+	second := testkit.AsyncMiddleware(t, middleware.Config{Store: store, Scope: "s"})
 	ok := func(*message.Message) ([]*message.Message, error) { return nil, nil }
 	if _, err := first.Middleware(ok)(message.NewMessage("m-1", nil)); err != nil {
 		t.Fatal(err)
@@ -258,7 +247,7 @@ func (s *nonBlockingStore) Complete(ctx context.Context, c *stores.Claim, retent
 // when the handler's result comes back.
 func TestAsyncOnNonBlockingStoreCompletesInline(t *testing.T) {
 	store := &nonBlockingStore{Store: newMemstore(t)}
-	m := newAsync(t, middleware.Config{Store: store, Scope: "s"})
+	m := testkit.AsyncMiddleware(t, middleware.Config{Store: store, Scope: "s"})
 	for i := range 100 {
 		store.completed.Store(false)
 		if _, err := m.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })(message.NewMessage("m-"+strconv.Itoa(i), nil)); err != nil {
@@ -311,7 +300,7 @@ func (s *heldClaimStore) Claim(ctx context.Context, scope string, keys []string,
 // looks for it. The duplicate claims once more and is acked, not nacked.
 func TestAsyncDuplicateRacingItsComplete(t *testing.T) {
 	store := newHeldClaimStore(t)
-	m := newAsync(t, middleware.Config{Store: store, Scope: "s"})
+	m := testkit.AsyncMiddleware(t, middleware.Config{Store: store, Scope: "s"})
 	h := m.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })
 	if _, err := h(message.NewMessage("m-1", nil)); err != nil {
 		t.Fatal(err)
@@ -361,7 +350,7 @@ func TestAsyncDuplicateOfAnotherConsumerClaimsOnce(t *testing.T) {
 	gated := newGatedStore(t)
 	store := &claimCounter{Store: gated}
 	holdElsewhere(t, gated, "m-1")
-	m := newAsync(t, middleware.Config{Store: store, Scope: "s"})
+	m := testkit.AsyncMiddleware(t, middleware.Config{Store: store, Scope: "s"})
 	if _, err := m.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })(message.NewMessage("m-1", nil)); !errors.Is(err, dedup.ErrInProgress) {
 		t.Fatalf("a duplicate of another consumer's run: %v, want ErrInProgress", err)
 	}
@@ -382,7 +371,7 @@ func TestAsyncDuplicateClaimsOnceMoreAfterALanding(t *testing.T) {
 	holdElsewhere(t, held.gatedStore, "m-1")
 	// A claim loop, were there one, would end at CompleteTimeout: the
 	// duplicate's wait for its own Complete.
-	m := newAsync(t, middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{Tuning: dedup.Tuning{CompleteTimeout: 5 * time.Second}}})
+	m := testkit.AsyncMiddleware(t, middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{Tuning: dedup.Tuning{CompleteTimeout: 5 * time.Second}}})
 	h := m.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })
 	if _, err := h(message.NewMessage("m-2", nil)); err != nil {
 		t.Fatal(err)
@@ -411,7 +400,7 @@ func TestAsyncDuplicateClaimsOnceMoreAfterALanding(t *testing.T) {
 // Complete is still on its way, which Close, given up on at once, reports.
 func TestAsyncDuplicateWaitsUpToCompleteTimeout(t *testing.T) {
 	store := newGatedStore(t) // never opened: the Complete hangs
-	m := newAsync(t, middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{
+	m := testkit.AsyncMiddleware(t, middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{
 		StoreTimeout: 10 * time.Second,
 		Tuning:       dedup.Tuning{CompleteTimeout: 50 * time.Millisecond},
 	}})

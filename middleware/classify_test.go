@@ -16,7 +16,6 @@ import (
 	"github.com/watermill-dedup/dedup/keyfuncs"
 	"github.com/watermill-dedup/dedup/middleware"
 	"github.com/watermill-dedup/dedup/stores"
-	"github.com/watermill-dedup/dedup/stores/redisstore"
 	"github.com/watermill-dedup/dedup/stores/storetest"
 )
 
@@ -108,8 +107,8 @@ func TestFailureClassification(t *testing.T) {
 			failClosed: nack(), failOpen: nack()},
 		{name: "dead outer transaction", fail: failWith(fmt.Errorf("%w: Error 1305: SAVEPOINT sqlstore_1 does not exist", stores.ErrTxAborted)),
 			failClosed: nack(stores.ErrTxAborted), failOpen: nack(stores.ErrTxAborted)},
-		{name: "not replicated", fail: failWith(fmt.Errorf("redisstore: claim: %w: 0 of 1 replicas of 127.0.0.1:7000 acknowledged the write within 1s", redisstore.ErrNotReplicated)),
-			failClosed: nack(redisstore.ErrNotReplicated), failOpen: nack(redisstore.ErrNotReplicated)},
+		{name: "not replicated", fail: failWith(fmt.Errorf("redisstore: claim: %w: 0 of 1 replicas of 127.0.0.1:7000 acknowledged the write within 1s", errNotReplicated)),
+			failClosed: nack(errNotReplicated), failOpen: nack(errNotReplicated)},
 	}
 	readme := readmeFailureTable(t)
 	for _, row := range rows {
@@ -134,7 +133,7 @@ func TestFailureClassification(t *testing.T) {
 				t.Run(fmt.Sprintf("%s/%s/%s", row.name, mode, policy), func(t *testing.T) {
 					inner := failingStore{Store: newMemstore(t), fail: row.fail}
 					metrics := &testkit.Metrics{}
-					mw := dedupMiddleware(t, middleware.Config{
+					mw := testkit.DedupMiddleware(t, middleware.Config{
 						Store: inner, Scope: "s", Policy: dedup.Policy{OnStoreError: policy, Metrics: metrics, StoreTimeout: 50 * time.Millisecond}, Mode: map[string]dedup.Mode{"lease": dedup.ModeLease, "transactional": dedup.ModeTransactional}[mode]})
 					msg := message.NewMessage("m-1", nil)
 					if row.cancelMsg {
@@ -244,7 +243,7 @@ func TestCompleteRetriesOutliveTheMessageContext(t *testing.T) {
 		}
 	}
 	lease := time.Minute
-	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{Lease: lease, Tuning: dedup.Tuning{CompleteTimeout: time.Minute}}})
+	mw := testkit.DedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{Lease: lease, Tuning: dedup.Tuning{CompleteTimeout: time.Minute}}})
 	l := newLedger()
 	h := mw(func(msg *message.Message) ([]*message.Message, error) {
 		l.apply(msg.UUID)
@@ -273,12 +272,12 @@ func TestRecordWithoutFingerprintIsADuplicate(t *testing.T) {
 	store := newMemstore(t)
 	ran := 0
 	h := func(*message.Message) ([]*message.Message, error) { ran++; return nil, nil }
-	before := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Key: keyfuncs.JSON("id")})
+	before := testkit.DedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Key: keyfuncs.JSON("id")})
 	if _, err := before(h)(message.NewMessage("1", []byte(`{"id":"A"}`))); err != nil {
 		t.Fatal(err)
 	}
 	metrics := &testkit.Metrics{}
-	after := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Key: keyfuncs.JSON("id"), Fingerprint: middleware.PayloadFingerprint, Policy: dedup.Policy{Metrics: metrics}})
+	after := testkit.DedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Key: keyfuncs.JSON("id"), Fingerprint: middleware.PayloadFingerprint, Policy: dedup.Policy{Metrics: metrics}})
 	if _, err := after(h)(message.NewMessage("2", []byte(`{"id":"A"}`))); err != nil {
 		t.Fatalf("duplicate of a record without a fingerprint: %v, want an ack", err)
 	}
@@ -291,7 +290,7 @@ func TestRecordWithoutFingerprintIsADuplicate(t *testing.T) {
 // 300ms CompleteTimeout the store sees a handful of attempts.
 func TestCompleteRetriesBackOff(t *testing.T) {
 	store := &flakyStore{Store: newMemstore(t)}
-	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{Tuning: dedup.Tuning{CompleteTimeout: 300 * time.Millisecond, Heartbeat: -1}}})
+	mw := testkit.DedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{Tuning: dedup.Tuning{CompleteTimeout: 300 * time.Millisecond, Heartbeat: -1}}})
 	var before int64
 	h := mw(func(*message.Message) ([]*message.Message, error) {
 		store.down.Store(true)

@@ -19,10 +19,8 @@ import (
 
 	dedup "github.com/watermill-dedup/dedup"
 	"github.com/watermill-dedup/dedup/internal/testkit"
-	"github.com/watermill-dedup/dedup/internal/testkit/anystore"
 	"github.com/watermill-dedup/dedup/keyfuncs"
 	"github.com/watermill-dedup/dedup/middleware"
-	"github.com/watermill-dedup/dedup/publisher"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/storetest"
 )
@@ -54,11 +52,11 @@ func firstAttemptFails(l effects) message.NoPublishHandlerFunc {
 func TestFirstAttemptFailsEveryEffectOnce(t *testing.T) {
 	const n = 100
 	l := newLedger()
-	ps := newPubSub(t)
-	r := newRouter(t)
+	ps := testkit.NewPubSub(t)
+	r := testkit.NewRouter(t)
 	h := r.AddNoPublisherHandler("loyalty", topic, ps, firstAttemptFails(l))
-	h.AddMiddleware(dedupMiddleware(t, middleware.Config{Store: newMemstore(t)}))
-	runRouter(t, r)
+	h.AddMiddleware(testkit.DedupMiddleware(t, middleware.Config{Store: newMemstore(t)}))
+	testkit.RunRouter(t, r)
 
 	ids := eventIDs(n)
 	publishEvents(t, ps, topic, ids)
@@ -73,8 +71,8 @@ func TestFirstAttemptFailsEveryEffectOnce(t *testing.T) {
 func TestBuiltinDeduplicatorLosesFailedFirstAttempts(t *testing.T) {
 	const n = 100
 	l := newLedger()
-	ps := newPubSub(t)
-	r := newRouter(t)
+	ps := testkit.NewPubSub(t)
+	r := testkit.NewRouter(t)
 	acked := atomic.Int64{}
 	h := r.AddNoPublisherHandler("loyalty", topic, ps, firstAttemptFails(l))
 	h.AddMiddleware(func(next message.HandlerFunc) message.HandlerFunc {
@@ -87,9 +85,9 @@ func TestBuiltinDeduplicatorLosesFailedFirstAttempts(t *testing.T) {
 		}
 	})
 	h.AddMiddleware((&wmw.Deduplicator{KeyFactory: func(m *message.Message) (string, error) { return m.UUID, nil }}).Middleware)
-	runRouter(t, r)
+	testkit.RunRouter(t, r)
 	for _, id := range eventIDs(n) {
-		publish(t, ps, topic, message.NewMessage(watermill.NewUUID(), []byte(id)))
+		testkit.Publish(t, ps, topic, message.NewMessage(watermill.NewUUID(), []byte(id)))
 	}
 	testkit.WaitFor(t, 10*time.Second, "every message acked", func() bool { return acked.Load() == n })
 	if got := l.distinct(); got != 0 {
@@ -100,8 +98,8 @@ func TestBuiltinDeduplicatorLosesFailedFirstAttempts(t *testing.T) {
 func TestPanicFirstAttemptReleasedAndAppliedOnce(t *testing.T) {
 	l := newLedger()
 	metrics := &testkit.Metrics{}
-	ps := newPubSub(t)
-	r := newRouter(t)
+	ps := testkit.NewPubSub(t)
+	r := testkit.NewRouter(t)
 	var attempts atomic.Int32
 	h := r.AddNoPublisherHandler("loyalty", topic, ps, func(msg *message.Message) error {
 		if attempts.Add(1) == 1 {
@@ -111,9 +109,9 @@ func TestPanicFirstAttemptReleasedAndAppliedOnce(t *testing.T) {
 		return nil
 	})
 	h.AddMiddleware(wmw.Recoverer)
-	h.AddMiddleware(dedupMiddleware(t, middleware.Config{Store: newMemstore(t), Policy: dedup.Policy{Metrics: metrics}}))
-	runRouter(t, r)
-	publish(t, ps, topic, message.NewMessage(watermill.NewUUID(), []byte("evt-1")))
+	h.AddMiddleware(testkit.DedupMiddleware(t, middleware.Config{Store: newMemstore(t), Policy: dedup.Policy{Metrics: metrics}}))
+	testkit.RunRouter(t, r)
+	testkit.Publish(t, ps, topic, message.NewMessage(watermill.NewUUID(), []byte("evt-1")))
 	testkit.WaitFor(t, 10*time.Second, "the event applied", func() bool { return l.count("evt-1") == 1 })
 	if got := metrics.Outcome(dedup.OutcomeReleased); got != 1 {
 		t.Fatalf("released %d claims, want 1 (the panicking attempt)", got)
@@ -123,8 +121,8 @@ func TestPanicFirstAttemptReleasedAndAppliedOnce(t *testing.T) {
 
 func TestSameMessage64TimesConcurrentlyRunsOnce(t *testing.T) {
 	const n = 64
-	ps := newPubSub(t)
-	r := newRouter(t)
+	ps := testkit.NewPubSub(t)
+	r := testkit.NewRouter(t)
 	var (
 		runs       atomic.Int32
 		winnerDone atomic.Bool
@@ -156,18 +154,18 @@ func TestSameMessage64TimesConcurrentlyRunsOnce(t *testing.T) {
 			return out, err
 		}
 	})
-	h.AddMiddleware(dedupMiddleware(t, middleware.Config{
+	h.AddMiddleware(testkit.DedupMiddleware(t, middleware.Config{
 		Store: newMemstore(t),
 		Policy: dedup.Policy{
 			InProgressWait: 20 * time.Millisecond,
 			Tuning:         dedup.Tuning{InProgressPoll: 2 * time.Millisecond},
 		},
 	}))
-	runRouter(t, r)
+	testkit.RunRouter(t, r)
 
 	uuid := watermill.NewUUID()
 	for range n {
-		publish(t, ps, topic, message.NewMessage(uuid, []byte("evt-1")))
+		testkit.Publish(t, ps, topic, message.NewMessage(uuid, []byte("evt-1")))
 	}
 	<-started
 	// Let the 63 others collide with the running winner for a while.
@@ -186,20 +184,20 @@ func TestSameMessage64TimesConcurrentlyRunsOnce(t *testing.T) {
 func TestProducerRepublishUnderNewIDOneEffect(t *testing.T) {
 	const n = 50
 	l := newLedger()
-	ps := newPubSub(t)
-	r := newRouter(t)
+	ps := testkit.NewPubSub(t)
+	r := testkit.NewRouter(t)
 	h := r.AddNoPublisherHandler("loyalty", topic, ps, func(msg *message.Message) error {
 		l.apply(string(msg.Metadata.Get("payment")))
 		return nil
 	})
-	h.AddMiddleware(dedupMiddleware(t, middleware.Config{
+	h.AddMiddleware(testkit.DedupMiddleware(t, middleware.Config{
 		Store: newMemstore(t),
 		Key: keyfuncs.All(
 			keyfuncs.Prefix("msg:", keyfuncs.MessageID()),
 			keyfuncs.Prefix("payment:", keyfuncs.JSON("payment_id")),
 		),
 	}))
-	runRouter(t, r)
+	testkit.RunRouter(t, r)
 	var ids []string
 	for i := range n {
 		pay := fmt.Sprintf("PAY-%d", i)
@@ -207,7 +205,7 @@ func TestProducerRepublishUnderNewIDOneEffect(t *testing.T) {
 		for range 2 { // the producer retries under a new message id
 			m := message.NewMessage(watermill.NewUUID(), fmt.Appendf(nil, `{"payment_id":%q,"amount":10}`, pay))
 			m.Metadata.Set("payment", pay)
-			publish(t, ps, topic, m)
+			testkit.Publish(t, ps, topic, m)
 		}
 	}
 	testkit.WaitFor(t, 10*time.Second, "every payment applied", func() bool { return l.distinct() == n })
@@ -232,15 +230,15 @@ func (p *failFirstPublish) Publish(topic string, msgs ...*message.Message) error
 
 func TestOutputsSurviveFailedPublish(t *testing.T) {
 	const n = 20
-	ps := newPubSub(t)
-	r := newRouter(t)
+	ps := testkit.NewPubSub(t)
+	r := testkit.NewRouter(t)
 	var runs atomic.Int32
 	r.AddHandler("loyalty", topic, ps, "points", &failFirstPublish{Publisher: ps}, func(msg *message.Message) ([]*message.Message, error) {
 		runs.Add(1)
 		out := message.NewMessage(watermill.NewUUID(), append([]byte("points-for-"), msg.Payload...))
 		out.Metadata.Set("source", msg.UUID)
 		return []*message.Message{out}, nil
-	}).AddMiddleware(dedupMiddleware(t, middleware.Config{Store: newMemstore(t)}))
+	}).AddMiddleware(testkit.DedupMiddleware(t, middleware.Config{Store: newMemstore(t)}))
 
 	// Downstream: count the outputs by UUID and by source.
 	var mu sync.Mutex
@@ -263,9 +261,9 @@ func TestOutputsSurviveFailedPublish(t *testing.T) {
 			m.Ack()
 		}
 	}()
-	runRouter(t, r)
+	testkit.RunRouter(t, r)
 	for _, id := range eventIDs(n) {
-		publish(t, ps, topic, message.NewMessage(watermill.NewUUID(), []byte(id)))
+		testkit.Publish(t, ps, topic, message.NewMessage(watermill.NewUUID(), []byte(id)))
 	}
 	testkit.WaitFor(t, 10*time.Second, "an output per event", func() bool {
 		mu.Lock()
@@ -285,8 +283,8 @@ func TestOutputsSurviveFailedPublish(t *testing.T) {
 }
 
 func TestMissingKeyIsPoisonStoreUntouched(t *testing.T) {
-	ps := newPubSub(t)
-	r := newRouter(t)
+	ps := testkit.NewPubSub(t)
+	r := testkit.NewRouter(t)
 	store := &flakyStore{Store: newMemstore(t)}
 	l := newLedger()
 	poison, err := wmw.PoisonQueueWithFilter(ps, "poison", dedup.IsPermanent)
@@ -308,15 +306,15 @@ func TestMissingKeyIsPoisonStoreUntouched(t *testing.T) {
 			return out, err
 		}
 	})
-	h.AddMiddleware(dedupMiddleware(t, middleware.Config{Store: store, Key: keyfuncs.JSON("payment_id")}))
+	h.AddMiddleware(testkit.DedupMiddleware(t, middleware.Config{Store: store, Key: keyfuncs.JSON("payment_id")}))
 	poisoned, err := ps.Subscribe(context.Background(), "poison")
 	if err != nil {
 		t.Fatal(err)
 	}
-	runRouter(t, r)
+	testkit.RunRouter(t, r)
 
 	bad := message.NewMessage("bad-1", []byte(`{"amount":1}`))
-	publish(t, ps, topic, bad)
+	testkit.Publish(t, ps, topic, bad)
 	select {
 	case p := <-poisoned:
 		p.Ack()
@@ -336,7 +334,7 @@ func TestMissingKeyIsPoisonStoreUntouched(t *testing.T) {
 		t.Fatalf("the store was called %d times for an unkeyable message", n)
 	}
 	// The stream continues.
-	publish(t, ps, topic, message.NewMessage("good-1", []byte(`{"payment_id":"P1"}`)))
+	testkit.Publish(t, ps, topic, message.NewMessage("good-1", []byte(`{"payment_id":"P1"}`)))
 	testkit.WaitFor(t, 10*time.Second, "the next message applied", func() bool { return l.count("good-1") == 1 })
 	if l.count("bad-1") != 0 {
 		t.Fatal("the unkeyable message ran the handler")
@@ -355,7 +353,7 @@ type storeDown struct {
 }
 
 func newStoreDown(t *testing.T) *storeDown {
-	d := &storeDown{l: newLedger(), metrics: &testkit.Metrics{}, store: &flakyStore{Store: newMemstore(t)}, ps: newPubSub(t), r: newRouter(t)}
+	d := &storeDown{l: newLedger(), metrics: &testkit.Metrics{}, store: &flakyStore{Store: newMemstore(t)}, ps: testkit.NewPubSub(t), r: testkit.NewRouter(t)}
 	d.store.down.Store(true)
 	d.h = d.r.AddNoPublisherHandler("loyalty", topic, d.ps, func(msg *message.Message) error {
 		d.l.apply(string(msg.Payload))
@@ -382,8 +380,8 @@ func TestStoreDownFailClosed(t *testing.T) {
 			return out, err
 		}
 	})
-	h.AddMiddleware(dedupMiddleware(t, middleware.Config{Store: store, Policy: dedup.Policy{Metrics: metrics}}))
-	runRouter(t, r)
+	h.AddMiddleware(testkit.DedupMiddleware(t, middleware.Config{Store: store, Policy: dedup.Policy{Metrics: metrics}}))
+	testkit.RunRouter(t, r)
 	ids := eventIDs(n)
 	publishEvents(t, ps, topic, ids)
 	testkit.WaitFor(t, 10*time.Second, "every message nacked at least twice while down", func() bool { return nacks.Load() >= 2*n })
@@ -402,8 +400,8 @@ func TestStoreDownFailOpen(t *testing.T) {
 	const n = 10
 	d := newStoreDown(t)
 	l, metrics, store, ps, r, h := d.l, d.metrics, d.store, d.ps, d.r, d.h
-	h.AddMiddleware(dedupMiddleware(t, middleware.Config{Store: store, Policy: dedup.Policy{Metrics: metrics, OnStoreError: dedup.FailOpen}}))
-	runRouter(t, r)
+	h.AddMiddleware(testkit.DedupMiddleware(t, middleware.Config{Store: store, Policy: dedup.Policy{Metrics: metrics, OnStoreError: dedup.FailOpen}}))
+	testkit.RunRouter(t, r)
 	ids := eventIDs(n)
 	publishEvents(t, ps, topic, ids)
 	testkit.WaitFor(t, 10*time.Second, "every event applied unprotected", func() bool { return l.distinct() == n })
@@ -424,7 +422,7 @@ func TestHeartbeatKeepsLongHandlerClaimed(t *testing.T) {
 	metrics := &testkit.Metrics{}
 	extends := func() int { return metrics.Calls(dedup.OpExtend) }
 	lease := 150 * time.Millisecond
-	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{Lease: lease, Tuning: dedup.Tuning{Heartbeat: lease / 5}, Metrics: metrics}})
+	mw := testkit.DedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{Lease: lease, Tuning: dedup.Tuning{Heartbeat: lease / 5}, Metrics: metrics}})
 	var (
 		rivals  []stores.Result
 		handler = func(msg *message.Message) ([]*message.Message, error) {
@@ -464,7 +462,7 @@ func TestLostClaimCancelsHandlerAndNacks(t *testing.T) {
 	store := newMemstoreClock(t, clock)
 	metrics := &testkit.Metrics{}
 	lease := time.Second
-	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{Lease: lease, Tuning: dedup.Tuning{Heartbeat: 20 * time.Millisecond}, Metrics: metrics}})
+	mw := testkit.DedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{Lease: lease, Tuning: dedup.Tuning{Heartbeat: 20 * time.Millisecond}, Metrics: metrics}})
 	var handlerCtxErr error
 	_, err := mw(func(msg *message.Message) ([]*message.Message, error) {
 		// The lease runs out (as if this process stalled) and a rival takes over.
@@ -497,7 +495,7 @@ func TestInProgressReturnsRetryableError(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s"})
+	mw := testkit.DedupMiddleware(t, middleware.Config{Store: store, Scope: "s"})
 	ran := false
 	_, err = mw(func(*message.Message) ([]*message.Message, error) { ran = true; return nil, nil })(message.NewMessage("m-1", nil))
 	if !errors.Is(err, dedup.ErrInProgress) || ran {
@@ -507,7 +505,7 @@ func TestInProgressReturnsRetryableError(t *testing.T) {
 	// is acked as a duplicate. The run completes once the delivery found
 	// it in progress and polls (its second claim), however long that took.
 	counter := &claimCounter{Store: store}
-	mw = dedupMiddleware(t, middleware.Config{Store: counter, Scope: "s", Policy: dedup.Policy{InProgressWait: time.Minute, Tuning: dedup.Tuning{InProgressPoll: time.Millisecond}}})
+	mw = testkit.DedupMiddleware(t, middleware.Config{Store: counter, Scope: "s", Policy: dedup.Policy{InProgressWait: time.Minute, Tuning: dedup.Tuning{InProgressPoll: time.Millisecond}}})
 	go func() {
 		for counter.count() < 2 {
 			time.Sleep(time.Millisecond)
@@ -521,7 +519,7 @@ func TestInProgressReturnsRetryableError(t *testing.T) {
 }
 
 func TestFingerprintMismatch(t *testing.T) {
-	mw := dedupMiddleware(t, middleware.Config{Store: newMemstore(t), Scope: "s", Key: keyfuncs.JSON("id"), Fingerprint: middleware.PayloadFingerprint})
+	mw := testkit.DedupMiddleware(t, middleware.Config{Store: newMemstore(t), Scope: "s", Key: keyfuncs.JSON("id"), Fingerprint: middleware.PayloadFingerprint})
 	h := func(*message.Message) ([]*message.Message, error) { return nil, nil }
 	if _, err := mw(h)(message.NewMessage("1", []byte(`{"id":"A","amount":1}`))); err != nil {
 		t.Fatal(err)
@@ -538,7 +536,7 @@ func TestFingerprintMismatch(t *testing.T) {
 func TestTTLMissCounted(t *testing.T) {
 	metrics := &testkit.Metrics{}
 	logger := watermill.NewCaptureLogger()
-	mw := dedupMiddleware(t, middleware.Config{
+	mw := testkit.DedupMiddleware(t, middleware.Config{
 		Store: newMemstore(t), Policy: dedup.Policy{Retention: time.Hour, Metrics: metrics, Logger: logger}, PublishedAt: middleware.MetadataTime("published_at"),
 	})
 	h := func(*message.Message) ([]*message.Message, error) { return nil, nil }
@@ -591,18 +589,18 @@ func TestConfigValidate(t *testing.T) {
 
 func TestScopeDefaultsToHandlerName(t *testing.T) {
 	store := newMemstore(t)
-	ps := newPubSub(t)
-	r := newRouter(t)
+	ps := testkit.NewPubSub(t)
+	r := testkit.NewRouter(t)
 	l := newLedger()
-	mw := dedupMiddleware(t, middleware.Config{Store: store})
+	mw := testkit.DedupMiddleware(t, middleware.Config{Store: store})
 	for _, name := range []string{"loyalty", "analytics"} {
 		r.AddNoPublisherHandler(name, topic, ps, func(msg *message.Message) error {
 			l.apply(name)
 			return nil
 		}).AddMiddleware(mw)
 	}
-	runRouter(t, r)
-	publish(t, ps, topic, message.NewMessage("m-1", nil))
+	testkit.RunRouter(t, r)
+	testkit.Publish(t, ps, topic, message.NewMessage("m-1", nil))
 	testkit.WaitFor(t, 10*time.Second, "both handlers ran", func() bool { return l.count("loyalty") == 1 && l.count("analytics") == 1 })
 	for _, scope := range []string{"loyalty", "analytics"} {
 		c, err := store.Claim(context.Background(), scope, []string{"m-1"}, time.Minute)
@@ -621,7 +619,7 @@ func TestScopeDefaultsToHandlerName(t *testing.T) {
 }
 
 func TestHandlerSeesClaim(t *testing.T) {
-	mw := dedupMiddleware(t, middleware.Config{Store: newMemstore(t), Scope: "s"})
+	mw := testkit.DedupMiddleware(t, middleware.Config{Store: newMemstore(t), Scope: "s"})
 	_, err := mw(func(msg *message.Message) ([]*message.Message, error) {
 		c, ok := middleware.ClaimFromContext(msg.Context())
 		if !ok || c.Token == "" || c.Keys[0] != "m-1" {
@@ -638,7 +636,7 @@ func TestCompleteWhoseReplyWasLostAcksWithRecordedOutputs(t *testing.T) {
 	// The first Complete lands but reports a timeout.
 	store := lostReply(newMemstore(t), context.DeadlineExceeded)
 	metrics := &testkit.Metrics{}
-	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{Metrics: metrics}})
+	mw := testkit.DedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{Metrics: metrics}})
 	out, err := mw(func(*message.Message) ([]*message.Message, error) {
 		return []*message.Message{message.NewMessage("out-1", []byte("points"))}, nil
 	})(message.NewMessage("m-1", nil))
@@ -681,7 +679,7 @@ func TestStoreOutageDuringCompleteIsRidden(t *testing.T) {
 		}
 	}
 	l := newLedger()
-	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{Lease: time.Hour}})
+	mw := testkit.DedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{Lease: time.Hour}})
 	h := mw(func(msg *message.Message) ([]*message.Message, error) {
 		l.apply(msg.UUID)
 		store.down.Store(true) // the store goes away right after the effect
@@ -710,7 +708,7 @@ func (keyRejectingStore) Claim(context.Context, string, []string, time.Duration)
 
 func TestKeyRejectedByStoreIsBadInputNotStoreError(t *testing.T) {
 	metrics := &testkit.Metrics{}
-	mw := dedupMiddleware(t, middleware.Config{Store: keyRejectingStore{newMemstore(t)}, Policy: dedup.Policy{Metrics: metrics, OnStoreError: dedup.FailOpen}})
+	mw := testkit.DedupMiddleware(t, middleware.Config{Store: keyRejectingStore{newMemstore(t)}, Policy: dedup.Policy{Metrics: metrics, OnStoreError: dedup.FailOpen}})
 	ran := false
 	_, err := mw(func(*message.Message) ([]*message.Message, error) { ran = true; return nil, nil })(message.NewMessage("m-1", nil))
 	if !errors.Is(err, keyfuncs.ErrNoKey) || !dedup.IsPermanent(err) || ran {
@@ -725,7 +723,7 @@ func TestKeyRejectedByStoreIsBadInputNotStoreError(t *testing.T) {
 // claim, as a panicking handler does: the redelivery can run.
 func TestPanickingFingerprintReleasesTheClaim(t *testing.T) {
 	store := newMemstore(t)
-	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{Tuning: dedup.Tuning{Heartbeat: 20 * time.Millisecond}}, Fingerprint: func(*message.Message) []byte { panic("fingerprint bug") }})
+	mw := testkit.DedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{Tuning: dedup.Tuning{Heartbeat: 20 * time.Millisecond}}, Fingerprint: func(*message.Message) []byte { panic("fingerprint bug") }})
 	func() {
 		defer func() {
 			if recover() == nil {
@@ -743,7 +741,7 @@ func TestPanickingFingerprintReleasesTheClaim(t *testing.T) {
 // A goroutine the handler leaves behind sees its context end when the
 // handler returns, even if the handler never asked for Done.
 func TestHandlerContextEndsWhenTheHandlerReturns(t *testing.T) {
-	mw := dedupMiddleware(t, middleware.Config{Store: newMemstore(t), Scope: "s"})
+	mw := testkit.DedupMiddleware(t, middleware.Config{Store: newMemstore(t), Scope: "s"})
 	var hctx context.Context
 	if _, err := mw(func(msg *message.Message) ([]*message.Message, error) {
 		hctx = msg.Context()
@@ -843,7 +841,7 @@ func TestPermanentFailuresAreLoggedAndCounted(t *testing.T) {
 	}
 	logger := watermill.NewCaptureLogger()
 	metrics := &testkit.Metrics{}
-	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Key: keyfuncs.JSON("id"),
+	mw := testkit.DedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Key: keyfuncs.JSON("id"),
 		Fingerprint: middleware.PayloadFingerprint, Policy: dedup.Policy{Logger: logger, Metrics: metrics}})
 	ok := func(*message.Message) ([]*message.Message, error) { return nil, nil }
 	if _, err := mw(ok)(message.NewMessage("m-0", []byte(`{"id":"a","v":1}`))); err != nil {
@@ -883,7 +881,7 @@ func TestDefaultLoggerIsNotSilent(t *testing.T) {
 	prev := slog.Default()
 	slog.SetDefault(slog.New(slog.NewTextHandler(&buf, nil)))
 	t.Cleanup(func() { slog.SetDefault(prev) })
-	mw := dedupMiddleware(t, middleware.Config{Store: newMemstore(t), Scope: "s", Key: keyfuncs.JSON("id")})
+	mw := testkit.DedupMiddleware(t, middleware.Config{Store: newMemstore(t), Scope: "s", Key: keyfuncs.JSON("id")})
 	if _, err := mw(func(*message.Message) ([]*message.Message, error) { return nil, nil })(message.NewMessage("m-1", []byte(`{}`))); !errors.Is(err, keyfuncs.ErrNoKey) {
 		t.Fatal(err)
 	}
@@ -899,7 +897,7 @@ func TestDefaultLoggerIsNotSilent(t *testing.T) {
 func TestDefaultLoggerFollowsSetDefault(t *testing.T) {
 	prev := slog.Default()
 	t.Cleanup(func() { slog.SetDefault(prev) })
-	mw := dedupMiddleware(t, middleware.Config{Store: newMemstore(t), Scope: "s", Key: keyfuncs.JSON("id")})
+	mw := testkit.DedupMiddleware(t, middleware.Config{Store: newMemstore(t), Scope: "s", Key: keyfuncs.JSON("id")})
 	var buf bytes.Buffer
 	slog.SetDefault(slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelWarn})))
 	if _, err := mw(func(*message.Message) ([]*message.Message, error) { return nil, nil })(message.NewMessage("m-1", []byte(`{}`))); !errors.Is(err, keyfuncs.ErrNoKey) {
@@ -941,7 +939,7 @@ func (s *hangingExtendStore) Extend(ctx context.Context, _ *stores.Claim, _ time
 func TestHeartbeatOneExtendAtATime(t *testing.T) {
 	store := &hangingExtendStore{Store: newMemstore(t)}
 	const storeTimeout = 300 * time.Millisecond
-	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{Lease: 10 * time.Second, Tuning: dedup.Tuning{Heartbeat: 10 * time.Millisecond}, StoreTimeout: storeTimeout}})
+	mw := testkit.DedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{Lease: 10 * time.Second, Tuning: dedup.Tuning{Heartbeat: 10 * time.Millisecond}, StoreTimeout: storeTimeout}})
 	const handlerRuns = 500 * time.Millisecond // fifty heartbeats
 	start := time.Now()
 	_, err := mw(func(*message.Message) ([]*message.Message, error) {
@@ -977,7 +975,7 @@ func TestDefaultHeartbeatKeepsTheLease(t *testing.T) {
 	store := newMemstoreClock(t, clock)
 	metrics := &testkit.Metrics{}
 	const lease = 600 * time.Millisecond
-	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{Lease: lease, Metrics: metrics}})
+	mw := testkit.DedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{Lease: lease, Metrics: metrics}})
 	extends := func() int { return metrics.Calls(dedup.OpExtend) }
 	h := mw(func(msg *message.Message) ([]*message.Message, error) {
 		// Run until the lease was extended three times (two leases of
@@ -1040,7 +1038,7 @@ func (c *claimCounter) count() int {
 // then acked as a duplicate.
 func TestInProgressWaitWithTheDefaultPoll(t *testing.T) {
 	store := &claimCounter{Store: newMemstore(t)}
-	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{InProgressWait: 10 * time.Second}})
+	mw := testkit.DedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{InProgressWait: 10 * time.Second}})
 	started, finish := make(chan struct{}), make(chan struct{})
 	first := make(chan error, 1)
 	go func() {
@@ -1081,7 +1079,7 @@ func TestInProgressWaitWithTheDefaultPoll(t *testing.T) {
 func TestNoExtendBeforeTheHeartbeatIsDue(t *testing.T) {
 	for _, lease := range []time.Duration{time.Hour, 2 * time.Nanosecond} {
 		metrics := &testkit.Metrics{}
-		mw := dedupMiddleware(t, middleware.Config{Store: newMemstore(t), Scope: "s", Policy: dedup.Policy{Lease: lease, Metrics: metrics}})
+		mw := testkit.DedupMiddleware(t, middleware.Config{Store: newMemstore(t), Scope: "s", Policy: dedup.Policy{Lease: lease, Metrics: metrics}})
 		h := mw(func(*message.Message) ([]*message.Message, error) {
 			// Long enough for the heartbeat loop to look a few times
 			// (it looks at least every 50ms).
@@ -1099,72 +1097,3 @@ func TestNoExtendBeforeTheHeartbeatIsDue(t *testing.T) {
 		}
 	}
 }
-
-// TestHeartbeatBesideCompleteOnNATS: on natsstore, whose Extend and
-// Complete are compare-and-swaps on the revision they read, a heartbeat
-// beating as often as it can beside every Complete never turns the
-// Complete into a lost claim: with no other consumer and no outage,
-// every message is acked once and every publish is recorded. Before, one
-// message in a few hundred was nacked as taken over (and run again after
-// the lease), and the publisher published again.
-func TestHeartbeatBesideCompleteOnNATS(t *testing.T) {
-	store := openStore(t, anystore.StoreParams{Kind: anystore.StoreNATS})
-	policy := dedup.Policy{Lease: time.Hour, Logger: watermill.NopLogger{}, Tuning: dedup.Tuning{Heartbeat: time.Nanosecond}}
-	t.Run("middleware", func(t *testing.T) {
-		m := &testkit.Metrics{}
-		p := policy
-		p.Metrics = m
-		mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "beside", Policy: p})
-		h := mw(func(*message.Message) ([]*message.Message, error) {
-			time.Sleep(2 * time.Millisecond) // a few heartbeats
-			return nil, nil
-		})
-		for i := range 300 {
-			if _, err := h(message.NewMessage(fmt.Sprintf("m-%d", i), nil)); err != nil {
-				t.Fatalf("message %d: %v", i, err)
-			}
-		}
-		if n := m.Outcome(dedup.OutcomeLostClaim); n != 0 {
-			t.Fatalf("%d lost claims counted", n)
-		}
-	})
-	t.Run("publisher", func(t *testing.T) {
-		m := &testkit.Metrics{}
-		p := policy
-		p.Metrics = m
-		d, err := publisher.New(publisher.Config{Store: store, Scope: "beside-pub", Policy: p})
-		if err != nil {
-			t.Fatal(err)
-		}
-		var published atomic.Int32
-		pub, err := d.Decorate(publisherFunc(func(string, ...*message.Message) error {
-			time.Sleep(2 * time.Millisecond)
-			published.Add(1)
-			return nil
-		}))
-		if err != nil {
-			t.Fatal(err)
-		}
-		for i := range 300 {
-			id := fmt.Sprintf("p-%d", i)
-			if err := pub.Publish("t", message.NewMessage(id, nil)); err != nil {
-				t.Fatalf("publish %d: %v", i, err)
-			}
-			// A producer retry right after: a duplicate, not in progress.
-			if err := pub.Publish("t", message.NewMessage(id, nil)); errors.Is(err, dedup.ErrInProgress) || err != nil {
-				t.Fatalf("retry of publish %d: %v (its record was not written)", i, err)
-			}
-		}
-		if n := published.Load(); n != 300 || m.Outcome(dedup.OutcomeLostClaim) != 0 {
-			t.Fatalf("published %d of 300, lost claims %d", n, m.Outcome(dedup.OutcomeLostClaim))
-		}
-	})
-}
-
-// publisherFunc is a message.Publisher of one function.
-type publisherFunc func(topic string, msgs ...*message.Message) error
-
-func (f publisherFunc) Publish(topic string, msgs ...*message.Message) error {
-	return f(topic, msgs...)
-}
-func (publisherFunc) Close() error { return nil }

@@ -16,7 +16,6 @@ import (
 	"github.com/watermill-dedup/dedup/internal/testkit"
 	"github.com/watermill-dedup/dedup/middleware"
 	"github.com/watermill-dedup/dedup/stores"
-	"github.com/watermill-dedup/dedup/stores/redisstore"
 	"github.com/watermill-dedup/dedup/stores/storetest"
 )
 
@@ -29,7 +28,7 @@ func TestRefusedCompleteAcksWithTheRecordedOutputs(t *testing.T) {
 	clock := storetest.NewFakeClock(time.Now())
 	store := newMemstoreClock(t, clock)
 	cfg := middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{Lease: time.Minute, Tuning: dedup.Tuning{Heartbeat: -1}}}
-	ours, rival := dedupMiddleware(t, cfg), dedupMiddleware(t, cfg)
+	ours, rival := testkit.DedupMiddleware(t, cfg), testkit.DedupMiddleware(t, cfg)
 	out, err := ours(func(msg *message.Message) ([]*message.Message, error) {
 		clock.Advance(2 * time.Minute) // this run stalls past its lease...
 		// ...and a redelivery to another consumer takes it over, runs it
@@ -76,7 +75,7 @@ func (s *vanishingStore) Complete(ctx context.Context, c *stores.Claim, retentio
 func TestReconcileKeepsWhatItCouldNotRecord(t *testing.T) {
 	mem := newMemstore(t)
 	store := &vanishingStore{Store: mem}
-	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{Lease: time.Hour, Logger: watermill.NopLogger{}, Tuning: dedup.Tuning{CompleteTimeout: time.Millisecond}}})
+	mw := testkit.DedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{Lease: time.Hour, Logger: watermill.NopLogger{}, Tuning: dedup.Tuning{CompleteTimeout: time.Millisecond}}})
 	_, err := mw(func(*message.Message) ([]*message.Message, error) { return nil, nil })(message.NewMessage("m-1", nil))
 	if err != nil {
 		t.Fatalf("err = %v, want an ack: the effect happened", err)
@@ -131,7 +130,7 @@ func TestCompleteRefusingTheOutputsRecordsWithoutThem(t *testing.T) {
 			clock := storetest.NewFakeClock(time.Now())
 			store := &dataRefusingStore{Store: newMemstoreClock(t, clock), refusal: tc.refusal}
 			metrics := &testkit.Metrics{}
-			mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{Lease: time.Minute, Tuning: dedup.Tuning{CompleteTimeout: 200 * time.Millisecond}, Metrics: metrics}})
+			mw := testkit.DedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{Lease: time.Minute, Tuning: dedup.Tuning{CompleteTimeout: 200 * time.Millisecond}, Metrics: metrics}})
 			runs := 0
 			h := mw(func(*message.Message) ([]*message.Message, error) {
 				runs++
@@ -172,7 +171,7 @@ func (refusingStore) Complete(context.Context, *stores.Claim, time.Duration, []b
 // message was recorded done.
 func TestCompleteRefusedWithAndWithoutOutputsIsReportedAsSuch(t *testing.T) {
 	logger := watermill.NewCaptureLogger()
-	mw := dedupMiddleware(t, middleware.Config{Store: refusingStore{newMemstore(t)}, Scope: "s", Policy: dedup.Policy{Logger: logger, Tuning: dedup.Tuning{CompleteTimeout: 100 * time.Millisecond}}})
+	mw := testkit.DedupMiddleware(t, middleware.Config{Store: refusingStore{newMemstore(t)}, Scope: "s", Policy: dedup.Policy{Logger: logger, Tuning: dedup.Tuning{CompleteTimeout: 100 * time.Millisecond}}})
 	_, err := mw(func(*message.Message) ([]*message.Message, error) {
 		return []*message.Message{message.NewMessage("out-1", nil)}, nil
 	})(message.NewMessage("m-1", nil))
@@ -206,7 +205,7 @@ func (s tooLargeLostReply) Capabilities() stores.Capabilities {
 // were never published.
 func TestDroppedOutputsWithALostReplyAreStillReturned(t *testing.T) {
 	store := tooLargeLostReply{lostReply(newMemstore(t), errConnReset)}
-	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{Logger: watermill.NopLogger{}}})
+	mw := testkit.DedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{Logger: watermill.NopLogger{}}})
 	out, err := mw(func(*message.Message) ([]*message.Message, error) {
 		return []*message.Message{message.NewMessage("out-1", make([]byte, 64))}, nil
 	})(message.NewMessage("m-1", nil))
@@ -233,12 +232,12 @@ func TestCompleteNotReplicatedIsRetried(t *testing.T) {
 	store := &replyingStore{Store: newMemstore(t), reply: func(n int32, complete func() error) error {
 		err := complete()
 		if n <= 3 {
-			return fmt.Errorf("redisstore: complete: %w: 0 of 1 replicas of 127.0.0.1:7000 acknowledged the write within 1s", redisstore.ErrNotReplicated)
+			return fmt.Errorf("redisstore: complete: %w: 0 of 1 replicas of 127.0.0.1:7000 acknowledged the write within 1s", errNotReplicated)
 		}
 		return err
 	}}
 	metrics := &testkit.Metrics{}
-	mw := dedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{Metrics: metrics, Lease: time.Hour}})
+	mw := testkit.DedupMiddleware(t, middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{Metrics: metrics, Lease: time.Hour}})
 	var runs atomic.Int32
 	h := mw(func(*message.Message) ([]*message.Message, error) {
 		runs.Add(1)

@@ -80,7 +80,7 @@ func TestAsyncCompleteGoesOutWithTheNextClaim(t *testing.T) {
 	trips := &roundTrips{}
 	client.AddHook(redistest.RedisTap(trips.add))
 
-	mw := newAsync(t, middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{
+	mw := testkit.AsyncMiddleware(t, middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{
 		Lease: time.Minute, StoreTimeout: time.Minute, Tuning: dedup.Tuning{CompleteLinger: 30 * time.Second},
 	}})
 	h := mw.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })
@@ -122,7 +122,7 @@ func TestAsyncCompleteGoesOutWithTheNextClaim(t *testing.T) {
 // background Complete goes out after CompleteLinger, and Close returns.
 func TestAsyncCompleteLingerEndsOnItsOwn(t *testing.T) {
 	_, store := lingerStore(t)
-	mw := newAsync(t, middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{Tuning: dedup.Tuning{CompleteLinger: 20 * time.Millisecond}}})
+	mw := testkit.AsyncMiddleware(t, middleware.Config{Store: store, Scope: "s", Policy: dedup.Policy{Tuning: dedup.Tuning{CompleteLinger: 20 * time.Millisecond}}})
 	h := mw.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })
 	if _, err := h(message.NewMessage("m-1", nil)); err != nil {
 		t.Fatal(err)

@@ -15,7 +15,9 @@ import (
 	dedup "github.com/watermill-dedup/dedup"
 	"github.com/watermill-dedup/dedup/internal/cycle"
 	"github.com/watermill-dedup/dedup/internal/record"
+	"github.com/watermill-dedup/dedup/internal/testkit"
 	"github.com/watermill-dedup/dedup/internal/testkit/anystore"
+	"github.com/watermill-dedup/dedup/internal/testkit/spantest"
 	"github.com/watermill-dedup/dedup/middleware"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/memstore"
@@ -74,9 +76,9 @@ type run struct {
 }
 
 // deliver hands a copy of the message uuid, in a context of a span of
-// its own, to mw in a goroutine; its handler waits for release.
-func (tr *traced) deliver(mw message.HandlerMiddleware, uuid string) *run {
-	msg, sc := tr.message(uuid)
+// its own on tr, to mw in a goroutine; its handler waits for release.
+func deliver(tr *spantest.Traces, mw message.HandlerMiddleware, uuid string) *run {
+	msg, sc := tr.Message(uuid)
 	r := &run{sc: sc, started: make(chan struct{}), release: make(chan struct{}), finished: make(chan error, 1)}
 	h := mw(func(*message.Message) ([]*message.Message, error) {
 		close(r.started)
@@ -140,10 +142,10 @@ func TestRunLinks(t *testing.T) {
 }
 
 func testRunLinks(t *testing.T, kind anystore.StoreKind, on bool) {
-	tr := newTraced(t)
+	tr := spantest.NewTraces(t)
 	ls := openLinkStore(t, kind)
 	scope := "links-" + storetest.NewID()
-	mw := dedupMiddleware(t, middleware.Config{Store: ls.store, Scope: scope, Policy: dedup.Policy{
+	mw := testkit.DedupMiddleware(t, middleware.Config{Store: ls.store, Scope: scope, Policy: dedup.Policy{
 		Lease: linkLease, Logger: watermill.NopLogger{},
 		Tracing: dedup.Tracing{Provider: tr.TP, LinkRuns: on},
 		Tuning:  dedup.Tuning{Heartbeat: -1},
@@ -168,13 +170,13 @@ func testRunLinks(t *testing.T, kind anystore.StoreKind, on bool) {
 		return record.AppendRun(nil, sc)
 	}
 
-	a := tr.deliver(mw, uuid)
+	a := deliver(tr, mw, uuid)
 	<-a.started
 	if c := peek(stores.InProgress); !bytes.Equal(c.Owner, owner(a.sc)) {
 		t.Fatalf("the owner of a's processing record = %x, want %x", c.Owner, owner(a.sc))
 	}
 	ls.expire(t)
-	b := tr.deliver(mw, uuid)
+	b := deliver(tr, mw, uuid)
 	<-b.started
 	if c := peek(stores.InProgress); !bytes.Equal(c.Owner, owner(b.sc)) {
 		t.Fatalf("the owner of b's processing record = %x, want %x", c.Owner, owner(b.sc))
@@ -187,7 +189,7 @@ func testRunLinks(t *testing.T, kind anystore.StoreKind, on bool) {
 	if err := <-b.finished; err != nil {
 		t.Fatalf("b: %v", err)
 	}
-	c := tr.deliver(mw, uuid)
+	c := deliver(tr, mw, uuid)
 	close(c.release)
 	if err := <-c.finished; err != nil {
 		t.Fatalf("c: %v", err)
@@ -215,7 +217,7 @@ func testRunLinks(t *testing.T, kind anystore.StoreKind, on bool) {
 		t.Fatalf("the done record's data = %x, want %x", dup.Data, want)
 	}
 
-	spans := tr.spans()
+	spans := tr.DedupSpans()
 	claimB, okB := linksOf(spans, "dedup.claim", b.sc)
 	completeA, okA := linksOf(spans, "dedup.complete", a.sc)
 	claimC, okC := linksOf(spans, "dedup.claim", c.sc)
@@ -235,7 +237,7 @@ func testRunLinks(t *testing.T, kind anystore.StoreKind, on bool) {
 	wantLink(t, "c's duplicate claim", claimC, b.sc, cycle.LinkOriginal)
 	for _, s := range spans {
 		if s.Name() == "dedup.claim" && s.Parent().SpanID() == c.sc.SpanID() {
-			if v, _ := attr(s, string(cycle.AttrOutcome)); v.AsString() != dedup.OutcomeDuplicate.String() {
+			if v, _ := spantest.Attr(s, string(cycle.AttrOutcome)); v.AsString() != dedup.OutcomeDuplicate.String() {
 				t.Fatalf("c's claim outcome = %q, want duplicate", v.AsString())
 			}
 		}
