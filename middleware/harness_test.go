@@ -37,7 +37,9 @@ func newMemstore(t testing.TB) *memstore.Store {
 	return s
 }
 
-// effects counts effects per logical event, in memory.
+// effects counts effects per logical event, in memory: not on
+// testkit/ledger's Mem, whose package's SQL ledger would bring sqlstore and
+// its drivers into the middleware's tests.
 type effects struct {
 	mu       *sync.Mutex
 	perEvent map[string]int

@@ -6,8 +6,10 @@
 // what happens when one is missing: the test fails, naming it and how to
 // start it. It puts a TCP proxy a test controls between a client and a
 // service (Proxy), waits for events (WaitFor, Eventually), counts what the
-// claim cycle reports (Metrics) and drives a store through outages
-// (ReturnsDuringOutage, RouterOutage, FailOpenRun, RefusedCalls).
+// claim cycle reports (Metrics), drives a store through outages
+// (ReturnsDuringOutage, RouterOutage, FailOpenRun, RefusedCalls) and runs
+// the middleware on a gochannel router (DedupMiddleware, NewRouter,
+// RunRouter, Publish).
 //
 // The kit is cut by what it imports, because a library package's tests
 // are part of what a service's `go mod tidy` downloads (README,
@@ -19,9 +21,9 @@
 //   - natstest: NATS servers and clusters, the Debian and the current nats-server (nats.go)
 //   - sqltest: PostgreSQL clusters, least-privileged SQL roles, table cleanup (pgx, go-sql-driver/mysql)
 //   - amqptest: RabbitMQ channels, queues and subscribers (amqp091-go)
-//   - spantest: spans recorded in memory (the OpenTelemetry SDK)
+//   - spantest: spans recorded in memory, and checks of the dedup spans (the OpenTelemetry SDK)
 //   - anystore: any dedup store by kind, as the programs open them (every store and driver)
-//   - keytest, ledger, base: key-function runs, the effect ledger, and stdlib-only basics
+//   - keytest, ledger, base: key-function runs, the effect ledger (its SQL ledger: sqlstore and its drivers), and stdlib-only basics
 //
 // anystore is for tests that run on every store; they live outside the
 // library packages (the acceptance suite, the onstores packages, the

@@ -1,3 +1,3 @@
 // Package spantest records a test's spans in memory with the
-// OpenTelemetry SDK.
+// OpenTelemetry SDK, and checks the spans of the dedup claim cycle.
 package spantest
