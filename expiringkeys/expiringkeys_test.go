@@ -18,76 +18,19 @@ import (
 	"github.com/watermill-dedup/dedup/stores/storetest"
 )
 
-// hookStore is a store whose calls a test replaces; a nil hook calls the
-// store underneath. It counts the Claims that reach it.
-type hookStore struct {
-	stores.Store
-	caps     func(stores.Capabilities) stores.Capabilities
-	claim    func(ctx context.Context, scope string, keys []string, lease time.Duration) (*stores.Claim, error)
-	complete func(ctx context.Context, c *stores.Claim, retention time.Duration, data []byte) error
-	release  func(ctx context.Context, c *stores.Claim) error
-	claims   atomic.Int32
-}
-
-func (s *hookStore) Capabilities() stores.Capabilities {
-	if s.caps != nil {
-		return s.caps(s.Store.Capabilities())
-	}
-	return s.Store.Capabilities()
-}
-
-func (s *hookStore) Claim(ctx context.Context, scope string, keys []string, lease time.Duration) (*stores.Claim, error) {
-	s.claims.Add(1)
-	if s.claim != nil {
-		return s.claim(ctx, scope, keys, lease)
-	}
-	return s.Store.Claim(ctx, scope, keys, lease)
-}
-
-func (s *hookStore) Complete(ctx context.Context, c *stores.Claim, retention time.Duration, data []byte) error {
-	if s.complete != nil {
-		return s.complete(ctx, c, retention, data)
-	}
-	return s.Store.Complete(ctx, c, retention, data)
-}
-
-func (s *hookStore) Release(ctx context.Context, c *stores.Claim) error {
-	if s.release != nil {
-		return s.release(ctx, c)
-	}
-	return s.Store.Release(ctx, c)
-}
-
 func newMemstore(t *testing.T, clock stores.Clock) stores.Store { return testkit.Memstore(t, clock) }
 
 func newRepo(t *testing.T, store stores.Store, cfg expiringkeys.Config) *expiringkeys.Repository {
-	t.Helper()
-	r, err := expiringkeys.New(store, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return r
-}
-
-// isDuplicate calls r.IsDuplicate and fails t on an error.
-func isDuplicate(t *testing.T, r *expiringkeys.Repository, key string) bool {
-	t.Helper()
-	dup, err := r.IsDuplicate(context.Background(), key)
-	if err != nil {
-		t.Fatalf("IsDuplicate(%q): %v", key, err)
-	}
-	return dup
+	return testkit.MustNew(t, expiringkeys.New, store, cfg)
 }
 
 func mustSee(t *testing.T, r *expiringkeys.Repository, key string, want bool, why string) {
 	t.Helper()
-	if got := isDuplicate(t, r, key); got != want {
-		t.Fatalf("IsDuplicate(%q) = %t, want %t: %s", key, got, want, why)
-	}
+	testkit.MustSee(t, r, key, want, why)
 }
 
 func TestNewRefusesWhatTheStoreCannotHonour(t *testing.T) {
-	bounded := &hookStore{Store: newMemstore(t, nil), caps: func(c stores.Capabilities) stores.Capabilities {
+	bounded := &testkit.HookStore{Store: newMemstore(t, nil), OnCaps: func(c stores.Capabilities) stores.Capabilities {
 		c.MaxLease, c.MaxRetention, c.MaxScope = time.Minute, time.Hour, 8
 		return c
 	}}
@@ -173,7 +116,7 @@ func TestScopes(t *testing.T) {
 // Keys the store cannot keep fail with stores.ErrInvalidKey, naming the
 // KeyFactory or the bound, before the store is called.
 func TestKeysRefusedBeforeTheStore(t *testing.T) {
-	store := &hookStore{Store: newMemstore(t, nil), caps: func(c stores.Capabilities) stores.Capabilities {
+	store := &testkit.HookStore{Store: newMemstore(t, nil), OnCaps: func(c stores.Capabilities) stores.Capabilities {
 		c.MaxKey = 8
 		return c
 	}}
@@ -190,7 +133,7 @@ func TestKeysRefusedBeforeTheStore(t *testing.T) {
 			t.Errorf("IsDuplicate(%q): %v wraps dedup.ErrStore: no store call failed", key, err)
 		}
 	}
-	if n := store.claims.Load(); n != 0 {
+	if n := store.Claims.Load(); n != 0 {
 		t.Fatalf("%d Claims reached the store for keys it refuses", n)
 	}
 	mustSee(t, r, "12345678", false, "a key of MaxKey bytes")
@@ -199,8 +142,8 @@ func TestKeysRefusedBeforeTheStore(t *testing.T) {
 // A store error is an error, never "not a duplicate", and marks nothing.
 func TestStoreErrorIsReturned(t *testing.T) {
 	var down atomic.Bool
-	store := &hookStore{Store: newMemstore(t, nil)}
-	store.claim = func(ctx context.Context, scope string, keys []string, lease time.Duration) (*stores.Claim, error) {
+	store := &testkit.HookStore{Store: newMemstore(t, nil)}
+	store.OnClaim = func(ctx context.Context, scope string, keys []string, lease time.Duration) (*stores.Claim, error) {
 		if down.Load() {
 			return nil, stores.ErrUnavailable
 		}
@@ -242,11 +185,11 @@ func TestFailedCompleteReleasesTheKey(t *testing.T) {
 		}, context.Canceled},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			store := &hookStore{Store: newMemstore(t, nil)}
+			store := &testkit.HookStore{Store: newMemstore(t, nil)}
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			var failed atomic.Bool
-			store.complete = func(cctx context.Context, c *stores.Claim, retention time.Duration, data []byte) error {
+			store.OnComplete = func(cctx context.Context, c *stores.Claim, retention time.Duration, data []byte) error {
 				if failed.CompareAndSwap(false, true) {
 					return tc.fail(ctx, cancel)
 				}
@@ -266,8 +209,8 @@ func TestFailedCompleteReleasesTheKey(t *testing.T) {
 // A Complete that landed but whose answer was lost is a mark: the release
 // finds the claim gone, and the caller is the first.
 func TestCompleteWithALostAnswerMarksTheKey(t *testing.T) {
-	store := &hookStore{Store: newMemstore(t, nil)}
-	store.complete = func(ctx context.Context, c *stores.Claim, retention time.Duration, data []byte) error {
+	store := &testkit.HookStore{Store: newMemstore(t, nil)}
+	store.OnComplete = func(ctx context.Context, c *stores.Claim, retention time.Duration, data []byte) error {
 		if err := store.Store.Complete(ctx, c, retention, data); err != nil {
 			return err
 		}
@@ -282,15 +225,15 @@ func TestCompleteWithALostAnswerMarksTheKey(t *testing.T) {
 // the key stays held, and seen, until the lease runs out.
 func TestFailedReleaseHoldsTheKeyForTheLease(t *testing.T) {
 	clock := storetest.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
-	store := &hookStore{Store: newMemstore(t, clock)}
+	store := &testkit.HookStore{Store: newMemstore(t, clock)}
 	var failed atomic.Bool
-	store.complete = func(ctx context.Context, c *stores.Claim, retention time.Duration, data []byte) error {
+	store.OnComplete = func(ctx context.Context, c *stores.Claim, retention time.Duration, data []byte) error {
 		if failed.CompareAndSwap(false, true) {
 			return stores.ErrUnavailable
 		}
 		return store.Store.Complete(ctx, c, retention, data)
 	}
-	store.release = func(context.Context, *stores.Claim) error { return stores.ErrUnavailable }
+	store.OnRelease = func(context.Context, *stores.Claim) error { return stores.ErrUnavailable }
 	r := newRepo(t, store, expiringkeys.Config{Scope: "s", Lease: time.Minute, InProgressWait: -1})
 	dup, err := r.IsDuplicate(context.Background(), "k")
 	if dup || err == nil || !strings.Contains(err.Error(), "the key stays held until its lease (1m0s) runs out") {
@@ -308,9 +251,9 @@ func TestSlowCallerLosesItsMarkToATakeover(t *testing.T) {
 	clock := storetest.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 	mem := newMemstore(t, clock)
 	other := newRepo(t, mem, expiringkeys.Config{Scope: "s", Lease: time.Second})
-	store := &hookStore{Store: mem}
+	store := &testkit.HookStore{Store: mem}
 	var otherSaw atomic.Value
-	store.complete = func(ctx context.Context, c *stores.Claim, retention time.Duration, data []byte) error {
+	store.OnComplete = func(ctx context.Context, c *stores.Claim, retention time.Duration, data []byte) error {
 		clock.Advance(time.Second) // the lease runs out before this caller's Complete
 		dup, err := other.IsDuplicate(ctx, "k")
 		otherSaw.Store([2]any{dup, err})
@@ -332,8 +275,8 @@ func TestSlowCallerLosesItsMarkToATakeover(t *testing.T) {
 // error stay marked, so the retry of the call drops them (acked).
 func TestDecoratorErrorMidCallDropsTheMarkedMessagesOnRetry(t *testing.T) {
 	var failing atomic.Bool
-	store := &hookStore{Store: newMemstore(t, nil)}
-	store.claim = func(ctx context.Context, scope string, keys []string, lease time.Duration) (*stores.Claim, error) {
+	store := &testkit.HookStore{Store: newMemstore(t, nil)}
+	store.OnClaim = func(ctx context.Context, scope string, keys []string, lease time.Duration) (*stores.Claim, error) {
 		if failing.Load() && keys[0] == "second" {
 			return nil, stores.ErrUnavailable
 		}
@@ -343,7 +286,7 @@ func TestDecoratorErrorMidCallDropsTheMarkedMessagesOnRetry(t *testing.T) {
 		KeyFactory: func(m *message.Message) (string, error) { return m.UUID, nil },
 		Repository: newRepo(t, store, expiringkeys.Config{Scope: "s"}),
 	}
-	inner := &failingPublisher{}
+	inner := &testkit.Recorder{}
 	pub, err := d.PublisherDecorator()(inner)
 	if err != nil {
 		t.Fatal(err)
@@ -353,7 +296,7 @@ func TestDecoratorErrorMidCallDropsTheMarkedMessagesOnRetry(t *testing.T) {
 	if err := pub.Publish("orders", first, second); !errors.Is(err, stores.ErrUnavailable) {
 		t.Fatalf("Publish = %v, want the store's error", err)
 	}
-	if n := inner.published.Load(); n != 0 {
+	if n := len(inner.UUIDs()); n != 0 {
 		t.Fatalf("%d messages published by the failed call, want none", n)
 	}
 	failing.Store(false)
@@ -361,7 +304,7 @@ func TestDecoratorErrorMidCallDropsTheMarkedMessagesOnRetry(t *testing.T) {
 	if err := pub.Publish("orders", retry...); err != nil {
 		t.Fatal(err)
 	}
-	if n := inner.published.Load(); n != 1 {
+	if n := len(inner.UUIDs()); n != 1 {
 		t.Fatalf("the retry published %d messages, want 1 (second; first was marked by the failed call)", n)
 	}
 	select {
@@ -380,7 +323,7 @@ func TestWaitForAKeyHeldElsewhere(t *testing.T) {
 	r := newRepo(t, store, expiringkeys.Config{Scope: "s", InProgressWait: time.Millisecond})
 	mustSee(t, r, "k", true, "the key is still held after InProgressWait")
 
-	waiting := &hookStore{Store: store}
+	waiting := &testkit.HookStore{Store: store}
 	r = newRepo(t, waiting, expiringkeys.Config{Scope: "s"})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -388,7 +331,7 @@ func TestWaitForAKeyHeldElsewhere(t *testing.T) {
 		_, err := r.IsDuplicate(ctx, "k")
 		done <- err
 	}()
-	testkit.WaitFor(t, 10*time.Second, "the call claiming the held key again", func() bool { return waiting.claims.Load() >= 2 })
+	testkit.WaitFor(t, 10*time.Second, "the call claiming the held key again", func() bool { return waiting.Claims.Load() >= 2 })
 	cancel()
 	if err := <-done; !errors.Is(err, dedup.ErrInProgress) || !errors.Is(err, context.Canceled) {
 		t.Fatalf("IsDuplicate whose context ended during the wait = %v, want an error wrapping dedup.ErrInProgress and context.Canceled", err)

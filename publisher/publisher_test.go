@@ -25,45 +25,6 @@ import (
 	"github.com/watermill-dedup/dedup/stores/storetest"
 )
 
-// recorder is a message.Publisher that keeps what it is given, and fails
-// the calls failNext says.
-type recorder struct {
-	mu       sync.Mutex
-	got      []*message.Message
-	calls    int
-	failNext int // fail this many calls, then succeed
-	closed   bool
-}
-
-func (r *recorder) Publish(topic string, msgs ...*message.Message) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.calls++
-	if r.failNext > 0 {
-		r.failNext--
-		return errBroker
-	}
-	r.got = append(r.got, msgs...)
-	return nil
-}
-
-func (r *recorder) Close() error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.closed = true
-	return nil
-}
-
-func (r *recorder) uuids() []string {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	var out []string
-	for _, m := range r.got {
-		out = append(out, m.UUID)
-	}
-	return out
-}
-
 var errBroker = errors.New("broker said no")
 
 func newMem(t *testing.T, clock stores.Clock) *memstore.Store { return testkit.Memstore(t, clock) }
@@ -91,20 +52,20 @@ func msg(uuid, payload string) *message.Message {
 // TestSixCopiesPublishOnce is Watermill's own Deduplicator publisher
 // test: six messages with one payload, one on the topic.
 func TestSixCopiesPublishOnce(t *testing.T) {
-	rec := &recorder{}
+	rec := &testkit.Recorder{}
 	pub := decorate(t, publisher.Config{Store: newMem(t, nil), Key: keyfuncs.PayloadSHA256()}, rec)
 	for i := range 6 {
 		if err := pub.Publish("topic", msg(watermill.NewUUID(), "same payload")); err != nil {
 			t.Fatalf("publish %d: %v", i, err)
 		}
 	}
-	if got := len(rec.uuids()); got != 1 {
+	if got := len(rec.UUIDs()); got != 1 {
 		t.Fatalf("published %d messages, want 1", got)
 	}
 }
 
 func TestBatchFiltersDuplicates(t *testing.T) {
-	rec := &recorder{}
+	rec := &testkit.Recorder{}
 	m := &testkit.Metrics{}
 	pub := decorate(t, publisher.Config{Store: newMem(t, nil), Policy: dedup.Policy{Metrics: m}}, rec)
 	if err := pub.Publish("t", msg("a", "1")); err != nil {
@@ -114,11 +75,11 @@ func TestBatchFiltersDuplicates(t *testing.T) {
 	if err := pub.Publish("t", msg("a", "1"), msg("b", "2"), msg("b", "2"), msg("c", "3")); err != nil {
 		t.Fatal(err)
 	}
-	if got, want := rec.uuids(), []string{"a", "b", "c"}; !slices.Equal(got, want) {
+	if got, want := rec.UUIDs(), []string{"a", "b", "c"}; !slices.Equal(got, want) {
 		t.Fatalf("published %v, want %v", got, want)
 	}
-	if rec.calls != 2 {
-		t.Fatalf("%d publish calls, want 2 (the batch in one call)", rec.calls)
+	if rec.Calls() != 2 {
+		t.Fatalf("%d publish calls, want 2 (the batch in one call)", rec.Calls())
 	}
 	if got := m.ScopeOutcome("publish:t", dedup.OutcomeDuplicate); got != 2 {
 		t.Fatalf("%d duplicates counted, want 2", got)
@@ -130,30 +91,30 @@ func TestBatchFiltersDuplicates(t *testing.T) {
 	if err := pub.Publish("t", msg("a", "1"), msg("c", "3")); err != nil {
 		t.Fatal(err)
 	}
-	if rec.calls != 2 {
+	if rec.Calls() != 2 {
 		t.Fatalf("a call of duplicates reached the publisher")
 	}
 }
 
 func TestScopeIsPerTopic(t *testing.T) {
-	rec := &recorder{}
+	rec := &testkit.Recorder{}
 	pub := decorate(t, publisher.Config{Store: newMem(t, nil)}, rec)
 	for _, topic := range []string{"orders", "audit", "orders"} {
 		if err := pub.Publish(topic, msg("x", "")); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if got := len(rec.uuids()); got != 2 {
+	if got := len(rec.UUIDs()); got != 2 {
 		t.Fatalf("published %d, want 2 (once per topic)", got)
 	}
-	rec2 := &recorder{}
+	rec2 := &testkit.Recorder{}
 	pub2 := decorate(t, publisher.Config{Store: newMem(t, nil), Scope: "all"}, rec2)
 	for _, topic := range []string{"orders", "audit"} {
 		if err := pub2.Publish(topic, msg("x", "")); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if got := len(rec2.uuids()); got != 1 {
+	if got := len(rec2.UUIDs()); got != 1 {
 		t.Fatalf("published %d with a shared Scope, want 1", got)
 	}
 }
@@ -161,7 +122,7 @@ func TestScopeIsPerTopic(t *testing.T) {
 // TestFailedPublishReleases: the first publish fails, its claims are
 // released, and the caller's retry publishes every message once.
 func TestFailedPublishReleases(t *testing.T) {
-	rec := &recorder{failNext: 1}
+	rec := &testkit.Recorder{FailNext: 1, Err: errBroker}
 	m := &testkit.Metrics{}
 	pub := decorate(t, publisher.Config{Store: newMem(t, nil), Policy: dedup.Policy{Metrics: m}}, rec)
 	batch := []*message.Message{msg("a", ""), msg("b", "")}
@@ -178,14 +139,14 @@ func TestFailedPublishReleases(t *testing.T) {
 	if err := pub.Publish("t", batch...); err != nil {
 		t.Fatalf("second retry: %v", err)
 	}
-	if got, want := rec.uuids(), []string{"a", "b"}; !slices.Equal(got, want) {
+	if got, want := rec.UUIDs(), []string{"a", "b"}; !slices.Equal(got, want) {
 		t.Fatalf("published %v, want %v", got, want)
 	}
 }
 
 func TestWindow(t *testing.T) {
 	clock := storetest.NewFakeClock(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
-	rec := &recorder{}
+	rec := &testkit.Recorder{}
 	pub := decorate(t, publisher.Config{Store: newMem(t, clock), Policy: dedup.Policy{Retention: time.Minute}}, rec)
 	publish := func() {
 		t.Helper()
@@ -196,12 +157,12 @@ func TestWindow(t *testing.T) {
 	publish()
 	clock.Advance(59 * time.Second)
 	publish()
-	if n := len(rec.uuids()); n != 1 {
+	if n := len(rec.UUIDs()); n != 1 {
 		t.Fatalf("published %d times within the window, want 1", n)
 	}
 	clock.Advance(2 * time.Second)
 	publish()
-	if n := len(rec.uuids()); n != 2 {
+	if n := len(rec.UUIDs()); n != 2 {
 		t.Fatalf("published %d times, want 2 (again after the window)", n)
 	}
 }
@@ -211,7 +172,7 @@ func TestWindow(t *testing.T) {
 // or the key function. It advised a poison queue, which is a consumer's.
 func TestNoKeyLogAdvisesTheCaller(t *testing.T) {
 	logger := watermill.NewCaptureLogger()
-	pub := decorate(t, publisher.Config{Store: newMem(t, nil), Key: keyfuncs.JSON("order_id"), Policy: dedup.Policy{Logger: logger}}, &recorder{})
+	pub := decorate(t, publisher.Config{Store: newMem(t, nil), Key: keyfuncs.JSON("order_id"), Policy: dedup.Policy{Logger: logger}}, &testkit.Recorder{})
 	if err := pub.Publish("t", msg("b", `{"other":1}`)); !errors.Is(err, keyfuncs.ErrNoKey) {
 		t.Fatalf("got %v, want ErrNoKey", err)
 	}
@@ -231,14 +192,14 @@ func TestNoKeyLogAdvisesTheCaller(t *testing.T) {
 }
 
 func TestNoKeyPublishesNothing(t *testing.T) {
-	rec := &recorder{}
+	rec := &testkit.Recorder{}
 	m := &testkit.Metrics{}
 	pub := decorate(t, publisher.Config{Store: newMem(t, nil), Policy: dedup.Policy{Metrics: m}, Key: keyfuncs.JSON("order_id")}, rec)
 	err := pub.Publish("t", msg("a", `{"order_id":"1"}`), msg("b", `{"other":1}`))
 	if !errors.Is(err, keyfuncs.ErrNoKey) || !dedup.IsPermanent(err) {
 		t.Fatalf("got %v, want a permanent ErrNoKey", err)
 	}
-	if rec.calls != 0 {
+	if rec.Calls() != 0 {
 		t.Fatal("a call with an unkeyable message reached the publisher")
 	}
 	if got := m.ScopeOutcome("publish:t", dedup.OutcomeNoKey); got != 1 {
@@ -248,7 +209,7 @@ func TestNoKeyPublishesNothing(t *testing.T) {
 	if err := pub.Publish("t", msg("a", `{"order_id":"1"}`)); err != nil {
 		t.Fatal(err)
 	}
-	if n := len(rec.uuids()); n != 1 {
+	if n := len(rec.UUIDs()); n != 1 {
 		t.Fatalf("published %d, want 1", n)
 	}
 }
@@ -267,13 +228,13 @@ func TestInProgress(t *testing.T) {
 		}
 		return c
 	}
-	rec := &recorder{}
+	rec := &testkit.Recorder{}
 	pub := decorate(t, publisher.Config{Store: store}, rec)
 	c := other("a")
 	if err := pub.Publish("t", msg("a", ""), msg("b", "")); !errors.Is(err, dedup.ErrInProgress) {
 		t.Fatalf("got %v, want ErrInProgress", err)
 	}
-	if rec.calls != 0 {
+	if rec.Calls() != 0 {
 		t.Fatal("published while a key was in progress")
 	}
 	// b's claim was released: it is free.
@@ -287,12 +248,12 @@ func TestInProgress(t *testing.T) {
 		t.Run(end, func(t *testing.T) {
 			key := "w-" + end
 			c := other(key)
-			before := len(rec.uuids())
+			before := len(rec.UUIDs())
 			done := make(chan error, 1)
 			go func() { done <- waiting.Publish("t", msg(key, "")) }()
 			// End the other publish once the waiting one has tried.
 			deadline := time.Now().Add(10 * time.Second)
-			for rec.callsNow() == 0 && time.Now().Before(deadline) {
+			for rec.Calls() == 0 && time.Now().Before(deadline) {
 				if c2, err := store.Claim(ctx, "publish:t", []string{key}, time.Minute); err == nil && c2.Result == stores.InProgress {
 					break
 				}
@@ -313,17 +274,11 @@ func TestInProgress(t *testing.T) {
 			if end == "release" {
 				want++
 			}
-			if got := len(rec.uuids()); got != want {
+			if got := len(rec.UUIDs()); got != want {
 				t.Fatalf("published %d, want %d", got-before, want-before)
 			}
 		})
 	}
-}
-
-func (r *recorder) callsNow() int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.calls
 }
 
 // failingStore fails every Claim with err, and counts Completes.
@@ -350,38 +305,38 @@ func (f *failingStore) Complete(ctx context.Context, c *stores.Claim, retention 
 func TestStoreFailures(t *testing.T) {
 	outage := fmt.Errorf("%w: connection refused", stores.ErrUnavailable)
 	t.Run("fail-closed", func(t *testing.T) {
-		rec := &recorder{}
+		rec := &testkit.Recorder{}
 		m := &testkit.Metrics{}
 		pub := decorate(t, publisher.Config{Store: &failingStore{Store: newMem(t, nil), claimErr: outage}, Policy: dedup.Policy{Metrics: m}}, rec)
 		err := pub.Publish("t", msg("a", ""))
 		if !errors.Is(err, dedup.ErrStore) || !errors.Is(err, stores.ErrUnavailable) {
 			t.Fatalf("got %v, want ErrStore wrapping the outage", err)
 		}
-		if rec.calls != 0 || m.ScopeOutcome("publish:t", dedup.OutcomeStoreError) != 1 {
-			t.Fatalf("calls %d, store errors %d", rec.calls, m.ScopeOutcome("publish:t", dedup.OutcomeStoreError))
+		if rec.Calls() != 0 || m.ScopeOutcome("publish:t", dedup.OutcomeStoreError) != 1 {
+			t.Fatalf("calls %d, store errors %d", rec.Calls(), m.ScopeOutcome("publish:t", dedup.OutcomeStoreError))
 		}
 	})
 	t.Run("fail-open outage", func(t *testing.T) {
-		rec := &recorder{}
+		rec := &testkit.Recorder{}
 		m := &testkit.Metrics{}
 		pub := decorate(t, publisher.Config{Store: &failingStore{Store: newMem(t, nil), claimErr: outage}, Policy: dedup.Policy{Metrics: m, OnStoreError: dedup.FailOpen}}, rec)
 		if err := pub.Publish("t", msg("a", "")); err != nil {
 			t.Fatal(err)
 		}
-		if len(rec.uuids()) != 1 || m.ScopeOutcome("publish:t", dedup.OutcomeBypassed) != 1 {
-			t.Fatalf("published %d, bypassed %d: want 1 and 1", len(rec.uuids()), m.ScopeOutcome("publish:t", dedup.OutcomeBypassed))
+		if len(rec.UUIDs()) != 1 || m.ScopeOutcome("publish:t", dedup.OutcomeBypassed) != 1 {
+			t.Fatalf("published %d, bypassed %d: want 1 and 1", len(rec.UUIDs()), m.ScopeOutcome("publish:t", dedup.OutcomeBypassed))
 		}
 	})
 	// refused: a fail-open publish through store fails with want and
 	// publishes nothing.
 	refused := func(t *testing.T, store stores.Store, want error, published string) {
 		t.Helper()
-		rec := &recorder{}
+		rec := &testkit.Recorder{}
 		pub := decorate(t, publisher.Config{Store: store, Policy: dedup.Policy{OnStoreError: dedup.FailOpen}}, rec)
 		if err := pub.Publish("t", msg("a", "")); !errors.Is(err, want) {
 			t.Fatalf("got %v, want %v", err, want)
 		}
-		if rec.calls != 0 {
+		if rec.Calls() != 0 {
 			t.Fatal(published)
 		}
 	}
@@ -389,7 +344,7 @@ func TestStoreFailures(t *testing.T) {
 		refused(t, &failingStore{Store: newMem(t, nil), claimErr: errors.New("permission denied")}, dedup.ErrStore, "published unprotected on an error that is not an outage")
 	})
 	t.Run("complete fails", func(t *testing.T) {
-		rec := &recorder{}
+		rec := &testkit.Recorder{}
 		m := &testkit.Metrics{}
 		base := newMem(t, nil)
 		pub := decorate(t, publisher.Config{Store: &failingStore{Store: base, completeErr: errors.New("disk full")}, Policy: dedup.Policy{Metrics: m, Tuning: dedup.Tuning{CompleteTimeout: 100 * time.Millisecond}}}, rec)
@@ -410,7 +365,7 @@ func TestStoreFailures(t *testing.T) {
 		refused(t, s, stores.ErrClosed, "published through a closed store")
 	})
 	t.Run("cancelled message", func(t *testing.T) {
-		rec := &recorder{}
+		rec := &testkit.Recorder{}
 		m := &testkit.Metrics{}
 		pub := decorate(t, publisher.Config{Store: &failingStore{Store: newMem(t, nil), claimErr: context.Canceled}, Policy: dedup.Policy{Metrics: m, OnStoreError: dedup.FailOpen}}, rec)
 		ctx, cancel := context.WithCancel(context.Background())
@@ -420,7 +375,7 @@ func TestStoreFailures(t *testing.T) {
 		if err := pub.Publish("t", mm); !errors.Is(err, context.Canceled) {
 			t.Fatalf("got %v, want context.Canceled", err)
 		}
-		if rec.calls != 0 || m.ScopeOutcome("publish:t", dedup.OutcomeCancelled) != 1 {
+		if rec.Calls() != 0 || m.ScopeOutcome("publish:t", dedup.OutcomeCancelled) != 1 {
 			t.Fatal("a cancelled message was published or not counted")
 		}
 	})
@@ -454,10 +409,10 @@ func TestValidate(t *testing.T) {
 }
 
 func TestCloseClosesDecorated(t *testing.T) {
-	rec := &recorder{}
+	rec := &testkit.Recorder{}
 	pub := decorate(t, publisher.Config{Store: newMem(t, nil)}, rec)
-	if err := pub.Close(); err != nil || !rec.closed {
-		t.Fatalf("Close: %v, closed %v", err, rec.closed)
+	if err := pub.Close(); err != nil || !rec.Closed() {
+		t.Fatalf("Close: %v, closed %v", err, rec.Closed())
 	}
 }
 
@@ -465,7 +420,7 @@ func TestCloseClosesDecorated(t *testing.T) {
 // same events at once; each event is published once.
 func TestConcurrentProducers(t *testing.T) {
 	store := newMem(t, nil)
-	rec := &recorder{}
+	rec := &testkit.Recorder{}
 	var pubs []message.Publisher
 	for range 4 {
 		pubs = append(pubs, decorate(t, publisher.Config{Store: store, Policy: dedup.Policy{InProgressWait: 5 * time.Second, Tuning: dedup.Tuning{InProgressPoll: time.Millisecond}}}, rec))
@@ -485,10 +440,10 @@ func TestConcurrentProducers(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	got := rec.uuids()
+	got := rec.UUIDs()
 	slices.Sort(got)
 	if len(got) != 201 || len(slices.Compact(got)) != 201 {
-		t.Fatalf("published %d messages, %d distinct; want 201 once each", len(rec.uuids()), len(slices.Compact(got)))
+		t.Fatalf("published %d messages, %d distinct; want 201 once each", len(rec.UUIDs()), len(slices.Compact(got)))
 	}
 }
 
@@ -497,7 +452,7 @@ func TestConcurrentProducers(t *testing.T) {
 // message sharing only its other key is published; and a repeat is
 // reported as one of the first message it repeats.
 func TestDuplicateInTheCallClaimsNothing(t *testing.T) {
-	rec := &recorder{}
+	rec := &testkit.Recorder{}
 	logger := watermill.NewCaptureLogger()
 	keys := func(m *message.Message) ([]string, error) { return strings.Split(m.Metadata.Get("keys"), ","), nil }
 	pub := decorate(t, publisher.Config{Store: newMem(t, nil), Key: keys, Policy: dedup.Policy{Logger: logger}}, rec)
@@ -510,7 +465,7 @@ func TestDuplicateInTheCallClaimsNothing(t *testing.T) {
 	if err := pub.Publish("t", with("m0", "a"), with("m2", "c"), with("m1", "a,c,b"), with("m3", "b")); err != nil {
 		t.Fatal(err)
 	}
-	if got, want := rec.uuids(), []string{"m0", "m2", "m3"}; !slices.Equal(got, want) {
+	if got, want := rec.UUIDs(), []string{"m0", "m2", "m3"}; !slices.Equal(got, want) {
 		t.Fatalf("published %v, want %v", got, want)
 	}
 	reported := false
@@ -561,7 +516,7 @@ func TestCompleteAfterPublishIsRetried(t *testing.T) {
 			clock := storetest.NewFakeClock(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
 			store := &completeOnce{Store: newMem(t, clock), err: errors.New("read tcp 127.0.0.1:50000->127.0.0.1:6379: read: connection reset by peer"), landed: landed}
 			logger := watermill.NewCaptureLogger()
-			rec := &recorder{}
+			rec := &testkit.Recorder{}
 			pub := decorate(t, publisher.Config{Store: store, Policy: dedup.Policy{Lease: time.Minute, Logger: logger}}, rec)
 			if err := pub.Publish("t", msg("a", "")); err != nil {
 				t.Fatal(err)
@@ -570,7 +525,7 @@ func TestCompleteAfterPublishIsRetried(t *testing.T) {
 			if err := pub.Publish("t", msg("a", "")); err != nil {
 				t.Fatal(err)
 			}
-			if n := len(rec.uuids()); n != 1 {
+			if n := len(rec.UUIDs()); n != 1 {
 				t.Fatalf("published %d times, want 1", n)
 			}
 			if errs := logger.Captured()[watermill.ErrorLogLevel]; len(errs) != 0 {
@@ -592,7 +547,7 @@ func TestRouterPublisherDecorator(t *testing.T) {
 	logger := watermill.NopLogger{}
 	ps := gochannel.NewGoChannel(gochannel.Config{}, logger)
 	defer ps.Close()
-	outputs := &recorder{}
+	outputs := &testkit.Recorder{}
 
 	router, err := message.NewRouter(message.RouterConfig{}, logger)
 	if err != nil {
@@ -631,7 +586,7 @@ func TestRouterPublisherDecorator(t *testing.T) {
 			t.Fatalf("delivery %d was not handled", i+1)
 		}
 	}
-	if got := outputs.uuids(); len(got) != 1 || got[0] != "out-order-1" {
+	if got := outputs.UUIDs(); len(got) != 1 || got[0] != "out-order-1" {
 		t.Fatalf("outputs published %v, want [out-order-1] once", got)
 	}
 }
@@ -645,4 +600,22 @@ func (s signalling) Publish(topic string, msgs ...*message.Message) error {
 	err := s.Publisher.Publish(topic, msgs...)
 	s.done <- struct{}{}
 	return err
+}
+
+// TestCancelledWhileWaiting: a message whose context ends while it waits
+// for another producer fails with the context's error.
+func TestCancelledWhileWaiting(t *testing.T) {
+	store := newMem(t, nil)
+	c, err := store.Claim(context.Background(), "publish:t", []string{"a"}, time.Minute)
+	if err != nil || c.Result != stores.Claimed {
+		t.Fatal(c, err)
+	}
+	pub := decorate(t, publisher.Config{Store: store, Policy: dedup.Policy{InProgressWait: time.Minute, Tuning: dedup.Tuning{InProgressPoll: time.Millisecond}}}, &testkit.Recorder{})
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	m := msg("a", "")
+	m.SetContext(ctx)
+	if err := pub.Publish("t", m); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("got %v, want the context's error", err)
+	}
 }

@@ -168,6 +168,8 @@ func openSQLBroker(t *testing.T, kind anystore.StoreKind) pubsub {
 	return pubsub{pub, sub, topic}
 }
 
+var errBroker = errors.New("broker said no")
+
 // flaky is a publisher whose first call fails.
 type flaky struct {
 	message.Publisher

@@ -201,7 +201,7 @@ func TestFailedPublishIsLostByTheDecorator(t *testing.T) {
 			t.Fatal(err)
 		}
 		for i, decorate := range []message.PublisherDecorator{d.PublisherDecorator(), ours.Decorate} {
-			inner := &failingPublisher{failures: 1}
+			inner := &testkit.Recorder{FailNext: 1, Err: errTransient}
 			pub, err := decorate(inner)
 			if err != nil {
 				t.Fatal(err)
@@ -215,7 +215,7 @@ func TestFailedPublishIsLostByTheDecorator(t *testing.T) {
 					t.Fatalf("publisher %d: %v", i, err)
 				}
 			}
-			got := inner.published.Load()
+			got := len(inner.UUIDs())
 			switch {
 			case i == 0 && got != 0:
 				t.Errorf("the Deduplicator's decorator published %d messages, want none (the retry dropped)", got)
@@ -225,24 +225,6 @@ func TestFailedPublishIsLostByTheDecorator(t *testing.T) {
 		}
 	})
 }
-
-// failingPublisher fails its first failures Publish calls, then counts
-// the messages it is given.
-type failingPublisher struct {
-	failures  int32
-	calls     atomic.Int32
-	published atomic.Int32
-}
-
-func (p *failingPublisher) Publish(_ string, msgs ...*message.Message) error {
-	if p.calls.Add(1) <= p.failures {
-		return errTransient
-	}
-	p.published.Add(int32(len(msgs)))
-	return nil
-}
-
-func (p *failingPublisher) Close() error { return nil }
 
 // A consumer that dies while its handler runs: the Deduplicator marked
 // the key before the handler, so the redelivery, on another consumer, is

@@ -4,6 +4,8 @@ import (
 	"context"
 	"testing"
 
+	"github.com/watermill-dedup/dedup/expiringkeys"
+	"github.com/watermill-dedup/dedup/internal/testkit"
 	"github.com/watermill-dedup/dedup/internal/testkit/anystore"
 	"github.com/watermill-dedup/dedup/stores"
 )
@@ -56,4 +58,13 @@ func openStore(t *testing.T, p anystore.StoreParams) *anystore.OpenedStore {
 		}
 	})
 	return o
+}
+
+func newRepo(t *testing.T, store stores.Store, cfg expiringkeys.Config) *expiringkeys.Repository {
+	return testkit.MustNew(t, expiringkeys.New, store, cfg)
+}
+
+func mustSee(t *testing.T, r *expiringkeys.Repository, key string, want bool, why string) {
+	t.Helper()
+	testkit.MustSee(t, r, key, want, why)
 }

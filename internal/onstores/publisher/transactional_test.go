@@ -21,6 +21,7 @@ import (
 	"github.com/watermill-dedup/dedup/keyfuncs"
 	"github.com/watermill-dedup/dedup/publisher"
 	"github.com/watermill-dedup/dedup/stores"
+	"github.com/watermill-dedup/dedup/stores/memstore"
 	"github.com/watermill-dedup/dedup/stores/sqlstore"
 )
 
@@ -362,6 +363,10 @@ func TestTwoTransactionsInOneCall(t *testing.T) {
 	})
 }
 
+func newMem(t *testing.T, clock stores.Clock) *memstore.Store { return testkit.Memstore(t, clock) }
+
+func msg(uuid, payload string) *message.Message { return message.NewMessage(uuid, []byte(payload)) }
+
 // panicky is a publisher whose Publish panics.
 type panicky struct{ message.Publisher }
 
@@ -371,7 +376,7 @@ func (panicky) Publish(string, ...*message.Message) error { panic("broker client
 // releases the call's claims (and rolls back its records) before it goes
 // on up, so a retry publishes.
 func TestPanickingPublisherLeavesNoClaim(t *testing.T) {
-	rec := &recorder{}
+	rec := &testkit.Recorder{}
 	store := newMem(t, nil)
 	d, err := publisher.New(publisher.Config{Store: store, Policy: dedup.Policy{Logger: watermill.NopLogger{}}})
 	if err != nil {
@@ -390,7 +395,7 @@ func TestPanickingPublisherLeavesNoClaim(t *testing.T) {
 	if err := good.Publish("t", msg("a", "")); err != nil {
 		t.Fatalf("retry after a panic: %v", err)
 	}
-	if len(rec.uuids()) != 1 {
+	if len(rec.UUIDs()) != 1 {
 		t.Fatal("the retry did not publish")
 	}
 
@@ -473,22 +478,4 @@ func TestTransactionalWaitIsTheCallersContext(t *testing.T) {
 			t.Fatalf("w has %d outbox rows, want 1 (B's)", n)
 		}
 	})
-}
-
-// TestCancelledWhileWaiting: a message whose context ends while it waits
-// for another producer fails with the context's error.
-func TestCancelledWhileWaiting(t *testing.T) {
-	store := newMem(t, nil)
-	c, err := store.Claim(context.Background(), "publish:t", []string{"a"}, time.Minute)
-	if err != nil || c.Result != stores.Claimed {
-		t.Fatal(c, err)
-	}
-	pub := decorate(t, publisher.Config{Store: store, Policy: dedup.Policy{InProgressWait: time.Minute, Tuning: dedup.Tuning{InProgressPoll: time.Millisecond}}}, &recorder{})
-	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
-	defer cancel()
-	m := msg("a", "")
-	m.SetContext(ctx)
-	if err := pub.Publish("t", m); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("got %v, want the context's error", err)
-	}
 }

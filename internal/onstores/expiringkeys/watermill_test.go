@@ -325,7 +325,7 @@ func TestKeyHeldByAnotherCaller(t *testing.T) {
 		for name, settle := range settle {
 			t.Run(name, func(t *testing.T) {
 				scope := "held-" + strings.ReplaceAll(name, " ", "-")
-				waiting := &hookStore{Store: store}
+				waiting := &testkit.HookStore{Store: store}
 				repo := newRepo(t, waiting, expiringkeys.Config{Scope: scope})
 				c := testkit.MustClaim(t, peer, scope, time.Minute, "k")
 				got := make(chan bool, 1)
@@ -336,7 +336,7 @@ func TestKeyHeldByAnotherCaller(t *testing.T) {
 					}
 					got <- dup
 				}()
-				testkit.WaitFor(t, 30*time.Second, "the call claiming the held key again", func() bool { return waiting.claims.Load() >= 2 })
+				testkit.WaitFor(t, 30*time.Second, "the call claiming the held key again", func() bool { return waiting.Claims.Load() >= 2 })
 				if err := settle(c); err != nil {
 					t.Fatal(err)
 				}
