@@ -7,9 +7,10 @@
 // start it. It puts a TCP proxy a test controls between a client and a
 // service (Proxy), waits for events (WaitFor, Eventually), counts what the
 // claim cycle reports (Metrics), drives a store through outages
-// (ReturnsDuringOutage, RouterOutage, FailOpenRun, RefusedCalls) and runs
+// (ReturnsDuringOutage, RouterOutage, FailOpenRun, RefusedCalls), runs
 // the middleware on a gochannel router (DedupMiddleware, NewRouter,
-// RunRouter, Publish).
+// RunRouter, Publish) and stands in for a publisher or a store's calls
+// (Recorder, HookStore).
 //
 // The kit is cut by what it imports, because a library package's tests
 // are part of what a service's `go mod tidy` downloads (README,
