@@ -2,19 +2,21 @@ package expiringkeys_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 
 	"github.com/watermill-dedup/dedup/expiringkeys"
 	"github.com/watermill-dedup/dedup/internal/testkit"
 	"github.com/watermill-dedup/dedup/internal/testkit/anystore"
+	"github.com/watermill-dedup/dedup/internal/testkit/redistest"
 	"github.com/watermill-dedup/dedup/stores"
 )
 
 // storeKinds are the stores the Deduplicator's tests run on: every
-// backend, on the real services.
+// backend, on the real services, and a Redis Cluster of the test's own.
 var storeKinds = []anystore.StoreKind{
-	anystore.StoreMemory, anystore.StoreRedis, anystore.StorePostgres,
-	anystore.StoreMySQL, anystore.StoreSQLite, anystore.StoreNATS,
+	anystore.StoreMemory, anystore.StoreRedis, anystore.StoreRedisCluster,
+	anystore.StorePostgres, anystore.StoreMySQL, anystore.StoreSQLite, anystore.StoreNATS,
 }
 
 // forEachStore runs test in a subtest per store kind, with two stores
@@ -23,7 +25,11 @@ var storeKinds = []anystore.StoreKind{
 func forEachStore(t *testing.T, test func(t *testing.T, store, peer stores.Store)) {
 	for _, kind := range storeKinds {
 		t.Run(string(kind), func(t *testing.T) {
-			store, peer := openStores(t, anystore.StoreParams{Kind: kind})
+			p := anystore.StoreParams{Kind: kind}
+			if kind == anystore.StoreRedisCluster {
+				p.Addr = strings.Join(redistest.StartRedisCluster(t), ",")
+			}
+			store, peer := openStores(t, p)
 			test(t, store, peer)
 		})
 	}
