@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/watermill-dedup/dedup/internal/testkit"
+	"github.com/watermill-dedup/dedup/internal/testkit/sqltest"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/sqlstore"
 	"github.com/watermill-dedup/dedup/stores/storetest"
@@ -97,14 +98,14 @@ func (g *gate) queued(n int) {
 	}
 }
 
-func newBatchStore(t *testing.T, b backend, clock stores.Clock) *sqlstore.Store {
-	return newStore(t, b.open(t), b.dialect, sqlstore.Config{Clock: clock, Batch: sqlstore.BatchConfig{MaxInFlight: 1}})
+func newBatchStore(t *testing.T, b sqltest.Backend, clock stores.Clock) *sqlstore.Store {
+	return sqltest.NewStore(t, b.Open(t), b.Dialect, sqlstore.Config{Clock: clock, Batch: sqlstore.BatchConfig{MaxInFlight: 1}})
 }
 
 // TestBatchLoneCallerRunsAlone: calls that never overlap each run at
 // once in a batch of their own.
 func TestBatchLoneCallerRunsAlone(t *testing.T) {
-	forEachBackend(t, backends, func(t *testing.T, b backend) {
+	sqltest.ForEachBackend(t, backends, func(t *testing.T, b sqltest.Backend) {
 		s := newBatchStore(t, b, nil)
 		var sizes []int
 		var mu sync.Mutex
@@ -139,7 +140,7 @@ func TestBatchLoneCallerRunsAlone(t *testing.T) {
 // run together, in one batch (one statement or transaction), each with
 // its own result.
 func TestBatchSharesStatements(t *testing.T) {
-	forEachBackend(t, backends, func(t *testing.T, b backend) {
+	sqltest.ForEachBackend(t, backends, func(t *testing.T, b sqltest.Backend) {
 		s := newBatchStore(t, b, nil)
 		g := newGate(t, s)
 		ctx := context.Background()
@@ -189,7 +190,7 @@ func TestBatchSharesStatements(t *testing.T) {
 				t.Fatalf("claim %d after complete: %+v %v", i, c, err)
 			}
 		}
-		t.Logf("%s: claim batches %v; complete batches %v", b.dialect, sizes, g2)
+		t.Logf("%s: claim batches %v; complete batches %v", b.Dialect, sizes, g2)
 	})
 }
 
@@ -328,7 +329,7 @@ func (m *mixed) run(t *testing.T, before func(calls int)) {
 // runMixed runs the calls of prepareMixed together on a batching store
 // of b, its batch statement failing when fail, and returns the sizes of
 // the batches.
-func runMixed(t *testing.T, b backend, fail bool) []int {
+func runMixed(t *testing.T, b sqltest.Backend, fail bool) []int {
 	clock := storetest.NewFakeClock(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
 	s := newBatchStore(t, b, clock)
 	m := prepareMixed(t, s, clock)
@@ -348,19 +349,19 @@ func runMixed(t *testing.T, b backend, fail bool) []int {
 // twice) and Completes, a stale Complete, a Release and an Extend gives
 // each call its own result.
 func TestBatchMixedResults(t *testing.T) {
-	forEachBackend(t, backends, func(t *testing.T, b backend) {
+	sqltest.ForEachBackend(t, backends, func(t *testing.T, b sqltest.Backend) {
 		sizes := runMixed(t, b, false)
 		if len(sizes) < 2 || sizes[1] < 8 {
 			t.Fatalf("batch sizes %v: want the mixed calls in one batch", sizes)
 		}
-		t.Logf("%s: batch sizes %v", b.dialect, sizes)
+		t.Logf("%s: batch sizes %v", b.Dialect, sizes)
 	})
 }
 
 // TestBatchStatementFailure: when a batch's statement fails, its calls
 // run on their own and still get their own results.
 func TestBatchStatementFailure(t *testing.T) {
-	forEachBackend(t, backends, func(t *testing.T, b backend) {
+	sqltest.ForEachBackend(t, backends, func(t *testing.T, b sqltest.Backend) {
 		if sizes := runMixed(t, b, true); len(sizes) < 2 || sizes[1] < 2 {
 			t.Fatalf("batch sizes %v: want a failed batch of several calls", sizes)
 		}
@@ -371,7 +372,7 @@ func TestBatchStatementFailure(t *testing.T) {
 // runs gets its context's error, and the claim the batch made for it is
 // released, so the next delivery is not held up for a lease.
 func TestBatchOrphanedClaimReleased(t *testing.T) {
-	forEachBackend(t, backends, func(t *testing.T, b backend) {
+	sqltest.ForEachBackend(t, backends, func(t *testing.T, b sqltest.Backend) {
 		s := newBatchStore(t, b, nil)
 		g := newGate(t, s)
 		g.holdSecond = true
@@ -451,8 +452,8 @@ func TestBatchConfigValidate(t *testing.T) {
 // covers a column Complete changes, so its updates are HOT (no new
 // primary-key entry per record).
 func TestPostgresCompleteIsHOT(t *testing.T) {
-	db := openPostgres(t)
-	s := newStore(t, db, sqlstore.Postgres, sqlstore.Config{})
+	db := sqltest.OpenPostgres(t)
+	s := sqltest.NewStore(t, db, sqlstore.Postgres, sqlstore.Config{})
 	ctx := context.Background()
 	const n = 200
 	for i := range n {
@@ -508,14 +509,14 @@ func pgTableStats(t *testing.T, db *sql.DB, table, column string, n int64) (upd,
 // call runs the unbatched statements, whose plans autovacuum's ANALYZE
 // refreshes: those few may scan.)
 func TestPostgresBatchPlansUseTheIndex(t *testing.T) {
-	db := openPostgres(t)
-	s := newStore(t, db, sqlstore.Postgres, sqlstore.Config{Batch: sqlstore.BatchConfig{MaxInFlight: 1}})
+	db := sqltest.OpenPostgres(t)
+	s := sqltest.NewStore(t, db, sqlstore.Postgres, sqlstore.Config{Batch: sqlstore.BatchConfig{MaxInFlight: 1}})
 	ctx := context.Background()
 	if _, err := db.ExecContext(ctx, "VACUUM ANALYZE "+s.Table()); err != nil {
 		t.Fatal(err)
 	}
 	const n = 1500
-	bounded(n, 8, func(i int) {
+	sqltest.Bounded(n, 8, func(i int) {
 		c, err := s.Claim(ctx, "plans", []string{fmt.Sprint("k", i)}, time.Minute)
 		if err == nil {
 			err = s.Complete(ctx, c, time.Hour, nil)

@@ -1,7 +1,6 @@
 package sqlstore_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"sync"
@@ -10,29 +9,11 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 
+	"github.com/watermill-dedup/dedup/internal/testkit/sqltest"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/internal/errtest"
 	"github.com/watermill-dedup/dedup/stores/sqlstore"
 )
-
-// maxDataRoundTrip claims key, completes it with n bytes of data and
-// checks they are read back whole.
-func maxDataRoundTrip(t *testing.T, s *sqlstore.Store, key string, n int) {
-	t.Helper()
-	ctx := context.Background()
-	data := bytes.Repeat([]byte{0xa5, 0, 0xff, 'x'}, n/4+1)[:n]
-	c, err := s.Claim(ctx, "s", []string{key}, time.Hour)
-	if err != nil || c.Result != stores.Claimed {
-		t.Fatalf("Claim = %v, %v", c, err)
-	}
-	if err := s.Complete(ctx, c, time.Hour, data); err != nil {
-		t.Fatalf("Complete with %d bytes of data: %v", n, err)
-	}
-	d, err := s.Claim(ctx, "s", []string{key}, time.Hour)
-	if err != nil || d.Result != stores.Duplicate || !bytes.Equal(d.Data, data) {
-		t.Fatalf("Claim after Complete = %v with %d bytes, %v; want duplicate with %d", d.Result, len(d.Data), err, n)
-	}
-}
 
 // TestMySQLMaxData: on MariaDB's default max_allowed_packet (16 MiB),
 // with go-sql-driver's default maxAllowedPacket, data of exactly MaxData
@@ -52,12 +33,12 @@ func TestMySQLMaxData(t *testing.T) {
 			}
 			db := mysqlWith(t, params)
 			for _, batched := range []bool{true, false} {
-				s := newStore(t, db, sqlstore.MySQL, sqlstore.Config{Batch: sqlstore.BatchConfig{Disabled: !batched}})
+				s := sqltest.NewStore(t, db, sqlstore.MySQL, sqlstore.Config{Batch: sqlstore.BatchConfig{Disabled: !batched}})
 				max := s.Capabilities().MaxData
 				if max != sqlstore.MaxDataMySQL {
 					t.Fatalf("MaxData = %d, want MaxDataMySQL", max)
 				}
-				maxDataRoundTrip(t, s, "max", max)
+				sqltest.MaxDataRoundTrip(t, s, "max", max)
 				c, err := s.Claim(context.Background(), "s", []string{"over"}, time.Hour)
 				if err != nil {
 					t.Fatal(err)
@@ -79,7 +60,7 @@ func TestMySQLPacketLimit(t *testing.T) {
 	srv := startMariaDB(t, "--max-allowed-packet=1M")
 	db := srv.open(t, "test")
 	log := watermill.NewCaptureLogger()
-	s := newStore(t, db, sqlstore.MySQL, sqlstore.Config{Logger: log})
+	s := sqltest.NewStore(t, db, sqlstore.MySQL, sqlstore.Config{Logger: log})
 	ctx := context.Background()
 	const limit = 1<<20 - 1<<10
 	c, err := s.Claim(ctx, "s", []string{"big"}, time.Hour)
@@ -93,7 +74,7 @@ func TestMySQLPacketLimit(t *testing.T) {
 	if err := s.Complete(ctx, c, time.Hour, nil); err != nil {
 		t.Fatalf("Complete without data after ErrTooLarge: %v", err)
 	}
-	maxDataRoundTrip(t, s, "limit", limit)
+	sqltest.MaxDataRoundTrip(t, s, "limit", limit)
 
 	tx, err := s.Begin(ctx, "s", []string{"inbox"}, time.Hour)
 	if err != nil {
@@ -124,27 +105,6 @@ func TestMySQLPacketLimit(t *testing.T) {
 	for err := range errs {
 		if err != nil {
 			t.Errorf("concurrent Complete of 700 KB: %v", err)
-		}
-	}
-}
-
-// TestMaxDataConfig: Config.MaxData lowers Capabilities().MaxData, and
-// may not exceed the dialect's.
-func TestMaxDataConfig(t *testing.T) {
-	db := openSQLite(t)
-	s := newStore(t, db, sqlstore.SQLite, sqlstore.Config{MaxData: 100})
-	if got := s.Capabilities().MaxData; got != 100 {
-		t.Fatalf("MaxData = %d, want 100", got)
-	}
-	maxDataRoundTrip(t, s, "k", 100)
-	for _, c := range []sqlstore.Config{
-		{Dialect: sqlstore.SQLite, MaxData: sqlstore.MaxDataSQLite + 1},
-		{Dialect: sqlstore.MySQL, MaxData: sqlstore.MaxDataMySQL + 1},
-		{Dialect: sqlstore.Postgres, MaxData: sqlstore.MaxDataPostgres + 1},
-		{MaxData: -1},
-	} {
-		if err := c.Validate(); err == nil {
-			t.Errorf("Validate(%+v) accepted MaxData %d", c, c.MaxData)
 		}
 	}
 }

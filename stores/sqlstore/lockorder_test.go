@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/watermill-dedup/dedup/internal/testkit/sqltest"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/sqlstore"
 	"github.com/watermill-dedup/dedup/stores/storetest"
@@ -24,8 +25,8 @@ import (
 // lay in the heap out of id order (after a takeover, say), each cycle
 // broken only after deadlock_timeout (TestFencedCallsBesideClaims).
 func TestLockingReadsSortBeforeTheyLock(t *testing.T) {
-	db := openPostgres(t)
-	s := newStore(t, db, sqlstore.Postgres, sqlstore.Config{})
+	db := sqltest.OpenPostgres(t)
+	s := sqltest.NewStore(t, db, sqlstore.Postgres, sqlstore.Config{})
 	for name, q := range sqlstore.LockingReads(s) {
 		plan := explain(t, db, q.Stmt, q.Args)
 		lock, sort := strings.Index(plan, "LockRows"), strings.Index(plan, "Sort")
@@ -159,9 +160,9 @@ func (l *lat) String() string {
 func TestFencedCallsBesideClaims(t *testing.T) {
 	for _, mode := range []string{"claim", "begin-own", "begin-joined"} {
 		t.Run(mode, func(t *testing.T) {
-			db := openPostgres(t)
+			db := sqltest.OpenPostgres(t)
 			table := "dedup_lockorder_" + storetest.NewID()
-			s := newStore(t, db, sqlstore.Postgres, sqlstore.Config{Table: table})
+			s := sqltest.NewStore(t, db, sqlstore.Postgres, sqlstore.Config{Table: table})
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()
 			const scope = "rev"
@@ -241,9 +242,9 @@ func TestFencedCallsBesideClaims(t *testing.T) {
 // third key, in a tight loop while the claimer claims the pair; every
 // claim must return a result.
 func TestMultiKeyClaimSurvivesReleaseChurn(t *testing.T) {
-	forEachBackend(t, serverBackends, func(t *testing.T, b backend) {
-		db := b.open(t)
-		s := newStore(t, db, b.dialect, sqlstore.Config{})
+	sqltest.ForEachBackend(t, backends, func(t *testing.T, b sqltest.Backend) {
+		db := b.Open(t)
+		s := sqltest.NewStore(t, db, b.Dialect, sqlstore.Config{})
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
 		const scope = "churn"

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/watermill-dedup/dedup/internal/testkit/sqltest"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/sqlstore"
 	"github.com/watermill-dedup/dedup/stores/storetest"
@@ -24,26 +25,26 @@ func partitionedAt(t *testing.T, db *sql.DB, start time.Time, daysAhead int) (*s
 	clock := storetest.NewFakeClock(start)
 	cfg := partitionedConfig(clock)
 	cfg.PartitionDaysAhead = daysAhead
-	return newStore(t, db, sqlstore.Postgres, cfg), clock
+	return sqltest.NewStore(t, db, sqlstore.Postgres, cfg), clock
 }
 
 func TestPartitionedConformance(t *testing.T) {
-	db := openPostgres(t)
+	db := sqltest.OpenPostgres(t)
 	storetest.Run(t, func(t *testing.T, clock stores.Clock) stores.Store {
-		return newStore(t, db, sqlstore.Postgres, partitionedConfig(clock))
+		return sqltest.NewStore(t, db, sqlstore.Postgres, partitionedConfig(clock))
 	}, storetest.AdminNoScopes())
 }
 
 func TestPartitionedInboxLedger(t *testing.T) {
-	db := openPostgres(t)
-	s := newStore(t, db, sqlstore.Postgres, partitionedConfig(nil))
-	runLedger(t, db, sqlstore.Postgres, s, newLedger(t, db, sqlstore.Postgres, 16))
+	db := sqltest.OpenPostgres(t)
+	s := sqltest.NewStore(t, db, sqlstore.Postgres, partitionedConfig(nil))
+	sqltest.RunLedger(t, db, sqlstore.Postgres, s, sqltest.NewLedger(t, db, sqlstore.Postgres, 16))
 }
 
 // TestPartitionedPurge: the purge drops the partitions whose records all
 // expired and creates new ones ahead; live records stay.
 func TestPartitionedPurge(t *testing.T) {
-	db := openPostgres(t)
+	db := sqltest.OpenPostgres(t)
 	s, clock := partitionedAt(t, db, time.Date(2030, 1, 1, 12, 0, 0, 0, time.UTC), 3)
 	ctx := context.Background()
 	begin := func(key string, retention time.Duration) {
@@ -68,7 +69,7 @@ func TestPartitionedPurge(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := countRows(t, db, sqlstore.Postgres, s.Table()); got != 1 {
+	if got := sqltest.CountRows(t, db, sqlstore.Postgres, s.Table()); got != 1 {
 		t.Fatalf("%d records after the purge (estimate %d dropped), want 1", got, n)
 	}
 	var parts []string
@@ -96,8 +97,8 @@ func TestPartitionedPurge(t *testing.T) {
 // TestPartitionedRefusesRepeatableRead: Begin must not join a REPEATABLE
 // READ transaction on the partitioned layout.
 func TestPartitionedRefusesRepeatableRead(t *testing.T) {
-	db := openPostgres(t)
-	s := newStore(t, db, sqlstore.Postgres, partitionedConfig(nil))
+	db := sqltest.OpenPostgres(t)
+	s := sqltest.NewStore(t, db, sqlstore.Postgres, partitionedConfig(nil))
 	ctx := context.Background()
 	tx, err := db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelRepeatableRead})
 	if err != nil {
@@ -114,7 +115,7 @@ func TestPartitionedRefusesRepeatableRead(t *testing.T) {
 // first UTC midnight after the purge job last ran: from midnight on, such
 // a record expires on the day after the last partition that job created.
 func TestPartitionsAfterMidnight(t *testing.T) {
-	db := openPostgres(t)
+	db := sqltest.OpenPostgres(t)
 	s, clock := partitionedAt(t, db, time.Date(2030, 1, 1, 23, 59, 0, 0, time.UTC), 3) // CreateSchema at 23:59
 	ctx := context.Background()
 	clock.Advance(2 * time.Minute) // 00:01 the next day; the purge job has not run
@@ -141,7 +142,7 @@ func TestPartitionsAfterMidnight(t *testing.T) {
 // when it would drop it at once (its day ended more than PurgeGrace
 // ago), as each hourly run did, locking the table twice.
 func TestPartitionedPurgeIdleAllDay(t *testing.T) {
-	db := openPostgres(t)
+	db := sqltest.OpenPostgres(t)
 	s, clock := partitionedAt(t, db, time.Date(2030, 1, 1, 10, 0, 0, 0, time.UTC), 2)
 	ctx := context.Background()
 	if _, err := s.Purge(ctx); err != nil {
@@ -221,7 +222,7 @@ func TestPartitionedPurgeIntervalBound(t *testing.T) {
 // after a short lock timeout instead (and its job retries soon); only a
 // missing partition is created, so the hourly runs take no such lock.
 func TestPartitionDDLWaitsBounded(t *testing.T) {
-	db := openPostgres(t)
+	db := sqltest.OpenPostgres(t)
 	// Five minutes into the day: yesterday's partition ended less than
 	// PurgeGrace ago, so nothing is due to be dropped either.
 	s, clock := partitionedAt(t, db, time.Date(2030, 1, 1, 0, 5, 0, 0, time.UTC), 2)

@@ -6,8 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
+	"github.com/watermill-dedup/dedup/internal/testkit/sqltest"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/sqlstore"
 	"github.com/watermill-dedup/dedup/stores/storetest"
@@ -17,10 +16,10 @@ import (
 // batches of 100 while claims go on: every expired record goes, no live
 // one, no batch is larger than PurgeBatch, and claims are never blocked.
 func TestPurge(t *testing.T) {
-	forEachBackend(t, backends, func(t *testing.T, b backend) {
-		db := b.open(t)
+	sqltest.ForEachBackend(t, backends, func(t *testing.T, b sqltest.Backend) {
+		db := b.Open(t)
 		clock := storetest.NewFakeClock(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
-		s := newStore(t, db, b.dialect, sqlstore.Config{Clock: clock, PurgeBatch: 100, PurgeGrace: time.Minute})
+		s := sqltest.NewStore(t, db, b.Dialect, sqlstore.Config{Clock: clock, PurgeBatch: 100, PurgeGrace: time.Minute})
 		// PostgreSQL reads the heap in ranges of blocks: make them small,
 		// so the purge walks many.
 		sqlstore.SetPurgeChunk(s, 3)
@@ -35,7 +34,7 @@ func TestPurge(t *testing.T) {
 			}
 			return c
 		}
-		bounded(expiredDone, 16, func(i int) {
+		sqltest.Bounded(expiredDone, 16, func(i int) {
 			tx, err := s.Begin(ctx, "purge", []string{"old-" + storetest.NewID()}, time.Minute)
 			if err == nil {
 				err = tx.Commit(ctx, []byte{byte(i)})
@@ -127,59 +126,6 @@ func TestPurge(t *testing.T) {
 			t.Fatalf("second Purge = %d, %v; want 0", again, err)
 		}
 		t.Logf("%s: %d records in %d batches; %d claims ran meanwhile, slowest %s",
-			b.dialect, n, batches.Load(), claims.Load(), time.Duration(slowest.Load()))
-	})
-}
-
-// TestPurgeJob checks the background job New starts: it purges, and Close
-// stops it without leaking its goroutine.
-func TestPurgeJob(t *testing.T) {
-	db := openSQLite(t)
-	clock := storetest.NewFakeClock(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
-	prep := newStore(t, db, sqlstore.SQLite, sqlstore.Config{Clock: clock})
-	ctx := context.Background()
-	completed(t, prep, "job", "k", time.Second, time.Second)
-	clock.Advance(time.Minute)
-
-	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
-	s, err := sqlstore.New(db, sqlstore.Config{Table: prep.Table(), Clock: clock, PurgeInterval: 10 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	deadline := time.Now().Add(time.Minute)
-	for countRows(t, db, sqlstore.SQLite, prep.Table()) != 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the purge job did not delete the expired record")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	if err := s.Close(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Close(ctx); err != nil {
-		t.Fatalf("second Close: %v", err)
-	}
-}
-
-// TestPurgeKeepsExpiredClaimsForTheLongestLease: the Store contract keeps
-// an expired claim its owner's until its lease has been over for as long
-// as the lease itself; a PurgeGrace shorter than the store's longest
-// lease must not cut that short.
-func TestPurgeKeepsExpiredClaimsForTheLongestLease(t *testing.T) {
-	forEachBackend(t, backends, func(t *testing.T, b backend) {
-		clock := storetest.NewFakeClock(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
-		s := newStore(t, b.open(t), b.dialect, sqlstore.Config{Clock: clock, PurgeGrace: time.Minute})
-		ctx := context.Background()
-		c, err := s.Claim(ctx, "p", []string{"slow"}, time.Hour)
-		if err != nil || c.Result != stores.Claimed {
-			t.Fatal(c, err)
-		}
-		clock.Advance(time.Hour + 30*time.Minute) // the lease ended 30m ago, grace is 1m
-		if _, err := s.Purge(ctx); err != nil {
-			t.Fatal(err)
-		}
-		if err := s.Complete(ctx, c, time.Hour, nil); err != nil {
-			t.Fatalf("Complete half a lease after the lease ended, after a Purge = %v; the purge forgot the claim too soon", err)
-		}
+			b.Dialect, n, batches.Load(), claims.Load(), time.Duration(slowest.Load()))
 	})
 }

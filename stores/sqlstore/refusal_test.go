@@ -29,37 +29,6 @@ import (
 	"github.com/watermill-dedup/dedup/stores/storetest"
 )
 
-// An error is an outage only when it is known to be one: a server that
-// refuses the client (its credentials, its TLS, its privileges) is not
-// unavailable, whatever the driver makes of the refusal (a connect error,
-// a TLS alert that crypto/tls returns as a network error, a connection
-// the driver reports invalid), and neither is a reset or an EOF from a
-// server whose last word to the store was such a refusal. FailOpen would
-// run handlers through an outage, unprotected, for as long as the
-// settings stay wrong.
-
-// storeOnDB is a store over db on an existing table, closed with the
-// test.
-func storeOnDB(t *testing.T, db *sql.DB, d sqlstore.Dialect, table string) *sqlstore.Store {
-	t.Helper()
-	s, err := sqlstore.New(db, sqlstore.Config{Dialect: d, Table: table, Batch: sqlstore.BatchConfig{Disabled: true}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Close(context.Background()) })
-	return s
-}
-
-func openDB(t *testing.T, driver, dsn string) *sql.DB {
-	t.Helper()
-	db, err := sql.Open(driver, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = db.Close() })
-	return db
-}
-
 // pgRefusalServer is a PostgreSQL cluster of the test's own that takes
 // TLS only: "dedup-client" by its client certificate (cert: verify-full),
 // pwuser by password, the other roles as they are, and a table of the
@@ -76,7 +45,7 @@ hostssl all all 127.0.0.1/32 trust`, conf)
 		"REVOKE CONNECT ON DATABASE test FROM PUBLIC",
 		`GRANT CONNECT ON DATABASE test TO "dedup-client", pwuser, noprivs`)
 	table := "dedup_test_" + storetest.NewID()
-	newStore(t, srv.Admin("test"), sqlstore.Postgres, sqlstore.Config{Table: table})
+	sqltest.NewStore(t, srv.Admin("test"), sqlstore.Postgres, sqlstore.Config{Table: table})
 	srv.Exec("test", `GRANT `+sqltest.StoreGrants+` ON "`+table+`" TO "dedup-client", pwuser`)
 	return srv, table
 }
@@ -101,7 +70,7 @@ func TestPostgresRefusalIsNotAnOutage(t *testing.T) {
 	}
 
 	// The certificate the server's authority signed lets the role in.
-	good := storeOnDB(t, openDB(t, "pgx", srv.DSN("dedup-client", "", "test", withCert(srv.TLS))), sqlstore.Postgres, table)
+	good := sqltest.StoreOnDB(t, sqltest.OpenDB(t, "pgx", srv.DSN("dedup-client", "", "test", withCert(srv.TLS))), sqlstore.Postgres, table)
 	if c, err := good.Claim(context.Background(), "s", []string{"good"}, time.Minute); err != nil || c.Result != stores.Claimed {
 		t.Fatalf("Claim with the client certificate = %+v, %v", c, err)
 	}
@@ -120,7 +89,7 @@ func TestPostgresRefusalIsNotAnOutage(t *testing.T) {
 		{"not trusting the server's certificate", "dedup-client", "", withCert(srv.TLS, "sslrootcert", other.CA), "x509: certificate signed by unknown authority"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			s := storeOnDB(t, openDB(t, "pgx", srv.DSN(c.user, c.password, "test", c.params)), sqlstore.Postgres, table)
+			s := sqltest.StoreOnDB(t, sqltest.OpenDB(t, "pgx", srv.DSN(c.user, c.password, "test", c.params)), sqlstore.Postgres, table)
 			testkit.RefusedCalls(t, s, 3, c.want, false)
 		})
 	}
@@ -135,11 +104,11 @@ func TestPostgresRefusalIsNotAnOutage(t *testing.T) {
 		cfg.TLSConfig.MaxVersion = tls.VersionTLS12
 		db := stdlib.OpenDB(*cfg)
 		t.Cleanup(func() { _ = db.Close() })
-		testkit.RefusedCalls(t, storeOnDB(t, db, sqlstore.Postgres, table), 3, "remote error: tls: protocol version not supported", false)
+		testkit.RefusedCalls(t, sqltest.StoreOnDB(t, db, sqlstore.Postgres, table), 3, "remote error: tls: protocol version not supported", false)
 	})
 
 	t.Run("FailOpen runs no handler", func(t *testing.T) {
-		s := storeOnDB(t, openDB(t, "pgx", srv.DSN("pwuser", "wrong", "test", q("sslmode", "require"))), sqlstore.Postgres, table)
+		s := sqltest.StoreOnDB(t, sqltest.OpenDB(t, "pgx", srv.DSN("pwuser", "wrong", "test", q("sslmode", "require"))), sqlstore.Postgres, table)
 		if ran, err := testkit.FailOpenRun(t, s, 5); ran != 0 || err == nil {
 			t.Fatalf("FailOpen with a wrong password: %d of 5 handlers ran unprotected, last error %v", ran, err)
 		}
@@ -155,7 +124,7 @@ func TestPostgresRefusalIsNotAnOutage(t *testing.T) {
 		cfg.DialFunc = r.dial
 		db := stdlib.OpenDB(*cfg)
 		db.SetMaxIdleConns(0) // every call on a connection of its own, from r
-		return storeOnDB(t, db, sqlstore.Postgres, table)
+		return sqltest.StoreOnDB(t, db, sqlstore.Postgres, table)
 	}
 	t.Run("a reset after the refusal", func(t *testing.T) {
 		resetsAfterRefusal(t, srv.Addr(), "(SQLSTATE 28P01)", func(r *redirect) *sqlstore.Store { return pgVia(t, r, "pwuser", "wrong") })
@@ -172,8 +141,8 @@ func TestPostgresWithoutTLSIsNotAnOutage(t *testing.T) {
 	srv := sqltest.StartPostgres(t, "host all all 127.0.0.1/32 trust", "ssl = off")
 	srv.Exec("postgres", "CREATE DATABASE test")
 	table := "dedup_test_" + storetest.NewID()
-	newStore(t, srv.Admin("test"), sqlstore.Postgres, sqlstore.Config{Table: table})
-	s := storeOnDB(t, openDB(t, "pgx", srv.DSN("postgres", "", "test", url.Values{"sslmode": {"require"}})), sqlstore.Postgres, table)
+	sqltest.NewStore(t, srv.Admin("test"), sqlstore.Postgres, sqlstore.Config{Table: table})
+	s := sqltest.StoreOnDB(t, sqltest.OpenDB(t, "pgx", srv.DSN("postgres", "", "test", url.Values{"sslmode": {"require"}})), sqlstore.Postgres, table)
 	testkit.RefusedCalls(t, s, 3, "server refused TLS connection", false)
 	if ran, err := testkit.FailOpenRun(t, s, 3); ran != 0 || err == nil {
 		t.Fatalf("FailOpen with TLS required of a server without it: %d of 3 handlers ran unprotected, last error %v", ran, err)
@@ -266,7 +235,7 @@ func TestMySQLRefusalIsNotAnOutage(t *testing.T) {
 	// of TCP clients.
 	rootCfg := mysql.NewConfig()
 	rootCfg.User, rootCfg.Net, rootCfg.Addr, rootCfg.DBName = "root", "unix", srv.dir+"/sock", "test"
-	root := openDB(t, "mysql", rootCfg.FormatDSN())
+	root := sqltest.OpenDB(t, "mysql", rootCfg.FormatDSN())
 	ctx := context.Background()
 	for _, stmt := range []string{
 		"SET GLOBAL require_secure_transport = ON",
@@ -277,7 +246,7 @@ func TestMySQLRefusalIsNotAnOutage(t *testing.T) {
 			t.Fatalf("%s: %v", stmt, err)
 		}
 	}
-	table := newStore(t, root, sqlstore.MySQL, sqlstore.Config{}).Table()
+	table := sqltest.NewStore(t, root, sqlstore.MySQL, sqlstore.Config{}).Table()
 	open := func(t *testing.T, user, password, addr string, tlsCfg *tls.Config) *sql.DB {
 		cfg := mysql.NewConfig()
 		cfg.User, cfg.Passwd, cfg.Net, cfg.Addr, cfg.DBName = user, password, "tcp", addr, "test"
@@ -294,7 +263,7 @@ func TestMySQLRefusalIsNotAnOutage(t *testing.T) {
 		return cfg
 	}
 
-	good := storeOnDB(t, open(t, "x509u", "", addr, tlsWith(files, 0)), sqlstore.MySQL, table)
+	good := sqltest.StoreOnDB(t, open(t, "x509u", "", addr, tlsWith(files, 0)), sqlstore.MySQL, table)
 	if c, err := good.Claim(ctx, "s", []string{"good"}, time.Minute); err != nil || c.Result != stores.Claimed {
 		t.Fatalf("Claim with the client certificate = %+v, %v", c, err)
 	}
@@ -314,12 +283,12 @@ func TestMySQLRefusalIsNotAnOutage(t *testing.T) {
 		{"not trusting the server's certificate", "x509u", "", untrusting, "x509: certificate signed by unknown authority"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			testkit.RefusedCalls(t, storeOnDB(t, open(t, c.user, c.password, addr, c.tls), sqlstore.MySQL, table), 3, c.want, false)
+			testkit.RefusedCalls(t, sqltest.StoreOnDB(t, open(t, c.user, c.password, addr, c.tls), sqlstore.MySQL, table), 3, c.want, false)
 		})
 	}
 
 	t.Run("FailOpen runs no handler", func(t *testing.T) {
-		s := storeOnDB(t, open(t, "x509u", "", addr, tlsWith(other, tls.VersionTLS13)), sqlstore.MySQL, table)
+		s := sqltest.StoreOnDB(t, open(t, "x509u", "", addr, tlsWith(other, tls.VersionTLS13)), sqlstore.MySQL, table)
 		if ran, err := testkit.FailOpenRun(t, s, 5); ran != 0 || err == nil {
 			t.Fatalf("FailOpen with a certificate of another authority: %d of 5 handlers ran unprotected, last error %v", ran, err)
 		}
@@ -331,7 +300,7 @@ func TestMySQLRefusalIsNotAnOutage(t *testing.T) {
 		cfg.TLS, cfg.Timeout, cfg.DialFunc = tlsWith(nil, 0), 10*time.Second, r.dial
 		db := mysqlDB(t, cfg)
 		db.SetMaxIdleConns(0) // every call on a connection of its own, from r
-		return storeOnDB(t, db, sqlstore.MySQL, table)
+		return sqltest.StoreOnDB(t, db, sqlstore.MySQL, table)
 	}
 	t.Run("a reset after the refusal", func(t *testing.T) {
 		resetsAfterRefusal(t, addr, "Error 1045", func(r *redirect) *sqlstore.Store { return via(t, r, "pwu", "wrong") })
@@ -351,7 +320,7 @@ func TestMySQLRefusalIsNotAnOutage(t *testing.T) {
 		cfg.TLS, cfg.Timeout, cfg.CheckConnLiveness = tlsWith(nil, 0), 10*time.Second, false
 		db := mysqlDB(t, cfg)
 		db.SetMaxIdleConns(1)
-		s := storeOnDB(t, db, sqlstore.MySQL, table)
+		s := sqltest.StoreOnDB(t, db, sqlstore.MySQL, table)
 		if _, err := s.Claim(ctx, "s", []string{"pooled"}, time.Minute); err != nil {
 			t.Fatal(err)
 		}
@@ -374,26 +343,6 @@ func TestMySQLRefusalIsNotAnOutage(t *testing.T) {
 		p.Cut()
 		outage(t, "the pool's connection broken and nothing listening, after a refusal", s)
 	})
-}
-
-// TestSQLiteCannotOpenIsNotAnOutage: a database file SQLite cannot open
-// (SQLITE_CANTOPEN: a directory that does not exist, a file it may not
-// read) is a path or a permission to fix, not an outage.
-func TestSQLiteCannotOpenIsNotAnOutage(t *testing.T) {
-	for _, driver := range []string{"sqlite", "sqlite3"} {
-		t.Run(driver, func(t *testing.T) {
-			path := t.TempDir() + "/missing/dedup.db"
-			dsn := sqlstore.SQLiteDSN(path)
-			if driver == "sqlite" {
-				dsn = "file:" + path + "?_pragma=busy_timeout(1000)"
-			}
-			s := storeOnDB(t, openDB(t, driver, dsn), sqlstore.SQLite, "dedup_test")
-			testkit.RefusedCalls(t, s, 2, "unable to open database file", false)
-			if ran, err := testkit.FailOpenRun(t, s, 3); ran != 0 || err == nil {
-				t.Fatalf("FailOpen on a database SQLite cannot open: %d of 3 handlers ran unprotected, last error %v", ran, err)
-			}
-		})
-	}
 }
 
 // copyFile copies from to to (a certificate a server reads again).
@@ -428,7 +377,7 @@ func TestMySQLCertNoLongerTrusted(t *testing.T) {
 			t.Fatalf("%s: %v", stmt, err)
 		}
 	}
-	table := newStore(t, srv.socket(t, "test"), sqlstore.MySQL, sqlstore.Config{}).Table()
+	table := sqltest.NewStore(t, srv.socket(t, "test"), sqlstore.MySQL, sqlstore.Config{}).Table()
 	open := func(t *testing.T) *sql.DB {
 		cfg := mysql.NewConfig()
 		cfg.User, cfg.Net, cfg.Addr, cfg.DBName = "x509u", "tcp", "127.0.0.1:"+strconv.Itoa(srv.port), "test"
@@ -458,7 +407,7 @@ func TestMySQLCertNoLongerTrusted(t *testing.T) {
 				t.Fatal(err)
 			}
 			db := open(t)
-			s := storeOnDB(t, db, sqlstore.MySQL, table)
+			s := sqltest.StoreOnDB(t, db, sqlstore.MySQL, table)
 			if _, err := s.Claim(ctx, "s", []string{"answered-" + c.name}, time.Minute); err != nil {
 				t.Fatalf("Claim with the certificate trusted: %v", err)
 			}
@@ -487,10 +436,10 @@ func TestPostgresCertNoLongerTrustedPool(t *testing.T) {
 	clientCA := filepath.Join(t.TempDir(), "ca.pem")
 	copyFile(t, srv.CA, clientCA) // the client keeps trusting the server
 	params := url.Values{"sslmode": {"verify-full"}, "sslrootcert": {clientCA}, "sslcert": {srv.TLS.ClientCert}, "sslkey": {srv.TLS.ClientKey}}
-	db := openDB(t, "pgx", srv.DSN("dedup-client", "", "test", params))
+	db := sqltest.OpenDB(t, "pgx", srv.DSN("dedup-client", "", "test", params))
 	db.SetMaxOpenConns(8)
 	db.SetMaxIdleConns(2) // the rest of the 8 dialled again and again
-	s := storeOnDB(t, db, sqlstore.Postgres, table)
+	s := sqltest.StoreOnDB(t, db, sqlstore.Postgres, table)
 	ctx := context.Background()
 	var wg sync.WaitGroup
 	for range 8 {

@@ -23,20 +23,20 @@ import (
 // tests' own connection, which creates the tables).
 type roleEnv struct {
 	t     *testing.T // the test the pools live as long as
-	b     backend
+	b     sqltest.Backend
 	admin *sql.DB
 	role  *sqltest.SQLRole
 	db    *sql.DB // as the role, once it has a table (MariaDB lets no user without a privilege in the database connect to it)
 }
 
-func newRoleEnv(t *testing.T, b backend) *roleEnv {
+func newRoleEnv(t *testing.T, b sqltest.Backend) *roleEnv {
 	t.Helper()
-	admin := b.open(t)
+	admin := b.Open(t)
 	dsn := testkit.PostgresDSN()
-	if b.dialect == sqlstore.MySQL {
+	if b.Dialect == sqlstore.MySQL {
 		dsn = testkit.MySQLDSN()
 	}
-	role := sqltest.NewSQLRole(t, b.dialect, dsn)
+	role := sqltest.NewSQLRole(t, b.Dialect, dsn)
 	return &roleEnv{t: t, b: b, admin: admin, role: role}
 }
 
@@ -45,7 +45,7 @@ func newRoleEnv(t *testing.T, b backend) *roleEnv {
 // privileges on it, and returns its name; t.Cleanup drops it.
 func (e *roleEnv) table(t *testing.T, cfg sqlstore.Config) string {
 	t.Helper()
-	owner := newStore(t, e.admin, e.b.dialect, cfg) // drops the table when t ends
+	owner := sqltest.NewStore(t, e.admin, e.b.Dialect, cfg) // drops the table when t ends
 	e.grant(t, sqltest.StoreGrants, owner.Table())
 	return owner.Table()
 }
@@ -64,7 +64,7 @@ func (e *roleEnv) grant(t *testing.T, privileges, table string) {
 // its first call, and every call after that, without DDL.
 func (e *roleEnv) store(t *testing.T, cfg sqlstore.Config) *sqlstore.Store {
 	t.Helper()
-	cfg.Dialect = e.b.dialect
+	cfg.Dialect = e.b.Dialect
 	s, err := sqlstore.New(e.db, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -78,7 +78,7 @@ func (e *roleEnv) store(t *testing.T, cfg sqlstore.Config) *sqlstore.Store {
 // role, in outer transactions of the role's.
 func (e *roleEnv) inbox(t *testing.T, store storetest.InboxStore) storetest.InboxFixture {
 	t.Helper()
-	fx, effects := newEffectsTableNamed(t, e.admin, e.b.dialect)
+	fx, effects := sqltest.NewEffectsTableNamed(t, e.admin, e.b.Dialect)
 	e.grant(t, "SELECT, INSERT", effects)
 	fx.Store = store
 	fx.BeginOuter = func(ctx context.Context) (storetest.OuterTx, error) {
@@ -86,7 +86,7 @@ func (e *roleEnv) inbox(t *testing.T, store storetest.InboxStore) storetest.Inbo
 		if err != nil {
 			return nil, err
 		}
-		return sqlOuter{tx}, nil
+		return sqltest.SQLOuter{Tx: tx}, nil
 	}
 	return fx
 }
@@ -98,7 +98,7 @@ func (e *roleEnv) inbox(t *testing.T, store storetest.InboxStore) storetest.Inbo
 // conformance suite (admin calls and Purge included), the Inbox suite and
 // a purge job pass as it.
 func TestLeastPrivilegeRole(t *testing.T) {
-	forEachBackend(t, serverBackends, func(t *testing.T, b backend) {
+	sqltest.ForEachBackend(t, backends, func(t *testing.T, b sqltest.Backend) {
 		e := newRoleEnv(t, b)
 		ctx := context.Background()
 
@@ -106,7 +106,7 @@ func TestLeastPrivilegeRole(t *testing.T) {
 			e.table(t, sqlstore.Config{Table: "dedup_role_" + storetest.NewID()})
 			s := e.store(t, sqlstore.Config{Table: "dedup_nope_" + storetest.NewID()})
 			if err := s.CreateSchema(ctx); err == nil {
-				dropTable(t, e.admin, b.dialect, s.Table())
+				sqltest.DropTable(t, e.admin, b.Dialect, s.Table())
 				t.Fatal("the role could create a table: it has more privileges than the test means")
 			}
 		})
@@ -132,7 +132,7 @@ func TestLeastPrivilegeRole(t *testing.T) {
 			cfg := sqlstore.Config{Table: "dedup_role_" + storetest.NewID(), Clock: clock}
 			e.table(t, cfg)
 			s := e.store(t, cfg)
-			completed(t, s, "s", "k", time.Minute, time.Minute)
+			sqltest.Completed(t, s, "s", "k", time.Minute, time.Minute)
 			clock.Advance(time.Hour)
 			log := newPurgeLog()
 			cfg.PurgeInterval, cfg.Logger = time.Millisecond, log
@@ -140,7 +140,7 @@ func TestLeastPrivilegeRole(t *testing.T) {
 			if err := log.wait(); err != nil {
 				t.Fatal(err)
 			}
-			if n := countRows(t, e.admin, b.dialect, cfg.Table); n != 0 {
+			if n := sqltest.CountRows(t, e.admin, b.Dialect, cfg.Table); n != 0 {
 				t.Fatalf("%d rows after the purge job deleted the expired record", n)
 			}
 		})
@@ -162,7 +162,7 @@ func TestLeastPrivilegePartitions(t *testing.T) {
 	// owned is the owner's store, with the purge job, on cfg's table.
 	owned := func(t *testing.T, cfg sqlstore.Config) *sqlstore.Store {
 		cfg.PurgeJobElsewhere, cfg.PurgeInterval = false, time.Hour
-		owner := newStore(t, e.admin, sqlstore.Postgres, cfg)
+		owner := sqltest.NewStore(t, e.admin, sqlstore.Postgres, cfg)
 		e.grant(t, sqltest.StoreGrants, owner.Table())
 		return owner
 	}

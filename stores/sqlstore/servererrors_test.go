@@ -11,6 +11,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 
 	"github.com/watermill-dedup/dedup/internal/testkit"
+	"github.com/watermill-dedup/dedup/internal/testkit/sqltest"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/internal/errtest"
 	"github.com/watermill-dedup/dedup/stores/sqlstore"
@@ -70,9 +71,9 @@ func blockedClaim(t *testing.T, s, holder *sqlstore.Store, admin *sql.DB, wait s
 // session: a new connection is answered (as MySQL's KILL,
 // TestMySQLConnectionKilled).
 func TestPostgresBackendTerminated(t *testing.T) {
-	db := sharedDB(t, "pgx", testkit.RequirePostgres(t))
+	db := sqltest.SharedDB(t, "pgx", testkit.RequirePostgres(t))
 	table := "dedup_test_" + storetest.NewID()
-	s := newStore(t, db, sqlstore.Postgres, sqlstore.Config{Table: table, Batch: sqlstore.BatchConfig{Disabled: true}})
+	s := sqltest.NewStore(t, db, sqlstore.Postgres, sqlstore.Config{Table: table, Batch: sqlstore.BatchConfig{Disabled: true}})
 	holder, err := sqlstore.New(db, sqlstore.Config{Dialect: sqlstore.Postgres, Table: table})
 	if err != nil {
 		t.Fatal(err)
@@ -92,7 +93,7 @@ func TestPostgresBackendTerminated(t *testing.T) {
 // TestPostgresRoleConnectionLimit: a role at its CONNECTION LIMIT
 // (53300 too_many_connections) is an outage.
 func TestPostgresRoleConnectionLimit(t *testing.T) {
-	admin := sharedDB(t, "pgx", testkit.RequirePostgres(t))
+	admin := sqltest.SharedDB(t, "pgx", testkit.RequirePostgres(t))
 	role := "dedup_test_" + storetest.NewID()
 	if _, err := admin.Exec("CREATE ROLE " + role + " LOGIN CONNECTION LIMIT 1"); err != nil {
 		t.Fatal(err)
@@ -127,9 +128,9 @@ func TestPostgresRoleConnectionLimit(t *testing.T) {
 // database serving (an outage only with the server's own word for it,
 // MariaDB's 1927, or when a new connection finds nothing listening).
 func TestMySQLConnectionKilled(t *testing.T) {
-	db := openMySQL(t)
+	db := sqltest.OpenMySQL(t)
 	table := "dedup_test_" + storetest.NewID()
-	s := newStore(t, db, sqlstore.MySQL, sqlstore.Config{Table: table, Batch: sqlstore.BatchConfig{Disabled: true}})
+	s := sqltest.NewStore(t, db, sqlstore.MySQL, sqlstore.Config{Table: table, Batch: sqlstore.BatchConfig{Disabled: true}})
 	// The holder runs on a connection of its own whose id the query
 	// below excludes: a connection whose statement has just returned can
 	// still show as running it in PROCESSLIST, and KILL of the holder
@@ -195,7 +196,7 @@ func TestMySQLServerRefusals(t *testing.T) {
 		return db
 	}
 	app := openAs("app")
-	s := newStore(t, app, sqlstore.MySQL, sqlstore.Config{})
+	s := sqltest.NewStore(t, app, sqlstore.MySQL, sqlstore.Config{})
 	if _, err := s.Claim(ctx, "s", []string{"before"}, time.Minute); err != nil {
 		t.Fatal(err)
 	}
@@ -287,7 +288,7 @@ func newStoreOn(t *testing.T, db *sql.DB, table string) *sqlstore.Store {
 // The calls run under contexts without a deadline: nothing but the
 // store's own rule ends them.
 func TestConfirmationNeverWaitsForTheCallersConnection(t *testing.T) {
-	forEachBackend(t, serverBackends, func(t *testing.T, b backend) {
+	sqltest.ForEachBackend(t, backends, func(t *testing.T, b sqltest.Backend) {
 		t.Run("inbox commit", func(t *testing.T) {
 			s, db, p := proxiedStore(t, b, sqlstore.Config{})
 			db.SetMaxOpenConns(1)

@@ -5,8 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"math"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +12,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 
 	"github.com/watermill-dedup/dedup/internal/testkit"
+	"github.com/watermill-dedup/dedup/internal/testkit/sqltest"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/internal/errtest"
 	"github.com/watermill-dedup/dedup/stores/sqlstore"
@@ -62,7 +61,7 @@ func TestClientFoundRows(t *testing.T) {
 	for _, batched := range []bool{true, false} {
 		t.Run(fmt.Sprintf("batched=%v", batched), func(t *testing.T) {
 			ctx := context.Background()
-			s := newStore(t, db, sqlstore.MySQL, sqlstore.Config{Batch: sqlstore.BatchConfig{Disabled: !batched}})
+			s := sqltest.NewStore(t, db, sqlstore.MySQL, sqlstore.Config{Batch: sqlstore.BatchConfig{Disabled: !batched}})
 			for _, keys := range [][]string{{"one"}, {"a", "b"}} {
 				c, err := s.Claim(ctx, "scope", keys, time.Minute)
 				if err != nil || c.Result != stores.Claimed {
@@ -108,7 +107,7 @@ func deadlockVictim(t *testing.T, db *sql.DB, outer *sql.Tx) error {
 	if _, err := db.ExecContext(ctx, "CREATE TABLE "+table+" (id INT PRIMARY KEY, v INT NOT NULL) ENGINE = InnoDB"); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { dropTable(t, db, sqlstore.MySQL, table) })
+	t.Cleanup(func() { sqltest.DropTable(t, db, sqlstore.MySQL, table) })
 	var rows []string
 	for i := range 200 {
 		rows = append(rows, fmt.Sprintf("(%d, 0)", i))
@@ -163,16 +162,16 @@ func deadlockVictim(t *testing.T, db *sql.DB, outer *sql.Tx) error {
 // a message whose handler failed (the message would then be acked as a
 // duplicate with no effect ever applied).
 func TestJoinedTxDeadOnMySQL(t *testing.T) {
-	db := openMySQL(t)
+	db := sqltest.OpenMySQL(t)
 	ctx := context.Background()
-	s := newStore(t, db, sqlstore.MySQL, sqlstore.Config{})
-	l := newLedger(t, db, sqlstore.MySQL, 1)
+	s := sqltest.NewStore(t, db, sqlstore.MySQL, sqlstore.Config{})
+	l := sqltest.NewLedger(t, db, sqlstore.MySQL, 1)
 
 	t.Run("handler deadlocks", func(t *testing.T) {
 		outer, octx, itx := joinedClaim(t, db, s, "k1")
 		// The handler writes, then loses a deadlock: the server rolls
 		// the outer transaction back.
-		if err := l.add(ctx, outer, 0, 10); err != nil {
+		if err := l.Add(ctx, outer, 0, 10); err != nil {
 			t.Fatal(err)
 		}
 		_ = deadlockVictim(t, db, outer)
@@ -188,7 +187,7 @@ func TestJoinedTxDeadOnMySQL(t *testing.T) {
 			}
 			t.Fatalf("Begin in a dead joined transaction = %v, %v; want ErrTxAborted", again, err)
 		}
-		if n := countRows(t, db, sqlstore.MySQL, s.Table()); n != 0 {
+		if n := sqltest.CountRows(t, db, sqlstore.MySQL, s.Table()); n != 0 {
 			t.Fatalf("%d dedup records committed outside any transaction", n)
 		}
 		// A fresh transaction then runs the message.
@@ -205,7 +204,7 @@ func TestJoinedTxDeadOnMySQL(t *testing.T) {
 		if err := itx.Commit(ctx, []byte("outputs")); !errors.Is(err, stores.ErrTxAborted) {
 			t.Fatalf("Commit in a dead joined transaction = %v, want ErrTxAborted", err)
 		}
-		if n := countRows(t, db, sqlstore.MySQL, s.Table()); n != 0 {
+		if n := sqltest.CountRows(t, db, sqlstore.MySQL, s.Table()); n != 0 {
 			t.Fatalf("%d dedup records committed outside any transaction", n)
 		}
 	})
@@ -235,9 +234,9 @@ func joinedClaim(t *testing.T, db *sql.DB, s *sqlstore.Store, key string) (*sql.
 // transaction aborted by an earlier error (SQLSTATE 25P02) until it is
 // rolled back. Begin joined to one fails with ErrTxAborted.
 func TestJoinedTxAbortedOnPostgres(t *testing.T) {
-	db := openPostgres(t)
+	db := sqltest.OpenPostgres(t)
 	ctx := context.Background()
-	s := newStore(t, db, sqlstore.Postgres, sqlstore.Config{})
+	s := sqltest.NewStore(t, db, sqlstore.Postgres, sqlstore.Config{})
 	outer, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -255,18 +254,18 @@ func TestJoinedTxAbortedOnPostgres(t *testing.T) {
 // proxiedStore opens the server of b through a TCP proxy the test owns, with
 // a store on a table of its own (created directly, so the proxy can be
 // cut from the start).
-func proxiedStore(t *testing.T, b backend, cfg sqlstore.Config) (*sqlstore.Store, *sql.DB, *testkit.Proxy) {
+func proxiedStore(t *testing.T, b sqltest.Backend, cfg sqlstore.Config) (*sqlstore.Store, *sql.DB, *testkit.Proxy) {
 	t.Helper()
-	direct := b.open(t)
+	direct := b.Open(t)
 	var driver, target, dsn string
-	switch b.dialect {
+	switch b.Dialect {
 	case sqlstore.Postgres:
 		driver, target = "pgx", "127.0.0.1:5432"
 	case sqlstore.MySQL:
 		driver, target = "mysql", "127.0.0.1:3306"
 	}
 	p := testkit.NewProxy(t, target)
-	switch b.dialect {
+	switch b.Dialect {
 	case sqlstore.Postgres:
 		dsn = "postgres://postgres@" + p.Addr() + "/test?sslmode=disable&connect_timeout=2"
 	case sqlstore.MySQL:
@@ -279,8 +278,8 @@ func proxiedStore(t *testing.T, b backend, cfg sqlstore.Config) (*sqlstore.Store
 	db.SetMaxOpenConns(16)
 	t.Cleanup(func() { _ = db.Close() })
 	cfg.Table = "dedup_test_" + storetest.NewID()
-	newStore(t, direct, b.dialect, cfg) // schema and cleanup
-	cfg.Dialect = b.dialect
+	sqltest.NewStore(t, direct, b.Dialect, cfg) // schema and cleanup
+	cfg.Dialect = b.Dialect
 	s, err := sqlstore.New(db, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -314,13 +313,13 @@ func within(t *testing.T, what string, d time.Duration, fn func()) {
 // fails it at the call's deadline, with context.DeadlineExceeded — Begin
 // and Commit included.
 func TestOutageErrorClasses(t *testing.T) {
-	forEachBackend(t, serverBackends, func(t *testing.T, b backend) {
+	sqltest.ForEachBackend(t, backends, func(t *testing.T, b sqltest.Backend) {
 		for _, batched := range []bool{true, false} {
 			t.Run(fmt.Sprintf("batched=%v", batched), func(t *testing.T) {
 				s, _, p := proxiedStore(t, b, sqlstore.Config{Batch: sqlstore.BatchConfig{Disabled: !batched}})
 				bg := context.Background()
 				held := testkit.MustClaim(t, s, "s", time.Minute, "held")
-				open := mustBegin(t, s, "s", "open", time.Hour)
+				open := sqltest.MustBegin(t, s, "s", "open", time.Hour)
 
 				p.Cut()
 				ctx, cancel := context.WithTimeout(bg, 5*time.Second)
@@ -378,101 +377,6 @@ func TestOutageErrorClasses(t *testing.T) {
 	})
 }
 
-// TestSQLiteBusyRetried: a call that finds the SQLite database locked by
-// another writer (SQLITE_BUSY, here at once: no busy timeout) is retried
-// until the lock is free, with either driver. mattn/go-sqlite3 reports
-// the code in a struct field, modernc.org/sqlite through a method.
-func TestSQLiteBusyRetried(t *testing.T) {
-	for _, driver := range []string{"sqlite", "sqlite3"} {
-		t.Run(driver, func(t *testing.T) {
-			path := filepath.Join(t.TempDir(), "busy.db")
-			dsn := "file:" + path + "?_busy_timeout=0&_journal_mode=WAL"
-			if driver == "sqlite" {
-				dsn = "file:" + path + "?_pragma=busy_timeout(0)&_pragma=journal_mode(WAL)"
-			}
-			db, err := sql.Open(driver, dsn)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = db.Close() })
-			s := newStore(t, db, sqlstore.SQLite, sqlstore.Config{Batch: sqlstore.BatchConfig{Disabled: true}})
-			ctx := context.Background()
-			// Another writer holds the database's write lock for 100ms.
-			locker, err := db.Conn(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer locker.Close()
-			if _, err := locker.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
-				t.Fatal(err)
-			}
-			released := make(chan struct{})
-			go func() {
-				defer close(released)
-				time.Sleep(100 * time.Millisecond)
-				_, _ = locker.ExecContext(ctx, "COMMIT")
-			}()
-			c, err := s.Claim(ctx, "s", []string{"k"}, time.Minute)
-			<-released
-			if err != nil || c.Result != stores.Claimed {
-				t.Fatalf("Claim while another writer held the lock for 100ms = %+v, %v; want Claimed after retries", c, err)
-			}
-		})
-	}
-}
-
-// TestDurationsRoundUpAndSaturate: the store keeps time to the
-// microsecond and rounds a lease or retention up to it, never down to
-// nothing; math.MaxInt64 is "about 292 years", not an overflow.
-func TestDurationsRoundUpAndSaturate(t *testing.T) {
-	forEachBackend(t, backends, func(t *testing.T, b backend) {
-		for _, batched := range []bool{true, false} {
-			t.Run(fmt.Sprintf("batched=%v", batched), func(t *testing.T) {
-				clock := storetest.NewFakeClock(time.Date(2030, 1, 2, 3, 4, 5, 123456789, time.UTC))
-				s := newStore(t, b.open(t), b.dialect, sqlstore.Config{Clock: clock, Batch: sqlstore.BatchConfig{Disabled: !batched}})
-				ctx := context.Background()
-				c, err := s.Claim(ctx, "s", []string{"tiny"}, time.Nanosecond)
-				if err != nil || c.Result != stores.Claimed {
-					t.Fatalf("Claim(1ns) = %+v, %v", c, err)
-				}
-				if again, err := s.Claim(ctx, "s", []string{"tiny"}, time.Minute); err != nil || again.Result != stores.InProgress {
-					t.Fatalf("Claim before the clock moved, of a 1ns lease = %+v, %v; want InProgress (rounded up to 1µs)", again, err)
-				}
-				clock.Advance(time.Microsecond)
-				if again, err := s.Claim(ctx, "s", []string{"tiny"}, time.Minute); err != nil || again.Result != stores.Claimed || !again.Takeover {
-					t.Fatalf("Claim 1µs later = %+v, %v; want a takeover", again, err)
-				}
-				for _, keys := range [][]string{{"huge"}, {"h1", "h2"}} {
-					c, err := s.Claim(ctx, "s", keys, math.MaxInt64)
-					if err != nil || c.Result != stores.Claimed {
-						t.Fatalf("Claim(%q, MaxInt64) = %+v, %v", keys, c, err)
-					}
-					if err := s.Extend(ctx, c, math.MaxInt64); err != nil {
-						t.Fatalf("Extend(MaxInt64): %v", err)
-					}
-					clock.Advance(100 * 365 * 24 * time.Hour)
-					if again, err := s.Claim(ctx, "s", keys, time.Minute); err != nil || again.Result != stores.InProgress {
-						t.Fatalf("Claim a century into a MaxInt64 lease = %+v, %v; want InProgress", again, err)
-					}
-					if err := s.Complete(ctx, c, math.MaxInt64, []byte("x")); err != nil {
-						t.Fatalf("Complete(MaxInt64): %v", err)
-					}
-					if dup, err := s.Claim(ctx, "s", keys, time.Minute); err != nil || dup.Result != stores.Duplicate {
-						t.Fatalf("Claim after Complete(MaxInt64) = %+v, %v; want Duplicate", dup, err)
-					}
-				}
-				tx, err := s.Begin(ctx, "s", []string{"inbox-huge"}, math.MaxInt64)
-				if err != nil || tx.Result() != stores.Claimed {
-					t.Fatalf("Begin(MaxInt64) = %v, %v", tx, err)
-				}
-				if err := tx.Commit(ctx, []byte("y")); err != nil {
-					t.Fatalf("Commit of a MaxInt64 retention: %v", err)
-				}
-			})
-		}
-	})
-}
-
 // TestMySQLUserAutoIncrementColumn: a column a user adds to the table
 // (an AUTO_INCREMENT sequence for change data capture, say) gives every
 // fresh INSERT a last insert id. The store must still tell an inserted
@@ -480,10 +384,10 @@ func TestDurationsRoundUpAndSaturate(t *testing.T) {
 // one made Begin a Duplicate (the message acked without its effect) and
 // multi-key claims InProgress for ever.
 func TestMySQLUserAutoIncrementColumn(t *testing.T) {
-	db := openMySQL(t)
+	db := sqltest.OpenMySQL(t)
 	for _, batched := range []bool{true, false} {
 		t.Run(fmt.Sprintf("batched=%v", batched), func(t *testing.T) {
-			s := newStore(t, db, sqlstore.MySQL, sqlstore.Config{Batch: sqlstore.BatchConfig{Disabled: !batched}})
+			s := sqltest.NewStore(t, db, sqlstore.MySQL, sqlstore.Config{Batch: sqlstore.BatchConfig{Disabled: !batched}})
 			ctx := context.Background()
 			if _, err := db.ExecContext(ctx, "ALTER TABLE `"+s.Table()+"` ADD COLUMN seq BIGINT NOT NULL AUTO_INCREMENT UNIQUE"); err != nil {
 				t.Fatal(err)
@@ -511,29 +415,6 @@ func TestMySQLUserAutoIncrementColumn(t *testing.T) {
 	}
 }
 
-// TestCallerContextIsNotAnOutage: a call whose context is already done
-// fails with that context's error, which is not the outage class: the
-// caller gave up, the database did not fail.
-func TestCallerContextIsNotAnOutage(t *testing.T) {
-	forEachBackend(t, backends, func(t *testing.T, b backend) {
-		s := newStore(t, b.open(t), b.dialect, sqlstore.Config{})
-		expired, cancel := context.WithDeadline(context.Background(), time.Now().Add(-time.Second))
-		defer cancel()
-		cancelled, cancel2 := context.WithCancel(context.Background())
-		cancel2()
-		for name, ctx := range map[string]context.Context{"expired": expired, "cancelled": cancelled} {
-			_, err := s.Claim(ctx, "s", []string{"k"}, time.Minute)
-			if !errors.Is(err, ctx.Err()) || errors.Is(err, stores.ErrUnavailable) {
-				t.Errorf("Claim with a context %s = %v; want its error, not an outage", name, err)
-			}
-			_, err = s.Begin(ctx, "s", []string{"k"}, time.Minute)
-			if !errors.Is(err, ctx.Err()) || errors.Is(err, stores.ErrUnavailable) {
-				t.Errorf("Begin with a context %s = %v; want its error, not an outage", name, err)
-			}
-		}
-	})
-}
-
 // TestMySQLAutocommitOffRefused: with autocommit=0 in the DSN (passed on
 // to the session by go-sql-driver), the store's single statements open
 // transactions nobody commits: every Complete "succeeds" and is then
@@ -541,9 +422,9 @@ func TestCallerContextIsNotAnOutage(t *testing.T) {
 // anyone else. The store refuses such a database with an error naming the
 // setting instead.
 func TestMySQLAutocommitOffRefused(t *testing.T) {
-	direct := openMySQL(t)
+	direct := sqltest.OpenMySQL(t)
 	cfg := sqlstore.Config{Dialect: sqlstore.MySQL, Table: "dedup_test_" + storetest.NewID()}
-	newStore(t, direct, sqlstore.MySQL, cfg) // the table, and its removal
+	sqltest.NewStore(t, direct, sqlstore.MySQL, cfg) // the table, and its removal
 	// Opened after: closed before the table is dropped, so that no open
 	// implicit transaction of an autocommit=0 connection holds the drop.
 	db := mysqlWith(t, map[string]string{"autocommit": "0"})
@@ -573,9 +454,9 @@ func TestMySQLAutocommitOffRefused(t *testing.T) {
 // expires_at index locks the index range after them, where every newer
 // record goes.
 func TestJoinedCommitLocksOnlyItsRecords(t *testing.T) {
-	forEachBackend(t, serverBackends, func(t *testing.T, b backend) {
-		db := b.open(t)
-		s := newStore(t, db, b.dialect, sqlstore.Config{})
+	sqltest.ForEachBackend(t, backends, func(t *testing.T, b sqltest.Backend) {
+		db := b.Open(t)
+		s := sqltest.NewStore(t, db, b.Dialect, sqlstore.Config{})
 		ctx := context.Background()
 		outer, err := db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelRepeatableRead})
 		if err != nil {
@@ -608,9 +489,9 @@ func TestJoinedCommitLocksOnlyItsRecords(t *testing.T) {
 // blackholed network). Close must not wait for it, and a Commit made after
 // Close is bounded by its context all the same.
 func TestMySQLCommitOnDeadServerDoesNotHoldClose(t *testing.T) {
-	s, _, p := proxiedStore(t, backend{sqlstore.MySQL, openMySQL}, sqlstore.Config{})
+	s, _, p := proxiedStore(t, sqltest.Backend{Dialect: sqlstore.MySQL, Open: sqltest.OpenMySQL}, sqlstore.Config{})
 	ctx := context.Background()
-	first, second := mustBegin(t, s, "s", "a", time.Hour), mustBegin(t, s, "s", "b", time.Hour)
+	first, second := sqltest.MustBegin(t, s, "s", "a", time.Hour), sqltest.MustBegin(t, s, "s", "b", time.Hour)
 	p.Blackhole()
 	defer p.Restore()
 	commit := func(tx stores.InboxTx) {

@@ -11,6 +11,7 @@ import (
 	_ "github.com/mattn/go-sqlite3" // the cgo SQLite driver, "sqlite3": tests only
 
 	"github.com/watermill-dedup/dedup/internal/testkit"
+	"github.com/watermill-dedup/dedup/internal/testkit/sqltest"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/sqlstore"
 	"github.com/watermill-dedup/dedup/stores/storetest"
@@ -67,12 +68,12 @@ func TestDriverOptions(t *testing.T) {
 			db := o.open(t)
 			t.Run("Store", func(t *testing.T) {
 				storetest.Run(t, func(t *testing.T, clock stores.Clock) stores.Store {
-					return newStore(t, db, o.dialect, sqlstore.Config{Clock: clock})
+					return sqltest.NewStore(t, db, o.dialect, sqlstore.Config{Clock: clock})
 				}, storetest.AdminNoScopes())
 			})
 			t.Run("Inbox", func(t *testing.T) {
 				storetest.RunInbox(t, func(t *testing.T, clock stores.Clock) storetest.InboxFixture {
-					return newInboxFixture(t, db, o.dialect, sqlstore.Config{Clock: clock})
+					return sqltest.NewInboxFixture(t, db, o.dialect, sqlstore.Config{Clock: clock})
 				})
 			})
 		})
@@ -83,7 +84,7 @@ func TestDriverOptions(t *testing.T) {
 // the shared test databases have, and closes it after t.
 func openOption(t *testing.T, driver, dsn, service, addr string) *sql.DB {
 	t.Helper()
-	db := openPool(t, driver, dsn, service, addr)
+	db := sqltest.OpenPool(t, driver, dsn, service, addr)
 	t.Cleanup(func() { _ = db.Close() })
 	return db
 }
@@ -119,7 +120,7 @@ func mysqlIsolation(level string) func(t *testing.T) *sql.DB {
 		t.Helper()
 		variable := "tx_isolation"
 		var name, value string
-		err := openMySQL(t).QueryRowContext(context.Background(), "SHOW VARIABLES LIKE 'transaction_isolation'").Scan(&name, &value)
+		err := sqltest.OpenMySQL(t).QueryRowContext(context.Background(), "SHOW VARIABLES LIKE 'transaction_isolation'").Scan(&name, &value)
 		switch {
 		case err == nil:
 			variable = "transaction_isolation"

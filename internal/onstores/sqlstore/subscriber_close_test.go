@@ -15,6 +15,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/watermill-dedup/dedup/internal/testkit"
+	"github.com/watermill-dedup/dedup/internal/testkit/sqltest"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/sqlstore"
 	"github.com/watermill-dedup/dedup/stores/sqlstore/wsql3"
@@ -50,7 +51,7 @@ import (
 //     then either committed with the ack or rolled back with it, and
 //     run again by the second router.
 func TestJoinedTxSurvivesGracefulClose(t *testing.T) {
-	forEachJoinedPubSub(t, func(t *testing.T, b backend, w wsqlMajor) {
+	forEachJoinedPubSub(t, func(t *testing.T, b sqltest.Backend, w wsqlMajor) {
 		t.Run("returns on cancellation", func(t *testing.T) {
 			runJoinedLifecycle(t, b, w, joinedLifecycle{
 				ackDeadline: time.Minute,
@@ -94,7 +95,7 @@ func TestJoinedTxSurvivesGracefulClose(t *testing.T) {
 // writes the other half and succeeds. watermill-sql committed at the
 // deadline: the record with half the effect.
 func TestJoinedTxSurvivesAckDeadline(t *testing.T) {
-	forEachJoinedPubSub(t, func(t *testing.T, b backend, w wsqlMajor) {
+	forEachJoinedPubSub(t, func(t *testing.T, b sqltest.Backend, w wsqlMajor) {
 		runJoinedLifecycle(t, b, w, joinedLifecycle{
 			ackDeadline: 1500 * time.Millisecond,
 			first: func(ctx context.Context, tx *sql.Tx, write func(int) error) error {
@@ -112,9 +113,9 @@ func TestJoinedTxSurvivesAckDeadline(t *testing.T) {
 	})
 }
 
-func forEachJoinedPubSub(t *testing.T, fn func(t *testing.T, b backend, w wsqlMajor)) {
+func forEachJoinedPubSub(t *testing.T, fn func(t *testing.T, b sqltest.Backend, w wsqlMajor)) {
 	forEachWsqlMajor(t, func(t *testing.T, w wsqlMajor) {
-		forEachBackend(t, serverBackends, func(t *testing.T, b backend) { fn(t, b, w) })
+		sqltest.ForEachBackend(t, serverBackends, func(t *testing.T, b sqltest.Backend) { fn(t, b, w) })
 	})
 }
 
@@ -154,10 +155,10 @@ func (s *closeSpy) Close() error {
 	return s.Subscriber.Close()
 }
 
-func runJoinedLifecycle(t *testing.T, b backend, w wsqlMajor, sc joinedLifecycle) {
+func runJoinedLifecycle(t *testing.T, b sqltest.Backend, w wsqlMajor, sc joinedLifecycle) {
 	rig := newJoinedRig(t, b, w)
 	db, s, l, topic := rig.db, rig.s, rig.l, rig.topic
-	pub, sub1 := w.pubSub(t, db, b.dialect, sc.ackDeadline)
+	pub, sub1 := w.pubSub(t, db, b.Dialect, sc.ackDeadline)
 	defer pub.Close()
 	m := message.NewMessage(watermill.NewUUID(), nil)
 	m.Metadata.Set("event_id", "1")
@@ -174,7 +175,7 @@ func runJoinedLifecycle(t *testing.T, b backend, w wsqlMajor, sc joinedLifecycle
 		}
 		// The handler's writes do not watch its context: the scenarios
 		// decide themselves when a handler stops.
-		write := func(amount int) error { return l.add(context.WithoutCancel(msg.Context()), tx, 0, amount) }
+		write := func(amount int) error { return l.Add(context.WithoutCancel(msg.Context()), tx, 0, amount) }
 		if runs.Add(1) == 1 {
 			close(started)
 			return sc.first(msg.Context(), tx, write)
@@ -218,14 +219,14 @@ func runJoinedLifecycle(t *testing.T, b backend, w wsqlMajor, sc joinedLifecycle
 	}
 	<-done1
 
-	_, sub2 := w.pubSub(t, db, b.dialect, time.Minute)
+	_, sub2 := w.pubSub(t, db, b.Dialect, time.Minute)
 	r2, done2 := newRouter(sub2)
 	defer func() {
 		_ = r2.Close()
 		<-done2
 	}()
-	testkit.WaitFor(t, time.Minute, "the event's one effect", func() bool { return l.sum(t, db) >= 5 })
-	if got := l.sum(t, db); got != 5 {
+	testkit.WaitFor(t, time.Minute, "the event's one effect", func() bool { return l.Sum(t, db) >= 5 })
+	if got := l.Sum(t, db); got != 5 {
 		t.Errorf("ledger = %d, want 5", got)
 	}
 	t.Logf("%d runs, %d acked", runs.Load(), acked.Load())
@@ -246,7 +247,7 @@ func waitTxEnded(t *testing.T, tx *sql.Tx) {
 // not tied to the router's ack, is refused by the finders (ErrNotGuarded,
 // and Begin's ErrTxNotJoinable), and nothing is written in it.
 func TestJoinTxRefusesUnguardedSubscriber(t *testing.T) {
-	db := openPostgres(t)
+	db := sqltest.OpenPostgres(t)
 	for _, c := range []struct {
 		name    string
 		find    sqlstore.TxFinder
@@ -261,7 +262,7 @@ func TestJoinTxRefusesUnguardedSubscriber(t *testing.T) {
 		}, wsql4.ErrNotGuarded},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			s := newStore(t, db, sqlstore.Postgres, sqlstore.Config{JoinTx: c.find})
+			s := sqltest.NewStore(t, db, sqlstore.Postgres, sqlstore.Config{JoinTx: c.find})
 			topic := newWsqlTopic(t, db, sqlstore.Postgres)
 			pub, sub := c.pubSub(t)
 			defer pub.Close()
@@ -271,7 +272,7 @@ func TestJoinTxRefusesUnguardedSubscriber(t *testing.T) {
 				t.Fatalf("Begin in an unguarded subscriber's transaction = %v, want %v and ErrTxNotJoinable", err, c.refusal)
 			}
 			msg.Nack()
-			if n := countRows(t, db, sqlstore.Postgres, s.Table()); n != 0 {
+			if n := sqltest.CountRows(t, db, sqlstore.Postgres, s.Table()); n != 0 {
 				t.Fatalf("%d records written by a refused Begin", n)
 			}
 		})
@@ -284,10 +285,10 @@ func TestJoinTxRefusesUnguardedSubscriber(t *testing.T) {
 // records and effects), and nothing of the third, which the next
 // subscriber of the group gets.
 func TestGuardedSubscriberCloseCommitsAcked(t *testing.T) {
-	forEachJoinedPubSub(t, func(t *testing.T, b backend, w wsqlMajor) {
+	forEachJoinedPubSub(t, func(t *testing.T, b sqltest.Backend, w wsqlMajor) {
 		r := newJoinedRig(t, b, w)
 		db, s, l, topic := r.db, r.s, r.l, r.topic
-		pub, sub := w.pubSub(t, db, b.dialect, time.Minute)
+		pub, sub := w.pubSub(t, db, b.Dialect, time.Minute)
 		defer pub.Close()
 		for i := 1; i <= 3; i++ {
 			m := message.NewMessage(watermill.NewUUID(), nil)
@@ -306,7 +307,7 @@ func TestGuardedSubscriberCloseCommitsAcked(t *testing.T) {
 			hctx := itx.Context(msg.Context())
 			tx, _ := sqlstore.TxFromContext(hctx)
 			ev, _ := strconv.Atoi(msg.Metadata.Get("event_id"))
-			if err := l.add(hctx, tx, 0, ev); err != nil {
+			if err := l.Add(hctx, tx, 0, ev); err != nil {
 				t.Fatal(err)
 			}
 			return msg, func() {
@@ -331,14 +332,14 @@ func TestGuardedSubscriberCloseCommitsAcked(t *testing.T) {
 		if err := <-closed; err != nil {
 			t.Fatal(err)
 		}
-		if got := l.sum(t, db); got != 1+2 {
+		if got := l.Sum(t, db); got != 1+2 {
 			t.Fatalf("ledger after Close = %d, want 3 (events 1 and 2, acked before Close returned)", got)
 		}
-		if n := countRows(t, db, b.dialect, s.Table()); n != 2 {
+		if n := sqltest.CountRows(t, db, b.Dialect, s.Table()); n != 2 {
 			t.Fatalf("%d records after Close, want 2", n)
 		}
 
-		_, next := w.pubSub(t, db, b.dialect, time.Minute)
+		_, next := w.pubSub(t, db, b.Dialect, time.Minute)
 		defer next.Close()
 		msgs = subscribe(t, next, topic)
 		third, finish := handle(msgs)
@@ -346,7 +347,7 @@ func TestGuardedSubscriberCloseCommitsAcked(t *testing.T) {
 			t.Fatalf("the next subscriber got event %s first, want 3", id)
 		}
 		finish()
-		testkit.WaitFor(t, time.Minute, "event 3 committed", func() bool { return l.sum(t, db) == 6 })
+		testkit.WaitFor(t, time.Minute, "event 3 committed", func() bool { return l.Sum(t, db) == 6 })
 	})
 }
 
@@ -355,18 +356,18 @@ func TestGuardedSubscriberCloseCommitsAcked(t *testing.T) {
 // messages by hand (no router), one step at a time.
 type joinedRig struct {
 	t     *testing.T
-	b     backend
+	b     sqltest.Backend
 	db    *sql.DB
 	s     *sqlstore.Store
-	l     *ledger
+	l     *sqltest.Ledger
 	topic string
 	scope string
 }
 
-func newJoinedRig(t *testing.T, b backend, w wsqlMajor) *joinedRig {
-	db := b.open(t)
-	r := &joinedRig{t: t, b: b, db: db, s: newStore(t, db, b.dialect, sqlstore.Config{JoinTx: w.joinTx}),
-		l: newLedger(t, db, b.dialect, 1), topic: newWsqlTopic(t, db, b.dialect)}
+func newJoinedRig(t *testing.T, b sqltest.Backend, w wsqlMajor) *joinedRig {
+	db := b.Open(t)
+	r := &joinedRig{t: t, b: b, db: db, s: sqltest.NewStore(t, db, b.Dialect, sqlstore.Config{JoinTx: w.joinTx}),
+		l: sqltest.NewLedger(t, db, b.Dialect, 1), topic: newWsqlTopic(t, db, b.Dialect)}
 	r.scope = "rig-" + r.topic
 	return r
 }
@@ -406,7 +407,7 @@ func (r *joinedRig) handle(msgs <-chan *message.Message) int {
 	msg, itx, tx := r.begin(msgs)
 	ev, _ := strconv.Atoi(msg.Metadata.Get("event_id"))
 	if itx.Result() == stores.Claimed {
-		if err := r.l.add(msg.Context(), tx, 0, ev); err != nil {
+		if err := r.l.Add(msg.Context(), tx, 0, ev); err != nil {
 			r.t.Fatal(err)
 		}
 		if err := itx.Commit(msg.Context(), nil); err != nil {
@@ -421,7 +422,7 @@ func (r *joinedRig) handle(msgs <-chan *message.Message) int {
 // the ledger holds want, and fails if it never does or holds more.
 func (r *joinedRig) drain(w wsqlMajor, want int64) {
 	r.t.Helper()
-	_, sub := w.pubSub(r.t, r.db, r.b.dialect, time.Minute)
+	_, sub := w.pubSub(r.t, r.db, r.b.Dialect, time.Minute)
 	defer sub.Close()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -448,7 +449,7 @@ func (r *joinedRig) drain(w wsqlMajor, want int64) {
 				if itx.Result() == stores.Claimed {
 					ev, _ := strconv.Atoi(msg.Metadata.Get("event_id"))
 					tx, _ := sqlstore.TxFromContext(itx.Context(msg.Context()))
-					if err := r.l.add(msg.Context(), tx, 0, ev); err != nil {
+					if err := r.l.Add(msg.Context(), tx, 0, ev); err != nil {
 						_ = itx.Rollback(msg.Context())
 						msg.Nack()
 						continue
@@ -462,10 +463,10 @@ func (r *joinedRig) drain(w wsqlMajor, want int64) {
 			}
 		}
 	}()
-	testkit.WaitFor(r.t, time.Minute, "every event's effect", func() bool { return r.l.sum(r.t, r.db) >= want })
+	testkit.WaitFor(r.t, time.Minute, "every event's effect", func() bool { return r.l.Sum(r.t, r.db) >= want })
 	cancel()
 	<-done
-	if got := r.l.sum(r.t, r.db); got != want {
+	if got := r.l.Sum(r.t, r.db); got != want {
 		r.t.Fatalf("ledger = %d, want %d", got, want)
 	}
 }
@@ -486,7 +487,10 @@ func (r *joinedRig) deadlock(tx *sql.Tx) error {
 			r.t.Fatal(err)
 		}
 	}
-	r.t.Cleanup(func() { dropTable(r.t, r.db, r.b.dialect, locks); dropTable(r.t, r.db, r.b.dialect, heavy) })
+	r.t.Cleanup(func() {
+		sqltest.DropTable(r.t, r.db, r.b.Dialect, locks)
+		sqltest.DropTable(r.t, r.db, r.b.Dialect, heavy)
+	})
 	if _, err := tx.ExecContext(ctx, "UPDATE "+locks+" SET v = v + 1 WHERE id = 1"); err != nil {
 		r.t.Fatal(err)
 	}
@@ -522,7 +526,7 @@ func (r *joinedRig) deadlock(tx *sql.Tx) error {
 
 // mysqlJoined runs fn on MySQL, where a deadlock leaves the transaction
 // open on the client, with each watermill-sql major.
-func mysqlJoined(t *testing.T, fn func(t *testing.T, b backend, w wsqlMajor)) {
+func mysqlJoined(t *testing.T, fn func(t *testing.T, b sqltest.Backend, w wsqlMajor)) {
 	forEachWsqlMajor(t, func(t *testing.T, w wsqlMajor) { fn(t, backends[1], w) })
 }
 
@@ -534,9 +538,9 @@ func mysqlJoined(t *testing.T, fn func(t *testing.T, b backend, w wsqlMajor)) {
 // autocommit and committed the offsets of events 1 and 2, which were then
 // never applied.
 func TestJoinedTxDeadlockThenClose(t *testing.T) {
-	mysqlJoined(t, func(t *testing.T, b backend, w wsqlMajor) {
+	mysqlJoined(t, func(t *testing.T, b sqltest.Backend, w wsqlMajor) {
 		r := newJoinedRig(t, b, w)
-		pub, sub := w.pubSub(t, r.db, b.dialect, time.Minute)
+		pub, sub := w.pubSub(t, r.db, b.Dialect, time.Minute)
 		defer pub.Close()
 		r.publish(pub, 1, 5)
 		msgs := subscribe(t, sub, r.topic)
@@ -562,10 +566,10 @@ func TestJoinedTxDeadlockThenClose(t *testing.T) {
 // offset ack, the batch's last statement, often ran before database/sql
 // had marked the transaction done: in autocommit.
 func TestJoinedTxDeadlockThenAckDeadline(t *testing.T) {
-	mysqlJoined(t, func(t *testing.T, b backend, w wsqlMajor) {
+	mysqlJoined(t, func(t *testing.T, b sqltest.Backend, w wsqlMajor) {
 		for round := range 3 {
 			r := newJoinedRig(t, b, w)
-			pub, sub := w.pubSub(t, r.db, b.dialect, time.Second, wsqlBatch(3))
+			pub, sub := w.pubSub(t, r.db, b.Dialect, time.Second, wsqlBatch(3))
 			r.publish(pub, 1, 3)
 			ctx, cancel := context.WithCancel(context.Background())
 			msgs, err := sub.Subscribe(ctx, r.topic)
@@ -591,9 +595,9 @@ func TestJoinedTxDeadlockThenAckDeadline(t *testing.T) {
 // middle of a batch of five acked the three rows never delivered, and
 // they were lost.
 func TestQueueAdapterCloseAcksOnlyDelivered(t *testing.T) {
-	forEachBackend(t, serverBackends, func(t *testing.T, b backend) {
+	sqltest.ForEachBackend(t, serverBackends, func(t *testing.T, b sqltest.Backend) {
 		r := newJoinedRig(t, b, wsqlV4)
-		pub, sub := wsqlV4.pubSub(t, r.db, b.dialect, time.Minute, wsqlBatch(5), wsqlQueue())
+		pub, sub := wsqlV4.pubSub(t, r.db, b.Dialect, time.Minute, wsqlBatch(5), wsqlQueue())
 		defer pub.Close()
 		r.publish(pub, 1, 5)
 		msgs := subscribe(t, sub, r.topic)
@@ -602,10 +606,10 @@ func TestQueueAdapterCloseAcksOnlyDelivered(t *testing.T) {
 		if err := sub.Close(); err != nil {
 			t.Fatal(err)
 		}
-		if got := r.l.sum(t, r.db); got != 1+2 {
+		if got := r.l.Sum(t, r.db); got != 1+2 {
 			t.Fatalf("ledger after Close = %d, want 3", got)
 		}
-		_, next := wsqlV4.pubSub(t, r.db, b.dialect, time.Minute, wsqlQueue())
+		_, next := wsqlV4.pubSub(t, r.db, b.Dialect, time.Minute, wsqlQueue())
 		defer next.Close()
 		msgs = subscribe(t, next, r.topic)
 		for want := 3; want <= 5; want++ {
@@ -621,7 +625,7 @@ func TestQueueAdapterCloseAcksOnlyDelivered(t *testing.T) {
 // the first still waited for the delivery in flight.
 func TestGuardedSubscriberSecondCloseWaits(t *testing.T) {
 	r := newJoinedRig(t, backends[0], wsqlV3)
-	pub, sub := wsqlV3.pubSub(t, r.db, r.b.dialect, time.Minute)
+	pub, sub := wsqlV3.pubSub(t, r.db, r.b.Dialect, time.Minute)
 	defer pub.Close()
 	r.publish(pub, 1, 1)
 	msgs := subscribe(t, sub, r.topic)
@@ -636,7 +640,7 @@ func TestGuardedSubscriberSecondCloseWaits(t *testing.T) {
 		t.Fatalf("Close returned (%v) with the delivery in flight", err)
 	case <-time.After(300 * time.Millisecond):
 	}
-	if err := r.l.add(msg.Context(), tx, 0, 1); err != nil {
+	if err := r.l.Add(msg.Context(), tx, 0, 1); err != nil {
 		t.Fatal(err)
 	}
 	if err := itx.Commit(msg.Context(), nil); err != nil {
@@ -646,7 +650,7 @@ func TestGuardedSubscriberSecondCloseWaits(t *testing.T) {
 	if err := errors.Join(<-first, <-second); err != nil {
 		t.Fatal(err)
 	}
-	if got := r.l.sum(t, r.db); got != 1 {
+	if got := r.l.Sum(t, r.db); got != 1 {
 		t.Fatalf("ledger after Close = %d, want 1", got)
 	}
 }
@@ -659,7 +663,7 @@ func TestGuardedSubscriberSecondCloseWaits(t *testing.T) {
 // transaction never ended.
 func TestGuardedSubscriberDeadlineSpansResends(t *testing.T) {
 	r := newJoinedRig(t, backends[0], wsqlV3)
-	pub, sub := wsqlV3.pubSub(t, r.db, r.b.dialect, 500*time.Millisecond)
+	pub, sub := wsqlV3.pubSub(t, r.db, r.b.Dialect, 500*time.Millisecond)
 	defer pub.Close()
 	m := message.NewMessage("", nil)
 	m.Metadata.Set("event_id", "1")

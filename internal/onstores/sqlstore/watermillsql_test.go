@@ -19,6 +19,7 @@ import (
 
 	dedup "github.com/watermill-dedup/dedup"
 	"github.com/watermill-dedup/dedup/internal/testkit"
+	"github.com/watermill-dedup/dedup/internal/testkit/sqltest"
 	"github.com/watermill-dedup/dedup/keyfuncs"
 	"github.com/watermill-dedup/dedup/publisher"
 	"github.com/watermill-dedup/dedup/stores"
@@ -220,8 +221,8 @@ func wsql4PlainPubSub(t *testing.T, beginner wsql4std.Beginner) (message.Publish
 func newWsqlTopic(t *testing.T, db *sql.DB, d sqlstore.Dialect) string {
 	topic := "dedup_" + storetest.NewID()
 	t.Cleanup(func() {
-		dropTable(t, db, d, "watermill_"+topic)
-		dropTable(t, db, d, "watermill_offsets_"+topic)
+		sqltest.DropTable(t, db, d, "watermill_"+topic)
+		sqltest.DropTable(t, db, d, "watermill_offsets_"+topic)
 	})
 	return topic
 }
@@ -259,12 +260,12 @@ func newPgxPool(t *testing.T) *pgxpool.Pool {
 }
 
 // testSubscriberTx is TestWatermillSQLSubscriberTx on b with w.
-func testSubscriberTx(t *testing.T, b backend, w wsqlMajor) {
-	db := b.open(t)
-	s := newStore(t, db, b.dialect, sqlstore.Config{JoinTx: w.joinTx})
-	l := newLedger(t, db, b.dialect, 4)
-	topic := newWsqlTopic(t, db, b.dialect)
-	pub, sub := w.pubSub(t, db, b.dialect, 5*time.Second)
+func testSubscriberTx(t *testing.T, b sqltest.Backend, w wsqlMajor) {
+	db := b.Open(t)
+	s := sqltest.NewStore(t, db, b.Dialect, sqlstore.Config{JoinTx: w.joinTx})
+	l := sqltest.NewLedger(t, db, b.Dialect, 4)
+	topic := newWsqlTopic(t, db, b.Dialect)
+	pub, sub := w.pubSub(t, db, b.Dialect, 5*time.Second)
 	defer pub.Close()
 
 	const events = 120
@@ -328,7 +329,7 @@ func testSubscriberTx(t *testing.T, b backend, w wsqlMajor) {
 		if tx != subTx {
 			t.Fatal("the handler's transaction is not the subscriber's")
 		}
-		if err := l.add(hctx, tx, ev%4, amount); err != nil {
+		if err := l.Add(hctx, tx, ev%4, amount); err != nil {
 			t.Fatal(err)
 		}
 		if prev, seen := failedTx[ev]; ev%10 == 0 && !seen {
@@ -350,7 +351,7 @@ func testSubscriberTx(t *testing.T, b backend, w wsqlMajor) {
 	// The subscriber commits its transaction (offset ack, records,
 	// ledger) after the batch's last ack: wait for it before closing,
 	// which would roll the batch back.
-	for deadline := time.Now().Add(time.Minute); countRows(t, db, b.dialect, s.Table()) < events && time.Now().Before(deadline); {
+	for deadline := time.Now().Add(time.Minute); sqltest.CountRows(t, db, b.Dialect, s.Table()) < events && time.Now().Before(deadline); {
 		time.Sleep(10 * time.Millisecond)
 	}
 	cancel()
@@ -358,10 +359,10 @@ func testSubscriberTx(t *testing.T, b backend, w wsqlMajor) {
 		t.Fatal(err)
 	}
 
-	if got := l.sum(t, db); got != want {
+	if got := l.Sum(t, db); got != want {
 		t.Errorf("ledger sum = %d, want %d", got, want)
 	}
-	if got := countRows(t, db, b.dialect, s.Table()); got != events {
+	if got := sqltest.CountRows(t, db, b.Dialect, s.Table()); got != events {
 		t.Errorf("inbox rows = %d, want %d", got, events)
 	}
 	if int(duplicates.Load()) != deliveries-events {
@@ -371,7 +372,7 @@ func testSubscriberTx(t *testing.T, b backend, w wsqlMajor) {
 		t.Error("no nacked message was resent in the same transaction: the test did not exercise Watermill issue #224")
 	}
 	t.Logf("%s: %d deliveries, %d duplicates, %d of %d failed attempts resent in the same subscriber transaction",
-		b.dialect, deliveries, duplicates.Load(), resendsInSameTx.Load(), len(failedTx))
+		b.Dialect, deliveries, duplicates.Load(), resendsInSameTx.Load(), len(failedTx))
 }
 
 // TestJoinWatermillTxNeedsJoinTx: the deprecated JoinWatermillTx alone
@@ -402,11 +403,11 @@ func TestJoinWatermillTxNeedsJoinTx(t *testing.T) {
 // its own error, and JoinedTx reports the refusal as a transaction (equal
 // for equal refusals), not as none.
 func TestJoinTxNone(t *testing.T) {
-	forEachBackend(t, backends[2:], func(t *testing.T, b backend) {
-		db := b.open(t)
+	sqltest.ForEachBackend(t, backends[2:], func(t *testing.T, b sqltest.Backend) {
+		db := b.Open(t)
 		ctx := context.Background()
 		for _, f := range []sqlstore.TxFinder{wsql3.SubscriberTx, wsql4.SubscriberTx} {
-			s := newStore(t, db, b.dialect, sqlstore.Config{JoinTx: f})
+			s := sqltest.NewStore(t, db, b.Dialect, sqlstore.Config{JoinTx: f})
 			if _, ok := s.JoinedTx(ctx); ok {
 				t.Fatal("JoinedTx of a context without a transaction reports one")
 			}
@@ -419,7 +420,7 @@ func TestJoinTxNone(t *testing.T) {
 			}
 		}
 		refusal := errors.New("a transaction of another kind")
-		s := newStore(t, db, b.dialect, sqlstore.Config{JoinTx: func(context.Context) (*sql.Tx, error) { return nil, refusal }})
+		s := sqltest.NewStore(t, db, b.Dialect, sqlstore.Config{JoinTx: func(context.Context) (*sql.Tx, error) { return nil, refusal }})
 		if _, err := s.Begin(ctx, "scope", []string{"k"}, time.Hour); !errors.Is(err, sqlstore.ErrTxNotJoinable) || !errors.Is(err, refusal) {
 			t.Fatalf("Begin refused by JoinTx = %v, want ErrTxNotJoinable and the finder's error", err)
 		}
@@ -428,7 +429,7 @@ func TestJoinTxNone(t *testing.T) {
 		if !ok1 || !ok2 || tx1 != tx2 {
 			t.Fatalf("JoinedTx of a refused transaction = %v %v, %v %v; want it reported, equal each time", tx1, ok1, tx2, ok2)
 		}
-		if n := countRows(t, db, b.dialect, s.Table()); n != 0 {
+		if n := sqltest.CountRows(t, db, b.Dialect, s.Table()); n != 0 {
 			t.Fatalf("%d records after a refused Begin", n)
 		}
 	})
@@ -444,9 +445,9 @@ func TestJoinTxNone(t *testing.T) {
 // JoinTx the store opens its own inbox transaction, as documented for
 // such a subscriber.
 func TestWatermillSQLv4PgxTxRefused(t *testing.T) {
-	db := openPostgres(t)
-	joining := newStore(t, db, sqlstore.Postgres, sqlstore.Config{JoinTx: wsql4.SubscriberTx})
-	own := newStore(t, db, sqlstore.Postgres, sqlstore.Config{Table: joining.Table()})
+	db := sqltest.OpenPostgres(t)
+	joining := sqltest.NewStore(t, db, sqlstore.Postgres, sqlstore.Config{JoinTx: wsql4.SubscriberTx})
+	own := sqltest.NewStore(t, db, sqlstore.Postgres, sqlstore.Config{Table: joining.Table()})
 	topic := newWsqlTopic(t, db, sqlstore.Postgres)
 	pub, sub := wsql4PlainPubSub(t, wsql4std.BeginnerFromPgx(newPgxPool(t)))
 	defer pub.Close()
@@ -465,7 +466,7 @@ func TestWatermillSQLv4PgxTxRefused(t *testing.T) {
 	if _, ok := joining.JoinedTx(msg.Context()); !ok {
 		t.Error("JoinedTx reports no transaction: a caller would take Begin for one opening its own")
 	}
-	if n := countRows(t, db, sqlstore.Postgres, joining.Table()); n != 0 {
+	if n := sqltest.CountRows(t, db, sqlstore.Postgres, joining.Table()); n != 0 {
 		t.Fatalf("%d records written by a refused Begin", n)
 	}
 
@@ -496,7 +497,7 @@ func TestWatermillSQLv4PgxTxRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	msg.Ack()
-	if n := countRows(t, db, sqlstore.Postgres, joining.Table()); n != 1 {
+	if n := sqltest.CountRows(t, db, sqlstore.Postgres, joining.Table()); n != 1 {
 		t.Fatalf("%d records after the store's own transaction committed, want 1", n)
 	}
 }

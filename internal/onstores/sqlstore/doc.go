@@ -1,0 +1,6 @@
+// Package sqlstore holds sqlstore's tests on SQLite and with watermill-sql
+// (v3 and v4): the tests that need a SQLite driver (modernc.org/sqlite,
+// github.com/mattn/go-sqlite3) or watermill-sql, kept out of
+// stores/sqlstore so that a program importing the store does not download
+// them for its tests. It has no code of its own.
+package sqlstore
