@@ -83,5 +83,7 @@
 //
 // ModeLease is at-least-once publishing, exactly-once within the window
 // otherwise. ModeTransactional, with watermill-sql's publisher on the same
-// transaction as the record, is exactly-once into the outbox.
+// transaction as the record, is exactly-once into the outbox: the
+// outbox example of package
+// [github.com/watermill-dedup/dedup/stores/sqlstore/wsql3] wires it.
 package publisher
