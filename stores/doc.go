@@ -137,7 +137,13 @@
 //     (its Admin checks too when it implements Admin, with AdminNoScopes
 //     or AdminNoKeys for what its layout cannot list; ServerTime or
 //     RealTime when its server keeps the time), storetest.RunModel, and
-//     storetest.RunInbox when it implements Inbox.
+//     storetest.RunInbox when it implements Inbox. The package's own tests
+//     import its backend's client and this module's light test kit only
+//     (internal/testkit, and an internal/testkit/<backend>test package
+//     for its servers, as redistest, natstest and sqltest are): every
+//     module they import is downloaded by a service that imports the
+//     store (README, Footprint). A test that needs another store, another
+//     driver or a broker goes in internal/onstores.
 //   - Every error in one of the classes under Errors, with this package's
 //     sentinels: [ErrUnavailable] for known outages only (the network
 //     errors every store tells the same way are in stores/internal/neterr),
@@ -166,7 +172,7 @@
 //
 // Four places name each store on purpose, and take a new one by hand:
 //
-//   - internal/testkit/stores.go: RequireStore's case for its test
+//   - internal/testkit/anystore/stores.go: RequireStore's case for its test
 //     service (the address, and the hint how to start it), and its
 //     settings in StoreParams.settings;
 //   - internal/storeopen/kinds_test.go: TestKinds pins the list of kinds;
