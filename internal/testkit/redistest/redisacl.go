@@ -28,7 +28,7 @@ func RedisACLRules(t testing.TB) [][]string {
 	if !ok {
 		t.Fatal("cannot find the module's directory")
 	}
-	root := filepath.Dir(filepath.Dir(filepath.Dir(file))) // internal/testkit/redisacl.go
+	root := filepath.Join(filepath.Dir(file), "..", "..", "..") // internal/testkit/redistest/redisacl.go
 	read := func(path string) []string {
 		t.Helper()
 		data, err := os.ReadFile(filepath.Join(root, path))
