@@ -60,7 +60,9 @@
 // prommetrics and otelmetrics packages export them on the same series. A
 // key counted as seen while another caller holds it (past
 // InProgressWait) is logged to Config.Logger with its scope and key:
-// the Deduplicator drops its message on a presumption. Errors are
+// the Deduplicator drops its message on a presumption. So is a takeover
+// of a key whose claim's lease ran out (counted as OutcomeTakeover too):
+// the caller that held it may get false for the key as well. Errors are
 // returned, and the router logs them.
 //
 // The package imports the stores and Watermill; nothing in this module

@@ -79,8 +79,9 @@ type Config struct {
 
 	// Logger receives a line for every key counted as seen without its
 	// mark being found (held by another caller past InProgressWait: the
-	// Deduplicator drops its message), and for a mark whose answer was
-	// lost. Errors are returned, not logged: the router logs them. The
+	// Deduplicator drops its message), for every takeover of a key whose
+	// claim's lease ran out (its caller may get false for the key too),
+	// and for a mark whose answer was lost. Errors are returned, not logged: the router logs them. The
 	// default is dedup.DefaultLogger() (log/slog's default logger);
 	// pass watermill.NopLogger{} to discard.
 	Logger watermill.LoggerAdapter
@@ -88,7 +89,9 @@ type Config struct {
 	// Metrics receives the outcome of every IsDuplicate, by Scope
 	// (dedup.OutcomeClaimed: marked now; OutcomeDuplicate: seen;
 	// OutcomeInProgress: held past InProgressWait, counted as seen;
-	// OutcomeStoreError, OutcomeLostClaim, OutcomeNoKey, OutcomeCancelled),
+	// OutcomeStoreError, OutcomeLostClaim, OutcomeNoKey, OutcomeCancelled;
+	// and OutcomeTakeover as well as the call's own outcome when it took
+	// over a key whose claim's lease ran out),
 	// and the latency of every store call: what the prommetrics and
 	// otelmetrics packages export for the middleware. The default
 	// discards them.
@@ -227,6 +230,12 @@ func (r *Repository) isDuplicate(ctx context.Context, key string) (bool, dedup.O
 		}
 		switch c.Result {
 		case stores.Claimed:
+			if c.Takeover {
+				r.cfg.Metrics.Observe(r.cfg.Scope, dedup.OutcomeTakeover)
+				r.cfg.Logger.Info("expiringkeys: took over a key whose claim's lease ran out: its caller died between its two store calls, or was slower than Lease, and may get false for the key too", watermill.LogFields{
+					"scope": r.cfg.Scope, "key": key, "lease": r.cfg.Lease.String(),
+				})
+			}
 			return r.mark(ctx, c, key)
 		case stores.InProgress:
 			if deadline.IsZero() {
@@ -249,9 +258,12 @@ func (r *Repository) isDuplicate(ctx context.Context, key string) (bool, dedup.O
 }
 
 // errOutcome is the outcome of a store call that failed with err under
-// ctx: cancelled when ctx ended, a lost claim, else a store error.
+// ctx: a key the store refused, a lost claim, cancelled when ctx ended,
+// else a store error.
 func errOutcome(ctx context.Context, err error) dedup.Outcome {
 	switch {
+	case errors.Is(err, stores.ErrInvalidKey):
+		return dedup.OutcomeNoKey
 	case errors.Is(err, stores.ErrLostClaim):
 		return dedup.OutcomeLostClaim
 	case ctx.Err() != nil:

@@ -1,8 +1,12 @@
 package expiringkeys_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,6 +16,7 @@ import (
 	"github.com/watermill-dedup/dedup/expiringkeys"
 	"github.com/watermill-dedup/dedup/internal/testkit"
 	"github.com/watermill-dedup/dedup/stores"
+	"github.com/watermill-dedup/dedup/stores/storetest"
 )
 
 // downStore is a store whose calls fail with an outage.
@@ -105,5 +110,80 @@ func TestDefaultLoggerAndMetrics(t *testing.T) {
 	}
 	if _, ok := cfg.Metrics.(dedup.NopMetrics); !ok {
 		t.Fatalf("default Metrics %T, want dedup.NopMetrics", cfg.Metrics)
+	}
+}
+
+// TestTakeoverIsLoggedAndCounted: a claim that takes over a key whose
+// holder's lease ran out (a caller that died between its two calls, or
+// one slower than Lease) is where two callers can both get false for a
+// key; it counts as OutcomeTakeover, beside the call's own outcome, and
+// is logged, as the middleware does.
+func TestTakeoverIsLoggedAndCounted(t *testing.T) {
+	clock := storetest.NewFakeClock(time.Now())
+	store := testkit.Memstore(t, clock)
+	testkit.MustClaim(t, store, "taken", time.Second, "k")
+	clock.Advance(2 * time.Second)
+	m := &testkit.Metrics{}
+	log := watermill.NewCaptureLogger()
+	r, err := expiringkeys.New(store, expiringkeys.Config{Scope: "taken", Metrics: m, Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if seen, err := r.IsDuplicate(context.Background(), "k"); err != nil || seen {
+		t.Fatalf("IsDuplicate of a key whose lease ran out = %v, %v; want false (marked now)", seen, err)
+	}
+	for o, want := range map[dedup.Outcome]int{dedup.OutcomeTakeover: 1, dedup.OutcomeClaimed: 1} {
+		if got := m.ScopeOutcome("taken", o); got != want {
+			t.Errorf("%s: %d, want %d (all: %v)", o, got, want, m.Outcomes())
+		}
+	}
+	lines := log.Captured()[watermill.InfoLogLevel]
+	if len(lines) != 1 || lines[0].Fields["key"] != "k" {
+		t.Fatalf("info lines %+v, want one naming key k", lines)
+	}
+}
+
+// refusingStore refuses every key, as a backend may refuse one this
+// package's own check let through.
+type refusingStore struct{ stores.Store }
+
+func (refusingStore) Claim(context.Context, string, []string, time.Duration) (*stores.Claim, error) {
+	return nil, fmt.Errorf("the backend refuses this key: %w", stores.ErrInvalidKey)
+}
+
+// TestKeyTheStoreRefusesIsNoKey: a key the store refuses counts as
+// OutcomeNoKey, as the middleware counts it, not as a store error.
+func TestKeyTheStoreRefusesIsNoKey(t *testing.T) {
+	m := &testkit.Metrics{}
+	r, err := expiringkeys.New(refusingStore{testkit.Memstore(t, nil)}, expiringkeys.Config{Scope: "s", Metrics: m, Logger: watermill.NopLogger{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.IsDuplicate(context.Background(), "k"); !errors.Is(err, stores.ErrInvalidKey) {
+		t.Fatalf("IsDuplicate = %v, want an error wrapping stores.ErrInvalidKey", err)
+	}
+	if got := m.Outcome(dedup.OutcomeNoKey); got != 1 {
+		t.Fatalf("no_key outcomes: %d, want 1 (all: %v)", got, m.Outcomes())
+	}
+}
+
+// TestDefaultLoggerFollowsSlog: with no Logger, lines go to log/slog's
+// default logger as it is when they are logged.
+func TestDefaultLoggerFollowsSlog(t *testing.T) {
+	store := testkit.Memstore(t, nil)
+	testkit.MustClaim(t, store, "slog", time.Minute, "k")
+	r, err := expiringkeys.New(store, expiringkeys.Config{Scope: "slog", InProgressWait: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	old := slog.Default()
+	slog.SetDefault(slog.New(slog.NewTextHandler(&buf, nil)))
+	defer slog.SetDefault(old)
+	if seen, err := r.IsDuplicate(context.Background(), "k"); err != nil || !seen {
+		t.Fatalf("IsDuplicate = %v, %v", seen, err)
+	}
+	if !strings.Contains(buf.String(), "counted as seen") || !strings.Contains(buf.String(), "scope=slog") {
+		t.Fatalf("slog's default logger got %q, want the held key's line", buf.String())
 	}
 }

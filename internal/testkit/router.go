@@ -68,7 +68,11 @@ func RunRouter(t testing.TB, r *message.Router) {
 			t.Errorf("router: %v", err)
 		}
 	}()
-	<-r.Running()
+	select {
+	case <-r.Running():
+	case <-done: // Run failed before the router started (reported above)
+		t.FailNow()
+	}
 	t.Cleanup(func() {
 		_ = r.Close()
 		<-done
