@@ -662,8 +662,8 @@ func TestComplete(t *testing.T) {
 			if got, _ := complete(c, context.Background(), newMsg("m"), e.claimed(c, "k"), []byte("d")); got != cycle.Done || e.store.completes.Load() != 2 {
 				t.Fatalf("%v: Complete = %v after %d calls, want Done after 2 (not retried, then without the data)", refusal, got, e.store.completes.Load())
 			}
-			if e.metrics.Outcome(dedup.OutcomeStoreError) != 1 || !strings.Contains(e.errorLogs(), "without them") || !strings.Contains(e.errorLogs(), "will not keep") {
-				t.Fatalf("%v: the dropped data was not counted and logged as refused: %q", refusal, e.errorLogs())
+			if e.metrics.Outcome(dedup.OutcomeStoreError) != 1 || !strings.Contains(e.errorLogs(), "without them") || !strings.Contains(e.errorLogs(), "will not keep the record's outputs and fingerprint") {
+				t.Fatalf("%v: the dropped data was not counted and logged as refused, outputs and fingerprint: %q", refusal, e.errorLogs())
 			}
 		}
 	})
