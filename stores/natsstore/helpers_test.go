@@ -159,3 +159,11 @@ func freshBucket(t *testing.T) (*nats.Conn, natsstore.Config, jetstream.JetStrea
 	}
 	return nc, cfg, js
 }
+
+// onBinaries runs f in a subtest on each nats-server binary the store is
+// tested on: "debian", the system's (2.9.10), and "current",
+// natstest.CurrentNATSVersion; f starts the servers it needs with bin.
+func onBinaries(t *testing.T, f func(t *testing.T, bin natstest.NATSBin)) {
+	t.Run("debian", func(t *testing.T) { f(t, natstest.SystemNATS(t)) })
+	t.Run("current", func(t *testing.T) { f(t, natstest.CurrentNATS(t)) })
+}

@@ -269,84 +269,86 @@ func (r *redirectDialer) Dial(network, _ string) (net.Conn, error) {
 // meet a reset, and no handler of a fail-open consumer runs; a
 // connection up again works.
 func TestReconnectRefusalIsNotAnOutage(t *testing.T) {
-	quiet := nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {})
+	onBinaries(t, func(t *testing.T, bin natstest.NATSBin) {
+		quiet := nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {})
 
-	for _, keepTrying := range []bool{false, true} {
-		name := "the user removed"
-		if keepTrying {
-			name += ", IgnoreAuthErrorAbort"
-		}
-		t.Run(name, func(t *testing.T) {
-			srv := natstest.StartNATSSecureServer(t, usersConf("root", "alice"), nats.UserInfo("root", "root-pw"))
-			r := &redirectDialer{}
-			r.to(srv.Addr())
-			opts := []nats.Option{nats.UserInfo("alice", "alice-pw"), nats.MaxReconnects(-1), nats.ReconnectWait(20 * time.Millisecond),
-				nats.ReconnectJitter(0, 0), nats.SetCustomDialer(r), quiet}
+		for _, keepTrying := range []bool{false, true} {
+			name := "the user removed"
 			if keepTrying {
-				opts = append(opts, nats.IgnoreAuthErrorAbort())
+				name += ", IgnoreAuthErrorAbort"
 			}
-			nc := connect(t, srv.URL(), opts...)
-			cfg := natsstore.Config{Bucket: testBucket()}
-			newStore(t, connect(t, srv.URL(), nats.UserInfo("root", "root-pw")), cfg) // the bucket, made and deleted by root
-			s := openStore(t, nc, cfg)
+			t.Run(name, func(t *testing.T) {
+				srv := bin.Start(t, usersConf("root", "alice"), nats.UserInfo("root", "root-pw"))
+				r := &redirectDialer{}
+				r.to(srv.Addr())
+				opts := []nats.Option{nats.UserInfo("alice", "alice-pw"), nats.MaxReconnects(-1), nats.ReconnectWait(20 * time.Millisecond),
+					nats.ReconnectJitter(0, 0), nats.SetCustomDialer(r), quiet}
+				if keepTrying {
+					opts = append(opts, nats.IgnoreAuthErrorAbort())
+				}
+				nc := connect(t, srv.URL(), opts...)
+				cfg := natsstore.Config{Bucket: testBucket()}
+				newStore(t, connect(t, srv.URL(), nats.UserInfo("root", "root-pw")), cfg) // the bucket, made and deleted by root
+				s := openStore(t, nc, cfg)
+				if c := claim(t, s, "s", time.Minute, "before"); c.Result != stores.Claimed {
+					t.Fatalf("Claim before the reload = %s", c.Result)
+				}
+
+				srv.Reload(usersConf("root"))
+				waitLastError(t, nc, "authorization violation")
+				testkit.RefusedCalls(t, s, 5, "authorization violation", true)
+				if ran, err := testkit.FailOpenRun(t, s, 5); ran != 0 || err == nil {
+					t.Fatalf("FailOpen with the user removed: %d of 5 handlers ran unprotected, last error %v", ran, err)
+				}
+				if keepTrying {
+					// The next attempts meet resets: the same refusal.
+					r.to(testkit.Closing(t, true))
+					testkit.WaitFor(t, time.Minute, "a reconnect that meets a reset", func() bool {
+						err := nc.LastError()
+						return err != nil && !strings.Contains(strings.ToLower(err.Error()), "authorization")
+					})
+					testkit.RefusedCalls(t, s, 5, "authorization violation", true)
+					// The user is back: the store works again.
+					r.to(srv.Addr())
+					srv.Reload(usersConf("root", "alice"))
+					testkit.WaitFor(t, time.Minute, "the reconnect", nc.IsConnected)
+					if c := claim(t, s, "s", time.Minute, "after"); c.Result != stores.Claimed {
+						t.Fatalf("Claim once the user is back = %s", c.Result)
+					}
+				}
+			})
+		}
+
+		t.Run("the client certificate no longer trusted", func(t *testing.T) {
+			files, other := testkit.MakeTLSFiles(t), testkit.MakeTLSFiles(t)
+			tlsConf := func(ca string) string {
+				return "tls {\n  cert_file: \"" + files.ServerCert + "\"\n  key_file: \"" + files.ServerKey + "\"\n  ca_file: \"" + ca + "\"\n  verify: true\n}\n"
+			}
+			withCert := []nats.Option{nats.RootCAs(files.CA), nats.ClientCert(files.ClientCert, files.ClientKey)}
+			srv := bin.Start(t, tlsConf(files.CA), withCert...)
+			nc := connect(t, "tls://"+srv.Addr(), append(withCert, nats.MaxReconnects(-1), nats.ReconnectWait(20*time.Millisecond), nats.ReconnectJitter(0, 0), quiet)...)
+			s := newStore(t, nc, natsstore.Config{})
 			if c := claim(t, s, "s", time.Minute, "before"); c.Result != stores.Claimed {
 				t.Fatalf("Claim before the reload = %s", c.Result)
 			}
-
-			srv.Reload(usersConf("root"))
-			waitLastError(t, nc, "authorization violation")
-			testkit.RefusedCalls(t, s, 5, "authorization violation", true)
-			if ran, err := testkit.FailOpenRun(t, s, 5); ran != 0 || err == nil {
-				t.Fatalf("FailOpen with the user removed: %d of 5 handlers ran unprotected, last error %v", ran, err)
+			// The server now trusts another authority only; the connection up
+			// keeps going until it reconnects.
+			srv.Reload(tlsConf(other.CA))
+			if err := nc.ForceReconnect(); err != nil {
+				t.Fatal(err)
 			}
-			if keepTrying {
-				// The next attempts meet resets: the same refusal.
-				r.to(testkit.Closing(t, true))
-				testkit.WaitFor(t, time.Minute, "a reconnect that meets a reset", func() bool {
-					err := nc.LastError()
-					return err != nil && !strings.Contains(strings.ToLower(err.Error()), "authorization")
-				})
-				testkit.RefusedCalls(t, s, 5, "authorization violation", true)
-				// The user is back: the store works again.
-				r.to(srv.Addr())
-				srv.Reload(usersConf("root", "alice"))
-				testkit.WaitFor(t, time.Minute, "the reconnect", nc.IsConnected)
-				if c := claim(t, s, "s", time.Minute, "after"); c.Result != stores.Claimed {
-					t.Fatalf("Claim once the user is back = %s", c.Result)
-				}
+			waitLastError(t, nc, "tls")
+			testkit.RefusedCalls(t, s, 5, "tls", true)
+			if ran, err := testkit.FailOpenRun(t, s, 5); ran != 0 || err == nil {
+				t.Fatalf("FailOpen with a client certificate no longer trusted: %d of 5 handlers ran unprotected, last error %v", ran, err)
+			}
+			// Trusted again: the store works again.
+			srv.Reload(tlsConf(files.CA))
+			testkit.WaitFor(t, time.Minute, "the reconnect", nc.IsConnected)
+			if c := claim(t, s, "s", time.Minute, "after"); c.Result != stores.Claimed {
+				t.Fatalf("Claim once the certificate is trusted again = %s", c.Result)
 			}
 		})
-	}
-
-	t.Run("the client certificate no longer trusted", func(t *testing.T) {
-		files, other := testkit.MakeTLSFiles(t), testkit.MakeTLSFiles(t)
-		tlsConf := func(ca string) string {
-			return "tls {\n  cert_file: \"" + files.ServerCert + "\"\n  key_file: \"" + files.ServerKey + "\"\n  ca_file: \"" + ca + "\"\n  verify: true\n}\n"
-		}
-		withCert := []nats.Option{nats.RootCAs(files.CA), nats.ClientCert(files.ClientCert, files.ClientKey)}
-		srv := natstest.StartNATSSecureServer(t, tlsConf(files.CA), withCert...)
-		nc := connect(t, "tls://"+srv.Addr(), append(withCert, nats.MaxReconnects(-1), nats.ReconnectWait(20*time.Millisecond), nats.ReconnectJitter(0, 0), quiet)...)
-		s := newStore(t, nc, natsstore.Config{})
-		if c := claim(t, s, "s", time.Minute, "before"); c.Result != stores.Claimed {
-			t.Fatalf("Claim before the reload = %s", c.Result)
-		}
-		// The server now trusts another authority only; the connection up
-		// keeps going until it reconnects.
-		srv.Reload(tlsConf(other.CA))
-		if err := nc.ForceReconnect(); err != nil {
-			t.Fatal(err)
-		}
-		waitLastError(t, nc, "tls")
-		testkit.RefusedCalls(t, s, 5, "tls", true)
-		if ran, err := testkit.FailOpenRun(t, s, 5); ran != 0 || err == nil {
-			t.Fatalf("FailOpen with a client certificate no longer trusted: %d of 5 handlers ran unprotected, last error %v", ran, err)
-		}
-		// Trusted again: the store works again.
-		srv.Reload(tlsConf(files.CA))
-		testkit.WaitFor(t, time.Minute, "the reconnect", nc.IsConnected)
-		if c := claim(t, s, "s", time.Minute, "after"); c.Result != stores.Claimed {
-			t.Fatalf("Claim once the certificate is trusted again = %s", c.Result)
-		}
 	})
 }
 
@@ -355,25 +357,27 @@ func TestReconnectRefusalIsNotAnOutage(t *testing.T) {
 // credentials fails unclassified; to a port where nothing listens, as an
 // outage.
 func TestConnectRefusedIsNotAnOutage(t *testing.T) {
-	files := testkit.MakeTLSFiles(t)
-	conf := "tls {\n  cert_file: \"" + files.ServerCert + "\"\n  key_file: \"" + files.ServerKey + "\"\n  ca_file: \"" + files.CA + "\"\n  verify: true\n}\n" +
-		"authorization {\n  users = [\n    {user: alice, password: alice-pw}\n  ]\n}\n"
-	addr := natstest.StartNATSSecure(t, conf, nats.UserInfo("alice", "alice-pw"), nats.RootCAs(files.CA), nats.ClientCert(files.ClientCert, files.ClientKey))
-	ctx := context.Background()
-	for name, opts := range map[string][]nats.Option{
-		"without a client certificate": {nats.UserInfo("alice", "alice-pw"), nats.RootCAs(files.CA)},
-		"with a wrong password":        {nats.UserInfo("alice", "wrong"), nats.RootCAs(files.CA), nats.ClientCert(files.ClientCert, files.ClientKey)},
-		"not trusting the server":      {nats.UserInfo("alice", "alice-pw"), nats.ClientCert(files.ClientCert, files.ClientKey)},
-	} {
-		_, err := natsstore.Connect(ctx, "tls://"+addr, natsstore.Config{Bucket: testBucket()}, append(opts, nats.Timeout(10*time.Second))...)
-		if err == nil || errors.Is(err, stores.ErrUnavailable) || !errors.Is(err, natsstore.ErrRefused) {
-			t.Errorf("Connect %s: %v, want ErrRefused, not an outage", name, err)
+	onBinaries(t, func(t *testing.T, bin natstest.NATSBin) {
+		files := testkit.MakeTLSFiles(t)
+		conf := "tls {\n  cert_file: \"" + files.ServerCert + "\"\n  key_file: \"" + files.ServerKey + "\"\n  ca_file: \"" + files.CA + "\"\n  verify: true\n}\n" +
+			"authorization {\n  users = [\n    {user: alice, password: alice-pw}\n  ]\n}\n"
+		addr := bin.Start(t, conf, nats.UserInfo("alice", "alice-pw"), nats.RootCAs(files.CA), nats.ClientCert(files.ClientCert, files.ClientKey)).Addr()
+		ctx := context.Background()
+		for name, opts := range map[string][]nats.Option{
+			"without a client certificate": {nats.UserInfo("alice", "alice-pw"), nats.RootCAs(files.CA)},
+			"with a wrong password":        {nats.UserInfo("alice", "wrong"), nats.RootCAs(files.CA), nats.ClientCert(files.ClientCert, files.ClientKey)},
+			"not trusting the server":      {nats.UserInfo("alice", "alice-pw"), nats.ClientCert(files.ClientCert, files.ClientKey)},
+		} {
+			_, err := natsstore.Connect(ctx, "tls://"+addr, natsstore.Config{Bucket: testBucket()}, append(opts, nats.Timeout(10*time.Second))...)
+			if err == nil || errors.Is(err, stores.ErrUnavailable) || !errors.Is(err, natsstore.ErrRefused) {
+				t.Errorf("Connect %s: %v, want ErrRefused, not an outage", name, err)
+			}
 		}
-	}
-	_, err := natsstore.Connect(ctx, "nats://"+testkit.ClosedAddr(t), natsstore.Config{Bucket: testBucket()}, nats.Timeout(time.Second))
-	if !errors.Is(err, stores.ErrUnavailable) {
-		t.Errorf("Connect to a port where nothing listens: %v, want an outage", err)
-	}
+		_, err := natsstore.Connect(ctx, "nats://"+testkit.ClosedAddr(t), natsstore.Config{Bucket: testBucket()}, nats.Timeout(time.Second))
+		if !errors.Is(err, stores.ErrUnavailable) {
+			t.Errorf("Connect to a port where nothing listens: %v, want an outage", err)
+		}
+	})
 }
 
 // TestDeletedBucketIsNotAnOutage: a bucket deleted under a store (its
@@ -429,36 +433,38 @@ func usersConf(names ...string) string {
 // of that window was an outage). Once nothing listens any more, with or
 // without a refusal before, it is one.
 func TestSessionClosedIsNotAnOutage(t *testing.T) {
-	quiet := nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {})
-	t.Run("before the first reconnect", func(t *testing.T) {
-		srv := natstest.StartNATSSecureServer(t, usersConf("root", "alice"), nats.UserInfo("root", "root-pw"))
-		cfg := natsstore.Config{Bucket: testBucket()}
-		openStore(t, connect(t, srv.URL(), nats.UserInfo("root", "root-pw")), cfg) // the bucket, on a server the test kills
-		nc := connect(t, srv.URL(), nats.UserInfo("alice", "alice-pw"), nats.ReconnectWait(time.Hour), quiet)
-		s := openStore(t, nc, cfg)
-		if c := claim(t, s, "s", time.Minute, "before"); c.Result != stores.Claimed {
-			t.Fatalf("Claim before the reload = %s", c.Result)
-		}
-		srv.Reload(usersConf("root"))
-		testkit.WaitFor(t, time.Minute, "the server closing the session", func() bool { return nc.Status() == nats.RECONNECTING })
-		refusedNoFailOpen(t, s, 5, "not known to be an outage", "n", natsstore.ErrNotConnected, "while reconnecting, the session closed by a server that is up")
-		srv.Kill()
-		outageCalls(t, s, "the server killed")
-	})
-	t.Run("after a refusal", func(t *testing.T) {
-		srv := natstest.StartNATSSecureServer(t, usersConf("root", "alice"), nats.UserInfo("root", "root-pw"))
-		cfg := natsstore.Config{Bucket: testBucket()}
-		openStore(t, connect(t, srv.URL(), nats.UserInfo("root", "root-pw")), cfg) // the bucket, on a server the test kills
-		nc := connect(t, srv.URL(), nats.UserInfo("alice", "alice-pw"), nats.MaxReconnects(-1), nats.IgnoreAuthErrorAbort(),
-			nats.ReconnectWait(20*time.Millisecond), nats.ReconnectJitter(0, 0), quiet)
-		s := openStore(t, nc, cfg)
-		srv.Reload(usersConf("root"))
-		waitLastError(t, nc, "authorization violation")
-		testkit.RefusedCalls(t, s, 3, "authorization violation", true)
-		// The server dies: nothing listens. The refusal remembered does
-		// not make that a refusal.
-		srv.Kill()
-		outageCalls(t, s, "the server killed after it refused the client")
+	onBinaries(t, func(t *testing.T, bin natstest.NATSBin) {
+		quiet := nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {})
+		t.Run("before the first reconnect", func(t *testing.T) {
+			srv := bin.Start(t, usersConf("root", "alice"), nats.UserInfo("root", "root-pw"))
+			cfg := natsstore.Config{Bucket: testBucket()}
+			openStore(t, connect(t, srv.URL(), nats.UserInfo("root", "root-pw")), cfg) // the bucket, on a server the test kills
+			nc := connect(t, srv.URL(), nats.UserInfo("alice", "alice-pw"), nats.ReconnectWait(time.Hour), quiet)
+			s := openStore(t, nc, cfg)
+			if c := claim(t, s, "s", time.Minute, "before"); c.Result != stores.Claimed {
+				t.Fatalf("Claim before the reload = %s", c.Result)
+			}
+			srv.Reload(usersConf("root"))
+			testkit.WaitFor(t, time.Minute, "the server closing the session", func() bool { return nc.Status() == nats.RECONNECTING })
+			refusedNoFailOpen(t, s, 5, "not known to be an outage", "n", natsstore.ErrNotConnected, "while reconnecting, the session closed by a server that is up")
+			srv.Kill()
+			outageCalls(t, s, "the server killed")
+		})
+		t.Run("after a refusal", func(t *testing.T) {
+			srv := bin.Start(t, usersConf("root", "alice"), nats.UserInfo("root", "root-pw"))
+			cfg := natsstore.Config{Bucket: testBucket()}
+			openStore(t, connect(t, srv.URL(), nats.UserInfo("root", "root-pw")), cfg) // the bucket, on a server the test kills
+			nc := connect(t, srv.URL(), nats.UserInfo("alice", "alice-pw"), nats.MaxReconnects(-1), nats.IgnoreAuthErrorAbort(),
+				nats.ReconnectWait(20*time.Millisecond), nats.ReconnectJitter(0, 0), quiet)
+			s := openStore(t, nc, cfg)
+			srv.Reload(usersConf("root"))
+			waitLastError(t, nc, "authorization violation")
+			testkit.RefusedCalls(t, s, 3, "authorization violation", true)
+			// The server dies: nothing listens. The refusal remembered does
+			// not make that a refusal.
+			srv.Kill()
+			outageCalls(t, s, "the server killed after it refused the client")
+		})
 	})
 }
 
@@ -509,69 +515,71 @@ func (c *firedDeadline) Err() error {
 // fails as denied, not as an outage, and a fail-open consumer runs no
 // handler.
 func TestPermissionDeniedOnSharedConnection(t *testing.T) {
-	conf := func(alicePub string) string {
-		return "authorization {\n  users = [\n    {user: root, password: root-pw}\n" +
-			"    {user: alice, password: alice-pw, permissions: {publish: {allow: " + alicePub + "}, subscribe: {allow: [\">\"]}}}\n  ]\n}\n"
-	}
-	srv := natstest.StartNATSSecureServer(t, conf(`[">"]`), nats.UserInfo("root", "root-pw"))
-	cfg := natsstore.Config{Bucket: testBucket()}
-	newStore(t, connect(t, srv.URL(), nats.UserInfo("root", "root-pw")), cfg)
-	// The application's error handler publishes, on the same connection,
-	// after each violation of the store's: denied too.
-	var nc *nats.Conn
-	var appDenied atomic.Int64
-	nc = connect(t, srv.URL(), nats.UserInfo("alice", "alice-pw"), nats.MaxReconnects(-1),
-		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
-			switch msg := err.Error(); {
-			case strings.Contains(msg, "orders.created"):
-				appDenied.Add(1)
-			case strings.Contains(msg, "$KV."):
-				_ = nc.Publish("orders.created", []byte("x"))
+	onBinaries(t, func(t *testing.T, bin natstest.NATSBin) {
+		conf := func(alicePub string) string {
+			return "authorization {\n  users = [\n    {user: root, password: root-pw}\n" +
+				"    {user: alice, password: alice-pw, permissions: {publish: {allow: " + alicePub + "}, subscribe: {allow: [\">\"]}}}\n  ]\n}\n"
+		}
+		srv := bin.Start(t, conf(`[">"]`), nats.UserInfo("root", "root-pw"))
+		cfg := natsstore.Config{Bucket: testBucket()}
+		newStore(t, connect(t, srv.URL(), nats.UserInfo("root", "root-pw")), cfg)
+		// The application's error handler publishes, on the same connection,
+		// after each violation of the store's: denied too.
+		var nc *nats.Conn
+		var appDenied atomic.Int64
+		nc = connect(t, srv.URL(), nats.UserInfo("alice", "alice-pw"), nats.MaxReconnects(-1),
+			nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+				switch msg := err.Error(); {
+				case strings.Contains(msg, "orders.created"):
+					appDenied.Add(1)
+				case strings.Contains(msg, "$KV."):
+					_ = nc.Publish("orders.created", []byte("x"))
+				}
+			}))
+		s := openStore(t, nc, cfg)
+		if c := claim(t, s, "s", time.Minute, "before"); c.Result != stores.Claimed {
+			t.Fatalf("Claim before the reload = %s", c.Result)
+		}
+		srv.Reload(conf(`["app.>"]`)) // the store's subjects are no longer allowed
+
+		for i := range 3 {
+			ctx := newFiredDeadline()
+			before := appDenied.Load()
+			done := make(chan error, 1)
+			go func() {
+				_, err := s.Claim(ctx, "s", []string{"denied-" + string(rune('a'+i))}, time.Minute)
+				done <- err
+			}()
+			// The deadline passes once the application's violation came after
+			// the store's and is the connection's last error.
+			testkit.WaitFor(t, time.Minute, "the application's publish denied after the store's claim", func() bool {
+				last := nc.LastError()
+				return appDenied.Load() > before && last != nil && strings.Contains(last.Error(), "orders.created")
+			})
+			ctx.fire()
+			err := <-done
+			if err == nil || errors.Is(err, stores.ErrUnavailable) || cycle.IsOutage(err) || !strings.Contains(strings.ToLower(err.Error()), "permissions violation") {
+				t.Fatalf("Claim %d denied, the application's violation last: %v, want the store's permissions violation, not an outage", i, err)
 			}
-		}))
-	s := openStore(t, nc, cfg)
-	if c := claim(t, s, "s", time.Minute, "before"); c.Result != stores.Claimed {
-		t.Fatalf("Claim before the reload = %s", c.Result)
-	}
-	srv.Reload(conf(`["app.>"]`)) // the store's subjects are no longer allowed
-
-	for i := range 3 {
-		ctx := newFiredDeadline()
-		before := appDenied.Load()
-		done := make(chan error, 1)
-		go func() {
-			_, err := s.Claim(ctx, "s", []string{"denied-" + string(rune('a'+i))}, time.Minute)
-			done <- err
-		}()
-		// The deadline passes once the application's violation came after
-		// the store's and is the connection's last error.
-		testkit.WaitFor(t, time.Minute, "the application's publish denied after the store's claim", func() bool {
-			last := nc.LastError()
-			return appDenied.Load() > before && last != nil && strings.Contains(last.Error(), "orders.created")
-		})
-		ctx.fire()
-		err := <-done
-		if err == nil || errors.Is(err, stores.ErrUnavailable) || cycle.IsOutage(err) || !strings.Contains(strings.ToLower(err.Error()), "permissions violation") {
-			t.Fatalf("Claim %d denied, the application's violation last: %v, want the store's permissions violation, not an outage", i, err)
 		}
-	}
 
-	// Through a fail-open middleware whose store calls time out after 1s.
-	mw, err := middleware.New(middleware.Config{Store: s, Policy: dedup.Policy{
-		Lease: time.Minute, Retention: time.Hour, StoreTimeout: time.Second, OnStoreError: dedup.FailOpen, Logger: watermill.NopLogger{}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ran := 0
-	h := mw.Middleware(func(*message.Message) ([]*message.Message, error) { ran++; return nil, nil })
-	for range 3 {
-		if _, err := h(message.NewMessage(watermill.NewUUID(), []byte("p"))); err == nil {
-			t.Fatal("a message acked while the store is denied")
+		// Through a fail-open middleware whose store calls time out after 1s.
+		mw, err := middleware.New(middleware.Config{Store: s, Policy: dedup.Policy{
+			Lease: time.Minute, Retention: time.Hour, StoreTimeout: time.Second, OnStoreError: dedup.FailOpen, Logger: watermill.NopLogger{}}})
+		if err != nil {
+			t.Fatal(err)
 		}
-	}
-	if ran != 0 {
-		t.Fatalf("FailOpen with the store's permissions removed: %d of 3 handlers ran unprotected", ran)
-	}
+		ran := 0
+		h := mw.Middleware(func(*message.Message) ([]*message.Message, error) { ran++; return nil, nil })
+		for range 3 {
+			if _, err := h(message.NewMessage(watermill.NewUUID(), []byte("p"))); err == nil {
+				t.Fatal("a message acked while the store is denied")
+			}
+		}
+		if ran != 0 {
+			t.Fatalf("FailOpen with the store's permissions removed: %d of 3 handlers ran unprotected", ran)
+		}
+	})
 }
 
 // TestAccountWithoutJetStreamIsNotAnOutage: the user is moved at a
@@ -581,30 +589,32 @@ func TestPermissionDeniedOnSharedConnection(t *testing.T) {
 // fix, not an outage (which FailOpen would run handlers through until it
 // is fixed).
 func TestAccountWithoutJetStreamIsNotAnOutage(t *testing.T) {
-	conf := func(aliceIn string) string {
-		a, b := "", ""
-		if aliceIn == "A" {
-			a = ", {user: alice, password: alice-pw}"
-		} else {
-			b = ", {user: alice, password: alice-pw}"
+	onBinaries(t, func(t *testing.T, bin natstest.NATSBin) {
+		conf := func(aliceIn string) string {
+			a, b := "", ""
+			if aliceIn == "A" {
+				a = ", {user: alice, password: alice-pw}"
+			} else {
+				b = ", {user: alice, password: alice-pw}"
+			}
+			return "accounts {\n  A: {jetstream: enabled, users: [{user: root, password: root-pw}" + a + "]}\n" +
+				"  B: {users: [{user: bob, password: bob-pw}" + b + "]}\n}\n"
 		}
-		return "accounts {\n  A: {jetstream: enabled, users: [{user: root, password: root-pw}" + a + "]}\n" +
-			"  B: {users: [{user: bob, password: bob-pw}" + b + "]}\n}\n"
-	}
-	srv := natstest.StartNATSSecureServer(t, conf("A"), nats.UserInfo("root", "root-pw"))
-	cfg := natsstore.Config{Bucket: testBucket()}
-	newStore(t, connect(t, srv.URL(), nats.UserInfo("root", "root-pw")), cfg)
-	nc := connect(t, srv.URL(), nats.UserInfo("alice", "alice-pw"), nats.MaxReconnects(-1), nats.ReconnectWait(20*time.Millisecond),
-		nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
-	s := openStore(t, nc, cfg)
-	if c := claim(t, s, "s", time.Minute, "before"); c.Result != stores.Claimed {
-		t.Fatalf("Claim before the reload = %s", c.Result)
-	}
-	srv.Reload(conf("B"))
-	testkit.WaitFor(t, time.Minute, "the connection up again, in account B", func() bool {
-		return nc.Stats().Reconnects > 0 && nc.IsConnected()
+		srv := bin.Start(t, conf("A"), nats.UserInfo("root", "root-pw"))
+		cfg := natsstore.Config{Bucket: testBucket()}
+		newStore(t, connect(t, srv.URL(), nats.UserInfo("root", "root-pw")), cfg)
+		nc := connect(t, srv.URL(), nats.UserInfo("alice", "alice-pw"), nats.MaxReconnects(-1), nats.ReconnectWait(20*time.Millisecond),
+			nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
+		s := openStore(t, nc, cfg)
+		if c := claim(t, s, "s", time.Minute, "before"); c.Result != stores.Claimed {
+			t.Fatalf("Claim before the reload = %s", c.Result)
+		}
+		srv.Reload(conf("B"))
+		testkit.WaitFor(t, time.Minute, "the connection up again, in account B", func() bool {
+			return nc.Stats().Reconnects > 0 && nc.IsConnected()
+		})
+		refusedNoFailOpen(t, s, 3, "jetstream not enabled for account", "b", jetstream.ErrJetStreamNotEnabledForAccount, "in an account without JetStream")
 	})
-	refusedNoFailOpen(t, s, 3, "jetstream not enabled for account", "b", jetstream.ErrJetStreamNotEnabledForAccount, "in an account without JetStream")
 }
 
 // TestServerGoneForGoodIsAnOutage: nats.go gives up on a server killed
@@ -612,17 +622,19 @@ func TestAccountWithoutJetStreamIsNotAnOutage(t *testing.T) {
 // its server pool: every call is then an outage still, the store asking
 // the servers the connection was given.
 func TestServerGoneForGoodIsAnOutage(t *testing.T) {
-	srv := natstest.StartNATS(t, "")
-	closed := make(chan struct{})
-	nc := connect(t, srv.URL(), nats.MaxReconnects(2), nats.ReconnectWait(20*time.Millisecond), nats.ReconnectJitter(0, 0),
-		nats.ClosedHandler(func(*nats.Conn) { close(closed) }), nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
-	s := openStore(t, nc, natsstore.Config{Bucket: testBucket()})
-	if c := claim(t, s, "s", time.Minute, "before"); c.Result != stores.Claimed {
-		t.Fatalf("Claim before the kill = %s", c.Result)
-	}
-	srv.Kill()
-	<-closed
-	outageCalls(t, s, "the connection closed after its reconnects ran out")
+	onBinaries(t, func(t *testing.T, bin natstest.NATSBin) {
+		srv := bin.Start(t, "")
+		closed := make(chan struct{})
+		nc := connect(t, srv.URL(), nats.MaxReconnects(2), nats.ReconnectWait(20*time.Millisecond), nats.ReconnectJitter(0, 0),
+			nats.ClosedHandler(func(*nats.Conn) { close(closed) }), nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
+		s := openStore(t, nc, natsstore.Config{Bucket: testBucket()})
+		if c := claim(t, s, "s", time.Minute, "before"); c.Result != stores.Claimed {
+			t.Fatalf("Claim before the kill = %s", c.Result)
+		}
+		srv.Kill()
+		<-closed
+		outageCalls(t, s, "the connection closed after its reconnects ran out")
+	})
 }
 
 // TestHungServerIsAnOutage: a server that accepts connections (its
@@ -630,22 +642,24 @@ func TestServerGoneForGoodIsAnOutage(t *testing.T) {
 // over a websocket: every call is an outage once the connection is not
 // up, never ErrNotConnected.
 func TestHungServerIsAnOutage(t *testing.T) {
-	ws := freePort(t)
-	srv := natstest.StartNATS(t, fmt.Sprintf("websocket {\n  listen: \"127.0.0.1:%d\"\n  no_tls: true\n}\n", ws))
-	for _, url := range []string{srv.URL(), fmt.Sprintf("ws://127.0.0.1:%d", ws)} {
-		t.Run(strings.SplitN(url, ":", 2)[0], func(t *testing.T) {
-			nc := connect(t, url, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond), nats.Timeout(time.Second),
-				nats.PingInterval(100*time.Millisecond), nats.MaxPingsOutstanding(2),
-				nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
-			s := openStore(t, nc, natsstore.Config{Bucket: testBucket()})
-			srv.Pause()
-			t.Cleanup(srv.Resume)
-			testkit.WaitFor(t, time.Minute, "the connection found stale", func() bool { return !nc.IsConnected() })
-			outageCalls(t, s, "the server hung")
-			srv.Resume()
-			testkit.WaitFor(t, time.Minute, "the connection up again", nc.IsConnected)
-		})
-	}
+	onBinaries(t, func(t *testing.T, bin natstest.NATSBin) {
+		ws := freePort(t)
+		srv := bin.Start(t, fmt.Sprintf("websocket {\n  listen: \"127.0.0.1:%d\"\n  no_tls: true\n}\n", ws))
+		for _, url := range []string{srv.URL(), fmt.Sprintf("ws://127.0.0.1:%d", ws)} {
+			t.Run(strings.SplitN(url, ":", 2)[0], func(t *testing.T) {
+				nc := connect(t, url, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond), nats.Timeout(time.Second),
+					nats.PingInterval(100*time.Millisecond), nats.MaxPingsOutstanding(2),
+					nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
+				s := openStore(t, nc, natsstore.Config{Bucket: testBucket()})
+				srv.Pause()
+				t.Cleanup(srv.Resume)
+				testkit.WaitFor(t, time.Minute, "the connection found stale", func() bool { return !nc.IsConnected() })
+				outageCalls(t, s, "the server hung")
+				srv.Resume()
+				testkit.WaitFor(t, time.Minute, "the connection up again", nc.IsConnected)
+			})
+		}
+	})
 }
 
 // freePort returns a loopback port free a moment ago.

@@ -66,10 +66,11 @@ func StartNATS(t testing.TB, extra string) *NATSServer {
 
 // Start starts a nats-server of b with JetStream on a free loopback
 // port, with the config lines extra, and returns it once JetStream
-// answers. It is killed when t ends. See StartNATS.
-func (b NATSBin) Start(t testing.TB, extra string) *NATSServer {
+// answers, to a client with the options ready (a secured server's
+// credentials) when given. It is killed when t ends. See StartNATS.
+func (b NATSBin) Start(t testing.TB, extra string, ready ...nats.Option) *NATSServer {
 	t.Helper()
-	return startNATS(t, b, extra, nil)
+	return startNATS(t, b, extra, ready)
 }
 
 // StartNATSSecure starts a nats-server of the test's own with JetStream
