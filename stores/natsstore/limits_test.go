@@ -23,11 +23,11 @@ import (
 // loopback port of its own (natstest.StartNATS).
 type natsServer struct{ *natstest.NATSServer }
 
-// startNATS starts a nats-server with JetStream and the config lines
-// extra (such as "max_payload: 8192"), killed by PID when t ends.
-func startNATS(t *testing.T, extra string) *natsServer {
+// startNATS starts a nats-server of bin with JetStream and the config
+// lines extra (such as "max_payload: 8192"), killed by PID when t ends.
+func startNATS(t *testing.T, bin natstest.NATSBin, extra string) *natsServer {
 	t.Helper()
-	return &natsServer{natstest.StartNATS(t, extra)}
+	return &natsServer{bin.Start(t, extra)}
 }
 
 func (s *natsServer) url() string { return s.URL() }
@@ -49,62 +49,64 @@ func (s *natsServer) stop() { s.Kill() }
 // data the new server would refuse fails with stores.ErrTooLarge (not an
 // outage), and the claim then completes without it.
 func TestMaxDataFollowsMaxPayload(t *testing.T) {
-	const payload = 8192
-	srv := startNATS(t, "max_payload: "+strconv.Itoa(payload))
-	reconnected := make(chan struct{}, 1)
-	nc := connect(t, srv.url(), nats.MaxReconnects(-1), nats.ReconnectWait(20*time.Millisecond),
-		nats.ReconnectHandler(func(*nats.Conn) {
-			select {
-			case reconnected <- struct{}{}:
-			default:
+	onBinaries(t, func(t *testing.T, bin natstest.NATSBin) {
+		const payload = 8192
+		srv := startNATS(t, bin, "max_payload: "+strconv.Itoa(payload))
+		reconnected := make(chan struct{}, 1)
+		nc := connect(t, srv.url(), nats.MaxReconnects(-1), nats.ReconnectWait(20*time.Millisecond),
+			nats.ReconnectHandler(func(*nats.Conn) {
+				select {
+				case reconnected <- struct{}{}:
+				default:
+				}
+			}))
+		s := newStore(t, nc, natsstore.Config{})
+		caps := s.Capabilities()
+		if want := payload - 9 - 8 - 128; caps.MaxData != want {
+			t.Fatalf("MaxData = %d on a server with max_payload %d, want %d", caps.MaxData, payload, want)
+		}
+		ctx := context.Background()
+		for _, leaderReads := range []bool{false, true} {
+			s.SetLeaderReads(leaderReads)
+			key := fmt.Sprint("max-", leaderReads)
+			c := claim(t, s, "s", time.Minute, key)
+			errtest.Wraps(t, "Complete with MaxData+1 bytes", s.Complete(ctx, c, time.Hour, make([]byte, caps.MaxData+1)), stores.ErrTooLarge)
+			data := make([]byte, caps.MaxData)
+			for i := range data {
+				data[i] = byte(i)
 			}
-		}))
-	s := newStore(t, nc, natsstore.Config{})
-	caps := s.Capabilities()
-	if want := payload - 9 - 8 - 128; caps.MaxData != want {
-		t.Fatalf("MaxData = %d on a server with max_payload %d, want %d", caps.MaxData, payload, want)
-	}
-	ctx := context.Background()
-	for _, leaderReads := range []bool{false, true} {
-		s.SetLeaderReads(leaderReads)
-		key := fmt.Sprint("max-", leaderReads)
-		c := claim(t, s, "s", time.Minute, key)
-		errtest.Wraps(t, "Complete with MaxData+1 bytes", s.Complete(ctx, c, time.Hour, make([]byte, caps.MaxData+1)), stores.ErrTooLarge)
-		data := make([]byte, caps.MaxData)
-		for i := range data {
-			data[i] = byte(i)
+			if err := s.Complete(ctx, c, time.Hour, data); err != nil {
+				t.Fatalf("Complete with MaxData bytes (leader reads %t): %v", leaderReads, err)
+			}
+			d := claim(t, s, "s", time.Minute, key)
+			if d.Result != stores.Duplicate || string(d.Data) != string(data) {
+				t.Fatalf("Claim after Complete (leader reads %t) = %s with %d bytes, want duplicate with %d", leaderReads, d.Result, len(d.Data), len(data))
+			}
 		}
-		if err := s.Complete(ctx, c, time.Hour, data); err != nil {
-			t.Fatalf("Complete with MaxData bytes (leader reads %t): %v", leaderReads, err)
-		}
-		d := claim(t, s, "s", time.Minute, key)
-		if d.Result != stores.Duplicate || string(d.Data) != string(data) {
-			t.Fatalf("Claim after Complete (leader reads %t) = %s with %d bytes, want duplicate with %d", leaderReads, d.Result, len(d.Data), len(data))
-		}
-	}
-	s.SetLeaderReads(false)
+		s.SetLeaderReads(false)
 
-	// The server comes back with a smaller max_payload.
-	c := claim(t, s, "s", time.Minute, "after")
-	select {
-	case <-reconnected: // none yet, but drain it all the same
-	default:
-	}
-	srv.stop()
-	srv.start("max_payload: 4096")
-	<-reconnected
-	var err error
-	for deadline := time.Now().Add(20 * time.Second); ; {
-		err = s.Complete(ctx, c, time.Hour, make([]byte, 5000))
-		if !errors.Is(err, stores.ErrUnavailable) || time.Now().After(deadline) {
-			break
+		// The server comes back with a smaller max_payload.
+		c := claim(t, s, "s", time.Minute, "after")
+		select {
+		case <-reconnected: // none yet, but drain it all the same
+		default:
 		}
-		time.Sleep(20 * time.Millisecond) // JetStream is still starting
-	}
-	errtest.NotOutage(t, "Complete with more data than the new max_payload carries", err, stores.ErrTooLarge)
-	if err := s.Complete(ctx, c, time.Hour, nil); err != nil {
-		t.Fatalf("Complete without data after ErrTooLarge: %v", err)
-	}
+		srv.stop()
+		srv.start("max_payload: 4096")
+		<-reconnected
+		var err error
+		for deadline := time.Now().Add(20 * time.Second); ; {
+			err = s.Complete(ctx, c, time.Hour, make([]byte, 5000))
+			if !errors.Is(err, stores.ErrUnavailable) || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(20 * time.Millisecond) // JetStream is still starting
+		}
+		errtest.NotOutage(t, "Complete with more data than the new max_payload carries", err, stores.ErrTooLarge)
+		if err := s.Complete(ctx, c, time.Hour, nil); err != nil {
+			t.Fatalf("Complete without data after ErrTooLarge: %v", err)
+		}
+	})
 }
 
 // TestMaxDataFollowsBucket: a bucket whose stream bounds its messages

@@ -244,43 +244,45 @@ func TestUndoLeavesWithTheCaller(t *testing.T) {
 // extends it, and after its lease a producer retry under a new message id
 // (the same business key) takes it over and runs the effect again.
 func TestCompleteCutBetweenKeys(t *testing.T) {
-	s, p, nc, _ := proxied(t, natsstore.Config{})
-	bg := context.Background()
-	const scope = "loyalty"
-	// Keys in both write orders: the cut lands after the first written.
-	for _, keys := range [][]string{{"msg:1", "payment:a"}, {"payment:b", "msg:2"}} {
-		c, err := s.Claim(bg, scope, keys, time.Minute)
-		if err != nil || c.Result != stores.Claimed {
-			t.Fatalf("claim %q: %v %v", keys, c, err)
-		}
-		s.SetAfterWrite(func(op string, i int) {
-			if op == "complete" {
-				p.Cut()
+	onServers(t, func(t *testing.T, direct *nats.Conn) {
+		s, p, nc, _ := proxied(t, direct, natsstore.Config{})
+		bg := context.Background()
+		const scope = "loyalty"
+		// Keys in both write orders: the cut lands after the first written.
+		for _, keys := range [][]string{{"msg:1", "payment:a"}, {"payment:b", "msg:2"}} {
+			c, err := s.Claim(bg, scope, keys, time.Minute)
+			if err != nil || c.Result != stores.Claimed {
+				t.Fatalf("claim %q: %v %v", keys, c, err)
 			}
-		})
-		err = s.Complete(bg, c, time.Hour, []byte("outputs"))
-		s.SetAfterWrite(nil)
-		if !errors.Is(err, stores.ErrUnavailable) {
-			t.Fatalf("Complete during the cut: %v, want ErrUnavailable", err)
-		}
-		restore(t, p, nc)
-		// The second write may have landed before the cut was seen (an
-		// unknown outcome): then the retry finds the claim completed and
-		// says so, as a second Complete does.
-		if err := s.Complete(bg, c, time.Hour, []byte("outputs")); err != nil && !errors.Is(err, stores.ErrLostClaim) {
-			t.Fatalf("the retry of a Complete cut between its keys: %v, want it to complete the rest", err)
-		}
-		for _, k := range keys {
-			got, err := s.Claim(bg, scope, []string{k}, time.Minute)
-			if err != nil || got.Result != stores.Duplicate || string(got.Data) != "outputs" {
-				t.Fatalf("key %q after the retried Complete: %+v %v, want a duplicate with the data", k, got, err)
+			s.SetAfterWrite(func(op string, i int) {
+				if op == "complete" {
+					p.Cut()
+				}
+			})
+			err = s.Complete(bg, c, time.Hour, []byte("outputs"))
+			s.SetAfterWrite(nil)
+			if !errors.Is(err, stores.ErrUnavailable) {
+				t.Fatalf("Complete during the cut: %v, want ErrUnavailable", err)
+			}
+			restore(t, p, nc)
+			// The second write may have landed before the cut was seen (an
+			// unknown outcome): then the retry finds the claim completed and
+			// says so, as a second Complete does.
+			if err := s.Complete(bg, c, time.Hour, []byte("outputs")); err != nil && !errors.Is(err, stores.ErrLostClaim) {
+				t.Fatalf("the retry of a Complete cut between its keys: %v, want it to complete the rest", err)
+			}
+			for _, k := range keys {
+				got, err := s.Claim(bg, scope, []string{k}, time.Minute)
+				if err != nil || got.Result != stores.Duplicate || string(got.Data) != "outputs" {
+					t.Fatalf("key %q after the retried Complete: %+v %v, want a duplicate with the data", k, got, err)
+				}
+			}
+			// A Complete of a claim already done stays refused.
+			if err := s.Complete(bg, c, time.Hour, nil); !errors.Is(err, stores.ErrLostClaim) {
+				t.Fatalf("a third Complete: %v, want ErrLostClaim", err)
 			}
 		}
-		// A Complete of a claim already done stays refused.
-		if err := s.Complete(bg, c, time.Hour, nil); !errors.Is(err, stores.ErrLostClaim) {
-			t.Fatalf("a third Complete: %v, want ErrLostClaim", err)
-		}
-	}
+	})
 }
 
 // TestBucketLimits: an existing bucket whose stream would drop records

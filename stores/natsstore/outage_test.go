@@ -26,12 +26,12 @@ import (
 	"github.com/watermill-dedup/dedup/stores/natsstore"
 )
 
-// proxied returns a store whose connection goes through a TCP proxy the
-// test owns, the proxy, and a direct connection to the same server.
-func proxied(t *testing.T, cfg natsstore.Config) (*natsstore.Store, *testkit.Proxy, *nats.Conn, *nats.Conn) {
+// proxied returns a store on the server of direct whose connection goes
+// through a TCP proxy the test owns, the proxy, and direct, a connection
+// to the same server that the proxy does not cut.
+func proxied(t *testing.T, direct *nats.Conn, cfg natsstore.Config) (*natsstore.Store, *testkit.Proxy, *nats.Conn, *nats.Conn) {
 	t.Helper()
-	direct := sharedConn(t)
-	p := testkit.NewProxy(t, testkit.NATSAddr())
+	p := testkit.NewProxy(t, direct.ConnectedAddr())
 	nc := connect(t, "nats://"+p.Addr(),
 		nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond), nats.ReconnectJitter(0, 0),
 		nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {})) // not nats.go's print to stderr
@@ -65,51 +65,53 @@ func restore(t *testing.T, p *testkit.Proxy, nc *nats.Conn) {
 // bad input, a closed store and a context already done are other
 // classes.
 func TestErrorClasses(t *testing.T) {
-	s, p, nc, _ := proxied(t, natsstore.Config{})
-	bg := context.Background()
-	held := testkit.MustClaim(t, s, "s", time.Minute, "held")
+	onServers(t, func(t *testing.T, direct *nats.Conn) {
+		s, p, nc, _ := proxied(t, direct, natsstore.Config{})
+		bg := context.Background()
+		held := testkit.MustClaim(t, s, "s", time.Minute, "held")
 
-	// At once, not at the caller's deadline: the calls' deadline is an
-	// hour away, and each must return while the proxy is still cut.
-	p.Cut()
-	ctx, cancel := context.WithTimeout(bg, time.Hour)
-	defer cancel()
-	for name, call := range map[string]func() error{
-		"Claim":    func() error { _, err := s.Claim(ctx, "s", []string{"a"}, time.Minute); return err },
-		"Extend":   func() error { return s.Extend(ctx, held, time.Minute) },
-		"Complete": func() error { return s.Complete(ctx, held, time.Hour, nil) },
-		"Release":  func() error { return s.Release(ctx, held) },
-		"Claim of two keys": func() error {
-			_, err := s.Claim(ctx, "s", []string{"b", "c"}, time.Minute)
-			return err
-		},
-	} {
-		err := testkit.ReturnsDuringOutage(t, name+" on a cut connection", call)
-		errtest.Wraps(t, name+", connection cut", err, stores.ErrUnavailable)
-	}
-	restore(t, p, nc)
+		// At once, not at the caller's deadline: the calls' deadline is an
+		// hour away, and each must return while the proxy is still cut.
+		p.Cut()
+		ctx, cancel := context.WithTimeout(bg, time.Hour)
+		defer cancel()
+		for name, call := range map[string]func() error{
+			"Claim":    func() error { _, err := s.Claim(ctx, "s", []string{"a"}, time.Minute); return err },
+			"Extend":   func() error { return s.Extend(ctx, held, time.Minute) },
+			"Complete": func() error { return s.Complete(ctx, held, time.Hour, nil) },
+			"Release":  func() error { return s.Release(ctx, held) },
+			"Claim of two keys": func() error {
+				_, err := s.Claim(ctx, "s", []string{"b", "c"}, time.Minute)
+				return err
+			},
+		} {
+			err := testkit.ReturnsDuringOutage(t, name+" on a cut connection", call)
+			errtest.Wraps(t, name+", connection cut", err, stores.ErrUnavailable)
+		}
+		restore(t, p, nc)
 
-	held = testkit.MustClaim(t, s, "s", time.Minute, "held2")
-	p.Blackhole()
-	testkit.GiveUpUnanswered(t, "a NATS", map[string]func(context.Context) error{
-		"Claim":    func(ctx context.Context) error { _, err := s.Claim(ctx, "s", []string{"d"}, time.Minute); return err },
-		"Complete": func(ctx context.Context) error { return s.Complete(ctx, held, time.Hour, nil) },
+		held = testkit.MustClaim(t, s, "s", time.Minute, "held2")
+		p.Blackhole()
+		testkit.GiveUpUnanswered(t, "a NATS", map[string]func(context.Context) error{
+			"Claim":    func(ctx context.Context) error { _, err := s.Claim(ctx, "s", []string{"d"}, time.Minute); return err },
+			"Complete": func(ctx context.Context) error { return s.Complete(ctx, held, time.Hour, nil) },
+		})
+		restore(t, p, nc)
+		// Nothing of the blackholed calls landed: the claim completes.
+		if err := s.Complete(bg, held, time.Hour, []byte("ok")); err != nil {
+			t.Fatalf("Complete after Restore: %v", err)
+		}
+
+		// Not outages.
+		errtest.ContextNotOutage(t, s, held)
+		_, err := s.Claim(bg, "s", []string{""}, time.Minute)
+		errtest.NotOutage(t, "Claim of an empty key", err, stores.ErrInvalidKey)
+		if err := s.Close(bg); err != nil {
+			t.Fatal(err)
+		}
+		_, err = s.Claim(bg, "s", []string{"k"}, time.Minute)
+		errtest.NotOutage(t, "Claim after Close", err, stores.ErrClosed)
 	})
-	restore(t, p, nc)
-	// Nothing of the blackholed calls landed: the claim completes.
-	if err := s.Complete(bg, held, time.Hour, []byte("ok")); err != nil {
-		t.Fatalf("Complete after Restore: %v", err)
-	}
-
-	// Not outages.
-	errtest.ContextNotOutage(t, s, held)
-	_, err := s.Claim(bg, "s", []string{""}, time.Minute)
-	errtest.NotOutage(t, "Claim of an empty key", err, stores.ErrInvalidKey)
-	if err := s.Close(bg); err != nil {
-		t.Fatal(err)
-	}
-	_, err = s.Claim(bg, "s", []string{"k"}, time.Minute)
-	errtest.NotOutage(t, "Claim after Close", err, stores.ErrClosed)
 }
 
 // TestStoreOutage cuts the proxy between the store and NATS: calls fail
@@ -118,55 +120,57 @@ func TestErrorClasses(t *testing.T) {
 // completes, the keys tried during the cut are free, the completed key
 // is a duplicate.
 func TestStoreOutage(t *testing.T) {
-	cfg := natsstore.Config{Bucket: testBucket()}
-	s, p, nc, direct := proxied(t, cfg)
-	const lease = 5 * time.Second
-	call := func(keys ...string) (*stores.Claim, error) {
+	onServers(t, func(t *testing.T, direct *nats.Conn) {
+		cfg := natsstore.Config{Bucket: testBucket()}
+		s, p, nc, direct := proxied(t, direct, cfg)
+		const lease = 5 * time.Second
+		call := func(keys ...string) (*stores.Claim, error) {
+			ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+			defer cancel()
+			return s.Claim(ctx, "h", keys, lease)
+		}
+		held, err := call("before")
+		if err != nil || held.Result != stores.Claimed {
+			t.Fatalf("Claim before the cut = %v, %v", held, err)
+		}
+		msgs := streamMsgs(t, direct, cfg.Bucket)
+
+		p.Cut()
+		// A call made before nats.go notices the cut may have its write
+		// buffered and sent at the reconnect (see the README); the calls
+		// checked here come after.
+		testkit.WaitFor(t, time.Minute, "the client noticing the cut", func() bool { return !nc.IsConnected() })
+		for _, keys := range [][]string{{"during-1"}, {"during-2", "during-3"}, {"before"}} {
+			if _, err := call(keys...); !errors.Is(err, stores.ErrUnavailable) {
+				t.Fatalf("Claim(%q) during the cut = %v, want ErrUnavailable", keys, err)
+			}
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		err = s.Complete(ctx, held, time.Minute, nil)
+		cancel()
+		if !errors.Is(err, stores.ErrUnavailable) {
+			t.Fatalf("Complete during the cut: %v, want ErrUnavailable", err)
+		}
+		if n := streamMsgs(t, direct, cfg.Bucket); n != msgs {
+			t.Fatalf("%d messages in the bucket after the cut, %d before: a call during the cut reached NATS", n, msgs)
+		}
+
+		restore(t, p, nc)
+		ctx, cancel = context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		return s.Claim(ctx, "h", keys, lease)
-	}
-	held, err := call("before")
-	if err != nil || held.Result != stores.Claimed {
-		t.Fatalf("Claim before the cut = %v, %v", held, err)
-	}
-	msgs := streamMsgs(t, direct, cfg.Bucket)
-
-	p.Cut()
-	// A call made before nats.go notices the cut may have its write
-	// buffered and sent at the reconnect (see the README); the calls
-	// checked here come after.
-	testkit.WaitFor(t, time.Minute, "the client noticing the cut", func() bool { return !nc.IsConnected() })
-	for _, keys := range [][]string{{"during-1"}, {"during-2", "during-3"}, {"before"}} {
-		if _, err := call(keys...); !errors.Is(err, stores.ErrUnavailable) {
-			t.Fatalf("Claim(%q) during the cut = %v, want ErrUnavailable", keys, err)
+		if err := s.Complete(ctx, held, time.Minute, []byte("ok")); err != nil {
+			t.Fatalf("Complete after Restore: %v", err)
 		}
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
-	err = s.Complete(ctx, held, time.Minute, nil)
-	cancel()
-	if !errors.Is(err, stores.ErrUnavailable) {
-		t.Fatalf("Complete during the cut: %v, want ErrUnavailable", err)
-	}
-	if n := streamMsgs(t, direct, cfg.Bucket); n != msgs {
-		t.Fatalf("%d messages in the bucket after the cut, %d before: a call during the cut reached NATS", n, msgs)
-	}
-
-	restore(t, p, nc)
-	ctx, cancel = context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := s.Complete(ctx, held, time.Minute, []byte("ok")); err != nil {
-		t.Fatalf("Complete after Restore: %v", err)
-	}
-	for _, keys := range [][]string{{"during-1"}, {"during-2", "during-3"}} {
-		c, err := s.Claim(ctx, "h", keys, lease)
-		if err != nil || c.Result != stores.Claimed || c.Takeover {
-			t.Fatalf("Claim(%q) after Restore = %+v, %v; want a fresh claim", keys, c, err)
+		for _, keys := range [][]string{{"during-1"}, {"during-2", "during-3"}} {
+			c, err := s.Claim(ctx, "h", keys, lease)
+			if err != nil || c.Result != stores.Claimed || c.Takeover {
+				t.Fatalf("Claim(%q) after Restore = %+v, %v; want a fresh claim", keys, c, err)
+			}
 		}
-	}
-	if d, err := s.Claim(ctx, "h", []string{"before"}, lease); err != nil || d.Result != stores.Duplicate || string(d.Data) != "ok" {
-		t.Fatalf("Claim of the completed key after Restore = %+v, %v", d, err)
-	}
+		if d, err := s.Claim(ctx, "h", []string{"before"}, lease); err != nil || d.Result != stores.Duplicate || string(d.Data) != "ok" {
+			t.Fatalf("Claim of the completed key after Restore = %+v, %v", d, err)
+		}
+	})
 }
 
 // TestRouterOutage runs a real Watermill router (gochannel) with the dedup
@@ -177,8 +181,10 @@ func TestStoreOutage(t *testing.T) {
 // restore every message is applied exactly once and every delivery acked
 // (see testkit.RouterOutage).
 func TestRouterOutage(t *testing.T) {
-	store, proxy, nc, _ := proxied(t, natsstore.Config{})
-	testkit.RouterOutage(t, store, proxy.Cut, func() { restore(t, proxy, nc) })
+	onServers(t, func(t *testing.T, direct *nats.Conn) {
+		store, proxy, nc, _ := proxied(t, direct, natsstore.Config{})
+		testkit.RouterOutage(t, store, proxy.Cut, func() { restore(t, proxy, nc) })
+	})
 }
 
 // waitFor polls cond until it holds or timeout passes.
@@ -193,42 +199,44 @@ var waitFor = testkit.WaitFor
 // class; once it is up the store works again and the claim held across
 // the restart completes.
 func TestServerRestart(t *testing.T) {
-	srv := startNATS(t, "")
-	nc := connect(t, srv.url(), nats.MaxReconnects(-1), nats.ReconnectWait(10*time.Millisecond))
-	s := newStore(t, nc, natsstore.Config{})
-	ctx := context.Background()
-	held := claim(t, s, "s", time.Minute, "held")
+	onBinaries(t, func(t *testing.T, bin natstest.NATSBin) {
+		srv := startNATS(t, bin, "")
+		nc := connect(t, srv.url(), nats.MaxReconnects(-1), nats.ReconnectWait(10*time.Millisecond))
+		s := newStore(t, nc, natsstore.Config{})
+		ctx := context.Background()
+		held := claim(t, s, "s", time.Minute, "held")
 
-	srv.stop()
-	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	_, err := s.Claim(cctx, "s", []string{"down"}, time.Minute)
-	cancel()
-	errtest.Wraps(t, "Claim while the server is down", err, stores.ErrUnavailable)
-
-	srv.start("")
-	var failed []error
-	for i := 0; ; i++ {
-		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		_, err := s.Claim(cctx, "s", []string{fmt.Sprint("after-", i)}, time.Minute)
+		srv.stop()
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err := s.Claim(cctx, "s", []string{"down"}, time.Minute)
 		cancel()
-		if err == nil {
-			break
+		errtest.Wraps(t, "Claim while the server is down", err, stores.ErrUnavailable)
+
+		srv.start("")
+		var failed []error
+		for i := 0; ; i++ {
+			cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			_, err := s.Claim(cctx, "s", []string{fmt.Sprint("after-", i)}, time.Minute)
+			cancel()
+			if err == nil {
+				break
+			}
+			failed = append(failed, err)
+			if len(failed) > 500 {
+				t.Fatalf("the store did not work again after the restart: %v", err)
+			}
+			time.Sleep(10 * time.Millisecond)
 		}
-		failed = append(failed, err)
-		if len(failed) > 500 {
-			t.Fatalf("the store did not work again after the restart: %v", err)
+		for _, err := range failed {
+			if !errors.Is(err, stores.ErrUnavailable) && !errors.Is(err, natsstore.ErrNotConnected) {
+				t.Errorf("a call during the restart failed with %v, want ErrUnavailable or ErrNotConnected", err)
+			}
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	for _, err := range failed {
-		if !errors.Is(err, stores.ErrUnavailable) && !errors.Is(err, natsstore.ErrNotConnected) {
-			t.Errorf("a call during the restart failed with %v, want ErrUnavailable or ErrNotConnected", err)
+		t.Logf("%d calls failed as outages during the restart", len(failed))
+		if err := s.Complete(ctx, held, time.Hour, []byte("x")); err != nil {
+			t.Fatalf("Complete of the claim held across the restart: %v", err)
 		}
-	}
-	t.Logf("%d calls failed as outages during the restart", len(failed))
-	if err := s.Complete(ctx, held, time.Hour, []byte("x")); err != nil {
-		t.Fatalf("Complete of the claim held across the restart: %v", err)
-	}
+	})
 }
 
 // An error is an outage only when it is known to be one: a server that
