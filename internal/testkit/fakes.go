@@ -122,14 +122,14 @@ func MustNew[C, T any](t testing.TB, newFn func(stores.Store, C) (T, error), sto
 	return v
 }
 
-// KeyRepository is Watermill's ExpiringKeyRepository: what
+// keyRepository is Watermill's ExpiringKeyRepository: what
 // expiringkeys.Repository implements.
-type KeyRepository interface {
+type keyRepository interface {
 	IsDuplicate(ctx context.Context, key string) (bool, error)
 }
 
 // IsDuplicate calls r.IsDuplicate and fails t on an error.
-func IsDuplicate(t testing.TB, r KeyRepository, key string) bool {
+func IsDuplicate(t testing.TB, r keyRepository, key string) bool {
 	t.Helper()
 	dup, err := r.IsDuplicate(context.Background(), key)
 	if err != nil {
@@ -140,7 +140,7 @@ func IsDuplicate(t testing.TB, r KeyRepository, key string) bool {
 
 // MustSee fails t unless r.IsDuplicate(key) is want; why says what the
 // check is.
-func MustSee(t testing.TB, r KeyRepository, key string, want bool, why string) {
+func MustSee(t testing.TB, r keyRepository, key string, want bool, why string) {
 	t.Helper()
 	if got := IsDuplicate(t, r, key); got != want {
 		t.Fatalf("IsDuplicate(%q) = %t, want %t: %s", key, got, want, why)

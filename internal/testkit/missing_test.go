@@ -95,8 +95,8 @@ func TestEveryMissingThingHasAHint(t *testing.T) {
 		"pgx":   "POSTGRES_DSN",
 		"mysql": "MYSQL_DSN",
 	} {
-		if h := StartHint(service); !strings.Contains(h, want) {
-			t.Errorf("StartHint(%q) = %q; want it to contain %q", service, h, want)
+		if h := startHint(service); !strings.Contains(h, want) {
+			t.Errorf("startHint(%q) = %q; want it to contain %q", service, h, want)
 		}
 	}
 }

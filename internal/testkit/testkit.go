@@ -39,10 +39,10 @@ func MySQLDSN() string { return env("MYSQL_DSN", DefaultMySQLDSN) }
 // AMQPURL is AMQP_URL or the local RabbitMQ.
 func AMQPURL() string { return env("AMQP_URL", DefaultAMQPURL) }
 
-// SkipMissing reports whether the user asked for a missing service to skip
+// skipMissing reports whether the user asked for a missing service to skip
 // its tests rather than fail them: DEDUP_SKIP_MISSING=1, outside CI (CI
 // never goes green by skipping).
-func SkipMissing() bool {
+func skipMissing() bool {
 	return skipAsked() && !underCI()
 }
 
@@ -63,7 +63,7 @@ func underCI() bool {
 func Unavailable(t testing.TB, service, addr string, err error) {
 	t.Helper()
 	msg := fmt.Sprintf("%s is not available at %s: %v", service, addr, err)
-	if h := StartHint(service); h != "" {
+	if h := startHint(service); h != "" {
 		msg += "; " + h
 	}
 	Missing(t, msg)
@@ -73,7 +73,7 @@ func Unavailable(t testing.TB, service, addr string, err error) {
 // it with msg under DEDUP_SKIP_MISSING=1.
 func Missing(t testing.TB, msg string) {
 	t.Helper()
-	if SkipMissing() {
+	if skipMissing() {
 		t.Skipf("SKIPPED (DEDUP_SKIP_MISSING=1) — %s", msg)
 	}
 	if skipAsked() {
@@ -109,9 +109,9 @@ var startHints = []struct{ word, hint string }{
 	{"redis-benchmark", "install redis-benchmark (Debian package redis-tools)"},
 }
 
-// StartHint is how to start or install service, or "" when the kit does
+// startHint is how to start or install service, or "" when the kit does
 // not know it.
-func StartHint(service string) string {
+func startHint(service string) string {
 	for _, h := range startHints {
 		if strings.Contains(service, h.word) {
 			return h.hint
@@ -120,8 +120,8 @@ func StartHint(service string) string {
 	return ""
 }
 
-// RequireTCP dials addr and calls Unavailable when nothing answers.
-func RequireTCP(t testing.TB, service, addr string) {
+// requireTCP dials addr and calls Unavailable when nothing answers.
+func requireTCP(t testing.TB, service, addr string) {
 	t.Helper()
 	c, err := net.DialTimeout("tcp", addr, 2*time.Second)
 	if err != nil {
@@ -142,7 +142,7 @@ func ClosedAddr(t testing.TB) string {
 func RequireRedis(t testing.TB) string {
 	t.Helper()
 	addr := RedisAddr()
-	RequireTCP(t, "Redis", addr)
+	requireTCP(t, "Redis", addr)
 	return addr
 }
 
@@ -151,7 +151,7 @@ func RequireRedis(t testing.TB) string {
 func RequirePostgres(t testing.TB) string {
 	t.Helper()
 	dsn := PostgresDSN()
-	RequireTCP(t, "PostgreSQL", HostPort(dsn, "127.0.0.1:5432"))
+	requireTCP(t, "PostgreSQL", HostPort(dsn, "127.0.0.1:5432"))
 	return dsn
 }
 
@@ -160,7 +160,7 @@ func RequirePostgres(t testing.TB) string {
 func RequireMySQL(t testing.TB) string {
 	t.Helper()
 	dsn := MySQLDSN()
-	RequireTCP(t, "MySQL/MariaDB", MySQLAddr(dsn))
+	requireTCP(t, "MySQL/MariaDB", MySQLAddr(dsn))
 	return dsn
 }
 
@@ -179,7 +179,7 @@ func MySQLAddr(dsn string) string {
 func RequireAMQP(t testing.TB) string {
 	t.Helper()
 	u := AMQPURL()
-	RequireTCP(t, "RabbitMQ", HostPort(u, "127.0.0.1:5672"))
+	requireTCP(t, "RabbitMQ", HostPort(u, "127.0.0.1:5672"))
 	return u
 }
 
@@ -206,7 +206,7 @@ func NATSAddr() string { return HostPort(NATSURL(), "127.0.0.1:4222") }
 func RequireNATS(t testing.TB) string {
 	t.Helper()
 	u := NATSURL()
-	RequireTCP(t, "NATS", NATSAddr())
+	requireTCP(t, "NATS", NATSAddr())
 	return u
 }
 

@@ -25,9 +25,9 @@ func DeleteAMQP(url string, del func(ch *amqp091.Channel) error) error {
 	return del(ch)
 }
 
-// DeleteAMQPQueues deletes the queues (whether or not they are empty or
+// deleteAMQPQueues deletes the queues (whether or not they are empty or
 // in use) and returns what failed.
-func DeleteAMQPQueues(url string, queues ...string) error {
+func deleteAMQPQueues(url string, queues ...string) error {
 	return DeleteAMQP(url, func(ch *amqp091.Channel) error {
 		var errs []error
 		for _, q := range queues {

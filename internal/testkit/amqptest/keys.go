@@ -29,7 +29,7 @@ func AMQPSubscriber[S interface {
 	}
 	t.Cleanup(func() { _ = sub.Close() })
 	t.Cleanup(func() {
-		if err := DeleteAMQPQueues(url, queue); err != nil {
+		if err := deleteAMQPQueues(url, queue); err != nil {
 			t.Logf("cleanup: %v", err)
 		}
 	})

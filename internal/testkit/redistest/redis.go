@@ -29,7 +29,7 @@ import (
 // ends. It returns the address once the server answers PING.
 func StartRedis(t testing.TB, args ...string) string {
 	t.Helper()
-	return StartRedisServer(t, args...).Addr
+	return startRedisServer(t, args...).Addr
 }
 
 // RedisServer is a redis-server process of a test's own, on a loopback
@@ -54,9 +54,9 @@ type RedisServer struct {
 	exited chan struct{} // closed when cmd has exited
 }
 
-// StartRedisServer starts a redis-server as StartRedis does, and returns
+// startRedisServer starts a redis-server as StartRedis does, and returns
 // it for the test to kill and start again.
-func StartRedisServer(t testing.TB, args ...string) *RedisServer {
+func startRedisServer(t testing.TB, args ...string) *RedisServer {
 	t.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
@@ -97,7 +97,7 @@ func LaunchRedisReplicated(dir string, n int, args ...string) ([]*RedisServer, e
 		}
 		servers = append(servers, s)
 	}
-	if err := WaitRedisReplicas(context.Background(), servers[0].Addr, n, time.Minute); err != nil {
+	if err := waitRedisReplicas(context.Background(), servers[0].Addr, n, time.Minute); err != nil {
 		return fail(err)
 	}
 	return servers, nil
@@ -232,7 +232,7 @@ func (s *RedisServer) Start() {
 }
 
 // StartRedisReplicated starts a redis-server (with args) and n replicas
-// of it (replicaof), each of its own as StartRedisServer starts them,
+// of it (replicaof), each of its own as startRedisServer starts them,
 // and returns them, the primary first, once every replica is in sync.
 func StartRedisReplicated(t testing.TB, n int, args ...string) []*RedisServer {
 	t.Helper()
@@ -241,18 +241,18 @@ func StartRedisReplicated(t testing.TB, n int, args ...string) []*RedisServer {
 		if i > 0 {
 			args = append(args, strconv.Itoa(servers[0].Port))
 		}
-		servers = append(servers, StartRedisServer(t, args...))
+		servers = append(servers, startRedisServer(t, args...))
 	}
 	primary := servers[0]
-	if err := WaitRedisReplicas(context.Background(), primary.Addr, n, time.Minute); err != nil {
+	if err := waitRedisReplicas(context.Background(), primary.Addr, n, time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	return servers
 }
 
-// WaitRedisReplicas waits until the server at addr has n replicas
+// waitRedisReplicas waits until the server at addr has n replicas
 // connected and past their first sync (state=online), or timeout passes.
-func WaitRedisReplicas(ctx context.Context, addr string, n int, timeout time.Duration) error {
+func waitRedisReplicas(ctx context.Context, addr string, n int, timeout time.Duration) error {
 	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialTimeout: time.Second})
 	defer c.Close()
 	deadline := time.Now().Add(timeout)
@@ -315,7 +315,7 @@ func StartRedisClusterServers(t testing.TB, opts ...RedisClusterOption) []*Redis
 	nodes := make([]*RedisServer, 3*(1+cfg.replicas))
 	addrs := make([]string, len(nodes))
 	for i := range nodes {
-		nodes[i] = StartRedisServer(t, "--cluster-enabled", "yes",
+		nodes[i] = startRedisServer(t, "--cluster-enabled", "yes",
 			"--cluster-config-file", "nodes-"+testkit.UniqueName("")+".conf",
 			"--cluster-node-timeout", strconv.FormatInt(cfg.nodeTimeout.Milliseconds(), 10),
 			"--repl-diskless-sync-delay", "0") // a replica (re)joining syncs at once
@@ -333,17 +333,17 @@ func StartRedisClusterServers(t testing.TB, opts ...RedisClusterOption) []*Redis
 	}
 	// Wait until every node agrees, so a client's first slot map is the
 	// final one, and every replica is in sync with its master.
-	if err := WaitRedisClusterOK(context.Background(), addrs, 3*cfg.replicas, time.Minute); err != nil {
+	if err := waitRedisClusterOK(context.Background(), addrs, 3*cfg.replicas, time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	return nodes
 }
 
-// WaitRedisClusterOK waits until every node of addrs reports the cluster
+// waitRedisClusterOK waits until every node of addrs reports the cluster
 // ok with every slot assigned and every node of addrs known, and (with
 // replicas > 0) until that many replicas have their link to their
 // master up and have finished their first sync, or timeout passes.
-func WaitRedisClusterOK(ctx context.Context, addrs []string, replicas int, timeout time.Duration) error {
+func waitRedisClusterOK(ctx context.Context, addrs []string, replicas int, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	var last string
 	for {
@@ -359,7 +359,7 @@ func WaitRedisClusterOK(ctx context.Context, addrs []string, replicas int, timeo
 }
 
 // RedisClusterNotOK returns why the cluster of addrs is not ok yet (see
-// WaitRedisClusterOK), or "" when it is.
+// waitRedisClusterOK), or "" when it is.
 func RedisClusterNotOK(ctx context.Context, addrs []string, replicas int) string {
 	known := "cluster_known_nodes:" + strconv.Itoa(len(addrs))
 	synced := 0

@@ -29,8 +29,8 @@ type Ledger struct {
 	Accounts int
 }
 
-// Ph is the i-th placeholder of a statement in dialect d.
-func Ph(d sqlstore.Dialect, i int) string {
+// ph is the i-th placeholder of a statement in dialect d.
+func ph(d sqlstore.Dialect, i int) string {
 	if d == sqlstore.Postgres {
 		return "$" + strconv.Itoa(i)
 	}
@@ -66,7 +66,7 @@ func NewLedger(t testing.TB, db *sql.DB, d sqlstore.Dialect, accounts int) *Ledg
 }
 
 func (l *Ledger) Add(ctx context.Context, tx *sql.Tx, account, amount int) error {
-	_, err := tx.ExecContext(ctx, fmt.Sprintf("UPDATE %s SET balance = balance + %s WHERE account = %s", l.table, Ph(l.d, 1), Ph(l.d, 2)), amount, account)
+	_, err := tx.ExecContext(ctx, fmt.Sprintf("UPDATE %s SET balance = balance + %s WHERE account = %s", l.table, ph(l.d, 1), ph(l.d, 2)), amount, account)
 	return err
 }
 
@@ -244,7 +244,7 @@ func (r LedgerRun) Run(t *testing.T, s stores.Inbox, l *Ledger) (want int64, st 
 func NewInboxFixture(t *testing.T, db *sql.DB, d sqlstore.Dialect, cfg sqlstore.Config) storetest.InboxFixture {
 	t.Helper()
 	s := NewStore(t, db, d, cfg)
-	fx := NewEffectsTable(t, db, d)
+	fx := newEffectsTable(t, db, d)
 	fx.Store = s
 	fx.BeginOuter = func(ctx context.Context) (storetest.OuterTx, error) {
 		tx, err := db.BeginTx(ctx, nil)
@@ -264,10 +264,10 @@ func NewInboxFixture(t *testing.T, db *sql.DB, d sqlstore.Dialect, cfg sqlstore.
 	return fx
 }
 
-// NewEffectsTable creates the business table of an Inbox fixture: one
+// newEffectsTable creates the business table of an Inbox fixture: one
 // row per effect, with no key, so a duplicate effect is a second row.
 // It returns a fixture with WriteEffect and CountEffects set.
-func NewEffectsTable(t *testing.T, db *sql.DB, d sqlstore.Dialect) storetest.InboxFixture {
+func newEffectsTable(t *testing.T, db *sql.DB, d sqlstore.Dialect) storetest.InboxFixture {
 	t.Helper()
 	fx, _ := NewEffectsTableNamed(t, db, d)
 	return fx
@@ -291,12 +291,12 @@ func NewEffectsTableNamed(t *testing.T, db *sql.DB, d sqlstore.Dialect) (storete
 			if !ok {
 				return errors.New("no transaction in the context (sqlstore.TxFromContext)")
 			}
-			_, err := tx.ExecContext(ctx, fmt.Sprintf("INSERT INTO %s (k) VALUES (%s)", table, Ph(d, 1)), key)
+			_, err := tx.ExecContext(ctx, fmt.Sprintf("INSERT INTO %s (k) VALUES (%s)", table, ph(d, 1)), key)
 			return err
 		},
 		CountEffects: func(ctx context.Context, key string) (int, error) {
 			var n int
-			err := db.QueryRowContext(ctx, fmt.Sprintf("SELECT COUNT(*) FROM %s WHERE k = %s", table, Ph(d, 1)), key).Scan(&n)
+			err := db.QueryRowContext(ctx, fmt.Sprintf("SELECT COUNT(*) FROM %s WHERE k = %s", table, ph(d, 1)), key).Scan(&n)
 			return n, err
 		},
 	}, table
@@ -356,14 +356,14 @@ func mysqlDeadlockAbort(t *testing.T, db *sql.DB) func(ctx context.Context, oute
 		if err != nil {
 			return fmt.Errorf("preparing the deadlock table: %w", err)
 		}
-		return MySQLLoseDeadlock(ctx, db, outer.(SQLOuter).Tx, table)
+		return mySQLLoseDeadlock(ctx, db, outer.(SQLOuter).Tx, table)
 	}
 }
 
-// MySQLLoseDeadlock makes outer the victim of a deadlock on table's rows
+// mySQLLoseDeadlock makes outer the victim of a deadlock on table's rows
 // 0 and 1. InnoDB rolls back the transaction that changed fewer rows:
 // the other one first changes every row but 0.
-func MySQLLoseDeadlock(ctx context.Context, db *sql.DB, outer *sql.Tx, table string) error {
+func mySQLLoseDeadlock(ctx context.Context, db *sql.DB, outer *sql.Tx, table string) error {
 	heavy, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		return err

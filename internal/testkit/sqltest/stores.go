@@ -205,9 +205,9 @@ func OpenDB(t *testing.T, driver, dsn string) *sql.DB {
 	return db
 }
 
-// ForEachBatching runs fn on every dialect with group commit on (the
+// forEachBatching runs fn on every dialect with group commit on (the
 // default, "batched") and off ("unbatched").
-func ForEachBatching(t *testing.T, bs []Backend, fn func(t *testing.T, b Backend, off bool)) {
+func forEachBatching(t *testing.T, bs []Backend, fn func(t *testing.T, b Backend, off bool)) {
 	ForEachBackend(t, bs, func(t *testing.T, b Backend) {
 		for _, off := range []bool{false, true} {
 			name := "batched"

@@ -23,7 +23,7 @@ var Servers = []Backend{
 // Conformance runs the storetest suite on each of bs with group commit
 // on (the default) and off.
 func Conformance(t *testing.T, bs []Backend) {
-	ForEachBatching(t, bs, func(t *testing.T, b Backend, off bool) {
+	forEachBatching(t, bs, func(t *testing.T, b Backend, off bool) {
 		storetest.Run(t, func(t *testing.T, clock stores.Clock) stores.Store {
 			return NewStore(t, b.Open(t), b.Dialect, sqlstore.Config{Clock: clock, Batch: sqlstore.BatchConfig{Disabled: off}})
 		}, storetest.AdminNoScopes())
@@ -44,7 +44,7 @@ func InboxConformance(t *testing.T, bs []Backend) {
 // of bs, with group commit on (the default) and off. Time is the fake
 // clock's, truncated to the microsecond; Purge runs between calls.
 func Model(t *testing.T, bs []Backend) {
-	ForEachBatching(t, bs, func(t *testing.T, b Backend, off bool) {
+	forEachBatching(t, bs, func(t *testing.T, b Backend, off bool) {
 		storetest.RunModel(t, func(t *testing.T, clock stores.Clock) stores.Store {
 			return NewStore(t, b.Open(t), b.Dialect, sqlstore.Config{
 				Clock:      clock,
