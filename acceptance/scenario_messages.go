@@ -277,17 +277,16 @@ func scenarioRetention(t *testing.T, b Backend, s Store) {
 		return true, ""
 	})
 	AssertEffects(t, r.effects(), want)
-	reruns, after := 0, 0
-	for _, n := range w.rerun {
-		reruns += n
-	}
+	after := 0
 	for _, n := range w.after {
 		after += n
 	}
-	// Every run after the window is of a message published more than a
-	// window earlier, hence a ttl miss (a first run may be one too).
+	// Every run surely after the window is of a message published more
+	// than a window earlier, hence a ttl miss (a first run may be one
+	// too). A run too close to the window's end to tell is not counted:
+	// the store's clock and the middleware's may put it on either side.
 	misses := r.outcome(dedup.OutcomeTTLMiss)
-	AssertAtLeast(t, "ttl misses counted", misses, reruns)
+	AssertAtLeast(t, "ttl misses counted", misses, after)
 	// The middleware drops every Duplicate the store answers, and reports
 	// it.
 	AssertBetween(t, "duplicates reported by the middleware", r.outcome(dedup.OutcomeDuplicate), w.dups, w.dups)
