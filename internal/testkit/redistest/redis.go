@@ -147,6 +147,7 @@ func launchRedis(bin, dir string, args []string) (*RedisServer, error) {
 // leaves nothing running.
 func (s *RedisServer) start() error {
 	cmd := exec.Command(s.bin, s.args...)
+	testkit.SetPdeathsig(cmd) // a test binary that dies (a timeout) takes its servers along
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("starting redis-server: %w", err)
 	}

@@ -49,6 +49,7 @@ func StartRedisTLS(t testing.TB, clientCerts bool, args ...string) (string, *tes
 			"--logfile", logFile, "--daemonize", "no",
 		}, args...)
 		cmd := exec.Command(bin, full...)
+		testkit.SetPdeathsig(cmd) // a test binary that dies (a timeout) takes its server along
 		var stderr strings.Builder
 		cmd.Stdout, cmd.Stderr = &stderr, &stderr
 		if err := cmd.Start(); err != nil {
