@@ -184,7 +184,7 @@ func setUp(ctx context.Context, cfg Config, sim *simulation) (*message.Router, *
 		return nil, nil, fmt.Errorf("store %s: %w", cfg.Store, err)
 	}
 
-	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 15 * time.Second}, logger)
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: routerCloseTimeout}, logger)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -318,3 +318,11 @@ func (l *loyalty) awardPoints(msg *message.Message) error {
 		Points: pts, MessageUUID: messageRef(msg),
 	})
 }
+
+// routerCloseTimeout bounds the router's Close: the handlers running, and
+// each handler's subscriber closing. A Kafka consumer group closed during
+// a rebalance waits for its JoinGroup's answer, which the broker may hold
+// for the group's rebalance timeout (at most half of Sarama's 30s read
+// timeout here, see kafkaSubscriberConfig): 15s was the very bound, and a
+// loaded machine's consumer process missed it in the kill demo.
+const routerCloseTimeout = 30 * time.Second

@@ -47,8 +47,8 @@ const (
 )
 
 // stopGrace is how long a consumer process has to stop after SIGTERM
-// (the router's CloseTimeout is 15s) before it is SIGKILLed.
-const stopGrace = 20 * time.Second
+// (the router's CloseTimeout, routerCloseTimeout) before it is SIGKILLed.
+const stopGrace = routerCloseTimeout + 5*time.Second
 
 // runProcesses is the kill demo's parent process: it returns the exit
 // status, as run does.
