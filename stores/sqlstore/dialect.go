@@ -141,6 +141,14 @@ type quirks struct {
 	// (mattn/go-sqlite3), so Begin waits for it in a goroutine of its
 	// own. nil means never.
 	lockWaitIgnoresContext func() bool
+	// lockFirst, when set, is the first statement of every transaction
+	// of the store's own: it takes the database's write lock, waiting
+	// for it as any write does, before the transaction reads. SQLite
+	// with deferred transactions (a DSN without _txlock=immediate) needs
+	// it: a transaction that has read cannot upgrade its lock once
+	// another writer has committed since, and SQLite answers SQLITE_BUSY
+	// at once, without its busy timeout, as often as it is retried.
+	lockFirst string
 }
 
 // base gives a dialect the defaults of the optional behaviours.

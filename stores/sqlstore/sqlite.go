@@ -98,10 +98,14 @@ func (d *sqliteDialect) inserted(res sql.Result) (bool, error) {
 }
 
 // quirks: the store's transactions take the driver's default (BEGIN
-// IMMEDIATE with SQLiteDSN); mattn/go-sqlite3 waits for the write lock
-// (busy_timeout) without watching the context.
+// IMMEDIATE with SQLiteDSN), and their first statement takes the write
+// lock whatever that default is (a DSN of deferred transactions: see
+// quirks.lockFirst): a DELETE that matches nothing, which SQLite
+// begins as a write, waiting for the lock up to its busy timeout.
+// mattn/go-sqlite3 waits for the write lock without watching the
+// context.
 func (d *sqliteDialect) quirks() quirks {
-	return quirks{lockWaitIgnoresContext: d.mattn}
+	return quirks{lockWaitIgnoresContext: d.mattn, lockFirst: "DELETE FROM " + d.q.table + " WHERE 0"}
 }
 
 func (d *sqliteDialect) classify(err error) errClass {

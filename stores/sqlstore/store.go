@@ -438,9 +438,17 @@ func (s *Store) checkData(data []byte) error {
 // now is the clock's time at the database's (microsecond) precision.
 func (s *Store) now() time.Time { return s.cfg.Clock.Now().Truncate(time.Microsecond) }
 
-// inTx runs fn in a short transaction of the store's own.
+// inTx runs fn in a short transaction of the store's own, which begins
+// with the dialect's lockFirst when it has one.
 func (s *Store) inTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
-	return inTx(ctx, s.db, s.qk.txOptions, fn)
+	return inTx(ctx, s.db, s.qk.txOptions, func(tx *sql.Tx) error {
+		if s.qk.lockFirst != "" {
+			if _, err := tx.ExecContext(ctx, s.qk.lockFirst); err != nil {
+				return err
+			}
+		}
+		return fn(tx)
+	})
 }
 
 // retry runs op until it succeeds, fails with a non-transient error, or

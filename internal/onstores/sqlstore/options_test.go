@@ -54,7 +54,8 @@ var driverOptions = []driverOption{
 	// The DSN mattn/go-sqlite3 users usually write: WAL and a busy
 	// timeout, but deferred transactions (no _txlock=immediate), whose
 	// read-then-write upgrades fail with SQLITE_BUSY at once under
-	// contention, without waiting: a store must retry them.
+	// contention, without waiting: the store's own transactions take
+	// the write lock first (TestSQLiteDeferredTransactions).
 	{"sqlite/mattn/_journal_mode=WAL&_busy_timeout=5000", sqlstore.SQLite, sqliteWith("sqlite3", func(path string) string {
 		return "file:" + path + "?_journal_mode=WAL&_busy_timeout=5000"
 	})},
