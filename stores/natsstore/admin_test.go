@@ -239,14 +239,24 @@ func TestAdminDeleteOfAChangingRecord(t *testing.T) {
 
 // TestAdminHistoryBucket: in a bucket created with History above 1 (which
 // the store uses as it is), the older revisions of a key are no records:
-// List and Stats see each key once, in its latest state.
+// List and Stats see each key once, in its latest state; under per-key
+// TTLs too, where a Release leaves a purge marker.
 func TestAdminHistoryBucket(t *testing.T) {
-	nc, cfg, js := freshBucket(t)
+	onServers(t, adminHistoryBucket)
+}
+
+func adminHistoryBucket(t *testing.T, nc *nats.Conn) {
+	cfg, js := freshBucket(t, nc)
 	ctx := context.Background()
-	if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: cfg.Bucket, History: 5, TTL: cfg.RequiredMaxAge()}); err != nil {
+	kv := bucketLike(nc, cfg)
+	kv.History = 5
+	if _, err := js.CreateKeyValue(ctx, kv); err != nil {
 		t.Fatal(err)
 	}
 	s := newStore(t, nc, cfg)
+	if want := expectedMode(nc, cfg); s.TTLMode() != want {
+		t.Fatalf("the store expires records by %s in a bucket made as it would make it, want %s", s.TTLMode(), want)
+	}
 	for _, k := range []string{"a", "b", "c"} {
 		c := claim(t, s, "s", time.Minute, k)
 		if err := s.Extend(ctx, c, time.Minute); err != nil {

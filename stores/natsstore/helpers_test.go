@@ -53,6 +53,13 @@ func onServers(t *testing.T, f func(t *testing.T, nc *nats.Conn)) {
 	t.Run("current", func(t *testing.T) { f(t, currentConn(t)) })
 }
 
+// onURLs is onServers for a test that makes its own connections: f gets
+// the server's URL.
+func onURLs(t *testing.T, f func(t *testing.T, url string)) {
+	t.Run("shared", func(t *testing.T) { f(t, testkit.RequireNATS(t)) })
+	t.Run("current", func(t *testing.T) { f(t, natstest.CurrentNATS(t).Start(t, "").URL()) })
+}
+
 // expectedMode is the TTLMode New picks for cfg on nc when none of
 // cfg's buckets exists.
 func expectedMode(nc *nats.Conn, cfg natsstore.Config) natsstore.TTLMode {
@@ -146,18 +153,29 @@ func streamMsgs(t testing.TB, nc *nats.Conn, bucket string) uint64 {
 	return info.State.Msgs
 }
 
-// freshBucket returns the shared connection, a Config naming a bucket no
-// other test uses (deleted when the test ends), and a JetStream context.
-func freshBucket(t *testing.T) (*nats.Conn, natsstore.Config, jetstream.JetStream) {
+// freshBucket returns the config of a bucket name no other test uses on nc
+// (deleted after the test) and a JetStream context on nc, for a test that
+// creates the bucket itself.
+func freshBucket(t *testing.T, nc *nats.Conn) (natsstore.Config, jetstream.JetStream) {
 	t.Helper()
-	nc := sharedConn(t)
 	cfg := natsstore.Config{Bucket: testBucket()}
 	deleteBuckets(t, nc, cfg)
 	js, err := jetstream.New(nc)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return nc, cfg, js
+	return cfg, js
+}
+
+// bucketLike returns the KV config of cfg's bucket as the store would
+// create it on nc, History and the other settings left to the caller:
+// per-message TTLs and no MaxAge where the server has them (TTLPerKey),
+// else the MaxAge the config needs (TTLBucket).
+func bucketLike(nc *nats.Conn, cfg natsstore.Config) jetstream.KeyValueConfig {
+	if expectedMode(nc, cfg) == natsstore.TTLPerKey {
+		return jetstream.KeyValueConfig{Bucket: cfg.Bucket, LimitMarkerTTL: time.Minute}
+	}
+	return jetstream.KeyValueConfig{Bucket: cfg.Bucket, TTL: cfg.RequiredMaxAge()}
 }
 
 // onBinaries runs f in a subtest on each nats-server binary the store is

@@ -114,13 +114,22 @@ func TestMaxDataFollowsMaxPayload(t *testing.T) {
 // store was built, the stream's refusal is stores.ErrTooLarge, not an
 // outage nor unclassified.
 func TestMaxDataFollowsBucket(t *testing.T) {
-	nc, cfg, js := freshBucket(t)
+	onServers(t, maxDataFollowsBucket)
+}
+
+func maxDataFollowsBucket(t *testing.T, nc *nats.Conn) {
+	cfg, js := freshBucket(t, nc)
 	ctx := context.Background()
 	const maxValue = 1000
-	if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: cfg.Bucket, History: 1, TTL: cfg.RequiredMaxAge(), MaxValueSize: maxValue}); err != nil {
+	kv := bucketLike(nc, cfg)
+	kv.History, kv.MaxValueSize = 1, maxValue
+	if _, err := js.CreateKeyValue(ctx, kv); err != nil {
 		t.Fatal(err)
 	}
 	s := newStore(t, nc, cfg)
+	if want := expectedMode(nc, cfg); s.TTLMode() != want {
+		t.Fatalf("the store expires records by %s in a bucket made as it would make it, want %s", s.TTLMode(), want)
+	}
 	caps := s.Capabilities()
 	if want := maxValue - 9 - 8 - 128; caps.MaxData != want {
 		t.Fatalf("MaxData = %d in a bucket with MaxValueSize %d, want %d", caps.MaxData, maxValue, want)

@@ -14,7 +14,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/goleak"
 
-	"github.com/watermill-dedup/dedup/internal/testkit"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/internal/errtest"
 	"github.com/watermill-dedup/dedup/stores/natsstore"
@@ -333,8 +332,11 @@ func TestDataTooLarge(t *testing.T) {
 // TestCloseLeavesConnOpen: Close never closes the caller's connection
 // and stops everything the store started.
 func TestCloseLeavesConnOpen(t *testing.T) {
-	url := testkit.RequireNATS(t)
-	other := sharedConn(t)
+	onURLs(t, closeLeavesConnOpen)
+}
+
+func closeLeavesConnOpen(t *testing.T, url string) {
+	other := connect(t, url)
 	cfg := natsstore.Config{Bucket: testBucket()}
 	deleteBuckets(t, other, cfg)
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
@@ -368,9 +370,12 @@ func TestCloseLeavesConnOpen(t *testing.T) {
 // TestConnectOwnsConn: the connection Connect opens is the store's, and
 // Close closes it (no goroutine of it is left).
 func TestConnectOwnsConn(t *testing.T) {
-	url := testkit.RequireNATS(t)
+	onURLs(t, connectOwnsConn)
+}
+
+func connectOwnsConn(t *testing.T, url string) {
 	cfg := natsstore.Config{Bucket: testBucket()}
-	deleteBuckets(t, sharedConn(t), cfg)
+	deleteBuckets(t, connect(t, url), cfg)
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 	ctx := context.Background()
 	s, err := natsstore.Connect(ctx, url, cfg)

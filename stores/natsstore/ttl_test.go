@@ -183,7 +183,8 @@ func TestRetentionBoundByServer(t *testing.T) {
 // server gives the bucket a MaxAge and the records no TTL.
 func TestTTLPerKeyNeedsServer(t *testing.T) {
 	t.Run("shared", func(t *testing.T) {
-		nc, cfg, js := freshBucket(t)
+		nc := sharedConn(t)
+		cfg, js := freshBucket(t, nc)
 		if _, level := nc.ConnectedServerJetStream(); level >= 1 {
 			t.Fatalf("the shared server (nats-server %s) has per-message TTLs: this test needs one that has none", nc.ConnectedServerVersion())
 		}
