@@ -66,7 +66,7 @@ func (s *Store) purgeStatement(ctx context.Context, stmt string, args []any) (in
 	err := s.retry(ctx, func() error {
 		// READ COMMITTED: no gap locks on MySQL, so inserts of new
 		// records are never blocked by a purge.
-		return s.inTx(ctx, func(tx *sql.Tx) error {
+		return s.inWriteTx(ctx, func(tx *sql.Tx) error {
 			res, err := tx.ExecContext(ctx, stmt, args...)
 			if err != nil {
 				return err

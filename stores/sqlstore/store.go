@@ -438,8 +438,17 @@ func (s *Store) checkData(data []byte) error {
 // now is the clock's time at the database's (microsecond) precision.
 func (s *Store) now() time.Time { return s.cfg.Clock.Now().Truncate(time.Microsecond) }
 
+// inWriteTx runs fn in a short transaction of the store's own whose first
+// statement writes (an INSERT, a DELETE): that statement takes the
+// database's write lock, so no lockFirst is needed. A transaction that
+// may read first uses inTx.
+func (s *Store) inWriteTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
+	return inTx(ctx, s.db, s.qk.txOptions, fn)
+}
+
 // inTx runs fn in a short transaction of the store's own, which begins
-// with the dialect's lockFirst when it has one.
+// with the dialect's lockFirst when it has one: fn may read before it
+// writes.
 func (s *Store) inTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
 	return inTx(ctx, s.db, s.qk.txOptions, func(tx *sql.Tx) error {
 		if s.qk.lockFirst != "" {
@@ -580,7 +589,9 @@ func (s *Store) claimOnce(ctx context.Context, ks keySet, token int64, lease tim
 		}
 		// Expired (or gone since the INSERT): take over under a lock.
 	}
-	return s.inTx(ctx, func(tx *sql.Tx) error {
+	// acquire's first statement is an INSERT, or (partitions, never on
+	// SQLite) its lock of the partitions.
+	return s.inWriteTx(ctx, func(tx *sql.Tx) error {
 		rest, recs, err := s.acquire(ctx, tx, ks, now, s.q.insertProcessing, func(id recordID) []any {
 			return []any{s.d.idArg(id), token, exp, own}
 		})
