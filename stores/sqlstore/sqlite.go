@@ -98,10 +98,11 @@ func (d *sqliteDialect) inserted(res sql.Result) (bool, error) {
 }
 
 // quirks: the store's transactions take the driver's default (BEGIN
-// IMMEDIATE with SQLiteDSN), and their first statement takes the write
-// lock whatever that default is (a DSN of deferred transactions: see
-// quirks.lockFirst): a DELETE that matches nothing, which SQLite
-// begins as a write, waiting for the lock up to its busy timeout.
+// IMMEDIATE with SQLiteDSN), and each takes the write lock with its
+// first statement whatever that default is (a DSN of deferred
+// transactions): a write, or in those that read first (Store.inTx) a
+// DELETE that matches nothing (quirks.lockFirst), which SQLite begins as
+// a write, waiting for the lock up to its busy timeout.
 // mattn/go-sqlite3 waits for the write lock without watching the
 // context.
 func (d *sqliteDialect) quirks() quirks {
