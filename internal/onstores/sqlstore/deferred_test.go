@@ -2,8 +2,6 @@ package sqlstore_test
 
 import (
 	"context"
-	"database/sql"
-	"path/filepath"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -15,31 +13,6 @@ import (
 	"github.com/watermill-dedup/dedup/stores/sqlstore"
 )
 
-// interferingDriver is mattn/go-sqlite3 whose connections run interfere
-// whenever a statement that deletes or updates rows of interferedTable is
-// prepared: in a transaction that has read already, another writer then
-// commits between its read and its write.
-const interferingDriver = "sqlite3-interfering"
-
-var (
-	interferedTable atomic.Value // string
-	interfere       atomic.Pointer[func()]
-)
-
-func init() {
-	sql.Register(interferingDriver, &sqlite3.SQLiteDriver{ConnectHook: func(c *sqlite3.SQLiteConn) error {
-		c.RegisterAuthorizer(func(op int, table, _, _ string) int {
-			if (op == sqlite3.SQLITE_DELETE || op == sqlite3.SQLITE_UPDATE) && table == interferedTable.Load() {
-				if f := interfere.Load(); f != nil {
-					(*f)()
-				}
-			}
-			return sqlite3.SQLITE_OK
-		})
-		return nil
-	}})
-}
-
 // TestSQLiteDeferredTransactions: with the DSN most mattn/go-sqlite3
 // users write (WAL and a busy timeout, but deferred transactions), a
 // transaction of the store's own that read before it wrote could not
@@ -48,9 +21,10 @@ func init() {
 // retry met the same, and a multi-key Complete, Extend or Release, or an
 // admin Delete, failed as unavailable ("release: database is locked",
 // seen under contention). Here another connection commits a write each
-// time the store prepares such a write: the store's transactions take the
-// write lock before they read, so that writer waits (and, with no busy
-// timeout of its own, gives up) instead, and every call succeeds.
+// time the store prepares a write on its table (sqliteHooks): the
+// store's transactions take the write lock before they read, so that
+// writer waits (and, with no busy timeout of its own, gives up) instead,
+// and every call succeeds.
 func TestSQLiteDeferredTransactions(t *testing.T) {
 	for _, batch := range []sqlstore.BatchConfig{{Disabled: true}, {}} {
 		t.Run(map[bool]string{true: "unbatched", false: "group-commit"}[batch.Disabled], func(t *testing.T) {
@@ -60,26 +34,25 @@ func TestSQLiteDeferredTransactions(t *testing.T) {
 }
 
 func deferredTransactions(t *testing.T, batch sqlstore.BatchConfig) {
-	path := filepath.Join(t.TempDir(), "dedup.db")
-	db := openOption(t, interferingDriver, "file:"+path+"?_journal_mode=WAL&_busy_timeout=5000", "SQLite", path)
+	h := &sqliteHooks{}
+	db, path := sqliteWithHooks(t, h, func(path string) string { return "file:" + path + "?_journal_mode=WAL&_busy_timeout=5000" })
 	other := openOption(t, "sqlite3", "file:"+path+"?_journal_mode=WAL&_busy_timeout=0", "SQLite", path)
 	ctx := context.Background()
 	if _, err := other.ExecContext(ctx, "CREATE TABLE other_writer (n INTEGER)"); err != nil {
 		t.Fatal(err)
 	}
 	var commits, refused atomic.Int64
-	f := func() {
+	interfere := func(bool, int) int {
 		if _, err := other.ExecContext(ctx, "INSERT INTO other_writer VALUES (1)"); err != nil {
 			refused.Add(1) // the store holds the write lock
 		} else {
 			commits.Add(1)
 		}
+		return sqlite3.SQLITE_OK
 	}
 	s := sqltest.NewStore(t, db, sqlstore.SQLite, sqlstore.Config{Batch: batch})
-	table := s.Table()
-	interferedTable.Store(table)
-	interfere.Store(&f)
-	t.Cleanup(func() { interfere.Store(nil) })
+	h.table.Store(s.Table())
+	h.onWrite.Store(&interfere)
 
 	claim := func(keys ...string) *stores.Claim {
 		t.Helper()
