@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/watermill-dedup/dedup/internal/testkit"
 	"github.com/watermill-dedup/dedup/internal/testkit/sqltest"
 	"github.com/watermill-dedup/dedup/stores"
 	"github.com/watermill-dedup/dedup/stores/sqlstore"
@@ -20,25 +19,18 @@ import (
 
 var errBatchBoom = errors.New("batch statement failed (injected)")
 
-// gate holds the first batch a store runs (one lone call) until release,
-// so that the calls made meanwhile queue behind it and form the next
-// batch; it can hold the second batch too, and make batches of several
-// calls fail.
+// gate is a sqltest.Gate that the store's batch hook enters, and which
+// records the size of every batch; with fail, every batch of several
+// calls fails as if its statement had.
 type gate struct {
-	t *testing.T
-	s *sqlstore.Store
-
+	*sqltest.Gate
 	mu    sync.Mutex
 	sizes []int
-
-	held, open   chan struct{} // first batch
-	held2, open2 chan struct{} // second batch, when holdSecond
-	holdSecond   bool
-	fail         atomic.Bool
+	fail  atomic.Bool
 }
 
 func newGate(t *testing.T, s *sqlstore.Store) *gate {
-	g := &gate{t: t, s: s, held: make(chan struct{}), open: make(chan struct{}), held2: make(chan struct{}), open2: make(chan struct{})}
+	g := &gate{Gate: sqltest.NewGate(t, s)}
 	if !sqlstore.SetBatchHook(s, g.hook) {
 		t.Fatal("the store does not batch")
 	}
@@ -48,16 +40,8 @@ func newGate(t *testing.T, s *sqlstore.Store) *gate {
 func (g *gate) hook(n int) error {
 	g.mu.Lock()
 	g.sizes = append(g.sizes, n)
-	i := len(g.sizes)
 	g.mu.Unlock()
-	switch {
-	case i == 1:
-		close(g.held)
-		<-g.open
-	case i == 2 && g.holdSecond:
-		close(g.held2)
-		<-g.open2
-	}
+	g.Enter(n > 1)
 	if g.fail.Load() {
 		return errBatchBoom
 	}
@@ -68,34 +52,6 @@ func (g *gate) batchSizes() []int {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return append([]int(nil), g.sizes...)
-}
-
-// plug starts a lone claim that the gate holds, and returns once it is
-// held; wait for it with the returned function after release.
-func (g *gate) plug(ctx context.Context, scope string) (wait func()) {
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		if _, err := g.s.Claim(ctx, scope, []string{"plug-" + storetest.NewID()}, time.Minute); err != nil {
-			g.t.Errorf("plug claim: %v", err)
-		}
-	}()
-	<-g.held
-	return func() { <-done }
-}
-
-// queued waits until n calls besides the plug wait in the batcher's
-// queue (not merely inside the batcher: a call on its way to the queue
-// may be held there by a loaded machine for any time), however long they
-// take to get there.
-func (g *gate) queued(n int) {
-	deadline := time.Now().Add(time.Minute)
-	for testkit.WaitingInBatcher() < n {
-		if time.Now().After(deadline) {
-			g.t.Fatalf("only %d of %d calls wait in the batcher's queue (%d inside it)", testkit.WaitingInBatcher(), n, sqlstore.BatchCallers(g.s)-1)
-		}
-		time.Sleep(time.Millisecond)
-	}
 }
 
 func newBatchStore(t *testing.T, b sqltest.Backend, clock stores.Clock) *sqlstore.Store {
@@ -143,72 +99,25 @@ func TestBatchSharesStatements(t *testing.T) {
 	sqltest.ForEachBackend(t, backends, func(t *testing.T, b sqltest.Backend) {
 		s := newBatchStore(t, b, nil)
 		g := newGate(t, s)
-		ctx := context.Background()
-		wait := g.plug(ctx, "share")
-		const n = 12
-		claims := make([]*stores.Claim, n)
-		errs := make([]error, n)
-		var wg sync.WaitGroup
-		for i := range n {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				claims[i], errs[i] = s.Claim(ctx, "share", []string{fmt.Sprint("k", i)}, time.Minute)
-			}()
-		}
-		g.queued(n)
-		close(g.open)
-		wg.Wait()
-		wait()
-		for i := range n {
-			if errs[i] != nil || claims[i].Result != stores.Claimed {
-				t.Fatalf("claim %d: %+v %v", i, claims[i], errs[i])
+		sqltest.RunBatchSharesStatements(t, s, g.Gate, func(min int) {
+			if sizes := g.batchSizes(); len(sizes) < 2 || sizes[1] < min {
+				t.Fatalf("batch sizes %v: want the queued calls to share batches", sizes)
 			}
-		}
-		sizes := g.batchSizes()
-		if len(sizes) < 2 || sizes[1] < 2 || len(sizes) > n {
-			t.Fatalf("batch sizes %v: want the %d queued calls to share batches", sizes, n)
-		}
-		// Their Completes share a batch too.
-		g2 := []int{}
-		var mu sync.Mutex
-		sqlstore.SetBatchHook(s, func(k int) error { mu.Lock(); g2 = append(g2, k); mu.Unlock(); return nil })
-		for i := range n {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				errs[i] = s.Complete(ctx, claims[i], time.Hour, []byte{byte(i), 0, 0xff})
-			}()
-		}
-		wg.Wait()
-		for i := range n {
-			if errs[i] != nil {
-				t.Fatalf("complete %d: %v", i, errs[i])
-			}
-			c, err := s.Claim(ctx, "share", []string{fmt.Sprint("k", i)}, time.Minute)
-			if err != nil || c.Result != stores.Duplicate || !bytes.Equal(c.Data, []byte{byte(i), 0, 0xff}) {
-				t.Fatalf("claim %d after complete: %+v %v", i, c, err)
-			}
-		}
-		t.Logf("%s: claim batches %v; complete batches %v", b.Dialect, sizes, g2)
+		})
+		t.Logf("%s: batch sizes %v", b.Dialect, g.batchSizes())
 	})
 }
 
-// runMixed runs the calls of sqltest.PrepareMixed together on a batching store
-// of b, its batch statement failing when fail, and returns the sizes of
-// the batches.
+// runMixed runs the calls of sqltest.PrepareMixed together on a batching
+// store of b, its batch statement failing when fail, and returns the
+// sizes of the batches.
 func runMixed(t *testing.T, b sqltest.Backend, fail bool) []int {
 	clock := storetest.NewFakeClock(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
 	s := newBatchStore(t, b, clock)
 	m := sqltest.PrepareMixed(t, s, clock)
 	g := newGate(t, s)
 	g.fail.Store(fail)
-	wait := g.plug(context.Background(), m.Scope)
-	m.Run(t, func(calls int) {
-		g.queued(calls)
-		close(g.open)
-	})
-	wait()
+	sqltest.RunBatchMixed(t, m, g.Gate)
 	return g.batchSizes()
 }
 
@@ -242,56 +151,7 @@ func TestBatchStatementFailure(t *testing.T) {
 func TestBatchOrphanedClaimReleased(t *testing.T) {
 	sqltest.ForEachBackend(t, backends, func(t *testing.T, b sqltest.Backend) {
 		s := newBatchStore(t, b, nil)
-		g := newGate(t, s)
-		g.holdSecond = true
-		ctx := context.Background()
-		wait := g.plug(ctx, "orphan")
-		cctx, cancel := context.WithCancel(ctx)
-		var wg sync.WaitGroup
-		var gaveUp, other error
-		var otherClaim *stores.Claim
-		left := make(chan struct{})
-		wg.Add(2)
-		go func() {
-			defer wg.Done()
-			defer close(left)
-			_, gaveUp = s.Claim(cctx, "orphan", []string{"orphan"}, time.Hour)
-		}()
-		go func() {
-			defer wg.Done()
-			otherClaim, other = s.Claim(ctx, "orphan", []string{"other"}, time.Hour)
-		}()
-		g.queued(2)
-		close(g.open)
-		<-g.held2 // both run in the second batch, held before its statement
-		cancel()
-		<-left // the caller left while its batch is held
-		close(g.open2)
-		wg.Wait()
-		wait()
-		if !errors.Is(gaveUp, context.Canceled) {
-			t.Fatalf("the caller that gave up got %v, want context.Canceled", gaveUp)
-		}
-		if other != nil || otherClaim.Result != stores.Claimed {
-			t.Fatalf("the other caller: %+v %v", otherClaim, other)
-		}
-		deadline := time.Now().Add(time.Minute)
-		for {
-			c, err := s.Claim(ctx, "orphan", []string{"orphan"}, time.Minute)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if c.Result == stores.Claimed {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("the orphaned claim was not released: %s", c.Result)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-		if err := s.Close(ctx); err != nil {
-			t.Fatal(err)
-		}
+		sqltest.RunBatchOrphanedClaimReleased(t, s, newGate(t, s).Gate)
 	})
 }
 
