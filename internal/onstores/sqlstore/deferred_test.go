@@ -42,7 +42,7 @@ func deferredTransactions(t *testing.T, batch sqlstore.BatchConfig) {
 		t.Fatal(err)
 	}
 	var commits, refused atomic.Int64
-	interfere := func(bool, int) int {
+	interfere := func(int, bool, int) int {
 		if _, err := other.ExecContext(ctx, "INSERT INTO other_writer VALUES (1)"); err != nil {
 			refused.Add(1) // the store holds the write lock
 		} else {

@@ -2,10 +2,13 @@ package sqlstore_test
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/mattn/go-sqlite3"
 
 	"github.com/watermill-dedup/dedup/internal/testkit/sqltest"
 	"github.com/watermill-dedup/dedup/stores"
@@ -66,18 +69,50 @@ func TestPurgeKeepsExpiredClaimsForTheLongestLease(t *testing.T) {
 	})
 }
 
-// TestSQLitePurge is sqlstore's TestPurge on SQLite: every expired record
-// goes in batches of at most PurgeBatch (each a statement whose LIMIT is
-// PurgeBatch: counted here through sqliteHooks, their sizes unseen), no
-// live one, and claims go on meanwhile.
+// TestSQLitePurge is sqlstore's TestPurge on SQLite (sqltest.RunPurge).
+// The sizes of its batches are read from the table: each purge statement
+// is the first write of a transaction of its own, and before it runs
+// (sqliteHooks) another connection counts the records past their expiry,
+// which only the purge changes meanwhile; the batches are the
+// differences.
 func TestSQLitePurge(t *testing.T) {
 	h := &sqliteHooks{}
-	db, _ := sqliteWithHooks(t, h)
+	db, path := sqliteWithHooks(t, h)
+	reader := openOption(t, "sqlite3", sqlstore.SQLiteDSN(path), "SQLite", path)
 	clock := storetest.NewFakeClock(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
 	s := sqltest.NewStore(t, db, sqlstore.SQLite, sqlstore.Config{Clock: clock, PurgeBatch: 100, PurgeGrace: time.Minute})
 	h.table.Store(s.Table())
+	expired := func() int64 {
+		var n int64
+		// expires_at is in unix microseconds.
+		q := `SELECT COUNT(*) FROM "` + s.Table() + `" WHERE expires_at < ?`
+		if err := reader.QueryRowContext(context.Background(), q, clock.Now().UnixMicro()).Scan(&n); err != nil {
+			t.Error(err)
+		}
+		return n
+	}
 	sqltest.RunPurge(t, s, clock, func() sqltest.PurgeBatches {
-		before := h.deletes.Load()
-		return func() (int64, int64) { return h.deletes.Load() - before, 0 }
+		var mu sync.Mutex
+		var before []int64 // expired records before each purge statement
+		f := func(op int, inTx bool, calls int) int {
+			if op == sqlite3.SQLITE_DELETE && inTx && calls == 0 {
+				n := expired()
+				mu.Lock()
+				before = append(before, n)
+				mu.Unlock()
+			}
+			return sqlite3.SQLITE_OK
+		}
+		h.onWrite.Store(&f)
+		return func() (batches, largest int64) {
+			h.onWrite.Store(nil)
+			mu.Lock()
+			defer mu.Unlock()
+			counts := append(before, expired())
+			for i := 1; i < len(counts); i++ {
+				largest = max(largest, counts[i-1]-counts[i])
+			}
+			return int64(len(before)), largest
+		}
 	})
 }

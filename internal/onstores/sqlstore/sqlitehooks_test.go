@@ -13,28 +13,31 @@ import (
 	"github.com/watermill-dedup/dedup/stores/storetest"
 )
 
-// sqliteHooks watches, through mattn/go-sqlite3's authorizer, the
-// statements that connections of one database prepare, and can hold or
-// refuse them: what sqlstore's own tests do with the store's batch hook,
-// which tests outside the package cannot reach. The authorizer runs when
-// a statement is prepared, before it takes any lock, and sqlstore
-// prepares each statement where it runs it.
+// sqliteHooks watches, through mattn/go-sqlite3's authorizer, the writes
+// that connections of one database prepare on the store's table, and can
+// hold or refuse them: what sqlstore's own tests do with the store's batch
+// hook, which tests outside the package cannot reach. sqlstore prepares
+// each statement where it runs it, so the authorizer sees every run. It
+// is called when a statement is prepared, before the statement takes any
+// lock, and again when SQLite prepares it anew at its first step (a
+// statement whose plan depends on a bound value: a LIMIT ?); an UPDATE
+// calls it once for each column it sets. So the calls are not
+// statements: a write is counted by the calls' kinds (an INSERT, one
+// call, is one claim).
 type sqliteHooks struct {
 	// table is the store's table: writes on others are not watched.
 	table atomic.Value // string
-	// onWrite, when set, sees each statement that inserts, updates or
-	// deletes rows of table, with whether its connection is in a
-	// transaction and how many such statements that transaction has
-	// prepared before it; it returns what the authorizer answers
-	// (sqlite3.SQLITE_OK, or SQLITE_DENY to fail the statement).
-	onWrite atomic.Pointer[func(inTx bool, before int) int]
-	// deletes counts the statements that delete rows of table.
-	deletes atomic.Int64
+	// onWrite, when set, sees each authorizer call for a write on table
+	// (op: sqlite3.SQLITE_INSERT, _UPDATE or _DELETE), with whether its
+	// connection is in a transaction and how many such calls that
+	// transaction made before it; it returns what the authorizer
+	// answers (sqlite3.SQLITE_OK, or SQLITE_DENY to fail the statement).
+	onWrite atomic.Pointer[func(op int, inTx bool, before int) int]
 
 	mu sync.Mutex
-	// txWrites is the number of writes of each transaction that
-	// committed, in the order they did.
-	txWrites []int
+	// txInserts is the number of INSERTs on table (claims) of each
+	// transaction whose COMMIT was prepared, in that order.
+	txInserts []int
 }
 
 // sqliteWithHooks opens a SQLite database in a file of the test's with
@@ -60,16 +63,17 @@ func sqliteWithHooks(t *testing.T, h *sqliteHooks, dsn ...func(path string) stri
 
 // watch sets the authorizer of one connection.
 func (h *sqliteHooks) watch(c *sqlite3.SQLiteConn) {
-	inTx, writes := false, 0 // the connection's: used by one goroutine at a time
+	// The connection's own: used by one goroutine at a time.
+	inTx, calls, inserts := false, 0, 0
 	c.RegisterAuthorizer(func(op int, arg1, _, _ string) int {
 		switch op {
 		case sqlite3.SQLITE_TRANSACTION:
 			switch arg1 {
 			case "BEGIN":
-				inTx, writes = true, 0
+				inTx, calls, inserts = true, 0, 0
 			case "COMMIT":
 				h.mu.Lock()
-				h.txWrites = append(h.txWrites, writes)
+				h.txInserts = append(h.txInserts, inserts)
 				h.mu.Unlock()
 				inTx = false
 			case "ROLLBACK":
@@ -79,15 +83,15 @@ func (h *sqliteHooks) watch(c *sqlite3.SQLiteConn) {
 			if arg1 != h.table.Load() {
 				break
 			}
-			if op == sqlite3.SQLITE_DELETE {
-				h.deletes.Add(1)
-			}
 			answer := sqlite3.SQLITE_OK
 			if f := h.onWrite.Load(); f != nil {
-				answer = (*f)(inTx, writes)
+				answer = (*f)(op, inTx, calls)
 			}
 			if inTx {
-				writes++
+				calls++
+				if op == sqlite3.SQLITE_INSERT {
+					inserts++
+				}
 			}
 			return answer
 		}
@@ -95,9 +99,10 @@ func (h *sqliteHooks) watch(c *sqlite3.SQLiteConn) {
 	})
 }
 
-// transactions returns the writes of each transaction committed so far.
-func (h *sqliteHooks) transactions() []int {
+// claimsPerTransaction returns the claims (INSERTs) of each transaction
+// committed so far.
+func (h *sqliteHooks) claimsPerTransaction() []int {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return append([]int(nil), h.txWrites...)
+	return append([]int(nil), h.txInserts...)
 }

@@ -26,6 +26,8 @@ type Gate struct {
 	t *testing.T
 	s *sqlstore.Store
 
+	openOnce, nextOnce sync.Once
+
 	mu          sync.Mutex
 	entered     int
 	holdNext    bool
@@ -34,9 +36,15 @@ type Gate struct {
 	held2, next chan struct{}
 }
 
-// NewGate returns a gate for s.
+// NewGate returns a gate for s, opened when t ends (a test that failed
+// while it held a batch then closes its store).
 func NewGate(t *testing.T, s *sqlstore.Store) *Gate {
-	return &Gate{t: t, s: s, held: make(chan struct{}), open: make(chan struct{}), held2: make(chan struct{}), next: make(chan struct{})}
+	g := &Gate{t: t, s: s, held: make(chan struct{}), open: make(chan struct{}), held2: make(chan struct{}), next: make(chan struct{})}
+	t.Cleanup(func() {
+		g.Open()
+		g.OpenNext()
+	})
+	return g
 }
 
 // HoldNext makes the gate hold the first batch of several calls after
@@ -68,13 +76,21 @@ func (g *Gate) Enter(several bool) {
 }
 
 // Open lets the plug's batch go on.
-func (g *Gate) Open() { close(g.open) }
+func (g *Gate) Open() { g.openOnce.Do(func() { close(g.open) }) }
 
-// HeldNext is closed once the gate holds the batch after the plug.
-func (g *Gate) HeldNext() <-chan struct{} { return g.held2 }
+// WaitHeldNext waits until the gate holds the batch of several calls
+// after the plug, failing t if none comes.
+func (g *Gate) WaitHeldNext() {
+	g.t.Helper()
+	select {
+	case <-g.held2:
+	case <-time.After(time.Minute):
+		g.t.Fatal("no batch of several calls came after the plug's")
+	}
+}
 
 // OpenNext lets that batch go on.
-func (g *Gate) OpenNext() { close(g.next) }
+func (g *Gate) OpenNext() { g.nextOnce.Do(func() { close(g.next) }) }
 
 // Plug starts a lone claim in scope that the gate holds, and returns once
 // it is held; wait for it with the returned function after Open.
@@ -101,8 +117,9 @@ func (g *Gate) Queued(n int) {
 }
 
 // RunBatchSharesStatements: calls made while a batch runs queue and then
-// run together, in one batch, each with its own result; their Completes
-// too. together fails t unless calls of at least min ran in one batch.
+// run together, in one batch, each with its own result; then their
+// Completes, at once, each with its data. together fails t unless calls
+// of at least min ran in one batch.
 func RunBatchSharesStatements(t *testing.T, s *sqlstore.Store, g *Gate, together func(min int)) {
 	ctx := context.Background()
 	wait := g.Plug(ctx, "share")
@@ -169,7 +186,7 @@ func RunBatchOrphanedClaimReleased(t *testing.T, s *sqlstore.Store, g *Gate) {
 	wg.Go(func() { otherClaim, other = s.Claim(ctx, "orphan", []string{"other"}, time.Hour) })
 	g.Queued(2)
 	g.Open()
-	<-g.HeldNext() // both run in the next batch, held before its statements
+	g.WaitHeldNext() // both run in the next batch, held before its statements
 	cancel()
 	<-left // the caller left while its batch is held
 	g.OpenNext()

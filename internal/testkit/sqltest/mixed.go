@@ -147,4 +147,5 @@ func (m *Mixed) Run(t *testing.T, before func(calls int)) {
 	m.clock.Advance(30 * time.Second) // past the original 10s lease
 	check("extend", stores.InProgress)
 	check(m.newKeys[0], stores.InProgress)
+	check(m.expiredKey, stores.InProgress) // taken over in the batch: held again
 }
