@@ -141,9 +141,11 @@ type quirks struct {
 	// (mattn/go-sqlite3), so Begin waits for it in a goroutine of its
 	// own. nil means never.
 	lockWaitIgnoresContext func() bool
-	// lockFirst, when set, is the first statement of every transaction
-	// of the store's own: it takes the database's write lock, waiting
-	// for it as any write does, before the transaction reads. SQLite
+	// lockFirst, when set, is the first statement of each transaction
+	// of the store's own that may read before it writes (Store.inTx;
+	// those that write first use Store.inWriteTx): it takes the
+	// database's write lock, waiting for it as any write does, before
+	// the transaction reads. SQLite
 	// with deferred transactions (a DSN without _txlock=immediate) needs
 	// it: a transaction that has read cannot upgrade its lock once
 	// another writer has committed since, and SQLite answers SQLITE_BUSY
